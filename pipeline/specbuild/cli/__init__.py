@@ -1,0 +1,83 @@
+"""The `specbuild` command line. Subcommands live in one small module each and load lazily,
+so `specbuild --help` and `--dry-run` never import torch, transformers or tritonclient.
+
+The library raises `SpecbuildError`s; they become `click.ClickException`s here, once.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from specbuild import __version__
+from specbuild.errors import SpecbuildError
+
+# name -> (module, one-line help). Order is the pipeline order shown in --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("specbuild.cli.init_cmd", "Write a commented spec file (specbuild.toml)."),
+    "example": ("specbuild.cli.example_cmd", "Create (or find in the cache) the built-in example pair."),
+    "check": ("specbuild.cli.check_cmd", "Check that the pair can work and fits the GPU, before any GPU work."),
+    "convert": ("specbuild.cli.convert_cmd", "Convert (and quantize) both checkpoints to TensorRT-LLM checkpoints."),
+    "build": ("specbuild.cli.build_cmd", "Build engines: trtllm-build (GPU) or reference engines (CPU)."),
+    "repo": ("specbuild.cli.repo_cmd", "Write the Triton model repository for the pair."),
+    "serve": ("specbuild.cli.serve_cmd", "Start tritonserver on the model repository."),
+    "generate": ("specbuild.cli.generate_cmd", "Generate text with speculative decoding (server or --local)."),
+    "bench": ("specbuild.cli.bench_cmd", "Measure speed and acceptance, with speculation on and off."),
+    "up": ("specbuild.cli.up_cmd", "Run every stage for the spec, skipping what is up to date."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name, (module, _) in COMMANDS.items() if importlib.util.find_spec(module)]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module_name, short_help = COMMANDS[name]
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name == module_name:
+                return None
+            raise
+        command = module.command
+        command.short_help = command.short_help or short_help
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Short help straight from COMMANDS: listing commands must not import their modules.
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands (pipeline order)"):
+                formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SpecbuildError as err:
+            raise click.ClickException(str(err)) from None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="specbuild")
+def main() -> None:
+    """specbuild: speculative decoding with TensorRT-LLM, from one spec file.
+
+    A small draft model proposes K tokens, the large target model verifies them in one
+    forward pass; the output is exactly what the target alone would produce, only faster.
+
+    \b
+    Pipeline (one command per stage; `specbuild up` chains them):
+      spec -> check -> convert -> build -> repo -> serve -> generate / bench
+
+    \b
+    Start here:
+      specbuild init --example      # spec for the built-in example pair
+      specbuild check               # can this pair work, and does it fit the GPU?
+      specbuild up                  # every stage, then a running Triton server
+
+    Results go to stdout (one JSON document with --json); logs and progress to stderr.
+    Exit codes: 0 ok, 1 error or unusable pair, 2 usage error.
+    """

@@ -1,0 +1,295 @@
+"""The spec file (`specbuild.toml`): one typed, validated description of a target/draft pair.
+
+Built in one place (`load_spec` / `spec_from_dict`); every other module receives a `Spec`.
+An invalid value raises `SpecError` naming the field, the bad value and the fix.
+Relative paths are resolved against the spec file's folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specbuild.errors import SpecError
+
+QUANTIZATIONS = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo")
+KV_CACHE_DTYPES = ("none", "fp8")  # int8 is refused: it disables paged context FMHA (KV reuse)
+DTYPES = ("float16", "bfloat16", "float32")
+
+# Known GPUs: usable memory in GiB as reported by the driver, and the SM version.
+GPUS: dict[str, tuple[float, int]] = {
+    "H100-80GB": (79.6, 90),
+    "H100-94GB": (93.1, 90),
+    "H200": (139.8, 90),
+    "H20": (95.0, 90),
+    "GH200": (94.5, 90),
+    "B200": (178.4, 100),
+    "A100-80GB": (79.2, 80),
+    "A100-40GB": (39.4, 80),
+    "A10G": (22.0, 86),
+    "L4": (22.0, 89),
+    "L40S": (44.4, 89),
+    "RTX-4090": (23.6, 89),
+    "RTX-6000-ADA": (47.5, 89),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    checkpoint: Path  # a Hugging Face model folder (config.json, *.safetensors, tokenizer)
+    quantization: str = "none"  # one of QUANTIZATIONS
+    kv_cache: str = "none"  # one of KV_CACHE_DTYPES
+    dtype: str = "float16"  # activation/export dtype
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    max_draft_len: int = 4  # engine limit: the target is built for up to this many draft tokens
+    num_draft_tokens: int = 4  # default K per request (<= max_draft_len; 0 = target only)
+    use_draft_logits: bool = False  # exact rejection sampling needs the draft's logits
+    adaptive: bool = True  # adapt K to the running acceptance rate, fall back to K = 0
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    max_batch_size: int = 4
+    max_input_len: int = 1024
+    max_seq_len: int = 2048  # prompt + generated tokens (the builder adds max_draft_len on the target)
+    max_num_tokens: int = 8192
+    tp_size: int = 1
+    pp_size: int = 1
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str | None = "H100-80GB"  # a key of GPUS, or None when memory_gib is given
+    memory_gib: float | None = None  # per GPU; overrides the known figure
+    count: int = 1
+
+    @property
+    def memory_per_gpu_gib(self) -> float:
+        if self.memory_gib is not None:
+            return self.memory_gib
+        return GPUS[self.name][0]  # type: ignore[index]
+
+    @property
+    def sm(self) -> int | None:
+        return GPUS[self.name][1] if self.name in GPUS else None
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    host: str = "127.0.0.1"  # loopback unless told otherwise
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    bls_instance_count: int = 1
+    preprocessing_instance_count: int = 1
+    postprocessing_instance_count: int = 1
+    max_queue_delay_microseconds: int = 0
+    max_queue_size: int = 0
+    decoupled: bool = True  # stream accepted tokens as they are verified
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    target: ModelSpec
+    draft: ModelSpec
+    speculative: SpeculativeSpec = field(default_factory=SpeculativeSpec)
+    build: BuildSpec = field(default_factory=BuildSpec)
+    gpu: GpuSpec = field(default_factory=GpuSpec)
+    serve: ServeSpec = field(default_factory=ServeSpec)
+    output_dir: Path = Path("engines")
+    path: Path | None = None  # the spec file this came from, if any
+
+    def role(self, role: str) -> ModelSpec:
+        if role not in ("target", "draft"):
+            raise SpecError(f"unknown role {role!r}: use 'target' or 'draft'")
+        return self.target if role == "target" else self.draft
+
+    @property
+    def pair_dir(self) -> Path:
+        return self.output_dir / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        def plain(value: Any) -> Any:
+            if isinstance(value, Path):
+                return str(value)
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            return value
+
+        data = plain(dataclasses.asdict(self))
+        data.pop("path", None)
+        return data
+
+
+_SECTIONS = {
+    "target": ModelSpec,
+    "draft": ModelSpec,
+    "speculative": SpeculativeSpec,
+    "build": BuildSpec,
+    "gpu": GpuSpec,
+    "serve": ServeSpec,
+}
+_TOP_LEVEL = ("name", "output_dir", *_SECTIONS)
+
+
+def _unknown_key(where: str, key: str, known: list[str]) -> SpecError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f' Did you mean "{close[0]}"?' if close else f" Known keys: {', '.join(known)}."
+    return SpecError(f"{where}: unknown key {key!r}.{hint}")
+
+
+def _coerce(where: str, value: Any, annotation: str) -> Any:
+    """Check one TOML value against a field annotation (given as a string by `from __future__`)."""
+    kind = annotation.replace(" ", "")
+    optional = "|None" in kind
+    kind = kind.replace("|None", "")
+    if value is None and optional:
+        return None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise SpecError(f"{where} = {value!r}: expected true or false.")
+    if kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise SpecError(f"{where} = {value!r}: expected an integer.")
+    if kind == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise SpecError(f"{where} = {value!r}: expected a number.")
+    if kind in ("str", "Path"):
+        if isinstance(value, str) and value.strip():
+            return Path(value) if kind == "Path" else value
+        raise SpecError(f"{where} = {value!r}: expected a non-empty string.")
+    raise AssertionError(f"unhandled annotation {annotation}")  # a bug in this module, not user input
+
+
+def _section(name: str, cls: type, raw: Any, base_dir: Path) -> Any:
+    if not isinstance(raw, dict):
+        raise SpecError(f"[{name}] must be a table, got {raw!r}.")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise _unknown_key(f"[{name}]", key, list(fields))
+        coerced = _coerce(f"{name}.{key}", value, str(fields[key].type))
+        if isinstance(coerced, Path) and not coerced.is_absolute():
+            coerced = (base_dir / coerced).resolve()
+        values[key] = coerced
+    missing = [
+        f.name
+        for f in fields.values()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values
+    ]
+    if missing:
+        raise SpecError(f"[{name}] is missing {', '.join(missing)}: add e.g. {missing[0]} = \"...\" to the spec.")
+    return cls(**values)
+
+
+def _choice(where: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(value, list(choices), n=1)
+        hint = f' Did you mean "{close[0]}"?' if close else ""
+        raise SpecError(f"{where} = {value!r} is not supported.{hint} Choose one of: {', '.join(choices)}.")
+
+
+def _positive(where: str, value: int | float, minimum: int | float = 1) -> None:
+    if value < minimum:
+        raise SpecError(f"{where} = {value!r}: must be >= {minimum}.")
+
+
+def validate(spec: Spec) -> Spec:
+    """Cross-field checks; raises SpecError on the first problem."""
+    if not spec.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise SpecError(f"name = {spec.name!r}: use letters, digits, '-', '_' or '.' (it names a folder).")
+    for role in ("target", "draft"):
+        model = spec.role(role)
+        _choice(f"{role}.quantization", model.quantization, QUANTIZATIONS)
+        if model.kv_cache == "int8":
+            raise SpecError(
+                f"{role}.kv_cache = 'int8' cannot be used: an INT8 KV cache disables paged context FMHA in "
+                "trtllm-build, and draft/target speculative decoding needs it for KV-cache reuse. "
+                "Use kv_cache = 'fp8' (SM89+) or 'none'."
+            )
+        _choice(f"{role}.kv_cache", model.kv_cache, KV_CACHE_DTYPES)
+        _choice(f"{role}.dtype", model.dtype, DTYPES)
+    sp, b, g, s = spec.speculative, spec.build, spec.gpu, spec.serve
+    _positive("speculative.max_draft_len", sp.max_draft_len)
+    _positive("speculative.num_draft_tokens", sp.num_draft_tokens, 0)
+    if sp.num_draft_tokens > sp.max_draft_len:
+        raise SpecError(
+            f"speculative.num_draft_tokens = {sp.num_draft_tokens} exceeds max_draft_len = {sp.max_draft_len}: "
+            "the target engine rejects longer drafts. Lower num_draft_tokens or raise max_draft_len."
+        )
+    for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tp_size", "pp_size"):
+        _positive(f"build.{key}", getattr(b, key))
+    if b.max_input_len >= b.max_seq_len:
+        raise SpecError(
+            f"build.max_input_len = {b.max_input_len} must be below build.max_seq_len = {b.max_seq_len} "
+            "(max_seq_len counts prompt and generated tokens). Raise max_seq_len or lower max_input_len."
+        )
+    if g.name is None and g.memory_gib is None:
+        raise SpecError("[gpu] needs a name (e.g. \"H100-80GB\") or memory_gib.")
+    if g.name is not None and g.name not in GPUS and g.memory_gib is None:
+        _choice("gpu.name", g.name, list(GPUS))
+    if g.memory_gib is not None:
+        _positive("gpu.memory_gib", g.memory_gib, 1)
+    _positive("gpu.count", g.count)
+    if b.tp_size * b.pp_size > g.count:
+        raise SpecError(
+            f"build.tp_size x pp_size = {b.tp_size * b.pp_size} needs that many GPUs, but gpu.count = {g.count}. "
+            "Raise gpu.count or lower tp_size/pp_size."
+        )
+    for key in ("http_port", "grpc_port", "metrics_port"):
+        port = getattr(s, key)
+        if not 0 <= port <= 65535:
+            raise SpecError(f"serve.{key} = {port}: must be a TCP port in 0..65535 (0 = pick a free one).")
+    for key in ("bls_instance_count", "preprocessing_instance_count", "postprocessing_instance_count"):
+        _positive(f"serve.{key}", getattr(s, key))
+    for key in ("max_queue_delay_microseconds", "max_queue_size"):
+        _positive(f"serve.{key}", getattr(s, key), 0)
+    return spec
+
+
+def spec_from_dict(raw: dict[str, Any], base_dir: Path, path: Path | None = None) -> Spec:
+    for key in raw:
+        if key not in _TOP_LEVEL:
+            raise _unknown_key("spec", key, list(_TOP_LEVEL))
+    for required in ("target", "draft"):
+        if required not in raw:
+            raise SpecError(f"the spec has no [{required}] table: add [{required}] with checkpoint = \"<HF model dir>\".")
+    sections = {name: _section(name, cls, raw[name], base_dir) for name, cls in _SECTIONS.items() if name in raw}
+    name = raw.get("name", "pair")
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"name = {name!r}: expected a non-empty string.")
+    output_dir = _coerce("output_dir", raw.get("output_dir", "engines"), "Path")
+    if not output_dir.is_absolute():
+        output_dir = (base_dir / output_dir).resolve()
+    return validate(Spec(name=name, output_dir=output_dir, path=path, **sections))
+
+
+def load_spec(path: str | Path) -> Spec:
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"spec file {str(path)!r} not found. Create one with `specbuild init` (or `init --example`).")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{path}: not valid TOML ({err}).") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(f"{path}: cannot be read ({err}).") from None
+    return spec_from_dict(raw, base_dir=path.resolve().parent, path=path.resolve())
+
+
+def replace(spec: Spec, section: str, **changes: Any) -> Spec:
+    """A copy of `spec` with some fields of one section changed (CLI overrides), validated again."""
+    new_section = dataclasses.replace(getattr(spec, section), **changes)
+    return validate(dataclasses.replace(spec, **{section: new_section}))
