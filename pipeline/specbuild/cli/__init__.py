@@ -7,6 +7,7 @@ The library raises `SpecbuildError`s; they become `click.ClickException`s here, 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import click
 
