@@ -40,3 +40,7 @@ class ServeError(SpecbuildError):
 
 class ClientError(SpecbuildError):
     """A request to the server failed (connection, invalid argument, server error)."""
+
+
+class BenchError(SpecbuildError):
+    """A benchmark cannot run: bad workload file, bad sweep option, or a transport that failed."""
