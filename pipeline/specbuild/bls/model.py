@@ -1,0 +1,220 @@
+"""`tensorrt_llm_bls`: the speculative draft/verify loop served by Triton's Python backend.
+
+The loop itself is `specbuild.speculative.loop` (shared with the in-process runtime); this model only
+moves tensors: text -> `preprocessing` -> loop over BLS calls to `tensorrt_llm_draft` (propose) and
+`tensorrt_llm` (verify) -> `postprocessing` -> text. The two LLM models are TensorRT-LLM engines on GPU
+or specbuild's reference models on CPU; both speak the same tensor contract (facts §2.4).
+
+Beyond NVIDIA's BLS: streams accepted tokens as they are verified (decoupled mode), several requests at
+once (a thread each), EOS and stop words handled at once, K clamped and adapted, INVALID_ARG errors
+instead of tracebacks, cancellation, per-response acceptance outputs and Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from specbuild.bls.metrics import SpeculationMetrics
+from specbuild.bls.request import BlsRequest, InvalidRequest, parse_request
+from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
+from specbuild.speculative.loop import GenerationRequest, generate
+
+
+class ModelCallError(RuntimeError):
+    """A BLS sub-request to another model failed; the message is the server's."""
+
+
+def _param(config: dict, key: str, default: str | None = None) -> str:
+    value = config.get("parameters", {}).get(key, {}).get("string_value")
+    if value is None or value == "" or value.startswith("${"):
+        if default is None:
+            raise ValueError(f"model config parameter '{key}' is required")
+        return default
+    return value
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        self.pb = pb_utils
+        config = json.loads(args["model_config"])
+        self.model_name = args.get("model_name", "tensorrt_llm_bls")
+        self.target_model = _param(config, "tensorrt_llm_model_name", "tensorrt_llm")
+        self.draft_model = _param(config, "tensorrt_llm_draft_model_name", "tensorrt_llm_draft")
+        self.max_draft_len = int(_param(config, "max_draft_len"))
+        self.default_k = int(_param(config, "num_draft_tokens", str(self.max_draft_len)))
+        self.max_input_len = int(_param(config, "max_input_len"))
+        self.max_tokens_limit = int(_param(config, "max_output_len"))
+        self.adaptive = _param(config, "adaptive_draft_len", "true").lower() in ("1", "true", "yes")
+        self.default_use_draft_logits = _param(config, "use_draft_logits", "false").lower() in ("1", "true", "yes")
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        workers = int(_param(config, "max_concurrent_requests", "16"))
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
+        self.metrics = SpeculationMetrics(pb_utils, self.model_name, self.max_draft_len)
+        self.metrics_lock = threading.Lock()
+
+    # ---- Triton entry points -------------------------------------------------------------------
+    def execute(self, requests: list) -> list | None:
+        if self.decoupled:
+            for request in requests:
+                self.pool.submit(self._serve_streaming, request)
+            return None
+        return [self._serve_one_response(request) for request in requests]
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    # ---- one request -----------------------------------------------------------------------------
+    def _serve_streaming(self, request) -> None:
+        sender = request.get_response_sender()
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            parsed = self._parse(request)
+            for response in self._run(request, parsed):
+                sender.send(response)
+            sender.send(flags=final)
+        except Exception as err:  # every failure becomes an error response; the server keeps running
+            sender.send(self.pb.InferenceResponse(error=self._error(err)), flags=final)
+
+    def _serve_one_response(self, request):
+        try:
+            parsed = self._parse(request)
+            responses = list(self._run(request, dataclass_replace_stream(parsed, False)))
+            return responses[-1]
+        except Exception as err:
+            return self.pb.InferenceResponse(error=self._error(err))
+
+    def _parse(self, request) -> BlsRequest:
+        def get(name: str):
+            tensor = self.pb.get_input_tensor_by_name(request, name)
+            return None if tensor is None else tensor.as_numpy()
+
+        return parse_request(get, self.max_tokens_limit, self.max_draft_len)
+
+    def _error(self, err: Exception):
+        if isinstance(err, InvalidRequest):
+            return self.pb.TritonError(str(err), self.pb.TritonError.INVALID_ARG)
+        if isinstance(err, ModelCallError):
+            return self.pb.TritonError(str(err))
+        self.pb.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
+        return self.pb.TritonError(f"internal error in {self.model_name}: {type(err).__name__}: {err}")
+
+    def _run(self, request, req: BlsRequest):
+        """Yield the responses of one request: stream chunks (if req.stream), then the final one."""
+        pre = self._call("preprocessing", self._preprocessing_inputs(req))
+        prompt = pre["INPUT_ID"].reshape(-1)[: int(pre["REQUEST_INPUT_LEN"].reshape(-1)[0])].astype(np.int64).tolist()
+        if len(prompt) > self.max_input_len:
+            raise InvalidRequest(
+                f"the prompt is {len(prompt)} tokens, above this deployment's max_input_len = {self.max_input_len}; "
+                "shorten it."
+            )
+        end_id = int(pre["OUT_END_ID"].reshape(-1)[0]) if "OUT_END_ID" in pre else req.end_id
+        stop_sequences = _stop_sequences(pre.get("STOP_WORDS_IDS"))
+        k = self.default_k if req.num_draft_tokens is None else req.num_draft_tokens
+        use_logits = self.default_use_draft_logits if req.use_draft_logits is None else req.use_draft_logits
+        drafter = ContractDrafter(lambda inputs: self._call(self.draft_model, inputs), end_id=end_id,
+                                  return_logits=use_logits or not req.sampling.greedy)
+        verifier = ContractVerifier(lambda inputs: self._call(self.target_model, inputs),
+                                    max_draft_len=self.max_draft_len, end_id=end_id)
+        gen = GenerationRequest(max_tokens=req.max_tokens, num_draft_tokens=k, sampling=req.sampling,
+                                end_id=end_id, stop_sequences=stop_sequences, adaptive=self.adaptive and k > 0)
+        output: list[int] = []
+        sent_text = ""
+        started = time.perf_counter()
+        result = None
+        steps = generate(prompt, drafter, verifier, gen)
+        for step in steps:
+            if request.is_cancelled():
+                steps.close()
+                raise ModelCallError("request cancelled by the client")
+            output.extend(step.tokens)
+            if req.stream and step.tokens:
+                text = self._detokenize(output)
+                if not text.endswith("\ufffd") and len(text) > len(sent_text):  # wait for a whole UTF-8 character
+                    yield self._response(text[len(sent_text):], None, output)
+                    sent_text = text
+            result = step
+        stats = result.stats if result is not None else None
+        text = self._detokenize(output)
+        if not req.exclude_input_in_output and not req.stream:
+            text = req.text + text  # streamed responses carry new text only, like TensorRT-LLM's
+        with self.metrics_lock:
+            if stats is not None:
+                self.metrics.record(stats, len(output))
+        remaining = text[len(sent_text):] if req.stream else text
+        yield self._response(remaining, stats, output, elapsed=time.perf_counter() - started)
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _preprocessing_inputs(self, req: BlsRequest) -> dict[str, np.ndarray]:
+        inputs = {
+            "QUERY": np.array([[req.text.encode("utf-8")]], dtype=object),
+            "REQUEST_OUTPUT_LEN": np.array([[req.max_tokens]], dtype=np.int32),
+        }
+        if req.stop_words:
+            inputs["STOP_WORDS_DICT"] = np.array([[w.encode("utf-8") for w in req.stop_words]], dtype=object)
+        if req.end_id is not None:
+            inputs["END_ID"] = np.array([[req.end_id]], dtype=np.int32)
+        if req.pad_id is not None:
+            inputs["PAD_ID"] = np.array([[req.pad_id]], dtype=np.int32)
+        return inputs
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        if not tokens:
+            return ""
+        out = self._call("postprocessing", {
+            "TOKENS_BATCH": np.array([[tokens]], dtype=np.int32),
+            "SEQUENCE_LENGTH": np.array([[len(tokens)]], dtype=np.int32),
+        })
+        value = out["OUTPUT"].reshape(-1)[0]
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    def _call(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One BLS request to `model`; inputs already carry the batch dimension [1, ...]."""
+        tensors = [self.pb.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
+        response = self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=[]).exec()
+        if response.has_error():
+            raise ModelCallError(f"model '{model}' failed: {response.error().message()}")
+        return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+    def _response(self, text: str, stats, output: list[int], elapsed: float | None = None):
+        tensors = [self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object))]
+        if stats is not None:
+            tensors += [
+                self.pb.Tensor("acceptance_rate", np.array([stats.acceptance_rate], dtype=np.float32)),
+                self.pb.Tensor("total_accepted_draft_tokens", np.array([stats.accepted], dtype=np.int32)),
+                self.pb.Tensor("total_draft_tokens", np.array([stats.drafted], dtype=np.int32)),
+                self.pb.Tensor("mean_accepted_len", np.array([stats.mean_accepted_len], dtype=np.float32)),
+                self.pb.Tensor("num_output_tokens", np.array([len(output)], dtype=np.int32)),
+                self.pb.Tensor("output_ids", np.array(output, dtype=np.int32)),
+                self.pb.Tensor("speculation_stats", np.array([json.dumps(stats.to_dict()).encode()], dtype=object)),
+            ]
+        return self.pb.InferenceResponse(output_tensors=tensors)
+
+
+def dataclass_replace_stream(req: BlsRequest, stream: bool) -> BlsRequest:
+    import dataclasses
+
+    return dataclasses.replace(req, stream=stream)
+
+
+def _stop_sequences(stop_words_ids: np.ndarray | None) -> list[list[int]]:
+    """Decode TensorRT-LLM's [2, n] word-list format (flat ids; cumulative end offsets padded with -1)."""
+    if stop_words_ids is None:
+        return []
+    array = np.asarray(stop_words_ids).reshape(-1, 2, np.asarray(stop_words_ids).shape[-1])[0]
+    ids, offsets = array[0], array[1]
+    sequences, start = [], 0
+    for end in offsets:
+        if end < 0:
+            break
+        if end > start:
+            sequences.append([int(t) for t in ids[start:end]])
+        start = int(end)
+    return sequences

@@ -1,0 +1,155 @@
+"""Parse and validate one `tensorrt_llm_bls` request (facts §2.5 tensor names), free of Triton.
+
+Every problem raises `InvalidRequest` with a message fit for the client (it becomes a Triton
+INVALID_ARG error; no traceback ever reaches a client). `get(name)` returns the input tensor as
+a numpy array, or None when the client did not send it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from specbuild.speculative.interfaces import SamplingParams
+
+Getter = Callable[[str], "np.ndarray | None"]
+
+# Inputs of NVIDIA's BLS that specbuild does not implement: refused loudly rather than ignored.
+UNSUPPORTED_INPUTS = (
+    "beam_width",
+    "num_return_sequences",
+    "return_context_logits",
+    "return_generation_logits",
+    "embedding_bias_words",
+    "embedding_bias_weights",
+    "bad_words",
+    "prompt_embedding_table",
+    "lora_task_id",
+    "lora_weights",
+    "lora_config",
+    "image_input",
+    "image_bytes_input",
+    "image_url_input",
+    "video_bytes_input",
+    "decoder_text_input",
+    "guided_decoding_guide_type",
+    "guided_decoding_guide",
+)
+
+
+class InvalidRequest(ValueError):
+    """The request cannot be served as sent; the message says which input and what to send."""
+
+
+@dataclass(frozen=True)
+class BlsRequest:
+    text: str
+    max_tokens: int
+    num_draft_tokens: int | None  # None = the deployment's default K
+    use_draft_logits: bool | None  # None = the deployment's default
+    stream: bool
+    sampling: SamplingParams
+    end_id: int | None
+    pad_id: int | None
+    stop_words: list[str] = field(default_factory=list)
+    exclude_input_in_output: bool = True
+    return_perf_metrics: bool = False
+
+
+def _scalar(get: Getter, name: str, kind: str) -> object | None:
+    value = get(name)
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.size != 1:
+        raise InvalidRequest(f"input '{name}' must hold exactly one value per request, got shape {list(array.shape)}.")
+    item = array.reshape(-1)[0]
+    if kind == "int":
+        if array.dtype.kind not in "iu":
+            raise InvalidRequest(f"input '{name}' must be an integer tensor (INT32/UINT64), got {array.dtype}.")
+        return int(item)
+    if kind == "float":
+        if array.dtype.kind != "f":
+            raise InvalidRequest(f"input '{name}' must be FP32, got {array.dtype}.")
+        return float(item)
+    if kind == "bool":
+        if array.dtype != np.bool_:
+            raise InvalidRequest(f"input '{name}' must be BOOL, got {array.dtype}.")
+        return bool(item)
+    if kind == "str":
+        if isinstance(item, bytes):
+            try:
+                return item.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidRequest(f"input '{name}' is not valid UTF-8.") from None
+        if isinstance(item, str):
+            return item
+        raise InvalidRequest(f"input '{name}' must be a STRING (BYTES) tensor, got {array.dtype}.")
+    raise AssertionError(kind)
+
+
+def _strings(get: Getter, name: str) -> list[str]:
+    value = get(name)
+    if value is None:
+        return []
+    out = []
+    for item in np.asarray(value).reshape(-1):
+        text = item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+        if text:
+            out.append(text)
+    return out
+
+
+def parse_request(get: Getter, max_tokens_limit: int, max_draft_len: int) -> BlsRequest:
+    """Read and check every input. `max_tokens_limit`: what the engines allow for one request's output."""
+    for name in UNSUPPORTED_INPUTS:
+        if get(name) is not None:
+            raise InvalidRequest(f"input '{name}' is not supported by specbuild's speculative BLS; remove it.")
+    text = _scalar(get, "text_input", "str")
+    if text is None or not str(text).strip():
+        raise InvalidRequest("input 'text_input' is required and must be non-empty text.")
+    max_tokens = _scalar(get, "max_tokens", "int")
+    if max_tokens is None:
+        raise InvalidRequest("input 'max_tokens' is required (INT32, > 0).")
+    if max_tokens <= 0 or max_tokens > max_tokens_limit:
+        raise InvalidRequest(f"input 'max_tokens' = {max_tokens}: must be in 1..{max_tokens_limit} for this deployment.")
+    k = _scalar(get, "num_draft_tokens", "int")
+    if k is not None and k < 0:
+        raise InvalidRequest(f"input 'num_draft_tokens' = {k}: must be >= 0 (0 = no speculation).")
+    if k is not None and k > max_draft_len:
+        k = max_draft_len  # clamped: the target engine rejects longer drafts (facts §6 P2)
+    temperature = _scalar(get, "temperature", "float")
+    top_k = _scalar(get, "top_k", "int")
+    top_p = _scalar(get, "top_p", "float")
+    seed = _scalar(get, "seed", "int")
+    if temperature is not None and (temperature < 0 or not np.isfinite(temperature)):
+        raise InvalidRequest(f"input 'temperature' = {temperature}: must be a finite number >= 0 (0 = greedy).")
+    if top_k is not None and top_k < 0:
+        raise InvalidRequest(f"input 'top_k' = {top_k}: must be >= 0 (0 = off).")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise InvalidRequest(f"input 'top_p' = {top_p}: must be in (0, 1].")
+    if seed is not None and seed < 0:
+        raise InvalidRequest(f"input 'seed' = {seed}: must be >= 0.")
+    end_id = _scalar(get, "end_id", "int")
+    pad_id = _scalar(get, "pad_id", "int")
+    exclude = _scalar(get, "exclude_input_in_output", "bool")
+    return BlsRequest(
+        text=str(text),
+        max_tokens=int(max_tokens),
+        num_draft_tokens=k,
+        use_draft_logits=_scalar(get, "use_draft_logits", "bool"),
+        stream=bool(_scalar(get, "stream", "bool") or False),
+        sampling=SamplingParams(
+            temperature=0.0 if temperature is None else temperature,
+            top_k=0 if top_k is None else top_k,
+            top_p=1.0 if top_p is None else top_p,
+            seed=seed,
+        ),
+        end_id=end_id,
+        pad_id=pad_id,
+        stop_words=_strings(get, "stop_words"),
+        exclude_input_in_output=True if exclude is None else exclude,
+        return_perf_metrics=bool(_scalar(get, "return_perf_metrics", "bool") or False),
+    )
