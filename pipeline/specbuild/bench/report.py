@@ -1,0 +1,172 @@
+"""The benchmark report: one JSON document (keys in the project's vocabulary) and a terminal table.
+
+Per (K, concurrency) cell: speedup = tokens_per_s(K) / tokens_per_s(K = 0) at the same concurrency,
+c = draft seconds per drafted token / target seconds per step at K = 0 (plain decoding),
+bound = the closed form from this cell's alpha and c, efficiency = speedup / bound.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from typing import Any, Sequence
+
+from specbuild.bench import theory
+from specbuild.bench.stats import RunSummary
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
+        return None
+    return round(value, digits)
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
+                            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        info["torch_threads"] = torch.get_num_threads()
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | None) -> dict[str, Any]:
+    """One (K, concurrency) cell with its speedup and theory, as a JSON-ready dict."""
+    k = summary.num_draft_tokens
+    speedup = summary.tokens_per_s / baseline.tokens_per_s if baseline and baseline.tokens_per_s else None
+    c = theory.cost_ratio(summary.draft_seconds_per_token, target_step)
+    bound = theory.bound(summary.alpha, k, c) if k and summary.alpha is not None and c is not None else None
+    return {
+        "num_draft_tokens": k,
+        "concurrency": summary.concurrency,
+        "requests": summary.requests,
+        "output_tokens": summary.output_tokens,
+        "wall_seconds": _r(summary.wall_seconds),
+        "tokens_per_s": _r(summary.tokens_per_s, 3),
+        "speedup": _r(speedup),
+        "request_tokens_per_s": summary.request_tokens_per_s.to_dict(3),
+        "ttft_seconds": summary.ttft_seconds.to_dict(),
+        "tpot_seconds": summary.tpot_seconds.to_dict(),
+        "drafted": summary.drafted,
+        "accepted": summary.accepted,
+        "steps": summary.steps,
+        "acceptance_rate": _r(summary.acceptance_rate),
+        "alpha": _r(summary.alpha),
+        "mean_accepted_len": _r(summary.mean_accepted_len),
+        "per_position_acceptance": [_r(a) for a in summary.per_position_acceptance],
+        "draft_seconds_per_token": _r(summary.draft_seconds_per_token, 7),
+        "target_seconds_per_step": _r(summary.target_seconds_per_step, 7),
+        "time_split": _time_split(summary),
+        "cost_ratio": _r(c),
+        "bound": _r(bound),
+        "efficiency": _r(speedup / bound) if speedup and bound else None,
+    }
+
+
+def _time_split(summary: RunSummary) -> dict[str, float | None]:
+    """Where the request time went: drafter, verifier, and everything else (loop, sampling, transport)."""
+    total = summary.wall_seconds
+    if total <= 0 or summary.concurrency != 1 or not (summary.draft_seconds or summary.target_seconds):
+        return {"draft": None, "target": None, "other": None}
+    other = max(total - summary.draft_seconds - summary.target_seconds, 0.0)
+    return {"draft": _r(summary.draft_seconds / total), "target": _r(summary.target_seconds / total),
+            "other": _r(other / total)}
+
+
+def cells(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
+    baselines = {s.concurrency: s for s in summaries if s.num_draft_tokens == 0}
+    base1 = baselines.get(1)
+    target_step = base1.target_seconds_per_step if base1 else None
+    return [cell(s, baselines.get(s.concurrency), target_step) for s in summaries]
+
+
+def best(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The concurrency-1 cell with K > 0 and the highest measured speedup."""
+    candidates = [r for r in rows if r["concurrency"] == 1 and r["num_draft_tokens"] > 0 and r["speedup"]]
+    return max(candidates, key=lambda r: r["speedup"]) if candidates else None
+
+
+def document(mode: str, spec_name: str, workload: str, settings: dict[str, Any], rows: list[dict[str, Any]],
+             notes: Sequence[str] = (), extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    top = best(rows)
+    doc: dict[str, Any] = {
+        "mode": mode,
+        "spec": spec_name,
+        "workload": workload,
+        "machine": machine(),
+        "settings": settings,
+        "best_num_draft_tokens": top["num_draft_tokens"] if top else None,
+    }
+    for key in ("speedup", "alpha", "acceptance_rate", "mean_accepted_len", "cost_ratio", "bound", "efficiency"):
+        doc[key] = top[key] if top else None
+    doc["tokens_per_s"] = top["tokens_per_s"] if top else None
+    base = next((r for r in rows if r["num_draft_tokens"] == 0 and r["concurrency"] == 1), None)
+    doc["baseline_tokens_per_s"] = base["tokens_per_s"] if base else None
+    doc["runs"] = rows
+    doc["concurrency"] = _concurrency_table(rows)
+    doc.update(extra or {})
+    doc["notes"] = list(notes)
+    return doc
+
+
+def _concurrency_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Throughput vs concurrency, speculation off and at each K, and where speculation stops paying."""
+    levels = sorted({r["concurrency"] for r in rows})
+    table = []
+    for level in levels:
+        at = [r for r in rows if r["concurrency"] == level]
+        base = next((r for r in at if r["num_draft_tokens"] == 0), None)
+        spec = [r for r in at if r["num_draft_tokens"] > 0 and r["speedup"] is not None]
+        top = max(spec, key=lambda r: r["speedup"]) if spec else None
+        table.append({"concurrency": level, "baseline_tokens_per_s": base["tokens_per_s"] if base else None,
+                      "best_num_draft_tokens": top["num_draft_tokens"] if top else None,
+                      "tokens_per_s": top["tokens_per_s"] if top else None,
+                      "speedup": top["speedup"] if top else None,
+                      "speculation_pays": bool(top and top["speedup"] > 1.0)})
+    return table
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(doc: dict[str, Any]) -> str:
+    """A fixed-width terminal table of every cell, then the headline and notes."""
+    head = f"{'conc':>4} {'K':>3} {'tok/s':>8} {'speedup':>7} {'alpha':>6} {'acc.len':>7} {'c':>6} " \
+           f"{'bound':>6} {'eff.':>5} {'ttft p50':>9} {'tpot p50':>9} {'tpot p99':>9}"
+    lines = [f"specbuild bench: {doc['spec']} ({doc['mode']}, workload {doc['workload']})", head, "-" * len(head)]
+    for r in doc["runs"]:
+        lines.append(
+            f"{r['concurrency']:>4} {r['num_draft_tokens']:>3} {_fmt(r['tokens_per_s'], '.1f'):>8} "
+            f"{_fmt(r['speedup']):>7} {_fmt(r['alpha']):>6} {_fmt(r['mean_accepted_len']):>7} "
+            f"{_fmt(r['cost_ratio'], '.3f'):>6} {_fmt(r['bound']):>6} {_fmt(r['efficiency']):>5} "
+            f"{_fmt(r['ttft_seconds']['median'], '.4f'):>9} {_fmt(r['tpot_seconds']['median'], '.4f'):>9} "
+            f"{_fmt(r['tpot_seconds']['p99'], '.4f'):>9}"
+        )
+    if doc.get("best_num_draft_tokens") is not None:
+        lines.append(f"best K = {doc['best_num_draft_tokens']}: speedup {_fmt(doc['speedup'])}x, alpha "
+                     f"{_fmt(doc['alpha'])}, c {_fmt(doc['cost_ratio'], '.3f')}, bound {_fmt(doc['bound'])}x, "
+                     f"efficiency {_fmt(doc['efficiency'])}")
+    hf = doc.get("hf")
+    if hf:
+        lines.append(f"Hugging Face assisted generation at K = {hf['num_draft_tokens']}: {_fmt(hf['tokens_per_s'], '.1f')} "
+                     f"tok/s (its speedup {_fmt(hf['speedup'])}x); ours over theirs: {_fmt(hf['ours_over_hf'])}x")
+    serving = doc.get("serving_overhead")
+    if serving:
+        lines.append(f"Triton vs local, one stream: {_fmt(serving.get('triton_over_local'))}x of local tokens/s")
+    for note in doc.get("notes", []):
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

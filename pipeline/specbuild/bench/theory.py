@@ -1,0 +1,142 @@
+"""The closed-form bound on speculative speedup, from a measured alpha and cost ratio c.
+
+Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative Decoding" (2023):
+E[tokens per target step] = (1 - alpha^(K+1)) / (1 - alpha), speedup = E / (K * c + 1),
+with c = draft step time / target step time. The formula lives in `specbuild.speculative.adaptive`;
+this module only feeds it measured numbers and estimates c for a GPU from the models' sizes.
+
+GPU estimate: a decode step at small batch is memory-bound, so its time is about the bytes of
+weights read per token divided by the memory bandwidth, plus a fixed per-layer launch cost.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from specbuild.config import ModelSpec, Spec
+
+# Peak HBM/GDDR bandwidth in GB/s (vendor data sheets), keyed like specbuild.config.GPUS.
+GPU_BANDWIDTH_GBS: dict[str, float] = {
+    "H100-80GB": 3350.0,
+    "H100-94GB": 3900.0,
+    "H200": 4800.0,
+    "H20": 4000.0,
+    "GH200": 4000.0,
+    "B200": 8000.0,
+    "A100-80GB": 2039.0,
+    "A100-40GB": 1555.0,
+    "A10G": 600.0,
+    "L4": 300.0,
+    "L40S": 864.0,
+    "RTX-4090": 1008.0,
+    "RTX-6000-ADA": 960.0,
+}
+ACHIEVED_BANDWIDTH_FRACTION = 0.7  # decode kernels reach roughly this share of peak bandwidth
+LAUNCH_SECONDS_PER_LAYER = 5e-6  # fixed cost per decoder layer per step (kernel launches), an assumption
+
+BYTES_PER_WEIGHT = {"none": None, "fp8": 1.0, "int8_sq": 1.0, "int8_wo": 1.0,
+                     "int4_awq": 0.5, "w4a8_awq": 0.5, "int4_wo": 0.5}
+BYTES_PER_DTYPE = {"float16": 2.0, "bfloat16": 2.0, "float32": 4.0}
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    from specbuild.speculative.adaptive import expected_tokens_per_step
+
+    return float(expected_tokens_per_step(alpha, k))
+
+
+def bound(alpha: float, k: int, c: float) -> float:
+    """The closed-form speedup for K draft tokens (K = 0 gives 1)."""
+    if k == 0:
+        return 1.0
+    from specbuild.speculative.adaptive import predicted_speedup
+
+    return float(predicted_speedup(alpha, k, c))
+
+
+def cost_ratio(draft_seconds_per_token: float | None, target_seconds_per_step: float | None) -> float | None:
+    """c = one draft decoding step / one plain target decoding step."""
+    if not draft_seconds_per_token or not target_seconds_per_step:
+        return None
+    return draft_seconds_per_token / target_seconds_per_step
+
+
+def predictions(alpha: float, c: float, ks: Iterable[int]) -> list[dict[str, float]]:
+    return [{"num_draft_tokens": k, "expected_tokens_per_step": round(expected_tokens(alpha, k) if k else 1.0, 4),
+             "predicted_speedup": round(bound(alpha, k, c), 4)} for k in ks]
+
+
+def best_k(alpha: float, c: float, ks: Iterable[int]) -> int:
+    """The K with the highest predicted speedup (0 when speculation does not pay)."""
+    return max([0, *ks], key=lambda k: (round(bound(alpha, k, c), 9), -k))
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    parameters: int
+    layers: int
+
+    @classmethod
+    def of_checkpoint(cls, folder: Path) -> "ModelSize":
+        """Count weights from the safetensors headers (no tensor is loaded) and layers from config.json."""
+        from specbuild.errors import CheckpointError
+
+        folder = Path(folder)
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{folder} has no *.safetensors files: point the spec at a Hugging Face model folder.")
+        parameters = 0
+        for path in files:
+            with open(path, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+            for name, info in header.items():
+                if name != "__metadata__":
+                    count = 1
+                    for dim in info["shape"]:
+                        count *= dim
+                    parameters += count
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"{folder}/config.json cannot be read ({err}).") from None
+        layers = int(config.get("num_hidden_layers") or config.get("n_layer") or 1)
+        return cls(parameters=parameters, layers=layers)
+
+
+def weight_bytes(size: ModelSize, model: ModelSpec) -> float:
+    per = BYTES_PER_WEIGHT.get(model.quantization) or BYTES_PER_DTYPE.get(model.dtype, 2.0)
+    return size.parameters * per
+
+
+def gpu_step_seconds(size: ModelSize, model: ModelSpec, gpu_name: str | None) -> float | None:
+    bandwidth = GPU_BANDWIDTH_GBS.get(gpu_name or "")
+    if bandwidth is None:
+        return None
+    return weight_bytes(size, model) / (bandwidth * 1e9 * ACHIEVED_BANDWIDTH_FRACTION) + size.layers * LAUNCH_SECONDS_PER_LAYER
+
+
+def gpu_estimate(spec: Spec, target: ModelSize, draft: ModelSize) -> dict[str, object]:
+    """c for the spec's GPU from weight bytes per token, with the assumptions spelled out."""
+    t = gpu_step_seconds(target, spec.target, spec.gpu.name)
+    d = gpu_step_seconds(draft, spec.draft, spec.gpu.name)
+    result: dict[str, object] = {
+        "gpu": spec.gpu.name,
+        "target_parameters": target.parameters,
+        "draft_parameters": draft.parameters,
+        "target_weight_bytes": int(weight_bytes(target, spec.target)),
+        "draft_weight_bytes": int(weight_bytes(draft, spec.draft)),
+        "assumptions": (f"memory-bound decode at {ACHIEVED_BANDWIDTH_FRACTION:.0%} of peak bandwidth, "
+                        f"plus {LAUNCH_SECONDS_PER_LAYER * 1e6:.0f} us per layer per step; KV-cache reads ignored"),
+    }
+    if t is None or d is None:
+        result.update(cost_ratio=round(weight_bytes(draft, spec.draft) / weight_bytes(target, spec.target), 6),
+                      note=f"no bandwidth figure for GPU {spec.gpu.name!r}: c is the ratio of weight bytes only")
+        return result
+    result.update(bandwidth_gbs=GPU_BANDWIDTH_GBS[spec.gpu.name or ""], target_step_seconds=round(t, 9),
+                  draft_step_seconds=round(d, 9), cost_ratio=round(d / t, 6))
+    return result

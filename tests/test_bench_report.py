@@ -1,0 +1,144 @@
+"""The benchmark schedule, report document, table and plots, driven by a simulated transport."""
+
+import json
+import random
+import time
+
+import pytest
+
+from specbuild.bench import plots, report, runner
+from specbuild.bench.stats import RequestResult
+from specbuild.bench.workloads import Prompt, Workload
+from specbuild.errors import BenchError
+
+TARGET_STEP = 0.002  # simulated seconds per target forward pass
+DRAFT_TOKEN = 0.0002  # simulated seconds per drafted token
+
+
+class SimulatedTransport:
+    """Speculative decoding with i.i.d. acceptance `alpha`, costing real (slept) time."""
+
+    name = "sim"
+    concurrent = True
+    max_draft_len = 4
+
+    def __init__(self, alpha=0.75):
+        self.alpha = alpha
+        self.calls = []
+
+    def request(self, prompt, k, max_tokens, settings):
+        self.calls.append(k)
+        rng = random.Random(hash((prompt.text, k)))
+        start = time.perf_counter()
+        out = steps = drafted = accepted = rejections = 0
+        draft_s = target_s = 0.0
+        pos_d, pos_a = [0] * k, [0] * k
+        ttft = None
+        while out < max_tokens:
+            n = min(k, max_tokens - out - 1)
+            a = 0
+            while a < n and rng.random() < self.alpha:
+                a += 1
+            for i in range(n):
+                pos_d[i] += 1
+            for i in range(a):
+                pos_a[i] += 1
+            rejections += a < n
+            drafted, accepted, steps = drafted + n, accepted + a, steps + 1
+            time.sleep(n * DRAFT_TOKEN + TARGET_STEP)
+            draft_s += n * DRAFT_TOKEN
+            target_s += TARGET_STEP
+            out += a + 1
+            ttft = ttft or time.perf_counter() - start
+        return RequestResult(0, k, out, time.perf_counter() - start, ttft, drafted, accepted, steps, rejections,
+                             pos_d, pos_a, draft_s, target_s)
+
+
+WORKLOAD = Workload("unit", tuple(Prompt(f"prompt {i}") for i in range(3)))
+
+
+def test_parse_int_list():
+    assert runner.parse_int_list("4, 0,2,2", "--num-draft-tokens", 0) == (0, 2, 4)
+    with pytest.raises(BenchError, match=r"--concurrency: '0' in '0,2' is not an integer >= 1"):
+        runner.parse_int_list("0,2", "--concurrency", 1)
+    with pytest.raises(BenchError, match="'x'"):
+        runner.parse_int_list("1,x", "--num-draft-tokens", 0)
+
+
+def test_clamp_and_auto_k():
+    assert runner.clamp_ks((2, 8), 4) == ((0, 2), ["K = 8 skipped: above the deployment's max_draft_len = 4"])
+    assert runner.clamp_ks(None, 6) == ((0, 1, 2, 4, 6), [])
+    assert runner.auto_ks(4) == (0, 1, 2, 4)
+
+
+def test_sweep_interleaves_k_and_rotates_the_order():
+    t = SimulatedTransport()
+    settings = runner.Settings(num_draft_tokens=(1, 2), max_tokens=4, requests=3, warmup=False)
+    runner.run(t, WORKLOAD, settings)
+    assert t.calls == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+
+
+def test_no_k_left_is_an_error():
+    with pytest.raises(BenchError, match="leaves no K > 0"):
+        runner.run(SimulatedTransport(), WORKLOAD, runner.Settings(num_draft_tokens=(8,), requests=1))
+
+
+@pytest.fixture(scope="module")
+def document():
+    t = SimulatedTransport(alpha=0.75)
+    settings = runner.Settings(num_draft_tokens=(1, 2, 4), concurrency=(1, 2), max_tokens=24, requests=4)
+    ticks = []
+    measured = runner.run(t, WORKLOAD, settings, progress=lambda total: (lambda: ticks.append(total)))
+    rows = report.cells(measured["sim"].summaries())
+    doc = report.document("sim", "unit-pair", "unit", {"max_tokens": 24}, rows, measured["sim"].notes)
+    return doc, ticks
+
+
+def test_document_fields_are_consistent(document):
+    doc, ticks = document
+    assert len(ticks) == ticks[0] == 4 * 4 + 2 * 2 * 4  # every measured request ticked once
+    json.dumps(doc)  # one JSON-serialisable document
+    rows = {(r["concurrency"], r["num_draft_tokens"]): r for r in doc["runs"]}
+    assert set(rows) == {(c, k) for c in (1, 2) for k in (0, 1, 2, 4)}
+    base = rows[(1, 0)]
+    assert base["drafted"] == 0 and base["speedup"] == 1.0 and base["alpha"] is None
+    for (c, k), r in rows.items():
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / rows[(c, 0)]["tokens_per_s"], rel=1e-3)
+        if k and c == 1:
+            assert 0.0 <= r["alpha"] <= 1.0
+            assert r["cost_ratio"] == pytest.approx(DRAFT_TOKEN / TARGET_STEP, rel=1e-3)
+            assert r["efficiency"] == pytest.approx(r["speedup"] / r["bound"], rel=1e-2)
+            assert len(r["per_position_acceptance"]) == k
+            assert r["per_position_acceptance"] == sorted(r["per_position_acceptance"], reverse=True)
+    best = max((r for r in doc["runs"] if r["concurrency"] == 1 and r["num_draft_tokens"]), key=lambda r: r["speedup"])
+    assert doc["best_num_draft_tokens"] == best["num_draft_tokens"] and doc["speedup"] == best["speedup"]
+    # sleeping is the only cost: speculation pays with alpha 0.75 and c 0.1, near its bound
+    assert doc["speedup"] > 1.3
+    assert 0.6 < doc["efficiency"] < 1.2
+    assert [row["concurrency"] for row in doc["concurrency"]] == [1, 2]
+
+
+def test_table_lists_every_cell(document):
+    doc, _ = document
+    text = report.table(doc)
+    assert text.splitlines()[0] == "specbuild bench: unit-pair (sim, workload unit)"
+    assert len([line for line in text.splitlines() if line[:4].strip() in ("1", "2")]) == 8
+    assert f"best K = {doc['best_num_draft_tokens']}" in text
+
+
+def test_plots_are_valid_pngs(document, tmp_path):
+    doc, _ = document
+    files = plots.write_plots(doc, tmp_path / "plots")
+    assert sorted(p.name for p in files) == ["acceptance_by_position.png", "speedup_vs_k.png",
+                                             "throughput_vs_concurrency.png"]
+    for path in files:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_sequential_transport_skips_concurrency_with_a_note():
+    t = SimulatedTransport()
+    t.concurrent = False
+    settings = runner.Settings(num_draft_tokens=(1,), concurrency=(1, 4), max_tokens=4, requests=1, warmup=False)
+    measured = runner.run(t, WORKLOAD, settings)
+    assert {key[1] for key in measured["sim"].cells} == {1}
+    assert "concurrency 4 skipped" in measured["sim"].notes[0]
