@@ -44,3 +44,11 @@ class ClientError(SpecbuildError):
 
 class BenchError(SpecbuildError):
     """A benchmark cannot run: bad workload file, bad sweep option, or a transport that failed."""
+
+
+class GenerationError(SpecbuildError):
+    """The draft/verify loop failed: a drafter or verifier broke the interface contract."""
+
+
+class RequestError(GenerationError):
+    """A generation request is invalid (max_tokens, K, sampling, stop sequences); Triton: INVALID_ARG."""

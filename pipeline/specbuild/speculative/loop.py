@@ -1,0 +1,237 @@
+"""The draft/verify loop (Leviathan et al. 2023, arXiv 2211.17192; Chen et al. 2023, arXiv 2302.01318).
+
+Each step: the drafter proposes up to k tokens; the verifier scores context + draft in one target
+forward pass and returns the accepted prefix plus one recovered or bonus token (acceptance.py).
+With k = 0 the same code path is one plain target decoding step, so "speculation off" and
+"speculation on" differ only in k.
+
+Written once, free of torch and Triton: the reference runtime drives it in-process, the Triton BLS
+model drives it through Triton calls. Both only implement `Drafter` and `Verifier`.
+
+Rules this module owns:
+- K per step = min(K, verifier.max_draft_len, remaining budget - 1), so a step never overshoots
+  max_tokens; exactly max_tokens tokens come out unless EOS or a stop sequence ends it first.
+- EOS: the first end_id (accepted or recovered/bonus) ends the request at once and is NOT part of
+  the output, like TensorRT-LLM, whose sequence_length excludes end_id. Tokens after it are dropped.
+- Stop sequences: matched against the generated tokens only (never the prompt), after every
+  token, so a match may span steps. The output ends with the matched stop sequence (TensorRT-LLM
+  and Hugging Face keep it too); callers that want it stripped drop the last len(seq) tokens.
+- Seeds: drafter and verifier are stateless (like Triton calls), so each call gets its own seed,
+  derive_seed(request seed, step index, role) with role 0 = drafter and 1 = verifier. Equal
+  requests give equal output as long as implementations are deterministic given (inputs, seed).
+  A sampling request without a seed draws one from OS entropy (not reproducible).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specbuild.errors import GenerationError, RequestError
+from specbuild.speculative.adaptive import AdaptiveK
+from specbuild.speculative.interfaces import Draft, Drafter, SamplingParams, Verification, Verifier
+from specbuild.speculative.sampling import validate_sampling
+from specbuild.speculative.stats import SpeculationStats
+
+__all__ = ["DRAFTER", "VERIFIER", "GenerationRequest", "GenerationResult", "Step", "derive_seed", "generate", "run"]
+
+DRAFTER, VERIFIER = 0, 1  # the role argument of derive_seed
+FINISH_REASONS = ("length", "eos", "stop")
+
+
+def derive_seed(seed: int, step: int, role: int) -> int:
+    """The seed for one drafter (role 0) or verifier (role 1) call at verify step `step` (0-based).
+
+    SeedSequence([seed, step, role]) hashed to 63 bits, so it fits signed and unsigned 64-bit tensors.
+    """
+    state = np.random.SeedSequence([int(seed), int(step), int(role)]).generate_state(2, np.uint32)
+    return int((int(state[0]) << 32 | int(state[1])) & (2**63 - 1))
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    max_tokens: int  # tokens to generate at most (EOS and stop sequences may end it earlier)
+    num_draft_tokens: int = 4  # K; 0 = target only (same code path); clamped to verifier.max_draft_len
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    end_id: int | None = None  # EOS token id; None = never stop on a token
+    stop_sequences: Sequence[Sequence[int]] = ()  # each a non-empty token id sequence
+    adaptive: bool = False  # choose K per step from the running acceptance (adaptive.AdaptiveK)
+    cost_ratio: float | None = None  # c for the adaptive controller; None = measure it from step timings
+
+    def validate(self) -> None:
+        """Raise RequestError naming the first invalid field."""
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise RequestError(f"max_tokens = {self.max_tokens!r} is invalid: ask for at least 1 token.")
+        if not _is_int(self.num_draft_tokens) or self.num_draft_tokens < 0:
+            raise RequestError(
+                f"num_draft_tokens = {self.num_draft_tokens!r} is invalid: use 0 (target only) or a positive integer."
+            )
+        validate_sampling(self.sampling)
+        if self.end_id is not None and (not _is_int(self.end_id) or self.end_id < 0):
+            raise RequestError(f"end_id = {self.end_id!r} is invalid: use a token id >= 0, or leave it unset.")
+        for seq in self.stop_sequences:
+            if isinstance(seq, (str, bytes)) or len(seq) == 0 or not all(_is_int(t) and t >= 0 for t in seq):
+                raise RequestError(
+                    f"stop sequence {seq!r} is invalid: each must be a non-empty list of token ids >= 0."
+                )
+        if self.cost_ratio is not None and not (np.isfinite(self.cost_ratio) and self.cost_ratio >= 0):
+            raise RequestError(f"cost_ratio = {self.cost_ratio!r} is invalid: use a number >= 0, or leave it unset.")
+
+
+@dataclass
+class Step:
+    index: int  # 0-based verify step
+    tokens: list[int]  # [n] new tokens to stream, already cut at EOS / stop sequence / budget
+    k: int  # draft tokens asked for, after clamping (0 = plain step)
+    drafted: int  # draft tokens the drafter returned (<= k)
+    accepted: int  # draft tokens the verifier kept (before any truncation)
+    draft_seconds: float
+    target_seconds: float
+    finish_reason: str | None = None  # "length" | "eos" | "stop" on the last step, else None
+    stats: SpeculationStats | None = None  # the request's totals, on the last step only
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # [n] generated tokens (prompt and EOS excluded)
+    finish_reason: str  # "length" | "eos" | "stop"
+    stats: SpeculationStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens": list(self.tokens), "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+
+
+def generate(
+    prompt_ids: Sequence[int],  # [prompt_len]
+    drafter: Drafter,
+    verifier: Verifier,
+    request: GenerationRequest,
+) -> Iterator[Step]:
+    """Run the draft/verify loop, yielding one Step per verify call (stream step.tokens)."""
+    request.validate()
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt or not all(_is_int(t) and t >= 0 for t in prompt_ids):
+        raise RequestError(f"prompt_ids = {list(prompt_ids)[:8]!r} is invalid: give at least one token id >= 0.")
+    max_draft_len = getattr(verifier, "max_draft_len", None)
+    if not _is_int(max_draft_len) or max_draft_len < 0:
+        raise GenerationError(f"verifier.max_draft_len = {max_draft_len!r} is invalid: it must be an integer >= 0.")
+    k_max = min(request.num_draft_tokens, max_draft_len)
+    controller = AdaptiveK(k_max, cost_ratio=request.cost_ratio) if request.adaptive else None
+    sampling = request.sampling
+    base_seed = None
+    if not sampling.greedy:
+        base_seed = sampling.seed if sampling.seed is not None else int(np.random.SeedSequence().entropy)
+    stops = [[int(t) for t in s] for s in request.stop_sequences]
+
+    output: list[int] = []
+    stats = SpeculationStats()
+    index = 0
+    while True:
+        remaining = request.max_tokens - len(output)
+        k = min(controller.choose() if controller else k_max, k_max, remaining - 1)
+        context = prompt + output
+
+        draft, draft_seconds = Draft(tokens=[]), 0.0
+        if k > 0:
+            t0 = time.perf_counter()
+            draft = drafter.propose(list(context), k, _seeded(sampling, base_seed, index, DRAFTER))
+            draft_seconds = draft.seconds or time.perf_counter() - t0
+            _check_draft(draft, k)
+
+        t0 = time.perf_counter()
+        verification = verifier.verify(list(context), draft, _seeded(sampling, base_seed, index, VERIFIER))
+        target_seconds = verification.seconds or time.perf_counter() - t0
+        _check_verification(verification, draft)
+
+        drafted, accepted = len(draft.tokens), verification.accepted
+        stats.record_step(drafted, accepted, draft_seconds, target_seconds)
+        if controller:
+            controller.update(drafted, accepted, draft_seconds, target_seconds)
+
+        new: list[int] = []
+        finish = None
+        for token in verification.tokens:
+            if request.end_id is not None and token == request.end_id:
+                finish = "eos"  # EOS ends the request at once and is not emitted
+                break
+            output.append(token)
+            new.append(token)
+            if any(len(output) >= len(s) and output[-len(s) :] == s for s in stops):
+                finish = "stop"  # the stop sequence stays in the output
+                break
+            if len(output) >= request.max_tokens:
+                finish = "length"
+                break
+        yield Step(
+            index=index,
+            tokens=new,
+            k=k,
+            drafted=drafted,
+            accepted=accepted,
+            draft_seconds=draft_seconds,
+            target_seconds=target_seconds,
+            finish_reason=finish,
+            stats=stats if finish else None,
+        )
+        if finish:
+            return
+        index += 1
+
+
+def run(
+    prompt_ids: Sequence[int],  # [prompt_len]
+    drafter: Drafter,
+    verifier: Verifier,
+    request: GenerationRequest,
+) -> GenerationResult:
+    """generate() to completion: the generated tokens, why it stopped, and the statistics."""
+    tokens: list[int] = []
+    for step in generate(prompt_ids, drafter, verifier, request):
+        tokens.extend(step.tokens)
+        if step.finish_reason:
+            return GenerationResult(tokens, step.finish_reason, step.stats or SpeculationStats())
+    raise GenerationError("the draft/verify loop ended without a finish reason")  # unreachable by construction
+
+
+def _seeded(sampling: SamplingParams, base_seed: int | None, step: int, role: int) -> SamplingParams:
+    if base_seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=derive_seed(base_seed, step, role))
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _check_draft(draft: Draft, k: int) -> None:
+    if len(draft.tokens) > k or not all(_is_int(t) and t >= 0 for t in draft.tokens):
+        raise GenerationError(
+            f"the drafter returned {list(draft.tokens)!r} for k = {k}: it must propose at most k token ids >= 0."
+        )
+    if draft.probs is not None and np.shape(draft.probs)[0] != len(draft.tokens):
+        raise GenerationError(
+            f"the drafter returned probs of shape {np.shape(draft.probs)} for {len(draft.tokens)} tokens: "
+            "it must return one distribution per drafted token ([k, vocab]) or None."
+        )
+
+
+def _check_verification(v: Verification, draft: Draft) -> None:
+    k = len(draft.tokens)
+    ok = (
+        _is_int(v.accepted)
+        and 0 <= v.accepted <= k
+        and len(v.tokens) == v.accepted + 1
+        and all(_is_int(t) and t >= 0 for t in v.tokens)
+        and [int(t) for t in v.tokens[: v.accepted]] == [int(t) for t in draft.tokens[: v.accepted]]
+    )
+    if not ok:
+        raise GenerationError(
+            f"the verifier returned accepted = {v.accepted!r}, tokens = {list(v.tokens)!r} for draft "
+            f"{list(draft.tokens)!r}: it must return the accepted draft prefix plus exactly one token "
+            "(include end_id as that token when the target ends)."
+        )

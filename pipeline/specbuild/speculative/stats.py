@@ -1,0 +1,123 @@
+"""Per-request speculation statistics, in the project's one vocabulary.
+
+- drafted: draft tokens the verifier was shown; accepted: those it kept.
+- steps: verify calls (target forward passes), plain steps with an empty draft included.
+- acceptance_rate = accepted / drafted (0.0 when nothing was drafted).
+- mean_accepted_len = (accepted + steps) / steps: tokens produced per target step, the recovered or
+  bonus token included (1.0 for plain decoding). Counted before EOS / stop / budget truncation,
+  because it measures the verifier, not the request.
+- per_position_drafted[i] / per_position_accepted[i]: how often draft position i (0-based) was
+  drafted / accepted; their ratio is per-position acceptance.
+- draft_seconds, target_seconds: wall time in the drafter and the verifier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SpeculationStats"]
+
+_KEYS = (
+    "drafted",
+    "accepted",
+    "steps",
+    "acceptance_rate",
+    "mean_accepted_len",
+    "per_position_drafted",
+    "per_position_accepted",
+    "draft_seconds",
+    "target_seconds",
+)
+
+
+@dataclass
+class SpeculationStats:
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    per_position_drafted: list[int] = field(default_factory=list)  # [max k seen]
+    per_position_accepted: list[int] = field(default_factory=list)  # [max k seen]
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_len(self) -> float:
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """accepted / drafted at each draft position (0.0 where never drafted)."""
+        return [a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
+
+    def record_step(self, drafted: int, accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0) -> None:
+        """Count one verify call that was shown `drafted` tokens and kept `accepted` of them."""
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"accepted = {accepted} must lie in [0, drafted = {drafted}]")
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self._grow(drafted)
+        for i in range(drafted):
+            self.per_position_drafted[i] += 1
+        for i in range(accepted):
+            self.per_position_accepted[i] += 1
+        self.draft_seconds += draft_seconds
+        self.target_seconds += target_seconds
+
+    def merge(self, other: SpeculationStats) -> SpeculationStats:
+        """A new SpeculationStats holding both (for aggregating across requests)."""
+        out = SpeculationStats(
+            drafted=self.drafted + other.drafted,
+            accepted=self.accepted + other.accepted,
+            steps=self.steps + other.steps,
+            draft_seconds=self.draft_seconds + other.draft_seconds,
+            target_seconds=self.target_seconds + other.target_seconds,
+        )
+        out._grow(max(len(self.per_position_drafted), len(other.per_position_drafted)))
+        for src in (self, other):
+            for i, (d, a) in enumerate(zip(src.per_position_drafted, src.per_position_accepted)):
+                out.per_position_drafted[i] += d
+                out.per_position_accepted[i] += a
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "steps": self.steps,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_len": self.mean_accepted_len,
+            "per_position_drafted": list(self.per_position_drafted),
+            "per_position_accepted": list(self.per_position_accepted),
+            "draft_seconds": self.draft_seconds,
+            "target_seconds": self.target_seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeculationStats:
+        """Inverse of to_dict (derived keys are recomputed, not trusted)."""
+        missing = [k for k in _KEYS if k not in data]
+        if missing:
+            raise ValueError(f"speculation stats are missing keys {missing}")
+        drafted, accepted = list(data["per_position_drafted"]), list(data["per_position_accepted"])
+        if len(drafted) != len(accepted):
+            raise ValueError("per_position_drafted and per_position_accepted differ in length")
+        return cls(
+            drafted=int(data["drafted"]),
+            accepted=int(data["accepted"]),
+            steps=int(data["steps"]),
+            per_position_drafted=[int(x) for x in drafted],
+            per_position_accepted=[int(x) for x in accepted],
+            draft_seconds=float(data["draft_seconds"]),
+            target_seconds=float(data["target_seconds"]),
+        )
+
+    def _grow(self, n: int) -> None:
+        while len(self.per_position_drafted) < n:
+            self.per_position_drafted.append(0)
+            self.per_position_accepted.append(0)
