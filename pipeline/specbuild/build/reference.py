@@ -1,0 +1,172 @@
+"""The reference backend: a PyTorch-runnable engine made from the same TensorRT-LLM checkpoint.
+
+Layout of a reference engine folder (what the reference runtime and the CPU Triton models load):
+
+    config.json          Hugging Face config (e.g. LlamaConfig fields), torch_dtype float32
+    model.safetensors    Hugging Face tensor names (model.layers.N.self_attn.q_proj.weight, ...),
+                         DEQUANTIZED to float32 whatever the checkpoint's quantization
+    engine.json          the limits a trtllm-build engine would have (target: max_seq_len + K), the
+                         quant_algo the weights came from, vocab_size
+    tokenizer files      copied from the Hugging Face checkpoint, so the folder is self-contained
+    manifest.json        inputs' hashes, tool versions, smoke-test result
+
+float32 is deliberate: the reference engine exists to exercise the converted (and quantized,
+then dequantized) weights numerically on any machine, and CPU float16 matmuls would add their
+own rounding on top. The quantization error itself is kept: weights are the dequantized values.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from specbuild.artifacts import hash_file, stage_output, tool_versions, write_json
+from specbuild.build.plan import RolePlan
+from specbuild.build.trtllm import engine_input_hash
+from specbuild.build.versions import REFERENCE_FORMAT
+from specbuild.errors import BuildError, CheckpointError
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
+    "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja",
+)
+SMOKE_TOKENS = 8
+
+
+def tokenizer_files(hf_dir: Path) -> list[Path]:
+    found = [hf_dir / name for name in TOKENIZER_FILES if (hf_dir / name).is_file()]
+    if not any(p.name in ("tokenizer.json", "tokenizer.model", "vocab.json") for p in found):
+        raise CheckpointError(
+            f"no tokenizer files (tokenizer.json, tokenizer.model or vocab.json) in {hf_dir}: the reference engine "
+            "copies the tokenizer so it is self-contained. Point the spec's checkpoint at a full Hugging Face model folder."
+        )
+    return found
+
+
+def engine_json(plan: RolePlan, vocab_size: int) -> dict[str, Any]:
+    built = plan.expected_build_config()
+    return {
+        "format": "specbuild-reference",
+        "format_version": REFERENCE_FORMAT,
+        "role": plan.role,
+        "max_batch_size": built["max_batch_size"],
+        "max_input_len": built["max_input_len"],
+        "max_seq_len": built["max_seq_len"],
+        "max_num_tokens": built["max_num_tokens"],
+        "max_draft_len": built["max_draft_len"],
+        "speculative_decoding_mode": plan.speculative_decoding_mode,
+        "gather_generation_logits": plan.gather_generation_logits,
+        "quant_algo": plan.quant_algo,
+        "kv_cache_quant_algo": plan.kv_cache_quant_algo,
+        "source_dtype": plan.dtype,
+        "dtype": "float32",
+        "vocab_size": vocab_size,
+    }
+
+
+def _config_dict(hf_config: Any) -> dict[str, Any]:
+    if hasattr(hf_config, "to_dict"):
+        data = hf_config.to_dict()
+    elif isinstance(hf_config, dict):
+        data = dict(hf_config)
+    else:
+        raise BuildError(f"the checkpoint loader returned an unusable hf_config ({type(hf_config).__name__}).")
+    data["torch_dtype"] = "float32"
+    data.pop("dtype", None)  # transformers 5 names it dtype; keep one spelling
+    data["dtype"] = "float32"
+    return data
+
+
+def write_weights(state_dict: dict[str, Any], path: Path) -> int:
+    """Save as float32 safetensors; tensors sharing storage (tied embeddings) are copied apart."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors, seen = {}, set()
+    for name, tensor in state_dict.items():
+        t = tensor.detach().to(torch.float32).contiguous()
+        if t.data_ptr() in seen:
+            t = t.clone()
+        seen.add(t.data_ptr())
+        tensors[name] = t
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return sum(t.numel() for t in tensors.values())
+
+
+def smoke_test(folder: Path, vocab_size: int) -> dict[str, Any]:
+    """Load the folder with transformers and run one forward pass over a few tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True)
+    missing = [k for k in info.get("missing_keys", []) if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+    unexpected = list(info.get("unexpected_keys", []))
+    if missing or unexpected:
+        raise BuildError(
+            f"the reference engine's weights do not match {type(model).__name__}: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}. The checkpoint loader mapped names wrongly; report this with the checkpoint's config.json."
+        )
+    model.eval()
+    n = SMOKE_TOKENS
+    input_ids = (torch.arange(n, dtype=torch.long) * 7919 % vocab_size).unsqueeze(0)  # [1, n]
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits  # [1, n, vocab]
+    shape = list(logits.shape)
+    finite = bool(torch.isfinite(logits).all())
+    if shape != [1, n, vocab_size] or not finite:
+        raise BuildError(
+            f"the reference engine's smoke test failed: logits shape {shape} (expected [1, {n}, {vocab_size}]), "
+            f"finite={finite}. The converted weights are broken; run `specbuild convert --force` and check its log."
+        )
+    return {"tokens": n, "logits_shape": shape, "finite": finite, "argmax": logits[0].argmax(-1).tolist()}
+
+
+def build_reference_role(plan: RolePlan, pair: str, hf_dir: Path, force: bool = False,
+                         log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    started = time.monotonic()
+    tokenizer = tokenizer_files(hf_dir)
+    tok_hashes = {p.name: hash_file(p) for p in tokenizer}
+    input_hash, files = engine_input_hash(plan, "reference", {"format": REFERENCE_FORMAT, "tokenizer": tok_hashes})
+    with stage_output(plan.engine_dir, force=force) as out:
+        if out.up_to_date(input_hash):
+            log(f"{plan.role}: reference engine up to date ({plan.engine_dir}), skipped. Use --force to rebuild.")
+            return {"role": plan.role, "status": "skipped", "engine_dir": str(plan.engine_dir),
+                    "manifest": out.existing_manifest()}
+        from specbuild.convert.loader import load_trtllm_checkpoint
+
+        log(f"{plan.role}: loading the TensorRT-LLM checkpoint {plan.checkpoint_dir}")
+        loaded = load_trtllm_checkpoint(plan.checkpoint_dir)
+        config = _config_dict(loaded.hf_config)
+        vocab_size = int(config["vocab_size"])
+        (out.tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        n_params = write_weights(loaded.state_dict, out.tmp / "model.safetensors")
+        del loaded
+        write_json(out.tmp / "engine.json", engine_json(plan, vocab_size))
+        for path in tokenizer:
+            shutil.copyfile(path, out.tmp / path.name)
+        log(f"{plan.role}: smoke test (one forward pass over {SMOKE_TOKENS} tokens)")
+        smoke = smoke_test(out.tmp, vocab_size)
+        versions = {**tool_versions("torch", "transformers", "safetensors"), "reference_format": REFERENCE_FORMAT}
+        manifest = out.commit({
+            "stage": "build",
+            "backend": "reference",
+            "pair": pair,
+            "role": plan.role,
+            "input_hash": input_hash,
+            "checkpoint_input_hash": (plan.checkpoint_manifest or {}).get("input_hash"),
+            "inputs": {"checkpoint_dir": str(plan.checkpoint_dir), "files": files,
+                       "tokenizer_dir": str(hf_dir), "tokenizer_files": tok_hashes},
+            "argv": None,
+            "argv_text": None,
+            "tool_versions": versions,
+            "settings": plan.settings(),
+            "build_config": plan.expected_build_config(),
+            "parameters": n_params,
+            "smoke_test": smoke,
+            "seconds": round(time.monotonic() - started, 3),
+        })
+    log(f"{plan.role}: reference engine written to {plan.engine_dir} ({n_params:,} parameters, float32)")
+    return {"role": plan.role, "status": "ran", "engine_dir": str(plan.engine_dir), "manifest": manifest}
