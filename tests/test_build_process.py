@@ -1,0 +1,138 @@
+"""Process handling with a FAKE trtllm-build (tests/fakes/trtllm-build): success, failure midway,
+an engine config.json that disagrees, locking, skipping and --force. Nothing here builds a real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fakes.build_fixtures import FAKE_TRTLLM_BUILD, fake_checkpoint, make_spec
+from specbuild.build import build_engines
+from specbuild.errors import ArtifactError, BuildError
+
+
+@pytest.fixture
+def spec(tmp_path, monkeypatch):
+    monkeypatch.delenv("FAKE_TRTLLM_MODE", raising=False)
+    monkeypatch.delenv("FAKE_TRTLLM_SLEEP", raising=False)
+    spec = make_spec(tmp_path)
+    for role in ("target", "draft"):
+        fake_checkpoint(spec, role)
+    return spec
+
+
+def build(spec, roles=("target", "draft"), **kwargs):
+    return build_engines(spec, list(roles), "trtllm", trtllm_build=str(FAKE_TRTLLM_BUILD), **kwargs)
+
+
+def leftovers(spec, role):
+    return sorted(p.name for p in (spec.pair_dir / role).iterdir() if p.name.startswith(".engine.tmp"))
+
+
+def test_success_writes_engine_manifest_and_timing_cache_in_the_engine_dir(spec):
+    results = build(spec)
+    assert [(r["role"], r["status"]) for r in results] == [("target", "ran"), ("draft", "ran")]
+    engine = spec.pair_dir / "target" / "engine"
+    assert {"config.json", "rank0.engine", "model.cache", "build.log", "manifest.json"} <= {p.name for p in engine.iterdir()}
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["backend"] == "trtllm" and manifest["role"] == "target" and manifest["pair"] == "pair"
+    assert manifest["checkpoint_input_hash"] == "ckpt-hash-1"
+    assert manifest["argv"][0] == str(FAKE_TRTLLM_BUILD)
+    assert "--speculative_decoding_mode draft_tokens_external --max_draft_len 4" in manifest["argv_text"]
+    assert manifest["engine_build_config"]["max_seq_len"] == 2052  # the builder added K
+    for key in ("tensorrt_llm", "tensorrt", "cuda", "gpu_name", "gpu_sm", "specbuild"):
+        assert key in manifest["tool_versions"]
+    assert manifest["tool_versions"]["tensorrt_llm"] is None  # not in this environment: unknown, not invented
+    assert "config.json" in manifest["inputs"]["files"]
+    log = (engine / "build.log").read_text()
+    assert log.startswith("$ ") and "# exit code 0" in log
+    assert not leftovers(spec, "target") and not (spec.pair_dir.parent.parent / "model.cache").exists()
+
+
+def test_failure_midway_leaves_no_engine_dir(spec, monkeypatch):
+    monkeypatch.setenv("FAKE_TRTLLM_MODE", "fail-midway")
+    with pytest.raises(BuildError) as err:
+        build(spec, ["target"])
+    message = str(err.value)
+    assert "exited with code 1" in message and "out of memory while building rank 1" in message
+    assert not (spec.pair_dir / "target" / "engine").exists()
+    assert not leftovers(spec, "target")
+    kept = spec.pair_dir / "target" / "engine.failed.log"
+    assert "Engine rank0 serialized" in kept.read_text() and str(kept) in message
+
+
+def test_failed_rebuild_keeps_the_previous_engine(spec, monkeypatch):
+    build(spec, ["draft"])
+    before = (spec.pair_dir / "draft" / "engine" / "manifest.json").read_text()
+    monkeypatch.setenv("FAKE_TRTLLM_MODE", "fail-midway")
+    with pytest.raises(BuildError):
+        build(spec, ["draft"], force=True)
+    assert (spec.pair_dir / "draft" / "engine" / "manifest.json").read_text() == before
+
+
+def test_disagreeing_engine_config_is_refused(spec, monkeypatch):
+    monkeypatch.setenv("FAKE_TRTLLM_MODE", "bad-config")
+    with pytest.raises(BuildError, match=r"disagrees with what was asked: max_draft_len = 5 \(asked 4\)"):
+        build(spec, ["target"])
+    assert not (spec.pair_dir / "target" / "engine").exists()
+
+
+def test_unchanged_inputs_skip_and_force_rebuilds(spec):
+    build(spec)
+    first = json.loads((spec.pair_dir / "target" / "engine" / "manifest.json").read_text())
+    assert [r["status"] for r in build(spec)] == ["skipped", "skipped"]
+    assert [r["status"] for r in build(spec, force=True)] == ["ran", "ran"]
+    again = json.loads((spec.pair_dir / "target" / "engine" / "manifest.json").read_text())
+    assert again["input_hash"] == first["input_hash"] and again["created_unix"] >= first["created_unix"]
+
+
+def test_changed_checkpoint_or_settings_rebuild(spec, tmp_path):
+    build(spec)
+    (spec.pair_dir / "target" / "checkpoint" / "rank0.safetensors").write_bytes(b"new weights")
+    assert [r["status"] for r in build(spec)] == ["ran", "skipped"]
+    bigger = make_spec(tmp_path, speculative={"max_draft_len": 6, "num_draft_tokens": 4})
+    assert [r["status"] for r in build(bigger)] == ["ran", "ran"]
+
+
+def test_building_one_role_checks_the_other_engine(spec, tmp_path):
+    build(spec, ["draft"])
+    other = make_spec(tmp_path, build={"max_seq_len": 4096})
+    with pytest.raises(BuildError, match="disagrees with the target's 4096"):
+        build(other, ["target"])
+
+
+def test_two_builds_at_once_on_the_same_output(spec, monkeypatch):
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(FAKE_TRTLLM_BUILD.parent.parent)!r})\n"
+        "from fakes.build_fixtures import make_spec, FAKE_TRTLLM_BUILD\n"
+        "from pathlib import Path\n"
+        "from specbuild.build import build_engines\n"
+        f"spec = make_spec(Path({str(spec.output_dir.parent)!r}))\n"
+        "build_engines(spec, ['draft'], 'trtllm', trtllm_build=str(FAKE_TRTLLM_BUILD))\n"
+    )
+    env = {**os.environ, "FAKE_TRTLLM_SLEEP": "4"}
+    first = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not list((spec.pair_dir / "draft").glob(".engine.tmp-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(ArtifactError, match="is locked by another specbuild process"):
+            build(spec, ["draft"])
+    finally:
+        _, stderr = first.communicate(timeout=60)
+    assert first.returncode == 0, stderr
+    assert (spec.pair_dir / "draft" / "engine" / "rank0.engine").is_file()
+
+
+def test_tensor_parallel_engine_needs_every_rank(spec, tmp_path):
+    tp = make_spec(tmp_path, build={"tp_size": 2}, gpu={"count": 2})
+    fake_checkpoint(tp, "target", world_size=2)
+    result = build(tp, ["target"], force=True)[0]
+    assert "--workers 2" in result["manifest"]["argv_text"]
+    assert {"rank0.engine", "rank1.engine"} <= {p.name for p in (tp.pair_dir / "target" / "engine").iterdir()}
