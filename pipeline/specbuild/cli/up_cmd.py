@@ -1,0 +1,139 @@
+"""`specbuild up`: every stage for the spec, in order, skipping what is up to date.
+
+The stage list is data (`STAGES`): each entry names a stage and a function that runs it and
+reports `ran` or `skipped`. Later stages (repo, serve) are added by appending to it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from specbuild.cli.common import dry_run_option, emit_json, force_option, get_spec, json_option, log, spec_option
+from specbuild.config import Spec
+from specbuild.errors import PairError, SpecbuildError
+
+
+@dataclass
+class UpContext:
+    spec: Spec
+    backend: str  # "reference" | "trtllm"
+    force: bool
+    dry_run: bool
+    once: bool  # for the serve stage: start, answer a canary request, stop
+    trtllm_build: str | None = None
+    log: Callable[[str], None] = log
+    results: dict[str, Any] = field(default_factory=dict)  # stage name -> what it returned, for later stages
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[UpContext], dict[str, Any]]  # returns {"status": "ran" | "skipped" | "planned", ...}
+
+
+def _statuses(items: list[dict[str, Any]]) -> str:
+    states = {item.get("status") for item in items}
+    return "skipped" if states == {"skipped"} else "ran"
+
+
+def run_check_stage(ctx: UpContext) -> dict[str, Any]:
+    from specbuild.check import run_check
+
+    if ctx.dry_run:
+        return {"status": "planned", "detail": "read both checkpoints' configs and tokenizers; memory plan"}
+    report = run_check(ctx.spec)
+    for warning in report.warnings:
+        ctx.log(f"check warning: {warning.message}")
+    if not report.ok:
+        first = report.problems[0]
+        more = f" (and {len(report.problems) - 1} more; run `specbuild check`)" if len(report.problems) > 1 else ""
+        raise PairError(f"check failed: {first.message} {first.fix}".strip() + more)
+    return {"status": "ran", "warnings": len(report.warnings)}
+
+
+def run_convert_stage(ctx: UpContext) -> dict[str, Any]:
+    import specbuild.convert as convert
+
+    if ctx.dry_run:
+        planned = convert.dry_run(ctx.spec, ["target", "draft"]) if hasattr(convert, "dry_run") else None
+        return {"status": "planned", "detail": planned or [str(ctx.spec.pair_dir / r / "checkpoint")
+                                                            for r in ("target", "draft")]}
+    results = convert.convert_pair(ctx.spec, roles=["target", "draft"], force=ctx.force, log=ctx.log)
+    return {"status": _statuses(results), "roles": {r["role"]: r["status"] for r in results}}
+
+
+def run_build_stage(ctx: UpContext) -> dict[str, Any]:
+    from specbuild.build import build_engines, dry_run
+
+    if ctx.dry_run:
+        return {"status": "planned", "detail": dry_run(ctx.spec, ["target", "draft"], ctx.backend, ctx.trtllm_build)}
+    results = build_engines(ctx.spec, ["target", "draft"], ctx.backend, force=ctx.force,
+                            trtllm_build=ctx.trtllm_build, log=ctx.log)
+    return {"status": _statuses(results), "backend": ctx.backend,
+            "roles": {r["role"]: r["status"] for r in results},
+            "engines": {r["role"]: r["engine_dir"] for r in results}}
+
+
+STAGES: list[Stage] = [
+    Stage("check", run_check_stage),
+    Stage("convert", run_convert_stage),
+    Stage("build", run_build_stage),
+]
+
+
+def run_stages(ctx: UpContext, stages: list[Stage] | None = None) -> tuple[list[dict[str, Any]], SpecbuildError | None]:
+    """Run stages in order; stop at the first failure. Returns (one summary per stage reached, the error)."""
+    summary = []
+    for stage in stages or STAGES:
+        started = time.monotonic()
+        if not ctx.dry_run:
+            ctx.log(f"== {stage.name}")
+        try:
+            result = stage.run(ctx)
+        except SpecbuildError as err:
+            summary.append({"stage": stage.name, "status": "failed", "error": str(err),
+                            "seconds": round(time.monotonic() - started, 3)})
+            return summary, err
+        ctx.results[stage.name] = result
+        summary.append({"stage": stage.name, **result, "seconds": round(time.monotonic() - started, 3)})
+        if not ctx.dry_run:
+            ctx.log(f"== {stage.name}: {result['status']} ({summary[-1]['seconds']:.1f} s)")
+    return summary, None
+
+
+@click.command("up")
+@spec_option
+@click.option("--backend", type=click.Choice(["reference", "trtllm"]), default="reference", show_default=True,
+              help="Engine backend for the build stage: reference (any machine) or trtllm (GPU image).")
+@click.option("--trtllm-build", "trtllm_build", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Path of trtllm-build (trtllm backend; default: found on PATH).")
+@click.option("--once", is_flag=True, help="Serve stage: start, answer one canary request, stop (for demos and CI).")
+@force_option
+@dry_run_option
+@json_option
+def command(spec_path, backend, trtllm_build, once, force, dry_run, as_json):
+    """Run check -> convert -> build for the spec, skipping stages whose inputs are unchanged.
+
+    \b
+    --force redoes every stage. With --json, one document lists each stage as
+    ran / skipped / failed with its time in seconds; exit code 1 when a stage failed.
+    """
+    spec = get_spec(spec_path)
+    ctx = UpContext(spec=spec, backend=backend, force=force, dry_run=dry_run, once=once,
+                    trtllm_build=str(trtllm_build) if trtllm_build else None)
+    started = time.monotonic()
+    summary, error = run_stages(ctx)
+    document = {"pair": spec.name, "backend": backend, "dry_run": dry_run, "ok": error is None,
+                "stages": summary, "seconds": round(time.monotonic() - started, 3)}
+    if as_json:
+        emit_json(document)
+    else:
+        for row in summary:
+            click.echo(f"{row['stage']:<8} {row['status']:<8} {row['seconds']:7.1f} s")
+    if error is not None:
+        raise error
