@@ -1,0 +1,373 @@
+"""The memory plan: do both engines fit the `[gpu]`, and how should the KV cache be split?
+
+Pure arithmetic over `ModelInfo` facts and the spec; every figure is per GPU unless named total.
+
+- Weights: transformer-block parameters at the quantization's bytes per weight; the input
+  embedding and the lm_head stay at the activation dtype (modelopt leaves both unquantized by
+  default). The lm_head is counted even when the HF model ties it to the embedding: the exported
+  TensorRT-LLM checkpoint stores it as its own tensor. With tensor parallelism the blocks and the
+  lm_head are split over `tp_size` GPUs; the embedding is counted whole on every GPU
+  (trtllm-build's `--use_parallel_embedding` is off by default).
+- KV cache bytes per token = 2 (K and V) x layers x kv_heads per GPU x head_dim x bytes
+  (fp8 KV: 1 byte; otherwise the activation dtype). Sequences are counted in whole blocks of
+  `TOKENS_PER_BLOCK` tokens (paged KV cache); the target's sequences are `max_draft_len` longer
+  (trtllm-build adds it to the target's max_seq_len).
+- Runtime headroom (estimates, see the constants): a CUDA context per model, each engine's
+  activation buffers for `max_num_tokens`, its logits buffer, and a safety margin of 10% of what
+  is left (at least 0.5 GiB).
+
+KV split between two engines on one GPU. TensorRT-LLM gives each model
+`min(max_tokens_in_paged_kv_cache, kv_cache_free_gpu_mem_fraction x free memory)` when that
+model loads, and Triton may load the two models in either order. So the plan gives each model a
+token cap (its share of the KV memory left after both models' weights and buffers, in proportion
+to its bytes per sequence) and a fraction large enough to reach that cap even when it loads
+second: fraction_X = budget_X / (free after both loaded - budget_Y). Whichever loads first takes
+only its cap, and the second still finds its budget: the plan holds in both orders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from specbuild.check.report import Finding
+from specbuild.config import Spec
+from specbuild.hfmodel import ModelInfo
+
+GIB = 1024**3
+
+# A CUDA context with cuBLAS/cuBLASLt handles and workspaces takes ~0.3-0.6 GiB on Hopper; in
+# orchestrator mode each tensorrt_llm model runs in its own executor process, so one per model.
+CUDA_CONTEXT_BYTES = int(0.75 * GIB)
+# Per engine, not proportional to max_num_tokens: TensorRT execution context, decoder and sampling
+# state, host-visible staging buffers.
+ENGINE_FIXED_BYTES = int(0.25 * GIB)
+# Activations live per layer and are reused across layers; the widest point of a gated-MLP block
+# holds about (2 x intermediate + intermediate + hidden) values per token, attention about 6 x hidden.
+# We take hidden x 8 + intermediate x 3 values per token in max_num_tokens as the activation peak.
+ACTIVATION_HIDDEN_FACTOR = 8
+ACTIVATION_INTERMEDIATE_FACTOR = 3
+# Kept free out of what remains after weights and buffers: allocator fragmentation, NCCL buffers with
+# tp > 1, the error of these estimates. TensorRT-LLM's own default (kv_cache_free_gpu_mem_fraction 0.9)
+# keeps the same 10% of free memory; we keep at least MIN_SAFETY_BYTES.
+SAFETY_FRACTION = 0.10
+MIN_SAFETY_BYTES = int(0.5 * GIB)
+TOKENS_PER_BLOCK = 64  # paged KV cache block; trtllm-build's --tokens_per_block
+MAX_FRACTION = 0.95
+
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+# Bytes per transformer-block weight. AWQ keeps one fp16 scale per group of 128 weights.
+WEIGHT_BYTES = {
+    "fp8": 1.0,
+    "int8_sq": 1.0,
+    "int8_wo": 1.0,
+    "int4_wo": 0.5,
+    "int4_awq": 0.5 + 2 / 128,
+    "w4a8_awq": 0.5 + 2 / 128,
+}
+
+# GPU feature gates (trtllm-facts.md sections 1.1, 1.2 and 6.12).
+MIN_SM = 80  # draft/target speculative decoding support matrix: SM >= 80
+FP8_MIN_SM = 89  # fp8 weights, w4a8 (fp8 activations) and an fp8 KV cache
+BLACKWELL_REJECTED = ("int8_sq", "int8_wo", "int4_wo", "int4_awq")  # trtllm-build raises on SM100-119
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    role: str
+    quantization: str
+    kv_cache: str
+    weight_bytes: int  # the whole model, all GPUs together
+    weight_bytes_per_gpu: int
+    runtime_bytes_per_gpu: int  # CUDA context, activations for max_num_tokens, logits, fixed buffers
+    kv_bytes_per_token: int  # per GPU
+    tokens_per_sequence: int  # KV tokens of one sequence at max_seq_len, rounded up to whole blocks
+    kv_budget_bytes: int  # per GPU, this model's share of the KV memory
+    max_tokens_in_paged_kv_cache: int
+    kv_cache_free_gpu_mem_fraction: float
+
+    @property
+    def kv_bytes_per_sequence(self) -> int:
+        return self.kv_bytes_per_token * self.tokens_per_sequence
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    gpu: str  # the GPU's name, or "custom"
+    sm: int | None
+    memory_per_gpu_bytes: int
+    tp_size: int
+    target: ModelMemory
+    draft: ModelMemory
+    reserved_bytes: int  # per GPU: safety margin kept free
+    kv_available_bytes: int  # per GPU, after weights, runtime and margin (negative: does not fit)
+    max_batch: int  # sequences at max_seq_len that fit (target KV + draft KV each)
+    max_batch_size: int  # what the spec asks for
+    max_seq_len: int
+    problems: tuple[Finding, ...] = ()  # GPU feature gates and "does not fit"
+    warnings: tuple[Finding, ...] = ()
+    suggestions: tuple[dict[str, Any], ...] = ()  # changes that would fit, best first
+
+    @property
+    def fits(self) -> bool:
+        return self.max_batch >= 1
+
+    def to_dict(self) -> dict[str, Any]:
+        def model(m: ModelMemory) -> dict[str, Any]:
+            return {**dataclasses.asdict(m), "kv_bytes_per_sequence": m.kv_bytes_per_sequence}
+
+        return {
+            "fits": self.fits,
+            "gpu": self.gpu,
+            "sm": self.sm,
+            "memory_per_gpu_bytes": self.memory_per_gpu_bytes,
+            "tp_size": self.tp_size,
+            "target": model(self.target),
+            "draft": model(self.draft),
+            "reserved_bytes": self.reserved_bytes,
+            "kv_available_bytes": self.kv_available_bytes,
+            "max_batch_at_max_seq_len": self.max_batch,
+            "max_batch_size": self.max_batch_size,
+            "max_seq_len": self.max_seq_len,
+            "suggestions": list(self.suggestions),
+        }
+
+
+def padded_vocab(rows: int, tp_size: int) -> int:
+    """Embedding rows after padding to a multiple of tp_size (the lm_head is split by rows)."""
+    return math.ceil(rows / tp_size) * tp_size
+
+
+def weight_bytes(info: ModelInfo, quantization: str, dtype: str, vocab_rows: int, tp_size: int) -> tuple[int, int]:
+    """(total, per GPU) engine weight bytes of one model."""
+    act = DTYPE_BYTES[dtype]
+    per_weight = act if quantization == "none" else WEIGHT_BYTES[quantization]
+    own_embeddings = info.vocab_size * info.hidden_size * (1 if info.tie_word_embeddings else 2)
+    blocks = max(info.num_params - own_embeddings, 0)  # transformer blocks + norms
+    table = vocab_rows * info.hidden_size  # the embedding; the lm_head has the same shape
+    total = blocks * per_weight + 2 * table * act
+    per_gpu = blocks * per_weight / tp_size + table * act + table * act / tp_size
+    return int(total), int(per_gpu)
+
+
+def kv_bytes_per_token(info: ModelInfo, kv_cache: str, dtype: str, tp_size: int) -> int:
+    kv_heads_per_gpu = math.ceil(info.num_kv_heads / tp_size)  # fewer kv heads than GPUs: replicated
+    element = 1 if kv_cache == "fp8" else DTYPE_BYTES[dtype]
+    return 2 * info.num_layers * kv_heads_per_gpu * info.head_dim * element
+
+
+def runtime_bytes(info: ModelInfo, dtype: str, spec: Spec, vocab_rows: int, is_target: bool) -> int:
+    b, sp = spec.build, spec.speculative
+    tokens = b.max_num_tokens
+    if is_target:  # trtllm-build raises max_num_tokens to fit one verify step per sequence
+        tokens = max(tokens, b.max_batch_size * (sp.max_draft_len + 1))
+    act = DTYPE_BYTES[dtype]
+    width = ACTIVATION_HIDDEN_FACTOR * info.hidden_size + ACTIVATION_INTERMEDIATE_FACTOR * math.ceil(
+        info.intermediate_size / b.tp_size
+    )
+    logits = b.max_batch_size * (sp.max_draft_len + 1) * math.ceil(vocab_rows / b.tp_size) * 4  # fp32 logits
+    return CUDA_CONTEXT_BYTES + ENGINE_FIXED_BYTES + tokens * width * act + logits
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return math.ceil(value / multiple) * multiple
+
+
+def _fraction(budget: float, free_when_second: float) -> float:
+    if budget <= 0 or free_when_second <= 0:
+        return 0.0
+    return min(math.ceil(budget / free_when_second * 100) / 100, MAX_FRACTION)
+
+
+def plan_memory(spec: Spec, target: ModelInfo, draft: ModelInfo, suggest: bool = True) -> MemoryPlan:
+    """The memory plan for the spec's `[gpu]`, `[build]` limits and the two models."""
+    b, g = spec.build, spec.gpu
+    tp = b.tp_size
+    memory = int(g.memory_per_gpu_gib * GIB)
+    sm = g.sm
+    vocab_rows = padded_vocab(max(target.vocab_size, draft.vocab_size), tp)
+    roles = {"target": (target, spec.target, b.max_seq_len + spec.speculative.max_draft_len),
+             "draft": (draft, spec.draft, b.max_seq_len)}
+    raw: dict[str, dict[str, int]] = {}
+    for role, (info, model, seq) in roles.items():
+        total, per_gpu = weight_bytes(info, model.quantization, model.dtype, vocab_rows, tp)
+        raw[role] = {
+            "total": total,
+            "per_gpu": per_gpu,
+            "runtime": runtime_bytes(info, model.dtype, spec, vocab_rows, role == "target"),
+            "kv_token": kv_bytes_per_token(info, model.kv_cache, model.dtype, tp),
+            "tokens": _round_up(seq, TOKENS_PER_BLOCK),
+        }
+    free_after_load = memory - sum(r["per_gpu"] + r["runtime"] for r in raw.values())
+    reserved = max(MIN_SAFETY_BYTES, int(SAFETY_FRACTION * free_after_load))
+    kv_available = free_after_load - reserved
+    per_sequence = sum(r["kv_token"] * r["tokens"] for r in raw.values())
+    max_batch = max(kv_available // per_sequence, 0) if per_sequence else 0
+    budgets = {role: max(kv_available, 0) * r["kv_token"] * r["tokens"] / per_sequence for role, r in raw.items()}
+    models = {}
+    for role, r in raw.items():
+        other = "draft" if role == "target" else "target"
+        tokens = int(budgets[role] // r["kv_token"]) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+        models[role] = ModelMemory(
+            role=role,
+            quantization=roles[role][1].quantization,
+            kv_cache=roles[role][1].kv_cache,
+            weight_bytes=r["total"],
+            weight_bytes_per_gpu=r["per_gpu"],
+            runtime_bytes_per_gpu=r["runtime"],
+            kv_bytes_per_token=r["kv_token"],
+            tokens_per_sequence=r["tokens"],
+            kv_budget_bytes=int(budgets[role]),
+            max_tokens_in_paged_kv_cache=tokens,
+            kv_cache_free_gpu_mem_fraction=_fraction(budgets[role], free_after_load - budgets[other]),
+        )
+    plan = MemoryPlan(
+        gpu=g.name or "custom",
+        sm=sm,
+        memory_per_gpu_bytes=memory,
+        tp_size=tp,
+        target=models["target"],
+        draft=models["draft"],
+        reserved_bytes=reserved,
+        kv_available_bytes=int(kv_available),
+        max_batch=int(max_batch),
+        max_batch_size=b.max_batch_size,
+        max_seq_len=b.max_seq_len,
+    )
+    problems, warnings = gate_findings(spec, sm)
+    suggestions: list[dict[str, Any]] = []
+    if not plan.fits:
+        if suggest:
+            suggestions = suggest_changes(spec, target, draft, goal=1)
+        problems.append(_does_not_fit(plan, suggestions))
+    elif plan.max_batch < b.max_batch_size:
+        if suggest:
+            suggestions = suggest_changes(spec, target, draft, goal=b.max_batch_size)
+        best = f" Or: {suggestions[0]['change']}." if suggestions else ""
+        warnings.append(Finding(
+            "batch_exceeds_memory",
+            f"only {plan.max_batch} sequences of max_seq_len = {b.max_seq_len} fit in the KV cache, "
+            f"but build.max_batch_size = {b.max_batch_size}; longer requests will wait for free blocks.",
+            f"Set build.max_batch_size = {plan.max_batch}.{best}",
+        ))
+    return dataclasses.replace(plan, problems=tuple(problems), warnings=tuple(warnings),
+                               suggestions=tuple(suggestions))
+
+
+def gate_findings(spec: Spec, sm: int | None) -> tuple[list[Finding], list[Finding]]:
+    """Quantization and KV-cache formats the GPU cannot run (TensorRT-LLM raises at build time)."""
+    problems: list[Finding] = []
+    warnings: list[Finding] = []
+    if sm is None:
+        warnings.append(Finding(
+            "gpu_sm_unknown",
+            f"gpu.name = {spec.gpu.name!r} is not a known GPU, so its compute capability (SM) is unknown: "
+            "fp8 and int8/int4 support was not checked.",
+            "Use a known gpu.name (see `specbuild check --help`) to check format support.",
+        ))
+        return problems, warnings
+    if sm < MIN_SM:
+        problems.append(Finding("gpu_too_old", f"{spec.gpu.name} is SM{sm}; draft/target speculative decoding "
+                                "in TensorRT-LLM needs SM80 or newer.", "Use an Ampere-or-newer GPU."))
+    for role in ("target", "draft"):
+        model = spec.role(role)
+        q = model.quantization
+        if q in ("fp8", "w4a8_awq") and sm < FP8_MIN_SM:
+            problems.append(Finding("quantization_unsupported_on_gpu",
+                                    f"{role}.quantization = {q!r} needs FP8 (SM89+), but {spec.gpu.name} is SM{sm}.",
+                                    f"Use {role}.quantization = \"int4_awq\" or \"int8_sq\", or an SM89+ GPU."))
+        if model.kv_cache == "fp8" and sm < FP8_MIN_SM:
+            problems.append(Finding("kv_cache_unsupported_on_gpu",
+                                    f"{role}.kv_cache = 'fp8' needs SM89+, but {spec.gpu.name} is SM{sm}.",
+                                    f"Set {role}.kv_cache = \"none\"."))
+        if 100 <= sm < 120 and q in BLACKWELL_REJECTED:
+            problems.append(Finding("quantization_unsupported_on_gpu",
+                                    f"{role}.quantization = {q!r}: trtllm-build rejects INT8/INT4 weight-only and "
+                                    f"SmoothQuant on SM100-119 ({spec.gpu.name} is SM{sm}).",
+                                    f"Use {role}.quantization = \"fp8\" on this GPU."))
+        if 100 <= sm < 120 and q == "w4a8_awq":
+            warnings.append(Finding("quantization_unverified_on_gpu",
+                                    f"{role}.quantization = 'w4a8_awq' on SM{sm} is not verified: trtllm-build rejects "
+                                    "several INT4 modes on SM100-119.", f"Prefer {role}.quantization = \"fp8\"."))
+    return problems, warnings
+
+
+def _supported(spec: Spec, quantization: str) -> bool:
+    sm = spec.gpu.sm
+    if sm is None:
+        return True
+    if quantization in ("fp8", "w4a8_awq") and sm < FP8_MIN_SM:
+        return False
+    return not (100 <= sm < 120 and quantization in BLACKWELL_REJECTED)
+
+
+def _with(spec: Spec, section: str, **changes: Any) -> Spec:
+    return dataclasses.replace(spec, **{section: dataclasses.replace(getattr(spec, section), **changes)})
+
+
+def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) -> list[dict[str, Any]]:
+    """Single changes that reach `goal` sequences at max_seq_len, in order of preference."""
+    candidates: list[tuple[str, Spec]] = []
+    t = spec.target
+    if t.kv_cache == "none" and _supported(spec, "fp8"):
+        candidates.append(('target.kv_cache = "fp8"', _with(spec, "target", kv_cache="fp8")))
+    for q in ("fp8", "int4_awq"):
+        if WEIGHT_BYTES[q] < (DTYPE_BYTES[t.dtype] if t.quantization == "none" else WEIGHT_BYTES[t.quantization]) \
+                and _supported(spec, q):
+            candidates.append((f'target.quantization = "{q}"', _with(spec, "target", quantization=q)))
+    tp = spec.build.tp_size * 2
+    while tp <= 8:
+        if all(m.num_heads % tp == 0 for m in (target, draft)):
+            bigger = _with(_with(spec, "build", tp_size=tp), "gpu", count=max(spec.gpu.count, tp * spec.build.pp_size))
+            candidates.append((f"build.tp_size = {tp} (gpu.count >= {tp * spec.build.pp_size})", bigger))
+        tp *= 2
+    found = []
+    for change, changed in candidates:
+        plan = plan_memory(changed, target, draft, suggest=False)
+        if plan.max_batch >= goal:
+            found.append({"change": change, "max_batch": plan.max_batch})
+    shorter = _shorter_seq_len(spec, target, draft, goal)
+    if shorter is not None:
+        found.append(shorter)
+    return found
+
+
+def _shorter_seq_len(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) -> dict[str, Any] | None:
+    """The longest max_seq_len (a multiple of TOKENS_PER_BLOCK) that reaches the goal, if any."""
+    def batch(seq: int) -> int:
+        changed = _with(spec, "build", max_seq_len=seq, max_input_len=min(spec.build.max_input_len, seq - 1))
+        return plan_memory(changed, target, draft, suggest=False).max_batch
+
+    low, high = TOKENS_PER_BLOCK, spec.build.max_seq_len - 1
+    if high < low or batch(low) < goal:
+        return None
+    while low < high:  # largest seq in [low, high] with batch(seq) >= goal; batch falls as seq grows
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if batch(mid) >= goal else (low, mid - 1)
+    seq = low // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+    change = f"build.max_seq_len = {seq}"
+    if spec.build.max_input_len >= seq:
+        change += f" (and build.max_input_len = {seq // 2})"
+    return {"change": change, "max_batch": batch(seq)}
+
+
+def _does_not_fit(plan: MemoryPlan, suggestions: list[dict[str, Any]]) -> Finding:
+    weights = plan.target.weight_bytes_per_gpu + plan.draft.weight_bytes_per_gpu
+    runtime = plan.target.runtime_bytes_per_gpu + plan.draft.runtime_bytes_per_gpu
+    message = (
+        f"does not fit: on {plan.gpu} ({plan.memory_per_gpu_bytes / GIB:.1f} GiB per GPU, tp_size {plan.tp_size}) the "
+        f"weights take {weights / GIB:.1f} GiB per GPU (target {plan.target.weight_bytes_per_gpu / GIB:.1f}, draft "
+        f"{plan.draft.weight_bytes_per_gpu / GIB:.1f}) and runtime buffers {runtime / GIB:.1f} GiB, leaving "
+        f"{plan.kv_available_bytes / GIB:.1f} GiB for the KV cache; one sequence of max_seq_len = {plan.max_seq_len} "
+        f"needs {(plan.target.kv_bytes_per_sequence + plan.draft.kv_bytes_per_sequence) / GIB:.2f} GiB."
+    )
+    if suggestions:
+        fix = "Change " + suggestions[0]["change"] + " (fits " + str(suggestions[0]["max_batch"]) + " sequences)"
+        others = [s["change"] for s in suggestions[1:]]
+        fix += ("; other options: " + "; ".join(others) + ".") if others else "."
+    else:
+        fix = "Use a larger GPU or a smaller target model: no single change to quantization, tp_size or " \
+              "max_seq_len fits."
+    return Finding("does_not_fit", message, fix)

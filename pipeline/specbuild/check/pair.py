@@ -1,0 +1,144 @@
+"""`run_check`: the pair verdict, from the spec alone (no GPU, no model weights loaded).
+
+Order: read both checkpoints' facts (a missing or pickle-only checkpoint raises CheckpointError),
+then architecture, position limit, tokenizer equivalence, vocabulary padding and the memory plan.
+Every finding lands in one `CheckReport`; nothing after the checkpoint reading raises.
+"""
+
+from __future__ import annotations
+
+from specbuild.check.memory import padded_vocab, plan_memory
+from specbuild.check.report import CheckReport
+from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
+from specbuild.config import Spec
+from specbuild.errors import CheckpointError
+from specbuild.hfmodel import SUPPORTED_ARCHITECTURES, ModelInfo, read_model_info
+
+ROLES = ("target", "draft")
+
+
+def run_check(spec: Spec, allow_pickle: bool = False) -> CheckReport:
+    infos = {role: read_model_info(spec.role(role).checkpoint, allow_pickle=allow_pickle, role=role) for role in ROLES}
+    report = CheckReport(pair=spec.name, models={role: info.summary() for role, info in infos.items()})
+    for role, info in infos.items():
+        check_architecture(report, role, info)
+        check_positions(report, spec, role, info)
+        if not info.has_safetensors:
+            report.warn("pickle_weights", f"{role} checkpoint has pickle weights only ({', '.join(info.weight_files)}); "
+                        "allowed by --allow-pickle. Its parameter count is estimated from config.json.",
+                        "Convert it to safetensors (save_pretrained(dir, safe_serialization=True)).")
+    tokenizer_size = check_tokenizers(report, spec)
+    check_vocab(report, spec, infos["target"], infos["draft"], tokenizer_size)
+    plan = plan_memory(spec, infos["target"], infos["draft"])
+    report.memory = plan.to_dict()
+    report.problems.extend(plan.problems)
+    report.warnings.extend(plan.warnings)
+    return report
+
+
+def check_architecture(report: CheckReport, role: str, info: ModelInfo) -> None:
+    arch = SUPPORTED_ARCHITECTURES.get(info.architecture)
+    if arch is None:
+        report.problem(
+            "unsupported_architecture",
+            f"{role} architecture {info.architecture!r} is not supported by the TensorRT-LLM checkpoint export.",
+            "Use one of: " + ", ".join(SUPPORTED_ARCHITECTURES) + ".",
+        )
+    elif not arch.verified:
+        report.warn(
+            "architecture_unverified",
+            f"{role} architecture {info.architecture!r} (TensorRT-LLM model_type {arch.model_type!r}) is supported "
+            "by the export but not exercised by specbuild's own tests.",
+            "Compare the converted model's reference-engine output with the HF model before a GPU build.",
+        )
+
+
+def check_positions(report: CheckReport, spec: Spec, role: str, info: ModelInfo) -> None:
+    limit = info.position_limit
+    b = spec.build
+    if limit is None:
+        report.warn("position_limit_unknown", f"{role} config.json has no max_position_embeddings; "
+                    f"build.max_seq_len = {b.max_seq_len} was not checked against the model.")
+        return
+    if b.max_seq_len > limit:
+        report.problem(
+            "max_seq_len_above_position_limit",
+            f"build.max_seq_len = {b.max_seq_len} exceeds the {role} model's position limit of {limit} "
+            f"(max_position_embeddings = {info.max_position_embeddings}"
+            + (f", rope scaling {info.rope_scaling}" if info.rope_scaling else "") + ").",
+            f"Set build.max_seq_len <= {limit}.",
+        )
+    elif role == "target" and b.max_seq_len + spec.speculative.max_draft_len > limit:
+        report.warn(
+            "draft_tokens_beyond_position_limit",
+            f"build.max_seq_len + max_draft_len = {b.max_seq_len + spec.speculative.max_draft_len} exceeds the "
+            f"target's position limit {limit}: the last drafts of a full-length sequence sit past it.",
+            f"Set build.max_seq_len <= {limit - spec.speculative.max_draft_len}.",
+        )
+
+
+def check_tokenizers(report: CheckReport, spec: Spec) -> int | None:
+    """Compare the two tokenizers; returns the tokenizer's size (highest id + 1) when they agree."""
+    facts = {}
+    for role in ROLES:
+        try:
+            facts[role] = load_tokenizer_facts(spec.role(role).checkpoint, role=role)
+        except CheckpointError as err:
+            report.problem("tokenizer_unreadable", str(err),
+                           "Both checkpoints need their tokenizer files to prove they share one.")
+    if len(facts) < 2:
+        report.tokenizer = {"identical": None, "error": [p.message for p in report.problems
+                                                         if p.code == "tokenizer_unreadable"]}
+        return None
+    comparison = compare_tokenizers(facts["target"], facts["draft"])
+    report.tokenizer = comparison.to_dict(facts["target"], facts["draft"])
+    if not comparison.identical:
+        first = comparison.first_difference
+        named = (f"first differing token: id {first['id']} is {first['target']!r} in the target and "
+                 f"{first['draft']!r} in the draft. " if first else "")
+        report.problem(
+            "tokenizer_mismatch",
+            f"the target and draft tokenizers differ: {named}" + "; ".join(comparison.differences) + ".",
+            "Use a draft trained with the target's tokenizer (same family, e.g. Llama-3.2-1B for Llama-3.1-8B); "
+            "the served pair decodes the draft's ids with the target's tokenizer.",
+        )
+        return None
+    if comparison.pipeline_differences:
+        report.warn(
+            "tokenizer_pipeline_differs",
+            "same vocabulary, but " + ", ".join(comparison.pipeline_differences)
+            + ": the same text may split differently; acceptance may drop (correctness is not affected).",
+            "Copy the target's tokenizer files into the draft folder.",
+        )
+    return facts["target"].max_id + 1
+
+
+def check_vocab(report: CheckReport, spec: Spec, target: ModelInfo, draft: ModelInfo, tokenizer_size: int | None) -> None:
+    rows = {"target": target.vocab_size, "draft": draft.vocab_size}
+    padded = padded_vocab(max(rows.values()), spec.build.tp_size)
+    report.vocab = {
+        "tokenizer_size": tokenizer_size,
+        "target_rows": rows["target"],
+        "draft_rows": rows["draft"],
+        "padded_vocab_size": padded,
+        "pad_rows": {role: padded - n for role, n in rows.items()},
+        "will_pad": any(padded != n for n in rows.values()),
+    }
+    if tokenizer_size is not None:
+        for role, n in rows.items():
+            if n < tokenizer_size:
+                report.problem(
+                    "embedding_smaller_than_tokenizer",
+                    f"the {role} model has {n} embedding rows but the tokenizer has ids up to {tokenizer_size - 1}: "
+                    "those ids would index past the embedding.",
+                    f"Point {role}.checkpoint at a model whose vocab_size is at least {tokenizer_size}.",
+                )
+    padded_roles = [role for role, n in rows.items() if n != padded]
+    if padded_roles and report.tokenizer.get("identical"):
+        report.warn(
+            "vocab_padding",
+            "embedding rows differ (target " + str(rows["target"]) + ", draft " + str(rows["draft"]) + "): "
+            + " and ".join(f"the {r}'s embedding and lm_head will be padded to {padded} rows" for r in padded_roles)
+            + " at convert time, so both engines emit logits of the same width.",
+            "Nothing to do: `specbuild convert` pads them.",
+        )

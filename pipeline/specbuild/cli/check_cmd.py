@@ -1,0 +1,116 @@
+"""`specbuild check`: the pair verdict (tokenizers, vocabulary, architecture, memory plan)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from specbuild.cli.common import emit_json, get_spec, json_option, spec_option
+
+GIB = 1024**3
+
+
+def _gib(value: int | float) -> str:
+    if abs(value) < GIB:
+        return f"{value / 1024**2:.1f} MiB"
+    return f"{value / GIB:.2f} GiB"
+
+
+def _tokenizer_line(doc: dict[str, Any]) -> str:
+    tok = doc["tokenizer"]
+    if tok.get("identical") is None:
+        return "not compared (unreadable)"
+    if not tok["identical"]:
+        first = tok.get("first_difference")
+        return "DIFFERENT" + (f": first at id {first['id']} ({first['target']!r} vs {first['draft']!r})" if first else "")
+    special = ", ".join(f"{role} {v['id']}" for role, v in tok["special_tokens"].items() if v["id"] is not None)
+    return f"identical ({tok['size']['target']} tokens; {special or 'no special tokens'})"
+
+
+def _vocab_line(doc: dict[str, Any]) -> str:
+    v = doc["vocab"]
+    line = f"target {v['target_rows']} rows, draft {v['draft_rows']} rows, tokenizer {v['tokenizer_size']}"
+    if v["will_pad"]:
+        padded = [role for role, n in v["pad_rows"].items() if n]
+        line += f" -> {' and '.join(padded)} padded to {v['padded_vocab_size']} at convert time"
+    return line
+
+
+def _memory_lines(doc: dict[str, Any]) -> list[str]:
+    m = doc["memory"]
+    t, d = m["target"], m["draft"]
+    lines = [
+        f"{m['gpu']} ({_gib(m['memory_per_gpu_bytes'])}/GPU, SM{m['sm'] or '?'}), tp_size {m['tp_size']}",
+        f"weights/GPU    target {_gib(t['weight_bytes_per_gpu'])} ({t['quantization']}), "
+        f"draft {_gib(d['weight_bytes_per_gpu'])} ({d['quantization']})",
+        f"runtime/GPU    target {_gib(t['runtime_bytes_per_gpu'])}, draft {_gib(d['runtime_bytes_per_gpu'])}, "
+        f"margin {_gib(m['reserved_bytes'])}",
+        f"KV/token       target {t['kv_bytes_per_token']} B, draft {d['kv_bytes_per_token']} B; "
+        f"KV left {_gib(m['kv_available_bytes'])}",
+        f"max batch      {m['max_batch_at_max_seq_len']} at max_seq_len {m['max_seq_len']} "
+        f"(spec max_batch_size {m['max_batch_size']})",
+    ]
+    if m["fits"]:
+        lines.append(
+            f"KV settings    kv_cache_free_gpu_mem_fraction target {t['kv_cache_free_gpu_mem_fraction']}, "
+            f"draft {d['kv_cache_free_gpu_mem_fraction']}; max_tokens_in_paged_kv_cache target "
+            f"{t['max_tokens_in_paged_kv_cache']}, draft {d['max_tokens_in_paged_kv_cache']}"
+        )
+    else:
+        lines.append("does not fit" + (f"; smallest change: {m['suggestions'][0]['change']}" if m["suggestions"] else ""))
+    return lines
+
+
+def format_report(doc: dict[str, Any]) -> str:
+    """The human summary of a check report document."""
+    rows: list[tuple[str, str]] = [("pair", doc["pair"])]
+    for role in ("target", "draft"):
+        info = doc["models"][role]
+        rows.append((role, f"{info['architecture']} ({info['trtllm_model_type'] or 'unsupported'}), "
+                           f"{info['num_params'] / 1e6:,.1f}M params, {info['path']}"))
+    rows.append(("tokenizer", _tokenizer_line(doc)))
+    rows.append(("vocab", _vocab_line(doc)))
+    memory = _memory_lines(doc)
+    rows.append(("memory", memory[0]))
+    rows.extend(("", line) for line in memory[1:])
+    lines = [f"{key:<11}{value}" for key, value in rows]
+    for kind in ("problems", "warnings"):
+        for finding in doc[kind]:
+            lines.append(f"{kind[:-1]:<11}[{finding['code']}] {finding['message']}")
+            if finding["fix"]:
+                lines.append(f"{'':<11}  fix: {finding['fix']}")
+    lines.append("OK: the pair is usable." if doc["ok"] else f"NOT OK: {len(doc['problems'])} problem(s).")
+    return "\n".join(lines)
+
+
+@click.command()
+@spec_option
+@json_option
+@click.option("--allow-pickle", is_flag=True,
+              help="Accept checkpoints whose weights are pickle files (.bin/.pt): only for files you trust.")
+@click.pass_context
+def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bool) -> None:
+    """Check that the pair can work and fits the GPU, before any GPU work.
+
+    \b
+    - tokenizers: the full token->id map, added and special tokens (BOS/EOS/pad) must match;
+    - vocabulary: embedding rows may differ (padded at convert time);
+    - architectures supported by the TensorRT-LLM export, max_seq_len within position limits;
+    - memory plan for [gpu]: weights, KV cache per token, the largest batch at max_seq_len,
+      kv_cache_free_gpu_mem_fraction for each model, or what to change when it does not fit.
+
+    Exit codes: 0 usable pair, 1 unusable pair or bad input, 2 usage error.
+    """
+    from specbuild.check import run_check
+
+    spec = get_spec(spec_path)
+    report = run_check(spec, allow_pickle=allow_pickle)
+    doc = report.to_dict()
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(format_report(doc))
+    if not report.ok:
+        ctx.exit(1)
