@@ -67,6 +67,7 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
         "alpha": _r(summary.alpha),
         "mean_accepted_len": _r(summary.mean_accepted_len),
         "per_position_acceptance": [_r(a) for a in summary.per_position_acceptance],
+        "per_position_alpha": [_r(a) for a in summary.per_position_alpha],
         "draft_seconds_per_token": _r(summary.draft_seconds_per_token, 7),
         "target_seconds_per_step": _r(summary.target_seconds_per_step, 7),
         "time_split": _time_split(summary),

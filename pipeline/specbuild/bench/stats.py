@@ -32,6 +32,7 @@ class RequestResult:
     target_seconds: float = 0.0  # time inside the verifier (target forward passes)
     text: str | None = None
     concurrency: int = 1
+    per_position_tried: list[int] = field(default_factory=list)  # [K] position i drafted with all before it accepted
 
     @property
     def tokens_per_s(self) -> float:
@@ -102,6 +103,7 @@ class RunSummary:
     alpha: float | None  # per-token acceptance probability: accepted / (accepted + rejections)
     mean_accepted_len: float | None  # (accepted + steps) / steps: tokens per target step, bonus/recovered included
     per_position_acceptance: list[float | None]  # [K] P(position i accepted | position i drafted)
+    per_position_alpha: list[float | None]  # [K] P(position i accepted | positions before it accepted)
     draft_seconds: float
     target_seconds: float
     draft_seconds_per_token: float | None  # drafter time per drafted token
@@ -146,6 +148,8 @@ def summarize(results: Sequence[RequestResult], wall_seconds: float) -> RunSumma
                    for i in range(width)]
     pos_accepted = [sum(r.per_position_accepted[i] for r in results if i < len(r.per_position_accepted))
                     for i in range(width)]
+    pos_tried = [sum(r.per_position_tried[i] for r in results if i < len(r.per_position_tried))
+                 for i in range(width)]
     drafted = sum(r.drafted for r in results)
     accepted = sum(r.accepted for r in results)
     steps = sum(r.steps for r in results)
@@ -175,6 +179,7 @@ def summarize(results: Sequence[RequestResult], wall_seconds: float) -> RunSumma
         alpha=alpha,
         mean_accepted_len=(accepted + steps) / steps if steps else None,
         per_position_acceptance=[a / d if d else None for a, d in zip(pos_accepted, pos_drafted)],
+        per_position_alpha=[a / t if t else None for a, t in zip(pos_accepted, pos_tried)],
         draft_seconds=draft_s,
         target_seconds=target_s,
         draft_seconds_per_token=draft_s / drafted if drafted else None,

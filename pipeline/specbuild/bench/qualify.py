@@ -1,0 +1,124 @@
+"""`specbuild check --measure`: qualify the pair before any GPU build.
+
+On sample prompts (the built-in code, prose and JSON sets, or `--prompts FILE.jsonl`), run the
+in-process draft/verify loop greedily at K = 0 and at the largest K considered, then report:
+- alpha per position: P(draft position i accepted | every position before it accepted), and the
+  pooled per-token alpha (maximum likelihood under the closed form's i.i.d. model);
+- c on this machine (draft seconds per drafted token / target seconds per plain step), and c for
+  the spec's GPU from the models' weight bytes (`theory.gpu_estimate`);
+- the predicted speedup for each K on both, and the recommended `max_draft_len` (best K on the GPU).
+The returned dict is the "measure" section of the check report.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from specbuild.bench import theory, workloads
+from specbuild.bench.runner import Settings
+from specbuild.bench.stats import RequestResult, summarize
+from specbuild.config import Spec
+
+MAX_K = 8  # predictions cover K = 0..max(MAX_K, spec max_draft_len)
+PROMPTS_PER_KIND = 2
+MAX_TOKENS = 32
+
+
+def _prompts(prompts_file: Path | None) -> list[tuple[str, workloads.Prompt]]:
+    if prompts_file is not None:
+        loaded = workloads.from_jsonl(Path(prompts_file))
+        return [(loaded.name, p) for p in loaded.prompts]
+    return [(kind, p) for kind in workloads.BUILTIN for p in workloads.builtin(kind, PROMPTS_PER_KIND).prompts]
+
+
+def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]], spec: Spec,
+                 max_tokens: int = MAX_TOKENS, gpu: dict[str, Any] | None = None,
+                 progress: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """The measurement on a local transport (see `bench.local.LocalTransport`)."""
+    k_max = max(MAX_K, spec.speculative.max_draft_len)
+    limit = transport.max_draft_len
+    k_run = min(k_max, limit) if limit is not None else k_max
+    settings = Settings(num_draft_tokens=(k_run,), max_tokens=max_tokens, requests=len(prompts), warmup=False)
+    transport.request(prompts[0][1], k_run, min(4, max_tokens), settings)  # warm-up, not counted
+    plain: list[RequestResult] = []
+    spec_runs: dict[str, list[RequestResult]] = {}
+    for kind, prompt in prompts:
+        for k in (0, k_run):
+            result = transport.request(prompt, k, prompt.max_tokens or max_tokens, settings)
+            if k == 0:
+                plain.append(result)
+            else:
+                spec_runs.setdefault(kind, []).append(result)
+            progress()
+    base = summarize(plain, sum(r.seconds for r in plain))
+    every = [r for rs in spec_runs.values() for r in rs]
+    pooled = summarize(every, sum(r.seconds for r in every))
+    c_here = theory.cost_ratio(pooled.draft_seconds_per_token, base.target_seconds_per_step)
+    alpha = pooled.alpha or 0.0
+    c_gpu = gpu.get("cost_ratio") if gpu else None
+    ks = range(0, k_max + 1)
+    rows = []
+    for k in ks:
+        rows.append({"num_draft_tokens": k,
+                     "expected_tokens_per_step": round(theory.expected_tokens(alpha, k), 4) if k else 1.0,
+                     "this_machine": round(theory.bound(alpha, k, c_here), 4) if c_here is not None else None,
+                     "gpu": round(theory.bound(alpha, k, c_gpu), 4) if c_gpu is not None else None})
+    best_here = theory.best_k(alpha, c_here, ks[1:]) if c_here is not None else None
+    best_gpu = theory.best_k(alpha, c_gpu, ks[1:]) if c_gpu is not None else None
+    recommended = best_gpu if best_gpu is not None else best_here
+    return {
+        "prompts": {"source": str(prompts_file_name(prompts)), "count": len(prompts), "max_tokens": max_tokens},
+        "num_draft_tokens": k_run,
+        "alpha": _r(pooled.alpha),
+        "acceptance_rate": _r(pooled.acceptance_rate),
+        "mean_accepted_len": _r(pooled.mean_accepted_len),
+        "per_position_alpha": [_r(a) for a in pooled.per_position_alpha],
+        "per_position_acceptance": [_r(a) for a in pooled.per_position_acceptance],
+        "alpha_by_workload": {kind: _r(summarize(rs, 1.0).alpha) for kind, rs in spec_runs.items()},
+        "step_seconds": {"target": _r(base.target_seconds_per_step, 7), "draft": _r(pooled.draft_seconds_per_token, 7)},
+        "cost_ratio": {"this_machine": _r(c_here), "gpu": _r(c_gpu)},
+        "gpu_estimate": gpu,
+        "predicted_speedup": rows,
+        "best_num_draft_tokens": {"this_machine": best_here, "gpu": best_gpu},
+        "recommended_max_draft_len": recommended,
+        "speculation_pays": bool(recommended),
+    }
+
+
+def prompts_file_name(prompts: Sequence[tuple[str, workloads.Prompt]]) -> str:
+    kinds = sorted({kind for kind, _ in prompts})
+    return ", ".join(kinds) if set(kinds) <= set(workloads.BUILTIN) else kinds[0]
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def gpu_cost(spec: Spec) -> dict[str, Any] | None:
+    """c for the spec's GPU from the checkpoints' sizes; None when a checkpoint cannot be read."""
+    from specbuild.errors import SpecbuildError
+
+    try:
+        return theory.gpu_estimate(spec, theory.ModelSize.of_checkpoint(spec.target.checkpoint),
+                                   theory.ModelSize.of_checkpoint(spec.draft.checkpoint))
+    except SpecbuildError:
+        return None
+
+
+def measure(spec: Spec, prompts_file: Path | None = None, max_tokens: int = MAX_TOKENS,
+            log: Callable[[str], None] = lambda m: None, progress: bool = False) -> dict[str, Any]:
+    """The "measure" section of `specbuild check --measure` for `spec` (loads the pair in-process)."""
+    from specbuild.bench.local import from_spec
+
+    prompts = _prompts(prompts_file)
+    log(f"check --measure: loading the pair, {len(prompts)} prompts, {max_tokens} tokens each")
+    transport = from_spec(spec, log=log)
+    from tqdm import tqdm
+
+    bar = tqdm(total=2 * len(prompts), desc="measure", unit="req", file=sys.stderr, disable=not progress, leave=False)
+    try:
+        return measure_with(transport, prompts, spec, max_tokens, gpu_cost(spec), progress=lambda: bar.update(1))
+    finally:
+        bar.close()

@@ -1,0 +1,118 @@
+"""One `specbuild bench` run: pick the transports, run the schedule, assemble the report document.
+
+--local: the reference runtime in-process (+ Hugging Face with --vs-hf, interleaved).
+--url:   a Triton server (+ the local runtime at concurrency 1, when it can be loaded here, for the
+         serving overhead: Triton tokens/s over local tokens/s on one stream).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from specbuild.bench import report, runner, workloads
+from specbuild.bench.runner import Measurements, Settings
+from specbuild.config import Spec
+from specbuild.errors import SpecbuildError
+
+
+def _progress(enabled: bool) -> Callable[[int], Callable[[], None]]:
+    def start(total: int) -> Callable[[], None]:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, disable=not enabled, leave=False)
+
+        def tick() -> None:
+            bar.update(1)
+            if bar.n >= total:
+                bar.close()
+
+        return tick
+
+    return start
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def _rate(m: Measurements, k: int) -> float | None:
+    results = m.cells.get((k, 1))
+    return sum(r.output_tokens for r in results) / m.wall[(k, 1)] if results and m.wall[(k, 1)] else None
+
+
+def hf_section(ours: Measurements, hf: Measurements, best_k: int | None) -> dict[str, Any]:
+    """Hugging Face assisted generation next to ours, per K, and at our best K."""
+    hf_base, our_base = _rate(hf, 0), _rate(ours, 0)
+    rows = []
+    for k in sorted(k for k, c in hf.cells if c == 1):
+        rows.append({"num_draft_tokens": k, "tokens_per_s": round(_rate(hf, k) or 0.0, 3),
+                     "speedup": _ratio(_rate(hf, k), hf_base), "speedup_vs_ours_k0": _ratio(_rate(hf, k), our_base),
+                     "ours_over_hf": _ratio(_rate(ours, k), _rate(hf, k))})
+    at = next((r for r in rows if r["num_draft_tokens"] == best_k), None)
+    return {"num_draft_tokens": best_k, "tokens_per_s": at["tokens_per_s"] if at else None,
+            "baseline_tokens_per_s": round(hf_base, 3) if hf_base else None,
+            "speedup": at["speedup"] if at else None, "ours_over_hf": at["ours_over_hf"] if at else None,
+            "ours_k0_over_hf_k0": _ratio(our_base, hf_base), "runs": rows}
+
+
+def serving_section(triton: Measurements, local: Measurements, best_k: int | None) -> dict[str, Any]:
+    """Triton against in-process on one stream: the cost of serving (tokenizer models, BLS calls, network)."""
+    rows = []
+    for k in sorted(k for k, c in local.cells if c == 1):
+        t_ttft = sorted(r.ttft_seconds for r in triton.cells.get((k, 1), []))
+        l_ttft = sorted(r.ttft_seconds for r in local.cells[(k, 1)])
+        rows.append({"num_draft_tokens": k, "triton_tokens_per_s": round(_rate(triton, k) or 0.0, 3),
+                     "local_tokens_per_s": round(_rate(local, k) or 0.0, 3),
+                     "triton_over_local": _ratio(_rate(triton, k), _rate(local, k)),
+                     "ttft_seconds_added": round(t_ttft[len(t_ttft) // 2] - l_ttft[len(l_ttft) // 2], 6)
+                     if t_ttft and l_ttft else None})
+    at = next((r for r in rows if r["num_draft_tokens"] == best_k), None)
+    return {"num_draft_tokens": best_k, "triton_over_local": at["triton_over_local"] if at else None, "runs": rows}
+
+
+def _local_transport(spec: Spec, log: Callable[[str], None]):
+    from specbuild.bench.local import from_spec
+
+    return from_spec(spec, log=log)
+
+
+def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = None, protocol: str = "http",
+              vs_hf: bool = False, progress: bool = False, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    prompts = workloads.load(workload, settings.requests)
+    peers: list[Any] = []
+    notes: list[str] = []
+    if url:
+        from specbuild.bench.remote import RemoteTransport
+
+        transport = RemoteTransport.connect(url, protocol)
+        try:
+            peers.append(_local_transport(spec, log))
+        except SpecbuildError as err:
+            notes.append(f"serving overhead not measured: the local runtime cannot be loaded here ({err})")
+        mode = "triton"
+    else:
+        transport = _local_transport(spec, log)
+        mode = "local"
+        if vs_hf:
+            from specbuild.bench.hf_peer import HFPeer
+
+            log("loading the pair with transformers for --vs-hf")
+            peers.append(HFPeer.from_spec(spec))
+    log(f"bench: {mode}, workload {prompts.name}, {settings.requests} requests per cell")
+    measured = runner.run(transport, prompts, settings, peers=peers, progress=_progress(progress))
+    ours = measured[transport.name]
+    rows = report.cells(ours.summaries())
+    ks, _ = runner.clamp_ks(settings.num_draft_tokens, transport.max_draft_len)
+    top = report.best(rows)
+    best_k = top["num_draft_tokens"] if top else None
+    extra: dict[str, Any] = {}
+    if "hf" in measured:
+        extra["hf"] = hf_section(ours, measured["hf"], best_k)
+    if "local" in measured and mode == "triton":
+        extra["serving_overhead"] = serving_section(ours, measured["local"], best_k)
+    doc_settings = {"num_draft_tokens": list(ks), "concurrency": list(settings.concurrency),
+                    "max_tokens": settings.max_tokens, "requests": settings.requests,
+                    "temperature": settings.temperature, "seed": settings.seed, "url": url,
+                    "protocol": protocol if url else None}
+    return report.document(mode, spec.name, prompts.name, doc_settings, rows, [*ours.notes, *notes], extra)

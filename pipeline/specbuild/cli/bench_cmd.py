@@ -1,0 +1,105 @@
+"""`specbuild bench`: speed and acceptance, speculation on vs off, against the closed-form bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, progress_enabled, spec_option
+
+
+@click.command("bench")
+@spec_option
+@click.option("--url", default=None, help="A running server (http://host:8000 or host:8001 with --protocol grpc). "
+              "Default: the spec's [serve] address, unless --local.")
+@click.option("--local", "local", is_flag=True, help="Measure in-process (reference runtime) instead of a server.")
+@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True,
+              help="Triton protocol for --url.")
+@click.option("--workload", default="code", show_default=True, metavar="code|prose|json|FILE.jsonl",
+              help='Built-in prompt set, or a JSONL file with one {"prompt": ...} object per line.')
+@click.option("--num-draft-tokens", "ks", default="0,1,2,4,8", show_default=True, metavar="LIST|auto",
+              help="K values to sweep (0 = speculation off, always measured); auto = 0, 1, 2, 4, .. max_draft_len.")
+@click.option("--concurrency", default="1", show_default=True, metavar="LIST",
+              help="Concurrent streams to measure, e.g. 1,2,4,8 (several need --url).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Tokens per request.")
+@click.option("--requests", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests per (K, concurrency) cell.")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="0 = greedy (output identical for every K).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (with --temperature > 0).")
+@click.option("--vs-hf", is_flag=True, help="Also run the pair through Hugging Face generate(assistant_model=...) "
+              "(with --local), interleaved, and report our speedup over it.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write PNG plots into this folder.")
+@click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up request per K.")
+@json_option
+@dry_run_option
+def command(spec_path, url, local, protocol, workload, ks, concurrency, max_tokens, requests, temperature, seed,
+            vs_hf, plot_dir, no_warmup, as_json, dry_run):
+    """Measure tokens/s, latency and acceptance with speculation on and off, in one run.
+
+    \b
+    Per request: time to first token, time per output token, tokens/s, acceptance.
+    Per K: speedup over K = 0 (same deployment, requests interleaved), alpha, c,
+    the bound (1 - alpha^(K+1)) / (1 - alpha) / (K c + 1) and efficiency = speedup / bound.
+
+    \b
+    Examples:
+      specbuild bench --local --json
+      specbuild bench --local --vs-hf --num-draft-tokens 0,2,4 --plot bench-plots
+      specbuild bench --url http://127.0.0.1:8000 --concurrency 1,2,4 --workload json
+    """
+    from specbuild.bench import runner
+
+    if url and local:
+        raise click.UsageError("pass either --url or --local, not both.")
+    if vs_hf and not local:
+        raise click.UsageError("--vs-hf runs Hugging Face in-process next to the local runtime: add --local.")
+    if vs_hf and temperature > 0:
+        raise click.UsageError("--vs-hf compares greedy decoding: drop --temperature.")
+    k_list = None if ks.strip() == "auto" else runner.parse_int_list(ks, "--num-draft-tokens", 0)
+    settings = runner.Settings(
+        num_draft_tokens=k_list,
+        concurrency=runner.parse_int_list(concurrency, "--concurrency", 1),
+        max_tokens=max_tokens,
+        requests=requests,
+        temperature=temperature,
+        seed=seed,
+        warmup=not no_warmup,
+    )
+    spec = get_spec(spec_path)
+    if not local and not url:
+        url = f"{spec.serve.host}:{spec.serve.grpc_port if protocol == 'grpc' else spec.serve.http_port}"
+    if dry_run:
+        plan = {"mode": "local" if local else "triton", "url": url, "protocol": protocol if url else None,
+                "workload": workload, "num_draft_tokens": list(k_list) if k_list else "auto",
+                "concurrency": list(settings.concurrency), "max_tokens": max_tokens, "requests": requests,
+                "vs_hf": vs_hf, "files": [str(plot_dir / n) for n in _plot_names()] if plot_dir else []}
+        if as_json:
+            emit_json({"dry_run": True, **plan})
+        else:
+            for key, value in plan.items():
+                click.echo(f"{key}: {value}")
+        return
+
+    from specbuild.bench.session import run_bench
+
+    doc = run_bench(spec, settings, workload, url=url, protocol=protocol, vs_hf=vs_hf,
+                    progress=progress_enabled(), log=log)
+    if plot_dir is not None:
+        from specbuild.bench.plots import write_plots
+
+        doc["plots"] = [str(p) for p in write_plots(doc, plot_dir)]
+    if as_json:
+        emit_json(doc)
+    else:
+        from specbuild.bench.report import table
+
+        click.echo(table(doc))
+        for path in doc.get("plots", []):
+            log(f"wrote {path}")
+
+
+def _plot_names() -> list[str]:
+    return ["speedup_vs_k.png", "acceptance_by_position.png", "throughput_vs_concurrency.png"]

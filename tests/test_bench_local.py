@@ -1,0 +1,77 @@
+"""The in-process transport and check --measure's qualification, on the numpy toy pair (no torch)."""
+
+import numpy as np
+import pytest
+
+from specbuild.bench import qualify, report, runner
+from specbuild.bench.local import LocalTransport
+from specbuild.bench.workloads import Prompt, Workload
+from specbuild.config import spec_from_dict
+from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+
+VOCAB = 24
+
+
+def toy_pair(noise: float, max_draft_len: int = 4) -> LocalTransport:
+    target = random_model(VOCAB, order=2, scale=3.0, seed=1)
+    rng = np.random.default_rng(2)
+    draft = NGramModel(target.table + rng.normal(0.0, noise, size=target.table.shape))
+    return LocalTransport(ToyDrafter(draft), ToyVerifier(target, max_draft_len=max_draft_len),
+                          encode=lambda text: [ord(ch) % VOCAB for ch in text])
+
+
+WORKLOAD = Workload("toy", tuple(Prompt(text) for text in ("def f(x):", "The quick brown fox", '{"id": 1}')))
+
+
+def test_local_request_counts_match_the_loop():
+    t = toy_pair(noise=1.0)
+    settings = runner.Settings(max_tokens=20)
+    plain = t.request(WORKLOAD.prompts[0], 0, 20, settings)
+    spec = t.request(WORKLOAD.prompts[0], 3, 20, settings)
+    assert plain.output_tokens == spec.output_tokens == 20  # no end_id: exactly max_tokens
+    assert plain.drafted == 0 and plain.steps == 20 and plain.rejections == 0 and plain.per_position_tried == []
+    assert spec.steps < 20 and spec.drafted > 0
+    assert spec.accepted + spec.steps == 20  # every step yields its accepted tokens plus one
+    assert spec.per_position_tried[0] == spec.per_position_drafted[0]  # position 0 is always tried
+    assert spec.per_position_accepted[0] <= spec.per_position_tried[0]
+    # a position is tried exactly when the one before it was accepted (and it was drafted)
+    for i in range(1, len(spec.per_position_tried)):
+        assert spec.per_position_tried[i] <= spec.per_position_accepted[i - 1]
+    assert 0 < spec.ttft_seconds <= spec.seconds
+
+
+def test_local_bench_document_is_consistent():
+    t = toy_pair(noise=0.5)
+    settings = runner.Settings(num_draft_tokens=(1, 2, 4, 8), max_tokens=24, requests=3)
+    measured = runner.run(t, WORKLOAD, settings)
+    assert measured["local"].notes == ["K = 8 skipped: above the deployment's max_draft_len = 4"]
+    rows = report.cells(measured["local"].summaries())
+    assert [r["num_draft_tokens"] for r in rows] == [0, 1, 2, 4]
+    assert len({r["output_tokens"] for r in rows}) == 1  # greedy: the same tokens for every K
+    for r in rows[1:]:
+        assert 0 <= r["alpha"] <= 1 and r["cost_ratio"] > 0 and r["bound"] > 0
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["bound"], rel=1e-2)
+        assert r["mean_accepted_len"] == pytest.approx((r["accepted"] + r["steps"]) / r["steps"], abs=1e-4)
+
+
+def _spec(tmp_path, max_draft_len=4):
+    return spec_from_dict({"name": "toy", "target": {"checkpoint": "t"}, "draft": {"checkpoint": "d"},
+                           "speculative": {"max_draft_len": max_draft_len, "num_draft_tokens": 2}}, tmp_path)
+
+
+def test_qualify_reports_alpha_c_predictions_and_a_recommendation(tmp_path):
+    spec = _spec(tmp_path)
+    prompts = [("code", p) for p in WORKLOAD.prompts]
+    gpu = {"cost_ratio": 0.05}
+    good = qualify.measure_with(toy_pair(noise=0.3), prompts, spec, max_tokens=24, gpu=gpu)
+    bad = qualify.measure_with(toy_pair(noise=8.0), prompts, spec, max_tokens=24, gpu=gpu)
+    assert good["num_draft_tokens"] == 4  # clamped to the verifier's max_draft_len
+    assert len(good["per_position_alpha"]) == 4
+    assert good["alpha"] > bad["alpha"]
+    assert good["cost_ratio"]["gpu"] == 0.05 and good["cost_ratio"]["this_machine"] > 0
+    rows = good["predicted_speedup"]
+    assert [r["num_draft_tokens"] for r in rows] == list(range(9))
+    best = max(rows[1:], key=lambda r: r["gpu"])
+    assert good["recommended_max_draft_len"] == (best["num_draft_tokens"] if best["gpu"] > 1 else 0)
+    assert good["alpha_by_workload"].keys() == {"code"}
+    assert bad["predicted_speedup"][1]["gpu"] < good["predicted_speedup"][1]["gpu"]
