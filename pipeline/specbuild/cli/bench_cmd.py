@@ -58,10 +58,16 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
         raise click.UsageError("--vs-hf runs Hugging Face in-process next to the local runtime: add --local.")
     if vs_hf and temperature > 0:
         raise click.UsageError("--vs-hf compares greedy decoding: drop --temperature.")
-    k_list = None if ks.strip() == "auto" else runner.parse_int_list(ks, "--num-draft-tokens", 0)
+    from specbuild.errors import BenchError
+
+    try:
+        k_list = None if ks.strip() == "auto" else runner.parse_int_list(ks, "--num-draft-tokens", 0)
+        levels = runner.parse_int_list(concurrency, "--concurrency", 1)
+    except BenchError as err:
+        raise click.UsageError(str(err)) from None
     settings = runner.Settings(
         num_draft_tokens=k_list,
-        concurrency=runner.parse_int_list(concurrency, "--concurrency", 1),
+        concurrency=levels,
         max_tokens=max_tokens,
         requests=requests,
         temperature=temperature,
