@@ -1,0 +1,78 @@
+"""`specbuild repo`: write the Triton model repository for the pair."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from specbuild.cli.common import dry_run_option, emit_json, force_option, get_spec, json_option, log, spec_option
+
+
+def detect_backend(spec) -> str:
+    """The backend the target engine was built with, else trtllm (the repository can precede the build)."""
+    manifest = spec.pair_dir / "target" / "engine" / "manifest.json"
+    try:
+        backend = json.loads(manifest.read_text()).get("backend")
+    except (OSError, ValueError):
+        return "trtllm"
+    return backend if backend in ("trtllm", "reference") else "trtllm"
+
+
+@click.command("repo")
+@spec_option
+@click.option("--backend", type=click.Choice(["trtllm", "reference"]), default=None,
+              help="trtllm: the tensorrtllm C++ backend (GPU image). reference: Python models serving the PyTorch "
+                   "reference engines (any machine). Default: the target engine's backend if built, else trtllm.")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("triton_repo"),
+              show_default=True, help="The model repository folder to write.")
+@click.option("--engines-dir", default=None,
+              help="The engines folder as the server will see it. trtllm default: /engines (the GPU image's mount); "
+                   "reference default: the spec's output_dir, written relative to --out-dir.")
+@click.option("--tokenizer-dir", default=None,
+              help="Tokenizer folder for pre/postprocessing. Default: the reference target engine (reference), the "
+                   "target checkpoint (trtllm).")
+@force_option
+@dry_run_option
+@json_option
+def command(spec_path, backend, out_dir, engines_dir, tokenizer_dir, force, dry_run, as_json):
+    """Write the Triton model repository: preprocessing, postprocessing, tensorrt_llm (target),
+    tensorrt_llm_draft, tensorrt_llm_bls (speculative decoding) and ensemble (target only).
+
+    \b
+    Model and tensor names are NVIDIA's inflight_batcher_llm ones, so existing clients work.
+    Every config.pbtxt is built as a typed Triton ModelConfig and written in protobuf text format:
+    every value is filled now; no ${...} placeholder is ever written. The trtllm flavour is made
+    from the build plan, so it can be generated and reviewed before the engines exist.
+
+    \b
+    Exit codes: 0 written or up to date, 1 error (bad spec, engines that disagree, locked output), 2 usage.
+    """
+    from specbuild.triton import repository
+
+    spec = get_spec(spec_path)
+    backend = backend or detect_backend(spec)
+    if dry_run:
+        settings, warnings = repository.plan_settings(spec, backend, out_dir, engines_dir, tokenizer_dir)
+        files = repository.render(settings)
+        for warning in warnings:
+            log(f"warning: {warning}")
+        if as_json:
+            from dataclasses import asdict
+
+            emit_json({"stage": "repo", "dry_run": True, "backend": backend, "out_dir": str(out_dir.resolve()),
+                       "files": [*files, "manifest.json"], "settings": asdict(settings), "warnings": warnings})
+            return
+        click.echo(f"# would write {out_dir.resolve()} ({backend}):")
+        for rel in [*files, "manifest.json"]:
+            click.echo(f"  {rel}")
+        return
+    result = repository.write_repository(spec, backend, out_dir, engines_dir, tokenizer_dir, force=force)
+    for warning in result.warnings:
+        log(f"warning: {warning}")
+    if as_json:
+        emit_json({"stage": "repo", **result.to_dict()})
+        return
+    state = "up to date (unchanged inputs; --force rewrites)" if result.skipped else "written"
+    click.echo(f"{result.out_dir}: {state}, backend {backend}, models: {', '.join(sorted({f.split('/')[0] for f in result.files}))}")

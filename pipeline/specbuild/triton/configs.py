@@ -1,0 +1,293 @@
+"""Triton `config.pbtxt` for every model of the repository, built as typed `ModelConfig` messages.
+
+Each builder takes a fully resolved `RepoSettings` and returns a `model_config_pb2.ModelConfig`;
+`to_pbtxt` writes it in protobuf text format. Nothing is templated: every value is known at
+generation time, and a missing one raises `SpecError` here (STYLE rule 8), so no `${...}`
+placeholder can reach the server (compare NVIDIA's fill_template.py, facts §2.2).
+
+Two flavours of the two LLM models (`tensorrt_llm` target, `tensorrt_llm_draft` draft):
+- "trtllm": the C++ `tensorrtllm` backend with the §2.3 parameters (TensorRT-LLM 1.2 names);
+- "reference": the Python backend serving specbuild's PyTorch reference runtime behind the same
+  tensor contract (`specbuild.triton.tensors.LLM_INPUTS/OUTPUTS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specbuild.errors import SpecError
+from specbuild.triton import tensors as T
+
+if TYPE_CHECKING:  # tritonclient is imported lazily: `specbuild repo --help` must not need it
+    from tritonclient.grpc import model_config_pb2
+
+BACKENDS = ("trtllm", "reference")
+MODEL_NAMES = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble")
+LLM_MODEL = {"target": "tensorrt_llm", "draft": "tensorrt_llm_draft"}
+EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"  # facts §2.3, fixed param
+
+
+@dataclass(frozen=True)
+class LlmSettings:
+    role: str  # "target" | "draft"
+    engine_dir: str  # trtllm: absolute path inside the GPU image; reference: relative to the repository
+    kv_cache_free_gpu_mem_fraction: float  # fraction of free GPU memory for this model's KV cache (trtllm)
+    max_tokens_in_paged_kv_cache: int | None  # the memory plan's cap for this model; None = fraction only
+    gpu_device_ids: str  # "0" or "0,1" (tensor parallel), per facts §2.3
+
+
+@dataclass(frozen=True)
+class RepoSettings:
+    backend: str  # one of BACKENDS
+    pair: str  # the spec's name
+    max_batch_size: int
+    max_draft_len: int
+    max_input_len: int  # longest prompt the engines take
+    max_output_len: int  # most tokens one request may ask for (max_seq_len - max_input_len)
+    num_draft_tokens: int  # default K of the BLS
+    use_draft_logits: bool
+    adaptive: bool
+    logits_datatype: str  # "TYPE_FP32" | "TYPE_FP16"
+    bls_decoupled: bool  # the BLS streams accepted tokens (decoupled transaction policy)
+    max_queue_delay_microseconds: int
+    max_queue_size: int
+    preprocessing_instance_count: int
+    postprocessing_instance_count: int
+    bls_instance_count: int
+    tokenizer_dir: str  # absolute, or relative to the repository directory
+    target: LlmSettings
+    draft: LlmSettings
+
+    def llm(self, role: str) -> LlmSettings:
+        return self.target if role == "target" else self.draft
+
+
+def _pb():
+    try:
+        from tritonclient.grpc import model_config_pb2
+    except ImportError:
+        raise SpecError(
+            "tritonclient is not installed, so Triton configs cannot be built. "
+            "Install the serving extra: pip install 'specbuild[serve]'."
+        ) from None
+    return model_config_pb2
+
+
+def _require(name: str, value: object) -> None:
+    if value is None or (isinstance(value, str) and (not value.strip() or "${" in value)):
+        raise SpecError(f"Triton config value {name} = {value!r} is missing or a placeholder: every value must be "
+                        "filled at generation time. Check the spec and the stage manifests.")
+
+
+def _add_tensors(pb, repeated, table: tuple[T.Tensor, ...], logits_datatype: str) -> None:
+    for t in table:
+        dtype = logits_datatype if t.dtype == T.LOGITS else t.dtype
+        entry = repeated.add(name=t.name, data_type=pb.DataType.Value(dtype), dims=list(t.dims))
+        if t.optional and hasattr(entry, "optional"):
+            entry.optional = True
+        if t.ragged and hasattr(entry, "allow_ragged_batch"):
+            entry.allow_ragged_batch = True
+        if t.scalar and hasattr(entry, "reshape"):
+            entry.reshape.SetInParent()  # shape [] : the batch dimension only
+
+
+def _dynamic_batching(config, s: RepoSettings) -> None:
+    config.dynamic_batching.preferred_batch_size.append(s.max_batch_size)
+    config.dynamic_batching.max_queue_delay_microseconds = s.max_queue_delay_microseconds
+    config.dynamic_batching.default_queue_policy.SetInParent()
+    config.dynamic_batching.default_queue_policy.max_queue_size = s.max_queue_size
+
+
+def _params(config, values: dict[str, str]) -> None:
+    for key, value in values.items():
+        _require(f"{config.name}.parameters[{key}]", value)
+        config.parameters[key].string_value = value
+
+
+def _cpu_instances(pb, config, count: int) -> None:
+    config.instance_group.add(count=count, kind=pb.ModelInstanceGroup.KIND_CPU)
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def preprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
+    pb = _pb()
+    c = pb.ModelConfig(name="preprocessing", backend="python", max_batch_size=s.max_batch_size)
+    _dynamic_batching(c, s)
+    _add_tensors(pb, c.input, T.PRE_INPUTS, s.logits_datatype)
+    _add_tensors(pb, c.output, T.PRE_OUTPUTS, s.logits_datatype)
+    _params(c, {"tokenizer_dir": s.tokenizer_dir, "add_special_tokens": "true"})
+    _cpu_instances(pb, c, s.preprocessing_instance_count)
+    return c
+
+
+def postprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
+    pb = _pb()
+    c = pb.ModelConfig(name="postprocessing", backend="python", max_batch_size=s.max_batch_size)
+    _dynamic_batching(c, s)
+    _add_tensors(pb, c.input, T.POST_INPUTS, s.logits_datatype)
+    _add_tensors(pb, c.output, T.POST_OUTPUTS, s.logits_datatype)
+    _params(c, {"tokenizer_dir": s.tokenizer_dir, "skip_special_tokens": "true"})
+    _cpu_instances(pb, c, s.postprocessing_instance_count)
+    return c
+
+
+def trtllm_parameters(s: RepoSettings, role: str) -> dict[str, str]:
+    """The `tensorrtllm` backend parameters (facts §2.3 keys, §2.7 values for draft/target)."""
+    llm = s.llm(role)
+    if not 0.0 < llm.kv_cache_free_gpu_mem_fraction < 1.0:
+        raise SpecError(f"kv_cache_free_gpu_mem_fraction for the {role} = {llm.kv_cache_free_gpu_mem_fraction}: "
+                        "must be between 0 and 1. Re-run `specbuild check` for the memory plan.")
+    params = {
+        "max_beam_width": "1",  # draft/target speculative decoding has no beam search
+        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": llm.engine_dir,
+        "batch_scheduler_policy": "guaranteed_no_evict",
+        "kv_cache_free_gpu_mem_fraction": f"{llm.kv_cache_free_gpu_mem_fraction:.4g}",
+        "enable_kv_cache_reuse": "true",  # required: the BLS re-sends the growing sequence every step
+        "exclude_input_in_output": "false",  # the BLS slices drafts out of prompt + output
+        "gpu_device_ids": llm.gpu_device_ids,
+        "executor_worker_path": EXECUTOR_WORKER,
+        "normalize_log_probs": "true",
+        "enable_chunked_context": "false",
+        "cancellation_check_period_ms": "100",
+        "speculative_decoding_fast_logits": "false",  # needs orchestrator without spawned processes (facts §6.5)
+    }
+    if llm.max_tokens_in_paged_kv_cache is not None:  # the plan's fractions hold in either load order only with it
+        params["max_tokens_in_paged_kv_cache"] = str(llm.max_tokens_in_paged_kv_cache)
+    return params
+
+
+def llm(s: RepoSettings, role: str) -> "model_config_pb2.ModelConfig":
+    """`tensorrt_llm` (target) or `tensorrt_llm_draft`: identical tensors, per-role parameters."""
+    pb = _pb()
+    if role not in LLM_MODEL:
+        raise SpecError(f"unknown role {role!r}: use 'target' or 'draft'.")
+    llm_settings = s.llm(role)
+    _require(f"{role} engine_dir", llm_settings.engine_dir)
+    backend = "tensorrtllm" if s.backend == "trtllm" else "python"
+    c = pb.ModelConfig(name=LLM_MODEL[role], backend=backend, max_batch_size=s.max_batch_size)
+    # Not decoupled: the BLS calls each model once per draft or verify step and waits for the result.
+    c.model_transaction_policy.SetInParent()
+    c.model_transaction_policy.decoupled = False
+    _dynamic_batching(c, s)
+    _add_tensors(pb, c.input, T.LLM_INPUTS, s.logits_datatype)
+    _add_tensors(pb, c.output, T.LLM_OUTPUTS, s.logits_datatype)
+    _cpu_instances(pb, c, 1)
+    if s.backend == "trtllm":
+        _params(c, trtllm_parameters(s, role))
+    else:
+        _params(c, {
+            "engine_dir": llm_settings.engine_dir,
+            "role": role,
+            "max_draft_len": str(s.max_draft_len if role == "target" else 0),
+            "exclude_input_in_output": "false",
+        })
+    return c
+
+
+def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
+    pb = _pb()
+    if s.num_draft_tokens > s.max_draft_len:
+        raise SpecError(f"num_draft_tokens = {s.num_draft_tokens} exceeds max_draft_len = {s.max_draft_len}: "
+                        "lower speculative.num_draft_tokens in the spec.")
+    c = pb.ModelConfig(name="tensorrt_llm_bls", backend="python", max_batch_size=s.max_batch_size)
+    c.model_transaction_policy.SetInParent()
+    c.model_transaction_policy.decoupled = s.bls_decoupled
+    _add_tensors(pb, c.input, T.BLS_INPUTS, s.logits_datatype)
+    _add_tensors(pb, c.output, T.BLS_OUTPUTS, s.logits_datatype)
+    _params(c, {
+        "tensorrt_llm_model_name": LLM_MODEL["target"],
+        "tensorrt_llm_draft_model_name": LLM_MODEL["draft"],
+        "accumulate_tokens": "false",
+        "max_draft_len": str(s.max_draft_len),
+        "num_draft_tokens": str(s.num_draft_tokens),
+        "max_input_len": str(s.max_input_len),
+        "max_output_len": str(s.max_output_len),
+        "use_draft_logits": _bool(s.use_draft_logits),
+        "adaptive_draft_len": _bool(s.adaptive),
+        # requests served at once (a thread each); more wait in the pool. The engines batch up to this many.
+        "max_concurrent_requests": str(s.max_batch_size),
+    })
+    _cpu_instances(pb, c, s.bls_instance_count)
+    return c
+
+
+# ensemble wiring (NVIDIA's ensemble, text only): ensemble input -> preprocessing / tensorrt_llm input
+_PRE_MAP = {
+    "QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
+    "STOP_WORDS_DICT": "stop_words", "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
+    "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights", "END_ID": "end_id", "PAD_ID": "pad_id",
+}
+_PRE_OUT = {
+    "INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
+    "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "EMBEDDING_BIAS": "_EMBEDDING_BIAS",
+    "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
+}
+_LLM_MAP = {
+    "input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN", "request_output_len": "_REQUEST_OUTPUT_LEN",
+    "end_id": "_PREPROCESSOR_END_ID", "pad_id": "_PREPROCESSOR_PAD_ID", "embedding_bias": "_EMBEDDING_BIAS",
+    "stop_words_list": "_STOP_WORDS_IDS", "bad_words_list": "_BAD_WORDS_IDS",
+    "exclude_input_in_output": "exclude_input_in_output", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
+    "temperature": "temperature", "len_penalty": "length_penalty", "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_tokens", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "seed": "seed", "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
+    "return_generation_logits": "return_generation_logits", "return_perf_metrics": "return_perf_metrics",
+    "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
+    "beam_width": "beam_width", "streaming": "stream",
+}
+_LLM_OUT = {"output_ids": "_TOKENS_BATCH", "sequence_length": "sequence_length"}
+_POST_MAP = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "sequence_length"}
+_POST_OUT = {"OUTPUT": "text_output"}
+
+
+def ensemble(s: RepoSettings) -> "model_config_pb2.ModelConfig":
+    """Target-only baseline: preprocessing -> tensorrt_llm -> postprocessing (no speculation)."""
+    pb = _pb()
+    c = pb.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=s.max_batch_size)
+    _add_tensors(pb, c.input, T.ENSEMBLE_INPUTS, s.logits_datatype)
+    _add_tensors(pb, c.output, T.ENSEMBLE_OUTPUTS, s.logits_datatype)
+    for model, inputs, outputs in (
+        ("preprocessing", _PRE_MAP, _PRE_OUT),
+        (LLM_MODEL["target"], _LLM_MAP, _LLM_OUT),
+        ("postprocessing", _POST_MAP, _POST_OUT),
+    ):
+        step = c.ensemble_scheduling.step.add(model_name=model, model_version=-1)
+        for key, value in inputs.items():
+            step.input_map[key] = value
+        for key, value in outputs.items():
+            step.output_map[key] = value
+    return c
+
+
+def build_all(s: RepoSettings) -> dict[str, "model_config_pb2.ModelConfig"]:
+    if s.backend not in BACKENDS:
+        raise SpecError(f"backend = {s.backend!r} is not supported. Choose one of: {', '.join(BACKENDS)}.")
+    _require("tokenizer_dir", s.tokenizer_dir)
+    return {
+        "preprocessing": preprocessing(s),
+        "postprocessing": postprocessing(s),
+        "tensorrt_llm": llm(s, "target"),
+        "tensorrt_llm_draft": llm(s, "draft"),
+        "tensorrt_llm_bls": bls(s),
+        "ensemble": ensemble(s),
+    }
+
+
+def to_pbtxt(config: "model_config_pb2.ModelConfig") -> str:
+    from google.protobuf import text_format
+
+    text = text_format.MessageToString(config)
+    if "${" in text:  # cannot happen through _params, kept as the last line of defence
+        raise SpecError(f"the generated config of {config.name} contains a '${{' placeholder; this is a bug.")
+    return text
+
+
+def parse_pbtxt(text: str) -> "model_config_pb2.ModelConfig":
+    from google.protobuf import text_format
+
+    return text_format.Parse(text, _pb().ModelConfig())

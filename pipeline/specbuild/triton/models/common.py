@@ -1,0 +1,82 @@
+"""What every specbuild Python-backend model shares: config parameters, paths, request tensors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+
+class InvalidInput(ValueError):
+    """A request the model cannot serve as sent: answered with INVALID_ARG, the server keeps going."""
+
+
+def parameters(args: dict[str, Any]) -> dict[str, str]:
+    config = json.loads(args["model_config"])
+    return {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
+
+
+def required(params: dict[str, str], key: str, model: str) -> str:
+    value = params.get(key, "")
+    if not value or value.startswith("${"):
+        raise ValueError(f"{model}: config parameter {key!r} is missing or unfilled ({value!r}). "
+                         "Regenerate the repository with `specbuild repo`.")
+    return value
+
+
+def flag(params: dict[str, str], key: str, default: bool) -> bool:
+    value = params.get(key, "").strip().lower()
+    if not value or value.startswith("${"):
+        return default
+    return value in ("1", "true", "yes")
+
+
+def resolve_path(value: str, args: dict[str, Any]) -> Path:
+    """Absolute paths as given; relative ones against the model repository folder (the parent of the
+    model's folder), so a committed repository beside an `engines/` folder works on any machine."""
+    path = Path(value)
+    if path.is_absolute():
+        return path
+    return (Path(args["model_repository"]).parent / path).resolve()
+
+
+def request_inputs(pb_utils, request, names) -> dict[str, np.ndarray]:
+    """The request's input tensors (batch dimension included) that are present."""
+    inputs = {}
+    for name in names:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None:
+            inputs[name] = tensor.as_numpy()
+    return inputs
+
+
+def serve_each(pb_utils, requests, names, handle: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+               model: str) -> list:
+    """One response per request; a bad request gets INVALID_ARG, a bug an INTERNAL error with no traceback."""
+    responses = []
+    for request in requests:
+        try:
+            outputs = handle(request_inputs(pb_utils, request, names))
+            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in outputs.items()]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        except InvalidInput as err:
+            responses.append(pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(f"{model}: {err}", pb_utils.TritonError.INVALID_ARG)))
+        except Exception as err:  # noqa: BLE001 - reported to the client and the log; the server keeps serving
+            import traceback
+
+            pb_utils.Logger.log_error(f"{model}: {traceback.format_exc()}")
+            responses.append(pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(f"{model}: internal error: {type(err).__name__}: {err}")))
+    return responses
+
+
+def as_text(value: Any, name: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput(f"input {name!r} is not valid UTF-8.") from None
+    return str(value)

@@ -1,0 +1,55 @@
+"""`postprocessing`: token ids -> text (facts §2.6).
+
+TOKENS_BATCH [b, beam, len] and SEQUENCE_LENGTH [b, beam] -> OUTPUT [b, beam]: each row's first
+SEQUENCE_LENGTH ids decoded with the tokenizer (special tokens skipped unless configured otherwise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specbuild.triton import tensors
+from specbuild.triton.models.common import InvalidInput, flag, parameters, required, resolve_path, serve_each
+from specbuild.triton.models.preprocessing import load_tokenizer
+
+
+class Postprocessor:
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if "TOKENS_BATCH" not in inputs or "SEQUENCE_LENGTH" not in inputs:
+            raise InvalidInput("inputs TOKENS_BATCH and SEQUENCE_LENGTH are required.")
+        tokens = inputs["TOKENS_BATCH"]
+        if tokens.ndim == 2:  # [b, len]: a single beam
+            tokens = tokens[:, None, :]
+        batch, beams, width = tokens.shape
+        lengths = inputs["SEQUENCE_LENGTH"].reshape(batch, beams)
+        vocab = len(self.tokenizer)
+        out = np.empty((batch, beams), dtype=object)
+        for i in range(batch):
+            for j in range(beams):
+                n = int(lengths[i, j])
+                if not 0 <= n <= width:
+                    raise InvalidInput(f"SEQUENCE_LENGTH {n} is outside 0..{width} (the TOKENS_BATCH length).")
+                ids = [int(t) for t in tokens[i, j, :n]]
+                if any(t < 0 or t >= vocab for t in ids):
+                    raise InvalidInput(f"TOKENS_BATCH holds ids outside the vocabulary (0..{vocab - 1}).")
+                text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+                out[i, j] = text.encode("utf-8")
+        return {"OUTPUT": out}
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        self.pb = pb_utils
+        params = parameters(args)
+        path = resolve_path(required(params, "tokenizer_dir", "postprocessing"), args)
+        self.run = Postprocessor(load_tokenizer(path), flag(params, "skip_special_tokens", True))
+        self.names = [t.name for t in tensors.POST_INPUTS]
+
+    def execute(self, requests: list) -> list:
+        return serve_each(self.pb, requests, self.names, self.run, "postprocessing")

@@ -1,0 +1,125 @@
+"""`preprocessing`: text -> token ids, NVIDIA's tensor names (facts §2.6), text only.
+
+Per request (batch dimension b first):
+  QUERY [b, 1] -> INPUT_ID [b, max_len] (right-padded with the pad id), REQUEST_INPUT_LEN [b, 1];
+  STOP_WORDS_DICT / BAD_WORDS_DICT [b, n] -> STOP_WORDS_IDS / BAD_WORDS_IDS [b, 2, m] (TensorRT-LLM's
+  word-list format: row 0 the flat ids, row 1 the cumulative end offsets padded with -1);
+  EMBEDDING_BIAS_WORDS/WEIGHTS -> EMBEDDING_BIAS [b, vocab] ([b, 0] when none);
+  END_ID / PAD_ID [b, 1] default to the tokenizer's eos / pad (pad = eos when it has none).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specbuild.triton import tensors
+from specbuild.triton.models.common import InvalidInput, as_text, flag, parameters, required, resolve_path, serve_each
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer folder {path} does not exist: build the engines first (`specbuild build`) "
+                                "or regenerate the repository with the right --tokenizer-dir.")
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+
+
+def word_list(tokenizer, rows: list[list[str]]) -> np.ndarray:  # -> [b, 2, m]
+    flat_rows, offset_rows = [], []
+    for words in rows:
+        ids: list[int] = []
+        offsets: list[int] = []
+        for word in words:
+            word_ids = tokenizer.encode(word, add_special_tokens=False)
+            if word_ids:
+                ids.extend(word_ids)
+                offsets.append(len(ids))
+        flat_rows.append(ids)
+        offset_rows.append(offsets)
+    width = max(1, *(len(r) for r in flat_rows), *(len(r) for r in offset_rows))
+    out = np.zeros((len(rows), 2, width), dtype=np.int32)
+    out[:, 1, :] = -1
+    for i, (ids, offsets) in enumerate(zip(flat_rows, offset_rows)):
+        out[i, 0, : len(ids)] = ids
+        out[i, 1, : len(offsets)] = offsets
+    return out
+
+
+class Preprocessor:
+    def __init__(self, tokenizer, add_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.add_special_tokens = add_special_tokens
+        self.end_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_id
+        if self.end_id is None:
+            raise ValueError("the tokenizer has no eos token: specbuild needs one to stop generation.")
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if "QUERY" not in inputs or "REQUEST_OUTPUT_LEN" not in inputs:
+            raise InvalidInput("inputs QUERY and REQUEST_OUTPUT_LEN are required.")
+        queries = inputs["QUERY"].reshape(inputs["QUERY"].shape[0], -1)
+        batch = queries.shape[0]
+        ids = [self.tokenizer.encode(as_text(q[0], "QUERY"), add_special_tokens=self.add_special_tokens)
+               for q in queries]
+        if any(len(row) == 0 for row in ids):
+            raise InvalidInput("input QUERY encodes to no tokens: send non-empty text.")
+        end_id = self._per_row(inputs.get("END_ID"), self.end_id, batch)
+        pad_id = self._per_row(inputs.get("PAD_ID"), self.pad_id, batch)
+        width = max(len(row) for row in ids)
+        input_id = np.empty((batch, width), dtype=np.int32)
+        for i, row in enumerate(ids):
+            input_id[i, :] = pad_id[i, 0]
+            input_id[i, : len(row)] = row
+        return {
+            "INPUT_ID": input_id,
+            "REQUEST_INPUT_LEN": np.array([[len(row)] for row in ids], dtype=np.int32),
+            "BAD_WORDS_IDS": word_list(self.tokenizer, self._words(inputs.get("BAD_WORDS_DICT"), batch)),
+            "STOP_WORDS_IDS": word_list(self.tokenizer, self._words(inputs.get("STOP_WORDS_DICT"), batch)),
+            "EMBEDDING_BIAS": self._bias(inputs, batch),
+            "REQUEST_OUTPUT_LEN": inputs["REQUEST_OUTPUT_LEN"].reshape(batch, -1).astype(np.int32),
+            "OUT_END_ID": end_id,
+            "OUT_PAD_ID": pad_id,
+        }
+
+    @staticmethod
+    def _per_row(value: np.ndarray | None, default: int, batch: int) -> np.ndarray:  # -> [b, 1]
+        if value is None:
+            return np.full((batch, 1), default, dtype=np.int32)
+        return value.reshape(batch, -1)[:, :1].astype(np.int32)
+
+    @staticmethod
+    def _words(value: np.ndarray | None, batch: int) -> list[list[str]]:
+        if value is None:
+            return [[] for _ in range(batch)]
+        rows = value.reshape(batch, -1)
+        return [[w for w in (as_text(item, "words") for item in row) if w] for row in rows]
+
+    def _bias(self, inputs: dict[str, np.ndarray], batch: int) -> np.ndarray:  # -> [b, vocab] or [b, 0]
+        words, weights = inputs.get("EMBEDDING_BIAS_WORDS"), inputs.get("EMBEDDING_BIAS_WEIGHTS")
+        if words is None and weights is None:
+            return np.zeros((batch, 0), dtype=np.float32)
+        if words is None or weights is None or words.size != weights.size:
+            raise InvalidInput("EMBEDDING_BIAS_WORDS and EMBEDDING_BIAS_WEIGHTS must be sent together, one weight per word.")
+        bias = np.zeros((batch, len(self.tokenizer)), dtype=np.float32)
+        for i, (row_words, row_weights) in enumerate(zip(words.reshape(batch, -1), weights.reshape(batch, -1))):
+            for word, weight in zip(row_words, row_weights):
+                for token in self.tokenizer.encode(as_text(word, "EMBEDDING_BIAS_WORDS"), add_special_tokens=False):
+                    bias[i, token] += float(weight)
+        return bias
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        self.pb = pb_utils
+        params = parameters(args)
+        path = resolve_path(required(params, "tokenizer_dir", "preprocessing"), args)
+        self.run = Preprocessor(load_tokenizer(path), flag(params, "add_special_tokens", True))
+        self.names = [t.name for t in tensors.PRE_INPUTS]
+
+    def execute(self, requests: list) -> list:
+        return serve_each(self.pb, requests, self.names, self.run, "preprocessing")
