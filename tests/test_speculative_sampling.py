@@ -1,0 +1,132 @@
+"""process_logits (temperature, top-k, top-p, greedy) and the samplers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specbuild.errors import RequestError
+from specbuild.speculative.interfaces import SamplingParams
+from specbuild.speculative.sampling import process_logits, sample, sample_rows, validate_sampling
+
+LOGITS = np.array([[2.0, 1.0, 0.5, -1.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_greedy_is_one_hot_at_the_argmax():
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.8, top_k=1)):
+        probs = process_logits(LOGITS, sampling)
+        np.testing.assert_array_equal(probs, [[0, 0, 0, 0, 1], [1, 0, 0, 0, 0]])  # ties: first index
+
+
+@pytest.mark.parametrize("t", [0.5, 1.0, 2.0])
+def test_temperature_is_softmax_of_scaled_logits(t):
+    probs = process_logits(LOGITS, SamplingParams(temperature=t))
+    np.testing.assert_allclose(probs, softmax(LOGITS / t), rtol=1e-12)
+    assert probs.dtype == np.float64
+
+
+def test_top_k_keeps_the_k_largest_and_renormalises():
+    probs = process_logits(LOGITS[:1], SamplingParams(temperature=1.0, top_k=2))
+    expected = np.zeros(5)
+    expected[[0, 4]] = softmax(np.array([2.0, 3.0]))
+    np.testing.assert_allclose(probs[0], expected, rtol=1e-12)
+
+
+def test_top_k_keeps_ties_at_the_boundary_and_is_off_at_vocab_size():
+    probs = process_logits(np.array([1.0, 2.0, 2.0, 0.0]), SamplingParams(temperature=1.0, top_k=2))
+    assert probs[1] == probs[2] > 0 and probs[0] == probs[3] == 0
+    full = process_logits(LOGITS, SamplingParams(temperature=1.0, top_k=5))
+    np.testing.assert_allclose(full, softmax(LOGITS), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "top_p,kept",
+    [(0.1, [4]), (0.62, [4]), (0.63, [4, 0]), (0.9, [4, 0, 1]), (0.95, [4, 0, 1, 2]), (0.999, [4, 0, 1, 2, 3])],
+)
+def test_top_p_keeps_the_smallest_set_reaching_the_mass(top_p, kept):
+    base = softmax(LOGITS[0])  # by mass: 4 (.624), 0 (.229), 1 (.084), 2 (.051), 3 (.011)
+    probs = process_logits(LOGITS[0], SamplingParams(temperature=1.0, top_p=top_p))
+    expected = np.zeros(5)
+    expected[kept] = base[kept] / base[kept].sum()
+    np.testing.assert_allclose(probs, expected, rtol=1e-12)
+
+
+def test_top_k_then_top_p():
+    probs = process_logits(LOGITS[0], SamplingParams(temperature=1.0, top_k=3, top_p=0.75))
+    within_k = softmax(np.array([2.0, 1.0, 3.0]))  # tokens 0, 1, 4 -> .245, .090, .665
+    assert within_k[2] < 0.75 < within_k[2] + within_k[0]
+    expected = np.zeros(5)
+    expected[[0, 4]] = within_k[[0, 2]] / within_k[[0, 2]].sum()
+    np.testing.assert_allclose(probs, expected, rtol=1e-12)
+
+
+def test_minus_inf_logits_are_zero_probability_and_large_logits_are_stable():
+    probs = process_logits(np.array([[1000.0, -np.inf, 999.0, -np.inf]]), SamplingParams(temperature=1.0))
+    assert np.isfinite(probs).all()
+    np.testing.assert_allclose(probs[0], [1 / (1 + np.e**-1), 0, np.e**-1 / (1 + np.e**-1), 0], rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "logits,message",
+    [
+        (np.array([[1.0, np.nan]]), "NaN"),
+        (np.array([[1.0, np.inf]]), r"\+inf"),
+        (np.array([[-np.inf, -np.inf]]), "entirely -inf"),
+        (np.zeros((2, 3, 4)), r"\[n, vocab\]"),
+    ],
+)
+def test_invalid_logits(logits, message):
+    with pytest.raises(ValueError, match=message):
+        process_logits(logits, SamplingParams(temperature=1.0))
+
+
+@pytest.mark.parametrize(
+    "sampling,message",
+    [
+        (SamplingParams(temperature=-0.5), r"temperature = -0.5 is invalid"),
+        (SamplingParams(temperature=float("nan")), r"temperature = nan is invalid"),
+        (SamplingParams(temperature=1.0, top_k=-1), r"top_k = -1 is invalid"),
+        (SamplingParams(temperature=1.0, top_p=0.0), r"top_p = 0.0 is invalid: use a number in \(0, 1\]"),
+        (SamplingParams(temperature=1.0, top_p=1.5), r"top_p = 1.5 is invalid"),
+        (SamplingParams(temperature=1.0, seed=-3), r"seed = -3 is invalid"),
+    ],
+)
+def test_validate_sampling(sampling, message):
+    with pytest.raises(RequestError, match=message):
+        validate_sampling(sampling)
+
+
+def test_validate_sampling_accepts_good_params():
+    validate_sampling(SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=0))
+
+
+def test_sample_rows_matches_the_distribution_and_skips_zero_mass():
+    probs = np.array([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    n = 50000
+    draws = sample_rows(np.tile(probs, (n, 1)), np.random.default_rng(0))
+    shares = np.bincount(draws, minlength=6) / n
+    assert shares[0] == shares[2] == shares[5] == 0.0
+    np.testing.assert_allclose(shares, probs, atol=4 * np.sqrt(0.25 / n))
+
+
+def test_sample_rows_accepts_unnormalised_rows_and_is_seeded():
+    rows = np.array([[0.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    assert sample_rows(rows, np.random.default_rng(1)).tolist() == [1, 0]
+    probs = np.full(7, 1 / 7)
+    assert sample(probs, np.random.default_rng(5)) == sample(probs, np.random.default_rng(5))
+    with pytest.raises(ValueError, match="no probability mass"):
+        sample_rows(np.zeros((1, 3)), np.random.default_rng(0))
+
+
+def test_sample_rows_never_returns_past_the_last_nonzero_token():
+    class MaxUniform:  # a generator whose uniforms are the largest double below 1
+        def random(self, n):
+            return np.full(n, np.nextafter(1.0, 0.0))
+
+    rows = np.array([[0.1, 0.2, 0.7, 0.0, 0.0]])
+    assert sample_rows(rows, MaxUniform()).tolist() == [2]
