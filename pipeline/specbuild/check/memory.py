@@ -34,7 +34,7 @@ from typing import Any
 
 from specbuild.check.report import Finding
 from specbuild.config import Spec
-from specbuild.hfmodel import ModelInfo
+from specbuild.hfmodel import ModelInfo, read_model_info
 
 GIB = 1024**3
 
@@ -114,6 +114,15 @@ class MemoryPlan:
     def fits(self) -> bool:
         return self.max_batch >= 1
 
+    @property
+    def kv_cache_free_gpu_mem_fraction(self) -> dict[str, float]:
+        """Per role; only safe together with `max_tokens_in_paged_kv_cache` (see the module docstring)."""
+        return {"target": self.target.kv_cache_free_gpu_mem_fraction, "draft": self.draft.kv_cache_free_gpu_mem_fraction}
+
+    @property
+    def max_tokens_in_paged_kv_cache(self) -> dict[str, int]:
+        return {"target": self.target.max_tokens_in_paged_kv_cache, "draft": self.draft.max_tokens_in_paged_kv_cache}
+
     def to_dict(self) -> dict[str, Any]:
         def model(m: ModelMemory) -> dict[str, Any]:
             return {**dataclasses.asdict(m), "kv_bytes_per_sequence": m.kv_bytes_per_sequence}
@@ -181,8 +190,16 @@ def _fraction(budget: float, free_when_second: float) -> float:
     return min(math.ceil(budget / free_when_second * 100) / 100, MAX_FRACTION)
 
 
-def plan_memory(spec: Spec, target: ModelInfo, draft: ModelInfo, suggest: bool = True) -> MemoryPlan:
-    """The memory plan for the spec's `[gpu]`, `[build]` limits and the two models."""
+def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | None = None, *,
+                allow_pickle: bool = False, suggest: bool = True) -> MemoryPlan:
+    """The memory plan for the spec's `[gpu]`, `[build]` limits and the two models.
+
+    `target`/`draft` default to the facts read from the spec's checkpoints (CheckpointError if unreadable).
+    """
+    if target is None:
+        target = read_model_info(spec.target.checkpoint, allow_pickle=allow_pickle, role="target")
+    if draft is None:
+        draft = read_model_info(spec.draft.checkpoint, allow_pickle=allow_pickle, role="draft")
     b, g = spec.build, spec.gpu
     tp = b.tp_size
     memory = int(g.memory_per_gpu_gib * GIB)
@@ -364,7 +381,7 @@ def _does_not_fit(plan: MemoryPlan, suggestions: list[dict[str, Any]]) -> Findin
         f"needs {(plan.target.kv_bytes_per_sequence + plan.draft.kv_bytes_per_sequence) / GIB:.2f} GiB."
     )
     if suggestions:
-        fix = "Change " + suggestions[0]["change"] + " (fits " + str(suggestions[0]["max_batch"]) + " sequences)"
+        fix = f"Change {suggestions[0]['change']} (then {suggestions[0]['max_batch']} sequence(s) fit)"
         others = [s["change"] for s in suggestions[1:]]
         fix += ("; other options: " + "; ".join(others) + ".") if others else "."
     else:
