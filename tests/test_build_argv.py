@@ -170,3 +170,14 @@ def test_dry_run_needs_no_checkpoint_and_reads_one_when_present(tmp_path):
     fake_checkpoint(spec, "target", quant_algo="FP8")
     doc = dry_run(spec, ["target"], "reference")
     assert doc["engines"][0]["checkpoint_ready"] and doc["engines"][0]["argv"] is None
+
+
+@pytest.mark.parametrize("version, warned", [("1.2.1", False), ("1.2.0rc3", False), ("1.1.0", True),
+                                             ("1.20.0", True), (None, True)])
+def test_trtllm_version_is_checked(version, warned):
+    from specbuild.build.flags import trtllm_version_note
+
+    note = trtllm_version_note(version)
+    assert (note is not None) == warned
+    if warned:
+        assert "1.2.1" in note

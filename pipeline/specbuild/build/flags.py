@@ -59,6 +59,18 @@ FORBIDDEN = ("--gather_context_logits", "--gather_all_token_logits", "--paged_kv
 TIMING_CACHE = "model.cache"
 
 
+def trtllm_version_note(version: str | None) -> str | None:
+    """A warning when the build environment's TensorRT-LLM is not the release line the flags were checked against."""
+    if version is None:
+        return (f"could not read the TensorRT-LLM version next to trtllm-build; specbuild's flags were checked "
+                f"against {TRTLLM_VERSION_CHECKED}. The engine manifest records it as unknown.")
+    line = ".".join(TRTLLM_VERSION_CHECKED.split(".")[:2])
+    if version == line or version.startswith(line + "."):
+        return None
+    return (f"trtllm-build comes from TensorRT-LLM {version}, but specbuild's flags were checked against "
+            f"{TRTLLM_VERSION_CHECKED}: the build may reject a flag. Use the image from docker/Dockerfile.gpu.")
+
+
 def trtllm_argv(plan: "RolePlan", executable: str, output_dir: str) -> list[str]:
     """The exact argv for one role. `output_dir` is where the engine is written (a temp folder)."""
     values: dict[str, str | None] = {

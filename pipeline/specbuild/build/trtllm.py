@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specbuild.artifacts import hash_tree, stage_output, tool_versions
-from specbuild.build.flags import TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv
+from specbuild.build.flags import TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv, trtllm_version_note
 from specbuild.build.plan import RolePlan
 from specbuild.build.versions import interpreter_for, probe_versions
 from specbuild.errors import BuildError, ToolNotFoundError
@@ -168,6 +168,9 @@ def build_trtllm_role(plan: RolePlan, pair: str, executable: str, force: bool = 
             return {"role": plan.role, "status": "skipped", "engine_dir": str(plan.engine_dir),
                     "manifest": out.existing_manifest()}
         argv = trtllm_argv(plan, executable, str(out.tmp))
+        version_note = trtllm_version_note(versions.get("tensorrt_llm"))
+        if version_note:
+            log(f"warning: {version_note}")
         for note in plan.notes:
             log(f"note: {note}")
         log(f"{plan.role}: {argv_text(argv)}")
