@@ -1,0 +1,218 @@
+"""Build (or find in the cache) the built-in example pair.
+
+    pair = ensure_example("full")      # ExamplePair(root, target, draft, info)
+
+The pair lives in `<cache>/example-<variant>-<recipe key>/` with `target/`, `draft/` (Hugging Face
+Llama checkpoints, safetensors, float32, the same tokenizer files in both), `example.json` (recipe,
+measurements, timings) and `manifest.json`. `<cache>` is $SPECBUILD_CACHE_DIR, else the user cache
+folder (platformdirs). A build writes into a temporary folder renamed into place under a lock, so
+an interrupted build leaves nothing half-written and two processes never build the same pair at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from specbuild import __version__
+from specbuild.artifacts import read_manifest, stage_output, tool_versions
+from specbuild.errors import ArtifactError, SpecbuildError
+
+EXAMPLE_JSON = "example.json"
+CACHE_ENV = "SPECBUILD_CACHE_DIR"
+LOCK_WAIT_S = 1200.0  # a waiting process gives up after this long (a full build takes minutes)
+STAGE = "example"
+
+
+@dataclass(frozen=True)
+class ExamplePair:
+    root: Path  # the folder holding target/, draft/, example.json
+    target: Path  # Hugging Face checkpoint folder of the target
+    draft: Path  # Hugging Face checkpoint folder of the draft
+    info: dict[str, Any]  # the contents of example.json
+
+
+def cache_root() -> Path:
+    override = os.environ.get(CACHE_ENV)
+    if override:
+        return Path(override).expanduser().resolve()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("specbuild"))
+
+
+def _recipe(variant: str):
+    from specbuild.example.recipe import VARIANTS
+
+    if variant not in VARIANTS:
+        raise SpecbuildError(f"unknown example variant {variant!r}: choose one of {', '.join(VARIANTS)}.")
+    return VARIANTS[variant]
+
+
+def recipe_key(variant: str) -> str:
+    from specbuild.example import corpus
+
+    return _recipe(variant).key(corpus.describe()["fingerprint"])
+
+
+def example_dir(variant: str = "full") -> Path:
+    """Where the cached pair for `variant` lives (whether or not it has been built yet)."""
+    return cache_root() / f"example-{variant}-{recipe_key(variant)}"
+
+
+def _pair_at(root: Path) -> ExamplePair:
+    info = json.loads((root / EXAMPLE_JSON).read_text())
+    return ExamplePair(root=root, target=root / "target", draft=root / "draft", info=info)
+
+
+def _complete(root: Path, key: str) -> bool:
+    manifest = root / "manifest.json"
+    if not manifest.is_file():
+        return False
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return data.get("input_hash") == key and all((root / p).exists() for p in ("target", "draft", EXAMPLE_JSON))
+
+
+def cached_example(variant: str = "full") -> ExamplePair | None:
+    """The cached pair if it is already built for the current recipe, else None (never builds)."""
+    root = example_dir(variant)
+    return _pair_at(root) if _complete(root, recipe_key(variant)) else None
+
+
+@contextmanager
+def _locked_output(final: Path, force: bool) -> Iterator[Any]:
+    """stage_output, but wait (saying so on stderr) while another process holds the lock."""
+    try:
+        with stage_output(final, force=force) as out:
+            yield out
+        return
+    except ArtifactError as err:
+        if "locked by another" not in str(err):
+            raise
+    print(f"specbuild: waiting for another process building {final} ...", file=sys.stderr)
+    with stage_output(final, force=force, lock_timeout=LOCK_WAIT_S) as out:
+        yield out
+
+
+def ensure_example(
+    variant: str = "full", root: str | Path | None = None, force: bool = False, progress: bool | None = None
+) -> ExamplePair:
+    """Return the example pair, building it first when the cache has none for the current recipe.
+
+    root: also copy the pair to this folder (e.g. `specbuild example --out DIR`); the cache stays.
+    force: rebuild the cached pair even if it is up to date (and rewrite `root`).
+    progress: show a progress bar on stderr; None = only when stderr is a terminal.
+    """
+    key = recipe_key(variant)
+    cached = example_dir(variant)
+    if force or not _complete(cached, key):
+        with _locked_output(cached, force) as out:
+            if not out.up_to_date(key) or not _complete(cached, key):
+                info = _build(variant, out.tmp, progress)
+                out.commit({"stage": STAGE, "input_hash": key, "variant": variant,
+                            "versions": info["versions"]})
+    pair = _pair_at(cached)
+    return pair if root is None else _copy(pair, Path(root), key, force)
+
+
+def _copy(pair: ExamplePair, dest: Path, key: str, force: bool) -> ExamplePair:
+    dest = dest.expanduser().resolve()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        try:
+            manifest = read_manifest(dest)
+        except ArtifactError:
+            manifest = {}
+        if manifest.get("stage") != STAGE:
+            raise ArtifactError(
+                f"{dest} exists and is not a specbuild example folder, so it will not be replaced. "
+                "Pass --out with a new or empty folder."
+            )
+    with _locked_output(dest, force) as out:
+        if not out.up_to_date(key):
+            for name in ("target", "draft"):
+                shutil.copytree(pair.root / name, out.tmp / name)
+            shutil.copy2(pair.root / EXAMPLE_JSON, out.tmp / EXAMPLE_JSON)
+            out.commit({**read_manifest(pair.root), "copied_from": str(pair.root)})
+    return _pair_at(dest)
+
+
+def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]:
+    """Train tokenizer, target and draft into `out_dir`; write example.json; return its contents."""
+    import torch
+    from tqdm import tqdm
+
+    from specbuild.example import corpus, train
+    from specbuild.example.tokenizer import TOKENIZER_FILES, save_hf_tokenizer, train_tokenizer
+
+    recipe = _recipe(variant)
+    show = sys.stderr.isatty() if progress is None else progress
+    total = recipe.target_steps + recipe.distill_steps
+    timings: dict[str, float] = {}
+    start = clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[name] = round(now - clock, 2)
+        clock = now
+
+    previous_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    bar = tqdm(total=total, desc=f"example pair ({variant}): tokenizer", unit="step", file=sys.stderr,
+               disable=not show, dynamic_ncols=True)
+    try:
+        tok = train_tokenizer(train.training_texts(recipe), recipe.vocab_size)
+        tok_dir = out_dir / "tokenizer"
+        save_hf_tokenizer(tok, tok_dir, model_max_length=recipe.target.max_position_embeddings)
+        lap("tokenizer_s")
+        bar.set_description(f"example pair ({variant}): data")
+        stream = train.token_stream(tok, recipe)
+        lap("data_s")
+        bar.set_description(f"example pair ({variant}): training")
+        target, draft, train_stats = train.train_pair(recipe, stream, bar.update)
+        lap("train_s")
+        bar.set_description(f"example pair ({variant}): measuring")
+        quality = train.measure_agreement(target, draft, tok, recipe)
+        cost = train.measure_cost_ratio(target, draft)
+        lap("measure_s")
+        for name, model in (("target", target), ("draft", draft)):
+            model.save_pretrained(out_dir / name)
+            for file in TOKENIZER_FILES:
+                shutil.copy2(tok_dir / file, out_dir / name / file)
+        shutil.rmtree(tok_dir)
+        lap("save_s")
+    finally:
+        bar.close()
+        torch.use_deterministic_algorithms(previous_deterministic)
+    params = {"target": train.param_count(target), "draft": train.param_count(draft)}
+    info = {
+        "variant": variant,
+        "recipe": asdict(recipe),
+        "recipe_key": recipe.key(corpus.describe()["fingerprint"]),
+        "seed": recipe.seed,
+        "dtype": "float32",
+        "architecture": "LlamaForCausalLM",
+        "vocab_size": recipe.vocab_size,
+        "params": params,
+        "param_ratio": round(params["target"] / params["draft"], 2),
+        **quality,
+        **cost,
+        "train": train_stats,
+        "timings": {**timings, "total_s": round(time.perf_counter() - start, 2)},
+        "torch_threads": torch.get_num_threads(),
+        "corpus": corpus.describe(),
+        "specbuild_version": __version__,
+        "versions": tool_versions("torch", "transformers", "tokenizers"),
+    }
+    (out_dir / EXAMPLE_JSON).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info

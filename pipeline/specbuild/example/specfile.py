@@ -1,0 +1,180 @@
+"""Write a fully commented spec file (`specbuild.toml`), generated from `specbuild.config`'s dataclasses.
+
+Every key of every section is written with its value and a one-line reason; keys whose default is
+"unset" (None) are written commented out. `REASONS` must name every dataclass field: a test checks
+it, so a new field in `config.py` cannot silently go undocumented here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from specbuild import config
+from specbuild.config import DTYPES, GPUS, KV_CACHE_DTYPES, QUANTIZATIONS
+
+SECTIONS: dict[str, type] = {
+    "target": config.ModelSpec,
+    "draft": config.ModelSpec,
+    "speculative": config.SpeculativeSpec,
+    "build": config.BuildSpec,
+    "gpu": config.GpuSpec,
+    "serve": config.ServeSpec,
+}
+SECTION_HEADINGS = {
+    "target": "The large model whose output you want (a Hugging Face checkpoint folder).",
+    "draft": "The small model that proposes tokens; it must share the target's tokenizer.",
+    "speculative": "Draft/verify settings.",
+    "build": "Engine limits (trtllm-build); they also size the KV cache in the memory plan.",
+    "gpu": "The GPU the engines are built for and served on.",
+    "serve": "tritonserver settings.",
+}
+MODEL_REASONS = {
+    "checkpoint": "required: Hugging Face model folder (config.json, *.safetensors, tokenizer files)",
+    "quantization": f"weight quantization at convert time: {', '.join(QUANTIZATIONS)}",
+    "kv_cache": f"KV-cache quantization: {', '.join(KV_CACHE_DTYPES)} (int8 is refused: it breaks KV reuse)",
+    "dtype": f"activation / export dtype: {', '.join(DTYPES)}",
+}
+REASONS: dict[str, str] = {
+    "name": "names the output folder <output_dir>/<name>; letters, digits, '-', '_', '.'",
+    "output_dir": "where converted checkpoints, engines and the Triton repository go (relative to this file)",
+    **{f"target.{k}": v for k, v in MODEL_REASONS.items()},
+    **{f"draft.{k}": v for k, v in MODEL_REASONS.items()},
+    "speculative.max_draft_len": "engine limit: the target is built to verify up to this many draft tokens",
+    "speculative.num_draft_tokens": "K per request by default (<= max_draft_len; 0 = target only)",
+    "speculative.use_draft_logits": "exact rejection sampling (temperature > 0) needs the draft's logits",
+    "speculative.adaptive": "adapt K to the running acceptance rate and fall back to K = 0 when it stops paying",
+    "build.max_batch_size": "most requests in flight per engine",
+    "build.max_input_len": "longest prompt in tokens",
+    "build.max_seq_len": "prompt + generated tokens (must exceed max_input_len)",
+    "build.max_num_tokens": "most tokens in one engine step across the batch (packed, remove-padding)",
+    "build.tp_size": "tensor parallelism: GPUs per model",
+    "build.pp_size": "pipeline parallelism: stages per model",
+    "gpu.name": f"known GPUs: {', '.join(GPUS)}",
+    "gpu.memory_gib": "usable memory per GPU in GiB; overrides the known figure, or set it for an unlisted GPU",
+    "gpu.count": "GPUs available (>= tp_size x pp_size)",
+    "serve.host": "address to bind; loopback unless you mean to expose the server",
+    "serve.http_port": "Triton HTTP port (0 = pick a free one)",
+    "serve.grpc_port": "Triton gRPC port (0 = pick a free one)",
+    "serve.metrics_port": "Prometheus metrics port (0 = pick a free one)",
+    "serve.bls_instance_count": "instances of the speculative-decoding BLS model",
+    "serve.preprocessing_instance_count": "instances of the tokenizer (preprocessing) model",
+    "serve.postprocessing_instance_count": "instances of the detokenizer (postprocessing) model",
+    "serve.max_queue_delay_microseconds": "dynamic batching delay (0 = send at once)",
+    "serve.max_queue_size": "requests queued before Triton rejects new ones (0 = unbounded)",
+    "serve.decoupled": "stream accepted tokens as they are verified",
+}
+PLACEHOLDER_CHECKPOINTS = {"target": "models/target", "draft": "models/draft"}
+
+
+def all_keys() -> list[str]:
+    """Every key a spec file can hold, as "section.key" ("name" and "output_dir" at the top)."""
+    keys = ["name", "output_dir"]
+    for section, cls in SECTIONS.items():
+        keys.extend(f"{section}.{f.name}" for f in dataclasses.fields(cls))
+    return keys
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (str, Path)):
+        return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _default(cls: type, name: str) -> Any:
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+UNSET_EXAMPLES = {"memory_gib": 80.0}  # shown, commented out, for keys whose default is unset
+
+
+def _line(key: str, value: Any, default: Any, reason: str) -> list[str]:
+    note = ""
+    if default is not dataclasses.MISSING and value != default and default is not None:
+        note = f" (default {toml_value(default)})"
+    if value is None:
+        example = toml_value(UNSET_EXAMPLES[key]) if key in UNSET_EXAMPLES else '"..."'
+        return [f"# {reason} (unset by default; uncomment to set)", f"# {key} = {example}"]
+    return [f"# {reason}{note}", f"{key} = {toml_value(value)}"]
+
+
+def render_spec(overrides: dict[str, Any] | None = None, header: str | None = None) -> str:
+    """The text of a commented spec: defaults from `specbuild.config`, changed by `overrides`.
+
+    overrides: {"name": ..., "output_dir": ..., "<section>": {"<key>": value}}.
+    """
+    overrides = overrides or {}
+    unknown = set(overrides) - {"name", "output_dir", *SECTIONS}
+    if unknown:
+        raise ValueError(f"unknown spec sections {sorted(unknown)}")
+    lines = [f"# {line}" if line else "#" for line in (header or "specbuild spec file").splitlines()]
+    lines += ["# Every key is listed with its value; change what you need. Docs: `specbuild <command> --help`.", ""]
+    spec_fields = {f.name: f for f in dataclasses.fields(config.Spec)}
+    for key in ("name", "output_dir"):
+        default = spec_fields[key].default
+        if default is dataclasses.MISSING:
+            default = "pair"  # what spec_from_dict uses when the file has no name
+        lines += _line(key, overrides.get(key, default), default, REASONS[key])
+    for section, cls in SECTIONS.items():
+        values = dict(overrides.get(section, {}))
+        names = [f.name for f in dataclasses.fields(cls)]
+        if set(values) - set(names):
+            raise ValueError(f"unknown keys in [{section}]: {sorted(set(values) - set(names))}")
+        lines += ["", f"# {SECTION_HEADINGS[section]}", f"[{section}]"]
+        for name in names:
+            default = _default(cls, name)
+            value = values.get(name, default)
+            if value is dataclasses.MISSING:
+                value = PLACEHOLDER_CHECKPOINTS[section] if name == "checkpoint" else None
+            lines += _line(name, value, default, REASONS[f"{section}.{name}"])
+    return "\n".join(lines) + "\n"
+
+
+def best_num_draft_tokens(agreement: float, cost_ratio: float, max_draft_len: int) -> int:
+    """K maximising the closed-form speedup (1 - a^(K+1)) / ((1 - a)(K c + 1)), for K in 1..max_draft_len."""
+    a = min(max(agreement, 0.0), 0.999)
+
+    def speedup(k: int) -> float:
+        return (1 - a ** (k + 1)) / (1 - a) / (k * cost_ratio + 1)
+
+    return max(range(1, max_draft_len + 1), key=speedup)
+
+
+def example_overrides(pair: Any, variant: str, max_draft_len: int = 6) -> dict[str, Any]:
+    """Spec values for the built-in example pair (`pair` is an ExamplePair)."""
+    k = best_num_draft_tokens(pair.info.get("agreement", 0.5), pair.info.get("cost_ratio", 0.3), max_draft_len)
+    return {
+        "name": "example" if variant == "full" else f"example-{variant}",
+        "target": {"checkpoint": str(pair.target)},
+        "draft": {"checkpoint": str(pair.draft)},
+        "speculative": {"max_draft_len": max_draft_len, "num_draft_tokens": k},
+        # The example models know 2048 positions and were trained on short windows: small limits.
+        "build": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512, "max_num_tokens": 2048},
+        "gpu": {"name": "H100-80GB"},
+    }
+
+
+def write_spec(path: str | Path, text: str, force: bool = False) -> Path:
+    """Write `text` to `path`; refuse to overwrite an existing file unless `force`."""
+    from specbuild.errors import SpecError
+
+    path = Path(path)
+    if path.exists() and not force:
+        raise SpecError(f"{path} already exists; not overwriting it. Pass --force to replace it, "
+                        "or --out to write elsewhere.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
