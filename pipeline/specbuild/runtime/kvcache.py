@@ -1,0 +1,110 @@
+"""KV caches: one per sequence with rollback, and a bounded LRU prefix cache of them.
+
+A `SequenceKV` holds the keys and values of `tokens` (positions 0..length-1) for every layer.
+Rejected draft positions are rolled back with `truncate`: only `length` moves, the stale rows
+beyond it are never read (attention reads positions <= the query's own) and are overwritten next.
+
+The `PrefixCache` serves stateless callers (the Triton BLS sends the whole sequence on every call,
+as TensorRT-LLM's KV-cache reuse expects): a call whose tokens extend, or share a prefix with, an
+earlier call's tokens takes that cache, rolls it back to the common prefix and computes only the
+rest. Entries are moved out while in use (no copies) and put back after the call; the least
+recently used are dropped when the cached tokens exceed the budget.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+_GROW = 256  # capacity grows in steps of this many positions
+
+
+class SequenceKV:
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, device: torch.device, dtype: torch.dtype):
+        self.shape = (kv_heads, head_dim)
+        self.device, self.dtype = device, dtype
+        self.tokens: list[int] = []  # [length] the tokens whose keys/values are stored
+        self.k: list[torch.Tensor] = [self._empty(0) for _ in range(num_layers)]  # each [capacity, kv_heads, head_dim]
+        self.v: list[torch.Tensor] = [self._empty(0) for _ in range(num_layers)]
+
+    def _empty(self, capacity: int) -> torch.Tensor:
+        return torch.zeros(capacity, *self.shape, device=self.device, dtype=self.dtype)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[0] if self.k else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def reserve(self, n: int) -> None:
+        """Make room for n positions (keeps the stored ones)."""
+        if n <= self.capacity:
+            return
+        capacity = -(-n // _GROW) * _GROW
+        for cache in (self.k, self.v):
+            for i, old in enumerate(cache):
+                new = self._empty(capacity)
+                new[: self.length] = old[: self.length]
+                cache[i] = new
+
+    def commit(self, tokens: list[int]) -> None:
+        """Record that the keys/values of `tokens` were written after the current length."""
+        self.tokens.extend(tokens)
+
+    def truncate(self, n: int) -> None:
+        """Roll back to the first n positions (rejected draft tokens, or a diverging prefix)."""
+        del self.tokens[n:]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class PrefixCache:
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens  # budget, in cached positions (capacity) over all entries
+        self.entries: OrderedDict[int, SequenceKV] = OrderedDict()  # id -> cache, least recently used first
+        self.hits = 0  # calls that reused at least one position
+        self.reused_tokens = 0  # positions not recomputed thanks to the cache
+
+    def take(self, tokens: list[int]) -> tuple[SequenceKV | None, int]:
+        """Remove and return the entry sharing the longest prefix with tokens, and that prefix's length."""
+        best, best_len = None, 0
+        for key, entry in self.entries.items():
+            n = common_prefix(entry.tokens, tokens)
+            if n > best_len:
+                best, best_len = key, n
+        if best is None:
+            return None, 0
+        self.hits += 1
+        self.reused_tokens += best_len
+        return self.entries.pop(best), best_len
+
+    def put(self, entry: SequenceKV) -> None:
+        if entry.length == 0 or entry.capacity > self.max_tokens:
+            return
+        self.entries[id(entry)] = entry
+        total = sum(e.capacity for e in self.entries.values())
+        while total > self.max_tokens:
+            _, dropped = self.entries.popitem(last=False)
+            total -= dropped.capacity
+
+    def clear(self) -> None:
+        self.entries.clear()

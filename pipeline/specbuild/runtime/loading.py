@@ -1,0 +1,149 @@
+"""Which weights the reference runtime runs for a spec, and loading a target/draft pair in-process.
+
+For each role: the reference engine at `<pair_dir>/<role>/engine` when its manifest says backend
+"reference" (the converted, possibly quantized-then-dequantized weights), else the Hugging Face
+checkpoint named in the spec. The choice is reported as "reference-engine" or "hf-checkpoint".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specbuild.config import Spec
+from specbuild.errors import CheckpointError
+
+REFERENCE_ENGINE = "reference-engine"
+HF_CHECKPOINT = "hf-checkpoint"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    role: str
+    path: Path  # an HF-layout folder: config.json + *.safetensors (+ tokenizer files)
+    kind: str  # REFERENCE_ENGINE | HF_CHECKPOINT
+    limits: dict[str, Any] = field(default_factory=dict)  # engine.json (reference engine) or the spec's build limits
+
+
+def _reference_engine(folder: Path) -> dict[str, Any] | None:
+    """engine.json of a finished reference engine in folder, else None."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        engine = json.loads((folder / "engine.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if manifest.get("backend") != "reference" or not (folder / "config.json").is_file():
+        return None
+    return engine if isinstance(engine, dict) else None
+
+
+def model_source(spec: Spec, role: str) -> ModelSource:
+    """The folder the runtime loads for role ("target" | "draft"), and which kind it is."""
+    engine_dir = spec.pair_dir / role / "engine"
+    engine = _reference_engine(engine_dir)
+    if engine is not None:
+        return ModelSource(role, engine_dir, REFERENCE_ENGINE, engine)
+    b, sp = spec.build, spec.speculative
+    limits = {
+        "max_batch_size": b.max_batch_size,
+        "max_input_len": b.max_input_len,
+        "max_seq_len": b.max_seq_len + (sp.max_draft_len if role == "target" else 0),
+        "max_draft_len": sp.max_draft_len if role == "target" else 0,
+    }
+    path = spec.role(role).checkpoint
+    if not (path / "config.json").is_file():
+        raise CheckpointError(
+            f"{role} checkpoint {str(path)!r} has no config.json and no reference engine exists at {engine_dir}. "
+            "Fix [" + role + "] checkpoint in the spec, or run `specbuild build` first."
+        )
+    return ModelSource(role, path, HF_CHECKPOINT, limits)
+
+
+def resolve_device(device: str | None) -> str:
+    """"auto"/None -> "cuda" when available, else "cpu"; anything else is checked."""
+    import torch
+
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise CheckpointError(f"device {device!r} asked for, but torch sees no CUDA GPU here: use --device cpu.")
+    return device
+
+
+def load_contract_model(source: ModelSource, device: str | None = None, use_cache: bool = True):
+    """A ContractModel (the tensorrt_llm contract) over the reference engine built from source."""
+    from specbuild.runtime.contract import ContractModel, Limits
+    from specbuild.runtime.engine import ReferenceEngine
+    from specbuild.runtime.model import LlamaModel
+
+    model = LlamaModel.from_folder(source.path, device=resolve_device(device))
+    limits = Limits(
+        max_batch_size=int(source.limits.get("max_batch_size", 8)),
+        max_seq_len=int(source.limits.get("max_seq_len", model.args.max_position_embeddings)),
+        max_draft_len=int(source.limits.get("max_draft_len", 0)),
+    )
+    return ContractModel(ReferenceEngine(model, use_cache=use_cache), limits)
+
+
+@dataclass
+class LocalPair:
+    """Target and draft in-process, behind the same Drafter/Verifier adapters the Triton BLS uses."""
+
+    target: ModelSource
+    draft: ModelSource
+    target_model: Any  # ContractModel
+    draft_model: Any  # ContractModel
+    drafter: Any  # ContractDrafter
+    verifier: Any  # ContractVerifier
+    tokenizer_dir: Path
+    end_id: int | None
+    max_draft_len: int
+
+    @property
+    def engine_source(self) -> str:
+        return self.target.kind
+
+
+def _eos_id(folder: Path) -> int | None:
+    for name in ("generation_config.json", "config.json"):
+        try:
+            value = json.loads((folder / name).read_text()).get("eos_token_id")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json"))
+
+
+def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True) -> LocalPair:
+    from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
+
+    target, draft = model_source(spec, "target"), model_source(spec, "draft")
+    target_model = load_contract_model(target, device, use_cache)
+    draft_model = load_contract_model(draft, device, use_cache)
+    if target_model.engine.vocab_size != draft_model.engine.vocab_size:
+        raise CheckpointError(
+            f"target vocab_size {target_model.engine.vocab_size} != draft vocab_size {draft_model.engine.vocab_size}: "
+            "run `specbuild convert` (it pads the draft's vocabulary) and `specbuild build`, then retry."
+        )
+    end_id = _eos_id(spec.target.checkpoint) if target.kind == HF_CHECKPOINT else _eos_id(target.path)
+    max_draft_len = target_model.limits.max_draft_len
+    return LocalPair(
+        target=target,
+        draft=draft,
+        target_model=target_model,
+        draft_model=draft_model,
+        drafter=ContractDrafter(draft_model, end_id=end_id, use_logits=spec.speculative.use_draft_logits),
+        verifier=ContractVerifier(target_model, max_draft_len=max_draft_len, end_id=end_id),
+        tokenizer_dir=target.path if _has_tokenizer(target.path) else spec.target.checkpoint,
+        end_id=end_id,
+        max_draft_len=max_draft_len,
+    )

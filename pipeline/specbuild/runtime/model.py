@@ -1,0 +1,267 @@
+"""A compact Llama forward pass in PyTorch, over per-sequence KV caches.
+
+The architecture follows Hugging Face `LlamaForCausalLM` (modeling_llama.py): RMSNorm, rotary
+position embeddings (rope types "default", "linear" and "llama3"), grouped-query attention, SiLU
+gated MLP, optionally tied embeddings. Weights come from an HF-layout folder (config.json +
+*.safetensors): a reference engine or the Hugging Face checkpoint itself.
+
+Batch invariance. A row's numbers never depend on which other rows share its forward pass:
+- every matmul runs on row blocks of a fixed size (`row_block`), padded with zero rows, because
+  BLAS libraries pick different kernels (different summation orders) for different row counts;
+  with a fixed shape each row's result depends on that row only;
+- attention runs per row over exactly the keys at positions <= its own, so a query sees the same
+  shapes whether it is decoded alone or verified among k + 1 draft positions.
+So the logits at a position are bit-identical whether it is computed in a prompt prefill, in
+one-token decoding, in a (k + 1)-token verification, next to other sequences, or after a KV
+rollback. That is what makes speculative greedy output equal target-only output token for token,
+and outputs identical with and without the caches (tests/test_runtime_invariance.py checks it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from specbuild.errors import CheckpointError
+from specbuild.runtime.kvcache import SequenceKV
+
+SUPPORTED = ("LlamaForCausalLM",)
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope: dict[str, Any]  # rope_scaling / rope_parameters ({} = plain rope)
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+
+def args_from_config(config: dict[str, Any], where: str) -> LlamaArgs:
+    arch = (config.get("architectures") or [None])[0]
+    if arch not in SUPPORTED:
+        raise CheckpointError(
+            f"{where}: architecture {arch!r} is not supported by the reference runtime (it runs {', '.join(SUPPORTED)}). "
+            "Use a Llama-family checkpoint, or serve this model with the TensorRT-LLM backend on a GPU."
+        )
+    if config.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{where}: hidden_act {config.get('hidden_act')!r} is not supported: expected 'silu'.")
+    rope = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise CheckpointError(
+            f"{where}: rope type {rope_type!r} is not supported by the reference runtime: use one of {', '.join(ROPE_TYPES)}."
+        )
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    return LlamaArgs(
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(config["intermediate_size"]),
+        num_layers=int(config["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rope=rope,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+    )
+
+
+def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
+    """[head_dim // 2] inverse frequencies, as transformers' rope init functions compute them."""
+    dim = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rope_type = args.rope.get("rope_type", args.rope.get("type", "default"))
+    if rope_type == "linear":
+        return inv_freq / float(args.rope["factor"])
+    if rope_type != "llama3":
+        return inv_freq
+    factor = float(args.rope["factor"])
+    low, high = float(args.rope["low_freq_factor"]), float(args.rope["high_freq_factor"])
+    old_len = float(args.rope["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(
+            f"{folder}: no *.safetensors weights. The reference runtime loads safetensors only; "
+            "re-save the model with save_pretrained(safe_serialization=True) or build a reference engine."
+        )
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        state.update(load_file(str(path)))
+    return state
+
+
+class LlamaModel:
+    """Weights plus a batched forward over rows of several sequences, each with its own KV cache."""
+
+    def __init__(
+        self,
+        args: LlamaArgs,
+        state: dict[str, torch.Tensor],
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        row_block: int | None = None,
+    ):
+        self.args, self.device, self.dtype = args, torch.device(device), dtype
+        self.row_block = row_block or (2 if self.device.type == "cpu" else 16)
+
+        def get(name: str) -> torch.Tensor:
+            if name not in state:
+                raise CheckpointError(f"weight {name!r} is missing from the checkpoint: it is not a complete Llama model.")
+            return state[name].to(device=self.device, dtype=dtype).contiguous()
+
+        def maybe(name: str) -> torch.Tensor | None:
+            return get(name) if name in state else None
+
+        self.embed = get("model.embed_tokens.weight")  # [vocab, hidden]
+        if self.embed.shape != (args.vocab_size, args.hidden_size):
+            raise CheckpointError(
+                f"model.embed_tokens.weight has shape {tuple(self.embed.shape)}, config.json says "
+                f"[{args.vocab_size}, {args.hidden_size}]: the weights and config.json disagree."
+            )
+        self.layers = []
+        for i in range(args.num_layers):
+            p = f"model.layers.{i}."
+            qkv = [get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            biases = [maybe(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+            self.layers.append({
+                "attn_norm": get(p + "input_layernorm.weight"),
+                "qkv": torch.cat(qkv).contiguous(),  # [(heads + 2 kv_heads) * head_dim, hidden]
+                "qkv_bias": torch.cat(biases) if all(b is not None for b in biases) else None,
+                "o": get(p + "self_attn.o_proj.weight"),
+                "mlp_norm": get(p + "post_attention_layernorm.weight"),
+                "gate_up": torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]).contiguous(),
+                "down": get(p + "mlp.down_proj.weight"),
+            })
+        self.norm = get("model.norm.weight")
+        lm_head = maybe("lm_head.weight")
+        self.lm_head = self.embed if args.tie_word_embeddings or lm_head is None else lm_head  # [vocab, hidden]
+        self.inv_freq = rope_inv_freq(args).to(self.device)  # [head_dim // 2], float32
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, device: str = "cpu", row_block: int | None = None) -> LlamaModel:
+        folder = Path(folder)
+        config_path = folder / "config.json"
+        if not config_path.is_file():
+            raise CheckpointError(f"{folder} has no config.json: point at a Hugging Face model folder or a reference engine.")
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"{config_path} is unreadable ({err}). Re-save the model.") from None
+        return cls(args_from_config(config, str(folder)), _load_state_dict(folder), device=device, row_block=row_block)
+
+    def new_cache(self) -> SequenceKV:
+        a = self.args
+        return SequenceKV(a.num_layers, a.num_kv_heads, a.head_dim, self.device, self.dtype)
+
+    # -- dense parts, always on [row_block, hidden] blocks ------------------------------------
+
+    def _blocks(self, fn, *xs: torch.Tensor) -> torch.Tensor:
+        """fn applied to fixed-size row blocks of xs: each [rows, ...], rows a multiple of row_block."""
+        return torch.cat([fn(*blocks) for blocks in zip(*(x.split(self.row_block) for x in xs))])
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # x: [rows, hidden]
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.args.rms_norm_eps)
+        return weight * h.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [rows, heads, head_dim]; cos, sin: [rows, 1, head_dim]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(self, batch: list[tuple[SequenceKV, list[int]]], want: list[int]) -> list[torch.Tensor]:
+        """Append tokens to each sequence's cache and return logits for the last want[i] of them.
+
+        batch: (cache, new tokens) per sequence; the new tokens sit at positions cache.length...
+        Returns one float32 tensor [want[i], vocab] per sequence.
+        """
+        a, block = self.args, self.row_block
+        ids, pos, spans = [], [], []
+        for cache, tokens in batch:
+            start = cache.length
+            spans.append((len(ids), start, len(tokens)))
+            ids.extend(tokens)
+            pos.extend(range(start, start + len(tokens)))
+            cache.reserve(start + len(tokens))
+        rows = len(ids)
+        padded = -(-rows // block) * block
+        ids_t = torch.tensor(ids + [0] * (padded - rows), device=self.device)
+        pos_t = torch.tensor(pos + [0] * (padded - rows), device=self.device, dtype=torch.float32)
+        freqs = pos_t[:, None] * self.inv_freq[None, :]  # [padded, head_dim // 2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+
+        x = self.embed[ids_t]  # [padded, hidden]
+        nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        scale = a.head_dim**-0.5
+        for li, layer in enumerate(self.layers):
+            qkv = self._blocks(
+                lambda b: F.linear(self._rms_norm(b, layer["attn_norm"]), layer["qkv"], layer["qkv_bias"]), x
+            )
+            q = self._rope(qkv[:, :nq].view(padded, a.num_heads, a.head_dim), cos, sin)
+            k = self._rope(qkv[:, nq : nq + nkv].view(padded, a.num_kv_heads, a.head_dim), cos, sin)
+            v = qkv[:, nq + nkv :].view(padded, a.num_kv_heads, a.head_dim)
+            attn = torch.zeros(padded, nq, device=self.device, dtype=self.dtype)
+            for (cache, _), (row0, start, n) in zip(batch, spans):
+                cache.k[li][start : start + n] = k[row0 : row0 + n]
+                cache.v[li][start : start + n] = v[row0 : row0 + n]
+                for i in range(n):
+                    keys = cache.k[li][: start + i + 1].transpose(0, 1)[None]  # [1, kv_heads, len, head_dim]
+                    values = cache.v[li][: start + i + 1].transpose(0, 1)[None]
+                    out = F.scaled_dot_product_attention(
+                        q[row0 + i][None, :, None, :], keys, values, scale=scale, enable_gqa=True
+                    )  # [1, heads, 1, head_dim]
+                    attn[row0 + i] = out.reshape(nq)
+            x = self._blocks(lambda xb, ab: self._post_attention(layer, xb, ab), x, attn)
+        for cache, tokens in batch:
+            cache.commit(tokens)
+
+        picks = [row0 + n - w + j for (row0, _, n), w in zip(spans, want) for j in range(w)]
+        if not picks:
+            return [torch.empty(0, a.vocab_size) for _ in batch]
+        h = x[torch.tensor(picks, device=self.device)]
+        h = torch.cat([h, h.new_zeros(-(-len(picks) // block) * block - len(picks), a.hidden_size)])
+        logits = self._blocks(lambda b: F.linear(self._rms_norm(b, self.norm), self.lm_head), h).float().cpu()
+        out, at = [], 0
+        for w in want:
+            out.append(logits[at : at + w])
+            at += w
+        return out
+
+    def _post_attention(self, layer: dict[str, torch.Tensor], x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        # x: [row_block, hidden] the residual stream; attn: [row_block, heads * head_dim]
+        x = x + F.linear(attn, layer["o"])
+        gate, up = F.linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"]).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, layer["down"])

@@ -1,0 +1,139 @@
+"""Drafter and Verifier over the `tensorrt_llm` tensor contract (trtllm-facts.md section 2.4).
+
+Both build one request dict of numpy arrays per call and hand it to `call(request) -> response`.
+In-process, `call` is the reference runtime's `ContractModel`; inside the Triton BLS model it is a
+BLS InferenceRequest to `tensorrt_llm_draft` / `tensorrt_llm`. So the local and the served paths
+drive the draft/verify loop through the same code. numpy only: no torch, no Triton imports.
+
+Conventions of the contract that these adapters rely on (TensorRT-LLM's):
+- output_ids [1, len] includes the prompt (exclude_input_in_output = false); sequence_length [1].
+- Generation stops at end_id, and end_id is not in output_ids / sequence_length. A verification
+  that returns only accepted draft tokens (no extra token) therefore stopped at end_id, and the
+  Verifier reports end_id as its one extra token, which is what the loop expects.
+- Draft logits travel raw (the target applies temperature / top-k / top-p itself).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from specbuild.errors import GenerationError
+from specbuild.speculative.interfaces import Draft, SamplingParams, Verification
+from specbuild.speculative.sampling import process_logits
+
+__all__ = ["ContractDraft", "ContractDrafter", "ContractVerifier", "sampling_inputs"]
+
+Call = Callable[[dict[str, np.ndarray]], dict[str, Any]]
+
+
+@dataclass
+class ContractDraft(Draft):
+    logits: np.ndarray | None = None  # [k, vocab] the drafter's raw logits, sent on as draft_logits
+
+
+def sampling_inputs(sampling: SamplingParams) -> dict[str, np.ndarray]:
+    """The contract's sampling tensors for one request."""
+    inputs = {
+        "temperature": np.array([sampling.temperature], np.float32),
+        "runtime_top_k": np.array([sampling.top_k], np.int32),
+        "runtime_top_p": np.array([sampling.top_p], np.float32),
+    }
+    if sampling.seed is not None:
+        inputs["seed"] = np.array([sampling.seed], np.uint64)
+    return inputs
+
+
+def _base_request(tokens: list[int], output_len: int, end_id: int | None, pad_id: int | None,
+                  sampling: SamplingParams) -> dict[str, np.ndarray]:
+    request = {
+        "input_ids": np.asarray(tokens, dtype=np.int32),
+        "input_lengths": np.array([len(tokens)], np.int32),
+        "request_output_len": np.array([output_len], np.int32),
+        **sampling_inputs(sampling),
+    }
+    if end_id is not None:
+        request["end_id"] = np.array([end_id], np.int32)
+    if pad_id is not None:
+        request["pad_id"] = np.array([pad_id], np.int32)
+    return request
+
+
+def _new_tokens(response: dict[str, Any], prompt_len: int, who: str) -> list[int]:
+    try:
+        ids = np.asarray(response["output_ids"]).reshape(-1)
+        length = int(np.asarray(response["sequence_length"]).reshape(-1)[0])
+    except (KeyError, IndexError, TypeError, ValueError) as err:
+        raise GenerationError(f"the {who} model's response lacks usable output_ids / sequence_length ({err}).") from None
+    if length < prompt_len or length > ids.size:
+        raise GenerationError(
+            f"the {who} model returned sequence_length = {length} for a {prompt_len}-token input and {ids.size} "
+            "output ids: it must return the input followed by the new tokens (exclude_input_in_output = false)."
+        )
+    return [int(t) for t in ids[prompt_len:length]]
+
+
+class ContractDrafter:
+    """Drafter: asks the draft model to decode k tokens; with use_logits it also returns q."""
+
+    def __init__(self, call: Call, end_id: int | None = None, pad_id: int | None = None, use_logits: bool = True):
+        self.call, self.end_id, self.pad_id, self.use_logits = call, end_id, pad_id, use_logits
+
+    def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft:
+        t0 = time.perf_counter()
+        want_logits = self.use_logits and not sampling.greedy
+        request = _base_request(tokens, k, self.end_id, self.pad_id, sampling)
+        request["return_generation_logits"] = np.array([want_logits])
+        response = self.call(request)
+        new = _new_tokens(response, len(tokens), "draft")[:k]
+        logits = probs = None
+        if want_logits and new:
+            logits = np.asarray(response["generation_logits"], dtype=np.float32).reshape(-1, np.shape(
+                response["generation_logits"])[-1])[-len(new):]  # [k, vocab]
+            probs = process_logits(logits, sampling)
+        return ContractDraft(tokens=new, probs=probs, seconds=time.perf_counter() - t0, logits=logits)
+
+
+class ContractVerifier:
+    """Verifier: asks the target model to check a draft (draft_input_ids [+ draft_logits])."""
+
+    def __init__(self, call: Call, max_draft_len: int, end_id: int | None = None, pad_id: int | None = None):
+        self.call, self.max_draft_len, self.end_id, self.pad_id = call, max_draft_len, end_id, pad_id
+
+    def verify(self, tokens: list[int], draft: Draft, sampling: SamplingParams) -> Verification:
+        t0 = time.perf_counter()
+        k = len(draft.tokens)
+        request = _base_request(tokens, k + 1, self.end_id, self.pad_id, sampling)
+        if k:
+            request["draft_input_ids"] = np.asarray(draft.tokens, dtype=np.int32)
+            logits = getattr(draft, "logits", None)
+            if logits is not None and not sampling.greedy:
+                request["draft_logits"] = np.asarray(logits, dtype=np.float32)[:k]
+        new = _new_tokens(self.call(request), len(tokens), "target")
+        if self.end_id is not None and self.end_id in new:
+            new = new[: new.index(self.end_id) + 1]  # a model that keeps end_id in its output
+        matched = 0
+        while matched < min(k, len(new)) and new[matched] == draft.tokens[matched]:
+            matched += 1
+        if new and new[-1] == self.end_id:
+            accepted, out = len(new) - 1, new
+        elif len(new) == matched and len(new) <= k:
+            # Only accepted tokens came back: the target stopped on end_id, which it leaves out.
+            if self.end_id is None:
+                raise GenerationError(
+                    f"the target returned {len(new)} token(s) for a {k}-token draft and no extra token, but no "
+                    "end_id is known: pass end_id to ContractVerifier."
+                )
+            accepted, out = len(new), new + [self.end_id]
+        else:
+            accepted, out = len(new) - 1, new
+        if len(out) != accepted + 1 or out[:accepted] != list(draft.tokens[:accepted]):
+            raise GenerationError(
+                f"the target returned new tokens {new} for draft {list(draft.tokens)}: expected the accepted draft "
+                "prefix plus one token (TensorRT-LLM draft_tokens_external semantics)."
+            )
+        return Verification(accepted=accepted, tokens=out, seconds=time.perf_counter() - t0)
