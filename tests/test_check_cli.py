@@ -1,0 +1,210 @@
+"""`specbuild check`: exit codes, the --json document, and a clear error for every bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from check_fixtures import make_pair, words, write_checkpoint, write_spec
+from specbuild.cli import main
+
+
+def check(*args: str):
+    return CliRunner().invoke(main, ["check", *args])
+
+
+def check_json(spec_path, *args: str):
+    result = check("-c", str(spec_path), "--json", *args)
+    return result, (json.loads(result.stdout) if result.stdout.strip() else None)
+
+
+def test_identical_pair_is_ok(tmp_path):
+    result, doc = check_json(make_pair(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert doc["ok"] is True and doc["problems"] == []
+    assert list(doc) == ["ok", "pair", "models", "tokenizer", "vocab", "memory", "problems", "warnings"]
+    assert doc["tokenizer"]["identical"] is True
+    assert doc["vocab"] == {"tokenizer_size": 1000, "target_rows": 1000, "draft_rows": 1000, "padded_vocab_size": 1000,
+                            "pad_rows": {"target": 0, "draft": 0}, "will_pad": False}
+    memory = doc["memory"]
+    assert memory["fits"] and memory["max_batch_at_max_seq_len"] >= 2
+    assert 0 < memory["target"]["kv_cache_free_gpu_mem_fraction"] <= 0.95
+    assert memory["target"]["kv_bytes_per_token"] == 2 * 1 * 2 * 8 * 2  # layers 1, kv heads 2, head_dim 8, fp16
+
+
+def test_human_output(tmp_path):
+    result = check("-c", str(make_pair(tmp_path)))
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == "pair       tiny"
+    assert lines[3] == "tokenizer  identical (1000 tokens; bos 1, eos 2, unk 0)"
+    assert lines[-1] == "OK: the pair is usable."
+
+
+def test_different_tokenizers_exit_1_naming_the_first_token(tmp_path):
+    tokens = words(1000)
+    tokens[421] = "zebra"
+    result, doc = check_json(make_pair(tmp_path, draft_tokens=tokens))
+    assert result.exit_code == 1
+    assert doc["ok"] is False
+    [problem] = doc["problems"]
+    assert problem["code"] == "tokenizer_mismatch"
+    assert "first differing token: id 421 is 'w421' in the target and 'zebra' in the draft" in problem["message"]
+    assert doc["tokenizer"]["first_difference"] == {"id": 421, "target": "w421", "draft": "zebra"}
+    human = check("-c", str(tmp_path / "specbuild.toml"))
+    assert human.exit_code == 1
+    assert "tokenizer  DIFFERENT: first at id 421 ('w421' vs 'zebra')" in human.stdout
+    assert human.stdout.splitlines()[-1] == "NOT OK: 1 problem(s)."
+
+
+def test_padded_vocab_pair_reports_padding(tmp_path):
+    result, doc = check_json(make_pair(tmp_path, target_rows=1024, draft_rows=1000))
+    assert result.exit_code == 0, result.output
+    assert doc["vocab"]["padded_vocab_size"] == 1024
+    assert doc["vocab"]["pad_rows"] == {"target": 0, "draft": 24}
+    [warning] = [w for w in doc["warnings"] if w["code"] == "vocab_padding"]
+    assert "the draft's embedding and lm_head will be padded to 1024 rows at convert time" in warning["message"]
+    human = check("-c", str(tmp_path / "specbuild.toml"))
+    assert "-> draft padded to 1024 at convert time" in human.stdout
+
+
+def test_embedding_smaller_than_tokenizer_is_a_problem(tmp_path):
+    target = write_checkpoint(tmp_path / "target", 1000)
+    draft = write_checkpoint(tmp_path / "draft", 900, tokens=words(1000))
+    result, doc = check_json(write_spec(tmp_path / "s.toml", target, draft))
+    assert result.exit_code == 1
+    assert [p["code"] for p in doc["problems"]] == ["embedding_smaller_than_tokenizer"]
+    assert "the draft model has 900 embedding rows but the tokenizer has ids up to 999" in doc["problems"][0]["message"]
+
+
+def test_pickle_only_checkpoint_refused_then_allowed(tmp_path):
+    target = write_checkpoint(tmp_path / "target", 1000)
+    draft = write_checkpoint(tmp_path / "draft", 1000, weights="pickle")
+    spec = write_spec(tmp_path / "s.toml", target, draft)
+    result = check("-c", str(spec))
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: draft checkpoint '{draft}' has only pickle weights (pytorch_model.bin)")
+    assert "--allow-pickle" in result.stderr and "Traceback" not in result.output
+    allowed, doc = check_json(spec, "--allow-pickle")
+    assert allowed.exit_code == 0
+    assert "pickle_weights" in [w["code"] for w in doc["warnings"]]
+
+
+def test_missing_checkpoint_dir(tmp_path):
+    target = write_checkpoint(tmp_path / "target", 1000)
+    result = check("-c", str(write_spec(tmp_path / "s.toml", target, tmp_path / "gone")))
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: draft checkpoint '{tmp_path / 'gone'}' does not exist. "
+                             "Fix draft.checkpoint in the spec, or download the model there.\n")
+
+
+def test_checkpoint_without_tokenizer_is_a_problem_not_a_crash(tmp_path):
+    spec = make_pair(tmp_path)
+    (tmp_path / "draft" / "tokenizer.json").unlink()
+    (tmp_path / "draft" / "tokenizer_config.json").unlink()
+    result, doc = check_json(spec)
+    assert result.exit_code == 1
+    assert doc["problems"][0]["code"] == "tokenizer_unreadable"
+    assert doc["tokenizer"]["identical"] is None
+
+
+def test_unknown_architecture(tmp_path):
+    target = write_checkpoint(tmp_path / "target", 1000, architectures=["MambaForCausalLM"])
+    draft = write_checkpoint(tmp_path / "draft", 1000)
+    result, doc = check_json(write_spec(tmp_path / "s.toml", target, draft))
+    assert result.exit_code == 1
+    [problem] = doc["problems"]
+    assert problem["code"] == "unsupported_architecture"
+    assert problem["message"] == ("target architecture 'MambaForCausalLM' is not supported by the TensorRT-LLM "
+                                  "checkpoint export.")
+    assert "LlamaForCausalLM" in problem["fix"]
+
+
+def test_unverified_architecture_is_a_warning(tmp_path):
+    target = write_checkpoint(tmp_path / "target", 1000, architectures=["MistralForCausalLM"], model_type="mistral")
+    draft = write_checkpoint(tmp_path / "draft", 1000)
+    result, doc = check_json(write_spec(tmp_path / "s.toml", target, draft))
+    assert result.exit_code == 0
+    assert "architecture_unverified" in [w["code"] for w in doc["warnings"]]
+
+
+def test_max_seq_len_above_position_limit(tmp_path):
+    target = write_checkpoint(tmp_path / "target", 1000)
+    draft = write_checkpoint(tmp_path / "draft", 1000, max_position_embeddings=200)
+    result, doc = check_json(write_spec(tmp_path / "s.toml", target, draft))
+    assert result.exit_code == 1
+    [problem] = doc["problems"]
+    assert problem["code"] == "max_seq_len_above_position_limit"
+    assert problem["message"].startswith("build.max_seq_len = 256 exceeds the draft model's position limit of 200")
+    assert problem["fix"] == "Set build.max_seq_len <= 200."
+
+
+def test_draft_tokens_past_the_target_position_limit_warn(tmp_path):
+    target = write_checkpoint(tmp_path / "target", 1000, max_position_embeddings=258)
+    draft = write_checkpoint(tmp_path / "draft", 1000)
+    result, doc = check_json(write_spec(tmp_path / "s.toml", target, draft))
+    assert result.exit_code == 0
+    assert "draft_tokens_beyond_position_limit" in [w["code"] for w in doc["warnings"]]
+
+
+def test_does_not_fit_exits_1_with_the_arithmetic(tmp_path):
+    spec = make_pair(tmp_path, gpu='name = "tiny-card"\nmemory_gib = 1.5')
+    result, doc = check_json(spec)
+    assert result.exit_code == 1
+    assert doc["memory"]["fits"] is False
+    [problem] = [p for p in doc["problems"] if p["code"] == "does_not_fit"]
+    assert problem["message"].startswith("does not fit: on tiny-card (1.5 GiB per GPU, tp_size 1)")
+    assert problem["fix"].startswith("Use a larger GPU")  # two engines' runtime alone exceed 1.5 GiB
+
+
+@pytest.mark.parametrize(
+    "section, line, message",
+    [
+        ("target", 'quantisation = "fp8"', '[target]: unknown key \'quantisation\'. Did you mean "quantization"?'),
+        ("target", 'quantization = "fp9"', "target.quantization = 'fp9' is not supported. Did you mean \"fp8\"?"),
+        ("gpu", 'name = "H100"', "gpu.name = 'H100' is not supported."),
+        ("build", "max_seq_len = 0", "build.max_seq_len = 0: must be >= 1."),
+        ("build", "max_batch_size = -4", "build.max_batch_size = -4: must be >= 1."),
+        ("speculative", "max_draft_len = 0", "speculative.max_draft_len = 0: must be >= 1."),
+    ],
+)
+def test_bad_spec_values_exit_1_with_the_fix(tmp_path, section, line, message):
+    spec = make_pair(tmp_path)
+    key = line.split(" = ")[0]
+    text = re.sub(rf"^{key} = .*\n", "", spec.read_text(), flags=re.M)  # the fixture's own value, if any
+    header = f"[{section}]\n"
+    text = text.replace(header, header + line + "\n") if header in text else text + header + line + "\n"
+    spec.write_text(text)
+    result = check("-c", str(spec))
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: " + message), result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_missing_spec_file(tmp_path):
+    result = check("-c", str(tmp_path / "nope.toml"))
+    assert result.exit_code == 1
+    assert "not found. Create one with `specbuild init`" in result.stderr
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert check("--bogus").exit_code == 2
+    assert check("-c").exit_code == 2
+
+
+def test_help_lists_the_flags():
+    result = check("--help")
+    assert result.exit_code == 0
+    for flag in ("--config", "--json", "--allow-pickle"):
+        assert flag in result.stdout
+
+
+def test_example_pair_is_ok(tiny_spec_path):
+    result, doc = check_json(tiny_spec_path)
+    assert result.exit_code == 0, result.output
+    assert doc["ok"] is True
+    assert doc["tokenizer"]["identical"] is True
+    assert doc["memory"]["fits"] is True
