@@ -6,7 +6,10 @@ Layout of a reference engine folder (what the reference runtime and the CPU Trit
     model.safetensors    Hugging Face tensor names (model.layers.N.self_attn.q_proj.weight, ...),
                          DEQUANTIZED to float32 whatever the checkpoint's quantization
     engine.json          the limits a trtllm-build engine would have (target: max_seq_len + K), the
-                         quant_algo the weights came from, vocab_size
+                         quant_algo the weights came from, vocab_size, the loader's notes
+    activation_quant.json / .safetensors
+                         only for FP8 / INT8 activation quantization (fp8, int8_sq, w4a8_awq): the static
+                         input scales per module, which the runtime may apply (convert.loader.to_hf_model)
     tokenizer files      copied from the Hugging Face checkpoint, so the folder is self-contained
     manifest.json        inputs' hashes, tool versions, smoke-test result
 
@@ -67,17 +70,47 @@ def engine_json(plan: RolePlan, vocab_size: int) -> dict[str, Any]:
     }
 
 
-def _config_dict(hf_config: Any) -> dict[str, Any]:
-    if hasattr(hf_config, "to_dict"):
-        data = hf_config.to_dict()
-    elif isinstance(hf_config, dict):
-        data = dict(hf_config)
-    else:
-        raise BuildError(f"the checkpoint loader returned an unusable hf_config ({type(hf_config).__name__}).")
-    data["torch_dtype"] = "float32"
-    data.pop("dtype", None)  # transformers 5 names it dtype; keep one spelling
-    data["dtype"] = "float32"
-    return data
+def write_config(hf_config: dict[str, Any], hf_dir: Path, folder: Path) -> dict[str, Any]:
+    """The HF config.json: the loader's LlamaConfig arguments, the special token ids of the original model, float32."""
+    from transformers import AutoConfig
+
+    data = dict(hf_config)
+    original = hf_dir / "config.json"
+    if original.is_file():
+        try:
+            source = json.loads(original.read_text())
+        except (OSError, json.JSONDecodeError):
+            source = {}
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if source.get(key) is not None:
+                data[key] = source[key]
+    model_type = data.pop("model_type", "llama")
+    config = AutoConfig.for_model(model_type, **data)
+    config.dtype = "float32"
+    config.save_pretrained(str(folder))
+    return config.to_dict()
+
+
+def write_activation_quant(activation_quant: dict[str, Any], folder: Path) -> str | None:
+    """Static input quantization (FP8 / INT8 activations) is not a weight property: kept beside the weights.
+
+    activation_quant.json: {HF module name: {"kind": "fp8"|"int8", "scale": float, "pre_quant_scale": bool}};
+    activation_quant.safetensors: the pre_quant_scale vectors [in_features], by module name.
+    """
+    from safetensors.torch import save_file
+
+    active = {name: act for name, act in activation_quant.items() if act.kind != "none"}
+    if not active:
+        return None
+    write_json(folder / "activation_quant.json", {
+        name: {"kind": act.kind, "scale": act.scale, "pre_quant_scale": act.pre_quant_scale is not None}
+        for name, act in sorted(active.items())
+    })
+    scales = {name: act.pre_quant_scale.float().contiguous() for name, act in active.items()
+              if act.pre_quant_scale is not None}
+    if scales:
+        save_file(scales, str(folder / "activation_quant.safetensors"), metadata={"format": "pt"})
+    return "activation_quant.json"
 
 
 def write_weights(state_dict: dict[str, Any], path: Path) -> int:
@@ -135,16 +168,20 @@ def build_reference_role(plan: RolePlan, pair: str, hf_dir: Path, force: bool = 
             log(f"{plan.role}: reference engine up to date ({plan.engine_dir}), skipped. Use --force to rebuild.")
             return {"role": plan.role, "status": "skipped", "engine_dir": str(plan.engine_dir),
                     "manifest": out.existing_manifest()}
+        import torch
+
         from specbuild.convert.loader import load_trtllm_checkpoint
 
         log(f"{plan.role}: loading the TensorRT-LLM checkpoint {plan.checkpoint_dir}")
-        loaded = load_trtllm_checkpoint(plan.checkpoint_dir)
-        config = _config_dict(loaded.hf_config)
+        loaded = load_trtllm_checkpoint(plan.checkpoint_dir, dtype=torch.float32)
+        config = write_config(loaded.hf_config, hf_dir, out.tmp)
         vocab_size = int(config["vocab_size"])
-        (out.tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         n_params = write_weights(loaded.state_dict, out.tmp / "model.safetensors")
+        act_file = write_activation_quant(loaded.activation_quant, out.tmp)
+        notes = list(loaded.notes)
         del loaded
-        write_json(out.tmp / "engine.json", engine_json(plan, vocab_size))
+        write_json(out.tmp / "engine.json", {**engine_json(plan, vocab_size), "activation_quant": act_file,
+                                             "notes": notes})
         for path in tokenizer:
             shutil.copyfile(path, out.tmp / path.name)
         log(f"{plan.role}: smoke test (one forward pass over {SMOKE_TOKENS} tokens)")
