@@ -181,8 +181,10 @@ def _section(name: str, cls: type, raw: Any, base_dir: Path) -> Any:
         if key not in fields:
             raise _unknown_key(f"[{name}]", key, list(fields))
         coerced = _coerce(f"{name}.{key}", value, str(fields[key].type))
-        if isinstance(coerced, Path) and not coerced.is_absolute():
-            coerced = (base_dir / coerced).resolve()
+        if isinstance(coerced, Path):
+            coerced = coerced.expanduser()  # "~/models/x" means the home folder, not <spec dir>/~
+            if not coerced.is_absolute():
+                coerced = (base_dir / coerced).resolve()
         values[key] = coerced
     missing = [
         f.name
@@ -196,8 +198,10 @@ def _section(name: str, cls: type, raw: Any, base_dir: Path) -> Any:
 
 def _choice(where: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
     if value not in choices:
-        close = difflib.get_close_matches(value, list(choices), n=1)
-        hint = f' Did you mean "{close[0]}"?' if close else ""
+        lowered = value.lower()  # "h100-80gb" or "H100" first match by case and prefix, then by spelling
+        close = ([c for c in choices if c.lower() == lowered] or [c for c in choices if c.lower().startswith(lowered)]
+                 or difflib.get_close_matches(value, list(choices), n=1))
+        hint = " Did you mean " + " or ".join(f'"{c}"' for c in close[:2]) + "?" if close else ""
         raise SpecError(f"{where} = {value!r} is not supported.{hint} Choose one of: {', '.join(choices)}.")
 
 
@@ -270,7 +274,7 @@ def spec_from_dict(raw: dict[str, Any], base_dir: Path, path: Path | None = None
     name = raw.get("name", "pair")
     if not isinstance(name, str) or not name:
         raise SpecError(f"name = {name!r}: expected a non-empty string.")
-    output_dir = _coerce("output_dir", raw.get("output_dir", "engines"), "Path")
+    output_dir = _coerce("output_dir", raw.get("output_dir", "engines"), "Path").expanduser()
     if not output_dir.is_absolute():
         output_dir = (base_dir / output_dir).resolve()
     return validate(Spec(name=name, output_dir=output_dir, path=path, **sections))
@@ -278,6 +282,10 @@ def spec_from_dict(raw: dict[str, Any], base_dir: Path, path: Path | None = None
 
 def load_spec(path: str | Path) -> Spec:
     path = Path(path)
+    if path.is_dir():
+        raise SpecError(
+            f"spec file {str(path)!r} is a folder. Pass the spec file itself, e.g. -c {path / 'specbuild.toml'}."
+        )
     if not path.is_file():
         raise SpecError(f"spec file {str(path)!r} not found. Create one with `specbuild init` (or `init --example`).")
     try:
