@@ -14,7 +14,8 @@ acceptance is alpha ~ c; the controller falls back to K = 0 below it and probes 
 alpha is estimated from what verification reveals: a step with k drafted and a accepted shows
 a successes in a + 1 trials (a < k) or k successes in k trials (a = k); positions after the first
 rejection are never tested. Successes and trials are exponentially weighted (factor `decay` per
-step) and start from a prior of `prior_weight` trials at `prior_alpha`.
+step) and start from a prior of `prior_weight` trials at `prior_alpha`. Until the first draft
+has been verified the controller uses the requested K as given.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class AdaptiveK:
     k_max: int  # the request's K, already clamped to the engine's max_draft_len
     cost_ratio: float | None = None  # fixed c (e.g. from `check --measure`); None = measure from step timings
     decay: float = 0.9  # weight kept by the past at each step (memory ~ 1 / (1 - decay) steps)
-    prior_alpha: float = 0.8  # optimistic start: speculate at full K until measurements say otherwise
+    prior_alpha: float = 0.8  # optimistic prior, so a few early rejections do not stop speculation
     prior_weight: float = 4.0  # the prior counts as this many trials
     probe_every: int = 8  # plain steps between K = 1 probes
     _successes: float = field(init=False, repr=False)
@@ -63,6 +64,7 @@ class AdaptiveK:
     _draft_per_token: float | None = field(default=None, init=False, repr=False)
     _target_per_step: float | None = field(default=None, init=False, repr=False)
     _plain_streak: int = field(default=0, init=False, repr=False)
+    _observed: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.k_max < 0:
@@ -88,6 +90,8 @@ class AdaptiveK:
 
     def choose(self) -> int:
         """K for the next step (0 = plain decoding, 1 = a probe after a long plain streak)."""
+        if not self._observed:
+            return self.k_max
         k, _ = best_k(self.alpha, self.c, self.k_max)
         if k == 0 and self.k_max > 0 and self._plain_streak >= self.probe_every:
             return 1
@@ -100,6 +104,7 @@ class AdaptiveK:
             self._successes = self.decay * self._successes + accepted
             self._trials = self.decay * self._trials + trials
             self._plain_streak = 0
+            self._observed = True
             if draft_seconds > 0:
                 self._draft_per_token = self._ewma(self._draft_per_token, draft_seconds / k)
         else:

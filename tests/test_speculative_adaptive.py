@@ -1,0 +1,109 @@
+"""The closed-form speedup model and the adaptive K controller."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specbuild.speculative.adaptive import AdaptiveK, best_k, expected_tokens_per_step, predicted_speedup
+from specbuild.speculative.loop import GenerationRequest, generate
+from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.6, 0.9])
+@pytest.mark.parametrize("k", [0, 1, 3, 6])
+def test_expected_tokens_matches_a_simulation_of_iid_acceptance(alpha, k):
+    rng = np.random.default_rng(0)
+    n = 200_000
+    accepted_each = rng.random((n, k)) < alpha  # [n, k]
+    accepted = np.cumprod(accepted_each, axis=1).sum(axis=1) if k else np.zeros(n)
+    simulated = (accepted + 1).mean()
+    assert expected_tokens_per_step(alpha, k) == pytest.approx(simulated, abs=5 * np.sqrt(k + 1) / np.sqrt(n) * k + 1e-9)
+
+
+def test_closed_form_edges():
+    assert expected_tokens_per_step(1.0, 4) == 5.0
+    assert expected_tokens_per_step(0.0, 4) == 1.0
+    assert expected_tokens_per_step(0.5, 0) == 1.0
+    assert predicted_speedup(0.8, 4, 0.0) == pytest.approx(expected_tokens_per_step(0.8, 4))
+    assert predicted_speedup(0.8, 4, 0.1) == pytest.approx(expected_tokens_per_step(0.8, 4) / 1.4)
+    with pytest.raises(ValueError):
+        expected_tokens_per_step(1.2, 2)
+    with pytest.raises(ValueError):
+        predicted_speedup(0.5, 2, -0.1)
+
+
+@pytest.mark.parametrize("c", [0.05, 0.2, 0.5])
+def test_break_even_acceptance_is_about_c(c):
+    assert best_k(c - 0.02, c, 8)[0] == 0
+    k, speedup = best_k(c + 0.02, c, 8)
+    assert k >= 1 and speedup > 1.0
+
+
+def test_best_k_is_the_argmax_and_grows_with_alpha():
+    for alpha in (0.5, 0.7, 0.9):
+        k, s = best_k(alpha, 0.1, 8)
+        assert s == pytest.approx(max(predicted_speedup(alpha, j, 0.1) for j in range(9)))
+    assert best_k(0.5, 0.1, 8)[0] < best_k(0.9, 0.1, 8)[0]
+    assert best_k(1.0, 0.0, 5)[0] == 5
+
+
+def test_controller_falls_back_probes_and_recovers():
+    ctl = AdaptiveK(k_max=4, cost_ratio=0.3, probe_every=8)
+    assert ctl.choose() == 4  # optimistic prior
+    for _ in range(30):
+        k = ctl.choose()
+        ctl.update(k, 0)
+    assert ctl.alpha < 0.3  # below the break-even alpha ~ c
+    ks = []
+    for _ in range(40):  # the drafter keeps failing: plain steps, a K = 1 probe every 9th step
+        k = ctl.choose()
+        ks.append(k)
+        ctl.update(k, 0)
+    probes = [i for i, k in enumerate(ks) if k]
+    assert set(ks) == {0, 1} and len(probes) >= 4
+    assert set(np.diff(probes)) == {9}  # 8 plain steps, then one probe
+    for _ in range(60):  # the drafter becomes perfect: probes succeed and K climbs back
+        k = ctl.choose()
+        ctl.update(k, k)
+    assert ctl.choose() == 4 and ctl.alpha > 0.95
+
+
+def test_controller_measures_the_cost_ratio():
+    ctl = AdaptiveK(k_max=4)
+    assert ctl.c == 0.0
+    for _ in range(20):
+        ctl.update(4, 3, draft_seconds=4 * 0.01, target_seconds=0.1)
+    assert ctl.c == pytest.approx(0.1)
+    expensive = AdaptiveK(k_max=4)
+    for _ in range(20):
+        expensive.update(2, 2, draft_seconds=2 * 0.3, target_seconds=0.1)  # a draft token costs 3 target steps
+    assert expensive.alpha > 0.9 and expensive.choose() == 0
+
+
+def test_controller_rejects_bad_settings():
+    with pytest.raises(ValueError):
+        AdaptiveK(k_max=-1)
+    with pytest.raises(ValueError):
+        AdaptiveK(k_max=2, decay=1.0)
+
+
+def loop_ks(drafter_table, target, max_tokens=150):
+    request = GenerationRequest(max_tokens=max_tokens, num_draft_tokens=4, adaptive=True, cost_ratio=0.3)
+    steps = list(generate([1, 2], ToyDrafter(NGramModel(drafter_table)), ToyVerifier(target), request))
+    assert sum(len(s.tokens) for s in steps) == max_tokens
+    return [s.k for s in steps]
+
+
+def test_loop_with_a_bad_drafter_falls_back_to_plain_decoding():
+    target = random_model(12, seed=1)
+    ks = loop_ks(random_model(12, seed=7).table, target)
+    tail = ks[len(ks) // 2 :]
+    assert tail.count(0) >= 0.8 * len(tail)
+    assert max(tail) == 1  # only probes
+
+
+def test_loop_with_a_perfect_drafter_stays_at_full_k():
+    target = random_model(12, seed=1)
+    ks = loop_ks(target.table, target)
+    assert all(k == 4 for k in ks[:-1])  # the last step may be clamped by the budget

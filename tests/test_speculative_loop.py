@@ -1,0 +1,326 @@
+"""The draft/verify loop: greedy equality, determinism, stops, budget, clamping, contracts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specbuild.errors import GenerationError, RequestError
+from specbuild.speculative.acceptance import accept_greedy
+from specbuild.speculative.interfaces import Draft, SamplingParams, Verification
+from specbuild.speculative.loop import DRAFTER, VERIFIER, GenerationRequest, derive_seed, generate, run
+from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+
+V = 12
+EOS = 11
+
+
+# --- scripted fakes: the target's greedy continuation is a fixed list -------------------------
+
+
+class ScriptDrafter:
+    """Proposes script[n], script[n + 1], ... where n = tokens generated so far."""
+
+    def __init__(self, script, prompt_len, end_id=None):
+        self.script, self.prompt_len, self.end_id = list(script), prompt_len, end_id
+        self.asked: list[int] = []
+
+    def propose(self, tokens, k, sampling):
+        self.asked.append(k)
+        n = len(tokens) - self.prompt_len
+        out = []
+        for t in self.script[n : n + k]:
+            out.append(t)
+            if t == self.end_id:
+                break
+        return Draft(out)
+
+
+class ScriptVerifier:
+    """A greedy target whose argmax after n generated tokens is script[n]; uses the real greedy rule."""
+
+    def __init__(self, script, prompt_len, max_draft_len=8):
+        self.script, self.prompt_len, self.max_draft_len = list(script), prompt_len, max_draft_len
+        self.calls: list[list[int]] = []
+
+    def verify(self, tokens, draft, sampling):
+        self.calls.append(list(draft.tokens))
+        n = len(tokens) - self.prompt_len
+        logits = np.zeros((len(draft.tokens) + 1, V))
+        logits[np.arange(len(draft.tokens) + 1), self.script[n : n + len(draft.tokens) + 1]] = 1.0
+        accepted, out = accept_greedy(draft.tokens, logits)
+        return Verification(accepted, out)
+
+
+PROMPT = [3, 7]
+
+
+def script_run(target, draft, k, max_tokens=50, end_id=EOS, stops=(), max_draft_len=8, drafter_end_id=EOS):
+    drafter = ScriptDrafter(draft, len(PROMPT), drafter_end_id)
+    verifier = ScriptVerifier(target, len(PROMPT), max_draft_len)
+    request = GenerationRequest(max_tokens=max_tokens, num_draft_tokens=k, end_id=end_id, stop_sequences=stops)
+    return run(PROMPT, drafter, verifier, request), drafter, verifier
+
+
+# --- greedy speculative == greedy target-only --------------------------------------------------
+
+
+def greedy_reference(model: NGramModel, prompt, max_tokens, end_id):
+    """Plain greedy decoding, written independently of the loop."""
+    seq, out = list(prompt), []
+    while len(out) < max_tokens:
+        t = int(np.argmax(model.logits(seq)))
+        if t == end_id:
+            return out, "eos"
+        out.append(t)
+        seq.append(t)
+    return out, "length"
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("drafter_kind", ["perfect", "partial", "unrelated"])
+def test_greedy_speculative_equals_greedy_target_only(k, drafter_kind):
+    target = random_model(V, order=2, scale=2.0, seed=1)
+    other = random_model(V, order=2, scale=2.0, seed=2)
+    table = {"perfect": target.table, "partial": target.table + 0.9 * other.table, "unrelated": other.table}
+    drafter = ToyDrafter(NGramModel(table[drafter_kind]), end_id=EOS)
+    prompts = [list(p) for p in np.random.default_rng(0).integers(0, EOS, size=(25, 3))]
+    for prompt in prompts:
+        request = GenerationRequest(max_tokens=30, num_draft_tokens=k, end_id=EOS)
+        result = run(prompt, drafter, ToyVerifier(target, max_draft_len=8), request)
+        assert (result.tokens, result.finish_reason) == greedy_reference(target, prompt, 30, EOS)
+        baseline = run(prompt, drafter, ToyVerifier(target), GenerationRequest(max_tokens=30, num_draft_tokens=0, end_id=EOS))
+        assert baseline.tokens == result.tokens
+        if drafter_kind == "perfect":
+            assert result.stats.acceptance_rate == 1.0
+
+
+def test_k0_never_calls_the_drafter_and_is_one_token_per_step():
+    target = random_model(V, seed=1)
+    drafter = ToyDrafter(target)
+    result = run(PROMPT, drafter, ToyVerifier(target), GenerationRequest(max_tokens=9, num_draft_tokens=0))
+    assert drafter.calls == 0
+    assert result.stats.steps == 9 and result.stats.drafted == 0 and result.stats.mean_accepted_len == 1.0
+
+
+# --- determinism --------------------------------------------------------------------------------
+
+
+def sampled(seed, k=4, temperature=1.0, **kw):
+    target = random_model(V, seed=1)
+    drafter = NGramModel(target.table + random_model(V, seed=2).table)
+    request = GenerationRequest(
+        max_tokens=40, num_draft_tokens=k, sampling=SamplingParams(temperature=temperature, seed=seed, **kw)
+    )
+    return run(PROMPT, ToyDrafter(drafter), ToyVerifier(target), request)
+
+
+def test_same_seed_same_output_and_stats():
+    a, b = sampled(123), sampled(123)
+    assert a.tokens == b.tokens
+    assert a.stats.accepted == b.stats.accepted and a.stats.per_position_accepted == b.stats.per_position_accepted
+    assert sampled(9, top_k=5, top_p=0.8).tokens == sampled(9, top_k=5, top_p=0.8).tokens
+
+
+def test_different_seeds_differ_and_unseeded_requests_run():
+    outputs = {tuple(sampled(s).tokens) for s in range(6)}
+    assert len(outputs) > 1
+    assert len(sampled(None).tokens) == 40
+
+
+def test_derived_seeds_are_distinct_per_step_and_role_and_fit_64_bits():
+    seeds = {derive_seed(42, step, role) for step in range(200) for role in (DRAFTER, VERIFIER)}
+    assert len(seeds) == 400
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert derive_seed(42, 3, VERIFIER) == derive_seed(42, 3, VERIFIER) != derive_seed(43, 3, VERIFIER)
+
+
+def test_each_call_gets_its_derived_seed_and_greedy_passes_sampling_through():
+    seen = []
+
+    class Recording(ToyVerifier):
+        def verify(self, tokens, draft, sampling):
+            seen.append(sampling)
+            return super().verify(tokens, draft, sampling)
+
+    target = random_model(V, seed=1)
+    request = GenerationRequest(max_tokens=6, num_draft_tokens=0, sampling=SamplingParams(temperature=0.9, seed=5))
+    run(PROMPT, ToyDrafter(target), Recording(target), request)
+    assert [s.seed for s in seen] == [derive_seed(5, i, VERIFIER) for i in range(6)]
+    assert all(s.temperature == 0.9 for s in seen)
+    seen.clear()
+    run(PROMPT, ToyDrafter(target), Recording(target), GenerationRequest(max_tokens=3, num_draft_tokens=0))
+    assert all(s == SamplingParams() for s in seen)
+
+
+# --- EOS ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drafter_stops_at_eos", [True, False])
+def test_eos_inside_the_draft_ends_at_once_and_is_not_emitted(drafter_stops_at_eos):
+    script = [5, 6, EOS, 7, 8, 9]
+    result, drafter, verifier = script_run(script, script, k=4, drafter_end_id=EOS if drafter_stops_at_eos else None)
+    assert result.tokens == [5, 6]
+    assert result.finish_reason == "eos"
+    assert len(verifier.calls) == 1  # no wasted round after EOS
+
+
+def test_eos_as_bonus_token():
+    result, _, verifier = script_run([5, 6, EOS, 1], [5, 6, 1, 1], k=2)
+    assert verifier.calls == [[5, 6]]
+    assert (result.tokens, result.finish_reason) == ([5, 6], "eos")
+    assert result.stats.accepted == 2 and result.stats.mean_accepted_len == 3.0
+
+
+def test_eos_as_recovered_token():
+    result, _, _ = script_run([5, EOS, 1, 1], [5, 9, 1, 1], k=3)
+    assert (result.tokens, result.finish_reason) == ([5], "eos")
+
+
+def test_without_end_id_eos_is_an_ordinary_token():
+    result, _, _ = script_run([5, EOS, 1, 2], [5, EOS, 1, 2], k=3, max_tokens=4, end_id=None, drafter_end_id=None)
+    assert (result.tokens, result.finish_reason) == ([5, EOS, 1, 2], "length")
+
+
+# --- stop sequences -----------------------------------------------------------------------------
+
+
+def test_stop_sequence_spanning_two_steps():
+    script = [1, 2, 3, 4, 5, 6, 7, 8]
+    steps = list(
+        generate(
+            PROMPT,
+            ScriptDrafter(script, 2),
+            ScriptVerifier(script, 2),
+            GenerationRequest(max_tokens=50, num_draft_tokens=2, stop_sequences=[[9, 9], [3, 4]]),
+        )
+    )
+    assert [s.tokens for s in steps] == [[1, 2, 3], [4]]  # step 2 verified [4, 5, 6] but stops after 4
+    assert steps[-1].finish_reason == "stop" and steps[0].finish_reason is None
+
+
+def test_stop_sequence_earliest_match_wins_and_prompt_is_not_matched():
+    script = [7, 1, 2, 3, 4]  # PROMPT ends with 7: [7, 7] only matches if the prompt counted
+    result, _, _ = script_run(script, script, k=4, stops=[[7, 7], [2, 3, 4], [1, 2]])
+    assert (result.tokens, result.finish_reason) == ([7, 1, 2], "stop")
+
+
+def test_stop_on_the_last_budget_token_reports_stop():
+    script = [1, 2, 3, 4]
+    result, _, _ = script_run(script, script, k=4, max_tokens=3, stops=[[2, 3]])
+    assert (result.tokens, result.finish_reason) == ([1, 2, 3], "stop")
+
+
+# --- budget and K clamping ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 7, 13])
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_exactly_max_tokens_and_k_clamped_to_the_remaining_budget(max_tokens, k):
+    script = list(range(1, 11)) * 3
+    result, drafter, verifier = script_run(script, script, k=k, max_tokens=max_tokens)
+    assert result.tokens == script[:max_tokens] and result.finish_reason == "length"
+    produced = 0
+    for asked, draft in zip(drafter.asked, [c for c in verifier.calls if c]):
+        assert asked <= max_tokens - produced - 1
+        produced += len(draft) + 1
+    assert sum(len(c) + 1 for c in verifier.calls) == max_tokens  # perfect drafter: nothing wasted
+
+
+def test_k_clamped_to_max_draft_len():
+    script = list(range(1, 11)) * 3
+    result, drafter, verifier = script_run(script, script, k=8, max_tokens=20, max_draft_len=3)
+    assert max(drafter.asked) == 3
+    assert all(len(c) <= 3 for c in verifier.calls)
+    assert result.tokens == script[:20]
+    assert result.stats.per_position_drafted[0] == len(drafter.asked) and len(result.stats.per_position_drafted) == 3
+
+
+def test_max_draft_len_zero_means_plain_decoding():
+    script = [1, 2, 3, 4]
+    result, drafter, _ = script_run(script, script, k=4, max_tokens=4, max_draft_len=0)
+    assert drafter.asked == [] and result.tokens == script
+
+
+# --- streaming steps and stats ------------------------------------------------------------------
+
+
+def test_steps_stream_the_result_and_carry_stats_on_the_last_step():
+    target = random_model(V, seed=1)
+    drafter = NGramModel(target.table + random_model(V, seed=3).table)
+    request = GenerationRequest(max_tokens=25, num_draft_tokens=3, sampling=SamplingParams(temperature=1.0, seed=1))
+    steps = list(generate(PROMPT, ToyDrafter(drafter), ToyVerifier(target), request))
+    result = run(PROMPT, ToyDrafter(drafter), ToyVerifier(target), request)
+    assert [t for s in steps for t in s.tokens] == result.tokens
+    assert all(s.stats is None and s.finish_reason is None for s in steps[:-1])
+    final = steps[-1].stats
+    assert final.steps == len(steps) == [s.index for s in steps][-1] + 1
+    assert final.accepted == sum(s.accepted for s in steps) and final.drafted == sum(s.drafted for s in steps)
+    assert final.draft_seconds > 0 and final.target_seconds > 0
+    assert result.to_dict()["stats"]["steps"] == final.steps
+
+
+def test_scripted_stats_are_exact():
+    target = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    draft = [1, 2, 9, 9, 5, 6, 7, 8, 9, 10]  # drafts by position: the draft's token n follows n outputs
+    result, _, verifier = script_run(target, draft, k=3, max_tokens=10)
+    # [1, 2 | 9 -> 3], [9 -> 4], [5, 6, 7 | bonus 8], budget 2 -> k = 1: [9 | bonus 10]
+    assert verifier.calls == [[1, 2, 9], [9, 5, 6], [5, 6, 7], [9]]
+    s = result.stats
+    assert (s.steps, s.drafted, s.accepted) == (4, 10, 6)
+    assert s.per_position_drafted == [4, 3, 3] and s.per_position_accepted == [3, 2, 1]
+    assert s.acceptance_rate == pytest.approx(0.6)
+    assert s.mean_accepted_len == pytest.approx(10 / 4)
+    assert result.tokens == target
+
+
+# --- contract violations and bad requests -------------------------------------------------------
+
+
+def test_drafter_returning_too_many_tokens_is_an_error():
+    class Greedy(ScriptDrafter):
+        def propose(self, tokens, k, sampling):
+            return Draft([1] * (k + 1))
+
+    with pytest.raises(GenerationError, match=r"the drafter returned \[1, 1, 1\] for k = 2"):
+        run(PROMPT, Greedy([], 2), ScriptVerifier([1] * 9, 2), GenerationRequest(max_tokens=5, num_draft_tokens=2))
+
+
+@pytest.mark.parametrize(
+    "verification",
+    [Verification(2, [1, 2]), Verification(1, [4, 2]), Verification(3, [1, 2, 3, 4, 5]), Verification(0, [])],
+)
+def test_verifier_breaking_the_contract_is_an_error(verification):
+    class Broken:
+        max_draft_len = 4
+
+        def verify(self, tokens, draft, sampling):
+            return verification
+
+    with pytest.raises(GenerationError, match="accepted draft prefix plus exactly one token"):
+        run(PROMPT, ScriptDrafter([1, 2, 3, 4], 2), Broken(), GenerationRequest(max_tokens=9, num_draft_tokens=4))
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"max_tokens": 0}, r"max_tokens = 0 is invalid: ask for at least 1 token\."),
+        ({"max_tokens": 5, "num_draft_tokens": -1}, r"num_draft_tokens = -1 is invalid"),
+        ({"max_tokens": 5, "end_id": -2}, r"end_id = -2 is invalid"),
+        ({"max_tokens": 5, "stop_sequences": [[]]}, r"stop sequence \[\] is invalid"),
+        ({"max_tokens": 5, "stop_sequences": ["stop"]}, r"stop sequence 'stop' is invalid"),
+        ({"max_tokens": 5, "sampling": SamplingParams(temperature=1.0, top_p=2.0)}, r"top_p = 2.0 is invalid"),
+        ({"max_tokens": 5, "cost_ratio": -1.0}, r"cost_ratio = -1.0 is invalid"),
+    ],
+)
+def test_invalid_requests_raise_request_error(kwargs, message):
+    with pytest.raises(RequestError, match=message):
+        run(PROMPT, ScriptDrafter([], 2), ScriptVerifier([1] * 9, 2), GenerationRequest(**kwargs))
+
+
+def test_empty_prompt_and_bad_max_draft_len():
+    with pytest.raises(RequestError, match="give at least one token id"):
+        run([], ScriptDrafter([], 0), ScriptVerifier([1], 0), GenerationRequest(max_tokens=1))
+    verifier = ScriptVerifier([1], 2, max_draft_len=-1)
+    with pytest.raises(GenerationError, match=r"verifier.max_draft_len = -1 is invalid"):
+        run(PROMPT, ScriptDrafter([], 2), verifier, GenerationRequest(max_tokens=1))
