@@ -52,7 +52,8 @@ def test_different_tokenizers_exit_1_naming_the_first_token(tmp_path):
     assert doc["ok"] is False
     [problem] = doc["problems"]
     assert problem["code"] == "tokenizer_mismatch"
-    assert "first differing token: id 421 is 'w421' in the target and 'zebra' in the draft" in problem["message"]
+    assert problem["message"] == ("the target and draft tokenizers differ: vocabulary differs at 1 id(s), "
+                                  "the first is id 421: target has 'w421', draft has 'zebra'.")
     assert doc["tokenizer"]["first_difference"] == {"id": 421, "target": "w421", "draft": "zebra"}
     human = check("-c", str(tmp_path / "specbuild.toml"))
     assert human.exit_code == 1

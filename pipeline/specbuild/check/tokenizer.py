@@ -200,13 +200,13 @@ def compare_tokenizers(target: TokenizerFacts, draft: TokenizerFacts) -> Tokeniz
     if first is not None:
         differing = sum(1 for i in set(target.id_to_token) | set(draft.id_to_token)
                         if target.id_to_token.get(i) != draft.id_to_token.get(i))
-        differences.append(f"vocabulary differs at {differing} id(s), first at {_describe(first)}")
+        differences.append(f"vocabulary differs at {differing} id(s), the first is {_describe(first)}")
     added_first = first_differing_id(
         {i: f"{c} (special={s})" for i, (c, s) in target.added_tokens.items()},
         {i: f"{c} (special={s})" for i, (c, s) in draft.added_tokens.items()},
     )
     if added_first is not None:
-        differences.append(f"added tokens differ at {_describe(added_first)}")
+        differences.append(f"added tokens differ, the first is {_describe(added_first)}")
         first = first or added_first
     for role in SPECIAL_ROLES:
         t_tok, d_tok = target.special_tokens.get(role), draft.special_tokens.get(role)

@@ -31,7 +31,8 @@ def _tokenizer_line(doc: dict[str, Any]) -> str:
 
 def _vocab_line(doc: dict[str, Any]) -> str:
     v = doc["vocab"]
-    line = f"target {v['target_rows']} rows, draft {v['draft_rows']} rows, tokenizer {v['tokenizer_size']}"
+    tokenizer = v["tokenizer_size"] if v["tokenizer_size"] is not None else "?"
+    line = f"target {v['target_rows']} rows, draft {v['draft_rows']} rows, tokenizer {tokenizer}"
     if v["will_pad"]:
         padded = [role for role, n in v["pad_rows"].items() if n]
         line += f" -> {' and '.join(padded)} padded to {v['padded_vocab_size']} at convert time"
