@@ -136,3 +136,14 @@ def test_tensor_parallel_engine_needs_every_rank(spec, tmp_path):
     result = build(tp, ["target"], force=True)[0]
     assert "--workers 2" in result["manifest"]["argv_text"]
     assert {"rank0.engine", "rank1.engine"} <= {p.name for p in (tp.pair_dir / "target" / "engine").iterdir()}
+
+
+def test_dry_run_predicts_the_input_hash_a_build_records(spec):
+    from specbuild.build import dry_run
+
+    planned = {e["role"]: e["input_hash"] for e in dry_run(spec, ["target", "draft"], "trtllm",
+                                                           str(FAKE_TRTLLM_BUILD))["engines"]}
+    assert all(planned.values())
+    recorded = {r["role"]: r["manifest"]["input_hash"] for r in build(spec)}
+    assert planned == recorded
+    assert dry_run(spec, ["target"], "trtllm", None)["engines"][0]["input_hash"] in (None, planned["target"])

@@ -156,3 +156,12 @@ def test_cli_reference_build_json(pair, tmp_path):
     doc = json.loads(result.stdout)
     assert [(e["role"], e["status"], e["backend"]) for e in doc["engines"]] == [
         ("target", "ran", "reference"), ("draft", "ran", "reference")]
+
+
+def test_dry_run_input_hash_is_the_cache_key_of_the_build(pair):
+    from specbuild.build import dry_run
+
+    spec, _ = pair
+    planned = [e["input_hash"] for e in dry_run(spec, ["target", "draft"], "reference")["engines"]]
+    built = [r["manifest"]["input_hash"] for r in build_engines(spec, ["target", "draft"], "reference")]
+    assert planned == built and None not in planned

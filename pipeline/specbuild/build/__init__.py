@@ -22,7 +22,7 @@ from specbuild.build.flags import FLAGS, TRTLLM_VERSION_CHECKED, argv_text, trtl
 from specbuild.build.plan import RolePlan, check_consistent, plan_build, plan_role
 from specbuild.build.versions import runtime_versions, versions_mismatch
 from specbuild.config import Spec
-from specbuild.errors import BuildError
+from specbuild.errors import BuildError, SpecbuildError
 
 BACKENDS = ("trtllm", "reference")
 
@@ -37,11 +37,30 @@ def _check_backend(backend: str) -> None:
         raise BuildError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}.")
 
 
+def _planned_input_hash(spec: Spec, plan: RolePlan, backend: str, executable: str | None) -> str | None:
+    """The input hash a build would record (CI cache key); None until the checkpoint (and trtllm-build) exist."""
+    if plan.checkpoint_manifest is None:
+        return None
+    if backend == "trtllm":
+        if executable is None:
+            return None
+        from specbuild.build.trtllm import trtllm_input_hash
+
+        return trtllm_input_hash(plan, executable)[0]
+    from specbuild.build.reference import reference_input_hash
+
+    try:
+        return reference_input_hash(plan, Path(spec.role(plan.role).checkpoint))[0]
+    except SpecbuildError:
+        return None
+
+
 def dry_run(spec: Spec, roles: list[str], backend: str, trtllm_build: str | None = None) -> dict[str, Any]:
     """The plan as data: for trtllm the exact argv per role (output written to the engine folder)."""
     _check_backend(backend)
     plans = plan_build(spec, roles, require_checkpoint=False)
-    executable = trtllm_build or shutil.which("trtllm-build") or "trtllm-build"
+    found = trtllm_build or shutil.which("trtllm-build")
+    executable = found or "trtllm-build"
     engines = []
     for plan in plans:
         entry: dict[str, Any] = {
@@ -52,6 +71,7 @@ def dry_run(spec: Spec, roles: list[str], backend: str, trtllm_build: str | None
             "build_config": plan.expected_build_config(),
             "notes": list(plan.notes),
         }
+        entry["input_hash"] = _planned_input_hash(spec, plan, backend, found)
         if backend == "trtllm":
             argv = trtllm_argv(plan, executable, str(plan.engine_dir))
             entry.update(argv=argv, argv_text=argv_text(argv),

@@ -157,12 +157,18 @@ def smoke_test(folder: Path, vocab_size: int) -> dict[str, Any]:
     return {"tokens": n, "logits_shape": shape, "finite": finite, "argmax": logits[0].argmax(-1).tolist()}
 
 
+def reference_input_hash(plan: RolePlan, hf_dir: Path) -> tuple[str, dict[str, str], dict[str, str]]:
+    """(input hash, checkpoint file hashes, tokenizer file hashes)."""
+    tok_hashes = {p.name: hash_file(p) for p in tokenizer_files(hf_dir)}
+    input_hash, files = engine_input_hash(plan, "reference", {"format": REFERENCE_FORMAT, "tokenizer": tok_hashes})
+    return input_hash, files, tok_hashes
+
+
 def build_reference_role(plan: RolePlan, pair: str, hf_dir: Path, force: bool = False,
                          log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     started = time.monotonic()
+    input_hash, files, tok_hashes = reference_input_hash(plan, hf_dir)
     tokenizer = tokenizer_files(hf_dir)
-    tok_hashes = {p.name: hash_file(p) for p in tokenizer}
-    input_hash, files = engine_input_hash(plan, "reference", {"format": REFERENCE_FORMAT, "tokenizer": tok_hashes})
     with stage_output(plan.engine_dir, force=force) as out:
         if out.up_to_date(input_hash):
             log(f"{plan.role}: reference engine up to date ({plan.engine_dir}), skipped. Use --force to rebuild.")

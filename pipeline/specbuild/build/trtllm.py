@@ -155,13 +155,19 @@ def engine_input_hash(plan: RolePlan, backend: str, extra: dict[str, Any]) -> tu
     return combined_hash(backend, plan.settings(), ckpt_hash, files, extra), files
 
 
+def trtllm_input_hash(plan: RolePlan, executable: str) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """(input hash, checkpoint file hashes, tool versions of the build environment)."""
+    versions = {**tool_versions(), **probe_versions(interpreter_for(executable))}
+    key_versions = {k: versions.get(k) for k in ("tensorrt_llm", "tensorrt", "cuda", "gpu_name", "gpu_sm")}
+    input_hash, files = engine_input_hash(plan, "trtllm", {"versions": key_versions})
+    return input_hash, files, versions
+
+
 def build_trtllm_role(plan: RolePlan, pair: str, executable: str, force: bool = False,
                       log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Build one engine with trtllm-build; returns the stage summary (status ran|skipped, manifest)."""
     started = time.monotonic()
-    versions = {**tool_versions(), **probe_versions(interpreter_for(executable))}
-    key_versions = {k: versions.get(k) for k in ("tensorrt_llm", "tensorrt", "cuda", "gpu_name", "gpu_sm")}
-    input_hash, files = engine_input_hash(plan, "trtllm", {"versions": key_versions})
+    input_hash, files, versions = trtllm_input_hash(plan, executable)
     with stage_output(plan.engine_dir, force=force) as out:
         if out.up_to_date(input_hash):
             log(f"{plan.role}: engine up to date ({plan.engine_dir}), skipped. Use --force to rebuild.")
