@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbuild.check.report import Finding
-from specbuild.config import Spec
+from specbuild.config import GPUS, Spec
 from specbuild.hfmodel import ModelInfo, read_model_info
 
 GIB = 1024**3
@@ -282,7 +282,7 @@ def gate_findings(spec: Spec, sm: int | None) -> tuple[list[Finding], list[Findi
             "gpu_sm_unknown",
             f"gpu.name = {spec.gpu.name!r} is not a known GPU, so its compute capability (SM) is unknown: "
             "fp8 and int8/int4 support was not checked.",
-            "Use a known gpu.name (see `specbuild check --help`) to check format support.",
+            "Use a known gpu.name (" + ", ".join(GPUS) + ") to have format support checked.",
         ))
         return problems, warnings
     if sm < MIN_SM:
