@@ -107,3 +107,18 @@ def test_loop_with_a_perfect_drafter_stays_at_full_k():
     target = random_model(12, seed=1)
     ks = loop_ks(target.table, target)
     assert all(k == 4 for k in ks[:-1])  # the last step may be clamped by the budget
+
+
+def test_a_shared_controller_carries_what_earlier_requests_measured():
+    target = random_model(12, seed=1)
+    drafter, verifier = ToyDrafter(NGramModel(random_model(12, seed=7).table)), ToyVerifier(target)
+    request = GenerationRequest(max_tokens=60, num_draft_tokens=4, adaptive=True, cost_ratio=0.3)
+    shared = AdaptiveK(k_max=4, cost_ratio=0.3)
+    list(generate([1, 2], drafter, verifier, request, controller=shared))
+    assert shared.choose() == 0
+    second = list(generate([3, 4], drafter, verifier, request, controller=shared))
+    assert second[0].k == 0  # a fresh controller would start at the requested K = 4
+    fresh = list(generate([3, 4], drafter, verifier, request))
+    assert fresh[0].k == 4
+    not_adaptive = GenerationRequest(max_tokens=5, num_draft_tokens=2)
+    assert next(generate([3, 4], drafter, verifier, not_adaptive, controller=shared)).k == 2  # ignored

@@ -111,8 +111,14 @@ def generate(
     drafter: Drafter,
     verifier: Verifier,
     request: GenerationRequest,
+    controller: AdaptiveK | None = None,
 ) -> Iterator[Step]:
-    """Run the draft/verify loop, yielding one Step per verify call (stream step.tokens)."""
+    """Run the draft/verify loop, yielding one Step per verify call (stream step.tokens).
+
+    With request.adaptive, K follows `controller` when given (e.g. one AdaptiveK shared by all
+    requests of a deployment, so short requests benefit from what earlier ones measured), else a
+    fresh AdaptiveK for this request. The request's K and max_draft_len still cap it.
+    """
     request.validate()
     prompt = [int(t) for t in prompt_ids]
     if not prompt or not all(_is_int(t) and t >= 0 for t in prompt_ids):
@@ -121,7 +127,10 @@ def generate(
     if not _is_int(max_draft_len) or max_draft_len < 0:
         raise GenerationError(f"verifier.max_draft_len = {max_draft_len!r} is invalid: it must be an integer >= 0.")
     k_max = min(request.num_draft_tokens, max_draft_len)
-    controller = AdaptiveK(k_max, cost_ratio=request.cost_ratio) if request.adaptive else None
+    if not request.adaptive:
+        controller = None
+    elif controller is None:
+        controller = AdaptiveK(k_max, cost_ratio=request.cost_ratio)
     sampling = request.sampling
     base_seed = None
     if not sampling.greedy:
@@ -133,7 +142,7 @@ def generate(
     index = 0
     while True:
         remaining = request.max_tokens - len(output)
-        k = min(controller.choose() if controller else k_max, k_max, remaining - 1)
+        k = min(controller.choose() if controller is not None else k_max, k_max, remaining - 1)
         context = prompt + output
 
         draft, draft_seconds = Draft(tokens=[]), 0.0
@@ -150,7 +159,7 @@ def generate(
 
         drafted, accepted = len(draft.tokens), verification.accepted
         stats.record_step(drafted, accepted, draft_seconds, target_seconds)
-        if controller:
+        if controller is not None:
             controller.update(drafted, accepted, draft_seconds, target_seconds)
 
         new: list[int] = []
@@ -188,10 +197,11 @@ def run(
     drafter: Drafter,
     verifier: Verifier,
     request: GenerationRequest,
+    controller: AdaptiveK | None = None,
 ) -> GenerationResult:
     """generate() to completion: the generated tokens, why it stopped, and the statistics."""
     tokens: list[int] = []
-    for step in generate(prompt_ids, drafter, verifier, request):
+    for step in generate(prompt_ids, drafter, verifier, request, controller):
         tokens.extend(step.tokens)
         if step.finish_reason:
             return GenerationResult(tokens, step.finish_reason, step.stats or SpeculationStats())
