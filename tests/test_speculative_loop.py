@@ -324,3 +324,21 @@ def test_empty_prompt_and_bad_max_draft_len():
     verifier = ScriptVerifier([1], 2, max_draft_len=-1)
     with pytest.raises(GenerationError, match=r"verifier.max_draft_len = -1 is invalid"):
         run(PROMPT, ScriptDrafter([], 2), verifier, GenerationRequest(max_tokens=1))
+
+
+def test_generate_validates_at_the_call_not_at_the_first_step():
+    with pytest.raises(RequestError, match="max_tokens = 0"):
+        generate(PROMPT, ScriptDrafter([], 2), ScriptVerifier([1], 2), GenerationRequest(max_tokens=0))
+
+
+def test_numpy_prompt_and_numpy_token_ids_come_out_as_python_ints():
+    class NumpyVerifier(ScriptVerifier):
+        def verify(self, tokens, draft, sampling):
+            v = super().verify(tokens, draft, sampling)
+            return Verification(np.int64(v.accepted), list(np.array(v.tokens, dtype=np.int32)))
+
+    script = [1, 2, 3, 4, 5]
+    request = GenerationRequest(max_tokens=5, num_draft_tokens=2, stop_sequences=[[4, 5]])
+    result = run(np.array(PROMPT, dtype=np.int32), ScriptDrafter(script, 2), NumpyVerifier(script, 2), request)
+    assert result.tokens == script and result.finish_reason == "stop"
+    assert all(type(t) is int for t in result.tokens)

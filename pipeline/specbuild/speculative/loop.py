@@ -120,8 +120,7 @@ def generate(
     fresh AdaptiveK for this request. The request's K and max_draft_len still cap it.
     """
     request.validate()
-    prompt = [int(t) for t in prompt_ids]
-    if not prompt or not all(_is_int(t) and t >= 0 for t in prompt_ids):
+    if len(prompt_ids) == 0 or not all(_is_int(t) and t >= 0 for t in prompt_ids):
         raise RequestError(f"prompt_ids = {list(prompt_ids)[:8]!r} is invalid: give at least one token id >= 0.")
     max_draft_len = getattr(verifier, "max_draft_len", None)
     if not _is_int(max_draft_len) or max_draft_len < 0:
@@ -131,10 +130,24 @@ def generate(
         controller = None
     elif controller is None:
         controller = AdaptiveK(k_max, cost_ratio=request.cost_ratio)
-    sampling = request.sampling
     base_seed = None
-    if not sampling.greedy:
-        base_seed = sampling.seed if sampling.seed is not None else int(np.random.SeedSequence().entropy)
+    if not request.sampling.greedy:
+        seed = request.sampling.seed
+        base_seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
+    # Validated before the first step, so a bad request fails at the call, not at the first next().
+    return _steps([int(t) for t in prompt_ids], drafter, verifier, request, k_max, controller, base_seed)
+
+
+def _steps(
+    prompt: list[int],  # [prompt_len]
+    drafter: Drafter,
+    verifier: Verifier,
+    request: GenerationRequest,
+    k_max: int,
+    controller: AdaptiveK | None,
+    base_seed: int | None,
+) -> Iterator[Step]:
+    sampling = request.sampling
     stops = [[int(t) for t in s] for s in request.stop_sequences]
 
     output: list[int] = []
@@ -164,7 +177,7 @@ def generate(
 
         new: list[int] = []
         finish = None
-        for token in verification.tokens:
+        for token in map(int, verification.tokens):
             if request.end_id is not None and token == request.end_id:
                 finish = "eos"  # EOS ends the request at once and is not emitted
                 break
