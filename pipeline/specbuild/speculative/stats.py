@@ -6,8 +6,10 @@
 - mean_accepted_len = (accepted + steps) / steps: tokens produced per target step, the recovered or
   bonus token included (1.0 for plain decoding). Counted before EOS / stop / budget truncation,
   because it measures the verifier, not the request.
-- per_position_drafted[i] / per_position_accepted[i]: how often draft position i (0-based) was
-  drafted / accepted; their ratio is per-position acceptance.
+- per_position_drafted[i] / per_position_accepted[i]: how many steps drafted / accepted a token at
+  draft position i (0-based). Their ratio, per_position_acceptance, is cumulative (as in vLLM):
+  position i counts as accepted only when positions 0..i all were, so it falls with i
+  (about alpha^(i + 1) for i.i.d. acceptance).
 - draft_seconds, target_seconds: wall time in the drafter and the verifier.
 """
 
