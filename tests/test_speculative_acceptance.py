@@ -190,6 +190,12 @@ def test_shape_errors(draft, q, p, message):
         accept_sampling(draft, q, p, np.random.default_rng(0))
 
 
+def test_empty_draft_ignores_whatever_q_is_passed():
+    p = np.array([[0.0, 0.0, 1.0, 0.0, 0.0]])
+    for q in (None, [], np.zeros((0, V))):
+        assert accept_sampling([], q, p, np.random.default_rng(0)) == (0, [2])
+
+
 def test_greedy_shape_error():
     with pytest.raises(ValueError, match=r"k \+ 1"):
         accept_greedy([1, 2, 3], logits_for(1, 2))

@@ -133,6 +133,7 @@ def accept_sampling(
 ) -> Acceptance:
     """The sampling rule for one draft (see the module docstring)."""
     draft = np.asarray(draft_tokens, dtype=np.int64).reshape(1, -1)
-    accepted, tokens = accept_sampling_batch(draft, None if q is None else np.asarray(q)[None], np.asarray(p)[None], rng)
+    q_batch = None if q is None or draft.shape[1] == 0 else np.asarray(q)[None]  # no q is needed for an empty draft
+    accepted, tokens = accept_sampling_batch(draft, q_batch, np.asarray(p)[None], rng)
     a = int(accepted[0])
     return Acceptance(a, [int(t) for t in tokens[0, : a + 1]])
