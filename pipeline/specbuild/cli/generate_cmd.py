@@ -1,0 +1,163 @@
+"""`specbuild generate`: one prompt through the draft/verify loop, streamed as tokens are accepted.
+
+--local runs the pair in-process on the reference runtime (reference engines when built, else the
+Hugging Face checkpoints). Without --local the prompt goes to a running server through
+`specbuild.triton.client.generate` (the server path).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from specbuild.cli.common import emit_json, get_spec, json_option, log, spec_option
+
+
+@click.command("generate")
+@click.argument("prompt")
+@spec_option
+@click.option("--local", "local", is_flag=True, help="Run in-process on the reference runtime (no server).")
+@click.option("--url", default=None, help="Server address host:port (server path). Default: the spec's [serve].")
+@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="grpc", show_default=True,
+              help="Server protocol (server path).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Tokens to generate at most.")
+@click.option("--num-draft-tokens", "num_draft_tokens", type=click.IntRange(min=0), default=None,
+              help="K, draft tokens per step (0 = target only). Default: the spec's num_draft_tokens.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True, help="1 = off.")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Seed for sampling (reproducible output).")
+@click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is accepted.")
+@click.option("--adaptive/--no-adaptive", default=None,
+              help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.")
+@click.option("--device", default="auto", show_default=True, help="--local: cpu, cuda, or auto.")
+@click.option("--no-cache", "no_cache", is_flag=True, help="--local: disable the KV and prefix caches (slower; same output).")
+@json_option
+def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
+            stream, adaptive, device, no_cache, as_json):
+    """Generate text for PROMPT with speculative decoding.
+
+    \b
+    Examples:
+      specbuild generate --local "def fibonacci(n):"
+      specbuild generate --local --num-draft-tokens 0 "def fibonacci(n):"    # target only
+      specbuild generate --local --json --temperature 0.8 --seed 1 "Once upon a time"
+
+    Text goes to stdout (streamed unless --no-stream); acceptance figures to stderr, or
+    everything as one JSON document with --json.
+    """
+    spec = get_spec(spec_path)
+    if local and url:
+        raise click.UsageError("pass either --local or --url, not both.")
+    options = dict(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature, top_k=top_k,
+                   top_p=top_p, seed=seed, adaptive=adaptive)
+    echo = None if as_json or not stream else _echo_stdout
+    if local:
+        doc = generate_local(spec, prompt, device=device, use_cache=not no_cache, on_text=echo, **options)
+    else:
+        doc = _generate_served(spec, prompt, url=url, protocol=protocol, on_text=echo, **options)
+    if as_json:
+        emit_json(doc)
+        return
+    if echo is None:
+        click.echo(doc["text"])
+    else:
+        click.echo("")
+    log(summary(doc))
+
+
+def _echo_stdout(text: str) -> None:
+    click.echo(text, nl=False)
+    sys.stdout.flush()
+
+
+def _generate_served(spec, prompt, url, protocol, on_text, **options) -> dict[str, Any]:
+    try:
+        from specbuild.triton.client import generate as served_generate  # the server path
+    except ImportError:
+        raise click.UsageError(
+            "generating through a server is not available in this build yet: add --local to run the pair in-process."
+        ) from None
+    return served_generate(spec, prompt, url=url, protocol=protocol, on_text=on_text, **options)
+
+
+def summary(doc: dict[str, Any]) -> str:
+    parts = [f"{doc['num_output_tokens']} tokens, {doc['tokens_per_s']:.1f} tokens/s, finish: {doc['finish_reason']}"]
+    if doc["num_draft_tokens"]:
+        parts.append(
+            f"K = {doc['num_draft_tokens']}: acceptance {doc['acceptance_rate']:.2f} ({doc['accepted']}/{doc['drafted']} "
+            f"drafted), mean accepted length {doc['mean_accepted_len']:.2f}"
+        )
+    else:
+        parts.append("K = 0 (target only)")
+    if doc.get("engine_source"):
+        parts.append(f"weights: {doc['engine_source']}")
+    return "; ".join(parts)
+
+
+def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int | None, temperature: float,
+                   top_k: int, top_p: float, seed: int | None, adaptive: bool | None, device: str = "auto",
+                   use_cache: bool = True, on_text=None, pair=None) -> dict[str, Any]:
+    """Run one prompt in-process; return the --json document. on_text(delta) receives streamed text."""
+    from transformers import AutoTokenizer
+
+    from specbuild.runtime.loading import load_pair
+    from specbuild.runtime.textstream import TextStream
+    from specbuild.speculative.interfaces import SamplingParams
+    from specbuild.speculative.loop import GenerationRequest, generate
+
+    pair = pair or load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache)
+    tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
+    k = spec.speculative.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+    if k > pair.max_draft_len:
+        log(f"--num-draft-tokens {k} exceeds the target engine's max_draft_len = {pair.max_draft_len}: using "
+            f"{pair.max_draft_len}. Rebuild with a larger speculative.max_draft_len to draft more.")
+        k = pair.max_draft_len
+    request = GenerationRequest(
+        max_tokens=max_tokens,
+        num_draft_tokens=k,
+        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        end_id=pair.end_id,
+        adaptive=spec.speculative.adaptive if adaptive is None else adaptive,
+    )
+    prompt_ids = list(tokenizer(prompt)["input_ids"])
+    stream = TextStream(tokenizer, prompt_ids)
+    output: list[int] = []
+    stats = finish = None
+    start = time.perf_counter()
+    for step in generate(prompt_ids, pair.drafter, pair.verifier, request):
+        output.extend(step.tokens)
+        delta = stream.push(step.tokens)
+        if delta and on_text:
+            on_text(delta)
+        if step.finish_reason:
+            finish, stats = step.finish_reason, step.stats
+    seconds = time.perf_counter() - start
+    tail = stream.finish()
+    if tail and on_text:
+        on_text(tail)
+    return {
+        "text": stream.text,
+        "output_ids": output,
+        "prompt_ids": prompt_ids,
+        "num_output_tokens": len(output),
+        "finish_reason": finish,
+        "num_draft_tokens": k,
+        "adaptive": request.adaptive,
+        "acceptance_rate": stats.acceptance_rate,
+        "mean_accepted_len": stats.mean_accepted_len,
+        "tokens_per_s": len(output) / seconds if seconds > 0 else 0.0,
+        "seconds": seconds,
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "steps": stats.steps,
+        "per_position_acceptance": stats.per_position_acceptance,
+        "draft_seconds": stats.draft_seconds,
+        "target_seconds": stats.target_seconds,
+        "engine_source": pair.target.kind,
+        "draft_engine_source": pair.draft.kind,
+        "sampling": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed},
+    }

@@ -1,0 +1,33 @@
+"""Tiny random Llama checkpoints for the reference-runtime tests (made in-test, saved as safetensors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def make_llama(folder: Path, seed: int = 0, vocab: int = 97, hidden: int = 32, layers: int = 2, heads: int = 4,
+               kv_heads: int = 2, intermediate: int = 64, tie: bool = False, rope_scaling: dict | None = None,
+               init_std: float = 0.2):
+    """Save a random LlamaForCausalLM to folder; return it (eval mode, float32).
+
+    init_std is larger than transformers' default 0.02 so greedy outputs vary from token to
+    token instead of repeating one token (a degenerate test would prove little).
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                         tie_word_embeddings=tie, rope_scaling=rope_scaling, initializer_range=init_std,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def prompts(n: int, vocab: int, seed: int = 0, min_len: int = 3, max_len: int = 12) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (n,), generator=g)
+    return [torch.randint(3, vocab, (int(n_,),), generator=g).tolist() for n_ in lengths]

@@ -1,0 +1,101 @@
+"""Batch invariance and the caches: the same logits, bit for bit, however a position is computed.
+
+This is what makes speculative greedy output equal target-only output (a k + 1-token verification
+and k + 1 one-token steps see identical numbers) and what makes the KV rollback and the prefix
+cache invisible in the output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime_models import make_llama, prompts
+from specbuild.runtime.engine import ReferenceEngine
+from specbuild.runtime.kvcache import PrefixCache, common_prefix
+from specbuild.runtime.model import LlamaModel
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    make_llama(folder, layers=2, hidden=64, intermediate=160, vocab=211)
+    return LlamaModel.from_folder(folder)
+
+
+def fresh(model, use_cache=True):
+    return ReferenceEngine(model, use_cache=use_cache)
+
+
+def test_prefill_equals_one_token_steps_and_batched(model):
+    seqs = prompts(5, 211, seed=3, min_len=9, max_len=17)
+    whole = [fresh(model).logits([s], [len(s)])[0] for s in seqs]  # one prefill each
+    engine = fresh(model)
+    for s, expected in zip(seqs, whole):
+        for n in range(1, len(s) + 1):  # one token at a time, reusing the cache
+            assert np.array_equal(engine.logits([s[:n]], [1])[0][0], expected[n - 1])
+    batched = fresh(model).logits(seqs, [len(s) for s in seqs])  # all sequences in one forward
+    for got, expected in zip(batched, whole):
+        assert np.array_equal(got, expected)
+
+
+def test_verification_rows_equal_single_steps_in_any_batch(model):
+    base = prompts(4, 211, seed=4, min_len=6, max_len=10)
+    engine = fresh(model)
+    for k in (1, 2, 4, 8):
+        drafts = prompts(4, 211, seed=10 + k, min_len=k, max_len=k)
+        verify = engine.logits([b + d for b, d in zip(base, drafts)], [k + 1] * 4)  # [k + 1, vocab] each
+        for b, d, rows in zip(base, drafts, verify):
+            single = fresh(model, use_cache=False)
+            for j in range(k + 1):
+                assert np.array_equal(single.logits([b + d[:j]], [1])[0][0], rows[j])
+
+
+def test_rollback_and_prefix_cache_give_identical_logits(model):
+    engine = fresh(model)
+    prompt = prompts(1, 211, seed=5, min_len=12, max_len=12)[0]
+    engine.logits([prompt + [7, 8, 9]], [4])  # a draft that will be rejected
+    before = engine.computed_rows
+    got = engine.logits([prompt + [10, 11]], [2])[0]  # shares the prompt only: rolled back to it
+    assert engine.computed_rows - before == 2  # only the two new positions were computed
+    assert engine.prefix_cache.hits >= 1
+    assert np.array_equal(got, fresh(model, use_cache=False).logits([prompt + [10, 11]], [2])[0])
+
+
+def test_decode_with_and_without_caches_is_identical(model):
+    seqs = prompts(6, 211, seed=6)
+    greedy = [lambda row: int(np.argmax(row))] * len(seqs)
+    cached = fresh(model).decode(seqs, [12] * 6, greedy, [None] * 6)
+    uncached = fresh(model, use_cache=False).decode(seqs, [12] * 6, greedy, [None] * 6)
+    one_by_one = [fresh(model).decode([s], [12], greedy[:1], [None])[0] for s in seqs]
+    for a, b, c in zip(cached, uncached, one_by_one):
+        assert a.tokens == b.tokens == c.tokens
+        assert np.array_equal(a.logits, b.logits) and np.array_equal(a.logits, c.logits)
+
+
+def test_decode_stops_at_end_id(model):
+    seq = prompts(1, 211, seed=7)[0]
+    greedy = [lambda row: int(np.argmax(row))]
+    full = fresh(model).decode([seq], [10], greedy, [None])[0].tokens
+    stop = full[3]
+    cut = fresh(model).decode([seq], [10], greedy, [stop])[0].tokens
+    assert cut == full[: full.index(stop) + 1]
+
+
+def test_prefix_cache_budget_evicts_least_recently_used(model):
+    engine = ReferenceEngine(model, prefix_cache_tokens=512)  # two entries of 256 positions
+    seqs = [[3 + i] * 5 for i in range(3)]
+    for s in seqs:
+        engine.logits([s], [1])
+    assert len(engine.prefix_cache.entries) == 2
+    kept = [e.tokens for e in engine.prefix_cache.entries.values()]
+    assert seqs[0] not in kept and seqs[1] in kept and seqs[2] in kept
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert common_prefix([1, 2, 3], [1, 9, 3]) == 1
+    assert common_prefix([5], [6]) == 0
+    assert common_prefix([], [1]) == 0
+    cache = PrefixCache(max_tokens=10)
+    assert cache.take([1, 2]) == (None, 0)
