@@ -6,6 +6,9 @@ reports `ran` or `skipped`. Later stages (repo, serve) are added by appending to
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,29 +44,71 @@ def _statuses(items: list[dict[str, Any]]) -> str:
     return "skipped" if states == {"skipped"} else "ran"
 
 
+CHECK_RECORD = "check.json"  # in the pair folder: the inputs of the last passing check
+
+
+def check_inputs_hash(spec: Spec) -> str:
+    """What `check` reads: the spec, each checkpoint's config and tokenizer files, and its weight files' sizes."""
+    from specbuild import __version__
+    from specbuild.artifacts import combined_hash, hash_file
+
+    parts: dict[str, Any] = {"spec": spec.to_dict(), "specbuild": __version__}
+    for role in ("target", "draft"):
+        folder = Path(spec.role(role).checkpoint)
+        files: dict[str, Any] = {}
+        if folder.is_dir():
+            for path in sorted(folder.iterdir()):
+                if not path.is_file():
+                    continue
+                if path.suffix in (".json", ".model", ".txt", ".jinja"):
+                    files[path.name] = hash_file(path)
+                else:
+                    files[path.name] = path.stat().st_size
+        parts[role] = files
+    return combined_hash(parts)
+
+
 def run_check_stage(ctx: UpContext) -> dict[str, Any]:
-    from specbuild.check import run_check
+    from specbuild.artifacts import write_json
 
     if ctx.dry_run:
         return {"status": "planned", "detail": "read both checkpoints' configs and tokenizers; memory plan"}
+    record = ctx.spec.pair_dir / CHECK_RECORD
+    key = check_inputs_hash(ctx.spec)
+    if not ctx.force and record.is_file():
+        try:
+            if json.loads(record.read_text()).get("input_hash") == key:
+                ctx.log(f"check: inputs unchanged since the last passing check ({record}), skipped.")
+                return {"status": "skipped"}
+        except (OSError, ValueError):
+            pass
+    from specbuild.check import run_check
+
     report = run_check(ctx.spec)
     for warning in report.warnings:
         ctx.log(f"check warning: {warning.message}")
     if not report.ok:
+        record.unlink(missing_ok=True)
         first = report.problems[0]
         more = f" (and {len(report.problems) - 1} more; run `specbuild check`)" if len(report.problems) > 1 else ""
         raise PairError(f"check failed: {first.message} {first.fix}".strip() + more)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    write_json(record, {"input_hash": key, "ok": True, "warnings": [w.to_dict() for w in report.warnings]})
     return {"status": "ran", "warnings": len(report.warnings)}
 
 
 def run_convert_stage(ctx: UpContext) -> dict[str, Any]:
-    import specbuild.convert as convert
+    from specbuild.cli.common import progress_enabled
+    from specbuild.convert.plan import ConvertOptions, describe, plan_roles
 
+    options = ConvertOptions()
+    plans = plan_roles(ctx.spec, ["target", "draft"], options)
     if ctx.dry_run:
-        planned = convert.dry_run(ctx.spec, ["target", "draft"]) if hasattr(convert, "dry_run") else None
-        return {"status": "planned", "detail": planned or [str(ctx.spec.pair_dir / r / "checkpoint")
-                                                            for r in ("target", "draft")]}
-    results = convert.convert_pair(ctx.spec, roles=["target", "draft"], force=ctx.force, log=ctx.log)
+        return {"status": "planned", "detail": [describe(plan) for plan in plans]}
+    from specbuild.convert.export import convert_role
+
+    results = [convert_role(plan, options, force=ctx.force, log=ctx.log, progress=progress_enabled())
+               for plan in plans]
     return {"status": _statuses(results), "roles": {r["role"]: r["status"] for r in results}}
 
 
@@ -94,7 +139,8 @@ def run_stages(ctx: UpContext, stages: list[Stage] | None = None) -> tuple[list[
         if not ctx.dry_run:
             ctx.log(f"== {stage.name}")
         try:
-            result = stage.run(ctx)
+            with contextlib.redirect_stdout(sys.stderr):  # libraries that print (modelopt) must not break --json
+                result = stage.run(ctx)
         except SpecbuildError as err:
             summary.append({"stage": stage.name, "status": "failed", "error": str(err),
                             "seconds": round(time.monotonic() - started, 3)})
@@ -135,5 +181,8 @@ def command(spec_path, backend, trtllm_build, once, force, dry_run, as_json):
     else:
         for row in summary:
             click.echo(f"{row['stage']:<8} {row['status']:<8} {row['seconds']:7.1f} s")
+            if row["status"] == "planned" and row["stage"] == "build":
+                for engine in row["detail"]["engines"]:
+                    click.echo(f"  {engine['role']}: " + (engine["argv_text"] or f"reference engine -> {engine['engine_dir']}"))
     if error is not None:
         raise error
