@@ -209,3 +209,22 @@ def test_example_pair_is_ok(tiny_spec_path):
     assert doc["ok"] is True
     assert doc["tokenizer"]["identical"] is True
     assert doc["memory"]["fits"] is True
+
+
+def test_heads_not_divisible_by_tp(tmp_path):
+    spec = make_pair(tmp_path, gpu='name = "H100-80GB"\ncount = 4')
+    spec.write_text(spec.read_text().replace("max_num_tokens = 512\n", "max_num_tokens = 512\ntp_size = 3\n"))
+    result, doc = check_json(spec)
+    assert result.exit_code == 1
+    messages = [p["message"] for p in doc["problems"] if p["code"] == "heads_not_divisible_by_tp"]
+    assert messages == [f"the {role} model has 4 attention heads, which tp_size = 3 does not divide."
+                        for role in ("target", "draft")]
+
+
+def test_bf16_checkpoint_served_in_fp16_warns(tmp_path):
+    target = write_checkpoint(tmp_path / "target", 1000, torch_dtype="bfloat16")
+    draft = write_checkpoint(tmp_path / "draft", 1000)
+    result, doc = check_json(write_spec(tmp_path / "s.toml", target, draft))
+    assert result.exit_code == 0
+    [warning] = [w for w in doc["warnings"] if w["code"] == "dtype_narrower_than_checkpoint"]
+    assert warning["fix"] == 'Set target.dtype = "bfloat16" unless the model is known to run in fp16.'

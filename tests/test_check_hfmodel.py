@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from check_fixtures import llama_config, write_checkpoint
+from check_fixtures import llama_config, llama_tensors, write_checkpoint
 from specbuild.errors import CheckpointError
 from specbuild.hfmodel import SUPPORTED_ARCHITECTURES, info_from_config, read_model_info
 
@@ -43,6 +43,26 @@ def test_safetensors_header_count_wins_over_the_config_estimate(tmp_path):
     info = read_model_info(folder)
     assert info.num_layers == 5
     assert info.num_params == info_from_config(llama_config(100)).num_params
+
+
+def test_sharded_checkpoint_counts_only_the_indexed_shards(tmp_path):
+    from safetensors.numpy import save_file
+
+    folder = write_checkpoint(tmp_path / "m", 100)
+    tensors = dict(sorted(llama_tensors(llama_config(100)).items()))
+    names = list(tensors)
+    (folder / "model.safetensors").unlink()
+    save_file({n: tensors[n] for n in names[:4]}, str(folder / "model-00001-of-00002.safetensors"))
+    save_file({n: tensors[n] for n in names[4:]}, str(folder / "model-00002-of-00002.safetensors"))
+    save_file(tensors, str(folder / "consolidated.safetensors"))  # the original-format copy Mistral repos ship
+    weight_map = {n: f"model-0000{1 if i < 4 else 2}-of-00002.safetensors" for i, n in enumerate(names)}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    info = read_model_info(folder)
+    assert info.num_params == sum(t.size for t in tensors.values())
+    assert info.weight_files == ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"1 weight shard\(s\) named in model.safetensors.index.json are missing"):
+        read_model_info(folder)
 
 
 def test_missing_folder(tmp_path):

@@ -60,6 +60,14 @@ def test_kv_bytes_per_token_is_2_layers_kvheads_headdim_bytes():
     assert kv_bytes_per_token(l70, "none", "bfloat16", 16) == 2 * 80 * 1 * 128 * 2
 
 
+def test_pipeline_parallel_splits_layers():
+    l70 = info_from_config(LLAMA3_70B)
+    assert kv_bytes_per_token(l70, "none", "bfloat16", 1, pp_size=2) == 2 * 40 * 8 * 128 * 2
+    total, per_gpu = weight_bytes(l70, "none", "bfloat16", 128256, 1, pp_size=4)
+    table = 128256 * 8192 * 2
+    assert per_gpu == pytest.approx((total - 2 * table) / 4 + 2 * table, rel=1e-6)
+
+
 def test_llama3_70b_weights_bf16_141gb_fp8_about_half():
     l70 = info_from_config(LLAMA3_70B)
     bf16, _ = weight_bytes(l70, "none", "bfloat16", 128256, 1)

@@ -256,6 +256,20 @@ def count_safetensors_params(files: list[Path]) -> int:
 
 def _weight_files(folder: Path) -> tuple[list[Path], list[Path]]:
     safetensors = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():  # sharded: count only the shards the index names (Mistral folders also hold consolidated.*)
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            raise CheckpointError(f"{index} is not a valid safetensors index. Download it again.") from None
+        named = {str(name) for name in weight_map.values()} if isinstance(weight_map, dict) else set()
+        missing = sorted(n for n in named if not (folder / n).is_file())
+        if missing:
+            raise CheckpointError(
+                f"{folder}: {len(missing)} weight shard(s) named in {index.name} are missing (e.g. {missing[0]}). "
+                "The download is incomplete: download the missing files."
+            )
+        safetensors = sorted(folder / n for n in named)
     pickles = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES
                      and p.name != "training_args.bin")
     return safetensors, pickles

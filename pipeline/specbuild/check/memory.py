@@ -7,7 +7,8 @@ Pure arithmetic over `ModelInfo` facts and the spec; every figure is per GPU unl
   default). The lm_head is counted even when the HF model ties it to the embedding: the exported
   TensorRT-LLM checkpoint stores it as its own tensor. With tensor parallelism the blocks and the
   lm_head are split over `tp_size` GPUs; the embedding is counted whole on every GPU
-  (trtllm-build's `--use_parallel_embedding` is off by default).
+  (trtllm-build's `--use_parallel_embedding` is off by default). Pipeline parallelism splits the
+  blocks and the KV layers over `pp_size` stages (embedding and lm_head counted on one stage: worst case).
 - KV cache bytes per token = 2 (K and V) x layers x kv_heads per GPU x head_dim x bytes
   (fp8 KV: 1 byte; otherwise the activation dtype). Sequences are counted in whole blocks of
   `TOKENS_PER_BLOCK` tokens (paged KV cache); the target's sequences are `max_draft_len` longer
@@ -106,6 +107,7 @@ class MemoryPlan:
     max_batch: int  # sequences at max_seq_len that fit (target KV + draft KV each)
     max_batch_size: int  # what the spec asks for
     max_seq_len: int
+    pp_size: int = 1
     problems: tuple[Finding, ...] = ()  # GPU feature gates and "does not fit"
     warnings: tuple[Finding, ...] = ()
     suggestions: tuple[dict[str, Any], ...] = ()  # changes that would fit, best first
@@ -133,6 +135,7 @@ class MemoryPlan:
             "sm": self.sm,
             "memory_per_gpu_bytes": self.memory_per_gpu_bytes,
             "tp_size": self.tp_size,
+            "pp_size": self.pp_size,
             "target": model(self.target),
             "draft": model(self.draft),
             "reserved_bytes": self.reserved_bytes,
@@ -149,22 +152,25 @@ def padded_vocab(rows: int, tp_size: int) -> int:
     return math.ceil(rows / tp_size) * tp_size
 
 
-def weight_bytes(info: ModelInfo, quantization: str, dtype: str, vocab_rows: int, tp_size: int) -> tuple[int, int]:
-    """(total, per GPU) engine weight bytes of one model."""
+def weight_bytes(info: ModelInfo, quantization: str, dtype: str, vocab_rows: int, tp_size: int,
+                 pp_size: int = 1) -> tuple[int, int]:
+    """(total, per GPU) engine weight bytes of one model; per GPU counts the embedding and the lm_head
+    on the same GPU (true for pp_size 1, the worst stage otherwise)."""
     act = DTYPE_BYTES[dtype]
     per_weight = act if quantization == "none" else WEIGHT_BYTES[quantization]
     own_embeddings = info.vocab_size * info.hidden_size * (1 if info.tie_word_embeddings else 2)
     blocks = max(info.num_params - own_embeddings, 0)  # transformer blocks + norms
     table = vocab_rows * info.hidden_size  # the embedding; the lm_head has the same shape
     total = blocks * per_weight + 2 * table * act
-    per_gpu = blocks * per_weight / tp_size + table * act + table * act / tp_size
+    per_gpu = blocks * per_weight / (tp_size * pp_size) + table * act + table * act / tp_size
     return int(total), int(per_gpu)
 
 
-def kv_bytes_per_token(info: ModelInfo, kv_cache: str, dtype: str, tp_size: int) -> int:
+def kv_bytes_per_token(info: ModelInfo, kv_cache: str, dtype: str, tp_size: int, pp_size: int = 1) -> int:
     kv_heads_per_gpu = math.ceil(info.num_kv_heads / tp_size)  # fewer kv heads than GPUs: replicated
+    layers_per_gpu = math.ceil(info.num_layers / pp_size)
     element = 1 if kv_cache == "fp8" else DTYPE_BYTES[dtype]
-    return 2 * info.num_layers * kv_heads_per_gpu * info.head_dim * element
+    return 2 * layers_per_gpu * kv_heads_per_gpu * info.head_dim * element
 
 
 def runtime_bytes(info: ModelInfo, dtype: str, spec: Spec, vocab_rows: int, is_target: bool) -> int:
@@ -209,12 +215,12 @@ def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | 
              "draft": (draft, spec.draft, b.max_seq_len)}
     raw: dict[str, dict[str, int]] = {}
     for role, (info, model, seq) in roles.items():
-        total, per_gpu = weight_bytes(info, model.quantization, model.dtype, vocab_rows, tp)
+        total, per_gpu = weight_bytes(info, model.quantization, model.dtype, vocab_rows, tp, b.pp_size)
         raw[role] = {
             "total": total,
             "per_gpu": per_gpu,
             "runtime": runtime_bytes(info, model.dtype, spec, vocab_rows, role == "target"),
-            "kv_token": kv_bytes_per_token(info, model.kv_cache, model.dtype, tp),
+            "kv_token": kv_bytes_per_token(info, model.kv_cache, model.dtype, tp, b.pp_size),
             "tokens": _round_up(seq, TOKENS_PER_BLOCK),
         }
     free_after_load = memory - sum(r["per_gpu"] + r["runtime"] for r in raw.values())
@@ -252,6 +258,7 @@ def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | 
         max_batch=int(max_batch),
         max_batch_size=b.max_batch_size,
         max_seq_len=b.max_seq_len,
+        pp_size=b.pp_size,
     )
     problems, warnings = gate_findings(spec, sm)
     suggestions: list[dict[str, Any]] = []

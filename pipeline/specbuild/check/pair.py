@@ -23,6 +23,8 @@ def run_check(spec: Spec, allow_pickle: bool = False) -> CheckReport:
     for role, info in infos.items():
         check_architecture(report, role, info)
         check_positions(report, spec, role, info)
+        check_parallelism(report, spec, role, info)
+        check_dtype(report, spec, role, info)
         if not info.has_safetensors:
             report.warn("pickle_weights", f"{role} checkpoint has pickle weights only ({', '.join(info.weight_files)}); "
                         "allowed by --allow-pickle. Its parameter count is estimated from config.json.",
@@ -74,6 +76,33 @@ def check_positions(report: CheckReport, spec: Spec, role: str, info: ModelInfo)
             f"build.max_seq_len + max_draft_len = {b.max_seq_len + spec.speculative.max_draft_len} exceeds the "
             f"target's position limit {limit}: the last drafts of a full-length sequence sit past it.",
             f"Set build.max_seq_len <= {limit - spec.speculative.max_draft_len}.",
+        )
+
+
+def check_parallelism(report: CheckReport, spec: Spec, role: str, info: ModelInfo) -> None:
+    tp, pp = spec.build.tp_size, spec.build.pp_size
+    if info.num_heads % tp:
+        report.problem(
+            "heads_not_divisible_by_tp",
+            f"the {role} model has {info.num_heads} attention heads, which tp_size = {tp} does not divide.",
+            "Set build.tp_size to a divisor of " + str(info.num_heads) + ".",
+        )
+    if pp > info.num_layers:
+        report.problem(
+            "more_stages_than_layers",
+            f"build.pp_size = {pp} exceeds the {role} model's {info.num_layers} layers.",
+            f"Set build.pp_size <= {info.num_layers}.",
+        )
+
+
+def check_dtype(report: CheckReport, spec: Spec, role: str, info: ModelInfo) -> None:
+    wanted = spec.role(role).dtype
+    if info.torch_dtype == "bfloat16" and wanted == "float16":
+        report.warn(
+            "dtype_narrower_than_checkpoint",
+            f"the {role} checkpoint is bfloat16 but {role}.dtype = 'float16': models trained in bf16 can "
+            "overflow fp16 activations (inf/NaN logits).",
+            f'Set {role}.dtype = "bfloat16" unless the model is known to run in fp16.',
         )
 
 
