@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 
@@ -31,3 +32,12 @@ def prompts(n: int, vocab: int, seed: int = 0, min_len: int = 3, max_len: int = 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_len, max_len + 1, (n,), generator=g)
     return [torch.randint(3, vocab, (int(n_,),), generator=g).tolist() for n_ in lengths]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """One torch thread: the CI machine has 2 cores shared with other tests; spinning OpenMP threads hurt."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime_models import make_llama, prompts
+from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
 from specbuild.runtime.engine import ReferenceEngine
 from specbuild.runtime.kvcache import PrefixCache, common_prefix
 from specbuild.runtime.model import LlamaModel

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime_models import make_llama, prompts
+from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
 from specbuild.errors import CheckpointError
 from specbuild.runtime.engine import ReferenceEngine
 from specbuild.runtime.model import LlamaModel

@@ -1,0 +1,166 @@
+"""Exact greedy equality on the tiny example pair: speculative == target-only == Hugging Face generate.
+
+The pair runs through the same path as `generate --local` and the Triton BLS: the draft/verify
+loop -> ContractDrafter / ContractVerifier -> the tensorrt_llm tensor contract -> the reference
+engine. Equality is exact (token for token); the batch-invariant forward (runtime/model.py) is
+what makes a k + 1-token verification see the same numbers as one-token steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from runtime_models import single_thread  # noqa: F401 (autouse fixture)
+from specbuild.errors import GenerationError
+from specbuild.runtime.contract import ContractModel, Limits
+from specbuild.runtime.engine import ReferenceEngine
+from specbuild.runtime.model import LlamaModel
+from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
+from specbuild.speculative.interfaces import Draft, SamplingParams
+from specbuild.speculative.loop import GenerationRequest, run
+
+MAX_TOKENS = 24
+
+
+def tiny_prompts(tokenizer, n_per_kind):
+    from specbuild.example.corpus import heldout_prompts
+
+    texts = [t for kind in ("code", "prose", "json") for t in heldout_prompts(kind, n_per_kind, chars=120)]
+    return [tokenizer(t)["input_ids"] for t in texts]
+
+
+@pytest.fixture(scope="module")
+def pair(example_tiny):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(example_tiny.target), local_files_only=True)
+
+    def build(use_cache=True):
+        target = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.target), use_cache=use_cache),
+                               Limits(max_draft_len=8))
+        draft = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.draft), use_cache=use_cache))
+        eos = tokenizer.eos_token_id
+        return ContractDrafter(draft, end_id=eos), ContractVerifier(target, max_draft_len=8, end_id=eos)
+
+    return tokenizer, build
+
+
+@pytest.mark.slow
+def test_speculative_equals_target_only_for_60_prompts_and_k_1_2_4_8(pair):
+    tokenizer, build = pair
+    drafter, verifier = build()
+    eos = tokenizer.eos_token_id
+    cases = tiny_prompts(tokenizer, 20)
+    assert len(cases) >= 50
+    accepted = drafted = 0
+    for ids in cases:
+        baseline = run(ids, drafter, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=0, end_id=eos))
+        assert baseline.stats.drafted == 0
+        for k in (1, 2, 4, 8):
+            spec = run(ids, drafter, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=k, end_id=eos))
+            assert spec.tokens == baseline.tokens, f"K = {k} diverged for prompt {tokenizer.decode(ids)!r}"
+            assert spec.finish_reason == baseline.finish_reason
+            accepted, drafted = accepted + spec.stats.accepted, drafted + spec.stats.drafted
+    assert 0 < accepted < drafted  # real speculation: some drafts accepted, some rejected
+
+
+def test_caches_off_gives_the_same_output(pair):
+    tokenizer, build = pair
+    eos = tokenizer.eos_token_id
+    cached, uncached = build(True), build(False)
+    for ids in tiny_prompts(tokenizer, 2):
+        for k in (0, 3):
+            request = GenerationRequest(max_tokens=16, num_draft_tokens=k, end_id=eos)
+            assert run(ids, *cached, request).tokens == run(ids, *uncached, request).tokens
+
+
+def test_sampling_is_reproducible_with_a_seed(pair):
+    tokenizer, build = pair
+    ids = tiny_prompts(tokenizer, 1)[0]
+    drafter, verifier = build()
+    drafter.use_logits = True
+    request = GenerationRequest(max_tokens=20, num_draft_tokens=3, end_id=tokenizer.eos_token_id,
+                                sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=11))
+    first, second = run(ids, drafter, verifier, request), run(ids, *build(), request)
+    assert first.tokens == second.tokens and first.stats.drafted > 0
+
+
+def test_target_only_equals_transformers_generate_on_the_hf_checkpoint(pair, example_tiny):
+    from transformers import AutoModelForCausalLM
+
+    tokenizer, build = pair
+    drafter, verifier = build()
+    hf = AutoModelForCausalLM.from_pretrained(str(example_tiny.target), dtype=torch.float32).eval()
+    for ids in tiny_prompts(tokenizer, 4):
+        ours = run(ids, drafter, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=0)).tokens
+        with torch.no_grad():
+            theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None)[0, len(ids):]
+        assert ours == theirs.tolist()
+
+
+# -- the adapters against hand-written responses (no model) ------------------------------------
+
+
+def fake_model(new_tokens):
+    """A `call` that answers with the request's input followed by new_tokens."""
+    seen = []
+
+    def call(request):
+        seen.append(request)
+        ids = request["input_ids"].tolist() + list(new_tokens)
+        return {"output_ids": np.array([ids], np.int32), "sequence_length": np.array([len(ids)], np.int32)}
+
+    return call, seen
+
+
+def test_verifier_maps_responses_to_accepted_plus_one_token():
+    draft = Draft(tokens=[5, 6, 7])
+    greedy = SamplingParams()
+    cases = [
+        ([5, 6, 7, 8], 3, [5, 6, 7, 8]),  # all accepted + bonus
+        ([5, 9], 1, [5, 9]),  # rejected at position 1, recovered 9
+        ([5, 6], 2, [5, 6, 2]),  # only accepted tokens came back: stopped at end_id (left out)
+        ([], 0, [2]),  # end_id right away
+        ([5, 2], 1, [5, 2]),  # a model that keeps end_id in output_ids
+    ]
+    for new, accepted, tokens in cases:
+        call, seen = fake_model(new)
+        v = ContractVerifier(call, max_draft_len=4, end_id=2).verify([1, 4], draft, greedy)
+        assert (v.accepted, v.tokens) == (accepted, tokens)
+        assert seen[0]["draft_input_ids"].tolist() == [5, 6, 7]
+        assert seen[0]["request_output_len"].tolist() == [4] and seen[0]["input_ids"].dtype == np.int32
+
+
+def test_verifier_without_end_id_reports_a_short_answer():
+    call, _ = fake_model([5])
+    with pytest.raises(GenerationError, match="no end_id is known"):
+        ContractVerifier(call, max_draft_len=4).verify([1], Draft(tokens=[5, 6]), SamplingParams())
+
+
+def test_verifier_refuses_an_answer_that_breaks_the_contract():
+    call, _ = fake_model([9, 9, 9])  # three tokens after a rejection at position 0
+    with pytest.raises(GenerationError, match="expected the accepted draft prefix plus one token"):
+        ContractVerifier(call, max_draft_len=4, end_id=2).verify([1], Draft(tokens=[5, 6]), SamplingParams())
+
+
+def test_drafter_sends_the_contract_tensors_and_reads_logits():
+    sampling = SamplingParams(temperature=0.5, top_k=3, seed=7)
+    logits = np.random.default_rng(0).normal(size=(2, 10)).astype(np.float32)
+
+    def call(request):
+        ids = request["input_ids"].tolist() + [4, 8]
+        return {"output_ids": np.array([ids], np.int32), "sequence_length": np.array([len(ids)], np.int32),
+                "generation_logits": logits[None]}
+
+    calls = []
+    draft = ContractDrafter(lambda r: calls.append(r) or call(r), end_id=2).propose([1, 3], 2, sampling)
+    r = calls[0]
+    assert r["request_output_len"].tolist() == [2] and r["return_generation_logits"].tolist() == [True]
+    assert r["seed"].dtype == np.uint64 and r["seed"].tolist() == [7]
+    assert r["runtime_top_k"].tolist() == [3] and r["temperature"].dtype == np.float32
+    assert draft.tokens == [4, 8] and np.array_equal(draft.logits, logits)
+    assert draft.probs.shape == (2, 10) and np.allclose(draft.probs.sum(axis=1), 1.0)
+    assert (draft.probs > 0).sum(axis=1).tolist() == [3, 3]  # top-k applied
