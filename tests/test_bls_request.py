@@ -67,3 +67,14 @@ def test_num_draft_tokens_is_clamped_to_the_engine_limit():
 def test_bad_inputs_are_named_in_the_error(inputs, message):
     with pytest.raises(InvalidRequest, match=message.replace("(", r"\(").replace(".", r"\.")):
         parse_request(getter(**inputs), max_tokens_limit=64, max_draft_len=4)
+
+
+def test_neutral_penalties_are_accepted_others_refused():
+    ok = parse_request(getter(text_input=text("x"), max_tokens=i32(4),
+                              repetition_penalty=np.array([[1.0]], dtype=np.float32), min_tokens=i32(0)),
+                       max_tokens_limit=64, max_draft_len=4)
+    assert ok.max_tokens == 4
+    with pytest.raises(InvalidRequest, match="'repetition_penalty' = \\[1.2"):
+        parse_request(getter(text_input=text("x"), max_tokens=i32(4),
+                             repetition_penalty=np.array([[1.2]], dtype=np.float32)),
+                      max_tokens_limit=64, max_draft_len=4)

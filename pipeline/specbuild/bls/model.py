@@ -119,10 +119,11 @@ class TritonPythonModel:
         stop_sequences = _stop_sequences(pre.get("STOP_WORDS_IDS"))
         k = self.default_k if req.num_draft_tokens is None else req.num_draft_tokens
         use_logits = self.default_use_draft_logits if req.use_draft_logits is None else req.use_draft_logits
-        drafter = ContractDrafter(lambda inputs: self._call(self.draft_model, inputs), end_id=end_id,
-                                  return_logits=use_logits or not req.sampling.greedy)
-        verifier = ContractVerifier(lambda inputs: self._call(self.target_model, inputs),
-                                    max_draft_len=self.max_draft_len, end_id=end_id)
+        pad_id = int(pre["OUT_PAD_ID"].reshape(-1)[0]) if "OUT_PAD_ID" in pre else req.pad_id
+        drafter = ContractDrafter(lambda inputs: self._call(self.draft_model, inputs, batch_dim=True),
+                                  end_id=end_id, pad_id=pad_id, use_logits=use_logits)
+        verifier = ContractVerifier(lambda inputs: self._call(self.target_model, inputs, batch_dim=True),
+                                    max_draft_len=self.max_draft_len, end_id=end_id, pad_id=pad_id)
         gen = GenerationRequest(max_tokens=req.max_tokens, num_draft_tokens=k, sampling=req.sampling,
                                 end_id=end_id, stop_sequences=stop_sequences, adaptive=self.adaptive and k > 0)
         output: list[int] = []
@@ -175,25 +176,31 @@ class TritonPythonModel:
         value = out["OUTPUT"].reshape(-1)[0]
         return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
-    def _call(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One BLS request to `model`; inputs already carry the batch dimension [1, ...]."""
-        tensors = [self.pb.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
+    def _call(self, model: str, inputs: dict[str, np.ndarray], batch_dim: bool = False) -> dict[str, np.ndarray]:
+        """One BLS request to `model`. With batch_dim, contract tensors ([len], [1], ...) get Triton's
+        leading batch dimension of 1; without, the inputs already carry it."""
+        tensors = [
+            self.pb.Tensor(name, np.ascontiguousarray(value[None] if batch_dim else value))
+            for name, value in inputs.items()
+        ]
         response = self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=[]).exec()
         if response.has_error():
             raise ModelCallError(f"model '{model}' failed: {response.error().message()}")
         return {t.name(): t.as_numpy() for t in response.output_tensors()}
 
     def _response(self, text: str, stats, output: list[int], elapsed: float | None = None):
-        tensors = [self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object))]
+        """One response; every tensor carries the batch dimension of 1 (max_batch_size > 0)."""
+        tensors = [self.pb.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object))]
         if stats is not None:
             tensors += [
-                self.pb.Tensor("acceptance_rate", np.array([stats.acceptance_rate], dtype=np.float32)),
-                self.pb.Tensor("total_accepted_draft_tokens", np.array([stats.accepted], dtype=np.int32)),
-                self.pb.Tensor("total_draft_tokens", np.array([stats.drafted], dtype=np.int32)),
-                self.pb.Tensor("mean_accepted_len", np.array([stats.mean_accepted_len], dtype=np.float32)),
-                self.pb.Tensor("num_output_tokens", np.array([len(output)], dtype=np.int32)),
-                self.pb.Tensor("output_ids", np.array(output, dtype=np.int32)),
-                self.pb.Tensor("speculation_stats", np.array([json.dumps(stats.to_dict()).encode()], dtype=object)),
+                self.pb.Tensor("acceptance_rate", np.array([[stats.acceptance_rate]], dtype=np.float32)),
+                self.pb.Tensor("total_accepted_draft_tokens", np.array([[stats.accepted]], dtype=np.int32)),
+                self.pb.Tensor("total_draft_tokens", np.array([[stats.drafted]], dtype=np.int32)),
+                self.pb.Tensor("mean_accepted_len", np.array([[stats.mean_accepted_len]], dtype=np.float32)),
+                self.pb.Tensor("num_output_tokens", np.array([[len(output)]], dtype=np.int32)),
+                self.pb.Tensor("output_ids", np.array([output], dtype=np.int32).reshape(1, -1)),
+                self.pb.Tensor("speculation_stats",
+                               np.array([[json.dumps(stats.to_dict()).encode()]], dtype=object)),
             ]
         return self.pb.InferenceResponse(output_tensors=tensors)
 

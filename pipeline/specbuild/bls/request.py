@@ -19,7 +19,6 @@ Getter = Callable[[str], "np.ndarray | None"]
 # Inputs of NVIDIA's BLS that specbuild does not implement: refused loudly rather than ignored.
 UNSUPPORTED_INPUTS = (
     "beam_width",
-    "num_return_sequences",
     "return_context_logits",
     "return_generation_logits",
     "embedding_bias_words",
@@ -37,6 +36,20 @@ UNSUPPORTED_INPUTS = (
     "guided_decoding_guide_type",
     "guided_decoding_guide",
 )
+
+
+# Inputs accepted only at their neutral value (NVIDIA clients often send them with defaults).
+NEUTRAL_INPUTS = {
+    "length_penalty": 1.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "min_tokens": 0,
+    "num_return_sequences": 1,
+    "return_log_probs": False,
+    "return_num_input_tokens": False,
+    "return_num_output_tokens": False,
+}
 
 
 class InvalidRequest(ValueError):
@@ -107,6 +120,13 @@ def parse_request(get: Getter, max_tokens_limit: int, max_draft_len: int) -> Bls
     for name in UNSUPPORTED_INPUTS:
         if get(name) is not None:
             raise InvalidRequest(f"input '{name}' is not supported by specbuild's speculative BLS; remove it.")
+    for name, neutral in NEUTRAL_INPUTS.items():
+        value = get(name)
+        if value is not None and np.asarray(value).size and np.any(np.asarray(value) != neutral):
+            raise InvalidRequest(
+                f"input '{name}' = {np.asarray(value).reshape(-1).tolist()} is not supported by specbuild's speculative "
+                f"BLS (only {neutral!r}); remove it."
+            )
     text = _scalar(get, "text_input", "str")
     if text is None or not str(text).strip():
         raise InvalidRequest("input 'text_input' is required and must be non-empty text.")
