@@ -39,15 +39,17 @@ class HFPeer:
     concurrent = False
     max_draft_len = None
 
-    def __init__(self, target_dir: Path, draft_dir: Path, end_id: int | None = None):
+    def __init__(self, target_dir: Path, draft_dir: Path, end_id: int | None = None, tokenizer_dir: Path | None = None):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-            self.target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-            self.draft = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
+            self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or target_dir), local_files_only=True)
+            self.target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32,
+                                                               local_files_only=True).eval()
+            self.draft = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32,
+                                                              local_files_only=True).eval()
         except (OSError, ValueError) as err:
             raise CheckpointError(f"--vs-hf: cannot load the pair with transformers ({err}). "
                                   "The spec's checkpoints must be Hugging Face model folders.") from None
@@ -57,19 +59,19 @@ class HFPeer:
         gc.assistant_confidence_threshold = 0.0
 
     @classmethod
-    def from_spec(cls, spec: Spec) -> "HFPeer":
+    def from_spec(cls, spec: Spec, end_id: int | None = None) -> "HFPeer":
         for role in ("target", "draft"):
             if not (Path(spec.role(role).checkpoint) / "config.json").is_file():
                 raise BenchError(f"--vs-hf needs the {role}'s Hugging Face folder, but {spec.role(role).checkpoint} "
                                  "has no config.json. Point the spec at the HF checkpoints.")
-        return cls(spec.target.checkpoint, spec.draft.checkpoint)
+        return cls(spec.target.checkpoint, spec.draft.checkpoint, end_id=end_id)
 
     def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings) -> RequestResult:
         if settings.temperature > 0:
             raise BenchError("--vs-hf compares greedy decoding only: drop --temperature or set it to 0.")
         torch = self.torch
         start = time.perf_counter()
-        ids = self.tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False).input_ids  # [1, prompt_len]
+        ids = self.tokenizer(prompt.text, return_tensors="pt").input_ids  # [1, prompt_len], as `generate --local`
         clock = _FirstTokenClock()
         kwargs = {"max_new_tokens": max_tokens, "do_sample": False, "streamer": clock,
                   "eos_token_id": self.end_id, "pad_token_id": self.end_id}

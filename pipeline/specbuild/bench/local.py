@@ -26,6 +26,7 @@ class LocalTransport:
     end_id: int | None = None
     name: str = "local"
     concurrent: bool = False  # one drafter/verifier pair: requests run one at a time
+    source: dict[str, str] | None = None  # where the weights came from, per role (reference-engine / hf-checkpoint)
 
     @property
     def max_draft_len(self) -> int | None:
@@ -63,3 +64,18 @@ class LocalTransport:
             result.per_position_accepted = list(stats.per_position_accepted)
             result.draft_seconds, result.target_seconds = stats.draft_seconds, stats.target_seconds
         return result
+
+
+def from_spec(spec, log: Callable[[str], None] = lambda m: None) -> LocalTransport:
+    """The spec's pair in-process: reference engines when built, else the HF checkpoints (`runtime.loading`)."""
+    from transformers import AutoTokenizer
+
+    from specbuild.runtime.loading import load_pair
+
+    pair = load_pair(spec)
+    log(f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}")
+    tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
+    transport = LocalTransport(pair.drafter, pair.verifier, encode=lambda text: tokenizer(text)["input_ids"],
+                               end_id=pair.end_id)
+    transport.source = {"target": pair.target.kind, "draft": pair.draft.kind}
+    return transport

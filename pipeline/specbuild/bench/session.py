@@ -98,7 +98,7 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
             from specbuild.bench.hf_peer import HFPeer
 
             log("loading the pair with transformers for --vs-hf")
-            peers.append(HFPeer.from_spec(spec))
+            peers.append(HFPeer.from_spec(spec, end_id=transport.end_id))
     log(f"bench: {mode}, workload {prompts.name}, {settings.requests} requests per cell")
     measured = runner.run(transport, prompts, settings, peers=peers, progress=_progress(progress))
     ours = measured[transport.name]
