@@ -42,8 +42,8 @@ def tiny_hf_model(folder: Path, seed: int, layers: int = 2):
     return model
 
 
-def write_trtllm_checkpoint(model, folder: Path, role: str, pair: str) -> None:
-    """TensorRT-LLM LLaMA checkpoint layout (as modelopt exports it), float32, one rank."""
+def write_trtllm_checkpoint(model, folder: Path, role: str, pair: str, fp8: bool = False) -> None:
+    """TensorRT-LLM LLaMA checkpoint layout (as modelopt exports it), float32 or FP8 linears, one rank."""
     from safetensors.torch import save_file
 
     c = model.config
@@ -58,6 +58,14 @@ def write_trtllm_checkpoint(model, folder: Path, role: str, pair: str) -> None:
                          ("mlp.up_proj", "mlp.gate"), ("mlp.down_proj", "mlp.proj"),
                          ("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "post_layernorm")):
             out[f"{trt}.{dst}.weight"] = sd[f"{hf}.{src}.weight"]
+    if fp8:  # per-tensor FP8 weights with static FP8 activation scales, like modelopt's FP8 export
+        for name in [k for k in out if ".attention." in k or ".mlp." in k]:
+            prefix = name[: -len(".weight")]
+            w = out[name]
+            scale = w.abs().max() / 448.0
+            out[name] = (w / scale).to(torch.float8_e4m3fn)
+            out[f"{prefix}.weights_scaling_factor"] = scale.reshape(())
+            out[f"{prefix}.activation_scaling_factor"] = torch.tensor(0.05)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(out, str(folder / "rank0.safetensors"))
     config = {"architecture": "LlamaForCausalLM", "dtype": "float32", "vocab_size": c.vocab_size,
@@ -67,10 +75,11 @@ def write_trtllm_checkpoint(model, folder: Path, role: str, pair: str) -> None:
               "max_position_embeddings": c.max_position_embeddings, "position_embedding_type": "rope_gpt_neox",
               "rotary_base": c.rope_theta if hasattr(c, "rope_theta") else 10000.0,
               "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
-              "quantization": {"quant_algo": None, "kv_cache_quant_algo": None}}
+              "quantization": {"quant_algo": "FP8" if fp8 else None, "kv_cache_quant_algo": None}}
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "manifest.json").write_text(json.dumps({
-        "stage": "convert", "role": role, "pair": pair, "input_hash": f"hand-written-{role}", "quant_algo": None,
+        "stage": "convert", "role": role, "pair": pair, "input_hash": f"hand-written-{role}",
+        "quant_algo": "FP8" if fp8 else None,
         "kv_cache_quant_algo": None, "mapping": config["mapping"], "vocab_size": c.vocab_size}))
 
 
@@ -165,3 +174,25 @@ def test_dry_run_input_hash_is_the_cache_key_of_the_build(pair):
     planned = [e["input_hash"] for e in dry_run(spec, ["target", "draft"], "reference")["engines"]]
     built = [r["manifest"]["input_hash"] for r in build_engines(spec, ["target", "draft"], "reference")]
     assert planned == built and None not in planned
+
+
+def test_fp8_checkpoint_is_dequantized_and_keeps_its_activation_scales(pair, tmp_path):
+    from safetensors.torch import load_file
+
+    spec, models = pair
+    ckpt = spec.pair_dir / "draft" / "checkpoint"
+    write_trtllm_checkpoint(models["draft"], ckpt, "draft", spec.name, fp8=True)
+    build_engines(spec, ["draft"], "reference")
+    engine = spec.pair_dir / "draft" / "engine"
+    raw = load_file(str(ckpt / "rank0.safetensors"))
+    weights = load_file(str(engine / "model.safetensors"))
+    dense = raw["transformer.layers.0.attention.dense.weight"].float() * raw[
+        "transformer.layers.0.attention.dense.weights_scaling_factor"]
+    assert weights["model.layers.0.self_attn.o_proj.weight"].dtype == torch.float32
+    torch.testing.assert_close(weights["model.layers.0.self_attn.o_proj.weight"], dense, atol=0, rtol=0)
+    assert not torch.equal(dense, models["draft"].model.layers[0].self_attn.o_proj.weight)  # FP8 error is kept
+    info = json.loads((engine / "engine.json").read_text())
+    assert info["quant_algo"] == "FP8" and info["activation_quant"] == "activation_quant.json"
+    acts = json.loads((engine / "activation_quant.json").read_text())
+    assert acts["model.layers.0.self_attn.o_proj"] == {"kind": "fp8", "scale": pytest.approx(0.05),
+                                                       "pre_quant_scale": False}
