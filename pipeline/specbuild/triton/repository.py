@@ -209,6 +209,16 @@ def render(settings: RepoSettings) -> dict[str, str]:
     return dict(sorted(files.items()))
 
 
+def recorded_spec(spec: Spec) -> dict[str, Any]:
+    """The spec as the manifest records it: without machine-specific paths (checkpoints, output_dir),
+    which the reference flavour does not embed (its engine paths are relative to the repository)."""
+    data = spec.to_dict()
+    data.pop("output_dir", None)
+    for role in ("target", "draft"):
+        data[role].pop("checkpoint", None)
+    return data
+
+
 def write_repository(
     spec: Spec,
     backend: str,
@@ -233,6 +243,7 @@ def write_repository(
             "backend": backend,
             "input_hash": input_hash,
             "settings": asdict(settings),
+            "spec": recorded_spec(spec),
             "files": list(files),
             "tool_versions": tool_versions("tritonclient", "protobuf"),
         })

@@ -139,7 +139,7 @@ def build_argv(install: TritonInstall, opts: ServerOptions, admin_key: str) -> t
         "--disable-auto-complete-config",
         "--strict-readiness=true",
         "--exit-on-error=true",
-        "--exit-timeout-secs=10",
+        "--exit-timeout-secs=30",
         f"--log-verbose={opts.log_verbose}",
     ]
     if install.backend_dir is not None:
@@ -260,7 +260,7 @@ class ServerHandle:
         raise ServeError(f"tritonserver was not ready after {timeout:.0f} s. Log ({self.log_path}), last lines:\n"
                          f"{self.log_tail()}")
 
-    def stop(self, timeout: float = 30.0) -> int | None:
+    def stop(self, timeout: float = 45.0) -> int | None:
         """SIGTERM to the process group, SIGKILL after `timeout`; returns the exit code."""
         process = self.process
         if process is None:

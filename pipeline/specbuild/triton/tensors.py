@@ -89,17 +89,6 @@ LLM_INPUTS: tuple[Tensor, ...] = (
     _ragged("context_phase_params", "TYPE_UINT8"),
 )
 
-# Inputs the reference models accept with content; any other optional input present is refused
-# with INVALID_ARG by name (the C++ backend would act on it, the reference runtime cannot).
-REFERENCE_LLM_INPUTS = frozenset({
-    "input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits",
-    "draft_acceptance_threshold", "end_id", "pad_id", "stop_words_list", "bad_words_list", "beam_width",
-    "num_return_sequences", "temperature", "runtime_top_k", "runtime_top_p", "min_tokens", "seed",
-    "return_log_probs", "return_context_logits", "return_generation_logits", "return_perf_metrics",
-    "return_num_input_tokens", "return_num_output_tokens", "exclude_input_in_output", "stop", "streaming",
-    "len_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty", "early_stopping",
-})
-
 LLM_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("output_ids", "TYPE_INT32", (-1, -1)),  # [beam, len]
     Tensor("sequence_length", "TYPE_INT32", (-1,)),  # [beam]

@@ -1,0 +1,187 @@
+"""`tensorrt_llm` / `tensorrt_llm_draft` on CPU: the PyTorch reference engine behind the §2.4 contract.
+
+The C++ `tensorrtllm` backend's tensors, the same semantics for what specbuild uses: a request with
+`draft_input_ids` is verified (output = prefix + accepted draft tokens + one token, plus the
+acceptance outputs), one without decodes `request_output_len` tokens. Requests of one `execute`
+call (Triton's dynamic batcher groups concurrent ones) run as one batched forward.
+
+Inputs the reference runtime cannot honour are refused by name with INVALID_ARG when they ask
+for something (beam search, log probs, context logits, streaming, penalties, bad/stop word lists,
+embedding bias, LoRA, multimodal); sent with their neutral values they are accepted. `min_tokens`
+is accepted and not enforced (NVIDIA's BLS sends it on draft calls; it only delays EOS there).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specbuild.triton import tensors
+from specbuild.triton.models.common import InvalidInput, flag, parameters, required, resolve_path
+
+PER_ROW = ("input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits", "end_id", "pad_id",
+           "temperature", "runtime_top_k", "runtime_top_p", "seed", "return_generation_logits")
+IGNORED = ("min_tokens", "len_penalty", "early_stopping", "beam_search_diversity_rate", "return_perf_metrics",
+           "return_num_input_tokens", "return_num_output_tokens", "exclude_input_in_output",
+           "runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids")
+NEUTRAL = {  # input -> the value that asks for nothing
+    "beam_width": 1, "num_return_sequences": 1, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+    "frequency_penalty": 0.0, "return_log_probs": False, "return_context_logits": False, "streaming": False,
+    "stop": False,
+}
+EMPTY_OK = ("embedding_bias", "stop_words_list", "bad_words_list")  # accepted when they hold no entry
+
+
+def _word_list_empty(value: np.ndarray) -> bool:
+    array = np.asarray(value)
+    return array.size == 0 or bool(np.all(array.reshape(-1, 2, array.shape[-1])[:, 1, :] < 0))
+
+
+def check_supported(inputs: dict[str, np.ndarray]) -> None:
+    for name, value in inputs.items():
+        if name in PER_ROW or name in IGNORED:
+            continue
+        if name == "streaming" and np.any(np.asarray(value)):
+            raise InvalidInput("input 'streaming' = true needs a decoupled model, and tensorrt_llm is deployed "
+                               "non-decoupled (the BLS calls it once per step): stream through tensorrt_llm_bls.")
+        if name in NEUTRAL:
+            if np.any(np.asarray(value).reshape(-1) != NEUTRAL[name]):
+                raise InvalidInput(f"input {name!r} = {np.asarray(value).reshape(-1).tolist()} is not supported by the "
+                                   f"reference model (only {NEUTRAL[name]!r}); the TensorRT-LLM backend serves it.")
+            continue
+        if name == "embedding_bias" and np.asarray(value).size == 0:
+            continue
+        if name in ("stop_words_list", "bad_words_list") and _word_list_empty(value):
+            continue
+        raise InvalidInput(f"input {name!r} is not supported by the reference model: remove it "
+                           "(stop words: use tensorrt_llm_bls, which stops on them itself).")
+
+
+def split_rows(inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """One contract request per batch row; inputs carry the batch dimension first."""
+    check_supported(inputs)
+    for name in ("input_ids", "input_lengths", "request_output_len"):
+        if name not in inputs:
+            raise InvalidInput(f"input {name!r} is required.")
+    batch = inputs["input_ids"].shape[0]
+    rows = []
+    for i in range(batch):
+        rows.append({name: np.asarray(inputs[name][i]) for name in PER_ROW if name in inputs})
+    return rows
+
+
+def _per_row_flag(inputs: dict[str, np.ndarray], name: str, i: int, default: bool) -> bool:
+    if name not in inputs:
+        return default
+    return bool(np.asarray(inputs[name]).reshape(inputs[name].shape[0], -1)[i, 0])
+
+
+def assemble(inputs: dict[str, np.ndarray], results: list[dict[str, np.ndarray]],
+             exclude_default: bool) -> dict[str, np.ndarray]:
+    """Stack per-row contract responses into the request's outputs ([b, beam = 1, ...])."""
+    batch = len(results)
+    ids, lengths = [], []
+    for i, r in enumerate(results):
+        row = np.asarray(r["output_ids"]).reshape(-1)[: int(np.asarray(r["sequence_length"]).reshape(-1)[0])]
+        if _per_row_flag(inputs, "exclude_input_in_output", i, exclude_default):
+            row = row[int(np.asarray(inputs["input_lengths"][i]).reshape(-1)[0]):]
+        ids.append(row)
+        lengths.append(len(row))
+    pad = int(np.asarray(inputs["pad_id"][0]).reshape(-1)[0]) if "pad_id" in inputs else 0
+    width = max(1, max(lengths))
+    output_ids = np.full((batch, 1, width), pad, dtype=np.int32)
+    for i, row in enumerate(ids):
+        output_ids[i, 0, : len(row)] = row
+    out = {"output_ids": output_ids, "sequence_length": np.array(lengths, dtype=np.int32).reshape(batch, 1)}
+    if all("generation_logits" in r for r in results):
+        logits = [np.asarray(r["generation_logits"], dtype=np.float32).reshape(-1, r["generation_logits"].shape[-1])
+                  for r in results]
+        stacked = np.zeros((batch, 1, max(len(x) for x in logits), logits[0].shape[-1]), dtype=np.float32)
+        for i, x in enumerate(logits):
+            stacked[i, 0, : len(x)] = x
+        out["generation_logits"] = stacked
+    for name, dtype in (("acceptance_rate", np.float32), ("total_accepted_draft_tokens", np.int32),
+                        ("total_draft_tokens", np.int32)):
+        if all(name in r for r in results):
+            out[name] = np.array([np.asarray(r[name]).reshape(-1)[0] for r in results], dtype=dtype).reshape(batch, 1)
+    input_lengths = np.asarray(inputs["input_lengths"]).reshape(batch, -1)[:, :1].astype(np.int32)
+    if "return_num_input_tokens" in inputs:
+        out["num_input_tokens"] = input_lengths
+    if "return_num_output_tokens" in inputs:
+        generated = [len(np.asarray(r["output_ids"]).reshape(-1)) - int(input_lengths[i, 0]) for i, r in enumerate(results)]
+        out["num_output_tokens"] = np.array(generated, dtype=np.int32).reshape(batch, 1)
+    return out
+
+
+def load_engine(engine_dir: Path, role: str, device: str | None = None):
+    """The runtime's ContractModel over a reference engine folder (config.json, weights, engine.json)."""
+    from specbuild.runtime.loading import REFERENCE_ENGINE, ModelSource, load_contract_model
+
+    try:
+        limits = json.loads((engine_dir / "engine.json").read_text())
+        manifest = json.loads((engine_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        raise FileNotFoundError(f"{engine_dir} is not a finished reference engine (engine.json, manifest.json): "
+                                "run `specbuild build --backend reference`, or fix engine_dir with `specbuild repo`.") from None
+    if manifest.get("backend") != "reference":
+        raise ValueError(f"{engine_dir} holds a {manifest.get('backend')!r} engine, not a reference engine.")
+    return load_contract_model(ModelSource(role, engine_dir, REFERENCE_ENGINE, limits), device=device)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        self.pb = pb_utils
+        params = parameters(args)
+        self.name = args.get("model_name", "tensorrt_llm")
+        engine_dir = resolve_path(required(params, "engine_dir", self.name), args)
+        self.contract = load_engine(engine_dir, params.get("role", "target"), params.get("device") or None)
+        self.exclude_default = flag(params, "exclude_input_in_output", False)
+        self.names = [t.name for t in tensors.LLM_INPUTS]
+
+    def execute(self, requests: list) -> list:
+        from specbuild.errors import RequestError
+        from specbuild.triton.models.common import request_inputs
+
+        pb = self.pb
+        prepared: list[Any] = []
+        rows: list[dict[str, np.ndarray]] = []
+        for request in requests:
+            inputs = request_inputs(pb, request, self.names)
+            try:
+                request_rows = split_rows(inputs)
+                prepared.append((inputs, len(rows), len(request_rows)))
+                rows += request_rows
+            except InvalidInput as err:
+                prepared.append(err)
+        try:
+            results = self.contract.execute(rows, errors="return") if rows else []
+        except Exception as err:  # noqa: BLE001 - every request of the batch gets the error; the server keeps serving
+            import traceback
+
+            pb.Logger.log_error(f"{self.name}: {traceback.format_exc()}")
+            message = f"{self.name}: internal error: {type(err).__name__}: {err}"
+            return [pb.InferenceResponse(error=pb.TritonError(message)) for _ in requests]
+        responses = []
+        for item in prepared:
+            if isinstance(item, InvalidInput):
+                responses.append(self._invalid(str(item)))
+                continue
+            inputs, start, count = item
+            mine = results[start : start + count]
+            failed = [r for r in mine if isinstance(r, (RequestError, Exception))]
+            if failed:
+                responses.append(self._invalid(str(failed[0])))
+                continue
+            outputs = assemble(inputs, mine, self.exclude_default)
+            responses.append(pb.InferenceResponse(
+                output_tensors=[pb.Tensor(k, np.ascontiguousarray(v)) for k, v in outputs.items()]))
+        return responses
+
+    def _invalid(self, message: str):
+        return self.pb.InferenceResponse(
+            error=self.pb.TritonError(f"{self.name}: {message}", self.pb.TritonError.INVALID_ARG))

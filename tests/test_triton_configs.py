@@ -1,0 +1,223 @@
+"""Triton config generation: typed ModelConfig messages, no placeholders, NVIDIA's names (facts §2.3-2.7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specbuild.config import spec_from_dict
+from specbuild.errors import SpecError
+from specbuild.triton import configs, repository, tensors
+
+pytest.importorskip("tritonclient.grpc.model_config_pb2")
+from tritonclient.grpc import model_config_pb2 as pb  # noqa: E402
+
+
+def make_spec(tmp_path: Path, **sections) -> object:
+    raw = {
+        "name": "pair-x",
+        "target": {"checkpoint": str(tmp_path / "no-target")},
+        "draft": {"checkpoint": str(tmp_path / "no-draft")},
+        "speculative": {"max_draft_len": 5, "num_draft_tokens": 3},
+        "build": {"max_batch_size": 6, "max_input_len": 100, "max_seq_len": 300},
+        "output_dir": str(tmp_path / "engines"),
+    }
+    raw.update(sections)
+    return spec_from_dict(raw, base_dir=tmp_path)
+
+
+def rendered(tmp_path: Path, backend: str, **sections) -> tuple[configs.RepoSettings, dict[str, str]]:
+    spec = make_spec(tmp_path, **sections)
+    settings, _ = repository.plan_settings(spec, backend, tmp_path / "triton_repo")
+    return settings, repository.render(settings)
+
+
+def params(config: pb.ModelConfig) -> dict[str, str]:
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def io(entries) -> list[tuple]:
+    return [(e.name, pb.DataType.Name(e.data_type), list(e.dims), getattr(e, "optional", None),
+             e.HasField("reshape"), getattr(e, "allow_ragged_batch", None)) for e in entries]
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "reference"])
+def test_every_config_parses_back_and_has_no_placeholder(tmp_path, backend):
+    settings, files = rendered(tmp_path, backend)
+    pbtxts = {rel: text for rel, text in files.items() if rel.endswith("config.pbtxt")}
+    assert sorted(rel.split("/")[0] for rel in pbtxts) == sorted(configs.MODEL_NAMES)
+    for rel, text in files.items():
+        assert "${" not in text, rel
+    built = configs.build_all(settings)
+    for rel, text in pbtxts.items():
+        parsed = configs.parse_pbtxt(text)
+        assert parsed == built[rel.split("/")[0]]
+        assert parsed.name == rel.split("/")[0]
+        assert parsed.max_batch_size == 6
+
+
+def test_draft_has_exactly_the_target_tensors(tmp_path):
+    for backend in ("trtllm", "reference"):
+        settings, _ = rendered(tmp_path, backend)
+        target, draft = configs.llm(settings, "target"), configs.llm(settings, "draft")
+        assert (target.name, draft.name) == ("tensorrt_llm", "tensorrt_llm_draft")
+        assert io(target.input) == io(draft.input)
+        assert io(target.output) == io(draft.output)
+        assert target.backend == draft.backend == ("tensorrtllm" if backend == "trtllm" else "python")
+
+
+def test_trtllm_parameters_are_filled_with_the_dtm_values(tmp_path):
+    settings, files = rendered(tmp_path, "trtllm")
+    target = configs.parse_pbtxt(files["tensorrt_llm/config.pbtxt"])
+    draft = configs.parse_pbtxt(files["tensorrt_llm_draft/config.pbtxt"])
+    t, d = params(target), params(draft)
+    assert t["gpt_model_path"] == "/engines/pair-x/target/engine"
+    assert d["gpt_model_path"] == "/engines/pair-x/draft/engine"
+    for p in (t, d):
+        assert p["gpt_model_type"] == "inflight_fused_batching"
+        assert p["enable_kv_cache_reuse"] == "true"
+        assert p["FORCE_CPU_ONLY_INPUT_TENSORS"] == "no"
+        assert p["exclude_input_in_output"] == "false"
+        assert p["max_beam_width"] == "1"
+        assert p["executor_worker_path"] == "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
+        assert 0.0 < float(p["kv_cache_free_gpu_mem_fraction"]) < 1.0
+        assert p["gpu_device_ids"] == "0"
+        assert all(v.strip() for v in p.values())
+    # no checkpoint on disk: no memory plan, the documented default split and no token cap
+    assert (t["kv_cache_free_gpu_mem_fraction"], d["kv_cache_free_gpu_mem_fraction"]) == ("0.5", "0.5")
+    assert "max_tokens_in_paged_kv_cache" not in t
+    assert target.model_transaction_policy.decoupled is False
+    assert target.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
+    assert target.dynamic_batching.preferred_batch_size == [6]
+
+
+def test_memory_plan_split_is_used_when_the_checkpoints_are_readable(tiny_spec_path):
+    from specbuild.config import load_spec
+
+    spec = load_spec(tiny_spec_path)
+    split = repository.kv_cache_split(spec)
+    assert split.source == "memory plan"
+    settings, warnings = repository.plan_settings(spec, "trtllm", tiny_spec_path.parent / "repo")
+    t = params(configs.llm(settings, "target"))
+    assert float(t["kv_cache_free_gpu_mem_fraction"]) == pytest.approx(split.fraction["target"], abs=1e-4)
+    assert int(t["max_tokens_in_paged_kv_cache"]) == split.max_tokens["target"] > 0
+    assert not any("kv_cache_free_gpu_mem_fraction" in w for w in warnings)
+
+
+def test_llm_tensor_contract_matches_facts_2_4(tmp_path):
+    settings, _ = rendered(tmp_path, "trtllm")
+    config = configs.llm(settings, "target")
+    inputs = {e.name: e for e in config.input}
+    outputs = {e.name: e for e in config.output}
+    expect = {
+        "input_ids": ("TYPE_INT32", [-1]), "input_lengths": ("TYPE_INT32", [1]),
+        "request_output_len": ("TYPE_INT32", [1]), "draft_input_ids": ("TYPE_INT32", [-1]),
+        "draft_logits": ("TYPE_FP32", [-1, -1]), "draft_acceptance_threshold": ("TYPE_FP32", [1]),
+        "end_id": ("TYPE_INT32", [1]), "stop_words_list": ("TYPE_INT32", [2, -1]),
+        "runtime_top_k": ("TYPE_INT32", [1]), "runtime_top_p": ("TYPE_FP32", [1]),
+        "min_tokens": ("TYPE_INT32", [1]), "seed": ("TYPE_UINT64", [1]),
+        "return_generation_logits": ("TYPE_BOOL", [1]), "streaming": ("TYPE_BOOL", [1]),
+    }
+    for name, (dtype, dims) in expect.items():
+        assert (pb.DataType.Name(inputs[name].data_type), list(inputs[name].dims)) == (dtype, dims), name
+    # TensorRT-LLM 1.2 names: the v0.19 ones are gone
+    assert "min_length" not in inputs and "random_seed" not in inputs
+    required = [e.name for e in config.input if not e.optional]
+    assert required == ["input_lengths", "request_output_len"]
+    assert inputs["input_lengths"].HasField("reshape") and not inputs["input_ids"].HasField("reshape")
+    assert inputs["draft_input_ids"].allow_ragged_batch
+    for name, dtype in (("output_ids", "TYPE_INT32"), ("sequence_length", "TYPE_INT32"),
+                        ("generation_logits", "TYPE_FP32"), ("acceptance_rate", "TYPE_FP32"),
+                        ("total_accepted_draft_tokens", "TYPE_INT32"), ("total_draft_tokens", "TYPE_INT32")):
+        assert pb.DataType.Name(outputs[name].data_type) == dtype
+    assert list(outputs["output_ids"].dims) == [-1, -1]
+
+
+def test_bls_config(tmp_path):
+    settings, files = rendered(tmp_path, "reference", serve={"decoupled": True, "bls_instance_count": 2})
+    bls = configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
+    assert bls.backend == "python" and bls.model_transaction_policy.decoupled is True
+    p = params(bls)
+    assert p["tensorrt_llm_model_name"] == "tensorrt_llm"
+    assert p["tensorrt_llm_draft_model_name"] == "tensorrt_llm_draft"
+    assert (p["max_draft_len"], p["num_draft_tokens"]) == ("5", "3")
+    assert (p["max_input_len"], p["max_output_len"]) == ("100", "200")
+    names = {e.name: pb.DataType.Name(e.data_type) for e in bls.input}
+    for name, dtype in (("text_input", "TYPE_STRING"), ("max_tokens", "TYPE_INT32"), ("num_draft_tokens", "TYPE_INT32"),
+                        ("use_draft_logits", "TYPE_BOOL"), ("stream", "TYPE_BOOL"), ("temperature", "TYPE_FP32"),
+                        ("top_k", "TYPE_INT32"), ("top_p", "TYPE_FP32"), ("seed", "TYPE_UINT64"),
+                        ("end_id", "TYPE_INT32"), ("stop_words", "TYPE_STRING")):
+        assert names[name] == dtype, name
+    assert [e.name for e in bls.input if not e.optional] == ["text_input", "max_tokens"]
+    outs = {e.name for e in bls.output}
+    assert {"text_output", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+            "mean_accepted_len", "output_ids"} <= outs
+    assert bls.instance_group[0].count == 2
+    _, files = rendered(tmp_path, "reference", serve={"decoupled": False})
+    assert configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]).model_transaction_policy.decoupled is False
+
+
+def test_ensemble_wiring_is_consistent(tmp_path):
+    settings, _ = rendered(tmp_path, "reference")
+    models = configs.build_all(settings)
+    ensemble = models["ensemble"]
+    assert ensemble.platform == "ensemble"
+    available = {e.name for e in ensemble.input}
+    for step in ensemble.ensemble_scheduling.step:
+        model = models[step.model_name]
+        model_inputs, model_outputs = {e.name for e in model.input}, {e.name for e in model.output}
+        for key, value in step.input_map.items():
+            assert key in model_inputs, (step.model_name, key)
+            assert value in available, (step.model_name, value)
+        for key, value in step.output_map.items():
+            assert key in model_outputs, (step.model_name, key)
+            available.add(value)
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    assert {e.name for e in ensemble.output} <= available
+    required = {e.name for e in models["tensorrt_llm"].input if not e.optional}
+    assert required <= set(ensemble.ensemble_scheduling.step[1].input_map)
+
+
+def test_reference_paths_are_relative_to_the_repository(tmp_path):
+    settings, files = rendered(tmp_path, "reference")
+    assert settings.target.engine_dir == "../engines/pair-x/target/engine"
+    assert settings.draft.engine_dir == "../engines/pair-x/draft/engine"
+    assert settings.tokenizer_dir == "../engines/pair-x/target/engine"
+    assert str(tmp_path) not in "".join(files.values())
+    assert "from specbuild.triton.models.reference_llm import TritonPythonModel" in files["tensorrt_llm/1/model.py"]
+    assert "from specbuild.bls.model import TritonPythonModel" in files["tensorrt_llm_bls/1/model.py"]
+
+
+@pytest.mark.parametrize("count,tp,target,draft", [(1, 1, "0", "0"), (2, 1, "0", "1"), (4, 2, "0,1", "2,3"),
+                                                   (2, 2, "0,1", "0,1")])
+def test_gpu_device_ids(tmp_path, count, tp, target, draft):
+    spec = make_spec(tmp_path, gpu={"name": "H100-80GB", "count": count},
+                     build={"max_batch_size": 6, "max_input_len": 100, "max_seq_len": 300, "tp_size": tp})
+    assert (repository.gpu_device_ids(spec, "target"), repository.gpu_device_ids(spec, "draft")) == (target, draft)
+
+
+def test_missing_values_raise_instead_of_writing_placeholders(tmp_path):
+    import dataclasses
+
+    settings, _ = rendered(tmp_path, "trtllm")
+    empty = dataclasses.replace(settings, target=dataclasses.replace(settings.target, engine_dir=""))
+    with pytest.raises(SpecError, match="engine_dir"):
+        configs.build_all(empty)
+    placeholder = dataclasses.replace(settings, tokenizer_dir="${tokenizer_dir}")
+    with pytest.raises(SpecError, match="placeholder"):
+        configs.build_all(placeholder)
+    bad_fraction = dataclasses.replace(settings, draft=dataclasses.replace(settings.draft, kv_cache_free_gpu_mem_fraction=1.5))
+    with pytest.raises(SpecError, match="kv_cache_free_gpu_mem_fraction"):
+        configs.build_all(bad_fraction)
+    with pytest.raises(SpecError, match="not supported"):
+        repository.plan_settings(make_spec(tmp_path), "vllm", tmp_path / "r")
+
+
+def test_tensor_tables_have_unique_names_and_known_dtypes():
+    for table in (tensors.LLM_INPUTS, tensors.LLM_OUTPUTS, tensors.PRE_INPUTS, tensors.PRE_OUTPUTS,
+                  tensors.BLS_INPUTS, tensors.BLS_OUTPUTS, tensors.ENSEMBLE_INPUTS):
+        names = [t.name for t in table]
+        assert len(names) == len(set(names))
+        for t in table:
+            assert t.dtype == tensors.LOGITS or t.dtype in tensors.NUMPY_DTYPES
