@@ -109,3 +109,23 @@ def test_failed_build_exits_1_with_the_log_tail(tmp_path, monkeypatch):
 def test_usage_errors_exit_2(tmp_path, args):
     result = run("-c", write_spec(tmp_path), *args)
     assert result.exit_code == 2
+
+
+def test_dry_run_imports_no_heavy_module(tmp_path):
+    import subprocess
+    import sys
+
+    spec_path = write_spec(tmp_path)
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from specbuild.cli import main\n"
+        f"r = CliRunner().invoke(main, ['build', '-c', {spec_path!r}, '--dry-run', '--json'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        f"r = CliRunner().invoke(main, ['build', '-c', {spec_path!r}, '--dry-run', '--backend', 'reference'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print(','.join(m for m in ('torch', 'transformers', 'modelopt', 'tritonclient') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
