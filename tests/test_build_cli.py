@@ -129,3 +129,27 @@ def test_dry_run_imports_no_heavy_module(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+def test_example_spec_dry_run_has_the_draft_target_recipe_flags(tiny_spec_path):
+    """TensorRT-LLM's examples/draft_target_model recipe (facts §1.1), with the example spec's values."""
+    from specbuild.config import load_spec
+
+    spec = load_spec(tiny_spec_path)
+    result = run("-c", str(tiny_spec_path), "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    engines = {e["role"]: e["argv"] for e in json.loads(result.stdout)["engines"]}
+
+    def value(argv, flag):
+        return argv[argv.index(flag) + 1] if flag in argv else None
+
+    for role, argv in engines.items():
+        assert value(argv, "--checkpoint_dir") == str(spec.pair_dir / role / "checkpoint")
+        assert value(argv, "--use_paged_context_fmha") == "enable"
+        assert value(argv, "--max_batch_size") == str(spec.build.max_batch_size)
+        assert value(argv, "--max_input_len") == str(spec.build.max_input_len)
+        assert value(argv, "--max_seq_len") == str(spec.build.max_seq_len)
+        assert "--gather_context_logits" not in argv
+    assert value(engines["target"], "--speculative_decoding_mode") == "draft_tokens_external"
+    assert value(engines["target"], "--max_draft_len") == str(spec.speculative.max_draft_len)
+    assert value(engines["draft"], "--speculative_decoding_mode") is None
