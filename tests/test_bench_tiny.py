@@ -1,0 +1,80 @@
+"""`specbuild bench --local` on the tiny example pair: one run, every field, consistent numbers."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specbuild.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def run_bench(*args):
+    result = CliRunner().invoke(main, ["bench", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def tiny_doc(tmp_path_factory, example_tiny):
+    from specbuild.example import specfile
+
+    folder = tmp_path_factory.mktemp("bench")
+    text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="bench test")
+    spec = specfile.write_spec(folder / "specbuild.toml", text)
+    doc = run_bench("-c", spec, "--local", "--json", "--num-draft-tokens", "0,2", "--max-tokens", 10,
+                    "--requests", 2, "--vs-hf", "--plot", folder / "plots")
+    return doc, folder
+
+
+def test_local_json_reports_speedup_alpha_c_bound_efficiency(tiny_doc):
+    doc, _ = tiny_doc
+    assert doc["mode"] == "local" and doc["spec"] == "example-tiny" and doc["workload"] == "code"
+    runs = {r["num_draft_tokens"]: r for r in doc["runs"]}
+    assert set(runs) == {0, 2}
+    base, k2 = runs[0], runs[2]
+    assert base["drafted"] == 0 and base["accepted"] == 0 and base["speedup"] == 1.0
+    assert base["mean_accepted_len"] == 1.0 and base["alpha"] is None
+    assert base["output_tokens"] == k2["output_tokens"]  # greedy: same tokens with and without drafting
+    assert k2["speedup"] == pytest.approx(k2["tokens_per_s"] / base["tokens_per_s"], rel=2e-3)
+    assert 0.0 <= k2["alpha"] <= 1.0 and 0.0 <= k2["acceptance_rate"] <= 1.0
+    assert k2["cost_ratio"] == pytest.approx(k2["draft_seconds_per_token"] / base["target_seconds_per_step"], rel=1e-2)
+    from specbuild.speculative.adaptive import predicted_speedup
+
+    assert k2["bound"] == pytest.approx(predicted_speedup(k2["alpha"], 2, k2["cost_ratio"]), rel=1e-3)
+    assert k2["efficiency"] == pytest.approx(k2["speedup"] / k2["bound"], rel=1e-2)
+    assert len(k2["per_position_acceptance"]) == 2
+    for key in ("speedup", "alpha", "cost_ratio", "bound", "efficiency"):
+        assert doc[key] == k2[key]  # K = 2 is the only K > 0, so it is the best
+    for dist in ("ttft_seconds", "tpot_seconds", "request_tokens_per_s"):
+        d = k2[dist]
+        assert d["median"] <= d["p90"] <= d["p99"]
+
+
+def test_vs_hf_adds_the_hugging_face_figures(tiny_doc):
+    doc, _ = tiny_doc
+    hf = doc["hf"]
+    assert hf["num_draft_tokens"] == 2
+    assert hf["tokens_per_s"] > 0 and hf["baseline_tokens_per_s"] > 0
+    runs = {r["num_draft_tokens"]: r for r in doc["runs"]}
+    assert hf["ours_over_hf"] == pytest.approx(runs[2]["tokens_per_s"] / hf["tokens_per_s"], rel=1e-2)
+
+
+def test_plots_written(tiny_doc):
+    doc, folder = tiny_doc
+    names = sorted(p.rsplit("/", 1)[1] for p in doc["plots"])
+    assert names == ["acceptance_by_position.png", "speedup_vs_k.png", "throughput_vs_concurrency.png"]
+    for name in names:
+        assert (folder / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_concurrency_with_local_is_noted_not_faked(tiny_doc, tmp_path):
+    doc, folder = tiny_doc
+    r = CliRunner().invoke(main, ["bench", "-c", str(folder / "specbuild.toml"), "--local", "--json",
+                                  "--num-draft-tokens", "0,1", "--concurrency", "1,2", "--max-tokens", "4",
+                                  "--requests", "1", "--no-warmup"])
+    assert r.exit_code == 0, r.output
+    doc2 = json.loads(r.stdout)
+    assert {row["concurrency"] for row in doc2["runs"]} == {1}
+    assert any("concurrency 2 skipped" in note for note in doc2["notes"])
