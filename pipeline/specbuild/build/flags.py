@@ -1,9 +1,12 @@
 """The `trtllm-build` flags specbuild passes, in one table, and the argv they make.
 
-Every flag below exists in TensorRT-LLM 1.2's `trtllm-build` (`tensorrt_llm/commands/build.py`
-and the plugin arguments from `tensorrt_llm/plugin/plugin.py::add_plugin_argument`), checked
-by reading NVIDIA/TensorRT-LLM at 65f1d15 (the 1.x build.py without auto-parallel arguments).
-The draft/target recipe is TensorRT-LLM's `examples/draft_target_model/README.md`.
+Every flag below exists in TensorRT-LLM 1.x's `trtllm-build`: checked by reading NVIDIA/TensorRT-LLM's
+`tensorrt_llm/commands/build.py` at 65f1d15 (the 1.x parser, without the auto-parallel arguments)
+and the pydantic `PluginConfig` / `add_plugin_argument` of `tensorrt_llm/plugin/plugin.py` (1.x:
+plugin dtypes accept "auto", booleans take enable/disable, `paged_kv_cache` is no longer a plugin
+flag). The v1.2.1 tag itself was not read; the GPU image checks the installed version at build
+time and `specbuild build` warns on another release line. The draft/target recipe is
+TensorRT-LLM's `examples/draft_target_model/README.md`.
 """
 
 from __future__ import annotations
