@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ DOCKER = ROOT / "docker"
 
 
 def hadolint() -> str | None:
-    return shutil.which("hadolint")
+    """On PATH, or beside this Python (a virtual environment run without activating it, as `make test` does)."""
+    beside = Path(sys.executable).parent / "hadolint"
+    return shutil.which("hadolint") or (str(beside) if beside.is_file() else None)
 
 
 @pytest.mark.parametrize("name", ["Dockerfile.gpu", "Dockerfile.cpu"])
