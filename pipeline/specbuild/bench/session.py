@@ -100,7 +100,11 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
             log("loading the pair with transformers for --vs-hf")
             peers.append(HFPeer.from_spec(spec, end_id=transport.end_id))
     log(f"bench: {mode}, workload {prompts.name}, {settings.requests} requests per cell")
-    measured = runner.run(transport, prompts, settings, peers=peers, progress=_progress(progress))
+    try:
+        measured = runner.run(transport, prompts, settings, peers=peers, progress=_progress(progress))
+    finally:
+        if hasattr(transport, "close"):
+            transport.close()
     ours = measured[transport.name]
     rows = report.cells(ours.summaries())
     ks, _ = runner.clamp_ks(settings.num_draft_tokens, transport.max_draft_len)
