@@ -1,0 +1,91 @@
+"""Example pair caching: recipe-keyed folders, cache hits, --force, copies, interrupted builds, determinism."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from specbuild.artifacts import hash_tree
+from specbuild.errors import ArtifactError
+from specbuild.example import ensure_example, example_dir, recipe_key
+from specbuild.example.recipe import VARIANTS
+
+
+def _weights(folder: Path) -> dict[str, str]:
+    """sha256 of every file of one checkpoint folder (weights, config, tokenizer)."""
+    return hash_tree(folder)
+
+
+def test_recipe_key_covers_every_recipe_field():
+    recipe = VARIANTS["tiny"]
+    assert recipe.key("fp") == recipe.key("fp")
+    assert recipe.key("fp") != recipe.key("other corpus")
+    assert recipe.key("fp") != dataclasses.replace(recipe, seed=1).key("fp")
+    assert recipe.key("fp") != dataclasses.replace(recipe, target_steps=recipe.target_steps + 1).key("fp")
+    assert VARIANTS["full"].key("fp") != recipe.key("fp")
+
+
+def test_cache_folder_follows_env_and_recipe(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path))
+    assert example_dir("tiny") == tmp_path / f"example-tiny-{recipe_key('tiny')}"
+
+
+def test_cache_hit_is_fast_and_does_not_rebuild(example_tiny):
+    manifest_before = (example_tiny.root / "manifest.json").read_text()
+    start = time.perf_counter()
+    again = ensure_example("tiny", progress=False)
+    assert time.perf_counter() - start < 5.0
+    assert again.root == example_tiny.root
+    assert (again.root / "manifest.json").read_text() == manifest_before
+
+
+def test_copy_to_out_folder(example_tiny, tmp_path):
+    out = tmp_path / "pair"
+    pair = ensure_example("tiny", root=out, progress=False)
+    assert pair.root == out.resolve() and pair.target == out.resolve() / "target"
+    assert pair.info == example_tiny.info
+    assert _weights(out / "draft") == _weights(example_tiny.draft)
+    created = json.loads((out / "manifest.json").read_text())["created_unix"]
+    ensure_example("tiny", root=out, progress=False)  # up to date: not copied again
+    assert json.loads((out / "manifest.json").read_text())["created_unix"] == created
+
+
+def test_out_folder_with_other_files_is_refused(example_tiny, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ArtifactError, match="exists and is not a specbuild example folder"):
+        ensure_example("tiny", root=tmp_path, progress=False)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_interrupted_build_leaves_nothing(monkeypatch, tmp_path):
+    from specbuild.example import train
+
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "train_pair", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_example("tiny", progress=False)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
+
+
+@pytest.mark.slow
+def test_same_recipe_builds_identical_weights_and_force_rebuilds(example_tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path))
+    first = ensure_example("tiny", progress=False)
+    assert first.root.parent == tmp_path
+    first_manifest = json.loads((first.root / "manifest.json").read_text())
+    weights = _weights(first.target) | {f"draft/{k}": v for k, v in _weights(first.draft).items()}
+    forced = ensure_example("tiny", force=True, progress=False)
+    assert json.loads((forced.root / "manifest.json").read_text())["created_unix"] > first_manifest["created_unix"]
+    assert weights == _weights(forced.target) | {f"draft/{k}": v for k, v in _weights(forced.draft).items()}
+    # The session's pair (possibly built by an earlier session from the same recipe) matches too;
+    # if this fails after a change to the training code, bump recipe.RECIPE_VERSION.
+    assert _weights(example_tiny.target) == _weights(first.target)
+    assert forced.info["agreement"] == first.info["agreement"]

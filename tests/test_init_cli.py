@@ -1,0 +1,104 @@
+"""`specbuild init`: a commented spec that lists every config key, loads, and is never overwritten by accident."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+
+from click.testing import CliRunner
+
+from specbuild.cli import main
+from specbuild.config import Spec, load_spec
+from specbuild.example import specfile
+
+
+def _defaults() -> dict:
+    """Spec.to_dict() of an all-defaults spec with placeholder checkpoints, built from the dataclasses."""
+    sections = {name: cls(**({"checkpoint": "x"} if name in ("target", "draft") else {}))
+                for name, cls in specfile.SECTIONS.items()}
+    return Spec(name="pair", **sections).to_dict()
+
+
+def test_reasons_cover_exactly_the_config_fields():
+    assert set(specfile.REASONS) == set(specfile.all_keys())
+    assert all(reason.strip() for reason in specfile.REASONS.values())
+
+
+def test_init_writes_a_spec_with_every_key_and_its_default(tmp_path):
+    out = tmp_path / "specbuild.toml"
+    result = CliRunner().invoke(main, ["init", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    raw = tomllib.loads(text)
+    for section, cls in specfile.SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.default is None:
+                assert f"# {f.name} = " in text  # unset keys are shown commented out
+            else:
+                assert f.name in raw[section], f"{section}.{f.name} missing from the written spec"
+    spec = load_spec(out)
+    expected = _defaults()
+    got = spec.to_dict()
+    for role in ("target", "draft"):
+        assert got[role].pop("checkpoint") == str(tmp_path / "models" / role)
+        expected[role].pop("checkpoint")
+    expected["output_dir"] = str(tmp_path / "engines")
+    assert got == expected
+    assert text.count("\n# ") >= len(specfile.all_keys())  # a reason above every key
+
+
+def test_init_refuses_to_overwrite_without_force(tmp_path):
+    out = tmp_path / "specbuild.toml"
+    out.write_text("# mine\n")
+    result = CliRunner().invoke(main, ["init", "--out", str(out)])
+    assert result.exit_code == 1
+    assert result.output == (f"Error: {out} already exists; not overwriting it. "
+                             "Pass --force to replace it, or --out to write elsewhere.\n")
+    assert out.read_text() == "# mine\n"
+    result = CliRunner().invoke(main, ["init", "--out", str(out), "--force"])
+    assert result.exit_code == 0, result.output
+    assert load_spec(out).name == "pair"
+
+
+def test_init_dry_run_writes_nothing(tmp_path):
+    out = tmp_path / "specbuild.toml"
+    result = CliRunner().invoke(main, ["init", "--out", str(out), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert not out.exists()
+    assert "[speculative]" in result.stdout and f"would write {out}" in result.stderr
+
+
+def test_init_bad_variant_is_a_usage_error(tmp_path):
+    result = CliRunner().invoke(main, ["init", "--example", "--variant", "huge", "--out", str(tmp_path / "s.toml")])
+    assert result.exit_code == 2
+    assert "'huge' is not one of 'full', 'tiny'" in result.output
+
+
+def test_init_example_points_at_the_example_pair(example_tiny, tmp_path):
+    out = tmp_path / "specbuild.toml"
+    result = CliRunner().invoke(main, ["init", "--example", "--variant", "tiny", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document == {"path": str(out.resolve()), "written": True, "example": str(example_tiny.root),
+                        "target": str(example_tiny.target), "draft": str(example_tiny.draft)}
+    spec = load_spec(out)
+    assert spec.name == "example-tiny"
+    assert spec.target.checkpoint == example_tiny.target and spec.draft.checkpoint == example_tiny.draft
+    assert spec.gpu.name == "H100-80GB"
+    assert 4 <= spec.speculative.max_draft_len <= 8
+    assert 1 <= spec.speculative.num_draft_tokens <= spec.speculative.max_draft_len
+    positions = json.loads((example_tiny.target / "config.json").read_text())["max_position_embeddings"]
+    assert spec.build.max_input_len < spec.build.max_seq_len <= positions
+
+
+def test_tiny_spec_fixture_loads(tiny_spec_path, example_tiny):
+    spec = load_spec(tiny_spec_path)
+    assert spec.draft.checkpoint == example_tiny.draft
+
+
+def test_best_num_draft_tokens_follows_the_closed_form():
+    # alpha 0.6, c 0.2: speedups K=1..4 are 1.33, 1.40, 1.36, 1.29 -> K = 2
+    assert specfile.best_num_draft_tokens(0.6, 0.2, 6) == 2
+    assert specfile.best_num_draft_tokens(0.95, 0.05, 6) == 6  # clamped to max_draft_len
+    assert specfile.best_num_draft_tokens(0.1, 0.5, 6) == 1
