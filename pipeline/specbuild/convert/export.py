@@ -1,0 +1,258 @@
+"""Run one role's conversion: load the HF model, pad the vocabulary, quantize, export, fix up, verify.
+
+Everything is written into `stage_output`'s temporary folder and renamed into place at the end,
+so a failure or Ctrl-C leaves no half-written checkpoint (and the previous one, if any, intact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from specbuild.artifacts import combined_hash, hash_tree, stage_output, tool_versions
+from specbuild.convert import calib as calib_mod
+from specbuild.convert import formats
+from specbuild.convert.fixups import apply_fixups
+from specbuild.convert.plan import TOOLS, ConvertOptions, RolePlan
+from specbuild.errors import CheckpointError
+
+Log = Callable[[str], None]
+
+
+def source_hashes(plan: RolePlan) -> dict[str, str]:
+    return hash_tree(plan.hf_dir)
+
+
+def input_hash(plan: RolePlan, hashes: dict[str, str], versions: dict[str, Any]) -> str:
+    return combined_hash("convert", plan.settings(), hashes, versions)
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError("--device cuda: no CUDA device is visible to torch. Use --device cpu (small models).")
+    return device
+
+
+def load_hf_model(plan: RolePlan, device: str) -> Any:
+    import torch
+    import transformers
+    from safetensors import SafetensorError
+
+    cls = getattr(transformers, plan.architecture)
+    # Calibrate in float32 on CPU (CPU float16 kernels are slow or missing); on CUDA in the export dtype.
+    dtype = torch.float32 if device == "cpu" else getattr(torch, plan.dtype)
+    try:
+        model = cls.from_pretrained(plan.hf_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False)
+    except (SafetensorError, OSError, ValueError, RuntimeError, KeyError) as err:
+        raise CheckpointError(
+            f"{plan.role} checkpoint {str(plan.hf_dir)!r} cannot be loaded: {str(err).splitlines()[0][:300]}. "
+            "Check that its *.safetensors files are complete (download them again)."
+        ) from None
+    return model.to(device).eval()
+
+
+def pad_vocab(model: Any, rows: int) -> None:
+    """Zero rows appended to the embedding and lm_head, so both models share one vocabulary size."""
+    import torch
+
+    emb = model.get_input_embeddings()
+    extra = rows - emb.weight.shape[0]
+    if extra <= 0:
+        return
+    with torch.no_grad():
+        new_emb = torch.nn.Embedding(rows, emb.weight.shape[1], device=emb.weight.device, dtype=emb.weight.dtype)
+        new_emb.weight.copy_(torch.cat([emb.weight, emb.weight.new_zeros(extra, emb.weight.shape[1])]))
+        model.set_input_embeddings(new_emb)
+        head = model.get_output_embeddings()
+        if model.config.tie_word_embeddings:
+            head.weight = new_emb.weight
+        else:
+            new_head = torch.nn.Linear(head.in_features, rows, bias=False, device=head.weight.device,
+                                       dtype=head.weight.dtype)
+            new_head.weight.copy_(torch.cat([head.weight, head.weight.new_zeros(extra, head.in_features)]))
+            model.set_output_embeddings(new_head)
+    model.config.vocab_size = rows
+
+
+def quant_config(plan: RolePlan) -> dict[str, Any] | None:
+    """The modelopt config: the format's, with the AWQ block size and the FP8 KV-cache entries merged in."""
+    import modelopt.torch.quantization as mtq
+
+    fmt = formats.get_format(plan.quantization)
+    if fmt.mtq_config is None and plan.kv_cache == "none":
+        return None
+    if fmt.mtq_config is None:  # weight-only or none, with an FP8 KV cache: calibrate only the KV quantizers
+        cfg = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
+    else:
+        cfg = copy.deepcopy(getattr(mtq, fmt.mtq_config))
+    entries = cfg["quant_cfg"]
+    if not isinstance(entries, list):
+        raise CheckpointError(f"nvidia-modelopt {tool_versions('nvidia-modelopt')['nvidia-modelopt']}: unexpected "
+                              "quantization config layout. Install nvidia-modelopt 0.4x (<0.49).")
+    if fmt.awq:
+        for entry in entries:
+            if entry.get("quantizer_name") == "*weight_quantizer":
+                first = entry["cfg"][0] if isinstance(entry["cfg"], list) else entry["cfg"]
+                first["block_sizes"][-1] = plan.awq_block_size
+    if plan.kv_cache == "fp8":
+        cfg["quant_cfg"] = list(entries) + list(copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"]))
+    return cfg
+
+
+def calibrate(model: Any, plan: RolePlan, options: ConvertOptions, device: str, log: Log, progress: bool) -> dict:
+    import modelopt.torch.quantization as mtq
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    cfg = quant_config(plan)
+    if cfg is None:
+        return {"used": False}
+    cal = plan.calibration
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(plan.hf_dir, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{plan.role} checkpoint {str(plan.hf_dir)!r}: calibration needs its tokenizer, which "
+                              f"cannot be loaded ({str(err).splitlines()[0][:200]}). Add the tokenizer files.") from None
+    if cal.source == "builtin":
+        texts = calib_mod.builtin_texts(cal.size, chars=cal.seq_len * 6)
+    else:
+        texts = calib_mod.read_calib_file(Path(cal.source))[: cal.size]
+    batches = calib_mod.tokenize_samples(tokenizer, texts, cal.seq_len, device)
+    if not batches:
+        raise CheckpointError("calibration produced no tokens. Pass a --calib-file with some text.")
+    log(f"[{plan.role}] calibrating {plan.quantization} (kv_cache {plan.kv_cache}) on {len(batches)} samples")
+
+    def forward_loop(m: Any) -> None:
+        with torch.no_grad():
+            for ids in tqdm(batches, desc=f"calibrate {plan.role}", disable=not progress, leave=False):
+                m(ids)
+
+    torch.manual_seed(options.seed)
+    with _quiet_stdout():
+        mtq.quantize(model, cfg, forward_loop=forward_loop)
+    return {"used": True, "source": cal.source, "file_sha256": cal.file_sha256, "samples": len(batches),
+            "tokens": int(sum(b.shape[1] for b in batches)), "seq_len": cal.seq_len,
+            "algorithm": str(cfg.get("algorithm")), "awq_block_size": plan.awq_block_size}
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """modelopt prints progress to stdout, which belongs to the command's result (--json): send it to stderr."""
+    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+        # Without tensorrt_llm installed modelopt writes the config itself ("the manual approach"): expected here.
+        warnings.filterwarnings("ignore", message="Cannot export tensorrt_llm checkpoint config")
+        yield
+
+
+def export_checkpoint(model: Any, plan: RolePlan, folder: Path) -> None:
+    import torch
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    with torch.inference_mode(), _quiet_stdout():
+        export_tensorrt_llm_checkpoint(model, plan.model_type, getattr(torch, plan.dtype), export_dir=folder,
+                                       inference_tensor_parallel=plan.tp_size,
+                                       inference_pipeline_parallel=plan.pp_size)
+
+
+def _finish_config(plan: RolePlan, folder: Path) -> tuple[dict[str, Any], list[str]]:
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    exported_kv = (raw.get("quantization") or {}).get("kv_cache_quant_algo")
+    if plan.kv_cache == "fp8" and exported_kv != "FP8":
+        raise CheckpointError(f"[{plan.role}] modelopt exported kv_cache_quant_algo {exported_kv!r}, not FP8: the "
+                              "KV-cache scales are missing. Report this with the modelopt version.")
+    hf_config = json.loads((plan.hf_dir / "config.json").read_text())
+    config, edits = apply_fixups(raw, hf_config, formats.get_format(plan.quantization), plan.kv_cache,
+                                 plan.architecture, plan.model_type)
+    if plan.quant_algo is not None and config["quantization"].get("quant_algo") != plan.quant_algo:
+        raise CheckpointError(f"[{plan.role}] exported quant_algo {config['quantization'].get('quant_algo')!r}, "
+                              f"expected {plan.quant_algo!r}.")
+    path.write_text(json.dumps(config, indent=4) + "\n")
+    return config, edits
+
+
+def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, verify: bool = False,
+                 log: Log = print, progress: bool = False) -> dict[str, Any]:
+    """Convert one role; returns its result (the manifest, or the existing one when up to date)."""
+    versions = tool_versions(*TOOLS)
+    hashes = source_hashes(plan)
+    digest = input_hash(plan, hashes, versions)
+    with stage_output(plan.out_dir, force=force) as out:
+        if out.up_to_date(digest):
+            manifest = out.existing_manifest() or {}
+            log(f"[{plan.role}] {plan.out_dir} is up to date (inputs unchanged); nothing to do. --force redoes it.")
+            result = {"role": plan.role, "status": "skipped", "checkpoint": str(plan.out_dir),
+                      "manifest": manifest}
+            if verify:
+                from specbuild.convert.verify import verify_checkpoint
+
+                result["verification"] = verify_checkpoint(plan.out_dir, plan.hf_dir, plan.quantization).to_dict()
+            return result
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        device = resolve_device(options.device)
+        log(f"[{plan.role}] loading {plan.hf_dir} on {device}")
+        model = load_hf_model(plan, device)
+        timings["load_s"] = round(time.perf_counter() - start, 3)
+        if plan.pad_vocab_to:
+            log(f"[{plan.role}] padding the vocabulary {plan.vocab_rows} -> {plan.pad_vocab_to} rows (zeros)")
+            pad_vocab(model, plan.pad_vocab_to)
+        mark = time.perf_counter()
+        calibration = calibrate(model, plan, options, device, log, progress)
+        timings["quantize_s"] = round(time.perf_counter() - mark, 3)
+        mark = time.perf_counter()
+        log(f"[{plan.role}] exporting ({plan.quantization}, {plan.dtype}, tp {plan.tp_size}, pp {plan.pp_size})")
+        export_checkpoint(model, plan, out.tmp)
+        del model
+        config, edits = _finish_config(plan, out.tmp)
+        timings["export_s"] = round(time.perf_counter() - mark, 3)
+        verification = None
+        if verify:
+            from specbuild.convert.verify import verify_checkpoint
+
+            mark = time.perf_counter()
+            report = verify_checkpoint(out.tmp, plan.hf_dir, plan.quantization)
+            timings["verify_s"] = round(time.perf_counter() - mark, 3)
+            verification = report.to_dict()
+            if not report.passed:
+                raise CheckpointError(f"[{plan.role}] verification failed: {report.summary()}. "
+                                      "The checkpoint was not written.")
+        timings["total_s"] = round(time.perf_counter() - start, 3)
+        quant = config.get("quantization") or {}
+        manifest = out.commit({
+            "stage": "convert",
+            "role": plan.role,
+            "pair": plan.pair,
+            "input_hash": digest,
+            "spec": plan.spec_settings,
+            "settings": plan.settings(),
+            "quant_algo": quant.get("quant_algo"),
+            "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"),
+            "mapping": config.get("mapping"),
+            "vocab_size": config.get("vocab_size"),
+            "architecture": config.get("architecture"),
+            "dtype": config.get("dtype"),
+            "source": {"path": str(plan.hf_dir), "files": hashes},
+            "files": hash_tree(out.tmp),
+            "tool_versions": versions,
+            "timings": timings,
+            "calibration": calibration,
+            "fixups": edits,
+            "verification": verification,
+            "device": device,
+        })
+        log(f"[{plan.role}] wrote {plan.out_dir} (quant_algo {quant.get('quant_algo')}, "
+            f"{timings['total_s']:.1f} s)")
+        return {"role": plan.role, "status": "ran", "checkpoint": str(plan.out_dir), "manifest": manifest,
+                **({"verification": verification} if verification else {})}

@@ -1,0 +1,184 @@
+"""What `convert` will do for one role, resolved from the spec and CLI options before any heavy work.
+
+Reads only config.json and safetensors headers (no torch), so `--dry-run` is fast and every
+refusal (architecture, format, GPU, AWQ block size, vocabulary) happens before loading weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from specbuild.config import Spec
+from specbuild.convert import formats
+from specbuild.errors import PairError, SpecError
+from specbuild.hfmodel import ModelInfo, read_model_info
+
+CONVERT_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")  # those the verified loader maps back
+EXPORT_DTYPES = ("float16", "bfloat16")  # modelopt's TensorRT-LLM export writes no float32 checkpoints
+TOOLS = ("nvidia-modelopt", "torch", "transformers", "safetensors")
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    device: str = "auto"  # auto | cpu | cuda
+    calib_file: Path | None = None
+    calib_size: int = 64  # samples (quantize.py's default is 512; AWQ is capped at 32)
+    calib_seq_len: int = 256  # tokens per sample
+    awq_block_size: int | None = None  # None = 128 when every width divides, else 64
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class Calibration:
+    source: str  # "builtin" or the --calib-file path
+    size: int  # samples asked for (after the AWQ cap)
+    seq_len: int
+    file_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    role: str
+    pair: str
+    hf_dir: Path
+    out_dir: Path
+    architecture: str
+    model_type: str  # the modelopt / TensorRT-LLM decoder type
+    quantization: str
+    quant_algo: str | None
+    kv_cache: str
+    kv_cache_quant_algo: str | None
+    dtype: str
+    tp_size: int
+    pp_size: int
+    vocab_rows: int  # embedding rows in the HF checkpoint
+    pad_vocab_to: int | None  # the target's rows, when the draft has fewer
+    awq_block_size: int | None
+    calibration: Calibration | None
+    spec_settings: dict[str, Any]
+
+    def settings(self) -> dict[str, Any]:
+        """The resolved settings that determine the output (part of the input hash)."""
+        data = asdict(self)
+        for key in ("hf_dir", "out_dir"):
+            data[key] = str(data[key])
+        return data
+
+    @property
+    def vocab_size(self) -> int:
+        return self.pad_vocab_to or self.vocab_rows
+
+
+def _check_architecture(info: ModelInfo, role: str) -> None:
+    if info.architecture not in CONVERT_ARCHITECTURES:
+        raise SpecError(
+            f"{role}.checkpoint: architecture {info.architecture!r} is not supported by `specbuild convert`. "
+            f"Supported: {', '.join(CONVERT_ARCHITECTURES)}."
+        )
+    if info.architecture == "MistralForCausalLM" and info.config.get("sliding_window"):
+        raise SpecError(
+            f"{role}.checkpoint: Mistral with sliding_window = {info.config['sliding_window']} is not supported "
+            "(the reference loader has no sliding-window attention). Set sliding_window to null if unused."
+        )
+
+
+def _awq_widths(info: ModelInfo, tp: int) -> list[int]:
+    """Input widths of every quantized linear per TP rank (qkv/fc/gate: hidden; dense and proj: split)."""
+    return [info.hidden_size, info.num_heads * info.head_dim // tp, info.intermediate_size // tp]
+
+
+def _check_tp(info: ModelInfo, tp: int, role: str) -> None:
+    for what, value in (("num_attention_heads", info.num_heads), ("intermediate_size", info.intermediate_size)):
+        if value % tp:
+            raise SpecError(f"build.tp_size = {tp} does not divide the {role}'s {what} = {value}. Use a tp_size that does.")
+    if info.num_kv_heads % tp and tp % info.num_kv_heads:
+        raise SpecError(f"build.tp_size = {tp} and the {role}'s num_key_value_heads = {info.num_kv_heads}: "
+                        "one must divide the other. Use another tp_size.")
+
+
+def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: ModelInfo | None = None) -> RolePlan:
+    model = spec.role(role)
+    info = read_model_info(model.checkpoint, role=role)
+    _check_architecture(info, role)
+    fmt = formats.get_format(model.quantization)
+    kv_algo = formats.check_kv_cache(model.kv_cache, role)
+    formats.check_gpu(fmt, model.kv_cache, spec.gpu.sm, spec.gpu.name, role)
+    if model.dtype not in EXPORT_DTYPES:
+        raise SpecError(
+            f"{role}.dtype = {model.dtype!r}: TensorRT-LLM checkpoints are exported in float16 or bfloat16 "
+            "(modelopt would silently write float16). Set dtype = \"float16\" or \"bfloat16\"."
+        )
+    tp, pp = spec.build.tp_size, spec.build.pp_size
+    _check_tp(info, tp, role)
+    if info.num_layers < pp:
+        raise SpecError(f"build.pp_size = {pp} exceeds the {role}'s {info.num_layers} layers. Lower pp_size.")
+    block = formats.awq_block_size(_awq_widths(info, tp), options.awq_block_size, role) if fmt.awq else None
+
+    pad_to = None
+    if role == "draft":
+        target_info = target_info or read_model_info(spec.target.checkpoint, role="target")
+        if info.vocab_size > target_info.vocab_size:
+            raise PairError(
+                f"the draft's embedding has {info.vocab_size} rows, more than the target's {target_info.vocab_size}: "
+                "TensorRT-LLM's external-draft-tokens buffers need equal sizes and the draft cannot be cut down "
+                "safely. Use a draft whose vocabulary is no larger than the target's."
+            )
+        if info.vocab_size < target_info.vocab_size:
+            pad_to = target_info.vocab_size
+
+    calibration = None
+    if fmt.calibrated or model.kv_cache != "none":
+        size = min(options.calib_size, formats.AWQ_MAX_CALIB_SIZE) if fmt.awq else options.calib_size
+        source, digest = "builtin", None
+        if options.calib_file is not None:
+            from specbuild.artifacts import hash_file
+
+            path = Path(options.calib_file)
+            if not path.is_file():
+                raise SpecError(f"--calib-file {str(path)!r} does not exist. Pass a text or JSONL file.")
+            source, digest = str(path.resolve()), hash_file(path)
+        calibration = Calibration(source=source, size=size, seq_len=options.calib_seq_len, file_sha256=digest)
+
+    return RolePlan(
+        role=role,
+        pair=spec.name,
+        hf_dir=Path(model.checkpoint),
+        out_dir=spec.pair_dir / role / "checkpoint",
+        architecture=info.architecture,
+        model_type=info.trtllm_model_type or "llama",
+        quantization=fmt.name,
+        quant_algo=fmt.quant_algo,
+        kv_cache=model.kv_cache,
+        kv_cache_quant_algo=kv_algo,
+        dtype=model.dtype,
+        tp_size=tp,
+        pp_size=pp,
+        vocab_rows=info.vocab_size,
+        pad_vocab_to=pad_to,
+        awq_block_size=block,
+        calibration=calibration,
+        spec_settings={"checkpoint": str(model.checkpoint), "quantization": model.quantization,
+                       "kv_cache": model.kv_cache, "dtype": model.dtype},
+    )
+
+
+def plan_roles(spec: Spec, roles: list[str], options: ConvertOptions) -> list[RolePlan]:
+    if options.calib_size < 1 or options.calib_seq_len < 8:
+        raise SpecError(f"--calib-size {options.calib_size} / --calib-seq-len {options.calib_seq_len}: "
+                        "need at least 1 sample of at least 8 tokens.")
+    target_info = read_model_info(spec.target.checkpoint, role="target") if "draft" in roles else None
+    return [plan_role(spec, role, options, target_info) for role in roles]
+
+
+def describe(plan: RolePlan) -> dict[str, Any]:
+    """The --dry-run view: settings plus the files that would be written."""
+    ranks = plan.tp_size * plan.pp_size
+    return {
+        **plan.settings(),
+        "vocab_size": plan.vocab_size,
+        "mapping": {"world_size": ranks, "tp_size": plan.tp_size, "pp_size": plan.pp_size},
+        "would_write": [str(plan.out_dir / name) for name in
+                        ("config.json", *(f"rank{r}.safetensors" for r in range(ranks)), "manifest.json")],
+    }
