@@ -49,6 +49,19 @@ def test_cpu_image_uses_cpu_torch_and_a_non_root_user():
     assert re.search(r"^USER 1000", text, re.M)
 
 
+def specbuild_invocations(text: str) -> list[list[str]]:
+    """Every `specbuild <command> ...` in a shell command line, as argv lists (without `specbuild`)."""
+    import shlex
+
+    calls = []
+    text = text.replace("$$", "$")  # compose's escaping of a literal $
+    for part in re.split(r"&&|;|\|\|", text):
+        words = shlex.split(part.replace("exec ", " "))
+        if words and words[0] == "specbuild":
+            calls.append(words[1:])
+    return calls
+
+
 def test_compose_has_a_gpu_build_job_and_a_serve_service():
     yaml = pytest.importorskip("yaml")
     doc = yaml.safe_load((DOCKER / "compose.yaml").read_text())
@@ -58,11 +71,31 @@ def test_compose_has_a_gpu_build_job_and_a_serve_service():
         devices = service["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
         assert service["build"]["dockerfile"] == "docker/Dockerfile.gpu"
-        assert service["command"][0] in COMMANDS  # a real specbuild subcommand
-    assert services["build-engines"]["command"][:1] == ["up"] and "trtllm" in services["build-engines"]["command"]
+        assert "../engines:/engines" in service["volumes"]  # where the trtllm repository points the backend
+    job = specbuild_invocations(services["build-engines"]["command"][0])
+    assert job == [["up", "-c", "$SPEC", "--backend", "trtllm", "--until", "build", "--json"]]
     assert services["serve"]["depends_on"]["build-engines"]["condition"] == "service_completed_successfully"
+    assert [c[0] for c in specbuild_invocations(services["serve"]["command"][0])] == ["repo", "serve"]
     assert services["serve-cpu"]["build"]["dockerfile"] == "docker/Dockerfile.cpu"
     assert "deploy" not in services["serve-cpu"]
+
+
+def test_compose_commands_use_real_specbuild_options():
+    yaml = pytest.importorskip("yaml")
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    doc = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    calls = [call for service in doc["services"].values()
+             for call in specbuild_invocations(" ".join(service["command"]))]
+    assert len(calls) >= 6
+    for call in calls:
+        assert call[0] in COMMANDS, call
+        help_text = CliRunner().invoke(main, [call[0], "--help"]).output
+        for word in call[1:]:
+            if word.startswith("--"):
+                assert word in help_text, (call, word)
 
 
 def test_dockerignore_sends_only_the_package():

@@ -81,3 +81,13 @@ def test_up_runs_through_build_then_skips_everything(tiny_spec_path):
     assert [s["status"] for s in second["stages"]] == ["skipped", "skipped", "skipped"]
     forced = json.loads(CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--json", "--force"]).stdout)
     assert [s["status"] for s in forced["stages"]] == ["ran", "ran", "ran"]
+
+
+def test_until_stops_after_the_named_stage(tiny_spec_path):
+    result = CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--until", "check", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [(s["stage"], s["status"]) for s in doc["stages"]] == [("check", "ran")]
+    assert not (tiny_spec_path.parent / "engines" / "example-tiny" / "target").exists()
+    bad = CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--until", "deploy"])
+    assert bad.exit_code == 2

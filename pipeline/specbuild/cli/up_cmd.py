@@ -158,12 +158,14 @@ def run_stages(ctx: UpContext, stages: list[Stage] | None = None) -> tuple[list[
               help="Engine backend for the build stage: reference (any machine) or trtllm (GPU image).")
 @click.option("--trtllm-build", "trtllm_build", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Path of trtllm-build (trtllm backend; default: found on PATH).")
+@click.option("--until", "until", type=click.Choice([stage.name for stage in STAGES]), default=None,
+              help="Stop after this stage (e.g. --until build in a CI job that must not serve).")
 @click.option("--once", is_flag=True, help="Serve stage: start, answer one canary request, stop (for demos and CI).")
 @force_option
 @dry_run_option
 @json_option
-def command(spec_path, backend, trtllm_build, once, force, dry_run, as_json):
-    """Run check -> convert -> build for the spec, skipping stages whose inputs are unchanged.
+def command(spec_path, backend, trtllm_build, until, once, force, dry_run, as_json):
+    """Run every stage (check -> convert -> build) for the spec, skipping what is up to date.
 
     \b
     --force redoes every stage. With --json, one document lists each stage as
@@ -173,7 +175,9 @@ def command(spec_path, backend, trtllm_build, once, force, dry_run, as_json):
     ctx = UpContext(spec=spec, backend=backend, force=force, dry_run=dry_run, once=once,
                     trtllm_build=str(trtllm_build) if trtllm_build else None)
     started = time.monotonic()
-    summary, error = run_stages(ctx)
+    names = [stage.name for stage in STAGES]
+    stages = STAGES[: names.index(until) + 1] if until else STAGES
+    summary, error = run_stages(ctx, stages)
     document = {"pair": spec.name, "backend": backend, "dry_run": dry_run, "ok": error is None,
                 "stages": summary, "seconds": round(time.monotonic() - started, 3)}
     if as_json:
