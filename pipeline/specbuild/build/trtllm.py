@@ -202,8 +202,10 @@ def build_trtllm_role(plan: RolePlan, pair: str, executable: str, force: bool = 
             "input_hash": input_hash,
             "checkpoint_input_hash": (plan.checkpoint_manifest or {}).get("input_hash"),
             "inputs": {"checkpoint_dir": str(plan.checkpoint_dir), "files": files},
-            "argv": argv,
+            "argv": argv,  # exactly as run: --output_dir is the temporary folder renamed to engine_dir
             "argv_text": argv_text(argv),
+            "engine_dir": str(plan.engine_dir),
+            "built_in": str(out.tmp),
             "tool_versions": versions,
             "settings": plan.settings(),
             "build_config": plan.expected_build_config(),
