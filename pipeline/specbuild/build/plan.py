@@ -167,7 +167,7 @@ def plan_role(spec: Spec, role: str, require_checkpoint: bool = True) -> RolePla
         manifest = read_checkpoint_manifest(spec, role, checkpoint_dir)
     quant_algo = _norm_algo(manifest.get("quant_algo")) if manifest else None
     kv_algo = _norm_algo(manifest.get("kv_cache_quant_algo")) if manifest else None
-    if kv_algo is None and model.kv_cache != "none":
+    if manifest is None and model.kv_cache != "none":  # dry-run before convert: what convert will write
         kv_algo = model.kv_cache.upper()
     if kv_algo == "INT8":
         raise BuildError(
