@@ -24,7 +24,7 @@ def tiny_doc(tmp_path_factory, example_tiny):
     text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="bench test")
     spec = specfile.write_spec(folder / "specbuild.toml", text)
     doc = run_bench("-c", spec, "--local", "--json", "--num-draft-tokens", "0,2", "--max-tokens", 10,
-                    "--requests", 2, "--vs-hf", "--plot", folder / "plots")
+                    "--requests", 2, "--vs-hf", "--threads", 1, "--plot", folder / "plots")
     return doc, folder
 
 

@@ -3,6 +3,8 @@
 Per (K, concurrency) cell: speedup = tokens_per_s(K) / tokens_per_s(K = 0) at the same concurrency,
 c = draft seconds per drafted token / target seconds per step at K = 0 (plain decoding),
 bound = the closed form from this cell's alpha and c, efficiency = speedup / bound.
+verify_step_ratio = target seconds per verify step at K / per plain step: the closed form assumes 1,
+so where efficiency falls short this (and time_split's "other") says where the time went.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
         "per_position_alpha": [_r(a) for a in summary.per_position_alpha],
         "draft_seconds_per_token": _r(summary.draft_seconds_per_token, 7),
         "target_seconds_per_step": _r(summary.target_seconds_per_step, 7),
+        "verify_step_ratio": _r(summary.target_seconds_per_step / target_step)
+        if summary.target_seconds_per_step and target_step else None,
         "time_split": _time_split(summary),
         "cost_ratio": _r(c),
         "bound": _r(bound),

@@ -78,8 +78,13 @@ def _local_transport(spec: Spec, log: Callable[[str], None]):
 
 
 def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = None, protocol: str = "http",
-              vs_hf: bool = False, progress: bool = False, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+              vs_hf: bool = False, progress: bool = False, log: Callable[[str], None] = lambda m: None,
+              threads: int | None = None) -> dict[str, Any]:
     prompts = workloads.load(workload, settings.requests)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     peers: list[Any] = []
     notes: list[str] = []
     if url:

@@ -33,10 +33,13 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write PNG plots into this folder.")
 @click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up request per K.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch threads for in-process models (default: torch's choice). 1 avoids thread "
+              "oversubscription on a busy machine.")
 @json_option
 @dry_run_option
 def command(spec_path, url, local, protocol, workload, ks, concurrency, max_tokens, requests, temperature, seed,
-            vs_hf, plot_dir, no_warmup, as_json, dry_run):
+            vs_hf, plot_dir, no_warmup, threads, as_json, dry_run):
     """Measure tokens/s, latency and acceptance with speculation on and off, in one run.
 
     \b
@@ -92,7 +95,7 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
     from specbuild.bench.session import run_bench
 
     doc = run_bench(spec, settings, workload, url=url, protocol=protocol, vs_hf=vs_hf,
-                    progress=progress_enabled(), log=log)
+                    progress=progress_enabled(), log=log, threads=threads)
     if plot_dir is not None:
         from specbuild.bench.plots import write_plots
 
