@@ -240,6 +240,24 @@ class ServerHandle:
             return "(no log)"
         return "\n".join(text[-lines:])
 
+    def load_errors(self, limit: int = 5) -> list[str]:
+        """Triton's "failed to load '<model>' ..." lines: the reason a model did not come up."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        found = []
+        for line in lines:
+            if "failed to load '" in line:
+                message = line.split('] "', 1)[-1].split("\\n\\nAt:", 1)[0]
+                found.append(message[:600])
+        return found[:limit]
+
+    def _failure(self, what: str) -> ServeError:
+        errors = self.load_errors()
+        reason = ("Models that failed to load:\n  " + "\n  ".join(errors)) if errors else f"Last log lines:\n{self.log_tail()}"
+        return ServeError(f"{what}. {reason}\nFull log: {self.log_path}")
+
     def ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
@@ -251,14 +269,12 @@ class ServerHandle:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise ServeError(f"tritonserver exited with code {self.process.returncode} before it was ready. "
-                                 f"Log ({self.log_path}), last lines:\n{self.log_tail()}")
+                raise self._failure(f"tritonserver exited with code {self.process.returncode} before it was ready")
             if self.ready():
                 self.pids = _children(self.process.pid) if self.process else []
                 return
             time.sleep(0.25)
-        raise ServeError(f"tritonserver was not ready after {timeout:.0f} s. Log ({self.log_path}), last lines:\n"
-                         f"{self.log_tail()}")
+        raise self._failure(f"tritonserver was not ready after {timeout:.0f} s")
 
     def stop(self, timeout: float = 45.0) -> int | None:
         """SIGTERM to the process group, SIGKILL after `timeout`; returns the exit code."""

@@ -1,0 +1,167 @@
+"""A real tritonserver (the nvidia-pytriton binary, CPU) on the tiny example pair's reference repository.
+
+One server for the module (starting one costs ~30 s on 2 cores): ensemble over gRPC and HTTP equals
+in-process target-only greedy decoding; the tensorrt_llm model speaks the §2.4 contract; concurrent
+requests batch; bad requests get clear errors while the server stays ready; shutdown leaves no process.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from specbuild.errors import ClientError, ServeError
+from specbuild.triton.client import SpecbuildClient
+from specbuild.triton.server import ServerHandle, ServerOptions, _children
+from triton_helpers import PYTHON_MODELS, alive, make_deployment
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+PROMPTS = ["def add(a, b):", "import os\n", '{"name": ']
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, example_tiny):
+    return make_deployment(tmp_path_factory.mktemp("tiny-deploy"), example_tiny)
+
+
+@pytest.fixture(scope="module")
+def server(deployment):
+    handle = ServerHandle(ServerOptions(repo=deployment.repo, models=PYTHON_MODELS),
+                          log_path=deployment.root / "server.log")
+    handle.start(timeout=300)
+    pids = [handle.process.pid, *_children(handle.process.pid)]
+    yield handle
+    handle.stop()
+    left = [pid for pid in pids if alive(pid)]
+    assert not left, f"processes left behind after stop: {left}"
+
+
+@pytest.fixture(scope="module")
+def local_greedy(deployment):
+    """Target-only greedy text, decoded in-process by the same reference engine and tokenizer."""
+    from transformers import AutoTokenizer
+
+    from specbuild.runtime.loading import load_contract_model, model_source
+
+    source = model_source(deployment.spec, "target")
+    model = load_contract_model(source, device="cpu")
+    tok = AutoTokenizer.from_pretrained(str(source.path), local_files_only=True)
+
+    def run(prompt: str, max_tokens: int) -> str:
+        ids = tok.encode(prompt)
+        out = model({"input_ids": np.array(ids, np.int32), "input_lengths": np.array([len(ids)], np.int32),
+                     "request_output_len": np.array([max_tokens], np.int32),
+                     "end_id": np.array([tok.eos_token_id], np.int32)})
+        return tok.decode(out["output_ids"][0][: int(out["sequence_length"][0])], skip_special_tokens=True)
+
+    return run
+
+
+def test_server_binds_loopback_and_hides_the_repository_api(server):
+    assert server.opts.host == "127.0.0.1" and server.ready()
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=10)
+    assert err.value.code == 403
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_ensemble_equals_local_target_greedy(server, local_greedy, protocol):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    with SpecbuildClient(url, protocol=protocol, model="ensemble") as client:
+        for prompt in PROMPTS:
+            text, _ = client.complete(prompt, max_tokens=12, stream=False)
+            assert text == local_greedy(prompt, 12), prompt
+
+
+def test_tensorrt_llm_verifies_drafts_like_the_contract(server, deployment):
+    import tritonclient.http as httpclient
+
+    from specbuild.runtime.loading import load_contract_model, model_source
+
+    local = load_contract_model(model_source(deployment.spec, "target"), device="cpu")
+    ids, draft = [5, 6, 7, 8], [9, 10, 11]
+    request = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[4]], np.int32),
+               "request_output_len": np.array([[4]], np.int32), "draft_input_ids": np.array([draft], np.int32)}
+    inputs = []
+    for name, value in request.items():
+        tensor = httpclient.InferInput(name, list(value.shape), "INT32")
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        result = client.infer("tensorrt_llm", inputs)
+    finally:
+        client.close()
+    expected = local({k: v[0] for k, v in request.items()})
+    length = int(result.as_numpy("sequence_length")[0, 0])
+    assert result.as_numpy("output_ids")[0, 0, :length].tolist() == expected["output_ids"][0].tolist()
+    assert result.as_numpy("total_draft_tokens")[0, 0] == 3
+    assert result.as_numpy("total_accepted_draft_tokens")[0, 0] == expected["total_accepted_draft_tokens"][0]
+
+
+def test_concurrent_requests_all_succeed_with_the_sequential_answers(server, local_greedy):
+    answers: dict[int, str] = {}
+    errors: list[Exception] = []
+
+    def ask(i: int) -> None:
+        try:
+            with SpecbuildClient(server.grpc_url, model="ensemble") as client:
+                answers[i] = client.complete(PROMPTS[i % len(PROMPTS)], max_tokens=8, stream=False)[0]
+        except Exception as err:  # noqa: BLE001 - collected and asserted below
+            errors.append(err)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    assert all(answers[i] == local_greedy(PROMPTS[i % len(PROMPTS)], 8) for i in range(6))
+
+
+def test_bad_requests_get_clear_errors_and_the_server_stays_ready(server, local_greedy):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    with SpecbuildClient(server.grpc_url, model="ensemble") as client:
+        with pytest.raises(ClientError, match="request_output_len = 0: ask for at least 1 token"):
+            client.complete("hello", max_tokens=0, stream=False)
+        with pytest.raises(ClientError, match="stop_words_list' is not supported by the reference model"):
+            client.complete("hello", max_tokens=2, stream=False, stop_words=["x"])
+        with pytest.raises(ClientError, match="needs a decoupled model"):
+            client.complete("hello", max_tokens=2, stream=True)
+        raw = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+            text.set_data_from_numpy(np.array([[b"hello"]], dtype=object))
+            with pytest.raises(InferenceServerException, match="max_tokens"):
+                raw.infer("ensemble", [text])  # a required input missing
+            wrong = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
+            wrong.set_data_from_numpy(np.array([[4.0]], np.float32))
+            with pytest.raises(InferenceServerException, match="(?i)data.?type|FP32"):
+                raw.infer("ensemble", [text, wrong])
+        finally:
+            raw.close()
+        assert server.ready()
+        assert client.complete(PROMPTS[0], max_tokens=6, stream=False)[0] == local_greedy(PROMPTS[0], 6)
+
+
+def test_a_model_that_cannot_load_fails_fast_with_the_log(deployment, tmp_path):
+    import shutil
+
+    repo = tmp_path / "broken_repo"
+    shutil.copytree(deployment.repo / "postprocessing", repo / "postprocessing")
+    config = repo / "postprocessing" / "config.pbtxt"
+    config.write_text(config.read_text().replace(
+        '"../engines/example-tiny/target/engine"', '"../no/such/tokenizer"'))
+    handle = ServerHandle(ServerOptions(repo=repo), log_path=tmp_path / "server.log")
+    with pytest.raises(ServeError, match="exited with code") as err:
+        handle.start(timeout=240)
+    assert "no/such/tokenizer" in str(err.value)
+    assert handle.process is None
