@@ -78,3 +78,26 @@ def test_concurrency_with_local_is_noted_not_faked(tiny_doc, tmp_path):
     doc2 = json.loads(r.stdout)
     assert {row["concurrency"] for row in doc2["runs"]} == {1}
     assert any("concurrency 2 skipped" in note for note in doc2["notes"])
+
+
+def test_check_measure_section_on_the_tiny_pair(tiny_doc, tmp_path):
+    from specbuild.bench import qualify
+    from specbuild.config import load_spec
+
+    _, folder = tiny_doc
+    spec = load_spec(folder / "specbuild.toml")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "{\\"id\\": 1, \\"name\\":"}\n')
+    m = qualify.measure(spec, prompts_file=prompts, max_tokens=8)
+    assert m["prompts"] == {"source": "p.jsonl", "count": 2, "max_tokens": 8}
+    k = m["num_draft_tokens"]
+    assert k == min(8, spec.speculative.max_draft_len)
+    assert 0.0 <= m["alpha"] <= 1.0 and len(m["per_position_alpha"]) <= k
+    assert m["cost_ratio"]["this_machine"] > 0
+    gpu = m["gpu_estimate"]
+    assert gpu["gpu"] == spec.gpu.name and gpu["target_parameters"] > gpu["draft_parameters"] > 0
+    assert m["cost_ratio"]["gpu"] == pytest.approx(gpu["cost_ratio"], abs=1e-4)
+    rows = m["predicted_speedup"]
+    assert rows[0] == {"num_draft_tokens": 0, "expected_tokens_per_step": 1.0, "this_machine": 1.0, "gpu": 1.0}
+    best_gpu = max(rows, key=lambda r: (r["gpu"], -r["num_draft_tokens"]))
+    assert m["recommended_max_draft_len"] == best_gpu["num_draft_tokens"]

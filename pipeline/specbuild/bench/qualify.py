@@ -101,8 +101,8 @@ def gpu_cost(spec: Spec) -> dict[str, Any] | None:
     from specbuild.errors import SpecbuildError
 
     try:
-        return theory.gpu_estimate(spec, theory.ModelSize.of_checkpoint(spec.target.checkpoint),
-                                   theory.ModelSize.of_checkpoint(spec.draft.checkpoint))
+        return theory.gpu_estimate(spec, theory.ModelSize.of_checkpoint(spec.target.checkpoint, "target"),
+                                   theory.ModelSize.of_checkpoint(spec.draft.checkpoint, "draft"))
     except SpecbuildError:
         return None
 

@@ -11,8 +11,6 @@ weights read per token divided by the memory bandwidth, plus a fixed per-layer l
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -81,31 +79,12 @@ class ModelSize:
     layers: int
 
     @classmethod
-    def of_checkpoint(cls, folder: Path) -> "ModelSize":
-        """Count weights from the safetensors headers (no tensor is loaded) and layers from config.json."""
-        from specbuild.errors import CheckpointError
+    def of_checkpoint(cls, folder: Path, role: str = "model") -> "ModelSize":
+        """Weights counted from the safetensors headers (nothing loaded), layers from config.json."""
+        from specbuild.hfmodel import read_model_info
 
-        folder = Path(folder)
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise CheckpointError(f"{folder} has no *.safetensors files: point the spec at a Hugging Face model folder.")
-        parameters = 0
-        for path in files:
-            with open(path, "rb") as f:
-                (size,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(size))
-            for name, info in header.items():
-                if name != "__metadata__":
-                    count = 1
-                    for dim in info["shape"]:
-                        count *= dim
-                    parameters += count
-        try:
-            config = json.loads((folder / "config.json").read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise CheckpointError(f"{folder}/config.json cannot be read ({err}).") from None
-        layers = int(config.get("num_hidden_layers") or config.get("n_layer") or 1)
-        return cls(parameters=parameters, layers=layers)
+        info = read_model_info(folder, role=role)
+        return cls(parameters=info.num_params, layers=info.num_layers)
 
 
 def weight_bytes(size: ModelSize, model: ModelSpec) -> float:
