@@ -228,3 +228,12 @@ def test_bf16_checkpoint_served_in_fp16_warns(tmp_path):
     assert result.exit_code == 0
     [warning] = [w for w in doc["warnings"] if w["code"] == "dtype_narrower_than_checkpoint"]
     assert warning["fix"] == 'Set target.dtype = "bfloat16" unless the model is known to run in fp16.'
+
+
+def test_draft_with_more_rows_than_the_target_is_a_problem(tmp_path):
+    result, doc = check_json(make_pair(tmp_path, target_rows=1000, draft_rows=1024))
+    assert result.exit_code == 1
+    [problem] = doc["problems"]
+    assert problem["code"] == "draft_vocab_larger_than_target"
+    assert problem["message"].startswith("the draft's embedding has 1024 rows, more than the target's 1000")
+    assert doc["vocab"]["will_pad"] is False

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.check import memory
+from specbuild.check import advice, memory
 from specbuild.check.memory import GIB, kv_bytes_per_token, plan_memory, weight_bytes
 from specbuild.config import spec_from_dict
 from specbuild.hfmodel import info_from_config
@@ -159,7 +159,7 @@ def test_shorter_max_seq_len_suggestion_is_the_longest_that_fits():
     [shorter] = [s for s in plan.suggestions if s["change"].startswith("build.max_seq_len")]
     seq = int(shorter["change"].split("=")[1].split()[0])
     assert seq % 64 == 0 and shorter["max_batch"] >= 1
-    build = memory._with(long, "build", max_seq_len=seq + 64)
+    build = advice._with(long, "build", max_seq_len=seq + 64)
     assert plan_memory(build, target, draft, suggest=False).max_batch == 0
 
 
@@ -227,3 +227,30 @@ def test_fraction_is_rounded_up_and_capped():
     assert memory._fraction(2.0, 1.0) == memory.MAX_FRACTION
     assert memory._fraction(0, 1.0) == 0.0
     assert math.isclose(memory._fraction(1, 3), 0.34)
+
+
+def test_draft_on_its_own_gpu_when_there_are_enough():
+    target, draft = info_from_config(LLAMA3_70B), info_from_config(LLAMA32_1B)
+    shared = plan_memory(spec({"quantization": "fp8"}), target, draft)
+    separate = plan_memory(spec({"quantization": "fp8"}, gpu={"name": "H100-80GB", "count": 2}), target, draft)
+    assert (shared.placement, separate.placement) == ("shared", "separate")
+    assert separate.max_batch > shared.max_batch
+    usable = separate.memory_per_gpu_bytes
+    batches = []
+    for m in (separate.target, separate.draft):  # each model alone on its GPU
+        free = usable - m.weight_bytes_per_gpu - m.runtime_bytes_per_gpu
+        cap = m.max_tokens_in_paged_kv_cache * m.kv_bytes_per_token
+        kv = min(cap, m.kv_cache_free_gpu_mem_fraction * free)
+        assert cap * 0.999 <= kv <= free - memory.MIN_SAFETY_BYTES
+        batches.append(m.kv_budget_bytes // m.kv_bytes_per_sequence)
+    assert separate.max_batch == min(batches)
+
+
+def test_adding_a_gpu_for_the_draft_is_suggested():
+    # Llama-3-8B bf16 + 1B on one L4 (22 GiB): the pair does not fit, the target alone does.
+    target, draft = info_from_config(LLAMA3_8B), info_from_config(LLAMA32_1B)
+    plan = plan_memory(spec(gpu={"name": "L4"}), target, draft)
+    assert not plan.fits
+    changes = [s["change"] for s in plan.suggestions]
+    assert "gpu.count = 2 (the draft on GPUs of its own)" in changes
+    assert changes.index('target.quantization = "fp8"') < changes.index("gpu.count = 2 (the draft on GPUs of its own)")

@@ -17,6 +17,9 @@ Pure arithmetic over `ModelInfo` facts and the spec; every figure is per GPU unl
   activation buffers for `max_num_tokens`, its logits buffer, and a safety margin of 10% of what
   is left (at least 0.5 GiB).
 
+Placement: the draft runs on GPUs of its own when `gpu.count >= 2 x tp_size x pp_size` (as the repo
+stage assigns `gpu_device_ids`), else both models share the same GPUs.
+
 KV split between two engines on one GPU. TensorRT-LLM gives each model
 `min(max_tokens_in_paged_kv_cache, kv_cache_free_gpu_mem_fraction x free memory)` when that
 model loads, and Triton may load the two models in either order. So the plan gives each model a
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbuild.check.report import Finding
-from specbuild.config import GPUS, Spec
+from specbuild.config import Spec
 from specbuild.hfmodel import ModelInfo, read_model_info
 
 GIB = 1024**3
@@ -108,6 +111,7 @@ class MemoryPlan:
     max_batch_size: int  # what the spec asks for
     max_seq_len: int
     pp_size: int = 1
+    placement: str = "shared"  # "shared": both models on the same GPUs; "separate": the draft on its own
     problems: tuple[Finding, ...] = ()  # GPU feature gates and "does not fit"
     warnings: tuple[Finding, ...] = ()
     suggestions: tuple[dict[str, Any], ...] = ()  # changes that would fit, best first
@@ -136,6 +140,7 @@ class MemoryPlan:
             "memory_per_gpu_bytes": self.memory_per_gpu_bytes,
             "tp_size": self.tp_size,
             "pp_size": self.pp_size,
+            "placement": self.placement,
             "target": model(self.target),
             "draft": model(self.draft),
             "reserved_bytes": self.reserved_bytes,
@@ -196,44 +201,84 @@ def _fraction(budget: float, free_when_second: float) -> float:
     return min(math.ceil(budget / free_when_second * 100) / 100, MAX_FRACTION)
 
 
+def separate_gpus(spec: Spec) -> bool:
+    """The draft gets GPUs of its own when there are enough for both (the repo stage places it so)."""
+    return spec.gpu.count >= 2 * spec.build.tp_size * spec.build.pp_size
+
+
 def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | None = None, *,
                 allow_pickle: bool = False, suggest: bool = True) -> MemoryPlan:
-    """The memory plan for the spec's `[gpu]`, `[build]` limits and the two models.
+    """The memory plan for the spec's `[gpu]`, `[build]` limits and the two models, with GPU
+    feature gates and (when it does not fit, and `suggest`) the single changes that would fit.
 
     `target`/`draft` default to the facts read from the spec's checkpoints (CheckpointError if unreadable).
     """
+    from specbuild.check import advice
+
     if target is None:
         target = read_model_info(spec.target.checkpoint, allow_pickle=allow_pickle, role="target")
     if draft is None:
         draft = read_model_info(spec.draft.checkpoint, allow_pickle=allow_pickle, role="draft")
+    plan = compute_plan(spec, target, draft)
+    problems, warnings = advice.gate_findings(spec)
+    suggestions: list[dict[str, Any]] = []
+    b = spec.build
+    if not plan.fits:
+        if suggest:
+            suggestions = advice.suggest_changes(spec, target, draft, goal=1)
+        problems.append(advice.does_not_fit(plan, suggestions))
+    elif plan.max_batch < b.max_batch_size:
+        if suggest:
+            suggestions = advice.suggest_changes(spec, target, draft, goal=b.max_batch_size)
+        warnings.append(advice.batch_exceeds_memory(plan, suggestions))
+    return dataclasses.replace(plan, problems=tuple(problems), warnings=tuple(warnings),
+                               suggestions=tuple(suggestions))
+
+
+def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:
+    """The arithmetic alone: weights, buffers, KV per token and sequence, the batch, the KV split."""
     b, g = spec.build, spec.gpu
-    tp = b.tp_size
+    tp, pp = b.tp_size, b.pp_size
     memory = int(g.memory_per_gpu_gib * GIB)
-    sm = g.sm
     vocab_rows = padded_vocab(max(target.vocab_size, draft.vocab_size), tp)
     roles = {"target": (target, spec.target, b.max_seq_len + spec.speculative.max_draft_len),
              "draft": (draft, spec.draft, b.max_seq_len)}
     raw: dict[str, dict[str, int]] = {}
     for role, (info, model, seq) in roles.items():
-        total, per_gpu = weight_bytes(info, model.quantization, model.dtype, vocab_rows, tp, b.pp_size)
+        total, per_gpu = weight_bytes(info, model.quantization, model.dtype, vocab_rows, tp, pp)
         raw[role] = {
             "total": total,
             "per_gpu": per_gpu,
             "runtime": runtime_bytes(info, model.dtype, spec, vocab_rows, role == "target"),
-            "kv_token": kv_bytes_per_token(info, model.kv_cache, model.dtype, tp, b.pp_size),
+            "kv_token": kv_bytes_per_token(info, model.kv_cache, model.dtype, tp, pp),
             "tokens": _round_up(seq, TOKENS_PER_BLOCK),
         }
-    free_after_load = memory - sum(r["per_gpu"] + r["runtime"] for r in raw.values())
-    reserved = max(MIN_SAFETY_BYTES, int(SAFETY_FRACTION * free_after_load))
-    kv_available = free_after_load - reserved
-    per_sequence = sum(r["kv_token"] * r["tokens"] for r in raw.values())
-    max_batch = max(kv_available // per_sequence, 0) if per_sequence else 0
-    budgets = {role: max(kv_available, 0) * r["kv_token"] * r["tokens"] / per_sequence for role, r in raw.items()}
-    models = {}
-    for role, r in raw.items():
-        other = "draft" if role == "target" else "target"
-        tokens = int(budgets[role] // r["kv_token"]) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
-        models[role] = ModelMemory(
+    per_seq = {role: r["kv_token"] * r["tokens"] for role, r in raw.items()}
+    fractions: dict[str, float] = {}
+    if separate_gpus(spec):
+        # Each model alone on its GPUs: all of its free memory (less the margin) is its KV cache.
+        budgets, batches, reserved = {}, [], 0
+        for role, r in raw.items():
+            free = memory - r["per_gpu"] - r["runtime"]
+            margin = max(MIN_SAFETY_BYTES, int(SAFETY_FRACTION * free))
+            reserved = max(reserved, margin)
+            budgets[role] = max(free - margin, 0)
+            batches.append(max(free - margin, 0) // per_seq[role])
+            fractions[role] = _fraction(budgets[role], free)
+        max_batch = min(batches)
+        kv_available = sum(memory - r["per_gpu"] - r["runtime"] for r in raw.values()) - 2 * reserved
+    else:
+        free_after_load = memory - sum(r["per_gpu"] + r["runtime"] for r in raw.values())
+        reserved = max(MIN_SAFETY_BYTES, int(SAFETY_FRACTION * free_after_load))
+        kv_available = free_after_load - reserved
+        both = sum(per_seq.values())
+        max_batch = max(kv_available // both, 0)
+        budgets = {role: max(kv_available, 0) * per_seq[role] / both for role in raw}
+        for role in raw:
+            other = "draft" if role == "target" else "target"
+            fractions[role] = _fraction(budgets[role], free_after_load - budgets[other])
+    models = {
+        role: ModelMemory(
             role=role,
             quantization=roles[role][1].quantization,
             kv_cache=roles[role][1].kv_cache,
@@ -243,12 +288,14 @@ def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | 
             kv_bytes_per_token=r["kv_token"],
             tokens_per_sequence=r["tokens"],
             kv_budget_bytes=int(budgets[role]),
-            max_tokens_in_paged_kv_cache=tokens,
-            kv_cache_free_gpu_mem_fraction=_fraction(budgets[role], free_after_load - budgets[other]),
+            max_tokens_in_paged_kv_cache=int(budgets[role] // r["kv_token"]) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK,
+            kv_cache_free_gpu_mem_fraction=fractions[role],
         )
-    plan = MemoryPlan(
+        for role, r in raw.items()
+    }
+    return MemoryPlan(
         gpu=g.name or "custom",
-        sm=sm,
+        sm=g.sm,
         memory_per_gpu_bytes=memory,
         tp_size=tp,
         target=models["target"],
@@ -258,140 +305,6 @@ def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | 
         max_batch=int(max_batch),
         max_batch_size=b.max_batch_size,
         max_seq_len=b.max_seq_len,
-        pp_size=b.pp_size,
+        pp_size=pp,
+        placement="separate" if separate_gpus(spec) else "shared",
     )
-    problems, warnings = gate_findings(spec, sm)
-    suggestions: list[dict[str, Any]] = []
-    if not plan.fits:
-        if suggest:
-            suggestions = suggest_changes(spec, target, draft, goal=1)
-        problems.append(_does_not_fit(plan, suggestions))
-    elif plan.max_batch < b.max_batch_size:
-        if suggest:
-            suggestions = suggest_changes(spec, target, draft, goal=b.max_batch_size)
-        best = f" Or: {suggestions[0]['change']}." if suggestions else ""
-        warnings.append(Finding(
-            "batch_exceeds_memory",
-            f"only {plan.max_batch} sequences of max_seq_len = {b.max_seq_len} fit in the KV cache, "
-            f"but build.max_batch_size = {b.max_batch_size}; longer requests will wait for free blocks.",
-            f"Set build.max_batch_size = {plan.max_batch}.{best}",
-        ))
-    return dataclasses.replace(plan, problems=tuple(problems), warnings=tuple(warnings),
-                               suggestions=tuple(suggestions))
-
-
-def gate_findings(spec: Spec, sm: int | None) -> tuple[list[Finding], list[Finding]]:
-    """Quantization and KV-cache formats the GPU cannot run (TensorRT-LLM raises at build time)."""
-    problems: list[Finding] = []
-    warnings: list[Finding] = []
-    if sm is None:
-        warnings.append(Finding(
-            "gpu_sm_unknown",
-            f"gpu.name = {spec.gpu.name!r} is not a known GPU, so its compute capability (SM) is unknown: "
-            "fp8 and int8/int4 support was not checked.",
-            "Use a known gpu.name (" + ", ".join(GPUS) + ") to have format support checked.",
-        ))
-        return problems, warnings
-    if sm < MIN_SM:
-        problems.append(Finding("gpu_too_old", f"{spec.gpu.name} is SM{sm}; draft/target speculative decoding "
-                                "in TensorRT-LLM needs SM80 or newer.", "Use an Ampere-or-newer GPU."))
-    for role in ("target", "draft"):
-        model = spec.role(role)
-        q = model.quantization
-        if q in ("fp8", "w4a8_awq") and sm < FP8_MIN_SM:
-            problems.append(Finding("quantization_unsupported_on_gpu",
-                                    f"{role}.quantization = {q!r} needs FP8 (SM89+), but {spec.gpu.name} is SM{sm}.",
-                                    f"Use {role}.quantization = \"int4_awq\" or \"int8_sq\", or an SM89+ GPU."))
-        if model.kv_cache == "fp8" and sm < FP8_MIN_SM:
-            problems.append(Finding("kv_cache_unsupported_on_gpu",
-                                    f"{role}.kv_cache = 'fp8' needs SM89+, but {spec.gpu.name} is SM{sm}.",
-                                    f"Set {role}.kv_cache = \"none\"."))
-        if 100 <= sm < 120 and q in BLACKWELL_REJECTED:
-            problems.append(Finding("quantization_unsupported_on_gpu",
-                                    f"{role}.quantization = {q!r}: trtllm-build rejects INT8/INT4 weight-only and "
-                                    f"SmoothQuant on SM100-119 ({spec.gpu.name} is SM{sm}).",
-                                    f"Use {role}.quantization = \"fp8\" on this GPU."))
-        if 100 <= sm < 120 and q == "w4a8_awq":
-            warnings.append(Finding("quantization_unverified_on_gpu",
-                                    f"{role}.quantization = 'w4a8_awq' on SM{sm} is not verified: trtllm-build rejects "
-                                    "several INT4 modes on SM100-119.", f"Prefer {role}.quantization = \"fp8\"."))
-    return problems, warnings
-
-
-def _supported(spec: Spec, quantization: str) -> bool:
-    sm = spec.gpu.sm
-    if sm is None:
-        return True
-    if quantization in ("fp8", "w4a8_awq") and sm < FP8_MIN_SM:
-        return False
-    return not (100 <= sm < 120 and quantization in BLACKWELL_REJECTED)
-
-
-def _with(spec: Spec, section: str, **changes: Any) -> Spec:
-    return dataclasses.replace(spec, **{section: dataclasses.replace(getattr(spec, section), **changes)})
-
-
-def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) -> list[dict[str, Any]]:
-    """Single changes that reach `goal` sequences at max_seq_len, in order of preference."""
-    candidates: list[tuple[str, Spec]] = []
-    t = spec.target
-    if t.kv_cache == "none" and _supported(spec, "fp8"):
-        candidates.append(('target.kv_cache = "fp8"', _with(spec, "target", kv_cache="fp8")))
-    for q in ("fp8", "int4_awq"):
-        if WEIGHT_BYTES[q] < (DTYPE_BYTES[t.dtype] if t.quantization == "none" else WEIGHT_BYTES[t.quantization]) \
-                and _supported(spec, q):
-            candidates.append((f'target.quantization = "{q}"', _with(spec, "target", quantization=q)))
-    tp = spec.build.tp_size * 2
-    while tp <= 8:
-        if all(m.num_heads % tp == 0 for m in (target, draft)):
-            bigger = _with(_with(spec, "build", tp_size=tp), "gpu", count=max(spec.gpu.count, tp * spec.build.pp_size))
-            candidates.append((f"build.tp_size = {tp} (gpu.count >= {tp * spec.build.pp_size})", bigger))
-        tp *= 2
-    found = []
-    for change, changed in candidates:
-        plan = plan_memory(changed, target, draft, suggest=False)
-        if plan.max_batch >= goal:
-            found.append({"change": change, "max_batch": plan.max_batch})
-    shorter = _shorter_seq_len(spec, target, draft, goal)
-    if shorter is not None:
-        found.append(shorter)
-    return found
-
-
-def _shorter_seq_len(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) -> dict[str, Any] | None:
-    """The longest max_seq_len (a multiple of TOKENS_PER_BLOCK) that reaches the goal, if any."""
-    def batch(seq: int) -> int:
-        changed = _with(spec, "build", max_seq_len=seq, max_input_len=min(spec.build.max_input_len, seq - 1))
-        return plan_memory(changed, target, draft, suggest=False).max_batch
-
-    low, high = TOKENS_PER_BLOCK, spec.build.max_seq_len - 1
-    if high < low or batch(low) < goal:
-        return None
-    while low < high:  # largest seq in [low, high] with batch(seq) >= goal; batch falls as seq grows
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if batch(mid) >= goal else (low, mid - 1)
-    seq = low // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
-    change = f"build.max_seq_len = {seq}"
-    if spec.build.max_input_len >= seq:
-        change += f" (and build.max_input_len = {seq // 2})"
-    return {"change": change, "max_batch": batch(seq)}
-
-
-def _does_not_fit(plan: MemoryPlan, suggestions: list[dict[str, Any]]) -> Finding:
-    weights = plan.target.weight_bytes_per_gpu + plan.draft.weight_bytes_per_gpu
-    runtime = plan.target.runtime_bytes_per_gpu + plan.draft.runtime_bytes_per_gpu
-    message = (
-        f"does not fit: on {plan.gpu} ({plan.memory_per_gpu_bytes / GIB:.1f} GiB per GPU, tp_size {plan.tp_size}) the "
-        f"weights take {weights / GIB:.1f} GiB per GPU (target {plan.target.weight_bytes_per_gpu / GIB:.1f}, draft "
-        f"{plan.draft.weight_bytes_per_gpu / GIB:.1f}) and runtime buffers {runtime / GIB:.1f} GiB, leaving "
-        f"{plan.kv_available_bytes / GIB:.1f} GiB for the KV cache; one sequence of max_seq_len = {plan.max_seq_len} "
-        f"needs {(plan.target.kv_bytes_per_sequence + plan.draft.kv_bytes_per_sequence) / GIB:.2f} GiB."
-    )
-    if suggestions:
-        fix = f"Change {suggestions[0]['change']} (then {suggestions[0]['max_batch']} sequence(s) fit)"
-        others = [s["change"] for s in suggestions[1:]]
-        fix += ("; other options: " + "; ".join(others) + ".") if others else "."
-    else:
-        fix = "Use a larger GPU or a smaller target model: no single change to quantization, tp_size or " \
-              "max_seq_len fits."
-    return Finding("does_not_fit", message, fix)

@@ -7,7 +7,7 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 
 from __future__ import annotations
 
-from specbuild.check.memory import padded_vocab, plan_memory
+from specbuild.check.memory import plan_memory
 from specbuild.check.report import CheckReport
 from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
 from specbuild.config import Spec
@@ -30,7 +30,7 @@ def run_check(spec: Spec, allow_pickle: bool = False) -> CheckReport:
                         "allowed by --allow-pickle. Its parameter count is estimated from config.json.",
                         "Convert it to safetensors (save_pretrained(dir, safe_serialization=True)).")
     tokenizer_size = check_tokenizers(report, spec)
-    check_vocab(report, spec, infos["target"], infos["draft"], tokenizer_size)
+    check_vocab(report, infos["target"], infos["draft"], tokenizer_size)
     plan = plan_memory(spec, infos["target"], infos["draft"])
     report.memory = plan.to_dict()
     report.problems.extend(plan.problems)
@@ -139,16 +139,18 @@ def check_tokenizers(report: CheckReport, spec: Spec) -> int | None:
     return facts["target"].max_id + 1
 
 
-def check_vocab(report: CheckReport, spec: Spec, target: ModelInfo, draft: ModelInfo, tokenizer_size: int | None) -> None:
+def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokenizer_size: int | None) -> None:
+    """`specbuild convert` pads the draft's embedding and lm_head up to the target's rows; it cannot cut a
+    larger draft down (TensorRT-LLM's external-draft-tokens buffers need equal logits widths)."""
     rows = {"target": target.vocab_size, "draft": draft.vocab_size}
-    padded = padded_vocab(max(rows.values()), spec.build.tp_size)
+    padded = rows["target"]
     report.vocab = {
         "tokenizer_size": tokenizer_size,
         "target_rows": rows["target"],
         "draft_rows": rows["draft"],
         "padded_vocab_size": padded,
-        "pad_rows": {role: padded - n for role, n in rows.items()},
-        "will_pad": any(padded != n for n in rows.values()),
+        "pad_rows": {"target": 0, "draft": max(padded - rows["draft"], 0)},
+        "will_pad": rows["draft"] < padded,
     }
     if tokenizer_size is not None:
         for role, n in rows.items():
@@ -159,12 +161,17 @@ def check_vocab(report: CheckReport, spec: Spec, target: ModelInfo, draft: Model
                     "those ids would index past the embedding.",
                     f"Point {role}.checkpoint at a model whose vocab_size is at least {tokenizer_size}.",
                 )
-    padded_roles = [role for role, n in rows.items() if n != padded]
-    if padded_roles and report.tokenizer.get("identical"):
+    if rows["draft"] > rows["target"]:
+        report.problem(
+            "draft_vocab_larger_than_target",
+            f"the draft's embedding has {rows['draft']} rows, more than the target's {rows['target']}: both engines "
+            "must emit logits of the same width, and convert pads the draft but cannot cut it down safely.",
+            "Use a draft whose vocab_size is no larger than the target's.",
+        )
+    elif report.vocab["will_pad"] and report.tokenizer.get("identical"):
         report.warn(
             "vocab_padding",
-            "embedding rows differ (target " + str(rows["target"]) + ", draft " + str(rows["draft"]) + "): "
-            + " and ".join(f"the {r}'s embedding and lm_head will be padded to {padded} rows" for r in padded_roles)
-            + " at convert time, so both engines emit logits of the same width.",
+            f"embedding rows differ (target {rows['target']}, draft {rows['draft']}): the draft's embedding and "
+            f"lm_head will be padded to {padded} rows at convert time, so both engines emit logits of the same width.",
             "Nothing to do: `specbuild convert` pads them.",
         )

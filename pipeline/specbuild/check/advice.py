@@ -1,0 +1,155 @@
+"""Advice on top of the memory plan: GPU feature gates, "does not fit" with the smallest change
+that would fit, and the batch warning. Every suggestion is checked by re-running the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from specbuild.check.memory import (
+    BLACKWELL_REJECTED,
+    DTYPE_BYTES,
+    FP8_MIN_SM,
+    GIB,
+    MIN_SM,
+    TOKENS_PER_BLOCK,
+    WEIGHT_BYTES,
+    MemoryPlan,
+    compute_plan,
+)
+from specbuild.check.report import Finding
+from specbuild.config import GPUS, Spec
+from specbuild.hfmodel import ModelInfo
+
+
+def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
+    """Quantization and KV-cache formats the GPU cannot run (TensorRT-LLM raises at build time)."""
+    sm = spec.gpu.sm
+    problems: list[Finding] = []
+    warnings: list[Finding] = []
+    if sm is None:
+        warnings.append(Finding(
+            "gpu_sm_unknown",
+            f"gpu.name = {spec.gpu.name!r} is not a known GPU, so its compute capability (SM) is unknown: "
+            "fp8 and int8/int4 support was not checked.",
+            "Use a known gpu.name (" + ", ".join(GPUS) + ") to have format support checked.",
+        ))
+        return problems, warnings
+    if sm < MIN_SM:
+        problems.append(Finding("gpu_too_old", f"{spec.gpu.name} is SM{sm}; draft/target speculative decoding "
+                                "in TensorRT-LLM needs SM80 or newer.", "Use an Ampere-or-newer GPU."))
+    for role in ("target", "draft"):
+        model = spec.role(role)
+        q = model.quantization
+        if q in ("fp8", "w4a8_awq") and sm < FP8_MIN_SM:
+            problems.append(Finding("quantization_unsupported_on_gpu",
+                                    f"{role}.quantization = {q!r} needs FP8 (SM89+), but {spec.gpu.name} is SM{sm}.",
+                                    f"Use {role}.quantization = \"int4_awq\" or \"int8_sq\", or an SM89+ GPU."))
+        if model.kv_cache == "fp8" and sm < FP8_MIN_SM:
+            problems.append(Finding("kv_cache_unsupported_on_gpu",
+                                    f"{role}.kv_cache = 'fp8' needs SM89+, but {spec.gpu.name} is SM{sm}.",
+                                    f"Set {role}.kv_cache = \"none\"."))
+        if 100 <= sm < 120 and q in BLACKWELL_REJECTED:
+            problems.append(Finding("quantization_unsupported_on_gpu",
+                                    f"{role}.quantization = {q!r}: trtllm-build rejects INT8/INT4 weight-only and "
+                                    f"SmoothQuant on SM100-119 ({spec.gpu.name} is SM{sm}).",
+                                    f"Use {role}.quantization = \"fp8\" on this GPU."))
+        if 100 <= sm < 120 and q == "w4a8_awq":
+            warnings.append(Finding("quantization_unverified_on_gpu",
+                                    f"{role}.quantization = 'w4a8_awq' on SM{sm} is not verified: trtllm-build rejects "
+                                    "several INT4 modes on SM100-119.", f"Prefer {role}.quantization = \"fp8\"."))
+    return problems, warnings
+
+
+def _supported(spec: Spec, quantization: str) -> bool:
+    sm = spec.gpu.sm
+    if sm is None:
+        return True
+    if quantization in ("fp8", "w4a8_awq") and sm < FP8_MIN_SM:
+        return False
+    return not (100 <= sm < 120 and quantization in BLACKWELL_REJECTED)
+
+
+def _with(spec: Spec, section: str, **changes: Any) -> Spec:
+    return dataclasses.replace(spec, **{section: dataclasses.replace(getattr(spec, section), **changes)})
+
+
+def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) -> list[dict[str, Any]]:
+    """Single changes that reach `goal` sequences at max_seq_len, in order of preference."""
+    candidates: list[tuple[str, Spec]] = []
+    t = spec.target
+    if t.kv_cache == "none" and _supported(spec, "fp8"):
+        candidates.append(('target.kv_cache = "fp8"', _with(spec, "target", kv_cache="fp8")))
+    for q in ("fp8", "int4_awq"):
+        if WEIGHT_BYTES[q] < (DTYPE_BYTES[t.dtype] if t.quantization == "none" else WEIGHT_BYTES[t.quantization]) \
+                and _supported(spec, q):
+            candidates.append((f'target.quantization = "{q}"', _with(spec, "target", quantization=q)))
+    stages = spec.build.tp_size * spec.build.pp_size
+    if spec.gpu.count < 2 * stages:
+        candidates.append((f"gpu.count = {2 * stages} (the draft on GPUs of its own)",
+                           _with(spec, "gpu", count=2 * stages)))
+    tp = spec.build.tp_size * 2
+    while tp <= 8:
+        if all(m.num_heads % tp == 0 for m in (target, draft)):
+            bigger = _with(_with(spec, "build", tp_size=tp), "gpu", count=max(spec.gpu.count, tp * spec.build.pp_size))
+            candidates.append((f"build.tp_size = {tp} (gpu.count >= {tp * spec.build.pp_size})", bigger))
+        tp *= 2
+    found = []
+    for change, changed in candidates:
+        plan = compute_plan(changed, target, draft)
+        if plan.max_batch >= goal:
+            found.append({"change": change, "max_batch": plan.max_batch})
+    shorter = _shorter_seq_len(spec, target, draft, goal)
+    if shorter is not None:
+        found.append(shorter)
+    return found
+
+
+def _shorter_seq_len(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) -> dict[str, Any] | None:
+    """The longest max_seq_len (a multiple of TOKENS_PER_BLOCK) that reaches the goal, if any."""
+    def batch(seq: int) -> int:
+        changed = _with(spec, "build", max_seq_len=seq, max_input_len=min(spec.build.max_input_len, seq - 1))
+        return compute_plan(changed, target, draft).max_batch
+
+    low, high = TOKENS_PER_BLOCK, spec.build.max_seq_len - 1
+    if high < low or batch(low) < goal:
+        return None
+    while low < high:  # largest seq in [low, high] with batch(seq) >= goal; batch falls as seq grows
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if batch(mid) >= goal else (low, mid - 1)
+    seq = low // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+    change = f"build.max_seq_len = {seq}"
+    if spec.build.max_input_len >= seq:
+        change += f" (and build.max_input_len = {seq // 2})"
+    return {"change": change, "max_batch": batch(seq)}
+
+
+def does_not_fit(plan: MemoryPlan, suggestions: list[dict[str, Any]]) -> Finding:
+    weights = plan.target.weight_bytes_per_gpu + plan.draft.weight_bytes_per_gpu
+    runtime = plan.target.runtime_bytes_per_gpu + plan.draft.runtime_bytes_per_gpu
+    message = (
+        f"does not fit: on {plan.gpu} ({plan.memory_per_gpu_bytes / GIB:.1f} GiB per GPU, tp_size {plan.tp_size}) the "
+        f"weights take {weights / GIB:.1f} GiB per GPU (target {plan.target.weight_bytes_per_gpu / GIB:.1f}, draft "
+        f"{plan.draft.weight_bytes_per_gpu / GIB:.1f}) and runtime buffers {runtime / GIB:.1f} GiB, leaving "
+        f"{plan.kv_available_bytes / GIB:.1f} GiB for the KV cache; one sequence of max_seq_len = {plan.max_seq_len} "
+        f"needs {(plan.target.kv_bytes_per_sequence + plan.draft.kv_bytes_per_sequence) / GIB:.2f} GiB."
+    )
+    if suggestions:
+        fix = f"Change {suggestions[0]['change']} (then {suggestions[0]['max_batch']} sequence(s) fit)"
+        others = [s["change"] for s in suggestions[1:]]
+        fix += ("; other options: " + "; ".join(others) + ".") if others else "."
+    else:
+        fix = ("Use a larger GPU or a smaller target model: no single change to quantization, GPU count, "
+               "tp_size or max_seq_len fits.")
+    return Finding("does_not_fit", message, fix)
+
+
+def batch_exceeds_memory(plan: MemoryPlan, suggestions: list[dict[str, Any]]) -> Finding:
+    best = f" Or: {suggestions[0]['change']}." if suggestions else ""
+    return Finding(
+        "batch_exceeds_memory",
+        f"only {plan.max_batch} sequences of max_seq_len = {plan.max_seq_len} fit in the KV cache, "
+        f"but build.max_batch_size = {plan.max_batch_size}; longer requests will wait for free blocks.",
+        f"Set build.max_batch_size = {plan.max_batch}.{best}",
+    )
