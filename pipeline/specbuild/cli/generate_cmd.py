@@ -35,9 +35,11 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, spec_opt
               help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.")
 @click.option("--device", default="auto", show_default=True, help="--local: cpu, cuda, or auto.")
 @click.option("--no-cache", "no_cache", is_flag=True, help="--local: disable the KV and prefix caches (slower; same output).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="--local on CPU: torch threads. Default: 1 for small models, else torch's default.")
 @json_option
 def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
-            stream, adaptive, device, no_cache, as_json):
+            stream, adaptive, device, no_cache, threads, as_json):
     """Generate text for PROMPT with speculative decoding.
 
     \b
@@ -56,7 +58,7 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
                    top_p=top_p, seed=seed, adaptive=adaptive)
     echo = None if as_json or not stream else _echo_stdout
     if local:
-        doc = generate_local(spec, prompt, device=device, use_cache=not no_cache, on_text=echo, **options)
+        doc = generate_local(spec, prompt, device=device, use_cache=not no_cache, threads=threads, on_text=echo, **options)
     else:
         doc = _generate_served(spec, prompt, url=url, protocol=protocol, on_text=echo, **options)
     if as_json:
@@ -100,7 +102,7 @@ def summary(doc: dict[str, Any]) -> str:
 
 def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int | None, temperature: float,
                    top_k: int, top_p: float, seed: int | None, adaptive: bool | None, device: str = "auto",
-                   use_cache: bool = True, on_text=None, pair=None) -> dict[str, Any]:
+                   use_cache: bool = True, threads: int | None = None, on_text=None, pair=None) -> dict[str, Any]:
     """Run one prompt in-process; return the --json document. on_text(delta) receives streamed text."""
     from transformers import AutoTokenizer
 
@@ -109,7 +111,7 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
     from specbuild.speculative.interfaces import SamplingParams
     from specbuild.speculative.loop import GenerationRequest, generate
 
-    pair = pair or load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache)
+    pair = pair or load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache, threads=threads)
     tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
     k = spec.speculative.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
     if k > pair.max_draft_len:

@@ -123,10 +123,34 @@ def _has_tokenizer(folder: Path) -> bool:
     return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json"))
 
 
-def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True) -> LocalPair:
+SMALL_HIDDEN = 1024  # up to this hidden size one CPU thread is fastest: the ops are too small to split
+
+
+def configure_threads(threads: int | None, source: ModelSource, device: str) -> int | None:
+    """Set torch's CPU thread count: `threads`, or 1 for small models when None. Returns what was set."""
+    import torch
+
+    if device != "cpu":
+        return None
+    if threads is None:
+        try:
+            hidden = int(json.loads((source.path / "config.json").read_text()).get("hidden_size", 0))
+        except (OSError, ValueError, TypeError):
+            return None
+        if not 0 < hidden <= SMALL_HIDDEN:
+            return None
+        threads = 1
+    torch.set_num_threads(threads)
+    return threads
+
+
+def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None) -> LocalPair:
+    """Target and draft in-process. threads: CPU threads for torch (None: 1 for small models, else torch's default)."""
     from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
 
     target, draft = model_source(spec, "target"), model_source(spec, "draft")
+    device = resolve_device(device)
+    configure_threads(threads, target, device)
     target_model = load_contract_model(target, device, use_cache)
     draft_model = load_contract_model(draft, device, use_cache)
     if target_model.engine.vocab_size != draft_model.engine.vocab_size:

@@ -166,6 +166,7 @@ class LlamaModel:
         lm_head = maybe("lm_head.weight")
         self.lm_head = self.embed if args.tie_word_embeddings or lm_head is None else lm_head  # [vocab, hidden]
         self.inv_freq = rope_inv_freq(args).to(self.device)  # [head_dim // 2], float32
+        self._cos = self._sin = torch.empty(0, args.head_dim, device=self.device)
 
     @classmethod
     def from_folder(cls, folder: str | Path, device: str = "cpu", row_block: int | None = None) -> LlamaModel:
@@ -187,7 +188,18 @@ class LlamaModel:
 
     def _blocks(self, fn, *xs: torch.Tensor) -> torch.Tensor:
         """fn applied to fixed-size row blocks of xs: each [rows, ...], rows a multiple of row_block."""
+        if xs[0].shape[0] == self.row_block:
+            return fn(*xs)
         return torch.cat([fn(*blocks) for blocks in zip(*(x.split(self.row_block) for x in xs))])
+
+    def _rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [>= n, head_dim], computed once per position (so a position's values never vary)."""
+        if self._cos.shape[0] < n:
+            size = max(n, 2 * self._cos.shape[0], 1024)
+            freqs = torch.arange(size, device=self.device, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)  # [size, head_dim], as transformers' LlamaRotaryEmbedding
+            self._cos, self._sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        return self._cos, self._sin
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # x: [rows, hidden]
         h = x.float()
@@ -218,32 +230,33 @@ class LlamaModel:
         rows = len(ids)
         padded = -(-rows // block) * block
         ids_t = torch.tensor(ids + [0] * (padded - rows), device=self.device)
-        pos_t = torch.tensor(pos + [0] * (padded - rows), device=self.device, dtype=torch.float32)
-        freqs = pos_t[:, None] * self.inv_freq[None, :]  # [padded, head_dim // 2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+        pos_t = torch.tensor(pos + [0] * (padded - rows), device=self.device)
+        cos, sin = self._rope_tables(max(pos) + 1 if pos else 1)
+        cos, sin = cos[pos_t][:, None, :], sin[pos_t][:, None, :]  # [padded, 1, head_dim]
 
         x = self.embed[ids_t]  # [padded, hidden]
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         scale = a.head_dim**-0.5
+        pad = torch.zeros(padded - rows, nq, device=self.device, dtype=self.dtype)
         for li, layer in enumerate(self.layers):
             qkv = self._blocks(
                 lambda b: F.linear(self._rms_norm(b, layer["attn_norm"]), layer["qkv"], layer["qkv_bias"]), x
             )
-            q = self._rope(qkv[:, :nq].view(padded, a.num_heads, a.head_dim), cos, sin)
+            q = self._rope(qkv[:, :nq].view(padded, a.num_heads, a.head_dim), cos, sin).unsqueeze(2)
             k = self._rope(qkv[:, nq : nq + nkv].view(padded, a.num_kv_heads, a.head_dim), cos, sin)
             v = qkv[:, nq + nkv :].view(padded, a.num_kv_heads, a.head_dim)
-            attn = torch.zeros(padded, nq, device=self.device, dtype=self.dtype)
+            outs = []
             for (cache, _), (row0, start, n) in zip(batch, spans):
                 cache.k[li][start : start + n] = k[row0 : row0 + n]
                 cache.v[li][start : start + n] = v[row0 : row0 + n]
+                keys = cache.k[li].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, capacity, head_dim]
+                values = cache.v[li].transpose(0, 1).unsqueeze(0)
                 for i in range(n):
-                    keys = cache.k[li][: start + i + 1].transpose(0, 1)[None]  # [1, kv_heads, len, head_dim]
-                    values = cache.v[li][: start + i + 1].transpose(0, 1)[None]
-                    out = F.scaled_dot_product_attention(
-                        q[row0 + i][None, :, None, :], keys, values, scale=scale, enable_gqa=True
-                    )  # [1, heads, 1, head_dim]
-                    attn[row0 + i] = out.reshape(nq)
+                    end = start + i + 1  # a query sees exactly the positions up to its own
+                    outs.append(F.scaled_dot_product_attention(
+                        q[row0 + i : row0 + i + 1], keys[:, :, :end], values[:, :, :end], scale=scale, enable_gqa=True
+                    ).view(1, nq))  # [1, heads * head_dim]
+            attn = torch.cat(outs + [pad])  # [padded, heads * head_dim]
             x = self._blocks(lambda xb, ab: self._post_attention(layer, xb, ab), x, attn)
         for cache, tokens in batch:
             cache.commit(tokens)
