@@ -100,5 +100,6 @@ def make_pair(root: Path, target_rows: int = 1000, draft_rows: int = 1000, draft
               **spec_kwargs) -> Path:
     """A target/draft pair under `root` and its spec file; returns the spec path."""
     target = write_checkpoint(root / "target", target_rows, tokens=words(1000))
-    draft = write_checkpoint(root / "draft", draft_rows, tokens=draft_tokens if draft_tokens is not None else words(1000))
+    draft_tokens = draft_tokens if draft_tokens is not None else words(1000)
+    draft = write_checkpoint(root / "draft", draft_rows, tokens=draft_tokens)
     return write_spec(root / "specbuild.toml", target, draft, **spec_kwargs)

@@ -237,3 +237,17 @@ def test_draft_with_more_rows_than_the_target_is_a_problem(tmp_path):
     assert problem["code"] == "draft_vocab_larger_than_target"
     assert problem["message"].startswith("the draft's embedding has 1024 rows, more than the target's 1000")
     assert doc["vocab"]["will_pad"] is False
+
+
+def test_check_imports_neither_torch_nor_transformers(tmp_path):
+    """check reads json, safetensors headers and tokenizer.json: it stays fast."""
+    import subprocess
+    import sys
+
+    spec = make_pair(tmp_path)
+    code = ("import sys; from specbuild.cli import main\n"
+            f"try:\n    main(['check', '-c', {str(spec)!r}, '--json'])\n"
+            "except SystemExit as e:\n    rc = e.code\n"
+            "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stderr.strip().splitlines()[-1] == "0 False False"

@@ -32,7 +32,8 @@ def test_one_token_differs_and_is_named(tmp_path):
     result = compare_tokenizers(facts(tmp_path / "a", tokens), facts(tmp_path / "b", changed))
     assert not result.identical
     assert result.first_difference == {"id": 17, "target": "w17", "draft": "hello"}
-    assert result.differences[0] == "vocabulary differs at 2 id(s), the first is id 17: target has 'w17', draft has 'hello'"
+    assert result.differences[0] == (
+        "vocabulary differs at 2 id(s), the first is id 17: target has 'w17', draft has 'hello'")
 
 
 def test_token_missing_on_one_side(tmp_path):
@@ -55,8 +56,8 @@ def test_added_tokens_differ(tmp_path):
     result = compare_tokenizers(a, b)
     assert not result.identical
     assert result.first_difference == {"id": 20, "target": "<tool>", "draft": "<call>"}
-    assert "added tokens differ, the first is id 20: target has '<tool> (special=True)', draft has '<call> (special=True)'" \
-        in result.differences
+    assert ("added tokens differ, the first is id 20: target has '<tool> (special=True)', "
+            "draft has '<call> (special=True)'") in result.differences
 
 
 def test_eos_differs(tmp_path):

@@ -280,7 +280,9 @@ def read_model_info(path: str | Path, allow_pickle: bool = False, role: str = "m
     folder = Path(path)
     where = f"{role} checkpoint {str(folder)!r}"
     if not folder.exists():
-        raise CheckpointError(f"{where} does not exist. Fix {role}.checkpoint in the spec, or download the model there.")
+        raise CheckpointError(
+            f"{where} does not exist. Fix {role}.checkpoint in the spec, or download the model there."
+        )
     if not folder.is_dir():
         raise CheckpointError(f"{where} is not a folder. Point {role}.checkpoint at the Hugging Face model folder.")
     config_path = folder / "config.json"

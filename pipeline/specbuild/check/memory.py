@@ -123,11 +123,11 @@ class MemoryPlan:
     @property
     def kv_cache_free_gpu_mem_fraction(self) -> dict[str, float]:
         """Per role; only safe together with `max_tokens_in_paged_kv_cache` (see the module docstring)."""
-        return {"target": self.target.kv_cache_free_gpu_mem_fraction, "draft": self.draft.kv_cache_free_gpu_mem_fraction}
+        return {m.role: m.kv_cache_free_gpu_mem_fraction for m in (self.target, self.draft)}
 
     @property
     def max_tokens_in_paged_kv_cache(self) -> dict[str, int]:
-        return {"target": self.target.max_tokens_in_paged_kv_cache, "draft": self.draft.max_tokens_in_paged_kv_cache}
+        return {m.role: m.max_tokens_in_paged_kv_cache for m in (self.target, self.draft)}
 
     def to_dict(self) -> dict[str, Any]:
         def model(m: ModelMemory) -> dict[str, Any]:

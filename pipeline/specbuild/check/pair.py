@@ -26,9 +26,12 @@ def run_check(spec: Spec, allow_pickle: bool = False) -> CheckReport:
         check_parallelism(report, spec, role, info)
         check_dtype(report, spec, role, info)
         if not info.has_safetensors:
-            report.warn("pickle_weights", f"{role} checkpoint has pickle weights only ({', '.join(info.weight_files)}); "
-                        "allowed by --allow-pickle. Its parameter count is estimated from config.json.",
-                        "Convert it to safetensors (save_pretrained(dir, safe_serialization=True)).")
+            report.warn(
+                "pickle_weights",
+                f"{role} checkpoint has pickle weights only ({', '.join(info.weight_files)}); allowed by "
+                "--allow-pickle. Its parameter count is estimated from config.json.",
+                "Convert it to safetensors (save_pretrained(dir, safe_serialization=True)).",
+            )
     tokenizer_size = check_tokenizers(report, spec)
     check_vocab(report, infos["target"], infos["draft"], tokenizer_size)
     plan = plan_memory(spec, infos["target"], infos["draft"])

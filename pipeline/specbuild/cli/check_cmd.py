@@ -24,7 +24,8 @@ def _tokenizer_line(doc: dict[str, Any]) -> str:
         return "not compared (unreadable)"
     if not tok["identical"]:
         first = tok.get("first_difference")
-        return "DIFFERENT" + (f": first at id {first['id']} ({first['target']!r} vs {first['draft']!r})" if first else "")
+        named = f": first at id {first['id']} ({first['target']!r} vs {first['draft']!r})" if first else ""
+        return "DIFFERENT" + named
     special = ", ".join(f"{role} {v['id']}" for role, v in tok["special_tokens"].items() if v["id"] is not None)
     return f"identical ({tok['size']['target']} tokens; {special or 'no special tokens'})"
 
@@ -43,7 +44,8 @@ def _memory_lines(doc: dict[str, Any]) -> list[str]:
     m = doc["memory"]
     t, d = m["target"], m["draft"]
     lines = [
-        f"{m['gpu']} ({_gib(m['memory_per_gpu_bytes'])}/GPU, SM{m['sm'] or '?'}), tp_size {m['tp_size']}",
+        f"{m['gpu']} ({_gib(m['memory_per_gpu_bytes'])}/GPU, SM{m['sm'] or '?'}), tp_size {m['tp_size']}, "
+        + ("the draft on GPUs of its own" if m["placement"] == "separate" else "both models on the same GPUs"),
         f"weights/GPU    target {_gib(t['weight_bytes_per_gpu'])} ({t['quantization']}), "
         f"draft {_gib(d['weight_bytes_per_gpu'])} ({d['quantization']})",
         f"runtime/GPU    target {_gib(t['runtime_bytes_per_gpu'])}, draft {_gib(d['runtime_bytes_per_gpu'])}, "
@@ -60,7 +62,8 @@ def _memory_lines(doc: dict[str, Any]) -> list[str]:
             f"{t['max_tokens_in_paged_kv_cache']}, draft {d['max_tokens_in_paged_kv_cache']}"
         )
     else:
-        lines.append("does not fit" + (f"; smallest change: {m['suggestions'][0]['change']}" if m["suggestions"] else ""))
+        best = f"; smallest change: {m['suggestions'][0]['change']}" if m["suggestions"] else ""
+        lines.append("does not fit" + best)
     return lines
 
 
