@@ -110,6 +110,11 @@ def test_document_fields_are_consistent(document):
             assert r["efficiency"] == pytest.approx(r["speedup"] / r["bound"], rel=1e-2)
             assert len(r["per_position_acceptance"]) == k
             assert r["per_position_acceptance"] == sorted(r["per_position_acceptance"], reverse=True)
+            # sleeping draft and verify account for (nearly) all the time: the costs explain the speedup
+            assert r["verify_step_ratio"] == pytest.approx(1.0, rel=0.05)
+            assert r["explained_speedup"] == pytest.approx(r["speedup"], rel=0.15)
+        if c == 2:
+            assert r["cost_ratio"] is None and r["bound"] is None and r["efficiency"] is None
     best = max((r for r in doc["runs"] if r["concurrency"] == 1 and r["num_draft_tokens"]), key=lambda r: r["speedup"])
     assert doc["best_num_draft_tokens"] == best["num_draft_tokens"] and doc["speedup"] == best["speedup"]
     # sleeping is the only cost: speculation pays with alpha 0.75 and c 0.1, near its bound

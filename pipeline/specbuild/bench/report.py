@@ -3,8 +3,11 @@
 Per (K, concurrency) cell: speedup = tokens_per_s(K) / tokens_per_s(K = 0) at the same concurrency,
 c = draft seconds per drafted token / target seconds per step at K = 0 (plain decoding),
 bound = the closed form from this cell's alpha and c, efficiency = speedup / bound.
-verify_step_ratio = target seconds per verify step at K / per plain step: the closed form assumes 1,
-so where efficiency falls short this (and time_split's "other") says where the time went.
+verify_step_ratio = target seconds per verify step at K / per plain step: the closed form assumes 1.
+explained_speedup = mean_accepted_len / (K c + verify_step_ratio): the speedup the measured tokens per
+step and measured step costs account for. Where efficiency falls short: speedup ~ explained_speedup
+means the verify cost (and E differing from the i.i.d. prediction) is the gap; speedup well below it
+means time outside the drafter and verifier (loop, sampling, transport; time_split "other").
 """
 
 from __future__ import annotations
@@ -49,8 +52,15 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
     """One (K, concurrency) cell with its speedup and theory, as a JSON-ready dict."""
     k = summary.num_draft_tokens
     speedup = summary.tokens_per_s / baseline.tokens_per_s if baseline and baseline.tokens_per_s else None
-    c = theory.cost_ratio(summary.draft_seconds_per_token, target_step)
+    # concurrent streams overlap their draft/verify timings: c, the bound and efficiency are per-stream figures
+    single = summary.concurrency == 1
+    c = theory.cost_ratio(summary.draft_seconds_per_token, target_step) if single else None
     bound = theory.bound(summary.alpha, k, c) if k and summary.alpha is not None and c is not None else None
+    verify_ratio = summary.target_seconds_per_step / target_step if single and summary.target_seconds_per_step \
+        and target_step else None
+    explained = None
+    if k and c is not None and verify_ratio and summary.mean_accepted_len:
+        explained = summary.mean_accepted_len / (k * c + verify_ratio)
     return {
         "num_draft_tokens": k,
         "concurrency": summary.concurrency,
@@ -72,12 +82,12 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
         "per_position_alpha": [_r(a) for a in summary.per_position_alpha],
         "draft_seconds_per_token": _r(summary.draft_seconds_per_token, 7),
         "target_seconds_per_step": _r(summary.target_seconds_per_step, 7),
-        "verify_step_ratio": _r(summary.target_seconds_per_step / target_step)
-        if summary.target_seconds_per_step and target_step else None,
+        "verify_step_ratio": _r(verify_ratio),
         "time_split": _time_split(summary),
         "cost_ratio": _r(c),
         "bound": _r(bound),
         "efficiency": _r(speedup / bound) if speedup and bound else None,
+        "explained_speedup": _r(explained),
     }
 
 
