@@ -98,6 +98,20 @@ def test_unreadable_config_json(tmp_path):
         (folder / "config.json").chmod(0o644)
 
 
+def test_unreadable_config_json_even_as_root(tmp_path, monkeypatch):
+    folder = write_checkpoint(tmp_path / "m", 100)
+    real_read_text = Path.read_text
+
+    def deny(self, *args, **kwargs):
+        if self.name == "config.json":
+            raise PermissionError(13, "Permission denied")
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", deny)
+    with pytest.raises(CheckpointError, match=r"config.json cannot be read \(Permission denied\)"):
+        read_model_info(folder)
+
+
 def test_config_without_architectures(tmp_path):
     folder = write_checkpoint(tmp_path / "m", 100)
     config = json.loads((folder / "config.json").read_text())
