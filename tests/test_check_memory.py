@@ -31,8 +31,10 @@ QWEN25_05B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_
                   max_position_embeddings=32768, tie_word_embeddings=True)
 
 
-def spec(target: dict | None = None, draft: dict | None = None, build: dict | None = None, gpu: dict | None = None):
+def spec(target: dict | None = None, draft: dict | None = None, build: dict | None = None, gpu: dict | None = None,
+         speculative: dict | None = None):
     raw = {
+        "speculative": speculative or {},
         "target": {"checkpoint": "t", **(target or {})},
         "draft": {"checkpoint": "d", **(draft or {})},
         "build": {"max_batch_size": 4, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 8192,
@@ -254,3 +256,16 @@ def test_adding_a_gpu_for_the_draft_is_suggested():
     changes = [s["change"] for s in plan.suggestions]
     assert "gpu.count = 2 (the draft on GPUs of its own)" in changes
     assert changes.index('target.quantization = "fp8"') < changes.index("gpu.count = 2 (the draft on GPUs of its own)")
+
+
+def test_runtime_buffers_against_a_real_tensorrt_llm_log():
+    """NVIDIA/TensorRT-LLM#1188: Qwen2.5-0.5B, defaults (max_batch_size 2048, max_num_tokens 8192) logged
+    773.51 MiB execution context + 2.66 GB runtime buffers + 5.76 GB decoder; ~1.2 GB in all at batch 1."""
+    qwen = info_from_config(QWEN25_05B)
+    big = spec(build={"max_batch_size": 2048, "max_num_tokens": 8192, "max_seq_len": 2048},
+               speculative={"max_draft_len": 1, "num_draft_tokens": 1})
+    logged = 773.51 * 2**20 + 2.66e9 + 5.76e9
+    estimate = memory.runtime_bytes(qwen, "float16", big, 151936, is_target=False) - memory.CUDA_CONTEXT_BYTES
+    assert logged <= estimate <= 1.5 * logged
+    small = spec(build={"max_batch_size": 1, "max_num_tokens": 512, "max_input_len": 256, "max_seq_len": 512})
+    assert memory.runtime_bytes(qwen, "float16", small, 151936, is_target=False) < 1.5 * GIB

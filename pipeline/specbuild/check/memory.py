@@ -14,8 +14,8 @@ Pure arithmetic over `ModelInfo` facts and the spec; every figure is per GPU unl
   `TOKENS_PER_BLOCK` tokens (paged KV cache); the target's sequences are `max_draft_len` longer
   (trtllm-build adds it to the target's max_seq_len).
 - Runtime headroom (estimates, see the constants): a CUDA context per model, each engine's
-  activation buffers for `max_num_tokens`, its logits buffer, and a safety margin of 10% of what
-  is left (at least 0.5 GiB).
+  activation buffers for `max_num_tokens`, its logits buffer, decoder and runtime buffers per batch
+  slot, and a safety margin of 10% of what is left (at least 0.5 GiB).
 
 Placement: the draft runs on GPUs of its own when `gpu.count >= 2 x tp_size x pp_size` (as the repo
 stage assigns `gpu_device_ids`), else both models share the same GPUs.
@@ -42,12 +42,19 @@ from specbuild.hfmodel import ModelInfo, read_model_info
 
 GIB = 1024**3
 
-# A CUDA context with cuBLAS/cuBLASLt handles and workspaces takes ~0.3-0.6 GiB on Hopper; in
-# orchestrator mode each tensorrt_llm model runs in its own executor process, so one per model.
+# A CUDA context with cuBLAS/cuBLASLt handles and workspaces takes ~0.3-0.6 GiB on Hopper (users report
+# 500-590 MiB per TensorRT-LLM process in nvidia-smi, NVIDIA/TensorRT-LLM#3058); in orchestrator mode each
+# tensorrt_llm model runs in its own executor process, so one per model.
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)
 # Per engine, not proportional to max_num_tokens: TensorRT execution context, decoder and sampling
 # state, host-visible staging buffers.
 ENGINE_FIXED_BYTES = int(0.25 * GIB)
+# Runtime buffers and decoder state per batch slot and vocabulary entry (logits copies, probabilities,
+# sampling workspace). Fitted to a TensorRT-LLM log (NVIDIA/TensorRT-LLM#1188, Qwen2.5-0.5B, vocab 151936,
+# default max_batch_size 2048): "Allocated 2.66 GB GPU memory for runtime buffers" and "5.76 GB ... for
+# decoder", i.e. about 27 bytes per slot per vocabulary entry. That log also shows why max_batch_size
+# matters: the same engine used ~1.2 GB in all at max_batch_size 1.
+DECODER_BYTES_PER_SLOT_AND_TOKEN = 28
 # Activations live per layer and are reused across layers; the widest point of a gated-MLP block
 # holds about (2 x intermediate + intermediate + hidden) values per token, attention about 6 x hidden.
 # We take hidden x 8 + intermediate x 3 values per token in max_num_tokens as the activation peak.
@@ -188,7 +195,8 @@ def runtime_bytes(info: ModelInfo, dtype: str, spec: Spec, vocab_rows: int, is_t
         info.intermediate_size / b.tp_size
     )
     logits = b.max_batch_size * (sp.max_draft_len + 1) * math.ceil(vocab_rows / b.tp_size) * 4  # fp32 logits
-    return CUDA_CONTEXT_BYTES + ENGINE_FIXED_BYTES + tokens * width * act + logits
+    decoder = b.max_batch_size * vocab_rows * DECODER_BYTES_PER_SLOT_AND_TOKEN  # full vocabulary on every rank
+    return CUDA_CONTEXT_BYTES + ENGINE_FIXED_BYTES + tokens * width * act + logits + decoder
 
 
 def _round_up(value: int, multiple: int) -> int:
