@@ -164,3 +164,29 @@ def test_drafter_sends_the_contract_tensors_and_reads_logits():
     assert draft.tokens == [4, 8] and np.array_equal(draft.logits, logits)
     assert draft.probs.shape == (2, 10) and np.allclose(draft.probs.sum(axis=1), 1.0)
     assert (draft.probs > 0).sum(axis=1).tolist() == [3, 3]  # top-k applied
+
+
+def test_speculative_equals_target_only_on_a_random_pair_with_varied_output(tmp_path):
+    """A second pair whose greedy output varies a lot (the tiny example pair repeats itself often):
+    a random target, and a draft made from it by adding noise, so drafts are often right, often not."""
+    from runtime_models import make_llama, prompts
+
+    target_hf = make_llama(tmp_path / "target", seed=5, vocab=61, layers=2)
+    with torch.no_grad():
+        for p in target_hf.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    target_hf.save_pretrained(tmp_path / "draft")
+    target = ContractModel(ReferenceEngine(LlamaModel.from_folder(tmp_path / "target")), Limits(max_draft_len=8))
+    draft = ContractModel(ReferenceEngine(LlamaModel.from_folder(tmp_path / "draft")))
+    drafter, verifier = ContractDrafter(draft, end_id=2), ContractVerifier(target, max_draft_len=8, end_id=2)
+    accepted = drafted = 0
+    distinct = set()
+    for ids in prompts(50, 61, seed=9):
+        baseline = run(ids, drafter, verifier, GenerationRequest(max_tokens=16, num_draft_tokens=0, end_id=2)).tokens
+        distinct.update(baseline)
+        for k in (1, 2, 4, 8):
+            spec = run(ids, drafter, verifier, GenerationRequest(max_tokens=16, num_draft_tokens=k, end_id=2))
+            assert spec.tokens == baseline, f"K = {k} diverged for prompt {ids}"
+            accepted, drafted = accepted + spec.stats.accepted, drafted + spec.stats.drafted
+    assert len(distinct) > 30
+    assert 0.2 < accepted / drafted < 0.95

@@ -1,0 +1,89 @@
+"""`specbuild generate --local` on the tiny example pair: streamed text, --json figures, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from runtime_models import single_thread  # noqa: F401 (autouse fixture)
+from specbuild.cli import main
+
+PROMPT = 'def read_config(path):\n    """Read'
+
+
+def generate(*args):
+    return CliRunner().invoke(main, ["generate", *map(str, args)])
+
+
+def as_doc(result):
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_json_document_has_the_figures(tiny_spec_path):
+    doc = as_doc(generate("--local", "-c", tiny_spec_path, "--json", "--max-tokens", 12, "--no-adaptive", PROMPT))
+    for key in ("text", "output_ids", "num_draft_tokens", "acceptance_rate", "mean_accepted_len", "tokens_per_s",
+                "finish_reason", "engine_source", "drafted", "accepted", "per_position_acceptance",
+                "draft_seconds", "target_seconds"):
+        assert key in doc, key
+    assert doc["engine_source"] == "hf-checkpoint"  # nothing built for this spec yet
+    assert doc["num_draft_tokens"] == 2  # the spec's speculative.num_draft_tokens
+    assert 1 <= len(doc["output_ids"]) <= 12 and doc["finish_reason"] in ("length", "eos")
+    assert doc["drafted"] > 0 and 0 <= doc["accepted"] <= doc["drafted"]
+    assert doc["acceptance_rate"] == pytest.approx(doc["accepted"] / doc["drafted"])
+    assert doc["mean_accepted_len"] >= 1.0 and doc["tokens_per_s"] > 0
+
+
+def test_streamed_text_equals_the_json_text_and_target_only_output(tiny_spec_path):
+    common = ("--local", "-c", tiny_spec_path, "--max-tokens", 16, "--no-adaptive")
+    doc = as_doc(generate(*common, "--json", PROMPT))
+    target_only = as_doc(generate(*common, "--json", "--num-draft-tokens", 0, PROMPT))
+    assert target_only["output_ids"] == doc["output_ids"]  # exact greedy equality through the CLI
+    assert target_only["drafted"] == 0 and target_only["num_draft_tokens"] == 0
+    streamed = generate(*common, PROMPT)
+    assert streamed.exit_code == 0, streamed.output
+    assert streamed.stdout == doc["text"] + "\n"
+    assert "acceptance" in streamed.stderr and "tokens/s" in streamed.stderr
+
+
+def test_num_draft_tokens_is_clamped_to_max_draft_len(tiny_spec_path):
+    result = generate("--local", "-c", tiny_spec_path, "--json", "--max-tokens", 4, "--num-draft-tokens", 50, PROMPT)
+    doc = as_doc(result)
+    assert "--num-draft-tokens 50 exceeds the target engine's max_draft_len = 6: using 6" in result.stderr
+    assert doc["num_draft_tokens"] == 6
+
+
+def test_sampling_with_a_seed_is_reproducible(tiny_spec_path):
+    args = ("--local", "-c", tiny_spec_path, "--json", "--max-tokens", 10, "--temperature", 0.8, "--top-p", 0.9,
+            "--seed", 3, PROMPT)
+    assert as_doc(generate(*args))["output_ids"] == as_doc(generate(*args))["output_ids"]
+
+
+def test_without_local_the_server_path_is_not_there_yet(tiny_spec_path):
+    pytest.importorskip("specbuild.triton.client", reason="the server client exists: covered by its own tests")
+    from specbuild.triton import client
+
+    if hasattr(client, "generate"):
+        pytest.skip("the server path exists: covered by its own tests")
+    result = generate("-c", tiny_spec_path, PROMPT)
+    assert result.exit_code == 2
+    assert "add --local to run the pair in-process" in result.output
+
+
+def test_local_and_url_together_is_a_usage_error(tiny_spec_path):
+    result = generate("--local", "--url", "localhost:8001", "-c", tiny_spec_path, PROMPT)
+    assert result.exit_code == 2 and "pass either --local or --url, not both" in result.output
+
+
+def test_bad_options_are_usage_errors(tiny_spec_path):
+    assert generate("--local", "-c", tiny_spec_path, "--max-tokens", 0, PROMPT).exit_code == 2
+    assert generate("--local", "-c", tiny_spec_path, "--top-p", 0, PROMPT).exit_code == 2
+    assert generate("--local", "-c", tiny_spec_path, "--temperature", -1, PROMPT).exit_code == 2
+
+
+def test_missing_spec_is_an_error(tmp_path):
+    result = generate("--local", "-c", tmp_path / "nope.toml", PROMPT)
+    assert result.exit_code == 1
+    assert "Error: spec file" in result.output and "not found" in result.output
