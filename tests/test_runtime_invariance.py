@@ -99,3 +99,18 @@ def test_common_prefix():
     assert common_prefix([], [1]) == 0
     cache = PrefixCache(max_tokens=10)
     assert cache.take([1, 2]) == (None, 0)
+
+
+def test_invariance_holds_with_two_threads(model):
+    """The CLI uses torch's default thread count for larger models: the property must not need one thread."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        base, draft = prompts(1, 211, seed=8, min_len=7, max_len=7)[0], [5, 6, 7, 8]
+        rows = fresh(model).logits([base + draft], [5])[0]
+        for j in range(5):
+            assert np.array_equal(fresh(model, use_cache=False).logits([base + draft[:j]], [1])[0][0], rows[j])
+    finally:
+        torch.set_num_threads(previous)
