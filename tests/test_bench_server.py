@@ -1,0 +1,63 @@
+"""`specbuild bench --url` against a real tritonserver (CPU) serving the tiny example pair's BLS."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specbuild.cli import main
+from triton_helpers import make_deployment
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, example_tiny):
+    return make_deployment(tmp_path_factory.mktemp("bench-deploy"), example_tiny)
+
+
+@pytest.fixture(scope="module")
+def server(deployment):
+    from specbuild.triton.server import ServerHandle, ServerOptions
+
+    handle = ServerHandle(ServerOptions(repo=deployment.repo), log_path=deployment.root / "server.log")
+    handle.start(timeout=300)
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_bench_url_reports_the_local_fields_plus_serving_overhead(server, deployment, protocol):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    r = CliRunner().invoke(main, ["bench", "-c", str(deployment.spec_path), "--url", url, "--protocol", protocol,
+                                  "--json", "--num-draft-tokens", "0,2,16", "--concurrency", "1,2",
+                                  "--max-tokens", "8", "--requests", "2", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["mode"] == "triton" and doc["settings"]["url"] == url
+    cells = {(row["concurrency"], row["num_draft_tokens"]): row for row in doc["runs"]}
+    assert set(cells) == {(c, k) for c in (1, 2) for k in (0, 2)}  # 16 > the BLS's max_draft_len: skipped
+    assert any("K = 16 skipped" in note for note in doc["notes"])
+    base, spec = cells[(1, 0)], cells[(1, 2)]
+    assert base["drafted"] == 0 and spec["drafted"] > 0 and spec["steps"] > 0
+    assert base["output_tokens"] == spec["output_tokens"]  # greedy through the BLS: same tokens either way
+    for key in ("speedup", "alpha", "cost_ratio", "bound", "efficiency"):
+        assert doc[key] is not None
+    assert 0 <= doc["alpha"] <= 1
+    overhead = doc["serving_overhead"]
+    rows = {row["num_draft_tokens"]: row for row in overhead["runs"]}
+    assert set(rows) == {0, 2}
+    assert rows[2]["triton_over_local"] == pytest.approx(
+        rows[2]["triton_tokens_per_s"] / rows[2]["local_tokens_per_s"], rel=1e-2)
+    assert [row["concurrency"] for row in doc["concurrency"]] == [1, 2]
+
+
+def test_bench_url_without_a_server_is_a_clear_error(deployment):
+    from specbuild.triton.server import free_port
+
+    url = f"127.0.0.1:{free_port()}"
+    r = CliRunner().invoke(main, ["bench", "-c", str(deployment.spec_path), "--url", url, "--requests", "1"])
+    assert r.exit_code == 1
+    assert f"Error: no ready Triton server at {url} (http)" in r.output and "--local" in r.output
