@@ -147,3 +147,32 @@ def test_sequential_transport_skips_concurrency_with_a_note():
     measured = runner.run(t, WORKLOAD, settings)
     assert {key[1] for key in measured["sim"].cells} == {1}
     assert "concurrency 4 skipped" in measured["sim"].notes[0]
+
+
+def test_results_take_medians_over_runs(document, tmp_path):
+    import copy
+
+    from specbuild.bench import results
+
+    doc, _ = document
+    docs = []
+    for factor in (1.0, 3.0, 2.0):
+        d = copy.deepcopy(doc)
+        for r in d["runs"]:
+            r["tokens_per_s"] *= factor
+            if r["num_draft_tokens"] == 2 and r["concurrency"] == 1:
+                r["speedup"] = 5.0 * factor  # K = 2 becomes the best, median 10
+        docs.append(d)
+    s = results.summarize_runs(docs)
+    assert s["runs"] == 3 and s["best_num_draft_tokens"] == 2
+    assert s["best"]["speedup"] == 10.0
+    base = next(r for r in s["per_k"] if r["num_draft_tokens"] == 0)
+    assert base["tokens_per_s"] == pytest.approx(2.0 * _cell(doc, 0)["tokens_per_s"], rel=1e-3)
+    text = results.markdown({"unit": s}, doc["machine"], "cmd", "sim")
+    assert "| unit | 2 |" in text and "Reproduce: `cmd`" in text
+    png = plots.write_workload_plot({"unit": s}, tmp_path / "w.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def _cell(doc, k):
+    return next(r for r in doc["runs"] if r["concurrency"] == 1 and r["num_draft_tokens"] == k)

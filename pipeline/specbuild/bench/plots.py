@@ -85,3 +85,21 @@ def _save(fig, plt, path: Path) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def write_workload_plot(summary: dict[str, dict[str, Any]], path: Path) -> Path:
+    """alpha and speedup per K for each workload (does structured output get higher acceptance?)."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for workload, s in summary.items():
+        rows = [r for r in s["per_k"] if r["num_draft_tokens"] > 0]
+        ks = [r["num_draft_tokens"] for r in rows]
+        left.plot(ks, [r["alpha"] for r in rows], "o-", label=workload)
+        right.plot([0, *ks], [1.0, *[r["speedup"] for r in rows]], "o-", label=workload)
+    left.set(xlabel="K", ylabel="alpha (per-token acceptance)", ylim=(0, 1.05), title="acceptance by workload")
+    right.axhline(1.0, color="grey", linewidth=0.8)
+    right.set(xlabel="K", ylabel="speedup over K = 0", title="speedup by workload (median of runs)")
+    left.legend()
+    right.legend()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, plt, Path(path))
