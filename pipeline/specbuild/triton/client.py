@@ -157,6 +157,7 @@ class SpecbuildClient:
             inputs.append(self._grpc_input(grpcclient, "stop_words", words, "BYTES"))
         results: queue.Queue = queue.Queue()
         client = self._grpc_client()
+        latest: dict[str, Any] = {}
         try:
             client.start_stream(callback=lambda result=None, error=None: results.put((result, error)))
             client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
@@ -174,8 +175,9 @@ class SpecbuildClient:
                     if "triton_final_response" in response.parameters else True
                 names = [o.name for o in response.outputs]
                 outputs = {name: result.as_numpy(name) for name in names}
+                latest = _stats(outputs) or latest  # the empty final response carries no outputs
                 if names or final:
-                    yield Chunk(_text(outputs.get("text_output")), final, _stats(outputs))
+                    yield Chunk(_text(outputs.get("text_output")), final, latest if final else _stats(outputs))
                 if final:
                     return
         except InferenceServerException as err:
@@ -232,7 +234,17 @@ class SpecbuildClient:
 
 
 def _http_error(err: urllib.error.HTTPError) -> str:
+    """The server's message from a JSON body or a server-sent event (`data: {"error": ...}`)."""
     try:
-        return json.loads(err.read().decode()).get("error", str(err))
-    except ValueError:
+        body = err.read().decode("utf-8", "replace").strip()
+    except OSError:
         return str(err)
+    for line in body.splitlines() or [body]:
+        line = line.strip().removeprefix("data:").strip()
+        try:
+            message = json.loads(line).get("error") if line else None
+        except (ValueError, AttributeError):
+            continue
+        if message:
+            return str(message)
+    return f"{err} {body[:300]}".strip()

@@ -1,0 +1,106 @@
+"""`specbuild serve` as a user runs it: a subprocess on the full repository (BLS included), the client
+over gRPC streaming and HTTP, speculative output == target-only output, SIGTERM -> clean exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specbuild.errors import ClientError
+from specbuild.triton.client import SpecbuildClient
+from specbuild.triton.server import _children
+from triton_helpers import alive, make_deployment
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, example_tiny):
+    deployment = make_deployment(tmp_path_factory.mktemp("tiny-serve"), example_tiny)
+    argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(deployment.spec_path), "--repo", str(deployment.repo),
+            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--json"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=deployment.root, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    document = json.loads(_read_json(process, deadline=time.monotonic() + 400))
+    server_pid = document["pid"]
+    yield process, document
+    pids = [server_pid, *_children(server_pid)]
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        process.wait(90)
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _read_json(process: subprocess.Popen, deadline: float) -> str:
+    lines = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            raise AssertionError(f"serve exited ({process.wait()}): {process.stderr.read()[-3000:]}")
+        lines.append(line)
+        if line.rstrip() == "}":
+            return "".join(lines)
+    raise AssertionError("serve did not print its endpoints in time")
+
+
+def test_serve_reports_ready_endpoints_and_the_canary(served):
+    _, document = served
+    assert document["status"] == "ready" and document["backend"] == "reference"
+    assert document["endpoints"]["grpc"].startswith("127.0.0.1:")
+    assert set(document["canary"]) == {"tensorrt_llm_bls", "ensemble"}
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_speculative_stream_equals_target_only_text(served, protocol):
+    _, document = served
+    url = document["endpoints"][protocol].removeprefix("http://")
+    outputs = set()
+    # The tiny pair's greedy continuations are mostly "....."; "# Copyright" gets a varied one.
+    for prompt in ("def add(a, b):", "# Copyright"):
+        with SpecbuildClient(url, protocol=protocol, model="ensemble") as baseline:
+            target_only, _ = baseline.complete(prompt, max_tokens=16, stream=False, exclude_input_in_output=True)
+        outputs.add(target_only)
+        with SpecbuildClient(url, protocol=protocol) as client:
+            chunks = list(client.generate(prompt, max_tokens=16, num_draft_tokens=4, stream=True))
+            assert chunks[-1].final and not any(c.final for c in chunks[:-1])
+            assert "".join(c.text for c in chunks) == target_only, prompt
+            stats = chunks[-1].stats
+            assert stats["total_draft_tokens"] > 0 and 0.0 <= stats["acceptance_rate"] <= 1.0
+            assert stats["num_output_tokens"] == len(stats["output_ids"])
+            text, plain_stats = client.complete(prompt, max_tokens=16, num_draft_tokens=0, stream=False)
+            assert text == target_only and plain_stats["total_draft_tokens"] == 0
+    assert len(outputs) == 2 and any(len(set(text)) >= 2 for text in outputs)  # not one degenerate answer
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_bad_bls_requests_get_the_servers_message(served, protocol):
+    _, document = served
+    url = document["endpoints"][protocol].removeprefix("http://")
+    with SpecbuildClient(url, protocol=protocol) as client:
+        with pytest.raises(ClientError, match="input 'max_tokens' = 0: must be in 1..256"):
+            client.complete("hello", max_tokens=0)
+        with pytest.raises(ClientError, match="input 'temperature' = -1.0"):
+            client.complete("hello", max_tokens=2, temperature=-1.0)
+        assert client.is_ready()
+        assert client.complete("hello", max_tokens=2)[1]["num_output_tokens"] >= 1
+
+
+def test_sigterm_stops_the_server_and_leaves_no_process(served):
+    process, document = served
+    pids = [document["pid"], *_children(document["pid"])]
+    assert len(pids) >= 2  # tritonserver and its Python backend stubs
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(90) == 0
+    assert "tritonserver stopped" in process.stderr.read()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)]
