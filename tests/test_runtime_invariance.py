@@ -83,7 +83,9 @@ def test_decode_stops_at_end_id(model):
 
 
 def test_prefix_cache_budget_evicts_least_recently_used(model):
-    engine = ReferenceEngine(model, prefix_cache_tokens=512)  # two entries of 256 positions
+    probe = model.new_cache()
+    probe.reserve(5)
+    engine = ReferenceEngine(model, prefix_cache_bytes=2 * probe.nbytes)  # room for two short sequences
     seqs = [[3 + i] * 5 for i in range(3)]
     for s in seqs:
         engine.logits([s], [1])
@@ -97,7 +99,7 @@ def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 9, 3]) == 1
     assert common_prefix([5], [6]) == 0
     assert common_prefix([], [1]) == 0
-    cache = PrefixCache(max_tokens=10)
+    cache = PrefixCache(max_bytes=10)
     assert cache.take([1, 2]) == (None, 0)
 
 

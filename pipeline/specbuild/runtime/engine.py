@@ -22,7 +22,7 @@ import numpy as np
 from specbuild.runtime.kvcache import PrefixCache, SequenceKV
 from specbuild.runtime.model import LlamaModel
 
-DEFAULT_PREFIX_CACHE_TOKENS = 1 << 16  # cached positions over all sequences
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30  # K/V bytes the prefix cache may hold, over all sequences
 
 
 @dataclass
@@ -32,10 +32,10 @@ class Decoded:
 
 
 class ReferenceEngine:
-    def __init__(self, model: LlamaModel, use_cache: bool = True, prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS):
+    def __init__(self, model: LlamaModel, use_cache: bool = True, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
         self.model = model
         self.use_cache = use_cache
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._lock = threading.Lock()  # the caches are shared; one call at a time per engine
         self.forward_calls = 0
         self.computed_rows = 0

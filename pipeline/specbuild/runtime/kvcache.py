@@ -8,7 +8,7 @@ The `PrefixCache` serves stateless callers (the Triton BLS sends the whole seque
 as TensorRT-LLM's KV-cache reuse expects): a call whose tokens extend, or share a prefix with, an
 earlier call's tokens takes that cache, rolls it back to the common prefix and computes only the
 rest. Entries are moved out while in use (no copies) and put back after the call; the least
-recently used are dropped when the cached tokens exceed the budget.
+recently used are dropped when the cached K/V bytes exceed the budget.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class PrefixCache:
-    def __init__(self, max_tokens: int):
-        self.max_tokens = max_tokens  # budget, in cached positions (capacity) over all entries
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes  # budget: K/V bytes held over all entries
         self.entries: OrderedDict[int, SequenceKV] = OrderedDict()  # id -> cache, least recently used first
         self.hits = 0  # calls that reused at least one position
         self.reused_tokens = 0  # positions not recomputed thanks to the cache
@@ -98,13 +98,13 @@ class PrefixCache:
         return self.entries.pop(best), best_len
 
     def put(self, entry: SequenceKV) -> None:
-        if entry.length == 0 or entry.capacity > self.max_tokens:
+        if entry.length == 0 or entry.nbytes > self.max_bytes:
             return
         self.entries[id(entry)] = entry
-        total = sum(e.capacity for e in self.entries.values())
-        while total > self.max_tokens:
+        total = sum(e.nbytes for e in self.entries.values())
+        while total > self.max_bytes:
             _, dropped = self.entries.popitem(last=False)
-            total -= dropped.capacity
+            total -= dropped.nbytes
 
     def clear(self) -> None:
         self.entries.clear()
