@@ -87,6 +87,17 @@ def load_contract_model(source: ModelSource, device: str | None = None, use_cach
     return ContractModel(ReferenceEngine(model, use_cache=use_cache), limits)
 
 
+def open_model_dir(path: str | Path, device: str | None = None, use_cache: bool = True):
+    """A ContractModel for one model folder (what a Triton reference model loads from its engine_dir).
+
+    Limits come from the folder's engine.json when it has one (a reference engine), else from config.json.
+    """
+    path = Path(path)
+    engine = _reference_engine(path) or {}
+    kind = REFERENCE_ENGINE if engine else HF_CHECKPOINT
+    return load_contract_model(ModelSource(engine.get("role", "model"), path, kind, engine), device, use_cache)
+
+
 @dataclass
 class LocalPair:
     """Target and draft in-process, behind the same Drafter/Verifier adapters the Triton BLS uses."""
