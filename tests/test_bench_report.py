@@ -26,7 +26,7 @@ class SimulatedTransport:
         self.alpha = alpha
         self.calls = []
 
-    def request(self, prompt, k, max_tokens, settings):
+    def request(self, prompt, k, max_tokens, settings, concurrent=False):
         self.calls.append(k)
         rng = random.Random(hash((prompt.text, k)))
         start = time.perf_counter()

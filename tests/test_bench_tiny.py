@@ -69,15 +69,21 @@ def test_plots_written(tiny_doc):
         assert (folder / "plots" / name).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_concurrency_with_local_is_noted_not_faked(tiny_doc, tmp_path):
-    doc, folder = tiny_doc
+def test_local_concurrency_batches_the_streams(tiny_doc):
+    _, folder = tiny_doc
     r = CliRunner().invoke(main, ["bench", "-c", str(folder / "specbuild.toml"), "--local", "--json",
-                                  "--num-draft-tokens", "0,1", "--concurrency", "1,2", "--max-tokens", "4",
-                                  "--requests", "1", "--no-warmup"])
+                                  "--num-draft-tokens", "0,2", "--concurrency", "1,3", "--max-tokens", "6",
+                                  "--requests", "3", "--no-warmup", "--threads", "1"])
     assert r.exit_code == 0, r.output
-    doc2 = json.loads(r.stdout)
-    assert {row["concurrency"] for row in doc2["runs"]} == {1}
-    assert any("concurrency 2 skipped" in note for note in doc2["notes"])
+    doc = json.loads(r.stdout)
+    cells = {(row["concurrency"], row["num_draft_tokens"]): row for row in doc["runs"]}
+    assert set(cells) == {(1, 0), (1, 2), (3, 0), (3, 2)}
+    # greedy: the same prompts give the same tokens alone or batched with others, with or without drafting
+    assert len({row["output_tokens"] for row in cells.values()}) == 1
+    assert cells[(3, 2)]["drafted"] > 0 and cells[(3, 0)]["drafted"] == 0
+    assert cells[(3, 2)]["speedup"] == pytest.approx(
+        cells[(3, 2)]["tokens_per_s"] / cells[(3, 0)]["tokens_per_s"], rel=2e-3)
+    assert not any("skipped" in note for note in doc["notes"])
 
 
 def test_check_measure_section_on_the_tiny_pair(tiny_doc, tmp_path):

@@ -66,7 +66,8 @@ class HFPeer:
                                  "has no config.json. Point the spec at the HF checkpoints.")
         return cls(spec.target.checkpoint, spec.draft.checkpoint, end_id=end_id)
 
-    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings) -> RequestResult:
+    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
+                concurrent: bool = False) -> RequestResult:
         if settings.temperature > 0:
             raise BenchError("--vs-hf compares greedy decoding only: drop --temperature or set it to 0.")
         torch = self.torch

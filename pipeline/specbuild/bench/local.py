@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from specbuild.bench.runner import Settings
 from specbuild.bench.stats import RequestResult
@@ -25,25 +26,47 @@ class LocalTransport:
     encode: Callable[[str], Sequence[int]]  # prompt text -> token ids
     end_id: int | None = None
     name: str = "local"
-    concurrent: bool = False  # one drafter/verifier pair: requests run one at a time
+    concurrent: bool = False  # True when `batched` can serve several requests at once
     source: dict[str, str] | None = None  # where the weights came from, per role (reference-engine / hf-checkpoint)
+    batched: Callable[[], tuple[Drafter, Verifier]] | None = None  # builds the pair used by concurrent requests
+    close_batched: Callable[[], None] | None = None
+    _batched_pair: tuple[Drafter, Verifier] | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def max_draft_len(self) -> int | None:
         return getattr(self.verifier, "max_draft_len", None)
 
-    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings) -> RequestResult:
+    def _pair(self, concurrent: bool) -> tuple[Drafter, Verifier]:
+        if not concurrent or self.batched is None:
+            return self.drafter, self.verifier
+        with self._lock:
+            if self._batched_pair is None:
+                self._batched_pair = self.batched()
+            return self._batched_pair
+
+    def close(self) -> None:
+        if self._batched_pair is not None and self.close_batched is not None:
+            self.close_batched()
+            self._batched_pair = None
+
+    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
+                concurrent: bool = False) -> RequestResult:
+        """One generation; `concurrent` requests (several threads at once) go through the batching pair."""
         from specbuild.speculative.loop import GenerationRequest, generate
+
+        drafter, verifier = self._pair(concurrent)
 
         sampling = SamplingParams(temperature=settings.temperature, seed=settings.seed if settings.temperature > 0 else None)
         gen = GenerationRequest(max_tokens=max_tokens, num_draft_tokens=k, sampling=sampling, end_id=self.end_id)
         start = time.perf_counter()
-        ids = list(self.encode(prompt.text))
+        with self._lock:  # fast tokenizers are not safe to call from several threads at once
+            ids = list(self.encode(prompt.text))
         ttft = None
         out = rejections = 0
         tried: list[int] = []
         stats = None
-        for step in generate(ids, self.drafter, self.verifier, gen):
+        for step in generate(ids, drafter, verifier, gen):
             if step.tokens and ttft is None:
                 ttft = time.perf_counter() - start
             out += len(step.tokens)
@@ -66,16 +89,34 @@ class LocalTransport:
         return result
 
 
-def from_spec(spec, log: Callable[[str], None] = lambda m: None) -> LocalTransport:
-    """The spec's pair in-process: reference engines when built, else the HF checkpoints (`runtime.loading`)."""
+def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | None = None) -> LocalTransport:
+    """The spec's pair in-process: reference engines when built, else the HF checkpoints (`runtime.loading`).
+
+    Concurrent requests share the models through `runtime.batcher.Batcher` (their sequences share forward
+    passes, like Triton's dynamic batching); single requests call the models directly.
+    """
     from transformers import AutoTokenizer
 
     from specbuild.runtime.loading import load_pair
 
-    pair = load_pair(spec)
+    pair = load_pair(spec, threads=threads)
     log(f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}")
     tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
-    transport = LocalTransport(pair.drafter, pair.verifier, encode=lambda text: tokenizer(text)["input_ids"],
-                               end_id=pair.end_id)
-    transport.source = {"target": pair.target.kind, "draft": pair.draft.kind}
-    return transport
+    batchers: list = []
+
+    def batched() -> tuple[Drafter, Verifier]:
+        from specbuild.runtime.batcher import Batcher
+        from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
+
+        target, draft = Batcher(pair.target_model), Batcher(pair.draft_model)
+        batchers.extend([target, draft])
+        return (ContractDrafter(draft, end_id=pair.end_id, use_logits=spec.speculative.use_draft_logits),
+                ContractVerifier(target, max_draft_len=pair.max_draft_len, end_id=pair.end_id))
+
+    def close() -> None:
+        while batchers:
+            batchers.pop().close()
+
+    return LocalTransport(pair.drafter, pair.verifier, encode=lambda text: tokenizer(text)["input_ids"],
+                          end_id=pair.end_id, concurrent=True, source={"target": pair.target.kind, "draft": pair.draft.kind},
+                          batched=batched, close_batched=close)

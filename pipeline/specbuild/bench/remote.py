@@ -84,7 +84,8 @@ class RemoteTransport:
         except Exception:  # noqa: BLE001 - tritonclient raises several types; the limit is optional
             return {}
 
-    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings) -> RequestResult:
+    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
+                concurrent: bool = False) -> RequestResult:
         client = self._client()
         extra: dict[str, Any] = {"temperature": settings.temperature}
         if settings.temperature > 0:

@@ -36,7 +36,10 @@ class Transport(Protocol):
     concurrent: bool  # can serve several requests at once (threads may call `request` together)
     max_draft_len: int | None  # the deployment's limit on K, when known
 
-    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings) -> RequestResult: ...
+    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
+                concurrent: bool = False) -> RequestResult:
+        """One request; `concurrent` = other threads are sending requests at the same time."""
+        ...
 
 
 def parse_int_list(text: str, what: str, minimum: int) -> tuple[int, ...]:
@@ -132,7 +135,8 @@ def sweep_concurrency(transport: Transport, ks: Sequence[int], workload: Workloa
                 for k in (ks if b % 2 == 0 else list(reversed(ks))):
                     prompts = [_prompt(workload, b * concurrency + j) for j in range(concurrency)]
                     start = time.perf_counter()
-                    futures = [pool.submit(transport.request, p, k, _tokens(p, settings), settings) for p in prompts]
+                    futures = [pool.submit(transport.request, p, k, _tokens(p, settings), settings, True)
+                               for p in prompts]
                     results = [f.result() for f in futures]
                     elapsed = time.perf_counter() - start
                     for j, result in enumerate(results):

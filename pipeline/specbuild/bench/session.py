@@ -71,20 +71,16 @@ def serving_section(triton: Measurements, local: Measurements, best_k: int | Non
     return {"num_draft_tokens": best_k, "triton_over_local": at["triton_over_local"] if at else None, "runs": rows}
 
 
-def _local_transport(spec: Spec, log: Callable[[str], None]):
+def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None = None):
     from specbuild.bench.local import from_spec
 
-    return from_spec(spec, log=log)
+    return from_spec(spec, log=log, threads=threads)
 
 
 def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = None, protocol: str = "http",
               vs_hf: bool = False, progress: bool = False, log: Callable[[str], None] = lambda m: None,
               threads: int | None = None) -> dict[str, Any]:
     prompts = workloads.load(workload, settings.requests)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
     peers: list[Any] = []
     notes: list[str] = []
     if url:
@@ -92,12 +88,12 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
 
         transport = RemoteTransport.connect(url, protocol)
         try:
-            peers.append(_local_transport(spec, log))
+            peers.append(_local_transport(spec, log, threads))
         except SpecbuildError as err:
             notes.append(f"serving overhead not measured: the local runtime cannot be loaded here ({err})")
         mode = "triton"
     else:
-        transport = _local_transport(spec, log)
+        transport = _local_transport(spec, log, threads)
         mode = "local"
         if vs_hf:
             from specbuild.bench.hf_peer import HFPeer
@@ -108,8 +104,9 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
     try:
         measured = runner.run(transport, prompts, settings, peers=peers, progress=_progress(progress))
     finally:
-        if hasattr(transport, "close"):
-            transport.close()
+        for t in (transport, *peers):
+            if hasattr(t, "close"):
+                t.close()
     ours = measured[transport.name]
     rows = report.cells(ours.summaries())
     ks, _ = runner.clamp_ks(settings.num_draft_tokens, transport.max_draft_len)

@@ -21,7 +21,7 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
 @click.option("--num-draft-tokens", "ks", default="0,1,2,4,8", show_default=True, metavar="LIST|auto",
               help="K values to sweep (0 = speculation off, always measured); auto = 0, 1, 2, 4, .. max_draft_len.")
 @click.option("--concurrency", default="1", show_default=True, metavar="LIST",
-              help="Concurrent streams to measure, e.g. 1,2,4,8 (several need --url).")
+              help="Concurrent streams to measure, e.g. 1,2,4,8 (in-process: batched through the runtime's Batcher).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Tokens per request.")
 @click.option("--requests", type=click.IntRange(min=1), default=8, show_default=True,
               help="Requests per (K, concurrency) cell.")
@@ -34,8 +34,8 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
               help="Write PNG plots into this folder.")
 @click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up request per K.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="torch threads for in-process models (default: torch's choice). 1 avoids thread "
-              "oversubscription on a busy machine.")
+              help="torch CPU threads for in-process models (default: 1 for small models, else torch's "
+              "choice). More threads than free cores makes a busy machine many times slower.")
 @json_option
 @dry_run_option
 def command(spec_path, url, local, protocol, workload, ks, concurrency, max_tokens, requests, temperature, seed,
