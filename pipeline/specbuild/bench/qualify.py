@@ -108,13 +108,14 @@ def gpu_cost(spec: Spec) -> dict[str, Any] | None:
 
 
 def measure(spec: Spec, prompts_file: Path | None = None, max_tokens: int = MAX_TOKENS,
-            log: Callable[[str], None] = lambda m: None, progress: bool = False) -> dict[str, Any]:
+            log: Callable[[str], None] = lambda m: None, progress: bool = False,
+            threads: int | None = None) -> dict[str, Any]:
     """The "measure" section of `specbuild check --measure` for `spec` (loads the pair in-process)."""
     from specbuild.bench.local import from_spec
 
     prompts = _prompts(prompts_file)
     log(f"check --measure: loading the pair, {len(prompts)} prompts, {max_tokens} tokens each")
-    transport = from_spec(spec, log=log)
+    transport = from_spec(spec, log=log, threads=threads)
     from tqdm import tqdm
 
     bar = tqdm(total=2 * len(prompts), desc="measure", unit="req", file=sys.stderr, disable=not progress, leave=False)
@@ -122,3 +123,30 @@ def measure(spec: Spec, prompts_file: Path | None = None, max_tokens: int = MAX_
         return measure_with(transport, prompts, spec, max_tokens, gpu_cost(spec), progress=lambda: bar.update(1))
     finally:
         bar.close()
+        transport.close()
+
+
+def summary_lines(section: dict[str, Any]) -> list[str]:
+    """The human lines of the "measure" section (for `specbuild check --measure`)."""
+    def f(value: Any, spec: str = ".2f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    c = section["cost_ratio"]
+    positions = ", ".join(f(a) for a in section["per_position_alpha"])
+    by_kind = ", ".join(f"{kind} {f(a)}" for kind, a in section["alpha_by_workload"].items())
+    rows = section["predicted_speedup"]
+    here = " ".join(f"K{r['num_draft_tokens']}={f(r['this_machine'])}" for r in rows[1:])
+    gpu = " ".join(f"K{r['num_draft_tokens']}={f(r['gpu'])}" for r in rows[1:])
+    best = section["best_num_draft_tokens"]
+    lines = [
+        f"alpha {f(section['alpha'])} at K = {section['num_draft_tokens']} on {section['prompts']['count']} prompts "
+        f"({section['prompts']['source']}); by position {positions}; by workload {by_kind}",
+        f"c {f(c['this_machine'], '.3f')} here (measured), {f(c['gpu'], '.3f')} on {(section.get('gpu_estimate') or {}).get('gpu', '?')} "
+        "(estimated from weight bytes)",
+        f"speedup here   {here} (best K {best['this_machine']})",
+        f"speedup on GPU {gpu} (best K {best['gpu']})",
+    ]
+    recommended = section["recommended_max_draft_len"]
+    lines.append(f"recommended max_draft_len = {recommended}" if recommended
+                 else "speculation is not predicted to pay for this pair (recommended K = 0)")
+    return lines
