@@ -56,20 +56,30 @@ def test_num_draft_tokens_is_clamped_to_max_draft_len(tiny_spec_path):
 
 
 def test_sampling_with_a_seed_is_reproducible(tiny_spec_path):
+    # --no-adaptive: adaptive K follows measured timings, and under sampling K changes the random draws
     args = ("--local", "-c", tiny_spec_path, "--json", "--max-tokens", 10, "--temperature", 0.8, "--top-p", 0.9,
-            "--seed", 3, PROMPT)
+            "--seed", 3, "--no-adaptive", PROMPT)
     assert as_doc(generate(*args))["output_ids"] == as_doc(generate(*args))["output_ids"]
 
 
-def test_without_local_the_server_path_is_not_there_yet(tiny_spec_path):
-    pytest.importorskip("specbuild.triton.client", reason="the server client exists: covered by its own tests")
+def test_without_local_the_server_path_gets_the_options(tiny_spec_path, monkeypatch):
     from specbuild.triton import client
 
-    if hasattr(client, "generate"):
-        pytest.skip("the server path exists: covered by its own tests")
-    result = generate("-c", tiny_spec_path, PROMPT)
-    assert result.exit_code == 2
-    assert "add --local to run the pair in-process" in result.output
+    seen = {}
+
+    def fake_generate(spec, prompt, **options):
+        seen.update(options, prompt=prompt, name=spec.name)
+        options["on_text"]("served text")
+        return {"text": "served text", "num_output_tokens": 2, "tokens_per_s": 1.0, "finish_reason": "length",
+                "num_draft_tokens": 3, "acceptance_rate": 0.5, "accepted": 1, "drafted": 2, "mean_accepted_len": 1.5}
+
+    monkeypatch.setattr(client, "generate", fake_generate)
+    result = generate("-c", tiny_spec_path, "--url", "localhost:9", "--num-draft-tokens", 3, "--max-tokens", 5, PROMPT)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "served text\n"
+    assert seen["url"] == "localhost:9" and seen["num_draft_tokens"] == 3 and seen["max_tokens"] == 5
+    assert seen["prompt"] == PROMPT and seen["name"] == "example-tiny"
+    assert "acceptance 0.50 (1/2 drafted)" in result.stderr
 
 
 def test_local_and_url_together_is_a_usage_error(tiny_spec_path):
