@@ -248,3 +248,64 @@ def _http_error(err: urllib.error.HTTPError) -> str:
         if message:
             return str(message)
     return f"{err} {body[:300]}".strip()
+
+
+def default_url(spec: Any, protocol: str) -> str:
+    port = spec.serve.grpc_port if protocol == "grpc" else spec.serve.http_port
+    if port == 0:
+        raise ClientError(f"the spec's serve.{protocol}_port is 0 (a free port picked at start): pass --url with the "
+                          "address `specbuild serve` printed.")
+    return f"{spec.serve.host}:{port}"
+
+
+def generate(spec: Any, prompt: str, *, url: str | None = None, protocol: str = "grpc", on_text=None,
+             max_tokens: int = 64, num_draft_tokens: int | None = None, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int | None = None, adaptive: bool | None = None) -> dict[str, Any]:
+    """`specbuild generate` through a server: the same --json document as the in-process path.
+    on_text(delta) receives the text as the BLS streams it (None: one non-streamed response)."""
+    import time
+
+    if adaptive is not None:
+        raise ClientError("--adaptive/--no-adaptive applies to --local only: the served BLS adapts K as the "
+                          "deployment says (speculative.adaptive, written into the repository by `specbuild repo`).")
+    url = url or default_url(spec, protocol)
+    k = spec.speculative.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+    options = {"max_tokens": max_tokens, "num_draft_tokens": k, "temperature": temperature, "top_k": top_k,
+               "top_p": top_p, "seed": seed, "stream": on_text is not None}
+    parts: list[str] = []
+    stats: dict[str, Any] = {}
+    start = time.perf_counter()
+    with SpecbuildClient(url, protocol=protocol) as client:
+        for chunk in client.generate(prompt, **options):
+            if chunk.text:
+                parts.append(chunk.text)
+                if on_text is not None:
+                    on_text(chunk.text)
+            stats = chunk.stats or stats
+    seconds = time.perf_counter() - start
+    loop = stats.get("speculation_stats") if isinstance(stats.get("speculation_stats"), dict) else {}
+    output_ids = stats.get("output_ids") or []
+    drafted_at = loop.get("per_position_drafted", [])
+    accepted_at = loop.get("per_position_accepted", [])
+    return {
+        "text": "".join(parts),
+        "output_ids": output_ids,
+        "num_output_tokens": int(stats.get("num_output_tokens", len(output_ids))),
+        # inferred: the BLS does not report why it stopped
+        "finish_reason": "length" if len(output_ids) >= max_tokens else "stop",
+        "num_draft_tokens": k,
+        "acceptance_rate": float(stats.get("acceptance_rate", 0.0)),
+        "mean_accepted_len": float(stats.get("mean_accepted_len", 1.0)),
+        "tokens_per_s": len(output_ids) / seconds if seconds > 0 else 0.0,
+        "seconds": seconds,
+        "drafted": int(loop.get("drafted", stats.get("total_draft_tokens", 0))),
+        "accepted": int(loop.get("accepted", stats.get("total_accepted_draft_tokens", 0))),
+        "steps": int(loop.get("steps", 0)),
+        "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)],
+        "draft_seconds": float(loop.get("draft_seconds", 0.0)),
+        "target_seconds": float(loop.get("target_seconds", 0.0)),
+        "engine_source": "triton",
+        "url": url,
+        "protocol": protocol,
+        "sampling": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed},
+    }
