@@ -17,9 +17,14 @@ from specbuild.runtime.model import LlamaModel
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")
     make_llama(folder, layers=2, hidden=64, intermediate=160, vocab=211)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model(folder):
     return LlamaModel.from_folder(folder)
 
 
@@ -116,3 +121,11 @@ def test_invariance_holds_with_two_threads(model):
             assert np.array_equal(fresh(model, use_cache=False).logits([base + draft[:j]], [1])[0][0], rows[j])
     finally:
         torch.set_num_threads(previous)
+
+
+def test_positions_past_the_first_rope_chunk_do_not_depend_on_history(folder):
+    long = prompts(1, 211, seed=12, min_len=1100, max_len=1100)[0]
+    direct = fresh(LlamaModel.from_folder(folder)).logits([long], [3])[0]  # the table grows to 2048 at once
+    engine = ReferenceEngine(LlamaModel.from_folder(folder))
+    engine.logits([long[:10]], [1])  # first a short sequence: a 1024-position table
+    assert np.array_equal(engine.logits([long], [3])[0], direct)

@@ -166,7 +166,7 @@ class LlamaModel:
         lm_head = maybe("lm_head.weight")
         self.lm_head = self.embed if args.tie_word_embeddings or lm_head is None else lm_head  # [vocab, hidden]
         self.inv_freq = rope_inv_freq(args).to(self.device)  # [head_dim // 2], float32
-        self._cos = self._sin = torch.empty(0, args.head_dim, device=self.device)
+        self._cos = self._sin = torch.empty(0, args.head_dim, device=self.device, dtype=dtype)
 
     @classmethod
     def from_folder(cls, folder: str | Path, device: str = "cpu", row_block: int | None = None) -> LlamaModel:
@@ -193,12 +193,16 @@ class LlamaModel:
         return torch.cat([fn(*blocks) for blocks in zip(*(x.split(self.row_block) for x in xs))])
 
     def _rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [>= n, head_dim], computed once per position (so a position's values never vary)."""
-        if self._cos.shape[0] < n:
-            size = max(n, 2 * self._cos.shape[0], 1024)
-            freqs = torch.arange(size, device=self.device, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
-            emb = torch.cat((freqs, freqs), dim=-1)  # [size, head_dim], as transformers' LlamaRotaryEmbedding
-            self._cos, self._sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        """cos, sin: [>= n, head_dim]. Grown in fixed chunks of positions, each computed once with the
+        same shape, so a position's values never depend on how long the table was when it was made."""
+        chunk = 1024
+        while self._cos.shape[0] < n:
+            start = self._cos.shape[0]
+            positions = torch.arange(start, start + chunk, device=self.device, dtype=torch.float32)
+            freqs = positions[:, None] * self.inv_freq[None, :]  # [chunk, head_dim // 2]
+            emb = torch.cat((freqs, freqs), dim=-1)  # as transformers' LlamaRotaryEmbedding
+            self._cos = torch.cat([self._cos, emb.cos().to(self.dtype)])
+            self._sin = torch.cat([self._sin, emb.sin().to(self.dtype)])
         return self._cos, self._sin
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # x: [rows, hidden]
