@@ -26,7 +26,7 @@ def make_tokenizer(folder: Path, vocab_size: int) -> None:
 
 def make_llama(folder: Path, vocab_size: int = 256, hidden: int = 64, layers: int = 2, heads: int = 4,
                kv_heads: int = 2, intermediate: int = 128, seed: int = 0, tokenizer: bool = True,
-               architecture: str = "LlamaForCausalLM") -> Path:
+               architecture: str = "LlamaForCausalLM", std: float = 0.15) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -38,7 +38,7 @@ def make_llama(folder: Path, vocab_size: int = 256, hidden: int = 64, layers: in
     with torch.no_grad():  # larger weights than the 0.02 init, so logits have real margins
         for p in model.parameters():
             if p.dim() == 2:
-                p.normal_(0.0, 0.15)
+                p.normal_(0.0, std)
     model.save_pretrained(folder, safe_serialization=True)
     if architecture != "LlamaForCausalLM":
         import json

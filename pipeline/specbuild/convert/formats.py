@@ -89,7 +89,7 @@ def awq_block_size(in_widths: list[int], requested: int | None, where: str) -> i
             raise SpecError(f"--awq-block-size {block}: TensorRT-LLM's AWQ kernels take 64 or 128.")
         if all(width % block == 0 for width in in_widths):
             return block
-    bad = sorted({w for w in in_widths if any(w % b for b in candidates)})
+    bad = sorted({w for w in in_widths if w % min(candidates)})
     raise SpecError(
         f"{where}: int4 AWQ groups input channels in blocks of {' or '.join(map(str, candidates))}, but these "
         f"input widths per tensor-parallel rank do not divide: {bad}. Use quantization 'fp8', 'int8_sq', "

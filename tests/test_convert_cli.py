@@ -1,0 +1,154 @@
+"""`specbuild convert` end to end: the example pair, reruns, dry runs, refusals and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+pytest.importorskip("modelopt")
+
+from convert_helpers import make_llama, write_spec  # noqa: E402
+
+from specbuild.cli import main  # noqa: E402
+
+FAST = ["--calib-size", "4", "--calib-seq-len", "32"]
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def example_spec(tmp_path: Path, example_tiny, quantization: str = "none", extra: str = "") -> Path:
+    return write_spec(tmp_path / "specbuild.toml", example_tiny.target, example_tiny.draft, tmp_path / "engines",
+                      target_q=quantization, draft_q=quantization, extra=extra)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantization,algo", [("none", None), ("fp8", "FP8"), ("int8_sq", "W8A8_SQ_PER_CHANNEL"),
+                                               ("int8_wo", "W8A16"), ("int4_wo", "W4A16")])
+def test_example_pair_converts_verifies_and_reruns_as_noop(tmp_path: Path, example_tiny, quantization: str,
+                                                           algo: str | None) -> None:
+    spec = example_spec(tmp_path, example_tiny, quantization)
+    result = run("convert", "-c", str(spec), "--verify", "--json", *FAST)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    for entry in document["roles"]:
+        assert entry["status"] == "ran"
+        assert entry["verification"]["passed"], entry["verification"]
+        if quantization == "none":
+            assert entry["verification"]["top1_agreement"] == 1.0
+        folder = Path(entry["checkpoint"])
+        assert folder == tmp_path / "engines" / "pair" / entry["role"] / "checkpoint"
+        config = json.loads((folder / "config.json").read_text())
+        assert config["quantization"]["quant_algo"] == algo
+        assert config["quantization"]["kv_cache_quant_algo"] is None
+        assert config["mapping"] == {"world_size": 1, "tp_size": 1, "pp_size": 1}
+        assert config["architecture"] == "LlamaForCausalLM" and config["model_type"] == "llama"
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert manifest["quant_algo"] == algo and manifest["role"] == entry["role"] and manifest["pair"] == "pair"
+        assert set(manifest["source"]["files"]) >= {"config.json", "model.safetensors"}
+        assert manifest["tool_versions"]["nvidia-modelopt"]
+        assert manifest["calibration"]["used"] is (quantization in ("fp8", "int8_sq"))
+    again = run("convert", "-c", str(spec), "--json", *FAST)
+    assert again.exit_code == 0
+    assert [r["status"] for r in json.loads(again.stdout)["roles"]] == ["skipped", "skipped"]
+    assert "up to date" in again.stderr
+
+
+def test_dry_run_json_prints_plan_and_writes_nothing(tmp_path: Path, example_tiny) -> None:
+    spec = example_spec(tmp_path, example_tiny, "fp8")
+    result = run("convert", "-c", str(spec), "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert [r["role"] for r in plan["roles"]] == ["target", "draft"]
+    assert plan["roles"][0]["quant_algo"] == "FP8" and plan["roles"][0]["calibration"]["source"] == "builtin"
+    assert plan["roles"][1]["would_write"][0].endswith("draft/checkpoint/config.json")
+    assert not (tmp_path / "engines").exists()
+
+
+def test_rerun_after_force_and_interrupt_leaves_nothing_half_written(tmp_path: Path, monkeypatch) -> None:
+    target = make_llama(tmp_path / "target")
+    spec = write_spec(tmp_path / "s.toml", target, target, tmp_path / "out")
+    import specbuild.convert.export as export
+
+    def interrupted(model, plan, folder):
+        (folder / "rank0.safetensors").write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "export_checkpoint", interrupted)
+    result = run("convert", "-c", str(spec), "--role", "target")  # Ctrl-C during the export
+    assert result.exit_code == 1 and "Aborted" in result.output
+    pair = tmp_path / "out" / "pair" / "target"
+    assert not (pair / "checkpoint").exists() and not list(pair.glob(".checkpoint.tmp-*"))
+    monkeypatch.undo()
+    assert run("convert", "-c", str(spec), "--role", "target").exit_code == 0
+    first = json.loads((pair / "checkpoint" / "manifest.json").read_text())
+    forced = run("convert", "-c", str(spec), "--role", "target", "--force")
+    assert forced.exit_code == 0 and "written" in forced.stdout
+    assert json.loads((pair / "checkpoint" / "manifest.json").read_text())["created_unix"] >= first["created_unix"]
+
+
+def test_draft_vocabulary_is_padded_to_the_targets(tmp_path: Path) -> None:
+    target = make_llama(tmp_path / "target", vocab_size=256)
+    draft = make_llama(tmp_path / "draft", vocab_size=200, layers=1, seed=1)
+    spec = write_spec(tmp_path / "s.toml", target, draft, tmp_path / "out")
+    result = run("convert", "-c", str(spec), "--role", "draft", "--verify", "--json")
+    assert result.exit_code == 0, result.output
+    entry = json.loads(result.stdout)["roles"][0]
+    assert entry["manifest"]["vocab_size"] == 256 and entry["manifest"]["settings"]["pad_vocab_to"] == 256
+    verification = entry["verification"]
+    assert verification["passed"] and verification["padded_rows"] == 56 and verification["padded_rows_max_abs"] == 0
+
+
+def test_int4_awq_on_a_model_whose_widths_allow_it(tmp_path: Path) -> None:
+    # Random weights: a small spread keeps the model from being chaotic, so 4-bit noise does not flip every argmax.
+    target = make_llama(tmp_path / "target", std=0.05)
+    spec = write_spec(tmp_path / "s.toml", target, target, tmp_path / "out", target_q="int4_awq")
+    result = run("convert", "-c", str(spec), "--role", "target", "--verify", "--json", *FAST)
+    assert result.exit_code == 0, result.output
+    entry = json.loads(result.stdout)["roles"][0]
+    config = json.loads((Path(entry["checkpoint"]) / "config.json").read_text())
+    assert config["quantization"]["quant_algo"] == "W4A16_AWQ" and config["quantization"]["group_size"] == 64
+    assert entry["manifest"]["calibration"]["awq_block_size"] == 64
+    assert entry["verification"]["passed"], entry["verification"]
+
+
+def test_refusals_name_the_problem(tmp_path: Path) -> None:
+    target = make_llama(tmp_path / "target", intermediate=96)
+    spec = write_spec(tmp_path / "s.toml", target, target, tmp_path / "out")
+    result = run("convert", "-c", str(spec), "--kv-cache", "int8", "--dry-run")
+    assert result.exit_code == 1
+    assert "disables paged context FMHA" in result.output and "KV-cache reuse" in result.output
+    result = run("convert", "-c", str(spec), "--quantization", "int4_awq", "--dry-run")
+    assert result.exit_code == 1 and "do not divide: [96]" in result.output
+    result = run("convert", "-c", str(spec), "--quantization", "int3", "--dry-run")
+    assert result.exit_code == 2 and "'int3' is not one of" in result.output
+    bad = write_spec(tmp_path / "b.toml", target, target, tmp_path / "out", target_q="int3")
+    result = run("convert", "-c", str(bad), "--dry-run")
+    assert result.exit_code == 1 and "target.quantization = 'int3' is not supported" in result.output
+    a100 = write_spec(tmp_path / "a.toml", target, target, tmp_path / "out", target_q="fp8",
+                      extra='[gpu]\nname = "A100-80GB"\n')
+    result = run("convert", "-c", str(a100), "--dry-run")
+    assert result.exit_code == 1 and "needs an SM89+ GPU" in result.output and "SM80" in result.output
+
+
+def test_unsupported_architecture_and_corrupt_weights(tmp_path: Path) -> None:
+    gpt = make_llama(tmp_path / "gpt", tokenizer=False, architecture="GPT2LMHeadModel")
+    spec = write_spec(tmp_path / "s.toml", gpt, gpt, tmp_path / "out")
+    result = run("convert", "-c", str(spec), "--dry-run")
+    assert result.exit_code == 1
+    assert "'GPT2LMHeadModel' is not supported" in result.output and "LlamaForCausalLM" in result.output
+
+    broken = make_llama(tmp_path / "broken", tokenizer=False)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated download
+    spec = write_spec(tmp_path / "t.toml", broken, broken, tmp_path / "out")
+    result = run("convert", "-c", str(spec), "--role", "target")
+    assert result.exit_code == 1 and "cannot be loaded" in result.output
+    assert "safetensors" in result.output
+    assert not (tmp_path / "out" / "pair" / "target" / "checkpoint").exists()
+    assert not list((tmp_path / "out" / "pair" / "target").glob(".checkpoint.tmp-*"))
