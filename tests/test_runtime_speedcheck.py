@@ -1,0 +1,30 @@
+"""The speed check command runs K = 0 and each K in one go and reports the ratio (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from runtime_models import single_thread  # noqa: F401 (autouse fixture)
+from specbuild.runtime.speedcheck import format_report, main
+
+
+def test_speedcheck_reports_k0_best_k_and_ratio(tiny_spec_path):
+    result = CliRunner().invoke(main, ["-c", str(tiny_spec_path), "--ks", "2,50", "--prompts", "2", "--max-tokens", "6",
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [r["num_draft_tokens"] for r in report["results"]] == [0, 2, 6]  # 50 clamped to max_draft_len
+    assert report["greedy_equal"] is True
+    assert report["best_num_draft_tokens"] in (2, 6)
+    rates = {r["num_draft_tokens"]: r["tokens_per_s"] for r in report["results"]}
+    assert report["speedup"] == rates[report["best_num_draft_tokens"]] / rates[0]
+    assert report["engine_source"] == "hf-checkpoint"
+    text = format_report(report)
+    assert "target only:" in text and f"best K = {report['best_num_draft_tokens']}" in text and "ratio" in text
+
+
+def test_speedcheck_usage_errors(tiny_spec_path):
+    result = CliRunner().invoke(main, ["-c", str(tiny_spec_path), "--ks", "two"])
+    assert result.exit_code == 2 and "give a comma-separated list of integers" in result.output
