@@ -97,3 +97,9 @@ def test_missing_spec_is_an_error(tmp_path):
     result = generate("--local", "-c", tmp_path / "nope.toml", PROMPT)
     assert result.exit_code == 1
     assert "Error: spec file" in result.output and "not found" in result.output
+
+
+def test_too_long_a_request_is_refused_before_generating(tiny_spec_path):
+    result = generate("--local", "-c", tiny_spec_path, "--max-tokens", 600, PROMPT)
+    assert result.exit_code == 1
+    assert "+ --max-tokens 600 = " in result.output and "exceeds the engines' max_seq_len = 512" in result.output

@@ -130,6 +130,15 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
         log("note: adaptive K follows measured step timings, so sampled output can vary run to run even with "
             "--seed; add --no-adaptive for reproducible output.")
     prompt_ids = list(tokenizer(prompt)["input_ids"])
+    limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
+    if len(prompt_ids) + max_tokens > limit:
+        from specbuild.errors import RequestError
+
+        raise RequestError(
+            f"the prompt ({len(prompt_ids)} tokens) + --max-tokens {max_tokens} = {len(prompt_ids) + max_tokens} tokens "
+            f"exceeds the engines' max_seq_len = {limit}: lower --max-tokens or shorten the prompt "
+            "(or raise build.max_seq_len and rebuild)."
+        )
     stream = TextStream(tokenizer, prompt_ids)
     output: list[int] = []
     stats = finish = None
