@@ -103,3 +103,14 @@ def test_too_long_a_request_is_refused_before_generating(tiny_spec_path):
     result = generate("--local", "-c", tiny_spec_path, "--max-tokens", 600, PROMPT)
     assert result.exit_code == 1
     assert "+ --max-tokens 600 = " in result.output and "exceeds the engines' max_seq_len = 512" in result.output
+
+
+def test_after_convert_and_build_the_reference_engines_run(tiny_spec_path):
+    runner = CliRunner()
+    for stage in (["convert"], ["build", "--backend", "reference"]):
+        result = runner.invoke(main, [*stage, "-c", str(tiny_spec_path)])
+        assert result.exit_code == 0, result.output
+    common = ("--local", "-c", tiny_spec_path, "--json", "--max-tokens", 12, "--no-adaptive")
+    speculative = as_doc(generate(*common, PROMPT))
+    assert speculative["engine_source"] == "reference-engine" == speculative["draft_engine_source"]
+    assert as_doc(generate(*common, "--num-draft-tokens", 0, PROMPT))["output_ids"] == speculative["output_ids"]
