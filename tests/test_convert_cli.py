@@ -27,9 +27,9 @@ def example_spec(tmp_path: Path, example_tiny, quantization: str = "none", extra
                       target_q=quantization, draft_q=quantization, extra=extra)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("quantization,algo", [("none", None), ("fp8", "FP8"), ("int8_sq", "W8A8_SQ_PER_CHANNEL"),
-                                               ("int8_wo", "W8A16"), ("int4_wo", "W4A16")])
+                                               ("int8_wo", "W8A16"), ("int4_wo", "W4A16"), ("int4_awq", "W4A16_AWQ"),
+                                               ("w4a8_awq", "W4A8_AWQ")])
 def test_example_pair_converts_verifies_and_reruns_as_noop(tmp_path: Path, example_tiny, quantization: str,
                                                            algo: str | None) -> None:
     spec = example_spec(tmp_path, example_tiny, quantization)
@@ -52,7 +52,10 @@ def test_example_pair_converts_verifies_and_reruns_as_noop(tmp_path: Path, examp
         assert manifest["quant_algo"] == algo and manifest["role"] == entry["role"] and manifest["pair"] == "pair"
         assert set(manifest["source"]["files"]) >= {"config.json", "model.safetensors"}
         assert manifest["tool_versions"]["nvidia-modelopt"]
-        assert manifest["calibration"]["used"] is (quantization in ("fp8", "int8_sq"))
+        assert manifest["calibration"]["used"] is (quantization in ("fp8", "int8_sq", "int4_awq", "w4a8_awq"))
+        if "awq" in quantization:  # the example's MLP widths (352, 176) are padded to whole AWQ blocks
+            assert config["intermediate_size"] % config["quantization"]["group_size"] == 0
+            assert manifest["settings"]["pad_intermediate_to"] == config["intermediate_size"]
     again = run("convert", "-c", str(spec), "--json", *FAST)
     assert again.exit_code == 0
     assert [r["status"] for r in json.loads(again.stdout)["roles"]] == ["skipped", "skipped"]
@@ -118,13 +121,13 @@ def test_int4_awq_on_a_model_whose_widths_allow_it(tmp_path: Path) -> None:
 
 
 def test_refusals_name_the_problem(tmp_path: Path) -> None:
-    target = make_llama(tmp_path / "target", intermediate=96)
+    target = make_llama(tmp_path / "target", hidden=48, intermediate=96)
     spec = write_spec(tmp_path / "s.toml", target, target, tmp_path / "out")
     result = run("convert", "-c", str(spec), "--kv-cache", "int8", "--dry-run")
     assert result.exit_code == 1
     assert "disables paged context FMHA" in result.output and "KV-cache reuse" in result.output
     result = run("convert", "-c", str(spec), "--quantization", "int4_awq", "--dry-run")
-    assert result.exit_code == 1 and "do not divide: [96]" in result.output
+    assert result.exit_code == 1 and "do not divide: [48]" in result.output
     result = run("convert", "-c", str(spec), "--quantization", "int3", "--dry-run")
     assert result.exit_code == 2 and "'int3' is not one of" in result.output
     bad = write_spec(tmp_path / "b.toml", target, target, tmp_path / "out", target_q="int3")

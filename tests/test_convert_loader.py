@@ -39,7 +39,7 @@ def _plan(hf_dir: Path, quantization: str, tp: int = 1, pp: int = 1, block: int 
         role="target", pair="t", hf_dir=hf_dir, out_dir=hf_dir.parent / "unused", architecture="LlamaForCausalLM",
         model_type="llama", quantization=quantization, quant_algo=QUANT_ALGO[quantization], kv_cache="none",
         kv_cache_quant_algo=None, dtype="float16", tp_size=tp, pp_size=pp, vocab_rows=256, pad_vocab_to=None,
-        awq_block_size=block if "awq" in quantization else None,
+        awq_block_size=block if "awq" in quantization else None, pad_intermediate_to=None,
         calibration=Calibration("builtin", 4, 32) if calibrated else None, spec_settings={},
     )
 

@@ -84,6 +84,29 @@ def pad_vocab(model: Any, rows: int) -> None:
     model.config.vocab_size = rows
 
 
+def pad_intermediate(model: Any, size: int) -> None:
+    """Zero rows in gate_proj/up_proj and zero columns in down_proj: silu(0) * 0 = 0 leaves the model unchanged."""
+    import torch
+
+    def grown(linear: Any, rows: int, cols: int) -> Any:
+        new = torch.nn.Linear(cols, rows, bias=linear.bias is not None, device=linear.weight.device,
+                              dtype=linear.weight.dtype)
+        new.weight.zero_()
+        new.weight[: linear.out_features, : linear.in_features] = linear.weight
+        if linear.bias is not None:
+            new.bias.zero_()
+            new.bias[: linear.out_features] = linear.bias
+        return new
+
+    with torch.no_grad():
+        for layer in model.model.layers:
+            mlp = layer.mlp
+            mlp.gate_proj = grown(mlp.gate_proj, size, mlp.gate_proj.in_features)
+            mlp.up_proj = grown(mlp.up_proj, size, mlp.up_proj.in_features)
+            mlp.down_proj = grown(mlp.down_proj, mlp.down_proj.out_features, size)
+    model.config.intermediate_size = size
+
+
 def quant_config(plan: RolePlan) -> dict[str, Any] | None:
     """The modelopt config: the format's, with the AWQ block size and the FP8 KV-cache entries merged in."""
     import modelopt.torch.quantization as mtq
@@ -208,6 +231,10 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
         if plan.pad_vocab_to:
             log(f"[{plan.role}] padding the vocabulary {plan.vocab_rows} -> {plan.pad_vocab_to} rows (zeros)")
             pad_vocab(model, plan.pad_vocab_to)
+        if plan.pad_intermediate_to:
+            log(f"[{plan.role}] padding the MLP width to {plan.pad_intermediate_to} (zeros) for AWQ blocks of "
+                f"{plan.awq_block_size}")
+            pad_intermediate(model, plan.pad_intermediate_to)
         mark = time.perf_counter()
         calibration = calibrate(model, plan, options, device, log, progress)
         timings["quantize_s"] = round(time.perf_counter() - mark, 3)

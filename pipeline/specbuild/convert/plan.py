@@ -56,6 +56,7 @@ class RolePlan:
     vocab_rows: int  # embedding rows in the HF checkpoint
     pad_vocab_to: int | None  # the target's rows, when the draft has fewer
     awq_block_size: int | None
+    pad_intermediate_to: int | None  # AWQ: MLP width padded with zeros to a multiple of block x tp
     calibration: Calibration | None
     spec_settings: dict[str, Any]
 
@@ -85,8 +86,19 @@ def _check_architecture(info: ModelInfo, role: str) -> None:
 
 
 def _awq_widths(info: ModelInfo, tp: int) -> list[int]:
-    """Input widths of every quantized linear per TP rank (qkv/fc/gate: hidden; dense and proj: split)."""
-    return [info.hidden_size, info.num_heads * info.head_dim // tp, info.intermediate_size // tp]
+    """Input widths per TP rank of the quantized linears other than down_proj (qkv, gate/up: hidden; dense)."""
+    return [info.hidden_size, info.num_heads * info.head_dim // tp]
+
+
+def _awq_intermediate(info: ModelInfo, tp: int, block: int) -> int | None:
+    """The padded intermediate size when down_proj's input width per rank is not a multiple of the block.
+
+    Zero rows in gate_proj/up_proj and zero columns in down_proj add silu(0) * 0 = 0: the model is unchanged.
+    """
+    unit = block * tp
+    if info.intermediate_size % unit == 0:
+        return None
+    return -(-info.intermediate_size // unit) * unit
 
 
 def _check_tp(info: ModelInfo, tp: int, role: str) -> None:
@@ -115,6 +127,7 @@ def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: Model
     if info.num_layers < pp:
         raise SpecError(f"build.pp_size = {pp} exceeds the {role}'s {info.num_layers} layers. Lower pp_size.")
     block = formats.awq_block_size(_awq_widths(info, tp), options.awq_block_size, role) if fmt.awq else None
+    pad_intermediate = _awq_intermediate(info, tp, block) if block else None
 
     pad_to = None
     if role == "draft":
@@ -158,6 +171,7 @@ def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: Model
         vocab_rows=info.vocab_size,
         pad_vocab_to=pad_to,
         awq_block_size=block,
+        pad_intermediate_to=pad_intermediate,
         calibration=calibration,
         spec_settings={"checkpoint": str(model.checkpoint), "quantization": model.quantization,
                        "kv_cache": model.kv_cache, "dtype": model.dtype},
