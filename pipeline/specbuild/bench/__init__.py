@@ -10,6 +10,8 @@
     report      the JSON document and the terminal table
     plots       PNGs (matplotlib, imported lazily)
     qualify     the "measure" section of `specbuild check --measure`
+    session     one `specbuild bench` run: transports, schedule, report document
+    results     `python -m specbuild.bench.results`: the README figures, median of N runs
 
 Nothing here imports torch, transformers or tritonclient at module level.
 """
