@@ -202,6 +202,7 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
         raise CheckpointError(f"{ckpt_dir} is sharded over {world} ranks; load it with rank=None to merge them.")
     ranks = [_load_rank(ckpt_dir / f"rank{r}.safetensors") for r in range(world)]
     algo = (config.get("quantization") or {}).get("quant_algo")
+    kv_algo = (config.get("quantization") or {}).get("kv_cache_quant_algo")
 
     heads, layers = int(config["num_attention_heads"]), int(config["num_hidden_layers"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
@@ -247,6 +248,9 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
                 if name not in parts:
                     raise CheckpointError(f"{where}: tensor '{src}.{name}.weight' is missing. "
                                           "Run `specbuild convert --force`.")
+            if kv_algo:
+                for t in shard:
+                    _need(t, f"{src}.attention.kv_cache_scaling_factor", where)
             _merge_qkv(state, acts, dst, parts["attention.qkv"], heads, kv_heads, head_dim, tp)
             fc = parts["mlp.fc"]
             if "mlp.gate" not in parts:  # fused [up; gate] per rank
@@ -262,8 +266,8 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
     if algo in ("W8A16", "W4A16"):
         notes.append("weight-only quantization simulated as trtllm-build applies it" if simulate_build_quant
                      else "weight-only quantization NOT simulated: float weights as stored")
-    if (config.get("quantization") or {}).get("kv_cache_quant_algo"):
-        notes.append("KV-cache quantization is not simulated")
+    if kv_algo:
+        notes.append(f"{kv_algo} KV-cache quantization is not simulated (its scales are present)")
     return LoadedCheckpoint(hf_config=hf_config_from_trtllm(config), state_dict=state, trtllm_config=config,
                             activation_quant=acts, notes=notes)
 
