@@ -23,13 +23,13 @@ def folder(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
-def model(folder):
-    return LlamaModel.from_folder(folder)
+@pytest.fixture(scope="module", params=[2, 8], ids=["row_block=2", "row_block=8"])
+def model(folder, request):
+    return LlamaModel.from_folder(folder, row_block=request.param)
 
 
 def fresh(model, use_cache=True):
-    return ReferenceEngine(model, use_cache=use_cache)
+    return ReferenceEngine(model, use_cache=use_cache)  # a new engine (empty caches) over the same weights
 
 
 def test_prefill_equals_one_token_steps_and_batched(model):

@@ -72,13 +72,15 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def load_contract_model(source: ModelSource, device: str | None = None, use_cache: bool = True):
-    """A ContractModel (the tensorrt_llm contract) over the reference engine built from source."""
+def load_contract_model(source: ModelSource, device: str | None = None, use_cache: bool = True,
+                        row_block: int | None = None):
+    """A ContractModel (the tensorrt_llm contract) over the reference engine built from source.
+    row_block: rows per matmul block (see runtime/model.py); None = the device's default."""
     from specbuild.runtime.contract import ContractModel, Limits
     from specbuild.runtime.engine import ReferenceEngine
     from specbuild.runtime.model import LlamaModel
 
-    model = LlamaModel.from_folder(source.path, device=resolve_device(device))
+    model = LlamaModel.from_folder(source.path, device=resolve_device(device), row_block=row_block)
     limits = Limits(
         max_batch_size=int(source.limits.get("max_batch_size", 8)),
         max_seq_len=int(source.limits.get("max_seq_len", model.args.max_position_embeddings)),
@@ -155,15 +157,16 @@ def configure_threads(threads: int | None, source: ModelSource, device: str) -> 
     return threads
 
 
-def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None) -> LocalPair:
+def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
+              row_block: int | None = None) -> LocalPair:
     """Target and draft in-process. threads: CPU threads for torch (None: 1 for small models, else torch's default)."""
     from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
 
     target, draft = model_source(spec, "target"), model_source(spec, "draft")
     device = resolve_device(device)
     configure_threads(threads, target, device)
-    target_model = load_contract_model(target, device, use_cache)
-    draft_model = load_contract_model(draft, device, use_cache)
+    target_model = load_contract_model(target, device, use_cache, row_block)
+    draft_model = load_contract_model(draft, device, use_cache, row_block)
     if target_model.engine.vocab_size != draft_model.engine.vocab_size:
         raise CheckpointError(
             f"target vocab_size {target_model.engine.vocab_size} != draft vocab_size {draft_model.engine.vocab_size}: "

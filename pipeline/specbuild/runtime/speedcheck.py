@@ -21,7 +21,7 @@ from specbuild.config import Spec
 
 
 def speedcheck(spec: Spec, ks: list[int], n_prompts: int = 6, max_tokens: int = 64, device: str | None = None,
-               threads: int | None = None, pair: Any = None, log=None) -> dict[str, Any]:
+               threads: int | None = None, row_block: int | None = None, pair: Any = None, log=None) -> dict[str, Any]:
     """Measure greedy tokens/s for K = 0 and each K in ks (clamped to max_draft_len); return a report dict."""
     from transformers import AutoTokenizer
 
@@ -29,7 +29,7 @@ def speedcheck(spec: Spec, ks: list[int], n_prompts: int = 6, max_tokens: int = 
     from specbuild.runtime.loading import load_pair
     from specbuild.speculative.loop import GenerationRequest, run
 
-    pair = pair or load_pair(spec, device=device, threads=threads)
+    pair = pair or load_pair(spec, device=device, threads=threads, row_block=row_block)
     tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
     per_kind = max(1, -(-n_prompts // 3))
     texts = [t for kind in ("code", "prose", "json") for t in heldout_prompts(kind, per_kind, chars=200)][:n_prompts]
@@ -66,6 +66,7 @@ def speedcheck(spec: Spec, ks: list[int], n_prompts: int = 6, max_tokens: int = 
     best = max(rows[1:], key=lambda r: r["tokens_per_s"]) if len(rows) > 1 else rows[0]
     return {
         "engine_source": pair.target.kind,
+        "row_block": pair.target_model.engine.model.row_block,
         "draft_engine_source": pair.draft.kind,
         "prompts": len(prompts),
         "max_tokens": max_tokens,
@@ -80,7 +81,7 @@ def speedcheck(spec: Spec, ks: list[int], n_prompts: int = 6, max_tokens: int = 
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"weights: target {report['engine_source']}, draft {report['draft_engine_source']}; "
-             f"{report['prompts']} prompts x {report['max_tokens']} tokens, greedy"]
+             f"{report['prompts']} prompts x {report['max_tokens']} tokens, greedy; row block {report['row_block']}"]
     lines.append(f"{'K':>3}  {'tokens/s':>9}  {'acceptance':>10}  {'mean len':>8}  same as K=0")
     for r in report["results"]:
         lines.append(f"{r['num_draft_tokens']:>3}  {r['tokens_per_s']:>9.1f}  {r['acceptance_rate']:>10.2f}  "
@@ -99,8 +100,10 @@ def format_report(report: dict[str, Any]) -> str:
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: 1 for small models).")
+@click.option("--row-block", type=click.IntRange(min=1), default=None,
+              help="Rows per matmul block (default: the device's; see docs/runtime.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def main(spec_path, ks, n_prompts, max_tokens, device, threads, as_json):
+def main(spec_path, ks, n_prompts, max_tokens, device, threads, row_block, as_json):
     """Tokens/s of the reference runtime with K = 0 and with speculation, and the ratio."""
     from specbuild.cli.common import emit_json, get_spec, log
     from specbuild.errors import SpecbuildError
@@ -113,7 +116,7 @@ def main(spec_path, ks, n_prompts, max_tokens, device, threads, as_json):
         raise click.UsageError(f"--ks {ks!r}: give draft lengths >= 0, e.g. 1,2,4,8.")
     try:
         report = speedcheck(get_spec(spec_path), k_list, n_prompts, max_tokens,
-                            device=None if device == "auto" else device, threads=threads, log=log)
+                            device=None if device == "auto" else device, threads=threads, row_block=row_block, log=log)
     except SpecbuildError as err:
         raise click.ClickException(str(err)) from None
     if as_json:
