@@ -6,7 +6,8 @@
     pair.target_model(request_dict)            # the tensorrt_llm contract (runtime/contract.py)
 
 Modules: model (the Llama forward, batch-invariant), kvcache (per-sequence KV with rollback, prefix
-cache), engine (batched logits/decode over the caches), contract (tensor contract), loading (which
-weights: reference engine or HF checkpoint), textstream (incremental detokenization), speedcheck.
+cache), engine (batched logits/decode over the caches), contract (tensor contract), batcher (concurrent
+in-process calls -> one batched execute), loading (which weights: reference engine or HF checkpoint;
+open_model_dir for one folder), textstream (incremental detokenization), speedcheck (K = 0 vs best K).
 Importing this package does not import torch; the modules that need it do.
 """
