@@ -99,6 +99,14 @@ def test_prefix_cache_budget_evicts_least_recently_used(model):
     assert seqs[0] not in kept and seqs[1] in kept and seqs[2] in kept
 
 
+def test_prefix_cache_entry_limit(model):
+    engine = ReferenceEngine(model)
+    engine.prefix_cache.max_entries = 3
+    for i in range(5):
+        engine.logits([[3 + i, 4, 5]], [1])
+    assert [e.tokens for e in engine.prefix_cache.entries.values()] == [[5, 4, 5], [6, 4, 5], [7, 4, 5]]
+
+
 def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
     assert common_prefix([1, 2, 3], [1, 9, 3]) == 1

@@ -78,8 +78,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, max_entries: int = 64):
         self.max_bytes = max_bytes  # budget: K/V bytes held over all entries
+        self.max_entries = max_entries  # bounds the lookup's linear scan; about the sequences in flight
         self.entries: OrderedDict[int, SequenceKV] = OrderedDict()  # id -> cache, least recently used first
         self.hits = 0  # calls that reused at least one position
         self.reused_tokens = 0  # positions not recomputed thanks to the cache
@@ -102,7 +103,7 @@ class PrefixCache:
             return
         self.entries[id(entry)] = entry
         total = sum(e.nbytes for e in self.entries.values())
-        while total > self.max_bytes:
+        while total > self.max_bytes or len(self.entries) > self.max_entries:
             _, dropped = self.entries.popitem(last=False)
             total -= dropped.nbytes
 
