@@ -155,3 +155,23 @@ def test_unsupported_architecture_and_corrupt_weights(tmp_path: Path) -> None:
     assert "safetensors" in result.output
     assert not (tmp_path / "out" / "pair" / "target" / "checkpoint").exists()
     assert not list((tmp_path / "out" / "pair" / "target").glob(".checkpoint.tmp-*"))
+
+
+def test_incomplete_hf_checkpoint_is_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    model = make_llama(tmp_path / "m", tokenizer=False)
+    weights = load_file(str(model / "model.safetensors"))
+    del weights["model.layers.1.mlp.down_proj.weight"]
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    spec = write_spec(tmp_path / "s.toml", model, model, tmp_path / "out")
+    result = run("convert", "-c", str(spec), "--role", "target")
+    assert result.exit_code == 1
+    assert "lacks tensors ['model.layers.1.mlp.down_proj.weight']" in result.output
+    assert not (tmp_path / "out" / "pair" / "target" / "checkpoint").exists()
+
+    config = json.loads((model / "config.json").read_text())
+    del config["hidden_size"]
+    (model / "config.json").write_text(json.dumps(config))
+    result = run("convert", "-c", str(spec), "--dry-run")
+    assert result.exit_code == 1 and "no positive integer 'hidden_size'" in result.output

@@ -52,12 +52,22 @@ def load_hf_model(plan: RolePlan, device: str) -> Any:
     # Calibrate in float32 on CPU (CPU float16 kernels are slow or missing); on CUDA in the export dtype.
     dtype = torch.float32 if device == "cpu" else getattr(torch, plan.dtype)
     try:
-        model = cls.from_pretrained(plan.hf_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False)
+        model, info = cls.from_pretrained(plan.hf_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False,
+                                          output_loading_info=True)
     except (SafetensorError, OSError, ValueError, RuntimeError, KeyError) as err:
         raise CheckpointError(
             f"{plan.role} checkpoint {str(plan.hf_dir)!r} cannot be loaded: {str(err).splitlines()[0][:300]}. "
             "Check that its *.safetensors files are complete (download them again)."
         ) from None
+    # transformers fills missing weights with random values and only warns: refuse instead.
+    missing = sorted(k for k in info.get("missing_keys", ()) if not (k == "lm_head.weight"
+                                                                      and model.config.tie_word_embeddings))
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(
+            f"{plan.role} checkpoint {str(plan.hf_dir)!r} lacks tensors {missing[:5]}{more}. "
+            "The weight files are incomplete: download them again."
+        )
     return model.to(device).eval()
 
 

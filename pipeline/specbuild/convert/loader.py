@@ -308,7 +308,9 @@ def _merge_qkv(state: dict, acts: dict, dst: str, parts: list, heads: int, kv_he
 def hf_config_from_trtllm(config: dict[str, Any]) -> dict[str, Any]:
     """LlamaConfig keyword arguments describing the checkpoint's model."""
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-    scaling = config.get("rotary_scaling")
+    scaling = dict(config["rotary_scaling"]) if isinstance(config.get("rotary_scaling"), dict) else None
+    if scaling is not None and "type" in scaling:
+        scaling.setdefault("rope_type", scaling["type"])  # transformers reads rope_type
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -323,7 +325,7 @@ def hf_config_from_trtllm(config: dict[str, Any]) -> dict[str, Any]:
         "rms_norm_eps": float(config.get("norm_epsilon", 1e-5)),
         "max_position_embeddings": int(config.get("max_position_embeddings") or 2048),
         "rope_theta": float(config.get("rotary_base", 10000.0)),
-        "rope_scaling": dict(scaling) if isinstance(scaling, dict) else None,
+        "rope_scaling": scaling,
         "tie_word_embeddings": bool(config.get("share_embedding_table", False)),
         "attention_bias": bool(config.get("bias", False)),
         "mlp_bias": bool(config.get("mlp_bias", config.get("has_mlp_bias", False))),
