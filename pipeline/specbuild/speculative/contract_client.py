@@ -92,8 +92,8 @@ class ContractDrafter:
         new = _new_tokens(response, len(tokens), "draft")[:k]
         logits = probs = None
         if want_logits and new:
-            logits = np.asarray(response["generation_logits"], dtype=np.float32).reshape(-1, np.shape(
-                response["generation_logits"])[-1])[-len(new):]  # [k, vocab]
+            returned = np.asarray(response["generation_logits"], dtype=np.float32)  # [1 beam, n, vocab]
+            logits = returned.reshape(-1, returned.shape[-1])[-len(new) :]  # [k, vocab]
             probs = process_logits(logits, sampling)
         return ContractDraft(tokens=new, probs=probs, seconds=time.perf_counter() - t0, logits=logits)
 
