@@ -47,7 +47,6 @@ def pair(example_tiny):
     return tokenizer, build
 
 
-@pytest.mark.slow
 def test_speculative_equals_target_only_for_60_prompts_and_k_1_2_4_8(pair):
     tokenizer, build = pair
     drafter, verifier = build()
