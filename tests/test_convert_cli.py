@@ -175,3 +175,19 @@ def test_incomplete_hf_checkpoint_is_refused(tmp_path: Path) -> None:
     (model / "config.json").write_text(json.dumps(config))
     result = run("convert", "-c", str(spec), "--dry-run")
     assert result.exit_code == 1 and "no positive integer 'hidden_size'" in result.output
+
+
+def test_tensor_parallel_export_of_the_example_pair(tmp_path: Path, example_tiny) -> None:
+    """tp_size 2: two rank files; the draft (1 KV head) has its KV head replicated on both ranks."""
+    spec = example_spec(tmp_path, example_tiny, extra="[build]\ntp_size = 2\n[gpu]\ncount = 2\n")
+    result = run("convert", "-c", str(spec), "--verify", "--json")
+    assert result.exit_code == 0, result.output
+    for entry in json.loads(result.stdout)["roles"]:
+        folder = Path(entry["checkpoint"])
+        assert sorted(p.name for p in folder.iterdir()) == ["config.json", "manifest.json", "rank0.safetensors",
+                                                            "rank1.safetensors"]
+        assert entry["manifest"]["mapping"] == {"world_size": 2, "tp_size": 2, "pp_size": 1}
+        assert entry["verification"]["passed"] and entry["verification"]["max_abs_logit_error"] == 0.0
+    again = run("convert", "-c", str(spec), "--role", "draft", "--verify", "--json")
+    entry = json.loads(again.stdout)["roles"][0]
+    assert entry["status"] == "skipped" and entry["verification"]["passed"]  # --verify checks the existing one

@@ -212,6 +212,13 @@ def _finish_config(plan: RolePlan, folder: Path) -> tuple[dict[str, Any], list[s
         raise CheckpointError(f"[{plan.role}] exported quant_algo {config['quantization'].get('quant_algo')!r}, "
                               f"expected {plan.quant_algo!r}.")
     path.write_text(json.dumps(config, indent=4) + "\n")
+    extra = folder / "quant_cfg.json"  # per-layer formats; TensorRT-LLM reads it only for MIXED_PRECISION
+    if extra.is_file() and config["quantization"].get("quant_algo") != "MIXED_PRECISION":
+        if json.loads(extra.read_text()).get("quantized_layers"):
+            raise CheckpointError(f"[{plan.role}] modelopt wrote per-layer quantization (quant_cfg.json) for a "
+                                  f"single-format export ({plan.quantization}). Report this with the modelopt version.")
+        extra.unlink()
+        edits.append("removed quant_cfg.json (no quantized layers)")
     return config, edits
 
 
