@@ -89,3 +89,31 @@ def test_same_recipe_builds_identical_weights_and_force_rebuilds(example_tiny, m
     # if this fails after a change to the training code, bump recipe.RECIPE_VERSION.
     assert _weights(example_tiny.target) == _weights(first.target)
     assert forced.info["agreement"] == first.info["agreement"]
+
+
+def test_a_second_builder_waits_for_the_lock(tmp_path, capsys):
+    import threading
+
+    from filelock import FileLock
+
+    from specbuild.example.pair import _locked_output
+
+    final = tmp_path / "example-tiny-x"
+    held = threading.Event()
+
+    def hold_briefly() -> None:
+        with FileLock(str(tmp_path / f".{final.name}.lock")):
+            held.set()
+            time.sleep(0.5)
+
+    holder = threading.Thread(target=hold_briefly)
+    holder.start()
+    held.wait(5)
+    try:
+        start = time.perf_counter()
+        with _locked_output(final, force=False) as out:
+            assert out.tmp.is_dir()
+        assert time.perf_counter() - start >= 0.2
+    finally:
+        holder.join()
+    assert "waiting for another process" in capsys.readouterr().err

@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -92,15 +92,14 @@ def cached_example(variant: str = "full") -> ExamplePair | None:
 @contextmanager
 def _locked_output(final: Path, force: bool) -> Iterator[Any]:
     """stage_output, but wait (saying so on stderr) while another process holds the lock."""
-    try:
-        with stage_output(final, force=force) as out:
-            yield out
-        return
-    except ArtifactError as err:
-        if "locked by another" not in str(err):
-            raise
-    print(f"specbuild: waiting for another process building {final} ...", file=sys.stderr)
-    with stage_output(final, force=force, lock_timeout=LOCK_WAIT_S) as out:
+    with ExitStack() as stack:
+        try:
+            out = stack.enter_context(stage_output(final, force=force))
+        except ArtifactError as err:
+            if "locked by another" not in str(err):
+                raise
+            print(f"specbuild: waiting for another process to finish {final} ...", file=sys.stderr)
+            out = stack.enter_context(stage_output(final, force=force, lock_timeout=LOCK_WAIT_S))
         yield out
 
 
