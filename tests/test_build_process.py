@@ -147,3 +147,32 @@ def test_dry_run_predicts_the_input_hash_a_build_records(spec):
     recorded = {r["role"]: r["manifest"]["input_hash"] for r in build(spec)}
     assert planned == recorded
     assert dry_run(spec, ["target"], "trtllm", None)["engines"][0]["input_hash"] in (None, planned["target"])
+
+
+def test_ctrl_c_stops_trtllm_build_and_leaves_nothing(spec, tmp_path):
+    import signal
+
+    pidfile = tmp_path / "fake.pid"
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(FAKE_TRTLLM_BUILD.parent.parent)!r})\n"
+        "from fakes.build_fixtures import make_spec, FAKE_TRTLLM_BUILD\n"
+        "from pathlib import Path\n"
+        "from specbuild.build import build_engines\n"
+        f"spec = make_spec(Path({str(spec.output_dir.parent)!r}))\n"
+        "build_engines(spec, ['target'], 'trtllm', trtllm_build=str(FAKE_TRTLLM_BUILD))\n"
+    )
+    env = {**os.environ, "FAKE_TRTLLM_SLEEP": "60", "FAKE_TRTLLM_PIDFILE": str(pidfile)}
+    parent = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    parent.send_signal(signal.SIGINT)
+    _, stderr = parent.communicate(timeout=30)
+    assert parent.returncode != 0 and "KeyboardInterrupt" in stderr
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # the child is terminated (and reaped by the parent) before it exits
+            os.kill(child, 0)
+            time.sleep(0.05)
+    assert not (spec.pair_dir / "target" / "engine").exists() and not leftovers(spec, "target")

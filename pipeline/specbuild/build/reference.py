@@ -134,7 +134,15 @@ def smoke_test(folder: Path, vocab_size: int) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True)
+    from transformers.utils import logging as hf_logging
+
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one small load: no "Loading weights" bar in the build log
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True)
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
     missing = [k for k in info.get("missing_keys", []) if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
     unexpected = list(info.get("unexpected_keys", []))
     if missing or unexpected:
