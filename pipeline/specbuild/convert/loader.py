@@ -200,7 +200,8 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
         raise CheckpointError(f"rank {rank} does not exist in {ckpt_dir} (world size {world}).")
     if rank is not None and world > 1:
         raise CheckpointError(f"{ckpt_dir} is sharded over {world} ranks; load it with rank=None to merge them.")
-    ranks = [_load_rank(ckpt_dir / f"rank{r}.safetensors") for r in range(world)]
+    paths = [ckpt_dir / f"rank{r}.safetensors" for r in range(world)]
+    ranks = [_load_rank(path) for path in paths]
     algo = (config.get("quantization") or {}).get("quant_algo")
     kv_algo = (config.get("quantization") or {}).get("kv_cache_quant_algo")
 
@@ -217,15 +218,13 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
         )
     state: dict[str, Any] = {}
     acts: dict[str, ActivationQuant] = {}
-    first = ranks[0]
-    where = ckpt_dir / "rank0.safetensors"
 
     emb_dim = int(config.get("embedding_sharding_dim", 0)) if config.get("use_parallel_embedding") else None
-    emb = [_need(ranks[t], "transformer.vocab_embedding.weight", where) for t in range(tp)]
+    emb = [_need(ranks[t], "transformer.vocab_embedding.weight", paths[t]) for t in range(tp)]
     emb = torch.cat(emb, dim=emb_dim) if emb_dim is not None and tp > 1 else emb[0]
     state["model.embed_tokens.weight"] = emb[:vocab].float()
     last = ranks[(pp - 1) * tp: pp * tp]
-    state["model.norm.weight"] = _need(last[0], "transformer.ln_f.weight", where).float()
+    state["model.norm.weight"] = _need(last[0], "transformer.ln_f.weight", paths[(pp - 1) * tp]).float()
     if "lm_head.weight" in last[0]:
         state["lm_head.weight"] = torch.cat([r["lm_head.weight"].float() for r in last], dim=0)[:vocab]
     elif config.get("share_embedding_table") or config.get("tie_word_embeddings"):
@@ -236,21 +235,24 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
     offset = 0
     for pp_rank, count in enumerate(counts):
         shard = ranks[pp_rank * tp: (pp_rank + 1) * tp]
+        shard_paths = paths[pp_rank * tp: (pp_rank + 1) * tp]
+        where = shard_paths[0]
         for local in range(count):
             g, src = offset + local, f"transformer.layers.{local}"
             dst = f"model.layers.{g}"
             state[f"{dst}.input_layernorm.weight"] = _need(shard[0], f"{src}.input_layernorm.weight", where).float()
             state[f"{dst}.post_attention_layernorm.weight"] = _need(
                 shard[0], f"{src}.post_layernorm.weight", where).float()
-            parts = {name: [_dequant_linear(t, f"{src}.{name}", algo, where, simulate_build_quant) for t in shard]
+            parts = {name: [_dequant_linear(t, f"{src}.{name}", algo, path, simulate_build_quant)
+                            for t, path in zip(shard, shard_paths)]
                      for name in (*_COLUMN, *_ROW) if f"{src}.{name}.weight" in shard[0]}
             for name in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.proj"):
                 if name not in parts:
                     raise CheckpointError(f"{where}: tensor '{src}.{name}.weight' is missing. "
                                           "Run `specbuild convert --force`.")
             if kv_algo:
-                for t in shard:
-                    _need(t, f"{src}.attention.kv_cache_scaling_factor", where)
+                for t, path in zip(shard, shard_paths):
+                    _need(t, f"{src}.attention.kv_cache_scaling_factor", path)
             _merge_qkv(state, acts, dst, parts["attention.qkv"], heads, kv_heads, head_dim, tp)
             fc = parts["mlp.fc"]
             if "mlp.gate" not in parts:  # fused [up; gate] per rank
