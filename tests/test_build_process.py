@@ -176,3 +176,54 @@ def test_ctrl_c_stops_trtllm_build_and_leaves_nothing(spec, tmp_path):
             os.kill(child, 0)
             time.sleep(0.05)
     assert not (spec.pair_dir / "target" / "engine").exists() and not leftovers(spec, "target")
+
+
+def engine_config(plan, **changes):
+    build_config = {**plan.expected_build_config(), "speculative_decoding_mode": 2 if plan.role == "target" else 1,
+                    "kv_cache_type": "PAGED",
+                    "plugin_config": {"use_paged_context_fmha": True, "remove_input_padding": True}}
+    plugin = changes.pop("plugin_config", {})
+    build_config.update(changes)
+    build_config["plugin_config"].update(plugin)
+    return {"version": "1.2.1", "pretrained_config": {"quantization": {"quant_algo": plan.quant_algo}},
+            "build_config": build_config}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"plugin_config": {"use_paged_context_fmha": False}}, "plugin_config.use_paged_context_fmha = False"),
+    ({"speculative_decoding_mode": 1}, "speculative_decoding_mode = 'none' (asked 'draft_tokens_external')"),
+    ({"max_seq_len": 2048}, "max_seq_len = 2048 (asked 2052)"),
+    ({"gather_context_logits": True}, "gather_context_logits = True (asked False)"),
+    ({"kv_cache_type": "CONTINUOUS"}, "kv_cache_type = 'CONTINUOUS'"),
+])
+def test_verify_engine_refuses_what_the_builder_changed(spec, tmp_path, changes, message):
+    from specbuild.build.plan import plan_role
+    from specbuild.build.trtllm import verify_engine
+
+    plan = plan_role(spec, "target")
+    (tmp_path / "rank0.engine").write_bytes(b"x")
+    (tmp_path / "config.json").write_text(json.dumps(engine_config(plan)))
+    assert verify_engine(plan, tmp_path)["speculative_decoding_mode"] == "draft_tokens_external"
+    (tmp_path / "config.json").write_text(json.dumps(engine_config(plan, **changes)))
+    with pytest.raises(BuildError) as err:
+        verify_engine(plan, tmp_path)
+    assert message in str(err.value)
+
+
+def test_verify_engine_accepts_the_mode_as_a_name_and_needs_config_and_ranks(spec, tmp_path):
+    from specbuild.build.plan import plan_role
+    from specbuild.build.trtllm import verify_engine
+
+    plan = plan_role(spec, "target")
+    with pytest.raises(BuildError, match="config.json is missing or has no build_config"):
+        verify_engine(plan, tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(engine_config(plan, speculative_decoding_mode="DRAFT_TOKENS_EXTERNAL")))
+    with pytest.raises(BuildError, match="missing rank0.engine"):
+        verify_engine(plan, tmp_path)
+    (tmp_path / "rank0.engine").write_bytes(b"x")
+    verify_engine(plan, tmp_path)
+    quantized = json.loads((tmp_path / "config.json").read_text())
+    quantized["pretrained_config"]["quantization"]["quant_algo"] = "FP8"
+    (tmp_path / "config.json").write_text(json.dumps(quantized))
+    with pytest.raises(BuildError, match=r"quant_algo = 'FP8' \(checkpoint None\)"):
+        verify_engine(plan, tmp_path)
