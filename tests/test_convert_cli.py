@@ -191,3 +191,18 @@ def test_tensor_parallel_export_of_the_example_pair(tmp_path: Path, example_tiny
     again = run("convert", "-c", str(spec), "--role", "draft", "--verify", "--json")
     entry = json.loads(again.stdout)["roles"][0]
     assert entry["status"] == "skipped" and entry["verification"]["passed"]  # --verify checks the existing one
+
+
+def test_calibration_file_is_used_and_recorded(tmp_path: Path) -> None:
+    model = make_llama(tmp_path / "m", std=0.05)
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text("\n".join(json.dumps({"text": f"sample {i}: the quick brown fox"}) for i in range(3)) + "\n")
+    spec = write_spec(tmp_path / "s.toml", model, model, tmp_path / "out", target_q="fp8")
+    result = run("convert", "-c", str(spec), "--role", "target", "--calib-file", str(calib), "--json")
+    assert result.exit_code == 0, result.output
+    calibration = json.loads(result.stdout)["roles"][0]["manifest"]["calibration"]
+    assert calibration["source"] == str(calib.resolve()) and calibration["samples"] == 3
+    assert len(calibration["file_sha256"]) == 64
+    calib.write_text(calib.read_text() + json.dumps({"text": "one more sample"}) + "\n")
+    rerun = run("convert", "-c", str(spec), "--role", "target", "--calib-file", str(calib), "--json")
+    assert json.loads(rerun.stdout)["roles"][0]["status"] == "ran"  # new calibration data: not up to date
