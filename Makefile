@@ -5,6 +5,7 @@ VENV    ?= .venv
 PYTHON  ?= python3
 BIN     := $(VENV)/bin
 DEMO    := .demo
+UP_FLAGS ?=            # e.g. UP_FLAGS=--once to stop the server after the demo prompts
 
 .PHONY: setup demo test clean-demo cli-docs
 
@@ -20,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/specbuild init --example --out $(DEMO)/specbuild.toml --force
-	$(BIN)/specbuild up -c $(DEMO)/specbuild.toml --once
+	$(BIN)/specbuild up -c $(DEMO)/specbuild.toml $(UP_FLAGS)
 
 test: setup
 	$(BIN)/python -m pytest -q

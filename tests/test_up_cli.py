@@ -23,8 +23,8 @@ def stage(name, status=None, error=None, calls=None):
     return Stage(name, run)
 
 
-def test_stage_list_is_check_convert_build_in_order():
-    assert [s.name for s in STAGES][:3] == ["check", "convert", "build"]
+def test_stage_list_is_the_pipeline_in_order():
+    assert [s.name for s in STAGES] == ["check", "convert", "build", "repo", "serve"]
 
 
 def test_run_stages_stops_at_the_first_failure(tmp_path):
@@ -58,14 +58,14 @@ def test_dry_run_plans_every_stage_and_writes_nothing(tiny_spec_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert [(s["stage"], s["status"]) for s in doc["stages"]] == [
-        ("check", "planned"), ("convert", "planned"), ("build", "planned")]
+        ("check", "planned"), ("convert", "planned"), ("build", "planned"), ("repo", "planned"), ("serve", "planned")]
     assert [e["role"] for e in doc["stages"][2]["detail"]["engines"]] == ["target", "draft"]
     assert not (tiny_spec_path.parent / "engines").exists()
 
 
 @pytest.mark.slow
 def test_up_runs_through_build_then_skips_everything(tiny_spec_path):
-    args = ["up", "-c", str(tiny_spec_path), "--json"]
+    args = ["up", "-c", str(tiny_spec_path), "--json", "--until", "build"]
     first = CliRunner().invoke(main, args)
     assert first.exit_code == 0, first.output
     doc = json.loads(first.stdout)  # stdout stays one JSON document although modelopt prints
@@ -79,7 +79,7 @@ def test_up_runs_through_build_then_skips_everything(tiny_spec_path):
         assert engines[role].endswith(f"{role}/engine")
     second = json.loads(CliRunner().invoke(main, args).stdout)
     assert [s["status"] for s in second["stages"]] == ["skipped", "skipped", "skipped"]
-    forced = json.loads(CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--json", "--force"]).stdout)
+    forced = json.loads(CliRunner().invoke(main, [*args, "--force"]).stdout)
     assert [s["status"] for s in forced["stages"]] == ["ran", "ran", "ran"]
 
 

@@ -29,6 +29,8 @@ class UpContext:
     dry_run: bool
     once: bool  # for the serve stage: start, answer a canary request, stop
     trtllm_build: str | None = None
+    repo: Path | None = None  # model repository folder (default: beside the engines folder)
+    as_json: bool = False  # the serve stage prints streamed text to stdout only without --json
     log: Callable[[str], None] = log
     results: dict[str, Any] = field(default_factory=dict)  # stage name -> what it returned, for later stages
 
@@ -124,10 +126,14 @@ def run_build_stage(ctx: UpContext) -> dict[str, Any]:
             "engines": {r["role"]: r["engine_dir"] for r in results}}
 
 
+from specbuild.cli.up_serving import run_repo_stage, run_serve_stage  # noqa: E402  (after the stages above)
+
 STAGES: list[Stage] = [
     Stage("check", run_check_stage),
     Stage("convert", run_convert_stage),
     Stage("build", run_build_stage),
+    Stage("repo", run_repo_stage),
+    Stage("serve", run_serve_stage),
 ]
 
 
@@ -139,7 +145,9 @@ def run_stages(ctx: UpContext, stages: list[Stage] | None = None) -> tuple[list[
         if not ctx.dry_run:
             ctx.log(f"== {stage.name}")
         try:
-            with contextlib.redirect_stdout(sys.stderr):  # libraries that print (modelopt) must not break --json
+            # Libraries that print (modelopt) must not break --json; without it stdout carries the demo text.
+            redirect = contextlib.redirect_stdout(sys.stderr) if ctx.as_json else contextlib.nullcontext()
+            with redirect:
                 result = stage.run(ctx)
         except SpecbuildError as err:
             summary.append({"stage": stage.name, "status": "failed", "error": str(err),
@@ -160,20 +168,27 @@ def run_stages(ctx: UpContext, stages: list[Stage] | None = None) -> tuple[list[
               help="Path of trtllm-build (trtllm backend; default: found on PATH).")
 @click.option("--until", "until", type=click.Choice([stage.name for stage in STAGES]), default=None,
               help="Stop after this stage (e.g. --until build in a CI job that must not serve).")
-@click.option("--once", is_flag=True, help="Serve stage: start, answer one canary request, stop (for demos and CI).")
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Model repository folder (default: triton_repo beside the spec's output_dir).")
+@click.option("--once", is_flag=True,
+              help="Serve stage: start, stream the demo prompts, print their acceptance figures, stop.")
 @force_option
 @dry_run_option
 @json_option
-def command(spec_path, backend, trtllm_build, until, once, force, dry_run, as_json):
-    """Run every stage (check -> convert -> build) for the spec, skipping what is up to date.
+def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run, as_json):
+    """Run every stage (check -> convert -> build -> repo -> serve) for the spec, skipping what is
+    up to date, then stream a few held-out prompts (code, JSON, prose) through the speculative BLS
+    and print the text and each request's acceptance figures.
 
     \b
-    --force redoes every stage. With --json, one document lists each stage as
-    ran / skipped / failed with its time in seconds; exit code 1 when a stage failed.
+    The server keeps running until Ctrl-C (SIGINT) or SIGTERM; --once stops it after the prompts.
+    --until STAGE stops earlier (e.g. --until build in a CI job). --force redoes every stage.
+    With --json, one document lists each stage as ran / skipped / failed with its time in
+    seconds (the serve stage adds the endpoints and the prompts' figures); exit 1 when a stage failed.
     """
     spec = get_spec(spec_path)
     ctx = UpContext(spec=spec, backend=backend, force=force, dry_run=dry_run, once=once,
-                    trtllm_build=str(trtllm_build) if trtllm_build else None)
+                    trtllm_build=str(trtllm_build) if trtllm_build else None, repo=repo, as_json=as_json)
     started = time.monotonic()
     names = [stage.name for stage in STAGES]
     stages = STAGES[: names.index(until) + 1] if until else STAGES
@@ -185,6 +200,9 @@ def command(spec_path, backend, trtllm_build, until, once, force, dry_run, as_js
     else:
         for row in summary:
             click.echo(f"{row['stage']:<8} {row['status']:<8} {row['seconds']:7.1f} s")
+            if row["stage"] == "serve" and row.get("endpoints"):
+                for name, url in row["endpoints"].items():
+                    click.echo(f"  {name:8s} {url}")
             if row["status"] == "planned" and row["stage"] == "build":
                 for engine in row["detail"]["engines"]:
                     click.echo(f"  {engine['role']}: " + (engine["argv_text"] or f"reference engine -> {engine['engine_dir']}"))

@@ -1,0 +1,63 @@
+"""`specbuild up --once`: every stage through a real CPU tritonserver, the demo prompts streamed through
+the speculative BLS, the server stopped, nothing left running; a second run skips the build stages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from triton_helpers import alive
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+
+def _free_ports(spec_path):
+    text = spec_path.read_text()
+    for key in ("http_port", "grpc_port", "metrics_port"):
+        text = text.replace(f"{key} = ", f"{key} = 0 # was ", 1)
+    spec_path.write_text(text)
+
+
+def _up(spec_path, *extra):
+    argv = [sys.executable, "-m", "specbuild", "up", "-c", str(spec_path), "--once", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=spec_path.parent,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _tritonservers_under(folder) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"tritonserver --model-repository={folder}"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split() if alive(int(p))]
+
+
+def test_up_once_serves_the_pair_streams_prompts_and_stops(tiny_spec_path):
+    _free_ports(tiny_spec_path)
+    first = _up(tiny_spec_path, "--json")
+    assert first.returncode == 0, first.stderr[-3000:]
+    doc = json.loads(first.stdout)
+    assert doc["ok"] and [s["stage"] for s in doc["stages"]] == ["check", "convert", "build", "repo", "serve"]
+    serve = doc["stages"][-1]
+    assert serve["stopped"] and serve["endpoints"]["grpc"].startswith("127.0.0.1:")
+    assert [row["kind"] for row in serve["demo"]] == ["code", "json", "prose"]
+    for row in serve["demo"]:
+        assert row["num_output_tokens"] > 0 and row["text"]
+        assert row["total_draft_tokens"] > 0  # speculation ran
+        assert 0.0 <= row["acceptance_rate"] <= 1.0
+        assert row["total_accepted_draft_tokens"] <= row["total_draft_tokens"]
+    repo = tiny_spec_path.parent / "triton_repo"
+    assert (repo / "tensorrt_llm_bls" / "config.pbtxt").is_file()
+    assert _tritonservers_under(repo) == []
+
+    # Human mode: the streamed text is on stdout; the earlier stages are up to date.
+    second = _up(tiny_spec_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    for row in serve["demo"]:
+        assert row["text"] in second.stdout  # greedy: the same text again, printed as it streamed
+    statuses = {line.split()[0]: line.split()[1] for line in second.stdout.splitlines()
+                if line.split() and line.split()[0] in ("check", "convert", "build", "repo", "serve")}
+    assert statuses == {"check": "skipped", "convert": "skipped", "build": "skipped", "repo": "skipped",
+                        "serve": "ran"}
+    assert _tritonservers_under(repo) == []
