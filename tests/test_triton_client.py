@@ -48,12 +48,3 @@ def test_argument_errors(tmp_path):
         list(client.generate("x", max_tokens=1))
     assert client.is_ready() is False
 
-
-def test_default_url_comes_from_the_spec(tmp_path):
-    from specbuild.config import spec_from_dict
-
-    spec = spec_from_dict({"target": {"checkpoint": "t"}, "draft": {"checkpoint": "d"},
-                           "serve": {"grpc_port": 9001, "http_port": 0}}, base_dir=tmp_path)
-    assert c.default_url(spec, "grpc") == "127.0.0.1:9001"
-    with pytest.raises(ClientError, match="pass --url"):
-        c.default_url(spec, "http")

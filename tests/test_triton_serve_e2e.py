@@ -93,26 +93,6 @@ def test_bad_bls_requests_get_the_servers_message(served, protocol):
         assert client.complete("hello", max_tokens=2)[1]["num_output_tokens"] >= 1
 
 
-def test_generate_command_through_the_server(served):
-    from click.testing import CliRunner
-
-    from specbuild.cli import main
-
-    process, document = served
-    spec_path = process.args[process.args.index("-c") + 1]
-    grpc = document["endpoints"]["grpc"]
-    result = CliRunner().invoke(main, ["generate", "-c", spec_path, "--url", grpc, "--json", "--max-tokens", "8",
-                                       "--num-draft-tokens", "3", "# Copyright"])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
-    assert doc["num_output_tokens"] == len(doc["output_ids"]) == 8 and doc["finish_reason"] == "length"
-    assert doc["num_draft_tokens"] == 3 and doc["drafted"] > 0 and doc["steps"] > 0
-    with SpecbuildClient(grpc) as client:
-        assert doc["text"] == client.complete("# Copyright", max_tokens=8, num_draft_tokens=0)[0]
-    bad = CliRunner().invoke(main, ["generate", "-c", spec_path, "--url", grpc, "--no-adaptive", "x"])
-    assert bad.exit_code == 1 and "applies to --local only" in bad.output
-
-
 def test_sigterm_stops_the_server_and_leaves_no_process(served):
     process, document = served
     pids = [document["pid"], *_children(document["pid"])]
