@@ -26,10 +26,12 @@ def run(*args: str):
     return CliRunner().invoke(main, list(args))
 
 
-def fake_engine(root: Path, role: str, backend: str = "reference", **versions) -> Path:
+def fake_engine(root: Path, role: str, backend: str = "reference", build_config: dict | None = None,
+                **versions) -> Path:
     folder = root / "engines" / "pair-x" / role / "engine"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "manifest.json").write_text(json.dumps({"backend": backend, "tool_versions": versions}))
+    manifest = {"backend": backend, "tool_versions": versions, "build_config": build_config or {}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
 
@@ -71,6 +73,20 @@ def test_repo_usage_and_input_errors(tmp_path):
     mixed = run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(tmp_path / "r"))
     assert mixed.exit_code == 1
     assert "was built with backend 'trtllm'" in mixed.output and "--backend trtllm" in mixed.output
+
+
+def test_repo_refuses_engines_built_with_other_limits(tmp_path):
+    spec = write_spec(tmp_path)
+    fake_engine(tmp_path, "target", build_config={"max_draft_len": 8, "max_batch_size": 4})
+    result = run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(tmp_path / "r"))
+    assert result.exit_code == 1
+    assert "was built with max_draft_len = 8, the spec says 4" in result.output and not (tmp_path / "r").exists()
+    fake_engine(tmp_path, "target", build_config={"max_draft_len": 4, "max_batch_size": 4})
+    fake_engine(tmp_path, "draft", build_config={"max_batch_size": 16})
+    result = run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(tmp_path / "r"))
+    assert result.exit_code == 1 and "draft engine" in result.output and "max_batch_size = 16" in result.output
+    fake_engine(tmp_path, "draft", build_config={"max_batch_size": 4})
+    assert run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(tmp_path / "r")).exit_code == 0
 
 
 def test_repo_detects_the_built_backend(tmp_path):

@@ -186,9 +186,14 @@ def _check_engines(spec: Spec, out_dir: Path, settings: RepoSettings) -> list[st
             raise ArtifactError(f"the {role} engine {engine} was built with backend {built_backend!r}, but the "
                                 f"repository is for {settings.backend!r}. Use --backend {built_backend}, or rebuild.")
         asked = manifest.get("build_config") or {}
-        if role == "target" and "max_draft_len" in asked and asked["max_draft_len"] != spec.speculative.max_draft_len:
-            raise ArtifactError(f"the target engine {engine} was built with max_draft_len = {asked['max_draft_len']}, "
-                                f"the spec says {spec.speculative.max_draft_len}. Rebuild: specbuild build --force.")
+        expected = {"max_batch_size": spec.build.max_batch_size, "max_input_len": spec.build.max_input_len}
+        if role == "target":
+            expected["max_draft_len"] = spec.speculative.max_draft_len
+        for key, value in expected.items():
+            if key in asked and asked[key] != value:
+                raise ArtifactError(f"the {role} engine {engine} was built with {key} = {asked[key]}, the spec says "
+                                    f"{value}: the repository would promise what the engine cannot do. "
+                                    "Rebuild (specbuild build --force) or fix the spec.")
     return warnings
 
 
