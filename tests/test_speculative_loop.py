@@ -342,3 +342,20 @@ def test_numpy_prompt_and_numpy_token_ids_come_out_as_python_ints():
     result = run(np.array(PROMPT, dtype=np.int32), ScriptDrafter(script, 2), NumpyVerifier(script, 2), request)
     assert result.tokens == script and result.finish_reason == "stop"
     assert all(type(t) is int for t in result.tokens)
+
+
+def test_seeded_adaptive_sampling_ignores_wall_clock(monkeypatch):
+    """Same seed -> same text even when step timings differ (adaptive K must not read the clock)."""
+    from specbuild.speculative import loop as loop_module
+    from specbuild.speculative.interfaces import SamplingParams
+    from specbuild.speculative.toy import ToyDrafter, ToyVerifier, random_model
+
+    target, draft = random_model(12, seed=1), random_model(12, seed=2)
+    request = loop_module.GenerationRequest(max_tokens=40, num_draft_tokens=4, adaptive=True,
+                                            sampling=SamplingParams(temperature=1.0, seed=7))
+    clock = iter(range(10**6))
+    monkeypatch.setattr(loop_module.time, "perf_counter", lambda: float(next(clock)) ** 1.5)
+    first = loop_module.run([1, 2], ToyDrafter(draft), ToyVerifier(target, max_draft_len=4), request).tokens
+    monkeypatch.setattr(loop_module.time, "perf_counter", lambda: float(next(clock)) * 0.001)
+    second = loop_module.run([1, 2], ToyDrafter(draft), ToyVerifier(target, max_draft_len=4), request).tokens
+    assert first == second

@@ -53,6 +53,9 @@ def derive_seed(seed: int, step: int, role: int) -> int:
     return int((int(state[0]) << 32 | int(state[1])) & (2**63 - 1))
 
 
+SEEDED_COST_RATIO = 0.25  # c assumed by adaptive K for seeded sampling requests without a cost_ratio
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     max_tokens: int  # tokens to generate at most (EOS and stop sequences may end it earlier)
@@ -129,7 +132,12 @@ def generate(
     if not request.adaptive:
         controller = None
     elif controller is None:
-        controller = AdaptiveK(k_max, cost_ratio=request.cost_ratio)
+        cost_ratio = request.cost_ratio
+        if cost_ratio is None and not request.sampling.greedy and request.sampling.seed is not None:
+            # K decides which random draws each token uses: with a seed, K must not depend on wall-clock
+            # timings, or the same seed would give different text. Greedy text never depends on K.
+            cost_ratio = SEEDED_COST_RATIO
+        controller = AdaptiveK(k_max, cost_ratio=cost_ratio)
     base_seed = None
     if not request.sampling.greedy:
         seed = request.sampling.seed
