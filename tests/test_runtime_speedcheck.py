@@ -21,8 +21,11 @@ def test_speedcheck_reports_k0_best_k_and_ratio(tiny_spec_path):
     rates = {r["num_draft_tokens"]: r["tokens_per_s"] for r in report["results"]}
     assert report["speedup"] == rates[report["best_num_draft_tokens"]] / rates[0]
     assert report["engine_source"] == "hf-checkpoint"
+    fastest = max(rates[0], report["plain_target_only_tokens_per_s"])
+    assert report["speedup_vs_fastest_target_only"] == report["best_tokens_per_s"] / fastest
     text = format_report(report)
     assert "target only:" in text and f"best K = {report['best_num_draft_tokens']}" in text and "ratio" in text
+    assert "plain target-only decoding (1-row matmuls)" in text
 
 
 def test_speedcheck_usage_errors(tiny_spec_path):

@@ -142,7 +142,7 @@ class LlamaModel:
         row_block: int | None = None,
     ):
         self.args, self.device, self.dtype = args, torch.device(device), dtype
-        self.row_block = row_block or (8 if self.device.type == "cpu" else 16)
+        self.row_block = row_block or (4 if self.device.type == "cpu" else 16)
 
         def get(name: str) -> torch.Tensor:
             if name not in state:
