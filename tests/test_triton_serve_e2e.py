@@ -56,6 +56,11 @@ def test_serve_reports_ready_endpoints_and_the_canary(served):
     assert document["status"] == "ready" and document["backend"] == "reference"
     assert document["endpoints"]["grpc"].startswith("127.0.0.1:")
     assert set(document["canary"]) == {"tensorrt_llm_bls", "ensemble"}
+    import urllib.request
+
+    with urllib.request.urlopen(document["endpoints"]["metrics"], timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'nv_inference_request_success{model="tensorrt_llm_bls"' in metrics
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -123,6 +123,13 @@ def test_concurrent_requests_all_succeed_with_the_sequential_answers(server, loc
         t.join(120)
     assert not errors
     assert all(answers[i] == local_greedy(PROMPTS[i % len(PROMPTS)], 8) for i in range(6))
+    # Triton's dynamic batcher handed the reference model several requests in one execute()
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/tensorrt_llm/stats", timeout=10) as r:
+        stats = json.loads(r.read())["model_stats"][0]["batch_stats"]
+    assert max(int(b["batch_size"]) for b in stats) >= 2, stats
 
 
 def test_bad_requests_get_clear_errors_and_the_server_stays_ready(server, local_greedy):
