@@ -189,3 +189,24 @@ def test_speculative_equals_target_only_on_a_random_pair_with_varied_output(tmp_
             accepted, drafted = accepted + spec.stats.accepted, drafted + spec.stats.drafted
     assert len(distinct) > 30
     assert 0.2 < accepted / drafted < 0.95
+
+
+def test_stateless_verify_calls_reuse_the_kv_of_earlier_calls(tmp_path):
+    """The loop sends the whole sequence on every call (as the Triton BLS does); with the prefix cache the
+    target computes each position about once, instead of re-reading the whole sequence every step."""
+    from runtime_models import make_llama, prompts
+
+    make_llama(tmp_path / "m", seed=3, vocab=61)
+    counts = {}
+    for use_cache in (True, False):
+        target = ContractModel(ReferenceEngine(LlamaModel.from_folder(tmp_path / "m"), use_cache=use_cache),
+                               Limits(max_draft_len=4))
+        drafter, verifier = ContractDrafter(target), ContractVerifier(target, max_draft_len=4)  # self-drafting
+        ids = prompts(1, 61, seed=4, min_len=20, max_len=20)[0]
+        result = run(ids, drafter, verifier, GenerationRequest(max_tokens=40, num_draft_tokens=4))
+        counts[use_cache] = (target.engine.computed_rows, result.tokens)
+    cached_rows, tokens = counts[True]
+    assert tokens == counts[False][1]
+    # every drafted position is computed once by the drafter and once more in verification
+    assert cached_rows <= 20 + 2 * 40 + 8
+    assert counts[False][0] > 5 * cached_rows
