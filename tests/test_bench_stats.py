@@ -90,3 +90,17 @@ def test_best_k_prefers_no_speculation_when_it_does_not_pay():
     assert theory.best_k(0.9, 0.05, [1, 2, 4, 8]) in (4, 8)
     assert theory.cost_ratio(0.002, 0.01) == pytest.approx(0.2)
     assert theory.cost_ratio(None, 0.01) is None
+
+
+def test_degenerate_output_is_flagged():
+    from specbuild.bench import report
+    from specbuild.bench.stats import top_token_share
+
+    assert top_token_share([7, 7, 7, 1]) == 0.75
+    assert top_token_share([]) is None
+    rows = [{"num_draft_tokens": 0, "concurrency": 1, "top_token_share": 0.9}]
+    assert report.degenerate_notes(rows)[0].startswith("the output is degenerate: its most frequent token is 90%")
+    rows[0]["top_token_share"] = 0.2
+    assert report.degenerate_notes(rows) == []
+    s = summarize([_request(0, 0, 4, 1.0, 0.1, steps=4)], 1.0)
+    assert s.top_token_share is None

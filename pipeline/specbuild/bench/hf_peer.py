@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from specbuild.bench.runner import Settings
-from specbuild.bench.stats import RequestResult
+from specbuild.bench.stats import RequestResult, top_token_share
 from specbuild.bench.workloads import Prompt
 from specbuild.config import Spec
 from specbuild.errors import BenchError, CheckpointError
@@ -86,4 +86,5 @@ class HFPeer:
         if self.end_id in generated:
             generated = generated[: generated.index(self.end_id)]
         return RequestResult(prompt_index=0, num_draft_tokens=k, output_tokens=len(generated), seconds=seconds,
-                             ttft_seconds=(clock.first - start) if clock.first else seconds)
+                             ttft_seconds=(clock.first - start) if clock.first else seconds,
+                             top_token_share=top_token_share(generated))

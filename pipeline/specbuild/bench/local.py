@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from specbuild.bench.runner import Settings
-from specbuild.bench.stats import RequestResult
+from specbuild.bench.stats import RequestResult, top_token_share
 from specbuild.bench.workloads import Prompt
 from specbuild.speculative.interfaces import Drafter, SamplingParams, Verifier
 
@@ -65,11 +65,13 @@ class LocalTransport:
         ttft = None
         out = rejections = 0
         tried: list[int] = []
+        tokens: list[int] = []
         stats = None
         for step in generate(ids, drafter, verifier, gen):
             if step.tokens and ttft is None:
                 ttft = time.perf_counter() - start
             out += len(step.tokens)
+            tokens.extend(step.tokens)
             rejections += step.accepted < step.drafted
             reached = min(step.accepted + 1, step.drafted)  # positions actually put to the test
             tried.extend([0] * (reached - len(tried)))
@@ -80,7 +82,7 @@ class LocalTransport:
         seconds = time.perf_counter() - start
         result = RequestResult(prompt_index=0, num_draft_tokens=k, output_tokens=out, seconds=seconds,
                                ttft_seconds=ttft if ttft is not None else seconds, rejections=rejections,
-                               per_position_tried=tried)
+                               per_position_tried=tried, top_token_share=top_token_share(tokens))
         if stats is not None:
             result.drafted, result.accepted, result.steps = stats.drafted, stats.accepted, stats.steps
             result.per_position_drafted = list(stats.per_position_drafted)

@@ -18,7 +18,7 @@ import urllib.request
 from typing import Any
 
 from specbuild.bench.runner import Settings
-from specbuild.bench.stats import RequestResult
+from specbuild.bench.stats import RequestResult, top_token_share
 from specbuild.bench.workloads import Prompt
 from specbuild.errors import BenchError, ClientError
 
@@ -114,6 +114,7 @@ class RemoteTransport:
             per_position_accepted=[int(x) for x in loop.get("per_position_accepted", [])],
             draft_seconds=float(loop.get("draft_seconds", 0.0)),
             target_seconds=float(loop.get("target_seconds", 0.0)),
+            top_token_share=top_token_share(stats.get("output_ids") or []),
         )
 
     def close(self) -> None:

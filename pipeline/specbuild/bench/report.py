@@ -88,6 +88,7 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
         "bound": _r(bound),
         "efficiency": _r(speedup / bound) if speedup and bound else None,
         "explained_speedup": _r(explained),
+        "top_token_share": _r(summary.top_token_share),
     }
 
 
@@ -133,8 +134,22 @@ def document(mode: str, spec_name: str, workload: str, settings: dict[str, Any],
     doc["runs"] = rows
     doc["concurrency"] = _concurrency_table(rows)
     doc.update(extra or {})
-    doc["notes"] = list(notes)
+    doc["notes"] = list(notes) + degenerate_notes(rows)
     return doc
+
+
+DEGENERATE_SHARE = 0.5
+
+
+def degenerate_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Warn when the target's output is mostly one repeated token: acceptance is then trivially high."""
+    base = next((r for r in rows if r["num_draft_tokens"] == 0 and r["concurrency"] == 1), None)
+    share = base.get("top_token_share") if base else None
+    if share is None or share < DEGENERATE_SHARE:
+        return []
+    return [f"the output is degenerate: its most frequent token is {share:.0%} of the text (median request). "
+            "Acceptance and speedup on repeated tokens say little about real text: use a better-trained pair "
+            "or other prompts."]
 
 
 def _concurrency_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

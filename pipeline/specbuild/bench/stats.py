@@ -33,6 +33,7 @@ class RequestResult:
     text: str | None = None
     concurrency: int = 1
     per_position_tried: list[int] = field(default_factory=list)  # [K] position i drafted with all before it accepted
+    top_token_share: float | None = None  # share of the output taken by its most frequent token (degenerate text ~ 1)
 
     @property
     def tokens_per_s(self) -> float:
@@ -52,6 +53,16 @@ class RequestResult:
     @property
     def mean_accepted_len(self) -> float | None:
         return (self.accepted + self.steps) / self.steps if self.steps else None
+
+
+def top_token_share(tokens: Sequence[int]) -> float | None:
+    """How much of `tokens` is its most frequent token: near 1 for degenerate, repeating output."""
+    if not tokens:
+        return None
+    counts: dict[int, int] = {}
+    for t in tokens:
+        counts[t] = counts.get(t, 0) + 1
+    return max(counts.values()) / len(tokens)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -104,6 +115,7 @@ class RunSummary:
     mean_accepted_len: float | None  # (accepted + steps) / steps: tokens per target step, bonus/recovered included
     per_position_acceptance: list[float | None]  # [K] P(position i accepted | position i drafted)
     per_position_alpha: list[float | None]  # [K] P(position i accepted | positions before it accepted)
+    top_token_share: float | None  # median over requests of the output's most frequent token share
     draft_seconds: float
     target_seconds: float
     draft_seconds_per_token: float | None  # drafter time per drafted token
@@ -180,6 +192,8 @@ def summarize(results: Sequence[RequestResult], wall_seconds: float) -> RunSumma
         mean_accepted_len=(accepted + steps) / steps if steps else None,
         per_position_acceptance=[a / d if d else None for a, d in zip(pos_accepted, pos_drafted)],
         per_position_alpha=[a / t if t else None for a, t in zip(pos_accepted, pos_tried)],
+        top_token_share=Distribution.of([r.top_token_share for r in results]).median
+        if any(r.top_token_share is not None for r in results) else None,
         draft_seconds=draft_s,
         target_seconds=target_s,
         draft_seconds_per_token=draft_s / drafted if drafted else None,
