@@ -78,12 +78,8 @@ def _echo_stdout(text: str) -> None:
 
 
 def _generate_served(spec, prompt, url, protocol, on_text, **options) -> dict[str, Any]:
-    try:
-        from specbuild.triton.client import generate as served_generate  # the server path
-    except ImportError:
-        raise click.UsageError(
-            "generating through a server is not available in this build yet: add --local to run the pair in-process."
-        ) from None
+    from specbuild.triton.served_generate import generate as served_generate
+
     return served_generate(spec, prompt, url=url, protocol=protocol, on_text=on_text, **options)
 
 

@@ -1,0 +1,215 @@
+"""The speculative BLS on a real CPU tritonserver (tiny example pair, reference engines).
+
+Greedy text through the BLS (streaming or not, gRPC and HTTP, any K) equals target-only greedy decoding
+in-process; seeded sampling is reproducible; /metrics agrees with the responses; bad requests get
+INVALID_ARG messages and the server stays ready; 8 concurrent streaming clients lose nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+
+from specbuild.errors import ClientError
+from specbuild.triton.client import SpecbuildClient
+from specbuild.triton.server import ServerHandle, ServerOptions, _children
+from triton_helpers import alive, make_deployment
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "import os\nimport sys\n", "class Parser:"]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, example_tiny):
+    return make_deployment(tmp_path_factory.mktemp("tiny-bls"), example_tiny)
+
+
+@pytest.fixture(scope="module")
+def server(deployment):
+    handle = ServerHandle(ServerOptions(repo=deployment.repo), log_path=deployment.root / "server.log")
+    handle.start(timeout=300)
+    pids = [handle.process.pid, *_children(handle.process.pid)]
+    yield handle
+    handle.stop()
+    assert not [pid for pid in pids if alive(pid)], "processes left behind after stop"
+
+
+@pytest.fixture(scope="module")
+def target_only(deployment):
+    """In-process target-only greedy ids through the same reference runtime (`generate --local`, K = 0)."""
+    from specbuild.cli.generate_cmd import generate_local
+
+    cache = {}
+
+    def run(prompt: str, max_tokens: int) -> list[int]:
+        if (prompt, max_tokens) not in cache:
+            doc = generate_local(deployment.spec, prompt, max_tokens=max_tokens, num_draft_tokens=0, temperature=0.0,
+                                 top_k=0, top_p=1.0, seed=None, adaptive=False, device="cpu", use_cache=True,
+                                 threads=1, on_text=None)
+            cache[prompt, max_tokens] = doc["output_ids"]
+        return cache[prompt, max_tokens]
+
+    return run
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_greedy_bls_equals_target_only_for_every_k(server, target_only, protocol, stream):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    with SpecbuildClient(url, protocol=protocol) as client:
+        for prompt in PROMPTS:
+            expected = target_only(prompt, 20)
+            for k in (0, 1, 2, 4):
+                chunks = list(client.generate(prompt, max_tokens=20, num_draft_tokens=k, stream=stream))
+                stats = chunks[-1].stats
+                assert stats["output_ids"] == expected, (prompt, k)
+                if k == 0:
+                    assert stats["total_draft_tokens"] == 0
+                if stream and protocol == "grpc":
+                    assert sum(1 for c in chunks if c.text) >= 2  # text arrived in several pieces
+
+
+def test_seeded_sampling_is_reproducible(server):
+    with SpecbuildClient(server.grpc_url) as client:
+        def sample(seed):
+            return client.complete("def add(a, b):", max_tokens=16, num_draft_tokens=3, temperature=1.0,
+                                   seed=seed)[1]["output_ids"]
+
+        runs = {seed: sample(seed) for seed in (1, 2, 3, 4)}
+        assert sample(1) == runs[1] and sample(3) == runs[3]
+        assert len({tuple(v) for v in runs.values()}) > 1  # the seed matters
+
+
+def _metrics(server) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{server.metrics_url.removeprefix('http://')}", timeout=10) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        match = re.match(r"^(specbuild_\w+)\{([^}]*)\} ([0-9.e+-]+)$", line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+            key = match.group(1) + "".join(f"[{k}={v}]" for k, v in sorted(labels.items()) if k != "model")
+            values[key] = float(match.group(3))
+    return values
+
+
+def test_metrics_agree_with_the_responses(server):
+    before = _metrics(server)
+    with SpecbuildClient(server.grpc_url) as client:
+        _, on = client.complete("import os\nimport sys\n", max_tokens=24, num_draft_tokens=4)
+        _, off = client.complete("class Parser:", max_tokens=10, num_draft_tokens=0)
+    after = _metrics(server)
+
+    def delta(key):
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("specbuild_requests_total[speculation=on]") == 1
+    assert delta("specbuild_requests_total[speculation=off]") == 1
+    assert delta("specbuild_drafted_tokens_total") == on["total_draft_tokens"]
+    assert delta("specbuild_accepted_tokens_total") == on["total_accepted_draft_tokens"]
+    assert delta("specbuild_generated_tokens_total") == on["num_output_tokens"] + off["num_output_tokens"]
+    steps = on["speculation_stats"]["steps"] + off["speculation_stats"]["steps"]
+    assert delta("specbuild_verify_steps_total") == steps
+    per_position = on["speculation_stats"]["per_position_accepted"]
+    assert delta("specbuild_position_accepted_total[position=0]") == per_position[0]
+    assert 0.0 <= after["specbuild_acceptance_rate"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt": "", "max_tokens": 4}, "'text_input' is required"),
+        ({"prompt": "hi", "max_tokens": 10**6}, "'max_tokens' = 1000000: must be in 1..256"),
+        ({"prompt": "hi", "max_tokens": 4, "num_draft_tokens": -1}, "'num_draft_tokens' = -1"),
+        ({"prompt": "hi", "max_tokens": 4, "top_p": 1.5}, "'top_p' = 1.5"),
+        ({"prompt": "x = 1\n" * 400, "max_tokens": 4}, "above this deployment's max_input_len = 256"),
+    ],
+)
+def test_bad_requests_get_invalid_arg_and_the_server_stays_ready(server, target_only, kwargs, message):
+    with SpecbuildClient(server.grpc_url) as client:
+        with pytest.raises(ClientError, match=re.escape(message)) as info:
+            client.complete(kwargs.pop("prompt"), **kwargs)
+        assert "Traceback" not in str(info.value)
+        assert client.is_ready()
+        assert client.complete(PROMPTS[0], max_tokens=6)[1]["output_ids"] == target_only(PROMPTS[0], 6)
+
+
+def test_wrong_dtype_is_rejected_by_the_server(server, target_only):
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue = queue.Queue()
+    raw = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        raw.start_stream(callback=lambda result=None, error=None: answers.put(error))
+        text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"hello"]], dtype=object))
+        wrong = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
+        wrong.set_data_from_numpy(np.array([[4.0]], np.float32))
+        raw.async_stream_infer("tensorrt_llm_bls", [text, wrong])
+        error = answers.get(timeout=60)
+        assert error is not None and re.search("(?i)data.?type|FP32", str(error)), error
+    finally:
+        raw.stop_stream()
+        raw.close()
+    assert server.ready()
+    with SpecbuildClient(server.grpc_url) as client:
+        assert client.complete(PROMPTS[1], max_tokens=6)[1]["output_ids"] == target_only(PROMPTS[1], 6)
+
+
+def test_eight_concurrent_streaming_clients_lose_nothing(server, target_only):
+    expected = {p: target_only(p, 8) for p in PROMPTS}
+    results: list[tuple[str, list[int], str]] = []
+    errors: list[Exception] = []
+    lock = threading.Lock()
+
+    def client_loop(i: int) -> None:
+        try:
+            with SpecbuildClient(server.grpc_url) as client:
+                for j in range(10):
+                    prompt = PROMPTS[(i + j) % len(PROMPTS)]
+                    chunks = list(client.generate(prompt, max_tokens=8, num_draft_tokens=1 + (i + j) % 4))
+                    assert chunks[-1].final
+                    with lock:
+                        results.append((prompt, chunks[-1].stats["output_ids"], "".join(c.text for c in chunks)))
+        except Exception as err:  # noqa: BLE001 - collected and asserted below
+            errors.append(err)
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not errors, errors[:3]
+    assert len(results) == 80
+    for prompt, ids, text in results:
+        assert ids == expected[prompt]
+        assert text  # streamed text arrived
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_generate_cli_through_the_server(server, deployment, target_only, protocol):
+    import json
+
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    url = server.grpc_url if protocol == "grpc" else server.http_url.removeprefix("http://")
+    base = ["generate", "-c", str(deployment.spec_path), "--url", url, "--protocol", protocol, "--max-tokens", "12"]
+    result = CliRunner().invoke(main, [*base, "--json", "--num-draft-tokens", "3", "def add(a, b):"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["output_ids"] == target_only("def add(a, b):", 12)
+    assert doc["num_draft_tokens"] == 3 and doc["drafted"] > 0 and 0 <= doc["acceptance_rate"] <= 1
+    assert doc["server"] == {"url": url, "protocol": protocol}
+    streamed = CliRunner().invoke(main, [*base, "def add(a, b):"])
+    assert streamed.exit_code == 0 and streamed.stdout.rstrip("\n") == doc["text"].rstrip("\n")
+    assert "acceptance" in streamed.stderr
+    down = CliRunner().invoke(main, [*base[:4], "127.0.0.1:1", "--protocol", protocol, "hi"])
+    assert down.exit_code == 1 and "Error:" in down.output and "Traceback" not in down.output
