@@ -137,3 +137,7 @@ def test_positions_past_the_first_rope_chunk_do_not_depend_on_history(folder):
     engine = ReferenceEngine(LlamaModel.from_folder(folder))
     engine.logits([long[:10]], [1])  # first a short sequence: a 1024-position table
     assert np.array_equal(engine.logits([long], [3])[0], direct)
+
+
+def test_this_platform_keeps_a_rows_matmul_result_independent_of_its_place(model):
+    assert model.row_invariance_failures() == []

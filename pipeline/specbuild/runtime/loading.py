@@ -8,6 +8,7 @@ checkpoint named in the spec. The choice is reported as "reference-engine" or "h
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,15 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
         raise CheckpointError(
             f"target vocab_size {target_model.engine.vocab_size} != draft vocab_size {draft_model.engine.vocab_size}: "
             "run `specbuild convert` (it pads the draft's vocabulary) and `specbuild build`, then retry."
+        )
+    failures = target_model.engine.model.row_invariance_failures()
+    if failures:
+        warnings.warn(
+            f"on this machine a row's matmul result depends on its place in a block (weight shapes {failures}): "
+            "speculative greedy output may differ from target-only output in near-ties. Try another row block "
+            "(speedcheck --row-block) or device, and please report it.",
+            RuntimeWarning,
+            stacklevel=2,
         )
     end_id = _eos_id(spec.target.checkpoint) if target.kind == HF_CHECKPOINT else _eos_id(target.path)
     max_draft_len = target_model.limits.max_draft_len

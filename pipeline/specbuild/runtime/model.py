@@ -190,6 +190,28 @@ class LlamaModel:
             raise CheckpointError(f"{config_path} is unreadable ({err}). Re-save the model.") from None
         return cls(args_from_config(config, str(folder)), _load_state_dict(folder), device=device, row_block=row_block)
 
+    @torch.inference_mode()
+    def row_invariance_failures(self, seed: int = 0) -> list[tuple[int, int]]:
+        """Weight shapes [in, out] for which a row's matmul result depends on its place in the block.
+
+        The exactness of speculative greedy decoding rests on this being empty (BLAS libraries have
+        behaved so on every machine tested, but do not promise it); cheap enough to run at start-up.
+        """
+        g = torch.Generator().manual_seed(seed)
+        weights = {tuple(w.shape): w for w in (self.layers[0]["qkv"], self.layers[0]["o"], self.layers[0]["gate_up"],
+                                                self.layers[0]["down"], self.lm_head)}
+        failures = []
+        for shape, w in weights.items():
+            row = torch.randn(shape[0], generator=g).to(self.device, self.dtype)
+            results = []
+            for place in range(self.row_block):
+                block = torch.randn(self.row_block, shape[0], generator=g).to(self.device, self.dtype)
+                block[place] = row
+                results.append(_linear(block, w)[place])
+            if not all(torch.equal(r, results[0]) for r in results[1:]):
+                failures.append(shape)
+        return failures
+
     def new_cache(self) -> SequenceKV:
         a = self.args
         return SequenceKV(a.num_layers, a.num_kv_heads, a.head_dim, self.device, self.dtype)

@@ -108,6 +108,7 @@ def speedcheck(spec: Spec, ks: list[int], n_prompts: int = 6, max_tokens: int = 
         "speedup": best["tokens_per_s"] / rows[0]["tokens_per_s"] if rows[0]["tokens_per_s"] else None,
         "speedup_vs_fastest_target_only": best["tokens_per_s"] / fastest_target_only if fastest_target_only else None,
         "greedy_equal": all(r["same_tokens_as_k0"] for r in rows),
+        "row_invariance_failures": pair.target_model.engine.model.row_invariance_failures(),
     }
 
 
