@@ -24,8 +24,9 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
         {"tie": True, "kv_heads": 1},
         {"rope_scaling": LLAMA3, "kv_heads": 4},
         {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        {"attention_bias": True, "mlp_bias": True},
     ],
-    ids=["default", "tied-mqa", "llama3-rope-mha", "linear-rope"],
+    ids=["default", "tied-mqa", "llama3-rope-mha", "linear-rope", "biases"],
 )
 def test_logits_match_transformers(tmp_path, options):
     hf = make_llama(tmp_path, **options)

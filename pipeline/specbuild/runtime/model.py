@@ -125,6 +125,10 @@ def _t(weight: torch.Tensor) -> torch.Tensor:
     return weight.t().contiguous()
 
 
+def _cat_or_none(*parts: torch.Tensor | None) -> torch.Tensor | None:
+    return torch.cat(parts) if all(p is not None for p in parts) else None  # type: ignore[arg-type]
+
+
 def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     # x: [row_block, in]; weight_t: [in, out]
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
@@ -166,11 +170,14 @@ class LlamaModel:
             self.layers.append({
                 "attn_norm": get(p + "input_layernorm.weight"),
                 "qkv": _t(torch.cat(qkv)),  # [hidden, (heads + 2 kv_heads) * head_dim]
-                "qkv_bias": torch.cat(biases) if all(b is not None for b in biases) else None,
+                "qkv_bias": _cat_or_none(*biases),
                 "o": _t(get(p + "self_attn.o_proj.weight")),  # [heads * head_dim, hidden]
+                "o_bias": maybe(p + "self_attn.o_proj.bias"),  # attention_bias = true
                 "mlp_norm": get(p + "post_attention_layernorm.weight"),
                 "gate_up": _t(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])),
+                "gate_up_bias": _cat_or_none(maybe(p + "mlp.gate_proj.bias"), maybe(p + "mlp.up_proj.bias")),
                 "down": _t(get(p + "mlp.down_proj.weight")),  # [intermediate, hidden]
+                "down_bias": maybe(p + "mlp.down_proj.bias"),  # mlp_bias = true
             })
         self.norm = get("model.norm.weight")
         lm_head = maybe("lm_head.weight")
@@ -311,6 +318,6 @@ class LlamaModel:
 
     def _post_attention(self, layer: dict[str, torch.Tensor], x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         # x: [row_block, hidden] the residual stream; attn: [row_block, heads * head_dim]
-        x = x + _linear(attn, layer["o"])
-        gate, up = _linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"]).chunk(2, dim=-1)
-        return x + _linear(F.silu(gate) * up, layer["down"])
+        x = x + _linear(attn, layer["o"], layer["o_bias"])
+        gate, up = _linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"], layer["gate_up_bias"]).chunk(2, dim=-1)
+        return x + _linear(F.silu(gate) * up, layer["down"], layer["down_bias"])
