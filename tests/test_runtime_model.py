@@ -81,3 +81,15 @@ def test_missing_weights_and_config(tmp_path):
         path.unlink()
     with pytest.raises(CheckpointError, match="no \\*.safetensors weights"):
         LlamaModel.from_folder(tmp_path)
+
+
+def test_unknown_weights_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    make_llama(tmp_path)
+    path = next(tmp_path.glob("*.safetensors"))
+    state = load_file(str(path))
+    state["model.layers.0.self_attn.q_norm.weight"] = torch.ones(8)  # a Qwen3-style extra the Llama forward lacks
+    save_file(state, str(path), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="weights a plain Llama does not use \\(model.layers.0.self_attn.q_norm"):
+        LlamaModel.from_folder(tmp_path)

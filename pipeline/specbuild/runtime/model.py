@@ -148,7 +148,10 @@ class LlamaModel:
         self.args, self.device, self.dtype = args, torch.device(device), dtype
         self.row_block = row_block or (4 if self.device.type == "cpu" else 16)
 
+        used: set[str] = set()
+
         def get(name: str) -> torch.Tensor:
+            used.add(name)
             if name not in state:
                 raise CheckpointError(f"weight {name!r} is missing from the checkpoint: it is not a complete Llama model.")
             return state[name].to(device=self.device, dtype=dtype).contiguous()
@@ -182,6 +185,13 @@ class LlamaModel:
         self.norm = get("model.norm.weight")
         lm_head = maybe("lm_head.weight")
         self.lm_head = _t(self.embed if args.tie_word_embeddings or lm_head is None else lm_head)  # [hidden, vocab]
+        unknown = sorted(k for k in state if k not in used and not k.endswith("rotary_emb.inv_freq"))
+        if unknown:
+            raise CheckpointError(
+                f"the checkpoint has weights a plain Llama does not use ({', '.join(unknown[:4])}"
+                f"{', ...' if len(unknown) > 4 else ''}): the reference runtime would ignore them and compute "
+                "something else. Check the architecture in config.json."
+            )
         self.inv_freq = rope_inv_freq(args).to(self.device)  # [head_dim // 2], float32
         self._cos = self._sin = torch.empty(0, args.head_dim, device=self.device, dtype=dtype)
 
