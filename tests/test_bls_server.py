@@ -213,3 +213,42 @@ def test_generate_cli_through_the_server(server, deployment, target_only, protoc
     assert "acceptance" in streamed.stderr
     down = CliRunner().invoke(main, [*base[:4], "127.0.0.1:1", "--protocol", protocol, "hi"])
     assert down.exit_code == 1 and "Error:" in down.output and "Traceback" not in down.output
+
+
+def test_a_cancelled_stream_stops_generating(server, target_only):
+    import queue
+    import time
+
+    import tritonclient.grpc as grpcclient
+
+    with SpecbuildClient(server.grpc_url) as client:  # how long the whole request takes when not cancelled
+        started = time.monotonic()
+        client.complete("# Copyright", max_tokens=128, num_draft_tokens=1)
+        full_seconds = time.monotonic() - started
+    before = _metrics(server)
+    chunks: queue.Queue = queue.Queue()
+    raw = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        raw.start_stream(callback=lambda result=None, error=None: chunks.put((result, error)))
+        inputs = []
+        for name, value, dtype in (("text_input", np.array([[b"# Copyright"]], dtype=object), "BYTES"),
+                                   ("max_tokens", np.array([[128]], np.int32), "INT32"),
+                                   ("num_draft_tokens", np.array([[1]], np.int32), "INT32"),
+                                   ("stream", np.array([[True]]), "BOOL")):
+            tensor = grpcclient.InferInput(name, [1, 1], dtype)
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        raw.async_stream_infer("tensorrt_llm_bls", inputs)
+        result, error = chunks.get(timeout=60)  # the first streamed piece: generation is under way
+        assert error is None
+    finally:
+        raw.stop_stream(cancel_requests=True)
+        raw.close()
+    time.sleep(1.5 * full_seconds + 2)
+    after = _metrics(server)
+    # Given more than the time it needs, the cancelled request still never completed.
+    done = sum(after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("specbuild_requests_total"))
+    assert done == 0
+    assert server.ready()
+    with SpecbuildClient(server.grpc_url) as client:
+        assert client.complete(PROMPTS[0], max_tokens=6)[1]["output_ids"] == target_only(PROMPTS[0], 6)

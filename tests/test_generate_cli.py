@@ -55,10 +55,11 @@ def test_num_draft_tokens_is_clamped_to_max_draft_len(tiny_spec_path):
     assert doc["num_draft_tokens"] == 6
 
 
-def test_sampling_with_a_seed_is_reproducible(tiny_spec_path):
-    # --no-adaptive: adaptive K follows measured timings, and under sampling K changes the random draws
+@pytest.mark.parametrize("adaptive", ["--no-adaptive", "--adaptive"])
+def test_sampling_with_a_seed_is_reproducible(tiny_spec_path, adaptive):
+    # With a seed, adaptive K uses a fixed cost ratio: measured timings must not change the random draws.
     args = ("--local", "-c", tiny_spec_path, "--json", "--max-tokens", 10, "--temperature", 0.8, "--top-p", 0.9,
-            "--seed", 3, "--no-adaptive", PROMPT)
+            "--seed", 3, adaptive, PROMPT)
     assert as_doc(generate(*args))["output_ids"] == as_doc(generate(*args))["output_ids"]
 
 

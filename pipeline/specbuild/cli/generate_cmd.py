@@ -30,7 +30,7 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, spec_opt
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
-              help="Seed for sampling (reproducible output with a fixed K: --no-adaptive).")
+              help="Seed for sampling: the same seed gives the same text (adaptive K then ignores step timings).")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is accepted.")
 @click.option("--adaptive/--no-adaptive", default=None,
               help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.")
@@ -122,9 +122,6 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
         end_id=pair.end_id,
         adaptive=spec.speculative.adaptive if adaptive is None else adaptive,
     )
-    if request.adaptive and not request.sampling.greedy and seed is not None:
-        log("note: adaptive K follows measured step timings, so sampled output can vary run to run even with "
-            "--seed; add --no-adaptive for reproducible output.")
     prompt_ids = list(tokenizer(prompt)["input_ids"])
     limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
     if len(prompt_ids) + max_tokens > limit:
