@@ -91,7 +91,8 @@ class LocalTransport:
         return result
 
 
-def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | None = None) -> LocalTransport:
+def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | None = None,
+              row_block: int | None = None) -> LocalTransport:
     """The spec's pair in-process: reference engines when built, else the HF checkpoints (`runtime.loading`).
 
     Concurrent requests share the models through `runtime.batcher.Batcher` (their sequences share forward
@@ -101,7 +102,7 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
 
     from specbuild.runtime.loading import load_pair
 
-    pair = load_pair(spec, threads=threads)
+    pair = load_pair(spec, threads=threads, row_block=row_block)
     log(f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}")
     tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
     batchers: list = []

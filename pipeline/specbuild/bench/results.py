@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--row-block", type=int, default=None, help="what-if: the runtime's matmul row block")
+    parser.add_argument("--tag", default="", help="suffix for the output file names")
     parser.add_argument("--url", default=None)
     parser.add_argument("--protocol", default="grpc")
     args = parser.parse_args(argv)
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     ks = tuple(int(k) for k in args.num_draft_tokens.split(","))
     settings = Settings(num_draft_tokens=ks, max_tokens=args.max_tokens, requests=args.requests)
-    mode = "triton" if args.url else "local"
+    mode = ("triton" if args.url else "local") + args.tag
     summary: dict[str, dict[str, Any]] = {}
     docs_by_workload: dict[str, list[dict[str, Any]]] = {}
     for workload in args.workloads.split(","):
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.runs):
             print(f"{mode} {workload} run {i + 1}/{args.runs}", file=sys.stderr, flush=True)
             doc = run_bench(spec, settings, workload, url=args.url, protocol=args.protocol,
-                            vs_hf=not args.url, threads=args.threads)
+                            vs_hf=not args.url, threads=args.threads, row_block=args.row_block)
             (out / "runs" / f"{mode}-{workload}-{i + 1}.json").write_text(json.dumps(doc, indent=2) + "\n")
             docs.append(doc)
         docs_by_workload[workload] = docs
@@ -126,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     first = next(iter(docs_by_workload.values()))
     command = (f"python -m specbuild.bench.results -c {args.config} --out {args.out} --runs {args.runs} "
                f"--num-draft-tokens {args.num_draft_tokens} --max-tokens {args.max_tokens} --requests {args.requests} "
-               f"--threads {args.threads}" + (f" --url {args.url} --protocol {args.protocol}" if args.url else ""))
+               f"--threads {args.threads}" + (f" --url {args.url} --protocol {args.protocol}" if args.url else "")
+               + (f" --row-block {args.row_block}" if args.row_block else "") + (f" --tag {args.tag}" if args.tag else ""))
     (out / f"results-{mode}.json").write_text(json.dumps({"machine": first[0]["machine"], "command": command,
                                                           "workloads": summary}, indent=2) + "\n")
     (out / f"results-{mode}.md").write_text(markdown(summary, first[0]["machine"], command, mode))

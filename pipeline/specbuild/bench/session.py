@@ -71,15 +71,17 @@ def serving_section(triton: Measurements, local: Measurements, best_k: int | Non
     return {"num_draft_tokens": best_k, "triton_over_local": at["triton_over_local"] if at else None, "runs": rows}
 
 
-def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None = None):
+def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None = None,
+                     row_block: int | None = None):
     from specbuild.bench.local import from_spec
 
-    return from_spec(spec, log=log, threads=threads)
+    return from_spec(spec, log=log, threads=threads, row_block=row_block)
 
 
 def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = None, protocol: str = "http",
               vs_hf: bool = False, progress: bool = False, log: Callable[[str], None] = lambda m: None,
-              threads: int | None = None) -> dict[str, Any]:
+              threads: int | None = None, row_block: int | None = None) -> dict[str, Any]:
+    """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default)."""
     prompts = workloads.load(workload, settings.requests)
     peers: list[Any] = []
     notes: list[str] = []
@@ -88,12 +90,12 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
 
         transport = RemoteTransport.connect(url, protocol)
         try:
-            peers.append(_local_transport(spec, log, threads))
+            peers.append(_local_transport(spec, log, threads, row_block))
         except SpecbuildError as err:
             notes.append(f"serving overhead not measured: the local runtime cannot be loaded here ({err})")
         mode = "triton"
     else:
-        transport = _local_transport(spec, log, threads)
+        transport = _local_transport(spec, log, threads, row_block)
         mode = "local"
         if vs_hf:
             from specbuild.bench.hf_peer import HFPeer
