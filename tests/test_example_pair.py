@@ -20,8 +20,10 @@ def test_pair_layout_and_info(example_tiny):
     info = json.loads((example_tiny.root / "example.json").read_text())
     assert info == example_tiny.info
     assert info["variant"] == "tiny"
-    assert 0.0 <= info["agreement"] <= 1.0
+    assert 0.0 <= info["agreement"] <= 1.0 and 0.0 <= info["agreement_on_text"] <= 1.0
+    assert set(info["agreement_by_kind"]) == set(info["samples"]) == {"code", "prose", "json"}
     assert info["positions"] > 0
+    assert info["cost_ratio"] == pytest.approx(info["draft_step_ms"] / info["target_step_ms"], rel=0.01)
     assert info["params"]["target"] > 3 * info["params"]["draft"]
 
 

@@ -167,8 +167,11 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
         timings[name] = round(now - clock, 2)
         clock = now
 
-    previous_deterministic = torch.are_deterministic_algorithms_enabled()
+    # Deterministic kernels only (an error, not silent drift, if one is missing); but no NaN-filling
+    # of fresh tensors, which that mode also turns on and which costs time without changing results.
+    previous = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
     bar = tqdm(total=total, desc=f"example pair ({variant}): tokenizer", unit="step", file=sys.stderr,
                disable=not show, dynamic_ncols=True)
     try:
@@ -194,7 +197,8 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
         lap("save_s")
     finally:
         bar.close()
-        torch.use_deterministic_algorithms(previous_deterministic)
+        torch.use_deterministic_algorithms(previous[0])
+        torch.utils.deterministic.fill_uninitialized_memory = previous[1]
     params = {"target": train.param_count(target), "draft": train.param_count(draft)}
     info = {
         "variant": variant,
