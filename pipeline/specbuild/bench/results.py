@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     ks = tuple(int(k) for k in args.num_draft_tokens.split(","))
     settings = Settings(num_draft_tokens=ks, max_tokens=args.max_tokens, requests=args.requests)
-    mode = ("triton" if args.url else "local") + args.tag
+    mode = ("triton" if args.url else "local") + (f"-{args.tag}" if args.tag else "")
     summary: dict[str, dict[str, Any]] = {}
     docs_by_workload: dict[str, list[dict[str, Any]]] = {}
     for workload in args.workloads.split(","):
