@@ -5,7 +5,7 @@
 For each built-in workload (code, prose, json): N in-process runs with the Hugging Face peer
 (`bench --local --vs-hf`), each a full interleaved K sweep; with --url also N runs through Triton.
 Writes every run's JSON document (runs/), results.json (the medians), results.md (the table) and
-the plots of the median run of the code workload.
+the plots of each workload's median run (by speedup).
 """
 
 from __future__ import annotations
@@ -133,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"results-{mode}.json").write_text(json.dumps({"machine": first[0]["machine"], "command": command,
                                                           "workloads": summary}, indent=2) + "\n")
     (out / f"results-{mode}.md").write_text(markdown(summary, first[0]["machine"], command, mode))
-    workload, docs = next(iter(docs_by_workload.items()))
-    median_doc = sorted(docs, key=lambda d: d["speedup"] or 0.0)[len(docs) // 2]
-    written = plots.write_plots(median_doc, out / f"{mode}-{workload}")
+    written = []
+    for workload, docs in docs_by_workload.items():
+        median_doc = sorted(docs, key=lambda d: d["speedup"] or 0.0)[len(docs) // 2]
+        written += plots.write_plots(median_doc, out / f"{mode}-{workload}")
     written.append(plots.write_workload_plot(summary, out / f"{mode}-acceptance_by_workload.png"))
     print("\n".join(str(p) for p in [out / f"results-{mode}.md", *written]))
     return 0
