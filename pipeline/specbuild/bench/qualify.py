@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from specbuild.bench import theory, workloads
 from specbuild.bench.runner import Settings
+from specbuild.bench.report import DEGENERATE_SHARE
 from specbuild.bench.stats import RequestResult, summarize
 from specbuild.config import Spec
 
@@ -43,12 +44,14 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
     settings = Settings(num_draft_tokens=(k_run,), max_tokens=max_tokens, requests=len(prompts), warmup=False)
     transport.request(prompts[0][1], k_run, min(4, max_tokens), settings)  # warm-up, not counted
     plain: list[RequestResult] = []
+    plain_by_kind: dict[str, list[RequestResult]] = {}
     spec_runs: dict[str, list[RequestResult]] = {}
     for kind, prompt in prompts:
         for k in (0, k_run):
             result = transport.request(prompt, k, prompt.max_tokens or max_tokens, settings)
             if k == 0:
                 plain.append(result)
+                plain_by_kind.setdefault(kind, []).append(result)
             else:
                 spec_runs.setdefault(kind, []).append(result)
             progress()
@@ -84,6 +87,8 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
         "best_num_draft_tokens": {"this_machine": best_here, "gpu": best_gpu},
         "recommended_max_draft_len": recommended,
         "speculation_pays": bool(recommended),
+        "degenerate_workloads": sorted(kind for kind, rs in plain_by_kind.items()
+                                       if (summarize(rs, 1.0).top_token_share or 0.0) >= DEGENERATE_SHARE),
     }
 
 
@@ -146,6 +151,9 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         f"speedup here   {here} (best K {best['this_machine']})",
         f"speedup on GPU {gpu} (best K {best['gpu']})",
     ]
+    if section.get("degenerate_workloads"):
+        lines.append(f"warning: the target's output repeats one token on {', '.join(section['degenerate_workloads'])} "
+                     "prompts, so their acceptance is trivially high: judge the pair on the others")
     recommended = section["recommended_max_draft_len"]
     lines.append(f"recommended max_draft_len = {recommended}" if recommended
                  else "speculation is not predicted to pay for this pair (recommended K = 0)")
