@@ -29,7 +29,9 @@ def test_json_document_has_the_figures(tiny_spec_path):
                 "draft_seconds", "target_seconds"):
         assert key in doc, key
     assert doc["engine_source"] == "hf-checkpoint"  # nothing built for this spec yet
-    assert doc["num_draft_tokens"] == 2  # the spec's speculative.num_draft_tokens
+    from specbuild.config import load_spec
+
+    assert doc["num_draft_tokens"] == load_spec(tiny_spec_path).speculative.num_draft_tokens  # the spec's K
     assert 1 <= len(doc["output_ids"]) <= 12 and doc["finish_reason"] in ("length", "eos")
     assert doc["drafted"] > 0 and 0 <= doc["accepted"] <= doc["drafted"]
     assert doc["acceptance_rate"] == pytest.approx(doc["accepted"] / doc["drafted"])
