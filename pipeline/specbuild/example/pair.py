@@ -141,7 +141,8 @@ def _copy(pair: ExamplePair, dest: Path, key: str, force: bool) -> ExamplePair:
             for name in ("target", "draft"):
                 shutil.copytree(pair.root / name, out.tmp / name)
             shutil.copy2(pair.root / EXAMPLE_JSON, out.tmp / EXAMPLE_JSON)
-            out.commit({**read_manifest(pair.root), "copied_from": str(pair.root)})
+            manifest = {k: v for k, v in read_manifest(pair.root).items() if k not in ("created_unix", "manifest_version")}
+            out.commit({**manifest, "copied_from": str(pair.root)})
     return _pair_at(dest)
 
 
@@ -169,8 +170,10 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
 
     # Deterministic kernels only (an error, not silent drift, if one is missing); but no NaN-filling
     # of fresh tensors, which that mode also turns on and which costs time without changing results.
-    previous = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory,
+                torch.get_num_threads())
     torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(recipe.torch_threads)
     torch.utils.deterministic.fill_uninitialized_memory = False
     bar = tqdm(total=total, desc=f"example pair ({variant}): tokenizer", unit="step", file=sys.stderr,
                disable=not show, dynamic_ncols=True)
@@ -199,6 +202,7 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
         bar.close()
         torch.use_deterministic_algorithms(previous[0])
         torch.utils.deterministic.fill_uninitialized_memory = previous[1]
+        torch.set_num_threads(previous[2])
     params = {"target": train.param_count(target), "draft": train.param_count(draft)}
     info = {
         "variant": variant,
@@ -215,7 +219,7 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
         "train": train_stats,
         "timings": {**timings, "total_s": round(time.perf_counter() - start, 2),
                     "cpu_s": round(time.process_time() - cpu_start, 2)},
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": recipe.torch_threads,
         "corpus": corpus.describe(),
         "specbuild_version": __version__,
         "versions": tool_versions("torch", "transformers", "tokenizers"),
