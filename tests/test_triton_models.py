@@ -108,3 +108,18 @@ def test_reference_llm_rows_and_assembly():
     assert out["total_draft_tokens"].tolist() == [[2], [0]]
     excluded = reference_llm.assemble({**inputs, "exclude_input_in_output": np.array([[True], [True]])}, results, False)
     assert excluded["output_ids"][0, 0, :2].tolist() == [1, 2] and excluded["sequence_length"].tolist() == [[2], [1]]
+
+
+def test_served_reference_models_do_not_oversubscribe_the_cpu(example_tiny):
+    """Each served LLM model runs in its own process: a small model gets one torch thread."""
+    import torch
+
+    from specbuild.runtime.loading import HF_CHECKPOINT, ModelSource
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        reference_llm._share_cpu(ModelSource("target", example_tiny.target, HF_CHECKPOINT, {}), "cpu")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

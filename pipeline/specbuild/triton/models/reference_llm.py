@@ -128,7 +128,26 @@ def load_engine(engine_dir: Path, role: str, device: str | None = None):
                                 "run `specbuild build --backend reference`, or fix engine_dir with `specbuild repo`.") from None
     if manifest.get("backend") != "reference":
         raise ValueError(f"{engine_dir} holds a {manifest.get('backend')!r} engine, not a reference engine.")
-    return load_contract_model(ModelSource(role, engine_dir, REFERENCE_ENGINE, limits), device=device)
+    source = ModelSource(role, engine_dir, REFERENCE_ENGINE, limits)
+    model = load_contract_model(source, device=device)
+    _share_cpu(source, device)
+    return model
+
+
+def _share_cpu(source, device: str | None) -> None:
+    """Two LLM models (target, draft) run in separate stub processes on the same cores: with torch's
+    default thread count each, OpenMP spin-waits oversubscribe the CPU and a 3-row verify step took
+    413 ms instead of 6 ms (docs/bench/results.md). One thread for small models, else half the cores."""
+    import os
+
+    import torch
+
+    from specbuild.runtime.loading import configure_threads, resolve_device
+
+    if resolve_device(device) != "cpu":
+        return
+    if configure_threads(None, source, "cpu") is None:
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
 
 class TritonPythonModel:
