@@ -22,6 +22,7 @@ import numpy as np
 
 from specbuild.bls.metrics import SpeculationMetrics
 from specbuild.bls.request import BlsRequest, InvalidRequest, parse_request
+from specbuild.runtime.textstream import TextStream
 from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
 from specbuild.speculative.loop import GenerationRequest, generate
 
@@ -59,6 +60,15 @@ class TritonPythonModel:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         self.metrics = SpeculationMetrics(pb_utils, self.model_name, self.max_draft_len)
         self.metrics_lock = threading.Lock()
+        # Detokenize in-process when the tokenizer is named (one BLS call to `postprocessing` per streamed
+        # step costs a round trip and re-decodes the whole output); else through `postprocessing`.
+        self.tokenizer = None
+        tokenizer_dir = _param(config, "tokenizer_dir", "")
+        if tokenizer_dir:
+            from specbuild.triton.models.common import resolve_path
+            from specbuild.triton.models.preprocessing import load_tokenizer
+
+            self.tokenizer = load_tokenizer(resolve_path(tokenizer_dir, args))
 
     # ---- Triton entry points -------------------------------------------------------------------
     def execute(self, requests: list) -> list | None:
@@ -128,6 +138,7 @@ class TritonPythonModel:
                                 end_id=end_id, stop_sequences=stop_sequences, adaptive=self.adaptive and k > 0)
         output: list[int] = []
         sent_text = ""
+        text_stream = TextStream(self.tokenizer, prompt) if self.tokenizer is not None else None
         started = time.perf_counter()
         result = None
         steps = generate(prompt, drafter, verifier, gen)
@@ -137,13 +148,22 @@ class TritonPythonModel:
                 raise ModelCallError("request cancelled by the client")
             output.extend(step.tokens)
             if req.stream and step.tokens:
-                text = self._detokenize(output)
-                if not text.endswith("\ufffd") and len(text) > len(sent_text):  # wait for a whole UTF-8 character
-                    yield self._response(text[len(sent_text):], None, output)
-                    sent_text = text
+                if text_stream is not None:
+                    delta = text_stream.push(step.tokens)
+                else:
+                    text = self._detokenize(output)
+                    complete = not text.endswith("\ufffd")  # wait for a whole UTF-8 character
+                    delta = text[len(sent_text):] if complete and len(text) > len(sent_text) else ""
+                if delta:
+                    yield self._response(delta, None, output)
+                    sent_text += delta
             result = step
         stats = result.stats if result is not None else None
-        text = self._detokenize(output)
+        if text_stream is not None and req.stream:
+            text_stream.finish()
+            text = text_stream.text
+        else:
+            text = self._detokenize(output)
         if not req.exclude_input_in_output and not req.stream:
             text = req.text + text  # streamed responses carry new text only, like TensorRT-LLM's
         with self.metrics_lock:
@@ -169,6 +189,8 @@ class TritonPythonModel:
     def _detokenize(self, tokens: list[int]) -> str:
         if not tokens:
             return ""
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         out = self._call("postprocessing", {
             "TOKENS_BATCH": np.array([[tokens]], dtype=np.int32),
             "SEQUENCE_LENGTH": np.array([[len(tokens)]], dtype=np.int32),

@@ -210,6 +210,7 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
         "max_output_len": str(s.max_output_len),
         "use_draft_logits": _bool(s.use_draft_logits),
         "adaptive_draft_len": _bool(s.adaptive),
+        "tokenizer_dir": s.tokenizer_dir,  # the BLS detokenizes streamed text in-process
         # requests served at once (a thread each); more wait in the pool. The engines batch up to this many.
         "max_concurrent_requests": str(s.max_batch_size),
     })
