@@ -87,6 +87,19 @@ class SpeculationStats:
                 out.per_position_accepted[i] += a
         return out
 
+    def report_fields(self) -> dict[str, Any]:
+        """The figures a generation report carries (`generate --json`, local or served)."""
+        return {
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_len": self.mean_accepted_len,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "steps": self.steps,
+            "per_position_acceptance": self.per_position_acceptance,
+            "draft_seconds": self.draft_seconds,
+            "target_seconds": self.target_seconds,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "drafted": self.drafted,
