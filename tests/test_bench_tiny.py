@@ -107,3 +107,14 @@ def test_check_measure_section_on_the_tiny_pair(tiny_doc, tmp_path):
     assert rows[0] == {"num_draft_tokens": 0, "expected_tokens_per_step": 1.0, "this_machine": 1.0, "gpu": 1.0}
     best_gpu = max(rows, key=lambda r: (r["gpu"], -r["num_draft_tokens"]))
     assert m["recommended_max_draft_len"] == best_gpu["num_draft_tokens"]
+
+
+def test_check_measure_cli(tiny_doc):
+    _, folder = tiny_doc
+    spec = str(folder / "specbuild.toml")
+    r = CliRunner().invoke(main, ["check", "-c", spec, "--prompts", "x.jsonl"])
+    assert r.exit_code == 2 and "--prompts is used by --measure" in r.output
+    r = CliRunner().invoke(main, ["check", "-c", spec, "--measure", "--json"])
+    assert r.exit_code == 0, r.output
+    m = json.loads(r.stdout)["measure"]
+    assert 0 <= m["alpha"] <= 1 and m["recommended_max_draft_len"] is not None

@@ -94,8 +94,13 @@ def format_report(doc: dict[str, Any]) -> str:
 @json_option
 @click.option("--allow-pickle", is_flag=True,
               help="Accept checkpoints whose weights are pickle files (.bin/.pt): only for files you trust.")
+@click.option("--measure", is_flag=True, help="Also measure alpha and c in-process on sample prompts and predict "
+              "the speedup per K and the best max_draft_len (loads both models; see docs/bench.md).")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="JSONL prompts for --measure (one {\"prompt\": ...} per line; default: built-in code/prose/json).")
 @click.pass_context
-def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bool) -> None:
+def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bool, measure: bool,
+            prompts_file: Path | None) -> None:
     """Check that the pair can work and fits the GPU, before any GPU work.
 
     \b
@@ -112,9 +117,21 @@ def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bo
     spec = get_spec(spec_path)
     report = run_check(spec, allow_pickle=allow_pickle)
     doc = report.to_dict()
+    if prompts_file is not None and not measure:
+        raise click.UsageError("--prompts is used by --measure: add --measure.")
+    if measure and report.ok:
+        from specbuild.bench import qualify
+        from specbuild.cli.common import log, progress_enabled
+
+        doc["measure"] = qualify.measure(spec, prompts_file=prompts_file, log=log, progress=progress_enabled())
     if as_json:
         emit_json(doc)
     else:
         click.echo(format_report(doc))
+        if "measure" in doc:
+            from specbuild.bench import qualify
+
+            click.echo("\n".join(f"{'measure' if i == 0 else '':<11}{line}"
+                                 for i, line in enumerate(qualify.summary_lines(doc["measure"]))))
     if not report.ok:
         ctx.exit(1)
