@@ -107,6 +107,39 @@ def test_prefix_cache_entry_limit(model):
     assert [e.tokens for e in engine.prefix_cache.entries.values()] == [[5, 4, 5], [6, 4, 5], [7, 4, 5]]
 
 
+def test_a_sequence_sharing_only_a_preamble_copies_it_and_leaves_the_owner_its_cache(model):
+    preamble = prompts(1, 211, seed=8, min_len=20, max_len=20)[0]
+    owner = preamble + prompts(1, 211, seed=9, min_len=30, max_len=30)[0]
+    other = preamble + [1, 2, 3]
+    engine = fresh(model)
+    engine.logits([owner], [1])
+    before = engine.computed_rows
+    got = engine.logits([other], [1])[0]  # reuses the preamble, from a copy
+    assert engine.computed_rows - before == 3
+    assert engine.prefix_cache.copies == 1
+    before = engine.computed_rows
+    engine.logits([owner + [4]], [1])  # the owner's cache is still whole: one new position
+    assert engine.computed_rows - before == 1
+    assert np.array_equal(got, fresh(model, use_cache=False).logits([other], [1])[0])
+
+
+def test_many_sequences_in_flight_with_a_shared_preamble_keep_their_caches(model):
+    """More sequences than a batch, interleaved, sharing a preamble: each step computes one row each."""
+    preamble = prompts(1, 211, seed=10, min_len=80, max_len=80)[0]
+    seqs = [preamble + [5 + i] * 3 for i in range(6)]
+    engine = fresh(model)
+    greedy = lambda row: int(np.argmax(row))  # noqa: E731
+    for s in seqs:
+        engine.logits([s], [1])
+    before = engine.computed_rows
+    for _ in range(4):
+        for group in (seqs[:4], seqs[4:]):  # a batch of 4, then the other 2, like a Batcher at max_batch_size 4
+            rows = engine.logits(group, [1] * len(group))
+            for s, r in zip(group, rows):
+                s.append(greedy(r[0]))
+    assert engine.computed_rows - before == 4 * len(seqs)
+
+
 def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
     assert common_prefix([1, 2, 3], [1, 9, 3]) == 1

@@ -44,14 +44,21 @@ class ReferenceEngine:
     def vocab_size(self) -> int:
         return self.model.args.vocab_size
 
-    def _acquire(self, tokens: list[int], keep_at_most: int) -> SequenceKV:
-        """A cache holding a prefix of tokens no longer than keep_at_most positions."""
-        if not self.use_cache:
-            return self.model.new_cache()
-        cache, shared = self.prefix_cache.take(tokens)
+    def _acquire(self, tokens: list[int], keep_at_most: int, settled: int) -> SequenceKV:
+        """A cache holding a prefix of tokens no longer than keep_at_most positions.
+
+        settled: how many leading tokens this call takes as given (the rest are in question, e.g.
+        draft tokens); the prefix cache lets this sequence's next call reuse the cache in place when
+        it diverges only after them.
+        """
+        cache = None
+        if self.use_cache:
+            cache, shared = self.prefix_cache.take(tokens)
+            if cache is not None:
+                cache.truncate(min(shared, keep_at_most))
         if cache is None:
-            return self.model.new_cache()
-        cache.truncate(min(shared, keep_at_most))
+            cache = self.model.new_cache()
+        cache.settled = settled
         return cache
 
     def _release(self, cache: SequenceKV) -> None:
@@ -70,7 +77,7 @@ class ReferenceEngine:
     def logits(self, sequences: list[list[int]], last: list[int]) -> list[np.ndarray]:
         """For each sequence, the float32 logits [last[i], vocab] after each of its last last[i] tokens."""
         with self._lock:
-            caches = [self._acquire(seq, len(seq) - n) for seq, n in zip(sequences, last)]
+            caches = [self._acquire(seq, len(seq) - n, len(seq) - n + 1) for seq, n in zip(sequences, last)]
             try:
                 return self._forward(caches, sequences, list(last))
             finally:
@@ -87,7 +94,7 @@ class ReferenceEngine:
         """Generate up to max_new[i] tokens after sequence i, stopping early at end_ids[i]."""
         with self._lock:
             seqs = [list(s) for s in sequences]
-            caches = [self._acquire(seq, len(seq) - 1) for seq in seqs]
+            caches = [self._acquire(seq, len(seq) - 1, len(seq)) for seq in seqs]
             out = [Decoded([], np.zeros((0, self.vocab_size), np.float32)) for _ in seqs]
             rows: list[list[np.ndarray]] = [[] for _ in seqs]
             active = [i for i, n in enumerate(max_new) if n > 0]

@@ -7,8 +7,15 @@ beyond it are never read (attention reads positions <= the query's own) and are 
 The `PrefixCache` serves stateless callers (the Triton BLS sends the whole sequence on every call,
 as TensorRT-LLM's KV-cache reuse expects): a call whose tokens extend, or share a prefix with, an
 earlier call's tokens takes that cache, rolls it back to the common prefix and computes only the
-rest. Entries are moved out while in use (no copies) and put back after the call; the least
-recently used are dropped when the cached K/V bytes exceed the budget.
+rest. Entries are moved out while in use and put back after the call; the least recently used are
+dropped when the cached K/V bytes exceed the budget.
+
+Moving is right for the entry's own sequence, whose next call can only diverge from it after its
+`settled` prefix (the part its last call took as given: the prompt so far, not the draft tokens in
+question). A call diverging earlier is another request sharing a preamble (a system prompt, a JSON
+header) and gets a copy of the shared part instead: taking the entry would make its owner, still in
+flight, recompute its sequence on its next call, and with more sequences in flight than a batch
+holds that stealing cascades until nearly every call misses.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ class SequenceKV:
         self.shape = (kv_heads, head_dim)
         self.device, self.dtype = device, dtype
         self.tokens: list[int] = []  # [length] the tokens whose keys/values are stored
+        self.settled = 0  # positions its last caller took as given; its own next call diverges at or after them
         self.k: list[torch.Tensor] = [self._empty(0) for _ in range(num_layers)]  # each [capacity, kv_heads, head_dim]
         self.v: list[torch.Tensor] = [self._empty(0) for _ in range(num_layers)]
 
@@ -53,6 +61,16 @@ class SequenceKV:
                 new = self._empty(capacity)
                 new[: self.length] = old[: self.length]
                 cache[i] = new
+
+    def copy_prefix(self, n: int) -> SequenceKV:
+        """A new cache holding this one's first n positions (this one unchanged)."""
+        copy = SequenceKV(len(self.k), *self.shape, device=self.device, dtype=self.dtype)
+        copy.reserve(n)
+        for src, dst in ((self.k, copy.k), (self.v, copy.v)):
+            for old, new in zip(src, dst):
+                new[:n] = old[:n]
+        copy.tokens = self.tokens[:n]
+        return copy
 
     def commit(self, tokens: list[int]) -> None:
         """Record that the keys/values of `tokens` were written after the current length."""
@@ -84,9 +102,15 @@ class PrefixCache:
         self.entries: OrderedDict[int, SequenceKV] = OrderedDict()  # id -> cache, least recently used first
         self.hits = 0  # calls that reused at least one position
         self.reused_tokens = 0  # positions not recomputed thanks to the cache
+        self.copies = 0  # hits served with a copy of a shared prefix (the entry stayed for its owner)
 
     def take(self, tokens: list[int]) -> tuple[SequenceKV | None, int]:
-        """Remove and return the entry sharing the longest prefix with tokens, and that prefix's length."""
+        """The entry sharing the longest prefix with tokens, and that prefix's length.
+
+        The entry itself (removed from the cache) when the tokens diverge from it at or after its
+        settled prefix (its own sequence, rolling back rejected draft tokens); otherwise a copy of the
+        shared prefix, leaving the entry for the sequence that owns it.
+        """
         best, best_len = None, 0
         for key, entry in self.entries.items():
             n = common_prefix(entry.tokens, tokens)
@@ -96,6 +120,11 @@ class PrefixCache:
             return None, 0
         self.hits += 1
         self.reused_tokens += best_len
+        entry = self.entries[best]
+        if best_len < entry.settled:
+            self.copies += 1
+            self.entries.move_to_end(best)
+            return entry.copy_prefix(best_len), best_len
         return self.entries.pop(best), best_len
 
     def put(self, entry: SequenceKV) -> None:
