@@ -6,6 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
+from specbuild.config import load_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -118,3 +119,16 @@ def test_check_measure_cli(tiny_doc):
     assert r.exit_code == 0, r.output
     m = json.loads(r.stdout)["measure"]
     assert 0 <= m["alpha"] <= 1 and m["recommended_max_draft_len"] is not None
+
+    # init --from-check turns the measured recommendation into the spec's K
+    report = folder / "check.json"
+    report.write_text(r.stdout)
+    tuned = folder / "tuned.toml"
+    r = CliRunner().invoke(main, ["init", "--from-check", str(report), "--out", str(tuned)])
+    assert r.exit_code == 0, r.output
+    got = load_spec(tuned)
+    k = m["recommended_max_draft_len"]
+    assert got.speculative.num_draft_tokens == k
+    assert got.speculative.max_draft_len == (k or load_spec(spec).speculative.max_draft_len)
+    assert str(got.target.checkpoint) == json.loads(report.read_text())["models"]["target"]["path"]
+    assert f"alpha {m['alpha']}" in tuned.read_text().splitlines()[1]

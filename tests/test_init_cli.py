@@ -102,3 +102,31 @@ def test_best_num_draft_tokens_follows_the_closed_form():
     assert specfile.best_num_draft_tokens(0.6, 0.2, 6) == 2
     assert specfile.best_num_draft_tokens(0.95, 0.05, 6) == 6  # clamped to max_draft_len
     assert specfile.best_num_draft_tokens(0.1, 0.5, 6) == 1
+
+
+def test_init_from_check_refuses_a_report_without_a_measurement(tmp_path):
+    for content, message in (("{}", "has no measurement: write it with `specbuild check --measure --json"),
+                             ("{", "is not a JSON check report"),
+                             (None, "cannot read the check report")):
+        report = tmp_path / "check.json"
+        report.unlink(missing_ok=True)
+        if content is not None:
+            report.write_text(content)
+        out = tmp_path / "spec.toml"
+        result = CliRunner().invoke(main, ["init", "--from-check", str(report), "--out", str(out)])
+        assert result.exit_code == 1 and message in result.output, result.output
+        assert not out.exists()
+
+
+def test_a_check_report_saying_speculation_does_not_pay_gives_k_0(tmp_path):
+    report = {"pair": "p", "models": {"target": {"path": "/m/t"}, "draft": {"path": "/m/d"}},
+              "measure": {"recommended_max_draft_len": 0, "alpha": 0.1, "cost_ratio": {"this_machine": 0.9, "gpu": None}}}
+    (tmp_path / "check.json").write_text(json.dumps(report))
+    out = tmp_path / "spec.toml"
+    result = CliRunner().invoke(main, ["init", "--from-check", str(tmp_path / "check.json"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    spec = load_spec(out)
+    assert spec.speculative.num_draft_tokens == 0 and spec.name == "p"
+    assert spec.speculative.max_draft_len == _defaults()["speculative"]["max_draft_len"]
+    assert str(spec.target.checkpoint) == "/m/t" and str(spec.draft.checkpoint) == "/m/d"
+    assert "speculation is not predicted to pay" in out.read_text()

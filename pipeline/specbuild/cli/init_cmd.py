@@ -19,13 +19,22 @@ VARIANT_CHOICE = click.Choice(["full", "tiny"])
               help="Write a spec for the built-in example pair (built first if not cached; takes minutes once).")
 @click.option("--variant", type=VARIANT_CHOICE, default="full", show_default=True,
               help="Which example pair --example uses (tiny: seconds, for tests).")
+@click.option("--from-check", "from_check", type=click.Path(dir_okay=False, path_type=Path),
+              help="A `specbuild check --measure --json` report: take its recommended max_draft_len / K "
+                   "(and its checkpoint paths unless --example).")
 @json_option
 @dry_run_option
-def command(out: Path, force: bool, example: bool, variant: str, as_json: bool, dry_run: bool) -> None:
+def command(out: Path, force: bool, example: bool, variant: str, from_check: Path | None, as_json: bool,
+            dry_run: bool) -> None:
     """Write a commented spec file listing every key with its default and why.
 
     Without --example the checkpoints are placeholders (models/target, models/draft) to replace.
     With --example they point at the built-in example pair (see `specbuild example`).
+
+    \b
+    Measure first, then write a spec with the K that pays:
+      specbuild check -c specbuild.toml --measure --json > check.json
+      specbuild init --from-check check.json --out tuned.toml
     """
     from specbuild.example import specfile
     from specbuild.errors import SpecError
@@ -33,6 +42,7 @@ def command(out: Path, force: bool, example: bool, variant: str, as_json: bool, 
     if out.exists() and not force:
         raise SpecError(f"{out} already exists; not overwriting it. Pass --force to replace it, "
                         "or --out to write elsewhere.")
+    measured: tuple[dict, str] | None = _read_check(from_check) if from_check is not None else None
     pair = None
     if example:
         from specbuild.example import cached_example, ensure_example, example_dir
@@ -53,6 +63,14 @@ def command(out: Path, force: bool, example: bool, variant: str, as_json: bool, 
     else:
         overrides = {}
         header = "specbuild spec file, written by `specbuild init`.\nReplace the two checkpoint paths with your models."
+    if measured is not None:
+        extra, line = measured
+        if example:  # the example's own name and checkpoints win over the report's
+            extra = {key: value for key, value in extra.items() if key not in ("name", "target", "draft")}
+        elif "target" in extra:
+            header = "specbuild spec file, written by `specbuild init --from-check`."
+        overrides = specfile.merge_overrides(overrides, extra)
+        header += "\n" + line
     text = specfile.render_spec(overrides, header=header)
     if dry_run:
         log(f"would write {out}")
@@ -70,3 +88,19 @@ def command(out: Path, force: bool, example: bool, variant: str, as_json: bool, 
     else:
         click.echo(f"wrote {path}")
         log("next: specbuild check -c " + str(path))
+
+
+def _read_check(path: Path) -> tuple[dict, str]:
+    import json
+
+    from specbuild.errors import SpecError
+    from specbuild.example import specfile
+
+    try:
+        report = json.loads(path.read_text())
+    except OSError as err:
+        raise SpecError(f"cannot read the check report {path}: {err.strerror or err}") from None
+    except ValueError as err:
+        raise SpecError(f"{path} is not a JSON check report ({err}); write one with "
+                        f"`specbuild check --measure --json > {path}`.") from None
+    return specfile.overrides_from_check(report, str(path))

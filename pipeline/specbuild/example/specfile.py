@@ -165,6 +165,49 @@ def example_overrides(pair: Any, variant: str, max_draft_len: int = 6) -> dict[s
     }
 
 
+def overrides_from_check(report: dict[str, Any], source: str) -> tuple[dict[str, Any], str]:
+    """Spec values and a header line from a `specbuild check --measure --json` report.
+
+    The measured recommendation becomes speculative.max_draft_len and num_draft_tokens; the report's
+    pair name and checkpoint paths are kept too (the caller may override them, e.g. with --example).
+    """
+    from specbuild.errors import SpecError
+
+    measure = report.get("measure") if isinstance(report, dict) else None
+    if not isinstance(measure, dict) or "recommended_max_draft_len" not in measure:
+        raise SpecError(f"{source} has no measurement: write it with "
+                        f"`specbuild check --measure --json > {source}` and retry.")
+    k = int(measure["recommended_max_draft_len"] or 0)
+    speculative: dict[str, Any] = {"num_draft_tokens": k}
+    if k > 0:
+        speculative["max_draft_len"] = k
+    overrides: dict[str, Any] = {"speculative": speculative}
+    if report.get("pair"):
+        overrides["name"] = report["pair"]
+    models = report.get("models") or {}
+    for role in ("target", "draft"):
+        path = (models.get(role) or {}).get("path")
+        if path:
+            overrides[role] = {"checkpoint": str(path)}
+    cost = (measure.get("cost_ratio") or {})
+    verdict = (f"recommended max_draft_len {k}" if k else
+               "speculation is not predicted to pay (num_draft_tokens 0: target only)")
+    header = (f"K from `specbuild check --measure` ({source}): alpha {measure.get('alpha')}, "
+              f"c {cost.get('gpu') if cost.get('gpu') is not None else cost.get('this_machine')}, {verdict}.")
+    return overrides, header
+
+
+def merge_overrides(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """base with extra's keys laid over it, section by section."""
+    merged = {key: dict(value) if isinstance(value, dict) else value for key, value in base.items()}
+    for key, value in extra.items():
+        if isinstance(value, dict):
+            merged[key] = {**merged.get(key, {}), **value}
+        else:
+            merged[key] = value
+    return merged
+
+
 def write_spec(path: str | Path, text: str, force: bool = False) -> Path:
     """Write `text` to `path`; refuse to overwrite an existing file unless `force`."""
     from specbuild.errors import SpecError
