@@ -149,6 +149,39 @@ def test_common_prefix():
     assert cache.take([1, 2]) == (None, 0)
 
 
+def _kv(tokens, capacity=4):
+    import torch
+
+    from specbuild.runtime.kvcache import SequenceKV
+
+    kv = SequenceKV(2, 1, 2, torch.device("cpu"), torch.float32)
+    kv.reserve(capacity)
+    kv.commit(tokens)
+    kv.settled = len(tokens)
+    return kv
+
+
+def test_prefix_cache_takes_the_longest_shared_prefix_whatever_the_order():
+    short, long, other = _kv([1, 2]), _kv([1, 2, 3, 4]), _kv([7, 8, 9])
+    assert long.nbytes == sum(t.numel() * t.element_size() for t in long.k + long.v)
+    for order in ((short, long, other), (long, short, other), (other, long, short)):
+        cache = PrefixCache(max_bytes=1 << 20)
+        for entry in order:
+            cache.put(entry)
+        entry, n = cache.take([1, 2, 3, 4, 5])
+        assert (entry, n) == (long, 4)
+        assert cache.take([1, 2, 6]) == (short, 2)  # long is out (in use): the next best
+        assert cache.take([5]) == (None, 0)
+
+
+def test_prefix_cache_drops_the_least_recent_over_budget():
+    first, second, third = _kv([1]), _kv([2]), _kv([3])
+    cache = PrefixCache(max_bytes=2 * first.nbytes)
+    for entry in (first, second, third):
+        cache.put(entry)
+    assert list(cache.entries.values()) == [second, third]
+
+
 def test_invariance_holds_with_two_threads(model):
     """The CLI uses torch's default thread count for larger models: the property must not need one thread."""
     import torch

@@ -49,7 +49,9 @@ class SequenceKV:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        """Bytes held by the K/V tensors (arithmetic, not a walk over them: the prefix cache asks on every put)."""
+        kv_heads, head_dim = self.shape
+        return 2 * len(self.k) * self.capacity * kv_heads * head_dim * self.dtype.itemsize
 
     def reserve(self, n: int) -> None:
         """Make room for n positions (keeps the stored ones)."""
@@ -111,11 +113,15 @@ class PrefixCache:
         settled prefix (its own sequence, rolling back rejected draft tokens); otherwise a copy of the
         shared prefix, leaving the entry for the sequence that owns it.
         """
-        best, best_len = None, 0
-        for key, entry in self.entries.items():
-            n = common_prefix(entry.tokens, tokens)
-            if n > best_len:
-                best, best_len = key, n
+        best, best_len, head = None, 0, tokens[:1]
+        for key in reversed(self.entries):  # most recent first: a sequence's own entry is found early
+            entry = self.entries[key]
+            if entry.length <= best_len or entry.tokens[: best_len + 1] != head:
+                continue  # cannot share more than best_len: one comparison instead of a search
+            best, best_len = key, common_prefix(entry.tokens, tokens)
+            if best_len == len(tokens):
+                break
+            head = tokens[: best_len + 1]
         if best is None:
             return None, 0
         self.hits += 1
