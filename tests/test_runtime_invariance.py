@@ -56,6 +56,23 @@ def test_verification_rows_equal_single_steps_in_any_batch(model):
                 assert np.array_equal(single.logits([b + d[:j]], [1])[0][0], rows[j])
 
 
+def test_positions_across_attention_key_buckets_match_however_they_are_grouped(model):
+    """Attention reads keys in buckets of 64 positions, query rows in blocks: a position's logits must
+    not depend on where its group starts or on which side of a bucket end its neighbours fall."""
+    seq = prompts(1, 211, seed=13, min_len=140, max_len=140)[0]
+    whole = fresh(model).logits([seq], [len(seq)])[0]  # one prefill: groups split at 64 and 128
+    engine = fresh(model)
+    engine.logits([seq[:56]], [1])
+    for n in range(57, 75):  # one-token steps over the first bucket end
+        assert np.array_equal(engine.logits([seq[:n]], [1])[0][0], whole[n - 1])
+    for start in (59, 60, 61, 62, 63, 64, 124, 126):  # 5-row verifications starting anywhere near an end
+        engine = fresh(model)
+        engine.logits([seq[:start]], [1])
+        rows = engine.logits([seq[: start + 5]], [5])[0]  # only the 5 new rows are computed
+        for j in range(5):
+            assert np.array_equal(rows[j], whole[start + j]), (start, j)
+
+
 def test_rollback_and_prefix_cache_give_identical_logits(model):
     engine = fresh(model)
     prompt = prompts(1, 211, seed=5, min_len=12, max_len=12)[0]
@@ -207,3 +224,12 @@ def test_positions_past_the_first_rope_chunk_do_not_depend_on_history(folder):
 
 def test_this_platform_keeps_a_rows_matmul_result_independent_of_its_place(model):
     assert model.row_invariance_failures() == []
+
+
+def test_the_start_up_check_catches_attention_rows_that_depend_on_their_neighbours(model, monkeypatch):
+    import torch.nn.functional as F
+
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, *args, **kwargs: real(q, *args, **kwargs) + q.mean(dim=2, keepdim=True))
+    assert model.row_invariance_failures() == [("attention", 64)]

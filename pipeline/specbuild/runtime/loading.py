@@ -176,7 +176,7 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
     failures = target_model.engine.model.row_invariance_failures()
     if failures:
         warnings.warn(
-            f"on this machine a row's matmul result depends on its place in a block (weight shapes {failures}): "
+            f"on this machine a row's matmul or attention result depends on its place in a block (shapes {failures}): "
             "speculative greedy output may differ from target-only output in near-ties. Try another row block "
             "(speedcheck --row-block) or device, and please report it.",
             RuntimeWarning,

@@ -9,8 +9,10 @@ Batch invariance. A row's numbers never depend on which other rows share its for
 - every matmul runs on row blocks of a fixed size (`row_block`), padded with zero rows, because
   BLAS libraries pick different kernels (different summation orders) for different row counts;
   with a fixed shape each row's result depends on that row only;
-- attention runs per row over exactly the keys at positions <= its own, so a query sees the same
-  shapes whether it is decoded alone or verified among k + 1 draft positions.
+- attention runs on blocks of `row_block` query rows over the keys up to a fixed bucket end
+  (the next multiple of 64 past the query's position), later positions masked out: a query sees
+  the same shapes whether it is decoded alone, verified among k + 1 draft positions or prefilled
+  (the key length depends on the position only; other rows of the block are independent of it).
 So the logits at a position are bit-identical whether it is computed in a prompt prefill, in
 one-token decoding, in a (k + 1)-token verification, next to other sequences, or after a KV
 rollback. That is what makes speculative greedy output equal target-only output token for token,
@@ -134,6 +136,26 @@ def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None =
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
 
 
+_KEY_BUCKET = 64  # attention reads keys in multiples of this (divides SequenceKV's capacity step)
+
+
+def _key_bucket_end(position: int) -> int:
+    """How many keys a query at `position` attends over (the rest masked): fixed per position."""
+    return (position // _KEY_BUCKET + 1) * _KEY_BUCKET
+
+
+def _attention_groups(start: int, n: int, block: int) -> list[tuple[int, int]]:
+    """(first row, rows) of consecutive query rows attended together: at most `block` rows, all in one
+    key bucket, so a query's call has the same shape whatever rows it is computed with."""
+    groups, i = [], 0
+    while i < n:
+        bucket_left = _key_bucket_end(start + i) - (start + i)
+        g = min(block, n - i, bucket_left)
+        groups.append((i, g))
+        i += g
+    return groups
+
+
 class LlamaModel:
     """Weights plus a batched forward over rows of several sequences, each with its own KV cache."""
 
@@ -208,11 +230,13 @@ class LlamaModel:
         return cls(args_from_config(config, str(folder)), _load_state_dict(folder), device=device, row_block=row_block)
 
     @torch.inference_mode()
-    def row_invariance_failures(self, seed: int = 0) -> list[tuple[int, int]]:
-        """Weight shapes [in, out] for which a row's matmul result depends on its place in the block.
+    def row_invariance_failures(self, seed: int = 0) -> list[tuple[Any, int]]:
+        """Shapes for which a row's result depends on its place in the block: weight shapes [in, out]
+        of the matmuls, and ("attention", keys) for the attention over one key bucket.
 
-        The exactness of speculative greedy decoding rests on this being empty (BLAS libraries have
-        behaved so on every machine tested, but do not promise it); cheap enough to run at start-up.
+        The exactness of speculative greedy decoding rests on this being empty (BLAS and attention
+        kernels have behaved so on every machine tested, but do not promise it); cheap enough to run
+        at start-up.
         """
         g = torch.Generator().manual_seed(seed)
         weights = {tuple(w.shape): w for w in (self.layers[0]["qkv"], self.layers[0]["o"], self.layers[0]["gate_up"],
@@ -227,7 +251,24 @@ class LlamaModel:
                 results.append(_linear(block, w)[place])
             if not all(torch.equal(r, results[0]) for r in results[1:]):
                 failures.append(shape)
+        if not self._attention_rows_independent(g):
+            failures.append(("attention", _KEY_BUCKET))
         return failures
+
+    def _attention_rows_independent(self, g: torch.Generator) -> bool:
+        a, block, position = self.args, self.row_block, _KEY_BUCKET // 2
+        rand = lambda *shape: torch.randn(*shape, generator=g).to(self.device, self.dtype)  # noqa: E731
+        keys, values = (rand(1, a.num_kv_heads, _KEY_BUCKET, a.head_dim) for _ in range(2))
+        row = rand(a.num_heads, a.head_dim)
+        results = []
+        for place in range(block):  # the same query at the same position, at each place of the block
+            queries = rand(1, a.num_heads, block, a.head_dim)
+            queries[0, :, place] = row
+            mask = self._causal_mask(position - place, _KEY_BUCKET)
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=a.head_dim**-0.5,
+                                                 enable_gqa=True)
+            results.append(out[0, :, place])
+        return all(torch.equal(r, results[0]) for r in results[1:])
 
     def new_cache(self) -> SequenceKV:
         a = self.args
@@ -253,6 +294,13 @@ class LlamaModel:
             self._cos = torch.cat([self._cos, emb.cos().to(self.dtype)])
             self._sin = torch.cat([self._sin, emb.sin().to(self.dtype)])
         return self._cos, self._sin
+
+    def _causal_mask(self, first: int, end: int) -> torch.Tensor:
+        """[row_block, end] additive mask: query row r (position first + r) sees the keys at positions
+        <= its own (0), not the later ones (-inf). Every row sees key 0, so none is all -inf."""
+        positions = first + torch.arange(self.row_block, device=self.device)
+        later = torch.arange(end, device=self.device)[None, :] > positions[:, None]
+        return torch.zeros(later.shape, device=self.device, dtype=self.dtype).masked_fill_(later, float("-inf"))
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # x: [rows, hidden]
         h = x.float()
@@ -291,25 +339,34 @@ class LlamaModel:
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         scale = a.head_dim**-0.5
         pad = torch.zeros(padded - rows, nq, device=self.device, dtype=self.dtype)
+        groups = [[(i, g, _key_bucket_end(start + i), self._causal_mask(start + i, _key_bucket_end(start + i)))
+                   for i, g in _attention_groups(start, n, block)] for _, start, n in spans]
+        extend = bool(spans) and spans[-1][0] + spans[-1][2] - 1 + block > padded
         for li, layer in enumerate(self.layers):
             qkv = self._blocks(
                 lambda b: _linear(self._rms_norm(b, layer["attn_norm"]), layer["qkv"], layer["qkv_bias"]), x
             )
-            q = self._rope(qkv[:, :nq].view(padded, a.num_heads, a.head_dim), cos, sin).unsqueeze(2)
+            q = self._rope(qkv[:, :nq].view(padded, a.num_heads, a.head_dim), cos, sin)
             k = self._rope(qkv[:, nq : nq + nkv].view(padded, a.num_kv_heads, a.head_dim), cos, sin)
             v = qkv[:, nq + nkv :].view(padded, a.num_kv_heads, a.head_dim)
+            if extend:  # a full block of query rows must exist from every group's first row
+                q = torch.cat([q, q.new_zeros(block, a.num_heads, a.head_dim)])
+            queries = q.transpose(0, 1).unsqueeze(0)  # [1, heads, rows, head_dim]
             outs = []
-            for (cache, _), (row0, start, n) in zip(batch, spans):
+            for (cache, _), (row0, start, n), seq_groups in zip(batch, spans, groups):
                 cache.k[li][start : start + n] = k[row0 : row0 + n]
                 cache.v[li][start : start + n] = v[row0 : row0 + n]
                 keys = cache.k[li].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, capacity, head_dim]
                 values = cache.v[li].transpose(0, 1).unsqueeze(0)
-                for i in range(n):
-                    end = start + i + 1  # a query sees exactly the positions up to its own
-                    outs.append(F.scaled_dot_product_attention(
-                        q[row0 + i : row0 + i + 1], keys[:, :, :end], values[:, :, :end], scale=scale, enable_gqa=True
-                    ).view(1, nq))  # [1, heads * head_dim]
-            attn = torch.cat(outs + [pad])  # [padded, heads * head_dim]
+                for i, g, end, mask in seq_groups:  # rows past the group's g are others' or padding: dropped
+                    out = F.scaled_dot_product_attention(
+                        queries[:, :, row0 + i : row0 + i + block], keys[:, :, :end], values[:, :, :end],
+                        attn_mask=mask, scale=scale, enable_gqa=True,
+                    )  # [1, heads, block, head_dim]
+                    outs.append(out[0, :, :g])
+            attn = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]).transpose(0, 1).reshape(rows, nq)
+            if padded > rows:
+                attn = torch.cat([attn, pad])  # [padded, heads * head_dim]
             x = self._blocks(lambda xb, ab: self._post_attention(layer, xb, ab), x, attn)
         for cache, tokens in batch:
             cache.commit(tokens)
