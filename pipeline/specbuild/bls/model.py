@@ -102,8 +102,10 @@ class TritonPythonModel:
             return self.pb.InferenceResponse(error=self._error(err))
 
     def _parse(self, request) -> BlsRequest:
+        present = {tensor.name(): tensor for tensor in request.inputs()}
+
         def get(name: str):
-            tensor = self.pb.get_input_tensor_by_name(request, name)
+            tensor = present.get(name)
             return None if tensor is None else tensor.as_numpy()
 
         return parse_request(get, self.max_tokens_limit, self.max_draft_len)

@@ -170,7 +170,7 @@ class TritonPythonModel:
         prepared: list[Any] = []
         rows: list[dict[str, np.ndarray]] = []
         for request in requests:
-            inputs = request_inputs(pb, request, self.names)
+            inputs = request_inputs(request, self.names)
             try:
                 request_rows = split_rows(inputs)
                 prepared.append((inputs, len(rows), len(request_rows)))
