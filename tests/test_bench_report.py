@@ -78,27 +78,6 @@ def test_sweep_interleaves_k_and_rotates_the_order():
     assert t.calls == [0, 1, 2, 1, 2, 0, 2, 0, 1]
 
 
-def test_peers_in_other_processes_get_their_own_sweep():
-    calls = []
-
-    class Named(SimulatedTransport):
-        def request(self, prompt, k, max_tokens, settings, concurrent=False):
-            calls.append((self.name, k))
-            return super().request(prompt, k, max_tokens, settings, concurrent)
-
-    server, local = Named(), Named()
-    server.name, local.name = "triton", "local"
-    settings = runner.Settings(num_draft_tokens=(1,), max_tokens=4, requests=2, warmup=False)
-    runner.run(server, WORKLOAD, settings, peers=[local])
-    assert calls == [("triton", 0), ("local", 0), ("triton", 1), ("local", 1),
-                     ("triton", 1), ("local", 1), ("triton", 0), ("local", 0)]
-    calls.clear()
-    measured = runner.run(server, WORKLOAD, settings, peers=[local], interleave_peers=False)
-    assert calls == [("triton", 0), ("triton", 1), ("triton", 1), ("triton", 0),
-                     ("local", 0), ("local", 1), ("local", 1), ("local", 0)]
-    assert set(measured) == {"triton", "local"} and all(len(m.cells) == 2 for m in measured.values())
-
-
 def test_no_k_left_is_an_error():
     with pytest.raises(BenchError, match="leaves no K > 0"):
         runner.run(SimulatedTransport(), WORKLOAD, runner.Settings(num_draft_tokens=(8,), requests=1))

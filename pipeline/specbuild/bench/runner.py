@@ -147,14 +147,9 @@ def sweep_concurrency(transport: Transport, ks: Sequence[int], workload: Workloa
 
 
 def run(transport: Transport, workload: Workload, settings: Settings, peers: Sequence[Transport] = (),
-        progress: Callable[[int], Callable[[], None]] | None = None,
-        interleave_peers: bool = True) -> dict[str, Measurements]:
-    """Measure `transport` (and `peers` at concurrency 1) over the sweep.
+        progress: Callable[[int], Callable[[], None]] | None = None) -> dict[str, Measurements]:
+    """Measure `transport` (and `peers`, interleaved at concurrency 1) over the sweep.
 
-    Peers are interleaved with the transport request by request, unless `interleave_peers` is off:
-    then each is swept on its own right after the transport (K stays interleaved within each sweep).
-    Off is for peers in other processes (a server against the in-process runtime), where alternating
-    makes each evict the other's caches before every request, which a deployment never sees.
     `progress(total)` returns a tick function called once per measured request.
     Returns one `Measurements` per transport name.
     """
@@ -174,8 +169,7 @@ def run(transport: Transport, workload: Workload, settings: Settings, peers: Seq
     out = {t.name: Measurements(notes=list(notes) if t is transport else []) for t in (transport, *peers)}
     if settings.warmup:
         warm_up([transport, *peers], ks, workload, settings)
-    for group in ([[transport, *peers]] if interleave_peers else [[t] for t in (transport, *peers)]):
-        sweep_k(group, ks, workload, settings, tick, out)
+    sweep_k([transport, *peers], ks, workload, settings, tick, out)
     if concurrent_levels:
         sweep_concurrency(transport, ks, workload,
                           replace(settings, concurrency=tuple(concurrent_levels)), tick, out[transport.name])

@@ -104,8 +104,7 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
             peers.append(HFPeer.from_spec(spec, end_id=transport.end_id))
     log(f"bench: {mode}, workload {prompts.name}, {settings.requests} requests per cell")
     try:
-        measured = runner.run(transport, prompts, settings, peers=peers, progress=_progress(progress),
-                              interleave_peers=mode == "local")
+        measured = runner.run(transport, prompts, settings, peers=peers, progress=_progress(progress))
     finally:
         for t in (transport, *peers):
             if hasattr(t, "close"):
