@@ -144,14 +144,14 @@ def _key_bucket_end(position: int) -> int:
     return (position // _KEY_BUCKET + 1) * _KEY_BUCKET
 
 
-def _attention_groups(start: int, n: int, block: int) -> list[tuple[int, int]]:
-    """(first row, rows) of consecutive query rows attended together: at most `block` rows, all in one
-    key bucket, so a query's call has the same shape whatever rows it is computed with."""
+def _attention_groups(start: int, n: int, block: int) -> list[tuple[int, int, int]]:
+    """(first row, rows, keys) of consecutive query rows attended together: at most `block` rows, all
+    in one key bucket, so a query's call has the same shape whatever rows it is computed with."""
     groups, i = [], 0
     while i < n:
-        bucket_left = _key_bucket_end(start + i) - (start + i)
-        g = min(block, n - i, bucket_left)
-        groups.append((i, g))
+        end = _key_bucket_end(start + i)
+        g = min(block, n - i, end - (start + i))
+        groups.append((i, g, end))
         i += g
     return groups
 
@@ -339,8 +339,8 @@ class LlamaModel:
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         scale = a.head_dim**-0.5
         pad = torch.zeros(padded - rows, nq, device=self.device, dtype=self.dtype)
-        groups = [[(i, g, _key_bucket_end(start + i), self._causal_mask(start + i, _key_bucket_end(start + i)))
-                   for i, g in _attention_groups(start, n, block)] for _, start, n in spans]
+        groups = [[(i, g, end, self._causal_mask(start + i, end)) for i, g, end in _attention_groups(start, n, block)]
+                  for _, start, n in spans]
         extend = bool(spans) and spans[-1][0] + spans[-1][2] - 1 + block > padded
         for li, layer in enumerate(self.layers):
             qkv = self._blocks(
