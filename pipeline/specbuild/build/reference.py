@@ -177,7 +177,7 @@ def build_reference_role(plan: RolePlan, pair: str, hf_dir: Path, force: bool = 
     started = time.monotonic()
     input_hash, files, tok_hashes = reference_input_hash(plan, hf_dir)
     tokenizer = tokenizer_files(hf_dir)
-    with stage_output(plan.engine_dir, force=force) as out:
+    with stage_output(plan.engine_dir, stage="build", force=force) as out:
         if out.up_to_date(input_hash):
             log(f"{plan.role}: reference engine up to date ({plan.engine_dir}), skipped. Use --force to rebuild.")
             return {"role": plan.role, "status": "skipped", "engine_dir": str(plan.engine_dir),

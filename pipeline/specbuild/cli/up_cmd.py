@@ -33,6 +33,7 @@ class UpContext:
     as_json: bool = False  # the serve stage prints streamed text to stdout only without --json
     log: Callable[[str], None] = log
     results: dict[str, Any] = field(default_factory=dict)  # stage name -> what it returned, for later stages
+    stages: tuple[str, ...] = ("check", "convert", "build", "repo", "serve")  # the stages this run goes through
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,24 @@ def check_inputs_hash(spec: Spec) -> str:
     return combined_hash(parts)
 
 
+def claim_outputs(ctx: UpContext) -> None:
+    """Refuse now, not after convert and build, an output folder that a later stage may not replace
+    (someone else's folder, a file, specbuild's output of another stage): see specbuild.artifacts."""
+    from specbuild.artifacts import claim_output, resolve_output
+    from specbuild.cli.up_serving import default_repo_dir
+
+    folders = [(ctx.spec.pair_dir / role / name, stage) for role in ("target", "draft")
+               for name, stage in (("checkpoint", "convert"), ("engine", "build"))]
+    folders.append((ctx.repo or default_repo_dir(ctx.spec), "repo"))
+    for path, stage in folders:
+        if stage in ctx.stages:
+            claim_output(resolve_output(path, stage), stage)
+
+
 def run_check_stage(ctx: UpContext) -> dict[str, Any]:
     from specbuild.artifacts import write_json
 
+    claim_outputs(ctx)
     if ctx.dry_run:
         return {"status": "planned", "detail": "read both checkpoints' configs and tokenizers; memory plan"}
     record = ctx.spec.pair_dir / CHECK_RECORD
@@ -192,6 +208,7 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
     started = time.monotonic()
     names = [stage.name for stage in STAGES]
     stages = STAGES[: names.index(until) + 1] if until else STAGES
+    ctx.stages = tuple(stage.name for stage in stages)
     summary, error = run_stages(ctx, stages)
     document = {"pair": spec.name, "backend": backend, "dry_run": dry_run, "ok": error is None,
                 "stages": summary, "seconds": round(time.monotonic() - started, 3)}
