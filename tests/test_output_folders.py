@@ -70,14 +70,14 @@ def test_repo_uses_an_empty_folder_and_replaces_its_own(tmp_path):
     assert json.loads((out / "manifest.json").read_text())["backend"] == "trtllm"
 
 
-def test_repo_refuses_an_engine_folder_even_with_force(tmp_path):
+def test_repo_refuses_a_checkpoint_folder_even_with_force(tmp_path):
     spec = repo_spec(tmp_path)
     engine = fake_checkpoint_folder(tmp_path)
     before = contents(engine)
     result = run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(engine), "--force")
     assert result.exit_code == 1
-    assert result.output.startswith(f"Error: {engine} holds specbuild's TensorRT-LLM checkpoint (convert), "
-                                    "not a Triton model repository (repo): it will not be replaced, not even with --force.")
+    assert result.output.startswith(f"Error: {engine} holds specbuild's TensorRT-LLM checkpoint (convert), not a "
+                                    "Triton model repository (repo): it will not be replaced, not even with --force.")
     assert contents(engine) == before
 
 

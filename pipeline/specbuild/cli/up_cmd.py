@@ -51,7 +51,8 @@ CHECK_RECORD = "check.json"  # in the pair folder: the inputs of the last passin
 
 
 def check_inputs_hash(spec: Spec) -> str:
-    """What `check` reads: the spec, each checkpoint's config and tokenizer files, and its weight files' sizes."""
+    """What `check` reads: the spec, each checkpoint's config and tokenizer files, and its weight files' sizes
+    and modification times (a weight file rewritten in place, same size, is checked again)."""
     from specbuild import __version__
     from specbuild.artifacts import combined_hash, hash_file
 
@@ -65,8 +66,9 @@ def check_inputs_hash(spec: Spec) -> str:
                     continue
                 if path.suffix in (".json", ".model", ".txt", ".jinja"):
                     files[path.name] = hash_file(path)
-                else:
-                    files[path.name] = path.stat().st_size
+                else:  # weights: size and modification time (the NaN scan reads them; hashing costs as much)
+                    stat = path.stat()
+                    files[path.name] = [stat.st_size, stat.st_mtime_ns]
         parts[role] = files
     return combined_hash(parts)
 
@@ -101,8 +103,9 @@ def run_check_stage(ctx: UpContext) -> dict[str, Any]:
         except (OSError, ValueError):
             pass
     from specbuild.check import run_check
+    from specbuild.cli.common import progress_enabled
 
-    report = run_check(ctx.spec)
+    report = run_check(ctx.spec, progress=progress_enabled())
     for warning in report.warnings:
         ctx.log(f"check warning: {warning.message}")
     if not report.ok:
