@@ -180,6 +180,32 @@ def test_own_output_of_the_same_stage_is_replaced(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out"]  # no .old-* left
 
 
+def test_files_someone_added_to_specbuilds_own_output_stop_a_replacement(tmp_path):
+    final = tmp_path / "out"
+    with stage_output(final, stage="repo") as out:
+        (out.tmp / "model").mkdir()
+        (out.tmp / "model" / "config.pbtxt").write_text("x")
+        out.commit({"input_hash": "h1"})
+    assert read_manifest(final)["contents"] == ["model/config.pbtxt"]
+    (final / "model" / "__pycache__").mkdir()  # what tritonserver's Python leaves: specbuild's own
+    (final / "model" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"pyc")
+    with stage_output(final, stage="repo") as out:
+        assert not out.up_to_date("h2")
+        out.commit({"input_hash": "h2"})
+    (final / "notes.txt").write_text("mine")
+    with stage_output(final, stage="repo") as out:
+        assert out.up_to_date("h2")  # nothing to redo: the folder and the notes stay as they are
+    for force, digest in ((True, "h2"), (False, "h3")):
+        with pytest.raises(ArtifactError) as err:
+            with stage_output(final, stage="repo", force=force) as out:
+                out.up_to_date(digest)
+        assert str(err.value) == (
+            f"{final} is specbuild's Triton model repository (repo), but holds files specbuild did not write "
+            "(notes.txt): repo will not replace it, not even with --force. Move those files out of it, or choose "
+            "another folder.")
+    assert (final / "notes.txt").read_text() == "mine" and read_manifest(final)["input_hash"] == "h2"
+
+
 def test_a_file_where_the_folder_goes_is_refused(tmp_path):
     final = tmp_path / "out"
     final.write_text("a file")

@@ -113,6 +113,34 @@ def test_the_committed_triton_repo_stays_regenerable_and_engines_stays_put(tmp_p
     assert contents(tmp_path / "engines") == before
 
 
+def test_repo_keeps_files_added_to_its_own_folder(tmp_path):
+    spec, out = repo_spec(tmp_path), tmp_path / "triton_repo"
+    assert run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(out)).exit_code == 0
+    (out / "tensorrt_llm_bls" / "NOTES.md").write_text("tuning notes")
+    again = run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(out))
+    assert again.exit_code == 0 and "up to date" in again.output
+    forced = run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(out), "--force")
+    assert forced.exit_code == 1
+    assert forced.output == (f"Error: {out} is specbuild's Triton model repository (repo), but holds files specbuild "
+                             "did not write (tensorrt_llm_bls/NOTES.md): repo will not replace it, not even with "
+                             "--force. Move those files out of it, or choose another folder.\n")
+    assert (out / "tensorrt_llm_bls" / "NOTES.md").read_text() == "tuning notes"
+
+
+def test_a_served_copy_of_the_committed_triton_repo_is_regenerable(tmp_path):
+    out, spec = tmp_path / "triton_repo", repo_spec(tmp_path)
+    shutil.copytree(ROOT / "triton_repo", out)
+    (out / "tensorrt_llm_bls" / "1" / "__pycache__").mkdir()  # written when tritonserver imported model.py
+    (out / "tensorrt_llm_bls" / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"pyc")
+    (out / "notes.txt").write_text("mine")  # the committed manifest's own file list tells it apart
+    refused = run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(out), "--force")
+    assert refused.exit_code == 1 and "holds files specbuild did not write (notes.txt): " in refused.output
+    (out / "notes.txt").unlink()
+    result = run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(out), "--force")
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "manifest.json").read_text())["pair"] == "pair-x"
+
+
 def test_up_refuses_the_repo_folder_before_converting(tiny_spec_path):
     out = user_folder(tiny_spec_path.parent / "mine")
     before = contents(out)

@@ -161,6 +161,39 @@ def claim_output(final: Path, stage: str) -> str:
     )
 
 
+def foreign_files(folder: Path) -> list[str]:
+    """Files in specbuild's own output `folder` that its manifest does not list: someone put them there.
+    Python's __pycache__ folders (tritonserver importing a repository's model.py) are specbuild's."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    listed = manifest.get("contents", manifest.get("files"))  # older manifests: the stage's own file list
+    if not isinstance(listed, (list, dict)):
+        return []
+    listed = {str(name) for name in listed} | {MANIFEST}
+    found = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if (path.is_dir() and not path.is_symlink()) or "__pycache__" in rel.parts:
+            continue
+        if rel.as_posix() not in listed:
+            found.append(rel.as_posix())
+    return found
+
+
+def refuse_foreign(final: Path, stage: str) -> None:
+    """Before replacing specbuild's own output: refuse when someone added files to it."""
+    found = foreign_files(final)
+    if found:
+        named = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise ArtifactError(
+            f"{final} is specbuild's {_describe(stage)}, but holds files specbuild did not write ({named}): "
+            f"{stage} will not replace it, not even with --force. Move those files out of it, or choose another "
+            "folder."
+        )
+
+
 def _remove_stale(final: Path) -> None:
     """Remove the temporary folders a killed run of this output left beside it (the caller holds the lock).
     Only folders specbuild marked (or left empty) go; anything else under such a name is left alone."""
@@ -190,18 +223,27 @@ class StageOutput:
             return None
 
     def up_to_date(self, input_hash: str) -> bool:
-        """True when the final folder exists with a manifest for exactly these inputs (and no --force)."""
+        """True when the final folder exists with a manifest for exactly these inputs (and no --force).
+        When False, the stage is about to redo the folder: raises ArtifactError now, before the work,
+        if the folder holds files specbuild did not write."""
         manifest = self.existing_manifest()
-        return bool(not self.force and manifest and manifest.get("input_hash") == input_hash)
+        if not self.force and manifest and manifest.get("input_hash") == input_hash:
+            return True
+        if self.final.is_dir():
+            refuse_foreign(self.final, self.stage)
+        return False
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
         if manifest.get("stage", self.stage) != self.stage:
             raise ValueError(f"a {self.stage} output cannot record stage {manifest['stage']!r}")
-        manifest = {"manifest_version": MANIFEST_VERSION, "created_unix": round(time.time(), 3), **manifest,
-                    "stage": self.stage}
-        write_json(self.tmp / MANIFEST, manifest)
         (self.tmp / PARTIAL).rmdir()
+        contents = sorted(p.relative_to(self.tmp).as_posix() for p in self.tmp.rglob("*") if not p.is_dir())
+        manifest = {"manifest_version": MANIFEST_VERSION, "created_unix": round(time.time(), 3), **manifest,
+                    "stage": self.stage, "contents": contents}
+        write_json(self.tmp / MANIFEST, manifest)
         claim = claim_output(self.final, self.stage)  # again: the folder may have changed since the start
+        if claim == "own":
+            refuse_foreign(self.final, self.stage)
         old = self.final.with_name(f".{self.final.name}.old-{os.getpid()}")
         moved_aside = False
         try:
