@@ -14,9 +14,10 @@ Ownership: specbuild replaces only folders it wrote itself. A folder is specbuil
 stage when its manifest.json (written last, by `commit`) carries `manifest_version` and that
 `stage`. `stage_output` refuses, before any work and again at commit, a path that is a file, a
 folder of someone else (no such manifest), or specbuild's output of another stage; `--force` does
-not change that. An absent path or an empty folder is used. A temporary folder left by a killed
-run is recognised by the empty `.specbuild-partial` folder inside it (an empty folder, so it shows
-in no file listing or hash) and removed at the next run.
+not change that. An absent path or an empty folder is used. Its own folder is redone only when it
+holds nothing but the files its manifest lists (`contents`) and Python's __pycache__ folders.
+A temporary folder left by a killed run is recognised by the empty `.specbuild-partial` folder
+inside it (an empty folder, so it shows in no file listing or hash) and removed at the next run.
 """
 
 from __future__ import annotations
