@@ -196,3 +196,41 @@ def test_fp8_checkpoint_is_dequantized_and_keeps_its_activation_scales(pair, tmp
     acts = json.loads((engine / "activation_quant.json").read_text())
     assert acts["model.layers.0.self_attn.o_proj"] == {"kind": "fp8", "scale": pytest.approx(0.05),
                                                        "pre_quant_scale": False}
+
+
+def test_smoke_test_names_non_finite_weights_of_the_source_checkpoint(pair):
+    from specbuild.errors import BuildError
+
+    spec, models = pair
+    with torch.no_grad():
+        models["draft"].model.layers[0].mlp.down_proj.weight[0, :3] = float("nan")
+    models["draft"].save_pretrained(str(spec.draft.checkpoint))  # a corrupt source ...
+    write_trtllm_checkpoint(models["draft"], spec.pair_dir / "draft" / "checkpoint", "draft", spec.name)  # ... converted
+    with pytest.raises(BuildError) as err:
+        build_engines(spec, ["draft"], "reference")
+    assert str(err.value) == (
+        "the reference engine's smoke test failed: its logits hold NaN or Inf. The source checkpoint "
+        f"{spec.draft.checkpoint} holds non-finite weights (model.safetensors: tensor "
+        "'model.layers.0.mlp.down_proj.weight' (F32) has 3 NaN of 2,048 values): conversion copies them, so "
+        "`specbuild convert --force` cannot help. Download or save the checkpoint again, and run `specbuild check`, "
+        "which scans for them.")
+    assert not (spec.pair_dir / "draft" / "engine").exists()
+
+
+def test_smoke_test_blames_the_conversion_when_only_the_converted_weights_are_non_finite(pair):
+    from safetensors.torch import load_file, save_file
+
+    from specbuild.errors import BuildError
+
+    spec, _ = pair
+    ckpt = spec.pair_dir / "draft" / "checkpoint"
+    tensors = load_file(str(ckpt / "rank0.safetensors"))
+    tensors["transformer.layers.0.mlp.proj.weight"][0, 0] = float("inf")
+    save_file(tensors, str(ckpt / "rank0.safetensors"))
+    with pytest.raises(BuildError) as err:
+        build_engines(spec, ["draft"], "reference")
+    assert str(err.value) == (
+        "the reference engine's smoke test failed: its logits hold NaN or Inf. The source weights are finite but "
+        f"the converted checkpoint {ckpt} is not (rank0.safetensors: tensor 'transformer.layers.0.mlp.proj.weight' "
+        "(F32) has 1 Inf of 2,048 values): the conversion produced them. Run `specbuild convert --force` and check "
+        "its log.")

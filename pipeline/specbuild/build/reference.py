@@ -129,8 +129,10 @@ def write_weights(state_dict: dict[str, Any], path: Path) -> int:
     return sum(t.numel() for t in tensors.values())
 
 
-def smoke_test(folder: Path, vocab_size: int) -> dict[str, Any]:
-    """Load the folder with transformers and run one forward pass over a few tokens."""
+def smoke_test(folder: Path, vocab_size: int, source: Path | None = None,
+               converted: Path | None = None) -> dict[str, Any]:
+    """Load the folder with transformers and run one forward pass over a few tokens.
+    source, converted: the HF and TensorRT-LLM checkpoints, searched for NaN/Inf when the logits hold any."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -157,11 +159,16 @@ def smoke_test(folder: Path, vocab_size: int) -> dict[str, Any]:
         logits = model(input_ids=input_ids).logits  # [1, n, vocab]
     shape = list(logits.shape)
     finite = bool(torch.isfinite(logits).all())
-    if shape != [1, n, vocab_size] or not finite:
+    if shape != [1, n, vocab_size]:
         raise BuildError(
-            f"the reference engine's smoke test failed: logits shape {shape} (expected [1, {n}, {vocab_size}]), "
-            f"finite={finite}. The converted weights are broken; run `specbuild convert --force` and check its log."
+            f"the reference engine's smoke test failed: logits shape {shape} (expected [1, {n}, {vocab_size}]). "
+            "The converted checkpoint's shapes are wrong; run `specbuild convert --force` and check its log."
         )
+    if not finite:
+        from specbuild.check.weights import smoke_failure_advice
+
+        advice = smoke_failure_advice(source, converted) if source and converted else ""
+        raise BuildError(f"the reference engine's smoke test failed: its logits hold NaN or Inf. {advice}".strip())
     return {"tokens": n, "logits_shape": shape, "finite": finite, "argmax": logits[0].argmax(-1).tolist()}
 
 
@@ -177,7 +184,7 @@ def build_reference_role(plan: RolePlan, pair: str, hf_dir: Path, force: bool = 
     started = time.monotonic()
     input_hash, files, tok_hashes = reference_input_hash(plan, hf_dir)
     tokenizer = tokenizer_files(hf_dir)
-    with stage_output(plan.engine_dir, force=force) as out:
+    with stage_output(plan.engine_dir, stage="build", force=force) as out:
         if out.up_to_date(input_hash):
             log(f"{plan.role}: reference engine up to date ({plan.engine_dir}), skipped. Use --force to rebuild.")
             return {"role": plan.role, "status": "skipped", "engine_dir": str(plan.engine_dir),
@@ -199,7 +206,7 @@ def build_reference_role(plan: RolePlan, pair: str, hf_dir: Path, force: bool = 
         for path in tokenizer:
             shutil.copyfile(path, out.tmp / path.name)
         log(f"{plan.role}: smoke test (one forward pass over {SMOKE_TOKENS} tokens)")
-        smoke = smoke_test(out.tmp, vocab_size)
+        smoke = smoke_test(out.tmp, vocab_size, source=hf_dir, converted=plan.checkpoint_dir)
         versions = {**tool_versions("torch", "transformers", "safetensors"), "reference_format": REFERENCE_FORMAT}
         manifest = out.commit({
             "stage": "build",

@@ -168,7 +168,7 @@ def build_trtllm_role(plan: RolePlan, pair: str, executable: str, force: bool = 
     """Build one engine with trtllm-build; returns the stage summary (status ran|skipped, manifest)."""
     started = time.monotonic()
     input_hash, files, versions = trtllm_input_hash(plan, executable)
-    with stage_output(plan.engine_dir, force=force) as out:
+    with stage_output(plan.engine_dir, stage="build", force=force) as out:
         if out.up_to_date(input_hash):
             log(f"{plan.role}: engine up to date ({plan.engine_dir}), skipped. Use --force to rebuild.")
             return {"role": plan.role, "status": "skipped", "engine_dir": str(plan.engine_dir),

@@ -4,7 +4,8 @@
     report = run_check(spec)          # CheckReport; report.ok, report.to_dict()
 
 Modules: `pair` (the orchestrator), `tokenizer` (equivalence), `memory` (the memory plan),
-`report` (findings and the report document). Checkpoint facts come from `specbuild.hfmodel`.
+`weights` (the NaN/Inf scan of the weights), `report` (findings and the report document).
+Checkpoint facts come from `specbuild.hfmodel`.
 """
 
 from specbuild.check.memory import MemoryPlan, plan_memory

@@ -1,7 +1,8 @@
-"""`run_check`: the pair verdict, from the spec alone (no GPU, no model weights loaded).
+"""`run_check`: the pair verdict, from the spec alone (no GPU, no model loaded).
 
 Order: read both checkpoints' facts (a missing or pickle-only checkpoint raises CheckpointError),
-then architecture, position limit, tokenizer equivalence, vocabulary padding and the memory plan.
+then architecture, position limit, tokenizer equivalence, vocabulary padding, the memory plan and
+a scan of the safetensors weights for NaN/Inf (check.weights; reads every weight byte once).
 Every finding lands in one `CheckReport`; nothing after the checkpoint reading raises.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from specbuild.check.memory import plan_memory
 from specbuild.check.report import CheckReport
 from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
+from specbuild.check.weights import check_weights
 from specbuild.config import Spec
 from specbuild.errors import CheckpointError
 from specbuild.hfmodel import SUPPORTED_ARCHITECTURES, ModelInfo, read_model_info
@@ -17,7 +19,8 @@ from specbuild.hfmodel import SUPPORTED_ARCHITECTURES, ModelInfo, read_model_inf
 ROLES = ("target", "draft")
 
 
-def run_check(spec: Spec, allow_pickle: bool = False) -> CheckReport:
+def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True, progress: bool = False) -> CheckReport:
+    """scan_weights: read every weight for NaN/Inf (check.weights); progress: a progress bar on stderr for it."""
     infos = {role: read_model_info(spec.role(role).checkpoint, allow_pickle=allow_pickle, role=role) for role in ROLES}
     report = CheckReport(pair=spec.name, models={role: info.summary() for role, info in infos.items()})
     for role, info in infos.items():
@@ -38,6 +41,10 @@ def run_check(spec: Spec, allow_pickle: bool = False) -> CheckReport:
     report.memory = plan.to_dict()
     report.problems.extend(plan.problems)
     report.warnings.extend(plan.warnings)
+    if scan_weights:
+        check_weights(report, infos, progress=progress)
+    else:
+        report.sections["weights"] = {role: {"scanned": False, "reason": "--no-weight-scan"} for role in ROLES}
     return report
 
 

@@ -67,6 +67,22 @@ def _memory_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _weights_line(doc: dict[str, Any]) -> str:
+    section = doc.get("weights") or {}
+    parts = []
+    for role in ("target", "draft"):
+        scan = section.get(role) or {}
+        if not scan.get("scanned"):
+            parts.append(f"{role} not scanned ({scan.get('reason', 'no safetensors')})")
+            continue
+        bad = sum(t["nan"] + t["inf"] for t in scan["nonfinite"])
+        state = f"{bad:,} NaN/Inf values" if bad else "all finite"
+        if scan["damaged"]:
+            state += ", truncated"
+        parts.append(f"{role} {state} ({_gib(scan['bytes'])} in {scan['seconds']:.2f} s)")
+    return "; ".join(parts)
+
+
 def format_report(doc: dict[str, Any]) -> str:
     """The human summary of a check report document."""
     rows: list[tuple[str, str]] = [("pair", doc["pair"])]
@@ -76,6 +92,7 @@ def format_report(doc: dict[str, Any]) -> str:
                            f"{info['num_params'] / 1e6:,.1f}M params, {info['path']}"))
     rows.append(("tokenizer", _tokenizer_line(doc)))
     rows.append(("vocab", _vocab_line(doc)))
+    rows.append(("weights", _weights_line(doc)))
     memory = _memory_lines(doc)
     rows.append(("memory", memory[0]))
     rows.extend(("", line) for line in memory[1:])
@@ -94,18 +111,21 @@ def format_report(doc: dict[str, Any]) -> str:
 @json_option
 @click.option("--allow-pickle", is_flag=True,
               help="Accept checkpoints whose weights are pickle files (.bin/.pt): only for files you trust.")
+@click.option("--no-weight-scan", "no_weight_scan", is_flag=True,
+              help="Skip reading every weight for NaN/Inf (it reads the whole checkpoint once, at disk speed).")
 @click.option("--measure", is_flag=True, help="Also measure alpha and c in-process on sample prompts and predict "
               "the speedup per K and the best max_draft_len (loads both models; see docs/bench.md).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSONL prompts for --measure (one {\"prompt\": ...} per line; default: built-in code/prose/json).")
 @click.pass_context
-def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bool, measure: bool,
-            prompts_file: Path | None) -> None:
+def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bool, no_weight_scan: bool,
+            measure: bool, prompts_file: Path | None) -> None:
     """Check that the pair can work and fits the GPU, before any GPU work.
 
     \b
     - tokenizers: the full token->id map, added and special tokens (BOS/EOS/pad) must match;
     - vocabulary: embedding rows may differ (padded at convert time);
+    - weights: every safetensors tensor is scanned for NaN/Inf (a damaged download);
     - architectures supported by the TensorRT-LLM export, max_seq_len within position limits;
     - memory plan for [gpu]: weights, KV cache per token, the largest batch at max_seq_len,
       kv_cache_free_gpu_mem_fraction for each model, or what to change when it does not fit.
@@ -113,15 +133,16 @@ def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bo
     Exit codes: 0 usable pair, 1 unusable pair or bad input, 2 usage error.
     """
     from specbuild.check import run_check
+    from specbuild.cli.common import progress_enabled
 
     spec = get_spec(spec_path)
-    report = run_check(spec, allow_pickle=allow_pickle)
+    report = run_check(spec, allow_pickle=allow_pickle, scan_weights=not no_weight_scan, progress=progress_enabled())
     doc = report.to_dict()
     if prompts_file is not None and not measure:
         raise click.UsageError("--prompts is used by --measure: add --measure.")
     if measure and report.ok:
         from specbuild.bench import qualify
-        from specbuild.cli.common import log, progress_enabled
+        from specbuild.cli.common import log
 
         doc["measure"] = qualify.measure(spec, prompts_file=prompts_file, log=log, progress=progress_enabled())
     if as_json:

@@ -39,7 +39,7 @@ def command(out: Path, force: bool, example: bool, variant: str, from_check: Pat
     from specbuild.example import specfile
     from specbuild.errors import SpecError
 
-    if out.exists() and not force:
+    if (out.exists() or out.is_symlink()) and not force:
         raise SpecError(f"{out} already exists; not overwriting it. Pass --force to replace it, "
                         "or --out to write elsewhere.")
     measured: tuple[dict, str] | None = _read_check(from_check) if from_check is not None else None

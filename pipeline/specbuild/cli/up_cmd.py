@@ -33,6 +33,7 @@ class UpContext:
     as_json: bool = False  # the serve stage prints streamed text to stdout only without --json
     log: Callable[[str], None] = log
     results: dict[str, Any] = field(default_factory=dict)  # stage name -> what it returned, for later stages
+    stages: tuple[str, ...] = ("check", "convert", "build", "repo", "serve")  # the stages this run goes through
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ CHECK_RECORD = "check.json"  # in the pair folder: the inputs of the last passin
 
 
 def check_inputs_hash(spec: Spec) -> str:
-    """What `check` reads: the spec, each checkpoint's config and tokenizer files, and its weight files' sizes."""
+    """What `check` reads: the spec, each checkpoint's config and tokenizer files, and its weight files' sizes
+    and modification times (a weight file rewritten in place, same size, is checked again)."""
     from specbuild import __version__
     from specbuild.artifacts import combined_hash, hash_file
 
@@ -64,15 +66,31 @@ def check_inputs_hash(spec: Spec) -> str:
                     continue
                 if path.suffix in (".json", ".model", ".txt", ".jinja"):
                     files[path.name] = hash_file(path)
-                else:
-                    files[path.name] = path.stat().st_size
+                else:  # weights: size and modification time (the NaN scan reads them; hashing costs as much)
+                    stat = path.stat()
+                    files[path.name] = [stat.st_size, stat.st_mtime_ns]
         parts[role] = files
     return combined_hash(parts)
+
+
+def claim_outputs(ctx: UpContext) -> None:
+    """Refuse now, not after convert and build, an output folder that a later stage may not replace
+    (someone else's folder, a file, specbuild's output of another stage): see specbuild.artifacts."""
+    from specbuild.artifacts import claim_output, resolve_output
+    from specbuild.cli.up_serving import default_repo_dir
+
+    folders = [(ctx.spec.pair_dir / role / name, stage) for role in ("target", "draft")
+               for name, stage in (("checkpoint", "convert"), ("engine", "build"))]
+    folders.append((ctx.repo or default_repo_dir(ctx.spec), "repo"))
+    for path, stage in folders:
+        if stage in ctx.stages:
+            claim_output(resolve_output(path, stage), stage)
 
 
 def run_check_stage(ctx: UpContext) -> dict[str, Any]:
     from specbuild.artifacts import write_json
 
+    claim_outputs(ctx)
     if ctx.dry_run:
         return {"status": "planned", "detail": "read both checkpoints' configs and tokenizers; memory plan"}
     record = ctx.spec.pair_dir / CHECK_RECORD
@@ -85,8 +103,9 @@ def run_check_stage(ctx: UpContext) -> dict[str, Any]:
         except (OSError, ValueError):
             pass
     from specbuild.check import run_check
+    from specbuild.cli.common import progress_enabled
 
-    report = run_check(ctx.spec)
+    report = run_check(ctx.spec, progress=progress_enabled())
     for warning in report.warnings:
         ctx.log(f"check warning: {warning.message}")
     if not report.ok:
@@ -192,6 +211,7 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
     started = time.monotonic()
     names = [stage.name for stage in STAGES]
     stages = STAGES[: names.index(until) + 1] if until else STAGES
+    ctx.stages = tuple(stage.name for stage in stages)
     summary, error = run_stages(ctx, stages)
     document = {"pair": spec.name, "backend": backend, "dry_run": dry_run, "ok": error is None,
                 "stages": summary, "seconds": round(time.monotonic() - started, 3)}

@@ -230,7 +230,7 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
     versions = tool_versions(*TOOLS)
     hashes = source_hashes(plan)
     digest = input_hash(plan, hashes, versions)
-    with stage_output(plan.out_dir, force=force) as out:
+    with stage_output(plan.out_dir, stage="convert", force=force) as out:
         if out.up_to_date(digest):
             manifest = out.existing_manifest() or {}
             log(f"[{plan.role}] {plan.out_dir} is up to date (inputs unchanged); nothing to do. --force redoes it.")

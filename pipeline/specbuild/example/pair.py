@@ -94,12 +94,12 @@ def _locked_output(final: Path, force: bool) -> Iterator[Any]:
     """stage_output, but wait (saying so on stderr) while another process holds the lock."""
     with ExitStack() as stack:
         try:
-            out = stack.enter_context(stage_output(final, force=force))
+            out = stack.enter_context(stage_output(final, stage=STAGE, force=force))
         except ArtifactError as err:
             if "locked by another" not in str(err):
                 raise
             print(f"specbuild: waiting for another process to finish {final} ...", file=sys.stderr)
-            out = stack.enter_context(stage_output(final, force=force, lock_timeout=LOCK_WAIT_S))
+            out = stack.enter_context(stage_output(final, stage=STAGE, force=force, lock_timeout=LOCK_WAIT_S))
         yield out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -213,11 +214,18 @@ def write_spec(path: str | Path, text: str, force: bool = False) -> Path:
     from specbuild.errors import SpecError
 
     path = Path(path)
-    if path.exists() and not force:
+    if (path.exists() or path.is_symlink()) and not force:
         raise SpecError(f"{path} already exists; not overwriting it. Pass --force to replace it, "
                         "or --out to write elsewhere.")
+    if path.is_dir():
+        raise SpecError(f"{path} is a folder; a spec file is not written over a folder, not even with --force. "
+                        "Pass --out with a file path.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:  # "x": never over a file someone else left there
+            f.write(text)
+    except FileExistsError:
+        raise SpecError(f"{tmp} exists and was not written by this run; move it away and run again.") from None
+    os.replace(tmp, path)
     return path

@@ -235,7 +235,7 @@ def write_repository(
     settings, warnings = plan_settings(spec, backend, out_dir, engines_dir, tokenizer_dir)
     files = render(settings)
     input_hash = combined_hash(asdict(settings), files)
-    with stage_output(Path(out_dir), force=force) as out:
+    with stage_output(Path(out_dir), stage="repo", force=force) as out:
         if out.up_to_date(input_hash):
             return RepoResult(out.final, backend, True, settings, list(files), warnings)
         for rel, text in files.items():
