@@ -7,6 +7,7 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 
 from __future__ import annotations
 
+from specbuild.build import rules
 from specbuild.check.memory import plan_memory
 from specbuild.check.report import CheckReport
 from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
@@ -32,6 +33,7 @@ def run_check(spec: Spec, allow_pickle: bool = False) -> CheckReport:
                 "--allow-pickle. Its parameter count is estimated from config.json.",
                 "Convert it to safetensors (save_pretrained(dir, safe_serialization=True)).",
             )
+    check_max_num_tokens(report, spec)
     tokenizer_size = check_tokenizers(report, spec)
     check_vocab(report, infos["target"], infos["draft"], tokenizer_size)
     plan = plan_memory(spec, infos["target"], infos["draft"])
@@ -79,6 +81,22 @@ def check_positions(report: CheckReport, spec: Spec, role: str, info: ModelInfo)
             f"build.max_seq_len + max_draft_len = {b.max_seq_len + spec.speculative.max_draft_len} exceeds the "
             f"target's position limit {limit}: the last drafts of a full-length sequence sit past it.",
             f"Set build.max_seq_len <= {limit - spec.speculative.max_draft_len}.",
+        )
+
+
+def check_max_num_tokens(report: CheckReport, spec: Spec) -> None:
+    """The runtime refuses inputs longer than min(max_seq_len - 1, max_num_tokens); the BLS re-sends prompt +
+    generated tokens every step, so the build raises max_num_tokens to max_seq_len - 1 (specbuild.build.rules)."""
+    b = spec.build
+    planned = rules.planned_max_num_tokens(b.max_batch_size, b.max_seq_len, b.max_num_tokens)[0]
+    if planned > b.max_num_tokens:
+        report.warn(
+            "max_num_tokens_raised",
+            f"build.max_num_tokens = {b.max_num_tokens} is below max_seq_len - 1 = {b.max_seq_len - 1}: TensorRT-LLM "
+            "refuses an input longer than min(max_seq_len - 1, max_num_tokens), and the draft/verify loop sends "
+            f"prompt + generated tokens on every step, so a long generation would fail midway. The build uses "
+            f"max_num_tokens = {planned} (the memory plan counts it).",
+            f"Set build.max_num_tokens = {planned} (or more) to silence this, or lower build.max_seq_len.",
         )
 
 

@@ -118,27 +118,37 @@ def pad_intermediate(model: Any, size: int) -> None:
 
 
 def quant_config(plan: RolePlan) -> dict[str, Any] | None:
-    """The modelopt config: the format's, with the AWQ block size and the FP8 KV-cache entries merged in."""
+    """The modelopt config: the format's, with the AWQ block size and the FP8 KV-cache entries merged in.
+
+    Two layouts exist: a list of {"quantizer_name", "cfg"/"enable"} entries (modelopt 0.4x) and a dict of
+    pattern -> settings with a "default" entry (0.37, the version TensorRT-LLM 1.2 pins).
+    """
     import modelopt.torch.quantization as mtq
 
     fmt = formats.get_format(plan.quantization)
     if fmt.mtq_config is None and plan.kv_cache == "none":
         return None
+    kv_entries = copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
+    listed = isinstance(kv_entries, list)
     if fmt.mtq_config is None:  # weight-only or none, with an FP8 KV cache: calibrate only the KV quantizers
-        cfg = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
+        entries: Any = [{"quantizer_name": "*", "enable": False}] if listed else {"default": {"enable": False}}
+        cfg = {"quant_cfg": entries, "algorithm": "max"}
     else:
         cfg = copy.deepcopy(getattr(mtq, fmt.mtq_config))
     entries = cfg["quant_cfg"]
-    if not isinstance(entries, list):
+    if isinstance(entries, list) != listed or not isinstance(entries, (list, dict)):
         raise CheckpointError(f"nvidia-modelopt {tool_versions('nvidia-modelopt')['nvidia-modelopt']}: unexpected "
-                              "quantization config layout. Install nvidia-modelopt 0.4x (<0.49).")
+                              "quantization config layout. Install nvidia-modelopt 0.37 or 0.4x (<0.49).")
     if fmt.awq:
-        for entry in entries:
-            if entry.get("quantizer_name") == "*weight_quantizer":
-                first = entry["cfg"][0] if isinstance(entry["cfg"], list) else entry["cfg"]
-                first["block_sizes"][-1] = plan.awq_block_size
+        weight = (next(e.get("cfg") for e in entries if e.get("quantizer_name") == "*weight_quantizer") if listed
+                  else entries["*weight_quantizer"])
+        first = weight[0] if isinstance(weight, list) else weight
+        first["block_sizes"][-1] = plan.awq_block_size
     if plan.kv_cache == "fp8":
-        cfg["quant_cfg"] = list(entries) + list(copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"]))
+        if listed:
+            cfg["quant_cfg"] = list(entries) + list(kv_entries)
+        else:
+            entries.update({k: v for k, v in kv_entries.items() if k != "default"})
     return cfg
 
 
