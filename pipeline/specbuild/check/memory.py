@@ -245,7 +245,7 @@ def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:
     b, g = spec.build, spec.gpu
     tp, pp = b.tp_size, b.pp_size
     memory = int(g.memory_per_gpu_gib * GIB)
-    vocab_rows = padded_vocab(max(target.vocab_size, draft.vocab_size), tp)
+    vocab_rows = padded_vocab(target.vocab_size, tp)  # convert pads or trims the draft to the target's rows
     roles = {"target": (target, spec.target, b.max_seq_len + spec.speculative.max_draft_len),
              "draft": (draft, spec.draft, b.max_seq_len)}
     raw: dict[str, dict[str, int]] = {}

@@ -161,10 +161,12 @@ def check_tokenizers(report: CheckReport, spec: Spec) -> int | None:
 
 
 def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokenizer_size: int | None) -> None:
-    """`specbuild convert` pads the draft's embedding and lm_head up to the target's rows; it cannot cut a
-    larger draft down (TensorRT-LLM's external-draft-tokens buffers need equal logits widths)."""
+    """Both engines must emit logits of the same width (TensorRT-LLM's external-draft-tokens buffers).
+    `specbuild convert` pads a smaller draft's embedding and lm_head with zero rows up to the target's, and
+    trims a larger draft's when the extra rows lie beyond the tokenizer (no token maps to them)."""
     rows = {"target": target.vocab_size, "draft": draft.vocab_size}
     padded = rows["target"]
+    trimmable = rows["draft"] > padded and tokenizer_size is not None and tokenizer_size <= padded
     report.vocab = {
         "tokenizer_size": tokenizer_size,
         "target_rows": rows["target"],
@@ -172,6 +174,8 @@ def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokeni
         "padded_vocab_size": padded,
         "pad_rows": {"target": 0, "draft": max(padded - rows["draft"], 0)},
         "will_pad": rows["draft"] < padded,
+        "trim_rows": {"target": 0, "draft": rows["draft"] - padded if trimmable else 0},
+        "will_trim": trimmable,
     }
     if tokenizer_size is not None:
         for role, n in rows.items():
@@ -182,12 +186,24 @@ def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokeni
                     "those ids would index past the embedding.",
                     f"Point {role}.checkpoint at a model whose vocab_size is at least {tokenizer_size}.",
                 )
-    if rows["draft"] > rows["target"]:
+    if rows["draft"] > rows["target"] and not trimmable:
+        why = ("the tokenizers could not be compared, so whether tokens use those rows is unknown"
+               if tokenizer_size is None else f"the tokenizer has ids up to {tokenizer_size - 1}: rows "
+               f"{rows['target']}..{tokenizer_size - 1} are real tokens the target cannot emit")
         report.problem(
             "draft_vocab_larger_than_target",
-            f"the draft's embedding has {rows['draft']} rows, more than the target's {rows['target']}: both engines "
-            "must emit logits of the same width, and convert pads the draft but cannot cut it down safely.",
-            "Use a draft whose vocab_size is no larger than the target's.",
+            f"the draft's embedding has {rows['draft']} rows, more than the target's {rows['target']}, and {why}. "
+            "Both engines must emit logits of the same width; convert cuts extra draft rows only when no token "
+            "maps to them.",
+            "Use a draft whose vocabulary is no larger than the target's (and the same tokenizer).",
+        )
+    elif trimmable:
+        report.warn(
+            "vocab_trim",
+            f"the draft's embedding has {rows['draft']} rows, the target's {rows['target']}; the draft's rows "
+            f"{rows['target']}..{rows['draft'] - 1} lie beyond the tokenizer ({tokenizer_size} tokens), so "
+            f"`specbuild convert` cuts them: both engines emit logits of width {padded}. No token is lost.",
+            "Nothing to do: `specbuild convert` trims them (the convert manifest records it).",
         )
     elif report.vocab["will_pad"] and report.tokenizer.get("identical"):
         report.warn(

@@ -94,6 +94,28 @@ def pad_vocab(model: Any, rows: int) -> None:
     model.config.vocab_size = rows
 
 
+def trim_vocab(model: Any, rows: int) -> None:
+    """Keep the first `rows` rows of the embedding and lm_head (the rows beyond lie past the tokenizer)."""
+    import torch
+
+    emb = model.get_input_embeddings()
+    if emb.weight.shape[0] <= rows:
+        return
+    with torch.no_grad():
+        new_emb = torch.nn.Embedding(rows, emb.weight.shape[1], device=emb.weight.device, dtype=emb.weight.dtype)
+        new_emb.weight.copy_(emb.weight[:rows])
+        model.set_input_embeddings(new_emb)
+        head = model.get_output_embeddings()
+        if model.config.tie_word_embeddings:
+            head.weight = new_emb.weight
+        else:
+            new_head = torch.nn.Linear(head.in_features, rows, bias=False, device=head.weight.device,
+                                       dtype=head.weight.dtype)
+            new_head.weight.copy_(head.weight[:rows])
+            model.set_output_embeddings(new_head)
+    model.config.vocab_size = rows
+
+
 def pad_intermediate(model: Any, size: int) -> None:
     """Zero rows in gate_proj/up_proj and zero columns in down_proj: silu(0) * 0 = 0 leaves the model unchanged."""
     import torch
@@ -260,6 +282,10 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
         if plan.pad_vocab_to:
             log(f"[{plan.role}] padding the vocabulary {plan.vocab_rows} -> {plan.pad_vocab_to} rows (zeros)")
             pad_vocab(model, plan.pad_vocab_to)
+        if plan.trim_vocab_to:
+            log(f"[{plan.role}] trimming the vocabulary {plan.vocab_rows} -> {plan.trim_vocab_to} rows (to the "
+                "target's; the rows cut lie beyond the tokenizer: no token maps to them)")
+            trim_vocab(model, plan.trim_vocab_to)
         if plan.pad_intermediate_to:
             log(f"[{plan.role}] padding the MLP width to {plan.pad_intermediate_to} (zeros) for AWQ blocks of "
                 f"{plan.awq_block_size}")
@@ -297,6 +323,7 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
             "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"),
             "mapping": config.get("mapping"),
             "vocab_size": config.get("vocab_size"),
+            "vocab_trimmed": ({"from": plan.vocab_rows, "to": plan.trim_vocab_to} if plan.trim_vocab_to else None),
             "architecture": config.get("architecture"),
             "dtype": config.get("dtype"),
             "source": {"path": str(plan.hf_dir), "files": hashes},
