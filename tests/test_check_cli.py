@@ -28,7 +28,8 @@ def test_identical_pair_is_ok(tmp_path):
     assert list(doc) == ["ok", "pair", "models", "tokenizer", "vocab", "memory", "problems", "warnings"]
     assert doc["tokenizer"]["identical"] is True
     assert doc["vocab"] == {"tokenizer_size": 1000, "target_rows": 1000, "draft_rows": 1000, "padded_vocab_size": 1000,
-                            "pad_rows": {"target": 0, "draft": 0}, "will_pad": False}
+                            "pad_rows": {"target": 0, "draft": 0}, "will_pad": False,
+                            "trim_rows": {"target": 0, "draft": 0}, "will_trim": False}
     memory = doc["memory"]
     assert memory["fits"] and memory["max_batch_at_max_seq_len"] >= 2
     assert 0 < memory["target"]["kv_cache_free_gpu_mem_fraction"] <= 0.95
