@@ -111,7 +111,7 @@ def verify_engine(plan: RolePlan, engine_dir: Path, gpu_sm: int | None = None) -
         raise BuildError(
             f"the {plan.role} engine trtllm-build wrote disagrees with what was asked: {'; '.join(problems)}. "
             "It was not marked built. Check build.log and the TensorRT-LLM version "
-            f"(specbuild's flags were checked against {TRTLLM_VERSION_CHECKED})."
+            f"(specbuild targets {TRTLLM_VERSION_CHECKED})."
         )
     found["version"] = config.get("version")
     found["quant_algo"] = plan.quant_algo

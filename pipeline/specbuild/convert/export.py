@@ -148,15 +148,11 @@ def quant_config(plan: RolePlan) -> dict[str, Any] | None:
     import modelopt.torch.quantization as mtq
 
     fmt = formats.get_format(plan.quantization)
-    if fmt.mtq_config is None and plan.kv_cache == "none":
+    if fmt.mtq_config is None:  # none / weight-only: an FP8 KV cache is refused for them at plan time
         return None
     kv_entries = copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
     listed = isinstance(kv_entries, list)
-    if fmt.mtq_config is None:  # weight-only or none, with an FP8 KV cache: calibrate only the KV quantizers
-        entries: Any = [{"quantizer_name": "*", "enable": False}] if listed else {"default": {"enable": False}}
-        cfg = {"quant_cfg": entries, "algorithm": "max"}
-    else:
-        cfg = copy.deepcopy(getattr(mtq, fmt.mtq_config))
+    cfg = copy.deepcopy(getattr(mtq, fmt.mtq_config))
     entries = cfg["quant_cfg"]
     if isinstance(entries, list) != listed or not isinstance(entries, (list, dict)):
         raise CheckpointError(f"nvidia-modelopt {tool_versions('nvidia-modelopt')['nvidia-modelopt']}: unexpected "
