@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specbuild.artifacts import hash_tree, stage_output, tool_versions
-from specbuild.build.flags import TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv, trtllm_version_note
 from specbuild.build import rules
+from specbuild.build.flags import TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv, trtllm_version_note
 from specbuild.build.plan import RolePlan
 from specbuild.build.versions import interpreter_for, probe_versions
 from specbuild.errors import BuildError, ToolNotFoundError
