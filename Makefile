@@ -31,3 +31,25 @@ cli-docs: setup
 
 clean-demo:
 	rm -rf $(DEMO)
+
+# The convert tests again under the library versions TensorRT-LLM 1.2 pins in its requirements.txt
+# (NVIDIA/TensorRT-LLM requirements.txt: nvidia-modelopt[torch]~=0.37.0, transformers 4.57.x): the GPU
+# image converts with those, not with the newer ones in .venv. Same CPU torch as .venv (a PyPI torch
+# would pull the CUDA build). The import check fails loudly instead of letting the tests skip.
+PINS_VENV ?= .venv-convert-pins
+CONVERT_PINS := "nvidia-modelopt[torch]~=0.37.0" "transformers==4.57.1"
+
+.PHONY: test-convert-pins
+test-convert-pins: $(PINS_VENV)/.installed
+	$(PINS_VENV)/bin/python -c 'import modelopt, transformers, modelopt.torch.quantization, modelopt.torch.export; \
+	  print("modelopt", modelopt.__version__, "transformers", transformers.__version__); \
+	  assert modelopt.__version__.startswith("0.37.") and transformers.__version__.startswith("4.57."), "wrong pins"'
+	timeout 1200 $(PINS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_convert_cli.py \
+	  tests/test_convert_fixups.py tests/test_convert_loader.py tests/test_convert_vocab.py
+
+$(PINS_VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(PINS_VENV)
+	$(PINS_VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
+	$(PINS_VENV)/bin/python -m pip install --quiet "torch==2.13.*"
+	$(PINS_VENV)/bin/python -m pip install --quiet -e ".[ml,test]" $(CONVERT_PINS)
+	touch $@

@@ -28,7 +28,8 @@ def test_identical_pair_is_ok(tmp_path):
     assert list(doc) == ["ok", "pair", "models", "tokenizer", "vocab", "memory", "weights", "problems", "warnings"]
     assert doc["tokenizer"]["identical"] is True
     assert doc["vocab"] == {"tokenizer_size": 1000, "target_rows": 1000, "draft_rows": 1000, "padded_vocab_size": 1000,
-                            "pad_rows": {"target": 0, "draft": 0}, "will_pad": False}
+                            "pad_rows": {"target": 0, "draft": 0}, "will_pad": False,
+                            "trim_rows": {"target": 0, "draft": 0}, "will_trim": False}
     memory = doc["memory"]
     assert memory["fits"] and memory["max_batch_at_max_seq_len"] >= 2
     assert 0 < memory["target"]["kv_cache_free_gpu_mem_fraction"] <= 0.95
@@ -230,13 +231,26 @@ def test_bf16_checkpoint_served_in_fp16_warns(tmp_path):
     assert warning["fix"] == 'Set target.dtype = "bfloat16" unless the model is known to run in fp16.'
 
 
-def test_draft_with_more_rows_than_the_target_is_a_problem(tmp_path):
+def test_draft_rows_beyond_the_tokenizer_are_trimmed_not_refused(tmp_path):
+    # the tokenizer has 1000 tokens: the draft's rows 1000..1023 are padding no token maps to
     result, doc = check_json(make_pair(tmp_path, target_rows=1000, draft_rows=1024))
+    assert result.exit_code == 0, result.output
+    [warning] = [w for w in doc["warnings"] if w["code"] == "vocab_trim"]
+    assert "rows 1000..1023 lie beyond the tokenizer (1000 tokens)" in warning["message"]
+    assert doc["vocab"]["will_trim"] is True and doc["vocab"]["trim_rows"] == {"target": 0, "draft": 24}
+    assert doc["vocab"]["will_pad"] is False and doc["vocab"]["padded_vocab_size"] == 1000
+
+
+def test_draft_with_more_rows_that_are_real_tokens_is_a_problem(tmp_path):
+    tokens = words(1010)  # the shared tokenizer uses ids up to 1009; the target has only 1000 rows
+    target = write_checkpoint(tmp_path / "target", 1000, tokens=tokens)
+    draft = write_checkpoint(tmp_path / "draft", 1024, tokens=tokens)
+    result, doc = check_json(write_spec(tmp_path / "s.toml", target, draft))
     assert result.exit_code == 1
-    [problem] = doc["problems"]
-    assert problem["code"] == "draft_vocab_larger_than_target"
+    [problem] = [p for p in doc["problems"] if p["code"] == "draft_vocab_larger_than_target"]
     assert problem["message"].startswith("the draft's embedding has 1024 rows, more than the target's 1000")
-    assert doc["vocab"]["will_pad"] is False
+    assert "rows 1000..1009 are real tokens" in problem["message"]
+    assert doc["vocab"]["will_trim"] is False
 
 
 def test_check_imports_neither_torch_nor_transformers(tmp_path):
