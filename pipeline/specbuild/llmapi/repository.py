@@ -158,12 +158,16 @@ def checkpoint_dirs(repo: Path, manifest: dict[str, Any]) -> dict[str, Path]:
     return found
 
 
-def check_checkpoints(repo: Path) -> None:
-    """Before serving with the stand-in: both checkpoints converted for the LLM API."""
-    manifest = read_manifest(repo)
-    if manifest.get("runtime") != "reference":
-        return  # the GPU image's paths are not this machine's; NVIDIA's model reports what it cannot load
-    for role, folder in checkpoint_dirs(repo, manifest).items():
+def check_checkpoint_dirs(folders: dict[str, Path]) -> None:
+    """Before serving: both checkpoints converted for the LLM API, where model.yaml names them."""
+    from specbuild.llmapi.checkpoint import STAGE
+
+    for role, folder in folders.items():
         if not (folder / "manifest.json").is_file():
             raise ArtifactError(f"the {role} checkpoint {folder} is not converted (no manifest.json). Run "
-                                "`specbuild convert --backend llmapi` first, or regenerate the repository.")
+                                "`specbuild convert --backend llmapi` first, or regenerate the repository with "
+                                "--checkpoints-dir.")
+        stage = read_manifest(folder).get("stage")
+        if stage != STAGE:
+            raise ArtifactError(f"{folder} is not a checkpoint for the LLM API (stage {stage!r}). Run "
+                                "`specbuild convert --backend llmapi`.")
