@@ -15,8 +15,9 @@ requests through `generate` here, so `specbuild generate`, `bench --url` and use
 
 Every request asks for finish_reason, stop_reason and the perf metrics. The model streams cumulative text;
 the chunks carry the difference. The final chunk's stats hold the metrics as numbers (they arrive as
-strings), `finish_reason`, and `num_output_tokens` when the client was given `count_tokens` (the llmapi
-contract sends no token ids, so tokens are counted by re-tokenizing the generated text).
+strings), `finish_reason`, and `num_output_tokens`: the llmapi contract sends no token ids, so it is
+max_tokens when the finish reason is "length" (the LLM API's meaning of it; a request clamped by
+max_seq_len would count fewer), else the generated text re-tokenized with `count_tokens`, when given.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def request_inputs(fields: dict[str, Any], stop_words: list[str]) -> dict[str, A
     return inputs
 
 
-def _stats(outputs: dict[str, Any], text: str, count_tokens) -> dict[str, Any]:
+def _stats(outputs: dict[str, Any], text: str, count_tokens, max_tokens: int | None) -> dict[str, Any]:
     stats: dict[str, Any] = {}
     for name in ("finish_reason", "stop_reason", *contract.PERF_OUTPUTS, "cumulative_logprob"):
         value = outputs.get(name)
@@ -113,7 +114,9 @@ def _stats(outputs: dict[str, Any], text: str, count_tokens) -> dict[str, Any]:
             stats[name] = None
         else:
             stats[name] = NUMBERS.get(name, int)(float(raw) if name in NUMBERS else raw)
-    if count_tokens is not None:
+    if stats.get("finish_reason") == "length" and max_tokens is not None:
+        stats["num_output_tokens"] = int(max_tokens)
+    elif count_tokens is not None:
         stats["num_output_tokens"] = int(count_tokens(text))
     return stats
 
@@ -131,7 +134,7 @@ def generate(client, prompt: str, fields: dict[str, Any], stop_words: list[str])
         delta = text[len(shown):] if text.startswith(shown) else text
         shown = text
         if delta or final:
-            yield Chunk(delta, final, _stats(outputs, text, count) if final else {})
+            yield Chunk(delta, final, _stats(outputs, text, count, fields.get("max_tokens")) if final else {})
         if final:
             return
 
