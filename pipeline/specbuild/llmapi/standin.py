@@ -195,6 +195,8 @@ class TritonPythonModel:
             for output in self.llm.generate(parsed.prompt, sampling, parsed.streaming, call=self.shared.get):
                 last = output
                 if tracked.cancelled.is_set():
+                    self.logger.log_info(f"[specbuild stand-in] request {user_id!r} cancelled: stopped after "
+                                         f"{len(output.outputs[0].text)} characters of text")
                     break
                 if parsed.streaming:
                     self._responses.put((sender, self._response(output, parsed.output_config),
