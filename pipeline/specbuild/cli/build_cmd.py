@@ -55,6 +55,8 @@ def command(spec_path, backend, trtllm_build, role, force, dry_run, as_json):
     The target gets --speculative_decoding_mode draft_tokens_external --max_draft_len K;
     both get paged KV cache and paged context FMHA (KV-cache reuse). Each engine folder gets a
     manifest.json (input hashes, exact argv, tool versions); unchanged inputs are skipped.
+    With --backend llmapi nothing is compiled: the LLM API's arguments are validated and written to
+    <output_dir>/<name>/llmapi/ (docs/llmapi.md).
 
     \b
     Exit codes: 0 built or up to date, 1 error (trtllm-build missing or failed, engine

@@ -53,6 +53,8 @@ def command(spec_path, backend, runtime, checkpoints_dir, out_dir, engines_dir, 
     Every config.pbtxt is built as a typed Triton ModelConfig and written in protobuf text format:
     every value is filled now; no ${...} placeholder is ever written. The trtllm flavour is made
     from the build plan, so it can be generated and reviewed before the engines exist.
+    With --backend llmapi: Triton's llmapi layout, one tensorrt_llm model with NVIDIA's tensors and
+    1/model.yaml holding the LLM arguments (docs/llmapi.md).
 
     \b
     Exit codes: 0 written or up to date, 1 error (bad spec, engines that disagree, locked output), 2 usage.

@@ -45,6 +45,9 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
     Refuses engines that are not built, or whose recorded TensorRT-LLM / TensorRT / CUDA / GPU
     versions differ from this runtime's. Binds loopback unless --host says otherwise; the
     model-control and repository APIs are disabled unless --allow-model-control.
+    An llmapi repository (docs/llmapi.md) is served the same way; --server trtllm-serve starts
+    TensorRT-LLM's OpenAI-compatible server on `build --backend llmapi`'s arguments instead (GPU),
+    ready when GET /health answers 200; --nodes N --dry-run prints the multi-node command.
 
     \b
     Exit codes: 0 stopped by a signal (or --once done), 1 error, 2 usage error.

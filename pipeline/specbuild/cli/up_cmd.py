@@ -199,7 +199,8 @@ def run_stages(ctx: UpContext, stages: list[Stage] | None = None) -> tuple[list[
 def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run, as_json):
     """Run every stage (check -> convert -> build -> repo -> serve) for the spec, skipping what is
     up to date, then stream a few held-out prompts (code, JSON, prose) through the speculative BLS
-    and print the text and each request's acceptance figures.
+    (or, with --backend llmapi, Triton's llmapi model) and print the text and each request's
+    acceptance figures.
 
     \b
     The server keeps running until Ctrl-C (SIGINT) or SIGTERM; --once stops it after the prompts.
