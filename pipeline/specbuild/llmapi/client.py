@@ -172,7 +172,9 @@ def _grpc(client, prompt: str, inputs: dict[str, Any]) -> Iterator[tuple[dict[st
             response = result.get_response()
             final = response.parameters["triton_final_response"].bool_param \
                 if "triton_final_response" in response.parameters else True
-            yield {o.name: result.as_numpy(o.name) for o in response.outputs}, final
+            # Before the end only the text is read (every response repeats the metrics; the last one counts).
+            names = [o.name for o in response.outputs if final or o.name == "text_output"]
+            yield {name: result.as_numpy(name) for name in names}, final
             if final:
                 return
     except InferenceServerException as err:
