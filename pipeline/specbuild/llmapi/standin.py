@@ -198,9 +198,8 @@ class TritonPythonModel:
                     self.logger.log_info(f"[specbuild stand-in] request {user_id!r} cancelled: stopped after "
                                          f"{len(output.outputs[0].text)} characters of text")
                     break
-                if parsed.streaming:
-                    self._responses.put((sender, self._response(output, parsed.output_config),
-                                         final if output.finished else 0))
+                if parsed.streaming:  # built and sent by the response thread, while this one computes the next step
+                    self._responses.put((sender, (output, parsed.output_config), final if output.finished else 0))
             if tracked.cancelled.is_set():
                 if not tracked.answered:  # aborted by a `stop` request: the LLM ends it as "cancelled"
                     self._send_cancelled_output(last, parsed, sender)
@@ -225,8 +224,7 @@ class TritonPythonModel:
     def _send_cancelled_output(self, last: RequestOutput | None, parsed, sender) -> None:
         text = last.outputs[0].text if last else ""
         output = RequestOutput([CompletionOutput(text, [], "cancelled")], True)
-        self._responses.put((sender, self._response(output, parsed.output_config),
-                             self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+        self._responses.put((sender, (output, parsed.output_config), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
 
     def _response(self, output: RequestOutput, output_config: dict[str, bool]):
         tensors = [self.pb.Tensor(name, value) for name, value in response_tensors(output, output_config)]
@@ -254,9 +252,9 @@ class TritonPythonModel:
             item = self._responses.get()
             if item is None:
                 return
-            sender, response, flags = item
+            sender, (output, output_config), flags = item
             try:
-                sender.send(response, flags=flags)
+                sender.send(self._response(output, output_config), flags=flags)
             except Exception as err:  # noqa: BLE001 - e.g. the request was cancelled meanwhile
                 self.logger.log_error(f"An error occurred while sending a response: {err}")
 
