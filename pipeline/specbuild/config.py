@@ -72,7 +72,7 @@ class BuildSpec:
 class LlmApiSpec:
     """Settings only the LLM API path (backend "llmapi") uses; the limits come from [build]."""
 
-    free_gpu_memory_fraction: float | None = None  # KV cache (target + draft) share of free memory; None = plan's
+    free_gpu_memory_fraction: float | None = None  # KV cache (target + draft) share of free memory; None = 0.9
     enable_block_reuse: bool = True  # KV-cache block reuse across requests sharing a prefix
     disable_overlap_scheduler: bool = True  # as NVIDIA's draft/target examples run it
 
@@ -255,7 +255,7 @@ def validate(spec: Spec) -> Spec:
     fraction = spec.llmapi.free_gpu_memory_fraction
     if fraction is not None and not 0.0 < fraction <= 1.0:
         raise SpecError(f"llmapi.free_gpu_memory_fraction = {fraction!r}: must be a number in (0, 1] (TensorRT-LLM's "
-                        "KvCacheConfig rejects others). Remove it to take the memory plan's value.")
+                        "KvCacheConfig rejects others). Remove it for TensorRT-LLM's default, 0.9.")
     if b.max_input_len >= b.max_seq_len:
         raise SpecError(
             f"build.max_input_len = {b.max_input_len} must be below build.max_seq_len = {b.max_seq_len} "

@@ -70,8 +70,8 @@ REASONS: dict[str, str] = {
     "serve.max_queue_delay_microseconds": "dynamic batching delay (0 = send at once)",
     "serve.max_queue_size": "requests queued before Triton rejects new ones (0 = unbounded)",
     "serve.decoupled": "stream accepted tokens as they are verified",
-    "llmapi.free_gpu_memory_fraction": "KV cache of target + draft as a share of free GPU memory (unset: the "
-                                       "memory plan's value, see `specbuild check`)",
+    "llmapi.free_gpu_memory_fraction": "KV cache of target + draft as a share of free GPU memory; TensorRT-LLM's "
+                                       "default is 0.9 (`specbuild check --backend llmapi` shows what it holds)",
     "llmapi.enable_block_reuse": "reuse KV-cache blocks across requests that share a prefix",
     "llmapi.disable_overlap_scheduler": "true as in NVIDIA's draft/target examples",
 }

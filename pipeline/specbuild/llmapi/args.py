@@ -6,7 +6,8 @@ Values (TensorRT-LLM 1.2 LLM-argument names, `contract` ARGS):
   folders written by `specbuild convert --backend llmapi`, as the server will see them;
 - backend "pytorch" (draft/target decoding runs only there: DraftTargetDecodingConfig.supports_backend);
 - tensor/pipeline_parallel_size, max_batch_size, max_input_len, max_seq_len, max_num_tokens from [build];
-- kv_cache_config: free_gpu_memory_fraction (the spec's, else the memory plan's 0.9) and enable_block_reuse;
+- kv_cache_config: free_gpu_memory_fraction (the spec's, else TensorRT-LLM's default 0.9,
+  which the memory plan also uses) and enable_block_reuse;
 - speculative_config: decoding_type "DraftTarget" and max_draft_len = the spec's num_draft_tokens. The LLM
   API drafts exactly max_draft_len tokens at every step and has no per-request K, so the K a request would
   use by default is what this path writes; num_draft_tokens = 0 writes no speculative_config (target only);
@@ -36,7 +37,7 @@ def kv_fraction(spec: Spec) -> tuple[float, str]:
     """The KV-cache fraction to write and where it came from (no checkpoint needs to be readable)."""
     if spec.llmapi.free_gpu_memory_fraction is not None:
         return spec.llmapi.free_gpu_memory_fraction, "spec"
-    return contract.KV_CACHE_DEFAULT_FRACTION, "TensorRT-LLM default (the memory plan's margin)"
+    return contract.KV_CACHE_DEFAULT_FRACTION, "TensorRT-LLM default"
 
 
 def check_spec(spec: Spec) -> None:
