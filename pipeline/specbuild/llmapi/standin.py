@@ -100,8 +100,7 @@ class Tracked:
     request: Any
     sender: Any
     user_id: str
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    answered: bool = False  # a final response (the CANCELLED error) was already sent by the cancellation loop
+    cancelled: threading.Event = field(default_factory=threading.Event)  # aborted: stop generating
 
 
 class TritonPythonModel:
@@ -170,6 +169,13 @@ class TritonPythonModel:
         present = {tensor.name(): tensor for tensor in request.inputs()}
         return lambda name: None if name not in present else present[name].as_numpy()
 
+    def _untrack(self, key: int) -> bool:
+        """Stop the cancellation loop querying a request; True when it was still tracked (not yet answered).
+        Done before its final response: is_cancelled() on a request whose final response is out crashes
+        tritonserver 2.51 (NVIDIA's model removes it first for the same reason)."""
+        with self.lock:
+            return self.tracked.pop(key, None) is not None
+
     def _serve(self, request) -> None:
         pb = self.pb
         sender = request.get_response_sender()
@@ -178,6 +184,7 @@ class TritonPythonModel:
         get = self._get(request)
         tracked = Tracked(request, sender, user_id)
         key = id(tracked)
+        registered = sent_final = False
         self.active.add(1)
         try:
             if scalar(get, "stop"):
@@ -185,6 +192,7 @@ class TritonPythonModel:
                 return
             with self.lock:
                 self.tracked[key] = tracked
+            registered = True
             parsed = parse_request(get)
             if parsed.streaming and not self.decoupled:
                 raise ModelException(contract.MSG_STREAMING_NOT_DECOUPLED)
@@ -199,27 +207,34 @@ class TritonPythonModel:
                                          f"{len(output.outputs[0].text)} characters of text")
                     break
                 if parsed.streaming:  # built and sent by the response thread, while this one computes the next step
+                    if output.finished:
+                        if not self._untrack(key):
+                            break  # answered CANCELLED meanwhile
+                        sent_final = True
                     self._responses.put((sender, (output, parsed.output_config), final if output.finished else 0))
-            if tracked.cancelled.is_set():
-                if not tracked.answered:  # aborted by a `stop` request: the LLM ends it as "cancelled"
+            if sent_final:
+                pass
+            elif tracked.cancelled.is_set():
+                if self._untrack(key):  # aborted by a `stop` request (the loop's own answer untracks it first)
                     self._send_cancelled_output(last, parsed, sender)
-            elif not parsed.streaming and last is not None:
+            elif not parsed.streaming and last is not None and self._untrack(key):
                 sender.send(self._response(last, parsed.output_config), flags=final)
         except Exception as err:  # noqa: BLE001 - every failure becomes NVIDIA's error response
             if not isinstance(err, ModelException):
                 self.logger.log_error(f"[trtllm] {traceback.format_exc()}")
             self.logger.log_error(f"[trtllm] Error generating request: {err}")
-            response = pb.InferenceResponse(
-                output_tensors=[pb.Tensor("text_output", np.asarray([contract.ERROR_TEXT_OUTPUT], dtype=self.output_dtype))],
-                error=pb.TritonError(contract.MSG_GENERATE.format(error=err)))
-            try:
-                sender.send(response, flags=final)
-            except Exception as send_err:  # noqa: BLE001 - the client is gone
-                self.logger.log_error(f"An error occurred while sending a response: {send_err}")
+            if not sent_final and (not registered or self._untrack(key)):
+                response = pb.InferenceResponse(
+                    output_tensors=[pb.Tensor("text_output", np.asarray([contract.ERROR_TEXT_OUTPUT],
+                                                                        dtype=self.output_dtype))],
+                    error=pb.TritonError(contract.MSG_GENERATE.format(error=err)))
+                try:
+                    sender.send(response, flags=final)
+                except Exception as send_err:  # noqa: BLE001 - the client is gone
+                    self.logger.log_error(f"An error occurred while sending a response: {send_err}")
         finally:
             self.active.add(-1)
-            with self.lock:
-                self.tracked.pop(key, None)
+            self._untrack(key)
 
     def _send_cancelled_output(self, last: RequestOutput | None, parsed, sender) -> None:
         text = last.outputs[0].text if last else ""
@@ -264,10 +279,11 @@ class TritonPythonModel:
         while self.running:
             time.sleep(self.cancellation_check_period_ms / 1000.0)
             with self.lock:
-                found = [t for t in self.tracked.values() if not t.cancelled.is_set() and t.request.is_cancelled()]
-                for tracked in found:
+                found = [(key, t) for key, t in self.tracked.items() if t.request.is_cancelled()]
+                for key, tracked in found:
+                    del self.tracked[key]  # answered here: never queried or answered again
                     tracked.cancelled.set()
-                    tracked.answered = True
+                found = [t for _, t in found]
             for tracked in found:
                 try:
                     tracked.sender.send(self._cancelled_error(), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
