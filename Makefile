@@ -31,3 +31,8 @@ cli-docs: setup
 
 clean-demo:
 	rm -rf $(DEMO)
+
+# The exactness tests under each CPU kernel selection this machine can emulate (docs/runtime.md, Exactness).
+.PHONY: test-kernels
+test-kernels: setup
+	$(BIN)/python scripts/kernel_matrix.py
