@@ -323,7 +323,7 @@ class LlamaModel:
         batch: (cache, new tokens) per sequence; the new tokens sit at positions cache.length...
         Returns one float32 tensor [want[i], vocab] per sequence.
         """
-        if self.exactness is not None and torch.get_num_threads() != self.exactness.threads:
+        if self.exactness is not None and self.exactness.threads not in (None, torch.get_num_threads()):
             from specbuild.runtime.exactness import reprobe_for_threads
 
             reprobe_for_threads(self)  # the BLAS code path can depend on the thread count
