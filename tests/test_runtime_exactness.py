@@ -241,3 +241,17 @@ def test_generate_falls_back_to_one_row_when_no_block_passes_and_speculation_sta
     assert [t["row_block"] for t in choice["tried"]] == [*CPU_CANDIDATES, 1]
     assert "row block 1, safe mode (one row per call: exact, slower): 4 rows failed (qkv" in stderr
     assert speculative["drafted"] > 0 and speculative["output_ids"] == target_only["output_ids"]
+
+
+def test_each_triton_reference_model_probes_in_its_own_process(tmp_path, capsys):
+    """The CPU Triton models load through the same runtime: the model's process probes and logs its choice."""
+    import json
+
+    from specbuild.triton.models.reference_llm import load_engine
+
+    make_llama(tmp_path, layers=1)
+    (tmp_path / "engine.json").write_text(json.dumps({"max_batch_size": 2, "max_seq_len": 300, "max_draft_len": 4}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"backend": "reference"}))
+    model = load_engine(tmp_path, "target", device="cpu").engine.model
+    assert model.exactness.exact and model.max_len == 300
+    assert f"specbuild: target (cpu, 1 thread): row block {model.row_block} (" in capsys.readouterr().err

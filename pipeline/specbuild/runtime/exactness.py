@@ -8,10 +8,11 @@ position. A fixed shape is necessary, not sufficient: a row's result must also n
 place in the block or on the other rows, and whether it does is up to the code path the BLAS library
 takes for that shape on that CPU (torch's CPU matmuls and its CPU flash attention both call MKL's
 SGEMM in this project's torch build; MKL_VERBOSE=1 shows the calls). Seen on one Intel Xeon (torch
-2.13, MKL 2024.2): with MKL's AVX-512 kernels every block of 1 to 16 rows is invariant; forcing its
-AVX2 kernels (MKL_ENABLE_INSTRUCTIONS=AVX2, the path of CPUs without AVX-512) breaks 7-9 and 13-15
-rows, and its SSE4.2 kernels break 5-7 rows with 2 threads but not with 1; on an AMD EPYC, 2-row
-blocks broke the 64 x 211 lm_head. So the block is probed, never assumed:
+2.13, MKL 2024.2; docs/runtime.md has the table): with MKL's AVX-512 kernels every block of 1 to 16
+rows is invariant; forcing its AVX2 kernels (MKL_ENABLE_INSTRUCTIONS=AVX2, the path of CPUs without
+AVX-512) breaks 7-9 and 13-15 rows, its SSE4.2 kernels 2-7, 9-11 and 13-15, and a 64 x 211 matmul
+alone broke at 5-7 rows under SSE4.2 with 2 threads but not with 1; on an AMD EPYC, 2-row blocks
+broke the 64 x 211 lm_head. So the block is probed, never assumed:
 
 - `probe(model, block)` runs each function that forward applies to row blocks (qkv, o + MLP,
   lm_head: every weight shape, with the model's own weights and biases) and the attention at each key
@@ -165,6 +166,8 @@ def _attention_kind(model, block: int, end: int, g: torch.Generator) -> str | No
         calls = []
         for place in places:
             rows = _rand(model, g, block + place, a.num_heads, a.head_dim)  # the block starts at row `place`
+            if place % 2 and block > 1:  # a zero neighbour (forward pads query blocks with zero rows)
+                rows[place + (0 if place == block - 1 else block - 1)] = 0
             rows[2 * place] = query
             k, v = keys.clone(), values.clone()
             k[position + 1 :], v[position + 1 :] = (_rand(model, g, *k[position + 1 :].shape) for _ in range(2))
