@@ -53,3 +53,8 @@ $(PINS_VENV)/.installed: pyproject.toml Makefile
 	$(PINS_VENV)/bin/python -m pip install --quiet "torch==2.13.*"
 	$(PINS_VENV)/bin/python -m pip install --quiet -e ".[ml,test]" $(CONVERT_PINS)
 	touch $@
+
+# The exactness tests under each CPU kernel selection this machine can emulate (docs/runtime.md, Exactness).
+.PHONY: test-kernels
+test-kernels: setup
+	$(BIN)/python scripts/kernel_matrix.py

@@ -160,5 +160,8 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
         "seconds": seconds,
         "engine_source": pair.target.kind,
         "draft_engine_source": pair.draft.kind,
+        "row_block": pair.target_model.engine.model.row_block,
+        "exactness": {role: m.engine.model.exactness.as_dict()
+                      for role, m in (("target", pair.target_model), ("draft", pair.draft_model))},
         "sampling": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed},
     }
