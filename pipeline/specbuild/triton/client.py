@@ -26,7 +26,7 @@ from specbuild.errors import ClientError
 
 STAT_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "mean_accepted_len",
                 "num_output_tokens", "num_input_tokens", "output_ids", "speculation_stats")
-_INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype), facts §2.5 names
+_INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype), NVIDIA's BLS input names
     "max_tokens": ("INT32", np.int32), "num_draft_tokens": ("INT32", np.int32), "top_k": ("INT32", np.int32),
     "end_id": ("INT32", np.int32), "pad_id": ("INT32", np.int32), "min_tokens": ("INT32", np.int32),
     "temperature": ("FP32", np.float32), "top_p": ("FP32", np.float32), "seed": ("UINT64", np.uint64),
