@@ -126,3 +126,11 @@ def test_sampling_inputs_resolve_by_tensorrt_llms_rules(inputs, greedy, top_k, t
     if not greedy:
         assert (req.sampling.top_k, req.sampling.top_p) == (top_k, pytest.approx(top_p))
         assert req.sampling.temperature == pytest.approx(inputs.get("temperature", 1.0))
+
+
+def test_stop_sequences_of_every_word_list_shape_preprocessing_emits():
+    from specbuild.bls.model import _stop_sequences
+
+    assert _stop_sequences(None) == [] and _stop_sequences(np.empty((1, 2, 0), np.int32)) == []  # not sent
+    assert _stop_sequences(np.array([[[0], [-1]]], np.int32)) == []  # only empty words
+    assert _stop_sequences(np.array([[[5, 6, 7], [2, 3, -1]]], np.int32)) == [[5, 6], [7]]

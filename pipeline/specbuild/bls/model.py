@@ -259,7 +259,7 @@ def dataclass_replace_stream(req: BlsRequest, stream: bool) -> BlsRequest:
 
 def _stop_sequences(stop_words_ids: np.ndarray | None) -> list[list[int]]:
     """Decode TensorRT-LLM's [2, n] word-list format (flat ids; cumulative end offsets padded with -1)."""
-    if stop_words_ids is None:
+    if stop_words_ids is None or np.asarray(stop_words_ids).size == 0:  # [b, 2, 0]: no stop words
         return []
     array = np.asarray(stop_words_ids).reshape(-1, 2, np.asarray(stop_words_ids).shape[-1])[0]
     ids, offsets = array[0], array[1]
