@@ -61,3 +61,5 @@ def test_client_keeps_its_meaning_under_tensorrt_llms_sampling_rules(monkeypatch
     assert sent[0]["top_p"] == 1.0 and sent[0]["exclude_input_in_output"] is True
     assert "top_p" not in sent[1] and sent[1]["top_k"] == 5
     assert "temperature" not in sent[2] and sent[2]["exclude_input_in_output"] is False
+    list(c.SpecbuildClient("127.0.0.1:1", model="ensemble").generate("x"))
+    assert "exclude_input_in_output" not in sent[3]  # the ensemble returns what the target model returns

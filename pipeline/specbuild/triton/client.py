@@ -123,12 +123,13 @@ class SpecbuildClient:
 
         Options left at None are not sent (the deployment's defaults apply), with two exceptions that keep
         this client's meaning under TensorRT-LLM's rules: a temperature > 0 without top_k or top_p also sends
-        top_p = 1.0 (TensorRT-LLM is greedy when neither is set; this client means sampling), and
-        exclude_input_in_output defaults to true (the text is the generated text only; NVIDIA's models
-        return the prompt too)."""
+        top_p = 1.0 (TensorRT-LLM is greedy when neither is set; this client means sampling), and from the BLS
+        the text is the generated text only: exclude_input_in_output defaults to true there (NVIDIA's BLS,
+        like the target model, returns the prompt too)."""
         if temperature is not None and temperature > 0 and top_k is None and top_p is None:
             top_p = 1.0
-        extra.setdefault("exclude_input_in_output", True)
+        if self.model == "tensorrt_llm_bls":
+            extra.setdefault("exclude_input_in_output", True)
         fields: dict[str, Any] = {"max_tokens": max_tokens, "num_draft_tokens": num_draft_tokens,
                                   "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
                                   "stream": stream, **extra}
