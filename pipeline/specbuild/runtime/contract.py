@@ -61,8 +61,8 @@ class Limits:
         """The runtime's largest input. Engines built with packed input and context FMHA (trtllm-build's
         defaults, and specbuild's) without chunked context take min(max_seq_len - 1, max_num_tokens):
         TRTGptModel logs "maxInputLen: %d = min(maxSequenceLen - 1, maxNumTokens) since context FMHA and
-        usePackedInput are enabled" (NVIDIA/TensorRT-LLM cpp/tensorrt_llm/batch_manager/
-        trtGptModelInflightBatching.cpp)."""
+        usePackedInput are enabled" (NVIDIA/TensorRT-LLM cpp/tensorrt_llm/batch_manager/trtGptModel.h, the
+        TrtGptModel constructor; with chunked context it is max_seq_len - 1, else max_input_len)."""
         if self.max_num_tokens is None:
             return self.max_seq_len - 1
         return min(self.max_seq_len - 1, self.max_num_tokens)
@@ -122,7 +122,7 @@ def parse_request(request: dict[str, Any], vocab: int, limits: Limits) -> Parsed
     """Validate one request dict; raise RequestError naming the bad input, its value and the fix.
 
     The length rules are the executor's `LlmRequest::validate` (NVIDIA/TensorRT-LLM
-    cpp/tensorrt_llm/batch_manager/llmRequest.cpp): an input longer than the runtime's maximum input
+    cpp/tensorrt_llm/batch_manager/llmRequest.cpp, commit 89fd9b7): an input longer than the runtime's maximum input
     length and a draft longer than max_draft_len are refused; a draft that would overrun the maximum
     input length is cut, and an output that would overrun max_seq_len is shortened, not refused.
     """

@@ -3,18 +3,19 @@
 What the C++ stack does with the sampling tensors, read in NVIDIA/TensorRT-LLM:
 - `triton_backend/inflight_batcher_llm/src/utils.cc` (`getSamplingConfigFromTensors`, commit c8c6df0):
   an absent tensor stays unset; `runtime_top_p <= 0` is dropped as if absent.
-- `cpp/tensorrt_llm/executor/samplingConfig.cpp` (`checkTopK`, `checkTopP`, `checkTemperature`): a set
+- `cpp/tensorrt_llm/executor/samplingConfig.cpp` (commit 3585984; `checkTopK`, `checkTopP`, `checkTemperature`): a set
   top_k must be >= 0, top_p in (0, 1], temperature >= 0; a failed check throws
   "[TensorRT-LLM][ERROR] Assertion failed: <condition>" and the request fails.
-- `cpp/tensorrt_llm/layers/defaultDecodingParams.h`: unset means temperature 1.0, top_k 0, top_p 0.0,
+- `cpp/tensorrt_llm/layers/defaultDecodingParams.h` (commit 1020a8d): unset means temperature 1.0, top_k 0, top_p 0.0,
   seed 0 (so unseeded sampling is reproducible).
-- `cpp/tensorrt_llm/layers/topKSamplingLayer.cu` (`setupTopKRuntimeArgs`, the same rule in every stored
-  version): top_k 0 with top_p 0 becomes top_k 1, i.e. greedy; top_k > 0 with top_p 0 becomes top_p 1.
+- `cpp/tensorrt_llm/layers/topKSamplingLayer.cu` (commit 027cd51, `setup_topk_runtime_args`; the same rule
+  in every stored version of it and of its successor `setupTopKRuntimeArgs`): top_k 0 with top_p 0 becomes top_k 1, i.e. greedy; top_k > 0 with top_p 0 becomes top_p 1.
   So a request that sends no sampling tensor, or only a temperature, is greedy; top_k 0 with top_p 1.0
   samples from the whole distribution; top_k 1 is greedy whatever the rest says.
 - `cpp/tensorrt_llm/kernels/penaltyKernels.cu` (`batchApplyPenalty`): a temperature other than 1.0
   multiplies every logit by 1 / (T + 1e-6) in float32, clamps it to the logits dtype's largest finite
-  value, and stores it back in the logits dtype. With T = 0 that factor is 1e6: float16 logits
+  value, and stores it back in the logits dtype (the newer stored version; the older one, commit 249d93d,
+  has the same scale without the clamp, so float16 overflows to inf instead). With T = 0 that factor is 1e6: float16 logits
   above 0.0655 all saturate at 65504 and tie, so "temperature 0" samples among them. It is not greedy.
 """
 
