@@ -131,7 +131,8 @@ EMPTY_INPUTS = ("bad_words", "embedding_bias_words", "embedding_bias_weights")
 def _holds_nothing(value: np.ndarray) -> bool:
     array = np.asarray(value)
     if array.dtype.kind in "OSU":
-        return all(not (item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)) for item in array.reshape(-1))
+        return all(not (item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item))
+                   for item in array.reshape(-1))
     return array.size == 0 or not np.any(array)  # weights: none, or all zero
 
 

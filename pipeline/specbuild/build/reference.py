@@ -200,7 +200,8 @@ def build_reference_role(plan: RolePlan, pair: str, hf_dir: Path, force: bool = 
         act_file = write_activation_quant(loaded.activation_quant, out.tmp)
         notes = list(loaded.notes)
         del loaded
-        write_json(out.tmp / "engine.json", {**engine_json(plan, vocab_size, checkpoint_config), "activation_quant": act_file,
+        write_json(out.tmp / "engine.json", {**engine_json(plan, vocab_size, checkpoint_config),
+                                             "activation_quant": act_file,
                                              "notes": notes})
         for path in tokenizer:
             shutil.copyfile(path, out.tmp / path.name)

@@ -9,8 +9,8 @@ What the C++ stack does with the sampling tensors, read in NVIDIA/TensorRT-LLM:
 - `cpp/tensorrt_llm/layers/defaultDecodingParams.h` (commit 1020a8d): unset means temperature 1.0, top_k 0, top_p 0.0,
   seed 0 (so unseeded sampling is reproducible).
 - `cpp/tensorrt_llm/layers/topKSamplingLayer.cu` (commit 027cd51, `setup_topk_runtime_args`; the same rule
-  in every stored version of it and of its successor `setupTopKRuntimeArgs`): top_k 0 with top_p 0 becomes top_k 1, i.e. greedy; top_k > 0 with top_p 0 becomes top_p 1.
-  So a request that sends no sampling tensor, or only a temperature, is greedy; top_k 0 with top_p 1.0
+  in every stored version of it and of its successor `setupTopKRuntimeArgs`): top_k 0 with top_p 0 becomes
+  top_k 1, i.e. greedy; top_k > 0 with top_p 0 becomes top_p 1. So a request that sends no sampling tensor, or only a temperature, is greedy; top_k 0 with top_p 1.0
   samples from the whole distribution; top_k 1 is greedy whatever the rest says.
 - `cpp/tensorrt_llm/kernels/penaltyKernels.cu` (`batchApplyPenalty`): a temperature other than 1.0
   multiplies every logit by 1 / (T + 1e-6) in float32, clamps it to the logits dtype's largest finite

@@ -60,7 +60,8 @@ class BackendParams:
         the repository)."""
         batching = self.string("gpt_model_type")
         if batching not in BATCHING_TYPES:
-            raise ModelLoadError(LOAD_ERROR + "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching.")
+            raise ModelLoadError(LOAD_ERROR + "Invalid gpt_model_type. Must be "
+                                 "v1/inflight_batching/inflight_fused_batching.")
         self.string("tokenizer_dir")  # read and ignored ("Guided decoding C++ workflow does not use tokenizer_dir")
         info_path = self.string("xgrammar_tokenizer_info_path")
         backend = self.string("guided_decoding_backend")
