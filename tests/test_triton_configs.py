@@ -269,7 +269,7 @@ def test_logits_are_declared_in_the_dtype_modelopt_will_write(tmp_path, dtype, e
     found = logits_types(files)
     assert set(found) == {f"{m}.{t}" for m in ("tensorrt_llm", "tensorrt_llm_draft")
                           for t in ("draft_logits", "context_logits", "generation_logits")} | \
-        {"tensorrt_llm_bls.context_logits", "tensorrt_llm_bls.generation_logits"}
+        {f"{m}.{t}" for m in ("tensorrt_llm_bls", "ensemble") for t in ("context_logits", "generation_logits")}
     assert set(found.values()) == {expected}, found
 
 

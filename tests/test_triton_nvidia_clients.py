@@ -205,6 +205,17 @@ def test_sampling_with_draft_logits_sends_them_in_the_declared_type(grpc, deploy
     assert streamed(grpc, "tensorrt_llm_bls", inputs) == streamed(grpc, "tensorrt_llm_bls", inputs)
 
 
+def test_ensemble_passes_generation_logits_on_in_the_declared_type(grpc):
+    """end_to_end_test.py --return-generation-logits: [1, beam, output length, vocab] from the ensemble."""
+    import tritonclient.grpc as grpcclient
+
+    request = {"text_input": text(PROMPTS[1]), "max_tokens": scalar(4, np.int32),
+               "return_generation_logits": scalar(True, bool)}
+    outputs = [grpcclient.InferRequestedOutput(name) for name in ("text_output", "generation_logits")]
+    logits = grpc.infer("ensemble", tensors(request), outputs=outputs).as_numpy("generation_logits")
+    assert logits.dtype == np.float16 and logits.ndim == 4 and logits.shape[:2] == (1, 1) and logits.shape[3] > 0
+
+
 def test_a_declared_logits_type_other_than_the_engines_fails_the_response(grpc):
     from tritonclient.utils import InferenceServerException
 

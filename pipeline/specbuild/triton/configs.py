@@ -257,7 +257,8 @@ _LLM_MAP = {
     "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
     "beam_width": "beam_width", "streaming": "stream",
 }
-_LLM_OUT = {"output_ids": "_TOKENS_BATCH", "sequence_length": "sequence_length"}
+_LLM_OUT = {"output_ids": "_TOKENS_BATCH", "sequence_length": "sequence_length", "context_logits": "context_logits",
+            "generation_logits": "generation_logits"}
 _POST_MAP = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "sequence_length"}
 _POST_OUT = {"OUTPUT": "text_output"}
 

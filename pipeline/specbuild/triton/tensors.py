@@ -181,6 +181,9 @@ ENSEMBLE_INPUTS = _TEXT_INPUTS
 ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "TYPE_STRING", (-1,)),
     Tensor("sequence_length", "TYPE_INT32", (-1,)),
+    # NVIDIA's ensemble passes the target's logits on, declared with the deployment's logits type
+    Tensor("context_logits", LOGITS, (-1, -1)),
+    Tensor("generation_logits", LOGITS, (-1, -1, -1)),
 )
 
 BLS_INPUTS: tuple[Tensor, ...] = _TEXT_INPUTS + (
