@@ -92,11 +92,7 @@ def load_contract_model(source: ModelSource, device: str | None = None, use_cach
         threads = model.exactness.threads
         where = f"cpu, {threads} thread{'s' if threads != 1 else ''}" if threads else model.device.type
         print(f"specbuild: {source.role} ({where}): {model.exactness.describe()}", file=sys.stderr, flush=True)
-    limits = Limits(
-        max_batch_size=int(source.limits.get("max_batch_size", 8)),
-        max_seq_len=int(source.limits.get("max_seq_len", model.args.max_position_embeddings)),
-        max_draft_len=int(source.limits.get("max_draft_len", 0)),
-    )
+    limits = Limits.from_engine(source.limits, model.args.max_position_embeddings)  # logits dtype, max_num_tokens too
     return ContractModel(ReferenceEngine(model, use_cache=use_cache), limits)
 
 
