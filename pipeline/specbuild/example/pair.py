@@ -110,7 +110,7 @@ def ensure_example(
 
     root: also copy the pair to this folder (e.g. `specbuild example --out DIR`); the cache stays.
     force: rebuild the cached pair even if it is up to date (and rewrite `root`).
-    progress: show a progress bar on stderr; None = only when stderr is a terminal.
+    progress: False = silent; otherwise a progress bar on a terminal, or progress lines in a log.
     """
     key = recipe_key(variant)
     cached = example_dir(variant)
@@ -149,13 +149,12 @@ def _copy(pair: ExamplePair, dest: Path, key: str, force: bool) -> ExamplePair:
 def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]:
     """Train tokenizer, target and draft into `out_dir`; write example.json; return its contents."""
     import torch
-    from tqdm import tqdm
 
     from specbuild.example import corpus, train
     from specbuild.example.tokenizer import TOKENIZER_FILES, save_hf_tokenizer, train_tokenizer
+    from specbuild.progress import Progress
 
     recipe = _recipe(variant)
-    show = sys.stderr.isatty() if progress is None else progress
     total = recipe.target_steps + recipe.distill_steps
     # Wall time depends on what else runs on the machine; CPU time (all threads) much less so.
     timings: dict[str, float] = {}
@@ -175,20 +174,23 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(recipe.torch_threads)
     torch.utils.deterministic.fill_uninitialized_memory = False
-    bar = tqdm(total=total, desc=f"example pair ({variant}): tokenizer", unit="step", file=sys.stderr,
-               disable=not show, dynamic_ncols=True)
+    label = f"example pair ({variant})"
+    # A bar on a terminal; in a log (CI, nohup, | tee) a line every few seconds with an ETA.
+    bar = Progress(total=total, desc=f"{label}: tokenizer", unit="step", mode=None if progress is not False else "off")
     try:
         tok = train_tokenizer(train.training_texts(recipe), recipe.vocab_size)
         tok_dir = out_dir / "tokenizer"
         save_hf_tokenizer(tok, tok_dir, model_max_length=recipe.target.max_position_embeddings)
         lap("tokenizer_s")
-        bar.set_description(f"example pair ({variant}): data")
+        bar.set_description(f"{label}: data")
         stream = train.token_stream(tok, recipe)
         lap("data_s")
-        bar.set_description(f"example pair ({variant}): training")
+        bar.set_description(f"{label}: training (loss target/draft)")
         target, draft, train_stats = train.train_pair(recipe, stream, bar.update)
         lap("train_s")
-        bar.set_description(f"example pair ({variant}): measuring")
+        bar.set_description(f"{label}: measuring")
+        for model in (target, draft):
+            train.round_to_storage(model, recipe.storage_dtype)
         quality = train.measure_agreement(target, draft, tok, recipe)
         cost = train.measure_cost_ratio(target, draft)
         lap("measure_s")
@@ -210,6 +212,7 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
         "recipe_key": recipe.key(corpus.describe()["fingerprint"]),
         "seed": recipe.seed,
         "dtype": "float32",
+        "storage_dtype": recipe.storage_dtype,
         "architecture": "LlamaForCausalLM",
         "vocab_size": recipe.vocab_size,
         "params": params,
