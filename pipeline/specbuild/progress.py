@@ -45,6 +45,7 @@ class Progress:
         self.clock = clock
         self.n = 0
         self.started = self.last_line = clock()
+        self._phase = (self.started, 0)  # (time, count) when the current phase began: the ETA's base
         self.postfix: dict[str, Any] = {}
         self._bar = None
         if mode == "bar":
@@ -57,6 +58,7 @@ class Progress:
     def set_description(self, desc: str) -> None:
         """A new phase: the bar's label, or one log line."""
         self.desc = desc
+        self._phase = (self.clock(), self.n)
         if self._bar is not None:
             self._bar.set_description(desc)
         elif self.mode == "lines":
@@ -74,13 +76,14 @@ class Progress:
 
     def status(self) -> str:
         """'desc: 120/400 step (30%), 1m18s elapsed, ETA 3m02s, loss=4.1'."""
-        elapsed = self.clock() - self.started
+        now = self.clock()
         parts = [f"{self.desc}: {self.n}/{self.total} {self.unit}"]
         if self.total:
             parts[0] += f" ({100 * self.n // self.total}%)"
-        parts.append(f"{duration(elapsed)} elapsed")
-        if 0 < self.n < self.total:
-            parts.append(f"ETA {duration(elapsed / self.n * (self.total - self.n))}")
+        parts.append(f"{duration(now - self.started)} elapsed")
+        since, done = now - self._phase[0], self.n - self._phase[1]
+        if done > 0 and self.n < self.total:
+            parts.append(f"ETA {duration(since / done * (self.total - self.n))}")
         parts += [f"{key}={value}" for key, value in self.postfix.items()]
         return ", ".join(parts)
 

@@ -35,6 +35,15 @@ def demo_prompts(n_per_kind: int = 1) -> list[tuple[str, str]]:
 def run_repo_stage(ctx) -> dict[str, Any]:
     repo = ctx.repo or default_repo_dir(ctx.spec)
     if ctx.dry_run:
+        from dataclasses import asdict
+
+        from specbuild.artifacts import combined_hash
+        from specbuild.cli.up_cmd import UP_TO_DATE, recorded_hash
+        from specbuild.triton.repository import plan_settings, render
+
+        settings, _ = plan_settings(ctx.spec, ctx.backend, repo, None, None)
+        if not ctx.force and recorded_hash(repo) == combined_hash(asdict(settings), render(settings)):  # as write_repository
+            return {"status": "skipped", "detail": UP_TO_DATE, "repo": str(repo)}
         return {"status": "planned", "detail": f"write the {ctx.backend} model repository to {repo}"}
     from specbuild.triton.repository import write_repository
 
