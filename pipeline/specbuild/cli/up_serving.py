@@ -146,7 +146,7 @@ def _demo(ctx, handle) -> list[dict[str, Any]]:
     with SpecbuildClient(handle.grpc_url, protocol="grpc") as client:
         for kind, prompt in demo_prompts():
             ctx.log(f"\n--- {kind} prompt ({len(prompt)} chars), K = {k}:")
-            ctx.log(prompt.rstrip()[-120:])
+            ctx.log(prompt.rstrip()[-160:])
             ctx.log("--- streamed continuation:")
             t0 = time.perf_counter()
             first = None
