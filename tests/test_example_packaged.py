@@ -26,7 +26,8 @@ def test_the_committed_full_pair_matches_its_hashes_and_the_current_recipe():
     assert packaged.damaged_files(pair) == []
     listed = {p.relative_to(pair.folder).as_posix() for p in pair.folder.rglob("*") if p.is_file()}
     assert listed - {packaged.FILES_JSON} == set(pair.files["files"])  # nothing unlisted, nothing missing
-    assert pair.files["recipe_key"] == pair.info["recipe_key"] == VARIANTS["full"].key(pair.info["corpus"]["fingerprint"])
+    fingerprint = pair.info["corpus"]["fingerprint"]
+    assert pair.files["recipe_key"] == pair.info["recipe_key"] == VARIANTS["full"].key(fingerprint)
     assert pair.info["recipe"] == json.loads(json.dumps(dataclasses.asdict(VARIANTS["full"])))
     assert pair.files["storage_dtype"] == VARIANTS["full"].storage_dtype == "float16"
     assert sum(f["bytes"] for f in pair.files["files"].values()) <= MAX_COMMITTED_BYTES

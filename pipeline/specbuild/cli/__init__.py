@@ -57,7 +57,8 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context):
         # With --json, stdout carries exactly one document, also when the command fails before printing
         # its own (bad spec, missing checkpoint, usage error): then a failure document, and the error on stderr.
-        argv = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        head = getattr(ctx, "_protected_args", None) or vars(ctx).get("protected_args", [])  # click 8.2 / 8.1
+        argv = [*head, *ctx.args]
         wants_json = "--json" in argv[1: argv.index("--") if "--" in argv else None]
         try:
             try:
@@ -68,8 +69,9 @@ class LazyGroup(click.Group):
             from specbuild.cli.common import JSON_EMITTED, emit_json, failure_document
 
             if wants_json and not ctx.meta.get(JSON_EMITTED):
-                cause = type(err.__context__).__name__ if isinstance(err.__context__, SpecbuildError) else type(err).__name__
-                emit_json(failure_document(argv[0] if argv else None, err.format_message(), cause, err.exit_code))
+                cause = err.__context__ if isinstance(err.__context__, SpecbuildError) else err
+                emit_json(failure_document(argv[0] if argv else None, err.format_message(), type(cause).__name__,
+                                           err.exit_code))
             raise
 
 

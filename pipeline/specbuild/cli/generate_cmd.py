@@ -79,24 +79,26 @@ def _echo_stdout(text: str) -> None:
 
 
 def _generate_served(spec, prompt, url, protocol, on_text, spec_path, **options) -> dict[str, Any]:
-    import importlib.util
-
+    from specbuild.errors import ClientError
+    from specbuild.triton.client import SpecbuildClient
     from specbuild.triton.served_generate import default_url, generate as served_generate
 
     url = url or default_url(spec, protocol)
-    if importlib.util.find_spec("tritonclient") is not None:  # else the request itself says how to install it
-        from specbuild.errors import ClientError
-        from specbuild.triton.client import SpecbuildClient
+    try:
+        return served_generate(spec, prompt, url=url, protocol=protocol, on_text=on_text, **options)
+    except ClientError:
+        import importlib.util
 
+        if protocol == "grpc" and importlib.util.find_spec("tritonclient") is None:
+            raise  # its message says how to install the client
         with SpecbuildClient(url, protocol=protocol) as client:
-            ready = client.is_ready()
-        if not ready:
-            raise ClientError(
-                f"no Triton server answers at {url} ({protocol}). Start one with `specbuild serve -c {spec_path}` "
-                f"(or `specbuild up -c {spec_path}`), pass --url with its address, or run in-process with "
-                f"`specbuild generate -c {spec_path} --local ...`."
-            )
-    return served_generate(spec, prompt, url=url, protocol=protocol, on_text=on_text, **options)
+            if client.is_ready():
+                raise  # the server answers: its own message says what went wrong
+        raise ClientError(
+            f"no Triton server answers at {url} ({protocol}). Start one with `specbuild serve -c {spec_path}` "
+            f"(or `specbuild up -c {spec_path}`), pass --url with its address, or run in-process with "
+            f"`specbuild generate -c {spec_path} --local ...`."
+        ) from None
 
 
 def summary(doc: dict[str, Any]) -> str:

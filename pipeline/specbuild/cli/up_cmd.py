@@ -223,6 +223,7 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
     --until STAGE stops earlier (e.g. --until build in a CI job). --force redoes every stage.
     With --json, one document lists each stage as ran / skipped / failed with its time in
     seconds (the serve stage adds the endpoints and the prompts' figures); exit 1 when a stage failed.
+    --dry-run writes nothing and says which stages would run and which would be skipped as up to date.
     """
     spec = get_spec(spec_path)
     ctx = UpContext(spec=spec, backend=backend, force=force, dry_run=dry_run, once=once,
@@ -238,7 +239,8 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
     else:
         for row in summary:
             if dry_run:
-                what = {"skipped": "would be skipped (up to date)", "planned": "would run"}.get(row["status"], row["status"])
+                what = {"skipped": "would be skipped (up to date)", "planned": "would run"}.get(row["status"],
+                                                                                              row["status"])
                 roles = row.get("roles") if row["status"] == "planned" else None
                 if roles and "skipped" in roles.values():
                     what += " (" + ", ".join(f"{role} {'up to date' if state == 'skipped' else 'to do'}"

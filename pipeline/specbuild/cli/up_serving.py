@@ -36,7 +36,8 @@ def run_repo_stage(ctx) -> dict[str, Any]:
         from specbuild.triton.repository import plan_settings, render
 
         settings, _ = plan_settings(ctx.spec, ctx.backend, repo, None, None)
-        if not ctx.force and recorded_hash(repo) == combined_hash(asdict(settings), render(settings)):  # as write_repository
+        # The input hash write_repository records: the settings and every rendered file.
+        if not ctx.force and recorded_hash(repo) == combined_hash(asdict(settings), render(settings)):
             return {"status": "skipped", "detail": UP_TO_DATE, "repo": str(repo)}
         return {"status": "planned", "detail": f"write the {ctx.backend} model repository to {repo}"}
     from specbuild.triton.repository import write_repository

@@ -94,7 +94,8 @@ def unpack(pair: PackagedPair, dest: Path) -> dict[str, Any]:
     if bad:
         raise ArtifactError(
             f"the committed example pair in {pair.folder} is damaged: {', '.join(bad)} differ from {FILES_JSON}. "
-            f"Restore it (git checkout -- {pair.folder}) or rebuild it with `{REBUILD.format(variant=pair.info['variant'])}`."
+            f"Restore it (git checkout -- {pair.folder}) or rebuild it with "
+            f"`{REBUILD.format(variant=pair.info['variant'])}`."
         )
     packed = packed_weights(pair.files["storage_dtype"])
     for role in ROLES:
