@@ -1,5 +1,6 @@
 # The two commands of the README. Both set up everything on a fresh machine first.
-#   make demo   the main job on the built-in example pair (CPU, no GPU needed)
+#   make demo   the main job on the built-in example pair (CPU, no GPU needed): every stage, the demo
+#               prompts, then it serves until Ctrl-C (make demo UP_FLAGS=--once stops after the prompts)
 #   make test   the test suite
 VENV    ?= .venv
 PYTHON  ?= python3
