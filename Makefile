@@ -52,10 +52,10 @@ test-convert-pins: $(PINS_VENV)/.installed
 	timeout 1200 $(PINS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_convert_cli.py \
 	  tests/test_convert_fixups.py tests/test_convert_loader.py tests/test_convert_vocab.py
 
-$(PINS_VENV)/.installed: pyproject.toml Makefile
+$(PINS_VENV)/.installed: pyproject.toml Makefile scripts/install_torch.py
 	$(PYTHON) -m venv $(PINS_VENV)
 	$(PINS_VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
-	$(PINS_VENV)/bin/python -m pip install --quiet "torch==2.13.*"
+	$(PINS_VENV)/bin/python scripts/install_torch.py "torch==2.13.*"
 	$(PINS_VENV)/bin/python -m pip install --quiet -e ".[ml,test]" $(CONVERT_PINS)
 	touch $@
 
