@@ -7,8 +7,8 @@ runtime it bundles goes on LD_LIBRARY_PATH and a backend folder is assembled wit
 backend library, its utils and the stub built for the running Python; this interpreter's bin folder
 goes first on PATH so the models import this environment's specbuild and torch.
 
-On GPU (the trtllm flavour) the argv follows NVIDIA's launch_triton_server.py in multi-model
-(orchestrator) mode, facts §4: `mpirun --allow-run-as-root -n 1 tritonserver ... :` with
+On GPU (the trtllm flavour) the argv follows NVIDIA's launch_triton_server.py (NVIDIA/TensorRT-LLM
+`triton_backend/scripts/`) in multi-model (orchestrator) mode: `mpirun --allow-run-as-root -n 1 tritonserver ... :` with
 TRTLLM_ORCHESTRATOR=1, so the orchestrator spawns one MPI worker group per engine (TP included);
 world size 1 is the only one allowed with spawned processes.
 """
