@@ -36,6 +36,15 @@ class FakeClient:
     def close(self):
         self.closed = True
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def is_llmapi(self):  # the BLS, not Triton's llmapi model (bench.session asks first)
+        return False
+
     def generate(self, prompt, max_tokens=64, num_draft_tokens=None, stream=True, **extra):
         ids = [ord(ch) % VOCAB for ch in prompt]
         request = GenerationRequest(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens)

@@ -23,7 +23,7 @@ def hadolint() -> str | None:
     return shutil.which("hadolint") or (str(beside) if beside.is_file() else None)
 
 
-@pytest.mark.parametrize("name", ["Dockerfile.gpu", "Dockerfile.cpu"])
+@pytest.mark.parametrize("name", ["Dockerfile.gpu", "Dockerfile.cpu", "Dockerfile.llmapi"])
 def test_dockerfiles_pass_hadolint(name):
     binary = hadolint()
     if binary is None:
@@ -119,7 +119,7 @@ def test_dockerignore_sends_only_the_package():
     lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
              if line.strip() and not line.startswith("#")]
     assert lines[0] == "*" and {"!pyproject.toml", "!README.md", "!pipeline/"} <= set(lines)
-    for dockerfile in ("Dockerfile.gpu", "Dockerfile.cpu"):
+    for dockerfile in ("Dockerfile.gpu", "Dockerfile.cpu", "Dockerfile.llmapi"):
         copied = re.findall(r"^COPY (.+) \S+$", (DOCKER / dockerfile).read_text(), re.M)
         for sources in copied:
             for source in sources.split():

@@ -46,6 +46,8 @@ STAGE_OUTPUTS = {  # stage -> what its folder holds, for messages
     "convert": "TensorRT-LLM checkpoint",
     "build": "engine",
     "repo": "Triton model repository",
+    "convert-hf": "Hugging Face checkpoint for the LLM API",
+    "build-llmapi": "LLM API configuration",
 }
 
 

@@ -19,6 +19,9 @@ from specbuild.errors import SpecError
 QUANTIZATIONS = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo")
 KV_CACHE_DTYPES = ("none", "fp8")  # int8 is refused: it disables paged context FMHA (KV reuse)
 DTYPES = ("float16", "bfloat16", "float32")
+# trtllm: TensorRT engines (trtllm-build, GPU); reference: PyTorch reference engines (any machine);
+# llmapi: TensorRT-LLM's LLM API / PyTorch backend, no engines (GPU), served on CPU by a stand-in.
+BACKENDS = ("trtllm", "reference", "llmapi")
 
 # Known GPUs: usable memory in GiB as reported by the driver, and the SM version.
 GPUS: dict[str, tuple[float, int]] = {
@@ -62,6 +65,16 @@ class BuildSpec:
     max_num_tokens: int = 8192
     tp_size: int = 1
     pp_size: int = 1
+    backend: str | None = None  # default --backend of convert/build/repo/serve/up; None = each command's own
+
+
+@dataclass(frozen=True)
+class LlmApiSpec:
+    """Settings only the LLM API path (backend "llmapi") uses; the limits come from [build]."""
+
+    free_gpu_memory_fraction: float | None = None  # KV cache (target + draft) share of free memory; None = 0.9
+    enable_block_reuse: bool = True  # KV-cache block reuse across requests sharing a prefix
+    disable_overlap_scheduler: bool = True  # as NVIDIA's draft/target examples run it
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,7 @@ class Spec:
     build: BuildSpec = field(default_factory=BuildSpec)
     gpu: GpuSpec = field(default_factory=GpuSpec)
     serve: ServeSpec = field(default_factory=ServeSpec)
+    llmapi: LlmApiSpec = field(default_factory=LlmApiSpec)
     output_dir: Path = Path("engines")
     path: Path | None = None  # the spec file this came from, if any
 
@@ -136,6 +150,7 @@ _SECTIONS = {
     "build": BuildSpec,
     "gpu": GpuSpec,
     "serve": ServeSpec,
+    "llmapi": LlmApiSpec,
 }
 _TOP_LEVEL = ("name", "output_dir", *_SECTIONS)
 
@@ -235,6 +250,12 @@ def validate(spec: Spec) -> Spec:
         )
     for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tp_size", "pp_size"):
         _positive(f"build.{key}", getattr(b, key))
+    if b.backend is not None:
+        _choice("build.backend", b.backend, BACKENDS)
+    fraction = spec.llmapi.free_gpu_memory_fraction
+    if fraction is not None and not 0.0 < fraction <= 1.0:
+        raise SpecError(f"llmapi.free_gpu_memory_fraction = {fraction!r}: must be a number in (0, 1] (TensorRT-LLM's "
+                        "KvCacheConfig rejects others). Remove it for TensorRT-LLM's default, 0.9.")
     if b.max_input_len >= b.max_seq_len:
         raise SpecError(
             f"build.max_input_len = {b.max_input_len} must be below build.max_seq_len = {b.max_seq_len} "

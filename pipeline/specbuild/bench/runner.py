@@ -154,7 +154,10 @@ def run(transport: Transport, workload: Workload, settings: Settings, peers: Seq
     Returns one `Measurements` per transport name.
     """
     ks, notes = clamp_ks(settings.num_draft_tokens, transport.max_draft_len)
-    if len(ks) < 2:
+    fixed = getattr(transport, "fixed_k", None)  # a deployment with one K and no per-request K (llmapi)
+    if fixed is not None:
+        ks, notes = (fixed,), list(getattr(transport, "notes", []))
+    elif len(ks) < 2:
         raise BenchError(f"the K sweep {list(settings.num_draft_tokens)} leaves no K > 0 for this deployment "
                          f"(max_draft_len = {transport.max_draft_len}). Pass --num-draft-tokens with values in "
                          f"1..{transport.max_draft_len}.")

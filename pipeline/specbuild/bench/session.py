@@ -88,8 +88,9 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
     notes: list[str] = []
     if url:
         from specbuild.bench.remote import RemoteTransport
+        from specbuild.llmapi.bench import connect as connect_llmapi
 
-        transport = RemoteTransport.connect(url, protocol)
+        transport = connect_llmapi(url, protocol, spec) or RemoteTransport.connect(url, protocol)
         try:
             peers.append(_local_transport(spec, log, threads, row_block))
         except SpecbuildError as err:
@@ -115,6 +116,8 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
     ks, _ = runner.clamp_ks(settings.num_draft_tokens, transport.max_draft_len)
     top = report.best(rows)
     best_k = top["num_draft_tokens"] if top else None
+    if getattr(transport, "fixed_k", None) is not None:
+        ks, best_k = (transport.fixed_k,), transport.fixed_k
     extra: dict[str, Any] = {}
     if "hf" in measured:
         extra["hf"] = hf_section(ours, measured["hf"], best_k)

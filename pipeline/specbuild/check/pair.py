@@ -35,8 +35,10 @@ def read_pair_infos(spec: Spec, allow_pickle: bool = False) -> dict[str, ModelIn
     return infos
 
 
-def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True, progress: bool = False) -> CheckReport:
-    """scan_weights: read every weight for NaN/Inf (check.weights); progress: a progress bar on stderr for it."""
+def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True, progress: bool = False,
+              backend: str = "trtllm") -> CheckReport:
+    """scan_weights: read every weight for NaN/Inf (check.weights); progress: a progress bar on stderr for it.
+    backend "llmapi": the LLM API path's memory plan and limits (specbuild.llmapi.memory) instead of the engines'."""
     infos = read_pair_infos(spec, allow_pickle)
     report = CheckReport(pair=spec.name, models={role: info.summary() for role, info in infos.items()})
     for role, info in infos.items():
@@ -51,10 +53,16 @@ def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True,
                 "--allow-pickle. Its parameter count is estimated from config.json.",
                 "Convert it to safetensors (save_pretrained(dir, safe_serialization=True)).",
             )
-    check_max_num_tokens(report, spec)
+    if backend != "llmapi":
+        check_max_num_tokens(report, spec)
     tokenizer_size = check_tokenizers(report, spec)
     check_vocab(report, infos["target"], infos["draft"], tokenizer_size)
-    plan = plan_memory(spec, infos["target"], infos["draft"])
+    if backend == "llmapi":
+        from specbuild.llmapi.memory import plan_memory as plan_llmapi_memory
+
+        plan = plan_llmapi_memory(spec, infos["target"], infos["draft"])
+    else:
+        plan = plan_memory(spec, infos["target"], infos["draft"])
     report.memory = plan.to_dict()
     report.problems.extend(plan.problems)
     report.warnings.extend(plan.warnings)

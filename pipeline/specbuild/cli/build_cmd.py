@@ -12,10 +12,11 @@ from specbuild.cli.common import (dry_run_option, emit_json, force_option, get_s
 
 backend_option = click.option(
     "--backend",
-    type=click.Choice(["trtllm", "reference"]),
-    default="trtllm",
-    show_default=True,
-    help="trtllm: TensorRT engines with trtllm-build (GPU image). reference: float32 PyTorch engines (any machine).",
+    type=click.Choice(["trtllm", "reference", "llmapi"]),
+    default=None,
+    help="trtllm: TensorRT engines with trtllm-build (GPU image). reference: float32 PyTorch engines (any machine). "
+         "llmapi: the LLM API's arguments, validated and written (nothing to compile). Default: the spec's "
+         "build.backend, else trtllm.",
 )
 trtllm_build_option = click.option(
     "--trtllm-build",
@@ -54,6 +55,8 @@ def command(spec_path, backend, trtllm_build, role, force, dry_run, as_json):
     The target gets --speculative_decoding_mode draft_tokens_external --max_draft_len K;
     both get paged KV cache and paged context FMHA (KV-cache reuse). Each engine folder gets a
     manifest.json (input hashes, exact argv, tool versions); unchanged inputs are skipped.
+    With --backend llmapi nothing is compiled: the LLM API's arguments are validated and written to
+    <output_dir>/<name>/llmapi/ (docs/llmapi.md).
 
     \b
     Exit codes: 0 built or up to date, 1 error (trtllm-build missing or failed, engine
@@ -62,6 +65,12 @@ def command(spec_path, backend, trtllm_build, role, force, dry_run, as_json):
     from specbuild.build import build_engines, dry_run as plan_dry_run
 
     spec = get_spec(spec_path)
+    backend = backend or spec.build.backend or "trtllm"
+    if backend == "llmapi":
+        from specbuild.llmapi.cli import build as llmapi_build
+
+        llmapi_build(spec, force=force, dry_run=dry_run, as_json=as_json)
+        return
     selected = roles(role)
     if dry_run:
         document = plan_dry_run(spec, selected, backend, str(trtllm_build) if trtllm_build else None)

@@ -42,6 +42,10 @@ def _vocab_line(doc: dict[str, Any]) -> str:
 
 def _memory_lines(doc: dict[str, Any]) -> list[str]:
     m = doc["memory"]
+    if m.get("path") == "llmapi":
+        from specbuild.llmapi.memory import summary_lines
+
+        return summary_lines(m)
     t, d = m["target"], m["draft"]
     lines = [
         f"{m['gpu']} ({_gib(m['memory_per_gpu_bytes'])}/GPU, SM{m['sm'] or '?'}), tp_size {m['tp_size']}, "
@@ -117,9 +121,12 @@ def format_report(doc: dict[str, Any]) -> str:
               "the speedup per K and the best max_draft_len (loads both models; see docs/bench.md).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSONL prompts for --measure (one {\"prompt\": ...} per line; default: built-in code/prose/json).")
+@click.option("--backend", type=click.Choice(["trtllm", "reference", "llmapi"]), default=None,
+              help="Whose memory plan and limits: the engines' (trtllm, reference) or the LLM API's (llmapi: one "
+                   "process, one KV pool, one fraction). Default: the spec's build.backend, else trtllm.")
 @click.pass_context
 def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bool, no_weight_scan: bool,
-            measure: bool, prompts_file: Path | None) -> None:
+            measure: bool, prompts_file: Path | None, backend: str | None) -> None:
     """Check that the pair can work and fits the GPU, before any GPU work.
 
     \b
@@ -136,7 +143,8 @@ def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bo
     from specbuild.cli.common import progress_enabled
 
     spec = get_spec(spec_path)
-    report = run_check(spec, allow_pickle=allow_pickle, scan_weights=not no_weight_scan, progress=progress_enabled())
+    report = run_check(spec, allow_pickle=allow_pickle, scan_weights=not no_weight_scan, progress=progress_enabled(),
+                       backend=backend or spec.build.backend or "trtllm")
     doc = report.to_dict()
     if prompts_file is not None and not measure:
         raise click.UsageError("--prompts is used by --measure: add --measure.")

@@ -8,11 +8,14 @@ import click
 
 from specbuild.cli.common import (dry_run_option, emit_json, force_option, get_spec, json_option, log,
                                   progress_enabled, role_option, roles, spec_option)
-from specbuild.config import KV_CACHE_DTYPES, QUANTIZATIONS, replace
+from specbuild.config import BACKENDS, KV_CACHE_DTYPES, QUANTIZATIONS, replace
 
 
 @click.command("convert")
 @spec_option
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="trtllm / reference: TensorRT-LLM checkpoints for engines. llmapi: Hugging Face checkpoints for "
+                   "the LLM API (docs/llmapi.md). Default: the spec's build.backend, else trtllm.")
 @role_option
 @click.option("--quantization", type=click.Choice(QUANTIZATIONS), default=None,
               help="Override the spec's quantization for the selected role(s).")
@@ -33,12 +36,14 @@ from specbuild.config import KV_CACHE_DTYPES, QUANTIZATIONS, replace
 @force_option
 @dry_run_option
 @json_option
-def command(spec_path: Path, role: str, quantization: str | None, kv_cache: str | None, device: str,
+def command(spec_path: Path, backend: str | None, role: str, quantization: str | None, kv_cache: str | None, device: str,
             calib_file: Path | None, calib_size: int, calib_seq_len: int, awq_block_size: str | None,
             verify: bool, force: bool, dry_run: bool, as_json: bool) -> None:
     """Convert (and quantize) the pair's Hugging Face checkpoints with NVIDIA Model Optimizer.
 
-    Writes <output_dir>/<name>/<role>/checkpoint/ (config.json, rank<N>.safetensors, manifest.json).
+    Writes <output_dir>/<name>/<role>/checkpoint/ (config.json, rank<N>.safetensors, manifest.json);
+    with --backend llmapi, <output_dir>/<name>/<role>/hf_checkpoint/ (Hugging Face layout, modelopt
+    export_hf_checkpoint when quantized: fp8 or none).
     A rerun with unchanged inputs does nothing; --force redoes it.
 
     \b
@@ -57,6 +62,11 @@ def command(spec_path: Path, role: str, quantization: str | None, kv_cache: str 
             spec = replace(spec, name, **changes)
     options = ConvertOptions(device=device, calib_file=calib_file, calib_size=calib_size,
                              calib_seq_len=calib_seq_len, awq_block_size=int(awq_block_size) if awq_block_size else None)
+    if (backend or spec.build.backend) == "llmapi":
+        from specbuild.llmapi.cli import convert as llmapi_convert
+
+        llmapi_convert(spec, selected, options, force=force, verify=verify, dry_run=dry_run, as_json=as_json)
+        return
     plans = plan_roles(spec, selected, options)
     if dry_run:
         document = {"command": "convert", "dry_run": True, "pair": spec.name, "roles": [describe(p) for p in plans]}

@@ -22,9 +22,17 @@ def detect_backend(spec) -> str:
 
 @click.command("repo")
 @spec_option
-@click.option("--backend", type=click.Choice(["trtllm", "reference"]), default=None,
+@click.option("--backend", type=click.Choice(["trtllm", "reference", "llmapi"]), default=None,
               help="trtllm: the tensorrtllm C++ backend (GPU image). reference: Python models serving the PyTorch "
-                   "reference engines (any machine). Default: the target engine's backend if built, else trtllm.")
+                   "reference engines (any machine). llmapi: Triton's llmapi model (TensorRT-LLM LLM API; "
+                   "docs/llmapi.md). Default: the spec's build.backend, else the target engine's backend if built, "
+                   "else trtllm.")
+@click.option("--runtime", type=click.Choice(["auto", "tensorrt_llm", "reference"]), default="auto", show_default=True,
+              help="llmapi: NVIDIA's model.py from the GPU image (tensorrt_llm) or the CPU stand-in (reference); auto: "
+                   "tensorrt_llm when the tensorrt_llm package is importable here.")
+@click.option("--checkpoints-dir", default=None,
+              help="llmapi: the output folder as the server sees it (model.yaml names <dir>/<name>/<role>/hf_checkpoint). "
+                   "Default: /engines for runtime tensorrt_llm, the spec's output_dir for reference.")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("triton_repo"),
               show_default=True, help="The model repository folder to write.")
 @click.option("--engines-dir", default=None,
@@ -36,7 +44,7 @@ def detect_backend(spec) -> str:
 @force_option
 @dry_run_option
 @json_option
-def command(spec_path, backend, out_dir, engines_dir, tokenizer_dir, force, dry_run, as_json):
+def command(spec_path, backend, runtime, checkpoints_dir, out_dir, engines_dir, tokenizer_dir, force, dry_run, as_json):
     """Write the Triton model repository: preprocessing, postprocessing, tensorrt_llm (target),
     tensorrt_llm_draft, tensorrt_llm_bls (speculative decoding) and ensemble (target only).
 
@@ -45,6 +53,8 @@ def command(spec_path, backend, out_dir, engines_dir, tokenizer_dir, force, dry_
     Every config.pbtxt is built as a typed Triton ModelConfig and written in protobuf text format:
     every value is filled now; no ${...} placeholder is ever written. The trtllm flavour is made
     from the build plan, so it can be generated and reviewed before the engines exist.
+    With --backend llmapi: Triton's llmapi layout, one tensorrt_llm model with NVIDIA's tensors and
+    1/model.yaml holding the LLM arguments (docs/llmapi.md).
 
     \b
     Exit codes: 0 written or up to date, 1 error (bad spec, engines that disagree, locked output), 2 usage.
@@ -52,7 +62,12 @@ def command(spec_path, backend, out_dir, engines_dir, tokenizer_dir, force, dry_
     from specbuild.triton import repository
 
     spec = get_spec(spec_path)
-    backend = backend or detect_backend(spec)
+    backend = backend or spec.build.backend or detect_backend(spec)
+    if backend == "llmapi":
+        from specbuild.llmapi.cli import repo as llmapi_repo
+
+        llmapi_repo(spec, out_dir, runtime, checkpoints_dir, force=force, dry_run=dry_run, as_json=as_json)
+        return
     if dry_run:
         settings, warnings = repository.plan_settings(spec, backend, out_dir, engines_dir, tokenizer_dir)
         files = repository.render(settings)

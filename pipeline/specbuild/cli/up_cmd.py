@@ -24,7 +24,7 @@ from specbuild.errors import PairError, SpecbuildError
 @dataclass
 class UpContext:
     spec: Spec
-    backend: str  # "reference" | "trtllm"
+    backend: str  # "reference" | "trtllm" | "llmapi"
     force: bool
     dry_run: bool
     once: bool  # for the serve stage: start, answer a canary request, stop
@@ -219,8 +219,10 @@ def run_stages(ctx: UpContext, stages: list[Stage] | None = None) -> tuple[list[
 
 @click.command("up")
 @spec_option
-@click.option("--backend", type=click.Choice(["reference", "trtllm"]), default="reference", show_default=True,
-              help="Engine backend for the build stage: reference (any machine) or trtllm (GPU image).")
+@click.option("--backend", type=click.Choice(["reference", "trtllm", "llmapi"]), default=None,
+              help="reference: reference engines (any machine); trtllm: TensorRT engines (GPU image); llmapi: "
+                   "TensorRT-LLM's LLM API, no engines (GPU image; on CPU a stand-in serves the same contract, "
+                   "docs/llmapi.md). Default: the spec's build.backend, else reference.")
 @click.option("--trtllm-build", "trtllm_build", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Path of trtllm-build (trtllm backend; default: found on PATH).")
 @click.option("--until", "until", type=click.Choice([stage.name for stage in STAGES]), default=None,
@@ -235,7 +237,8 @@ def run_stages(ctx: UpContext, stages: list[Stage] | None = None) -> tuple[list[
 def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run, as_json):
     """Run every stage (check -> convert -> build -> repo -> serve) for the spec, skipping what is
     up to date, then stream a few held-out prompts (code, JSON, prose) through the speculative BLS
-    and print the text and each request's acceptance figures.
+    (or, with --backend llmapi, Triton's llmapi model) and print the text and each request's
+    acceptance figures.
 
     \b
     The server keeps running until Ctrl-C (SIGINT) or SIGTERM; --once stops it after the prompts.
@@ -245,11 +248,18 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
     --dry-run writes nothing and says which stages would run and which would be skipped as up to date.
     """
     spec = get_spec(spec_path)
+    backend = backend or spec.build.backend or "reference"
     ctx = UpContext(spec=spec, backend=backend, force=force, dry_run=dry_run, once=once,
                     trtllm_build=str(trtllm_build) if trtllm_build else None, repo=repo, as_json=as_json)
     started = time.monotonic()
-    names = [stage.name for stage in STAGES]
-    stages = STAGES[: names.index(until) + 1] if until else STAGES
+    if backend == "llmapi":
+        from specbuild.llmapi.up import stages as llmapi_stages
+
+        path_stages = llmapi_stages()
+    else:
+        path_stages = STAGES
+    names = [stage.name for stage in path_stages]
+    stages = path_stages[: names.index(until) + 1] if until else path_stages
     ctx.stages = tuple(stage.name for stage in stages)
     summary, error = run_stages(ctx, stages)
     document = {"pair": spec.name, "backend": backend, "dry_run": dry_run, "ok": error is None,
@@ -271,7 +281,7 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
             if row["stage"] == "serve" and row.get("endpoints"):
                 for name, url in row["endpoints"].items():
                     click.echo(f"  {name:8s} {url}")
-            if row["status"] == "planned" and row["stage"] == "build":
+            if row["status"] == "planned" and row["stage"] == "build" and "engines" in row["detail"]:
                 for engine in row["detail"]["engines"]:
                     click.echo(f"  {engine['role']}: " + (engine["argv_text"] or f"reference engine -> {engine['engine_dir']}"))
     if error is not None:

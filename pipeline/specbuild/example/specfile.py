@@ -23,6 +23,7 @@ SECTIONS: dict[str, type] = {
     "build": config.BuildSpec,
     "gpu": config.GpuSpec,
     "serve": config.ServeSpec,
+    "llmapi": config.LlmApiSpec,
 }
 SECTION_HEADINGS = {
     "target": "The large model whose output you want (a Hugging Face checkpoint folder).",
@@ -31,6 +32,7 @@ SECTION_HEADINGS = {
     "build": "Engine limits (trtllm-build); they also size the KV cache in the memory plan.",
     "gpu": "The GPU the engines are built for and served on.",
     "serve": "tritonserver settings.",
+    "llmapi": "The LLM API path (--backend llmapi: TensorRT-LLM's PyTorch backend, no engines; docs/llmapi.md).",
 }
 MODEL_REASONS = {
     "checkpoint": "required: Hugging Face model folder (config.json, *.safetensors, tokenizer files)",
@@ -53,6 +55,8 @@ REASONS: dict[str, str] = {
     "build.max_num_tokens": "most tokens in one engine step across the batch (packed, remove-padding)",
     "build.tp_size": "tensor parallelism: GPUs per model",
     "build.pp_size": "pipeline parallelism: stages per model",
+    "build.backend": "default --backend of convert/build/repo/serve/up: trtllm (engines, GPU), reference (CPU), "
+                     "llmapi (TensorRT-LLM LLM API, GPU; CPU stand-in)",
     "gpu.name": f"known GPUs: {', '.join(GPUS)}",
     "gpu.memory_gib": "usable memory per GPU in GiB; overrides the known figure, or set it for an unlisted GPU",
     "gpu.count": "GPUs available (>= tp_size x pp_size)",
@@ -66,6 +70,10 @@ REASONS: dict[str, str] = {
     "serve.max_queue_delay_microseconds": "dynamic batching delay (0 = send at once)",
     "serve.max_queue_size": "requests queued before Triton rejects new ones (0 = unbounded)",
     "serve.decoupled": "stream accepted tokens as they are verified",
+    "llmapi.free_gpu_memory_fraction": "KV cache of target + draft as a share of free GPU memory; TensorRT-LLM's "
+                                       "default is 0.9 (`specbuild check --backend llmapi` shows what it holds)",
+    "llmapi.enable_block_reuse": "reuse KV-cache blocks across requests that share a prefix",
+    "llmapi.disable_overlap_scheduler": "true as in NVIDIA's draft/target examples",
 }
 PLACEHOLDER_CHECKPOINTS = {"target": "models/target", "draft": "models/draft"}
 
@@ -97,7 +105,7 @@ def _default(cls: type, name: str) -> Any:
     return dataclasses.MISSING
 
 
-UNSET_EXAMPLES = {"memory_gib": 80.0}  # shown, commented out, for keys whose default is unset
+UNSET_EXAMPLES = {"memory_gib": 80.0, "backend": "llmapi", "free_gpu_memory_fraction": 0.9}  # shown, commented out, for keys whose default is unset
 
 
 def _line(key: str, value: Any, default: Any, reason: str) -> list[str]:

@@ -6,7 +6,8 @@ or Triton's HTTP generate endpoints.
             print(chunk.text, end="", flush=True)
         print(chunk.stats)            # acceptance_rate, mean_accepted_len, ... on the final chunk
 
-The model is `tensorrt_llm_bls` (speculative) unless told otherwise (`ensemble` = target only).
+The model is `tensorrt_llm_bls` (speculative) unless told otherwise (`ensemble` = target only). Against
+Triton's llmapi model (the LLM API path) the same calls go through `specbuild.llmapi.client`.
 Every failure raises `ClientError` with the server's own message.
 """
 
@@ -72,14 +73,17 @@ def _text(value: Any) -> str:
 
 
 class SpecbuildClient:
-    def __init__(self, url: str, protocol: str = "grpc", model: str = "tensorrt_llm_bls", timeout: float = 300.0):
+    def __init__(self, url: str, protocol: str = "grpc", model: str = "tensorrt_llm_bls", timeout: float = 300.0,
+                 count_tokens: Any = None):
         if protocol not in ("grpc", "http"):
             raise ClientError(f"protocol {protocol!r} is not supported: use 'grpc' or 'http'.")
         self.url = url.removeprefix("http://").removeprefix("grpc://").rstrip("/")
         self.protocol = protocol
         self.model = model
         self.timeout = timeout
+        self.count_tokens = count_tokens  # text -> token count (llmapi: its responses carry no token ids)
         self._grpc = None
+        self._llmapi: bool | None = None  # the server's model is Triton's llmapi model (found on first use)
 
     # ---- connection ------------------------------------------------------------------------------
     def _grpc_client(self):
@@ -134,6 +138,11 @@ class SpecbuildClient:
                                   "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
                                   "stream": stream, **extra}
         fields = {k: v for k, v in fields.items() if v is not None}
+        if self.is_llmapi():
+            from specbuild.llmapi.client import generate as llmapi_generate
+
+            yield from llmapi_generate(self, prompt, fields, stop_words or [])
+            return
         if self.model != "tensorrt_llm_bls":
             fields.pop("num_draft_tokens", None)  # the target-only ensemble has no such input
         unknown = [k for k in fields if k not in _INPUT_TYPES]
@@ -143,6 +152,16 @@ class SpecbuildClient:
             yield from self._generate_grpc(prompt, fields, stop_words or [])
         else:
             yield from self._generate_http(prompt, fields, stop_words or [])
+
+    def is_llmapi(self) -> bool:
+        """True when the model is Triton's llmapi model (then self.model becomes "tensorrt_llm")."""
+        if self._llmapi is None:
+            from specbuild.llmapi.client import detect
+
+            found = detect(self)
+            self._llmapi = found is not None
+            self.model = found or self.model
+        return self._llmapi
 
     def complete(self, prompt: str, **kwargs: Any) -> tuple[str, dict[str, Any]]:
         """The whole text and the final stats (streamed chunks joined)."""

@@ -51,6 +51,11 @@ def check_engines(backend: str, engines: dict[str, Path], python: str | None = N
     """Every engine must be built, for this backend, with the versions this runtime has."""
     from specbuild.build.versions import runtime_versions, versions_mismatch
 
+    if backend == "llmapi":  # no engines: the Hugging Face checkpoints written for the LLM API
+        from specbuild.llmapi.repository import check_checkpoint_dirs
+
+        return check_checkpoint_dirs(engines)
+
     runtime = None
     for role, folder in engines.items():
         if not (folder / "manifest.json").is_file():
@@ -75,7 +80,7 @@ def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int |
         raise ArtifactError(f"model repository {repo} does not exist: write it with `specbuild repo --out-dir {repo}`.")
     manifest = read_manifest(repo)
     backend = manifest.get("backend")
-    if backend not in ("trtllm", "reference"):
+    if backend not in ("trtllm", "reference", "llmapi"):
         raise ArtifactError(f"{repo}/manifest.json has backend {backend!r}: regenerate it with `specbuild repo`.")
     if manifest.get("pair") not in (None, spec.name):
         raise ArtifactError(f"{repo} was written for pair {manifest.get('pair')!r}, the spec is {spec.name!r}. "
@@ -88,6 +93,10 @@ def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int |
         metrics_port=s.metrics_port if metrics_port is None else metrics_port,
         allow_model_control=allow_model_control, gpu=backend == "trtllm", gpu_count=spec.gpu.count,
     )
+    if backend == "llmapi":
+        from specbuild.llmapi.repository import checkpoint_dirs
+
+        return ServePlan(repo, backend, options, find_tritonserver(tritonserver), checkpoint_dirs(repo, manifest))
     return ServePlan(repo, backend, options, find_tritonserver(tritonserver), engine_dirs(repo, manifest))
 
 
@@ -95,6 +104,10 @@ def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[
     """One short request per entry point (BLS over gRPC streaming, ensemble over HTTP); raises on failure."""
     from specbuild.triton.client import SpecbuildClient
 
+    if models is None and _repo_backend(handle.opts.repo) == "llmapi":
+        from specbuild.llmapi.client import canary as llmapi_canary
+
+        return llmapi_canary(handle, CANARY_PROMPT)
     loaded = models or ("tensorrt_llm_bls", "ensemble")
     answers = {}
     for model, url, protocol in (("tensorrt_llm_bls", handle.grpc_url, "grpc"), ("ensemble", handle.http_url, "http")):
@@ -107,6 +120,13 @@ def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[
             raise ServeError(f"the canary request to {model} failed: {err}. Server log: {handle.log_path}") from None
         answers[model] = text
     return answers
+
+
+def _repo_backend(repo: Path) -> str | None:
+    try:
+        return read_manifest(Path(repo)).get("backend")
+    except ArtifactError:
+        return None
 
 
 def serve_until_signal(handle: ServerHandle, on_ready: Callable[[], None], poll: float = 1.0) -> int:

@@ -1,7 +1,8 @@
 """`specbuild generate` through a running server: the same --json document as `generate --local`.
 
 The finish reason is not a BLS output; it is inferred: `length` when max_tokens tokens came back,
-else `eos_or_stop` (the server stopped early on EOS or a stop word).
+else `eos_or_stop` (the server stopped early on EOS or a stop word). Triton's llmapi model (the LLM API
+path) sends its own finish_reason and no token ids (`specbuild.llmapi.client` counts the tokens).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def generate(spec: Spec, prompt: str, *, url: str | None, protocol: str, on_text
     final: dict[str, Any] = {}
     started = time.perf_counter()
     first_token = None
-    with SpecbuildClient(url, protocol=protocol) as client:
+    with SpecbuildClient(url, protocol=protocol, count_tokens=_lazy_counter(spec)) as client:
         for chunk in client.generate(prompt, max_tokens=max_tokens, num_draft_tokens=k, temperature=temperature,
                                      top_k=top_k, top_p=top_p, seed=seed, stream=on_text is not None):
             if chunk.text:
@@ -42,18 +43,35 @@ def generate(spec: Spec, prompt: str, *, url: str | None, protocol: str, on_text
     seconds = time.perf_counter() - started
     stats = SpeculationStats.from_dict(final["speculation_stats"]) if "speculation_stats" in final else SpeculationStats()
     output = list(final.get("output_ids", []))
+    count = int(final.get("num_output_tokens", len(output)))
     return {
         "text": "".join(parts),
         "output_ids": output,
-        "num_output_tokens": len(output),
-        "finish_reason": "length" if len(output) >= max_tokens else "eos_or_stop",
+        "num_output_tokens": count,
+        "finish_reason": final.get("finish_reason") or ("length" if count >= max_tokens else "eos_or_stop"),
         "num_draft_tokens": k,
         "adaptive": None,  # the deployment decides (tensorrt_llm_bls parameter adaptive_draft_len)
         **stats.report_fields(),
-        "tokens_per_s": len(output) / seconds if seconds > 0 else 0.0,
+        "tokens_per_s": count / seconds if seconds > 0 else 0.0,
         "seconds": seconds,
         "time_to_first_token_s": first_token,
         "engine_source": None,
         "server": {"url": url, "protocol": protocol},
         "sampling": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed},
     }
+
+
+def _lazy_counter(spec: Spec) -> Callable[[str], int]:
+    """Tokens in a text, with the target's tokenizer loaded on first use (only the llmapi client asks)."""
+    counter: list[Callable[[str], int]] = []
+
+    def count(text: str) -> int:
+        if not counter:
+            from specbuild.llmapi.checkpoint import checkpoint_dir
+            from specbuild.llmapi.up import token_counter
+
+            folder = checkpoint_dir(spec, "target")
+            counter.append(token_counter(folder if (folder / "tokenizer_config.json").is_file() else spec.target.checkpoint))
+        return counter[0](text)
+
+    return count

@@ -1,0 +1,15 @@
+"""The LLM API path: TensorRT-LLM's `LLM(...)` / PyTorch backend with draft/target speculation.
+
+A peer of the engine path (`trtllm`, TensorRT engines built by trtllm-build, last shipped in
+TensorRT-LLM 1.2.x) and the CPU path (`reference`), built from the same spec file:
+
+    convert --backend llmapi   Hugging Face checkpoints per role (modelopt export_hf_checkpoint when quantized)
+    build --backend llmapi     the LLM arguments, validated against the pinned release (nothing to compile)
+    repo --backend llmapi      Triton's `llmapi` model repository (tensorrt_llm/config.pbtxt, 1/model.yaml)
+    serve --backend llmapi     tritonserver on that repository, or trtllm-serve (OpenAI-compatible HTTP)
+
+Modules: `contract` (every NVIDIA name and value this path writes or serves, with its source),
+`args` (the LLM arguments from the spec), `checkpoint` / `verify` (convert), `build`, `repository`,
+`standin` / `protocol` (the CPU stand-in for Triton's llmapi model), `trtllm_serve`, `client`,
+`memory` (the memory plan), `up` (the stages of `specbuild up`).
+"""

@@ -1,0 +1,235 @@
+"""The CPU stand-in for TensorRT-LLM's `LLM(**model.yaml)`: both models in one process, the project's
+draft/verify loop (`specbuild.speculative.loop`) over the reference runtime, as the LLM API runs its
+draft/target "two model" speculation inside one executor.
+
+It takes the LLM arguments as model.yaml holds them and refuses what TensorRT-LLM 1.2.1 refuses
+(as pinned in contract ARGS): keys that are not LLM-argument fields (extra = "forbid"), a decoding_type the
+parser does not know ("Invalid decoding type: ..."), a DraftTarget config without max_draft_len > 0 or
+without the draft path, a backend other than pytorch. A prompt longer than max_num_tokens is refused per
+request with the LLM API's own message (llm.py `_check_arguments`, pytorch backend).
+
+Generation follows the LLM API's draft/target mode: max_draft_len tokens drafted at every step (no
+adaptive K), greedy acceptance by token match or rejection sampling when sampling, one RequestOutput per
+step when streaming (its text cumulative), the draft's tokens and the target's verdicts counted in the
+per-request speculative-decoding metrics (acceptance_rate = accepted / drafted). Sampling parameters the
+reference runtime cannot honour (best_of > 1, frequency/presence penalties) are refused by name.
+The stand-in has no paged KV cache: the kv_cache_* metrics are what a fresh cache without reuse would
+report (blocks of 32 tokens for the prompt and output), and say so in docs/llmapi.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specbuild.errors import RequestError
+from specbuild.llmapi import contract
+from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
+
+
+class LlmArgsError(ValueError):
+    """model.yaml holds arguments TensorRT-LLM refuses (the model fails to load, as NVIDIA's would)."""
+
+
+def validate_args(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments as the pinned release parses them: the speculative config with decoding_type consumed."""
+    unknown = contract.unknown_llm_args(args)
+    if unknown:
+        raise LlmArgsError(f"{', '.join(unknown)}: Extra inputs are not permitted (not an LLM argument of "
+                           f"TensorRT-LLM {contract.RELEASE})")
+    if "model" not in args:
+        raise LlmArgsError("model: Field required")
+    backend = args.get("backend") or "pytorch"  # TorchLlmArgs.init_backend: None -> pytorch
+    spec = args.get("speculative_config")
+    if spec is not None:
+        spec = dict(spec)
+        decoding_type = spec.pop(contract.DECODING_TYPE_KEY, None)
+        if decoding_type not in contract.DECODING_TYPES:
+            raise LlmArgsError(f"Invalid decoding type: {decoding_type}")
+        if decoding_type != contract.DECODING_TYPE:
+            raise LlmArgsError(f"decoding_type {decoding_type!r}: the CPU stand-in runs {contract.DECODING_TYPE} only")
+        if backend != "pytorch":
+            raise LlmArgsError(contract.MSG_DRAFT_BACKEND)
+        if not isinstance(spec.get("max_draft_len"), int) or spec["max_draft_len"] <= 0:
+            raise LlmArgsError(contract.MSG_DRAFT_LEN)
+        if not spec.get(contract.DRAFT_MODEL_KEY):
+            raise LlmArgsError(contract.MSG_DRAFT_PATH)
+    fraction = (args.get("kv_cache_config") or {}).get("free_gpu_memory_fraction")
+    if fraction is not None and not 0.0 <= float(fraction) <= 1.0:
+        raise LlmArgsError("free_gpu_memory_fraction must be a float between 0 and 1")
+    return {**args, "backend": backend, "speculative_config": spec}
+
+
+def _eos(folder: Path) -> int | None:
+    for name in ("generation_config.json", "config.json"):
+        try:
+            value = json.loads((folder / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        value = value[0] if isinstance(value, list) and value else value
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def load_model(folder: Path, limits: dict[str, int], device: str = "cpu"):
+    """A ContractModel over a checkpoint written by `convert --backend llmapi` (FP8 weights read back)."""
+    from specbuild.llmapi.hfexport import load_export
+    from specbuild.runtime.contract import ContractModel, Limits
+    from specbuild.runtime.engine import ReferenceEngine
+    from specbuild.runtime.model import LlamaModel, args_from_config
+
+    loaded = load_export(folder)
+    model = LlamaModel(args_from_config(loaded.hf_config, str(folder)), loaded.state_dict, device=device)
+    return ContractModel(ReferenceEngine(model), Limits(**limits))
+
+
+@dataclass
+class Sampling:
+    """A validated SamplingParams equivalent (the parts the stand-in runs)."""
+
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int | None
+    exclude_input_from_output: bool
+    return_perf_metrics: bool
+    stop: list[str]
+
+
+def sampling_from_request(params: dict[str, Any]) -> Sampling:
+    """SamplingParams(**params) as the stand-in takes it; ModelException names what it refuses."""
+    best_of = params.get("best_of", 1)
+    if best_of != 1:
+        raise ModelException(f"best_of = {best_of}: the CPU stand-in generates one sequence per request (best_of 1)")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if params.get(name) not in (None, 0.0):
+            raise ModelException(f"{name} = {params[name]}: not supported by the CPU stand-in (0 only)")
+    max_tokens = params.get("max_tokens", contract.DEFAULT_MAX_TOKENS)
+    if max_tokens is None or int(max_tokens) < 1:
+        raise ModelException(f"max_tokens ({max_tokens}) must be greater than 0")
+    temperature, top_k, top_p = params.get("temperature"), params.get("top_k"), params.get("top_p")
+    if temperature is not None and (temperature < 0 or not math.isfinite(temperature)):
+        raise ModelException(f"temperature ({temperature}) must be a finite number >= 0")
+    if top_k is not None and top_k < 0:
+        raise ModelException(f"top_k ({top_k}) must be >= 0")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ModelException(f"top_p ({top_p}) must be in (0, 1]")
+    if temperature is None:  # unset: greedy unless top_k / top_p ask for sampling (then temperature 1)
+        temperature = 1.0 if (top_k not in (None, 0, 1) or top_p not in (None, 1.0)) else 0.0
+    return Sampling(max_tokens=int(max_tokens), temperature=float(temperature), top_k=int(top_k or 0),
+                    top_p=float(1.0 if top_p is None else top_p), seed=params.get("seed"),
+                    exclude_input_from_output=bool(params.get("exclude_input_from_output", True)),
+                    return_perf_metrics=bool(params.get("return_perf_metrics", False)),
+                    stop=stop_strings(params.get("stop")))
+
+
+class StandInLLM:
+    def __init__(self, args: dict[str, Any], device: str = "cpu"):
+        from transformers import AutoTokenizer
+
+        self.args = validate_args(args)
+        self.target_dir = Path(self.args["model"])
+        spec = self.args["speculative_config"]
+        self.k = spec["max_draft_len"] if spec else 0
+        self.max_num_tokens = int(self.args.get("max_num_tokens") or 8192)  # BaseLlmArgs default
+        self.max_seq_len = int(self.args.get("max_seq_len") or 0) or None
+        batch = int(self.args.get("max_batch_size") or 8)
+        seq = self.max_seq_len or 4096
+        self.target = load_model(self.target_dir, {"max_batch_size": batch, "max_seq_len": seq + self.k,
+                                                   "max_draft_len": self.k}, device)
+        self.draft = load_model(Path(spec[contract.DRAFT_MODEL_KEY]), {"max_batch_size": batch, "max_seq_len": seq,
+                                                                       "max_draft_len": 0}, device) if spec else None
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.target_dir), local_files_only=True)
+        self.end_id = _eos(self.target_dir)
+        self.max_batch_size = batch
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def generate(self, prompt: str, sampling: Sampling, streaming: bool, call=None) -> Iterator[RequestOutput]:
+        """One RequestOutput per draft/verify step when streaming, else only the last one.
+        call: (role) -> the contract call to use (a shared batcher under concurrency); default the models."""
+        from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
+        from specbuild.speculative.interfaces import SamplingParams
+        from specbuild.speculative.loop import GenerationRequest, generate
+
+        arrival = time.monotonic_ns()
+        prompt_ids = list(self.tokenizer(prompt)["input_ids"])
+        if len(prompt_ids) > self.max_num_tokens:
+            raise ModelException(contract.MSG_PROMPT_TOO_LONG.format(prompt_len=len(prompt_ids) / 1,
+                                                                    max_num_tokens=self.max_num_tokens))
+        max_tokens = sampling.max_tokens
+        if self.max_seq_len is not None:
+            if len(prompt_ids) >= self.max_seq_len:
+                raise ModelException(f"the prompt ({len(prompt_ids)} tokens) does not fit max_seq_len = {self.max_seq_len}")
+            max_tokens = min(max_tokens, self.max_seq_len - len(prompt_ids))
+        stops = {s: self.tokenizer(s, add_special_tokens=False)["input_ids"] for s in sampling.stop if s}
+        target = call("target") if call else self.target
+        verifier = ContractVerifier(target, max_draft_len=self.k, end_id=self.end_id)
+        drafter = ContractDrafter(call("draft") if call else self.draft, end_id=self.end_id) if self.draft else None
+        request = GenerationRequest(
+            max_tokens=max_tokens, num_draft_tokens=self.k if drafter else 0, end_id=self.end_id,
+            sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed),
+            stop_sequences=[ids for ids in stops.values() if ids], adaptive=False)
+        output: list[int] = []
+        scheduled = first = None
+        counts = [0, 0]  # drafted, accepted so far
+        try:
+            steps = generate(prompt_ids, drafter or _NoDraft(), verifier, request)
+            for step in steps:
+                scheduled = scheduled or time.monotonic_ns()
+                output.extend(step.tokens)
+                counts[0], counts[1] = counts[0] + step.drafted, counts[1] + step.accepted
+                first = first or (time.monotonic_ns() if output else None)
+                finished = step.finish_reason is not None
+                if not (streaming or finished):
+                    continue
+                yield self._output(prompt_ids, output, step, sampling, stops, finished, counts,
+                                   (arrival, scheduled, first or scheduled, time.monotonic_ns()))
+        except RequestError as err:
+            raise ModelException(str(err)) from None
+
+    def _output(self, prompt_ids, output, step, sampling: Sampling, stops, finished, counts, times) -> RequestOutput:
+        tokens, finish, stop_reason = list(output), None, None
+        if finished:
+            finish = "length" if step.finish_reason == "length" else "stop"
+            if step.finish_reason == "stop":
+                for text, ids in stops.items():  # the stop string is left out (include_stop_str_in_output False)
+                    if ids and tokens[-len(ids):] == ids:
+                        tokens, stop_reason = tokens[: -len(ids)], text
+                        break
+        ids = tokens if sampling.exclude_input_from_output else prompt_ids + tokens
+        metrics = self._metrics(len(prompt_ids), len(tokens), counts, times) if sampling.return_perf_metrics else None
+        return RequestOutput([CompletionOutput(self._decode(ids), ids, finish, stop_reason,
+                                               request_perf_metrics=metrics)], finished)
+
+    def _metrics(self, prompt_len: int, out_len: int, counts: list[int], times) -> dict[str, Any]:
+        """The perf-metric values NVIDIA's model sends, per contract PERF_OUTPUTS. Times: monotonic ns;
+        draft counts so far (a streamed response carries the running totals)."""
+        drafted, accepted = counts
+        blocks = math.ceil((prompt_len + out_len) / contract.KV_TOKENS_PER_BLOCK)
+        arrival, scheduled, first, last = times
+        import numpy as np
+
+        rate = float(np.float32(accepted / drafted)) if drafted else 0.0  # a C++ float in TensorRT-LLM
+        return {
+            "kv_cache_reused_block": 0, "kv_cache_hit_rate": 0.0, "kv_cache_alloc_new_blocks": blocks,
+            "kv_cache_alloc_total_blocks": blocks, "kv_cache_missed_block": math.ceil(prompt_len / contract.KV_TOKENS_PER_BLOCK),
+            "arrival_time_ns": arrival, "first_scheduled_time_ns": scheduled, "first_token_time_ns": first,
+            "last_token_time_ns": last, "acceptance_rate": rate, "total_accepted_draft_tokens": accepted,
+            "total_draft_tokens": drafted,
+        }
+
+
+class _NoDraft:
+    """Target only (no speculative_config): the loop never calls it with k = 0."""
+
+    def propose(self, tokens, k, sampling):  # pragma: no cover - unreachable with num_draft_tokens 0
+        raise AssertionError("no draft model")

@@ -1,0 +1,193 @@
+"""`specbuild serve --server trtllm-serve`: TensorRT-LLM's OpenAI-compatible server on the pair (GPU).
+
+argv (contract SERVE; a list, never a shell string):
+
+    trtllm-serve <target hf_checkpoint> --host H --port P --backend pytorch --tp_size T --pp_size P
+        --max_batch_size B --max_num_tokens N --max_seq_len S --kv_cache_free_gpu_memory_fraction F
+        --extra_llm_api_options <output_dir>/<name>/llmapi/llm_api_options.yaml --log_level info
+
+`trtllm-serve MODEL ...` runs its `serve` subcommand (serve.py's DefaultGroup). The options file, written by
+`specbuild build --backend llmapi`, carries the same values plus the speculative config; serve.py applies
+it over the CLI values. Readiness: the port answers only once LLM(...) has loaded (serve.py binds, loads,
+then serves), and GET /health returns 200 (openai_server.py; 503 while the LLM is unavailable). Shutdown:
+SIGTERM to the process group (uvicorn's own handler shuts the server and the LLM down), SIGKILL after a
+timeout, as for tritonserver.
+
+Multi-node (--nodes > 1), as NVIDIA documents it: every rank runs `trtllm-llmapi-launch trtllm-serve ...`
+under srun (docs/source/commands/trtllm-serve/trtllm-serve.rst "Multi-node Serving with Slurm", @0434755f)
+or mpirun; trtllm-llmapi-launch makes rank 0 the server and the others workers (LAUNCH @020c89e6).
+`--dry-run` writes that command out; specbuild does not run a cluster job itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specbuild.config import Spec
+from specbuild.errors import ArtifactError, ServeError, ToolNotFoundError
+from specbuild.llmapi import contract
+
+LAUNCHERS = ("srun", "mpirun")
+
+
+def find_trtllm_serve(explicit: str | Path | None = None) -> Path:
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise ToolNotFoundError(f"--trtllm-serve {explicit}: not an executable file.")
+        return path
+    found = shutil.which("trtllm-serve")
+    if found is None:
+        raise ToolNotFoundError(
+            "trtllm-serve not found on PATH: it comes with TensorRT-LLM, which cannot be installed here. Run this in "
+            f"the GPU image (docker/Dockerfile.llmapi, {contract.TRITON_IMAGE}), or pass --trtllm-serve PATH. "
+            "On a CPU machine serve the llmapi repository with tritonserver instead (the default --server).")
+    return Path(found)
+
+
+@dataclass
+class ServeCommand:
+    argv: list[str]
+    host: str
+    port: int
+    options_file: Path
+    launch: list[str] = field(default_factory=list)  # the multi-node command (srun/mpirun ...), when asked
+
+    @property
+    def health_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}{contract.SERVE_HEALTH}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"server": "trtllm-serve", "argv": self.argv, "host": self.host, "port": self.port,
+                "options_file": str(self.options_file), "health": self.health_url,
+                "multi_node": self.launch or None}
+
+
+def plan(spec: Spec, binary: str | Path = "trtllm-serve", host: str | None = None, port: int | None = None,
+         nodes: int = 1, launcher: str = "srun", require_built: bool = True) -> ServeCommand:
+    """The trtllm-serve command for the spec, from the build stage's LLM arguments."""
+    from specbuild.artifacts import read_manifest
+    from specbuild.llmapi.build import OPTIONS_FILE, config_dir
+
+    folder = config_dir(spec)
+    if require_built and not (folder / "manifest.json").is_file():
+        raise ArtifactError(f"{folder} has no LLM API configuration: run `specbuild build --backend llmapi` first.")
+    if (folder / "manifest.json").is_file():
+        args = read_manifest(folder).get("llm_args") or {}
+    else:
+        from specbuild.llmapi.args import llm_args
+        from specbuild.llmapi.build import locations
+
+        args = llm_args(spec, locations(spec))
+    host = host or spec.serve.host
+    port = contract.SERVE_DEFAULT_PORT if port is None else port
+    argv = [str(binary), str(args["model"]), "--host", host, "--port", str(port), "--backend", args["backend"],
+            "--tp_size", str(args["tensor_parallel_size"]), "--pp_size", str(args["pipeline_parallel_size"]),
+            "--max_batch_size", str(args["max_batch_size"]), "--max_num_tokens", str(args["max_num_tokens"]),
+            "--max_seq_len", str(args["max_seq_len"]),
+            "--kv_cache_free_gpu_memory_fraction", str(args["kv_cache_config"]["free_gpu_memory_fraction"]),
+            "--extra_llm_api_options", str(folder / OPTIONS_FILE), "--log_level", "info"]
+    command = ServeCommand(argv, host, port, folder / OPTIONS_FILE)
+    if nodes > 1:
+        command.launch = multi_node(argv, spec.build.tp_size * spec.build.pp_size, nodes, launcher)
+    return command
+
+
+def multi_node(argv: list[str], world_size: int, nodes: int, launcher: str = "srun") -> list[str]:
+    """Every rank runs trtllm-llmapi-launch <argv>; rank 0 serves (contract LAUNCH)."""
+    if launcher not in LAUNCHERS:
+        raise ServeError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}.")
+    if world_size % nodes:
+        raise ServeError(f"tp_size x pp_size = {world_size} GPUs do not split over {nodes} nodes evenly: use a node "
+                         "count that divides it.")
+    per_node = world_size // nodes
+    if launcher == "srun":
+        return ["srun", "-N", str(nodes), "--ntasks", str(world_size), f"--ntasks-per-node={per_node}",
+                "--mpi=pmix", f"--gres=gpu:{per_node}", contract.LAUNCHER, *argv]
+    return ["mpirun", "-np", str(world_size), "--npernode", str(per_node), "--hostfile", "<hostfile>",
+            contract.LAUNCHER, *argv]
+
+
+def nodes_needed(world_size: int, gpus_per_node: int) -> int:
+    return max(1, math.ceil(world_size / max(gpus_per_node, 1)))
+
+
+class TrtllmServeHandle:
+    """A running trtllm-serve: start (argv list, own process group, log file), wait for /health, stop."""
+
+    def __init__(self, command: ServeCommand, log_path: Path):
+        self.command = command
+        self.log_path = Path(log_path)
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 1800.0) -> "TrtllmServeHandle":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            try:
+                self.process = subprocess.Popen(self.command.argv, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as err:
+                raise ServeError(f"could not start {self.command.argv[0]}: {err}") from None
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.command.health_url, timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServeError(f"trtllm-serve exited with code {self.process.returncode} before it was healthy. "
+                                 f"Last log lines:\n{self.log_tail()}\nFull log: {self.log_path}")
+            if self.healthy():
+                return
+            time.sleep(0.25)
+        raise ServeError(f"trtllm-serve was not healthy ({self.command.health_url}) after {timeout:.0f} s. "
+                         f"Last log lines:\n{self.log_tail()}\nFull log: {self.log_path}")
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait(10)
+        self.process = None
+        return process.returncode
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,50 @@
+"""docker/Dockerfile.llmapi and the compose services of the LLM API path: read and checked here, never built
+(no docker engine in CI). The image must carry the pinned release and run specbuild's probe at build time."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from specbuild.llmapi import contract
+
+DOCKER = Path(__file__).resolve().parent.parent / "docker"
+
+
+def test_base_image_is_the_triton_trtllm_container_of_the_pinned_release():
+    text = (DOCKER / "Dockerfile.llmapi").read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1)
+    month = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-trtllm-python-py3", base)
+    assert month and month.group(1) in ("26.04", "26.05", "26.06", "26.07"), base  # compatibility.md: 1.2.1
+    assert contract.RELEASE.startswith("1.2.") and re.search(r"^ARG EXPECT_TRTLLM=1\.2\.$", text, re.M)
+    assert contract.TRITON_IMAGE.rsplit(":", 1)[0] == base.rsplit(":", 1)[0]
+    assert "--no-deps ." in text  # the base image's torch / TensorRT-LLM are never replaced
+
+
+def test_build_checks_what_the_path_runs_then_probes_the_pinned_names():
+    text = (DOCKER / "Dockerfile.llmapi").read_text()
+    model_dir = re.search(r"^ARG LLMAPI_MODEL_DIR=(\S+)$", text, re.M).group(1)
+    assert model_dir == contract.NVIDIA_MODEL_DIR  # where the nvidia_model shim looks
+    [checks] = [b for b in re.split(r"\n(?=RUN )", text) if "trtllm-serve" in b and b.startswith("RUN")]
+    assert " || " in checks and "\\\n" in checks
+    for needle in ('test -x "${TRITON_ROOT}/bin/tritonserver"', "backends/python/libtriton_python.so",
+                   'test -f "${LLMAPI_MODEL_DIR}/model.py"', 'test -f "${LLMAPI_MODEL_DIR}/helpers.py"',
+                   "command -v trtllm-serve", "command -v trtllm-llmapi-launch", "m.version('tensorrt_llm')",
+                   "export_hf_checkpoint"):
+        assert needle in checks, needle
+    assert text.index(checks) < text.index("COPY pipeline")
+    assert "python3 -m specbuild.llmapi.probe" in text.split("COPY pipeline", 1)[1]
+    assert "SPECBUILD_LLMAPI_MODEL_DIR=${LLMAPI_MODEL_DIR}" in text
+
+
+def test_compose_runs_the_llmapi_path_in_that_image():
+    yaml = pytest.importorskip("yaml")
+    services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    for name in ("build-llmapi", "serve-llmapi", "trtllm-serve"):
+        assert services[name]["build"]["dockerfile"] == "docker/Dockerfile.llmapi"
+        assert services[name]["profiles"] == ["llmapi"] and "../engines:/engines" in services[name]["volumes"]
+    assert "--backend llmapi --until build" in services["build-llmapi"]["command"][0]
+    assert "--runtime tensorrt_llm" in services["serve-llmapi"]["command"][0]
+    assert "--server trtllm-serve" in services["trtllm-serve"]["command"][0]

@@ -1,0 +1,362 @@
+"""The llmapi repository on a real CPU tritonserver (the stand-in, tiny example pair), beside the engine path.
+
+One spec, both paths: reference engines + the BLS repository, and Hugging Face checkpoints + Triton's llmapi
+repository, each on its own tritonserver. Greedy text through the llmapi model (gRPC and HTTP, streaming or not)
+equals the BLS's and target-only decoding in-process; NVIDIA's surprises hold on the wire (the prompt in
+text_output by default, cumulative streamed text, "None" before the end, metrics as strings); bad input gets
+NVIDIA's messages and the server stays ready; eight concurrent streams lose nothing; `generate` and
+`bench --url` work against it.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+
+from specbuild.errors import ClientError
+from specbuild.triton.client import SpecbuildClient
+from specbuild.triton.server import ServerHandle, ServerOptions, _children
+from triton_helpers import alive, make_deployment
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "class Parser:"]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, example_tiny):
+    from specbuild.llmapi import build
+    from specbuild.llmapi.checkpoint import convert_pair
+    from specbuild.llmapi.repository import write_repository
+
+    d = make_deployment(tmp_path_factory.mktemp("tiny-llmapi"), example_tiny)
+    convert_pair(d.spec, ["target", "draft"], log=lambda m: None)
+    build.build(d.spec, log=lambda m: None)
+    d.llmapi_repo = d.root / "llmapi_repo"
+    write_repository(d.spec, d.llmapi_repo, runtime="reference")
+    return d
+
+
+def _start(repo, log):
+    handle = ServerHandle(ServerOptions(repo=repo), log_path=log)
+    handle.start(timeout=300)
+    return handle, [handle.process.pid, *_children(handle.process.pid)]
+
+
+@pytest.fixture(scope="module")
+def servers(deployment):
+    llmapi, llmapi_pids = _start(deployment.llmapi_repo, deployment.root / "llmapi.log")
+    try:
+        engines, engine_pids = _start(deployment.repo, deployment.root / "bls.log")
+    except BaseException:
+        llmapi.stop()
+        raise
+    yield llmapi, engines
+    llmapi.stop()
+    engines.stop()
+    assert not [pid for pid in llmapi_pids + engine_pids if alive(pid)], "processes left behind after stop"
+
+
+@pytest.fixture(scope="module")
+def target_only(deployment):
+    """Target-only greedy text in-process on the engine path's reference engines (`generate --local`, K = 0)."""
+    from specbuild.cli.generate_cmd import generate_local
+
+    cache = {}
+
+    def run(prompt: str, max_tokens: int) -> dict:
+        if (prompt, max_tokens) not in cache:
+            cache[prompt, max_tokens] = generate_local(
+                deployment.spec, prompt, max_tokens=max_tokens, num_draft_tokens=0, temperature=0.0, top_k=0,
+                top_p=1.0, seed=None, adaptive=False, device="cpu", threads=1, on_text=None)
+        return cache[prompt, max_tokens]
+
+    return run
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_greedy_text_equals_the_bls_and_target_only(servers, target_only, protocol, stream):
+    llmapi, engines = servers
+    url = {"grpc": lambda h: h.grpc_url, "http": lambda h: h.http_url}[protocol]
+    with SpecbuildClient(url(llmapi), protocol=protocol) as client, \
+            SpecbuildClient(url(engines), protocol=protocol) as bls:
+        for prompt in PROMPTS:
+            expected = target_only(prompt, 20)["text"]
+            chunks = list(client.generate(prompt, max_tokens=20, stream=stream))
+            assert client.model == "tensorrt_llm" and client.is_llmapi()
+            assert "".join(c.text for c in chunks) == expected, prompt
+            stats = chunks[-1].stats
+            assert chunks[-1].final and stats["finish_reason"] == "length" and stats["total_draft_tokens"] > 0
+            assert stats["acceptance_rate"] == pytest.approx(
+                stats["total_accepted_draft_tokens"] / stats["total_draft_tokens"], rel=1e-6)
+            assert bls.complete(prompt, max_tokens=20, stream=stream)[0] == expected, prompt
+            if stream and protocol == "grpc":
+                assert sum(1 for c in chunks if c.text) >= 2  # text arrived in several pieces
+
+
+def _grpc_stream(url, inputs: dict, request_id: str | None = None, timeout: float = 120,
+                 first: threading.Event | None = None) -> list[dict]:
+    """Plain tritonclient: one streamed request; every response's outputs (as numpy) and its final flag."""
+    import tritonclient.grpc as grpcclient
+
+    tensors = []
+    for name, (value, datatype) in inputs.items():
+        tensor = grpcclient.InferInput(name, list(value.shape), datatype)
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    results: queue.Queue = queue.Queue()
+    out = []
+    with grpcclient.InferenceServerClient(url) as client:
+        client.start_stream(callback=lambda result=None, error=None: results.put((result, error)))
+        client.async_stream_infer("tensorrt_llm", tensors, request_id=request_id or uuid.uuid4().hex,
+                                  enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=timeout)
+            if error is not None:
+                out.append({"error": error.message(), "final": True})
+                break
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            out.append({"outputs": {o.name: result.as_numpy(o.name) for o in response.outputs}, "final": final})
+            if first is not None:
+                first.set()
+            if final:
+                break
+        client.stop_stream()
+    return out
+
+
+def _text(value) -> str:
+    return np.asarray(value).reshape(-1)[0].decode()
+
+
+def test_plain_tritonclient_stream_is_cumulative_with_data_on_the_final_response(servers, target_only):
+    llmapi, _ = servers
+    prompt = "def add(a, b):"
+    responses = _grpc_stream(llmapi.grpc_url, {
+        "text_input": (np.array([prompt.encode()], dtype=object), "BYTES"),
+        "sampling_param_max_tokens": (np.array([16], np.int32), "INT32"),
+        "streaming": (np.array([True]), "BOOL"),
+        "return_finish_reason": (np.array([True]), "BOOL"),
+        "sampling_param_return_perf_metrics": (np.array([True]), "BOOL"),
+    })
+    texts = [_text(r["outputs"]["text_output"]) for r in responses]
+    assert len(responses) >= 3 and responses[-1]["final"] and not any(r["final"] for r in responses[:-1])
+    assert all(a and b.startswith(a) for a, b in zip(texts, texts[1:]))  # cumulative, never a delta
+    assert texts[-1] == prompt + target_only(prompt, 16)["text"]  # exclude_input_from_output defaults to False
+    reasons = [_text(r["outputs"]["finish_reason"]) for r in responses]
+    assert reasons[:-1] == ["None"] * (len(reasons) - 1) and reasons[-1] == "length"
+    metrics = responses[-1]["outputs"]
+    for name in ("acceptance_rate", "total_draft_tokens", "arrival_time_ns", "kv_cache_alloc_total_blocks"):
+        assert metrics[name].dtype == object and isinstance(metrics[name].reshape(-1)[0], bytes), name
+    drafted = int(_text(metrics["total_draft_tokens"]))
+    accepted = int(_text(metrics["total_accepted_draft_tokens"]))
+    assert drafted > 0 and float(_text(metrics["acceptance_rate"])) == pytest.approx(accepted / drafted, rel=1e-6)
+    times = [int(_text(metrics[n])) for n in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+                                              "last_token_time_ns")]
+    assert times == sorted(times) and times[0] > 0
+
+
+def _generate_http(url, body, endpoint="generate"):
+    request = urllib.request.Request(f"http://{url}/v2/models/tensorrt_llm/{endpoint}", data=json.dumps(body).encode(),
+                                     method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_http_generate_as_nvidia_documents_it(servers, target_only):
+    llmapi, _ = servers
+    status, body = _generate_http(llmapi.http_url, {"text_input": "# Copyright", "sampling_param_max_tokens": 12,
+                                                    "sampling_param_return_perf_metrics": True})
+    assert status == 200
+    doc = json.loads(body)
+    assert doc["text_output"] == "# Copyright" + target_only("# Copyright", 12)["text"]
+    assert "finish_reason" not in doc  # only with return_finish_reason
+    assert isinstance(doc["acceptance_rate"], str) and isinstance(doc["total_draft_tokens"], str)  # NVIDIA's sample
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"sampling_param_max_tokens": 0}, "Error generating request: max_tokens (0) must be greater than 0"),
+    ({"sampling_param_best_of": 2}, "Error generating request: best_of = 2"),
+    ({"stop": True}, "A request id must be provided for request cancellation"),
+    ({"sampling_param_top_p": 1.5}, "Error generating request: top_p (1.5)"),
+])
+def test_bad_requests_get_nvidias_messages_and_the_server_stays_ready(servers, body, message):
+    llmapi, _ = servers
+    status, text = _generate_http(llmapi.http_url, {"text_input": "hello", **body})
+    assert status == 400 and message in json.loads(text)["error"]
+    with SpecbuildClient(llmapi.grpc_url) as client:
+        assert client.is_ready() and client.complete("hello", max_tokens=2)[1]["finish_reason"] == "length"
+
+
+def test_wrong_types_and_shapes_are_refused_by_triton(servers):
+    llmapi, _ = servers
+    responses = _grpc_stream(llmapi.grpc_url, {"text_input": (np.array([b"hi"], dtype=object), "BYTES"),
+                                               "sampling_param_max_tokens": (np.array([4.0], np.float32), "FP32")})
+    assert "error" in responses[-1] and "sampling_param_max_tokens" in responses[-1]["error"]
+    responses = _grpc_stream(llmapi.grpc_url, {"text_input": (np.array([[b"hi"]], dtype=object), "BYTES")})
+    assert "error" in responses[-1]
+
+
+def test_stop_strings_end_the_text_and_are_left_out(servers, deployment, target_only):
+    from transformers import AutoTokenizer
+
+    llmapi, _ = servers
+    tokenizer = AutoTokenizer.from_pretrained(str(deployment.spec.pair_dir / "target" / "hf_checkpoint"))
+    prompt = "class Parser:"
+    ids = target_only(prompt, 20)["output_ids"]
+    index = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i]
+                 and tokenizer(tokenizer.decode([ids[i]]), add_special_tokens=False)["input_ids"] == [ids[i]])
+    stop = tokenizer.decode([ids[index]])
+    with SpecbuildClient(llmapi.http_url, protocol="http") as client:
+        text, stats = client.complete(prompt, max_tokens=20, stop_words=[stop])
+    assert stats["finish_reason"] == "stop" and stats["stop_reason"] == stop
+    assert text == tokenizer.decode(ids[:index], skip_special_tokens=True)
+
+
+def test_a_stop_request_cancels_the_request_with_that_id(servers):
+    llmapi, _ = servers
+    found: dict = {}
+    started = threading.Event()
+
+    def long_stream():
+        found["responses"] = _grpc_stream(llmapi.grpc_url, {
+            "text_input": (np.array([b"def add(a, b):"], dtype=object), "BYTES"),
+            "sampling_param_max_tokens": (np.array([500], np.int32), "INT32"),
+            "streaming": (np.array([True]), "BOOL"), "return_finish_reason": (np.array([True]), "BOOL")},
+            request_id="stop-me", first=started)
+
+    worker = threading.Thread(target=long_stream)
+    worker.start()
+    assert started.wait(60)
+    stopped = _grpc_stream(llmapi.grpc_url, {"text_input": (np.array([b""], dtype=object), "BYTES"),
+                                             "stop": (np.array([True]), "BOOL")}, request_id="stop-me")
+    worker.join(60)
+    assert "Request cancelled by client" in stopped[-1]["error"]
+    last = found["responses"][-1]
+    assert last["final"] and _text(last["outputs"]["finish_reason"]) == "cancelled"
+    with SpecbuildClient(llmapi.grpc_url) as client:  # the server keeps serving
+        assert client.complete("hello", max_tokens=2)[1]["finish_reason"] == "length"
+
+
+def test_eight_concurrent_streams_lose_nothing(servers, target_only):
+    llmapi, _ = servers
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    expected = {p: target_only(p, 16)["text"] for p in set(prompts)}
+    results: list = [None] * 8
+
+    def run(i):
+        with SpecbuildClient(llmapi.grpc_url) as client:
+            results[i] = client.complete(prompts[i], max_tokens=16, stream=True)[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == [expected[p] for p in prompts]
+
+
+def test_triton_metrics_count_the_llmapi_model(servers):
+    llmapi, _ = servers
+    with urllib.request.urlopen(llmapi.metrics_url, timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'nv_inference_request_success{model="tensorrt_llm",version="1"}' in metrics
+
+
+def test_generate_cli_and_bench_url_work_against_it(servers, deployment, target_only):
+    from click.testing import CliRunner
+
+    from specbuild.bench.runner import Settings
+    from specbuild.bench.session import run_bench
+    from specbuild.cli import main
+
+    llmapi, _ = servers
+    result = CliRunner().invoke(main, ["generate", "-c", str(deployment.spec_path), "--url", llmapi.grpc_url,
+                                       "--max-tokens", "12", "--json", "def add(a, b):"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["text"] == target_only("def add(a, b):", 12)["text"] and doc["finish_reason"] == "length"
+    k = deployment.spec.speculative.num_draft_tokens
+    bench = run_bench(deployment.spec, Settings(num_draft_tokens=(0, 1, k), requests=2, max_tokens=12), "json",
+                      url=llmapi.grpc_url, protocol="grpc", threads=1)
+    assert [(r["num_draft_tokens"], r["concurrency"]) for r in bench["runs"]] == [(k, 1)]
+    assert bench["runs"][0]["tokens_per_s"] > 0
+    assert bench["serving_overhead"]["num_draft_tokens"] == k and bench["serving_overhead"]["triton_over_local"] > 0
+    assert any("one K" in note for note in bench["notes"])
+
+
+def test_the_client_still_finds_the_bls_on_the_engine_path(servers):
+    _, engines = servers
+    with SpecbuildClient(engines.grpc_url) as client:
+        assert not client.is_llmapi() and client.model == "tensorrt_llm_bls"
+    with pytest.raises(ClientError, match="no input in Triton's llmapi model"):
+        with SpecbuildClient(servers[0].grpc_url) as client:
+            client.complete("hi", max_tokens=2, end_id=2)
+
+
+def test_a_stream_the_client_cancels_stops_generating(servers, target_only):
+    import re
+    import time
+
+    import tritonclient.grpc as grpcclient
+
+    llmapi, _ = servers
+    chunks: queue.Queue = queue.Queue()
+    raw = grpcclient.InferenceServerClient(llmapi.grpc_url)
+    try:
+        raw.start_stream(callback=lambda result=None, error=None: chunks.put((result, error)))
+        inputs = []
+        for name, value, dtype in (("text_input", np.array([b"# Copyright"], dtype=object), "BYTES"),
+                                   ("sampling_param_max_tokens", np.array([500], np.int32), "INT32"),
+                                   ("streaming", np.array([True]), "BOOL")):
+            tensor = grpcclient.InferInput(name, [1], dtype)
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        raw.async_stream_infer("tensorrt_llm", inputs, request_id="cancel-me")
+        assert chunks.get(timeout=60)[1] is None  # the first streamed piece: generation is under way
+    finally:
+        raw.stop_stream(cancel_requests=True)
+        raw.close()
+    deadline, found = time.monotonic() + 20, None
+    while time.monotonic() < deadline and found is None:
+        found = re.search(r"request 'cancel-me' cancelled: stopped after (\d+) characters",
+                          llmapi.log_path.read_text(errors="replace"))
+        time.sleep(0.2)
+    # found by the cancellation loop (every 100 ms) before the 500 tokens were done
+    assert found is not None and int(found.group(1)) < len(target_only("# Copyright", 500)["text"])
+    assert llmapi.ready()
+
+
+def test_a_non_decoupled_target_only_deployment(deployment, target_only):
+    """serve.decoupled = false refuses streaming with NVIDIA's message; num_draft_tokens = 0 serves the target alone."""
+    import dataclasses
+
+    from specbuild.llmapi.repository import write_repository
+
+    spec = dataclasses.replace(deployment.spec, serve=dataclasses.replace(deployment.spec.serve, decoupled=False),
+                               speculative=dataclasses.replace(deployment.spec.speculative, num_draft_tokens=0))
+    repo = deployment.root / "llmapi_repo_plain"
+    write_repository(spec, repo, runtime="reference")
+    handle, pids = _start(repo, deployment.root / "plain.log")
+    try:
+        status, body = _generate_http(handle.http_url, {"text_input": "def add(a, b):", "sampling_param_max_tokens": 12,
+                                                        "sampling_param_exclude_input_from_output": True,
+                                                        "sampling_param_return_perf_metrics": True})
+        doc = json.loads(body)
+        assert status == 200 and doc["text_output"] == target_only("def add(a, b):", 12)["text"]
+        assert doc["total_draft_tokens"] == "0" and doc["acceptance_rate"] == "0.0"
+        status, body = _generate_http(handle.http_url, {"text_input": "hi", "streaming": True}, "generate_stream")
+        assert "Error generating request: Streaming is only supported in decoupled mode." in body
+    finally:
+        handle.stop()
+    assert not [pid for pid in pids if alive(pid)]
