@@ -52,8 +52,11 @@ LOGS_KEPT = 3  # previous server logs kept beside the current one (.1 newest)
 # the server. Done in a tiny interpreter rather than a preexec_fn, which is unsafe once threads exist (gRPC
 # starts some). The signal goes when the *thread* that forked dies, so start servers from a thread that
 # lives as long as they do (the main thread). The ppid check covers a parent that died before the prctl.
+# SIGINT/SIGTERM are blocked around the fork (so a stop request cannot land between the fork and the
+# bookkeeping) and unblocked in the child before the exec.
 _LAUNCHER = (
     "import ctypes, os, signal, sys\n"
+    "signal.pthread_sigmask(signal.SIG_SETMASK, [])\n"
     "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
     "if os.getppid() != int(sys.argv[1]):\n"
     "    os._exit(1)\n"
@@ -135,15 +138,16 @@ def _children(pid: int) -> list[int]:
 
 
 def refuse_busy_ports(host: str, ports: dict[str, int]) -> None:
-    """Raise ServeError naming the holder when a fixed port is already answering."""
-    for name, port in ports.items():
+    """Raise ServeError naming the holder when a fixed port (e.g. {"http_port": 8000}) is already in use."""
+    names = {"http_port": "HTTP", "grpc_port": "gRPC", "metrics_port": "metrics"}
+    for key, port in ports.items():
         if not port:
             continue
         listening, holders = procfs.port_holders(host, port)
         if listening:
-            who = "; ".join(f"PID {pid}: {procfs.describe(pid)}" for pid in sorted(holders)) or "a process not visible here"
-            raise ServeError(f"the {name} port {host}:{port} is already in use by {who}. Stop that process, "
-                             f"or pass --{name.replace('_', '-')} 0 for a free port.")
+            who = "; ".join(f"PID {pid} ({procfs.describe(pid)})" for pid in sorted(holders)) or "a process not visible here"
+            raise ServeError(f"the {names.get(key, key)} port {host}:{port} is already in use by {who}. Stop that "
+                             f"process, or pass --{key.replace('_', '-')} 0 for a free port.")
 
 
 def rotate_log(path: Path, keep: int = LOGS_KEPT) -> None:
@@ -240,14 +244,18 @@ class ServerHandle:
         log = open(self.log_path, "wb")
         try:
             launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid())]
-            self.process = subprocess.Popen(launcher + self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env={**os.environ, **extra_env},
-                                            start_new_session=True)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                self.process = subprocess.Popen(launcher + self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env={**os.environ, **extra_env},
+                                                start_new_session=True)
+                self.run_record.write_text(json.dumps({"pid": self.process.pid, "shm_prefix": self.shm_prefix}))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         except OSError as err:
             raise ServeError(f"could not start {self.argv[0]}: {err}") from None
         finally:
             log.close()
-        self.run_record.write_text(json.dumps({"pid": self.process.pid, "shm_prefix": self.shm_prefix}))
         try:
             self.wait_ready(timeout, should_stop)
         except BaseException:

@@ -10,9 +10,8 @@ tritonserver 2.51 (python_backend r24.10):
   tracks the open response factories, and the model can then never be unloaded.
 
 What it does, every `poll_s` (1 s): the server process exited -> restart it; a model's stub is dead
-(/proc: gone or a zombie) -> a non-decoupled model is reloaded through the model-repository API (a
-load of a model loaded at start-up recreates its instances; when it only updates them the supervisor
-unloads and loads it), a decoupled model gets a server restart (SIGKILL, which also ends the hung
+(/proc: gone or a zombie) -> a non-decoupled model is reloaded through the model-repository API (unload,
+then load: new instances, new stubs), a decoupled model gets a server restart (SIGKILL, which also ends the hung
 streams); every `canary_interval_s` one short request goes through the BLS, and `canary_failures`
 failures in a row restart the server. Each event is logged and counted in a Prometheus text file
 (node_exporter's textfile-collector format) beside the server log.
@@ -23,6 +22,7 @@ stays tied to a thread that outlives it (PR_SET_PDEATHSIG fires when the forking
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -95,8 +95,12 @@ class SupervisorMetrics:
         if self.path is None:
             return
         tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
-        tmp.write_text(self.render())
-        os.replace(tmp, self.path)  # a reader never sees half a file
+        try:
+            tmp.write_text(self.render())
+            os.replace(tmp, self.path)  # a reader never sees half a file
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[str, str]:
@@ -136,7 +140,7 @@ class Supervisor:
         self.log = log
         self.events: list[dict[str, Any]] = []  # what happened, in order (also logged)
         self._stop = threading.Event()
-        self._interruptible = False  # a signal raises StopRequested (starting, canary, on_ready)
+        self._interruptible = False  # while True, a signal raises StopRequested in the main thread
         self._expected: dict[str, str] = {}  # instance name -> model, the stubs that must be alive
         self._restarts: list[float] = []
         self._canary_failed = 0
@@ -158,17 +162,17 @@ class Supervisor:
         previous = self._install_signals()
         failure: BaseException | None = None
         try:
-            self._interruptible = True
+            self._interruptible = True  # from here a signal raises StopRequested, except in _uninterrupted()
             self._start(timeout or self.settings.start_timeout_s)
             answers = canary(self.handle) if canary_models else {}
             outcome["ready"] = True
             on_ready(answers)
             if not once:
-                self._interruptible = False
                 if self.settings.enabled:
                     self.watch()
                 else:
-                    self._stop.wait()
+                    while not self._stop.wait(1.0):
+                        pass
         except StopRequested:
             outcome["stopped_by"] = "signal"
         except BaseException as err:  # re-raised below, after the server is stopped
@@ -208,6 +212,17 @@ class Supervisor:
                 raise StopRequested()
 
         return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    @contextlib.contextmanager
+    def _uninterrupted(self):
+        """A signal inside the block only sets the stop flag; it is acted on when the block ends."""
+        was, self._interruptible = self._interruptible, False
+        try:
+            yield
+        finally:
+            self._interruptible = was
+        if was and self._stop.is_set():
+            raise StopRequested()
 
     def _start(self, timeout: float) -> None:
         self.handle.start(timeout=timeout, should_stop=self._stop.is_set)
@@ -294,11 +309,11 @@ class Supervisor:
                         seconds=round(seconds, 3))
 
     def _reload(self, model: str) -> str:
-        """Load the model again; if that kept the dead instance (an update, not a reload), unload + load."""
+        """Unload and load the model: new instances, new stubs. A plain load of a loaded model may only
+        update it and keep the dead instance (tritonserver 2.51 did so here when the model's files had not
+        changed; core src/model_repository_manager/model_lifecycle.cc, AsyncLoad), and the model fails
+        every request already, so the short gap of an unload costs nothing."""
         instances = [i for i, m in self._expected.items() if m == model]
-        self.handle.model_control("load", model)
-        if self._instances_live(instances):
-            return "a reload"
         self.handle.model_control("unload", model)
         self.handle.model_control("load", model)
         if self._instances_live(instances):
@@ -322,14 +337,11 @@ class Supervisor:
             raise ServeError(f"tritonserver needed {len(self._restarts) - 1} restarts within "
                              f"{self.settings.restart_window_s:.0f} s; giving up. See the server log: {self.handle.log_path}")
         self.metrics.set("specbuild_supervisor_serving", 0)
-        result = self.handle.stop(graceful=False)  # SIGKILL: a graceful stop would wait for the hung streams
+        with self._uninterrupted():
+            result = self.handle.stop(graceful=False)  # SIGKILL: a graceful stop would wait for hung streams
         removed = len(result.removed_regions) if result else 0
         self._event(f"restarting tritonserver (killed; {removed} shared-memory regions of it removed)", model=model)
-        self._interruptible = True  # a signal while the models load stops the run
-        try:
-            self._start(self.settings.start_timeout_s)
-        finally:
-            self._interruptible = False
+        self._start(self.settings.start_timeout_s)
         self._canary_failed = 0
         seconds = time.monotonic() - detected
         self.metrics.add("specbuild_supervisor_recoveries_total", model=model, action="restart")
