@@ -48,6 +48,37 @@ def describe(pid: int, width: int = 120) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _stat_fields(entry: Path) -> list[str]:
+    return (entry / "stat").read_text().rsplit(")", 1)[1].split()  # [state, ppid, pgrp, ...]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in process group pgid (a server started in its own session leads its group)."""
+    members = []
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = _stat_fields(entry)
+            except (OSError, IndexError):
+                continue
+            if fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+                members.append(int(entry.name))
+    return members
+
+
+def stubs_with_region_prefix(prefix: str) -> list[int]:
+    """Live stubs whose /dev/shm region starts with prefix: one server start's stubs, orphans included."""
+    if not prefix.startswith("specbuild_"):
+        return []  # only specbuild's per-start prefixes single out one server's stubs
+    found = []
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            argv = cmdline(int(entry.name))
+            if len(argv) > 2 and argv[0].endswith("/" + STUB_NAME) and argv[2].startswith(prefix):
+                found.append(int(entry.name))
+    return [pid for pid in found if alive(pid)]
+
+
 def descendants(pid: int) -> list[int]:
     """Every descendant of pid, zombies included (e.g. the Python backend stubs)."""
     parents: dict[int, int] = {}
@@ -55,8 +86,7 @@ def descendants(pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            parents[int(entry.name)] = int(_stat_fields(entry)[1])
         except (OSError, IndexError, ValueError):
             continue
     found, frontier = [], [pid]

@@ -356,12 +356,11 @@ class ServerHandle:
 
     def stop(self, timeout: float | None = None, graceful: bool = True) -> StopResult | None:
         """SIGTERM to the process group (SIGKILL after exit_timeout_s + 5 s; at once if not graceful),
-        then every stub left over, then this start's /dev/shm regions. Returns what happened."""
+        then whatever is left of this start (its group, its stubs), then its /dev/shm regions."""
         process = self.process
         if process is None:
             return None
         started = time.monotonic()
-        pids = set(self.pids) | set(procfs.descendants(process.pid))
         killed = False
         if process.poll() is None:
             if graceful:
@@ -374,16 +373,23 @@ class ServerHandle:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait(10)
         seconds = time.monotonic() - started
-        deadline = time.monotonic() + 2.0  # stubs exit by themselves ~0.3 s after their server is reaped
-        while time.monotonic() < deadline and any(procfs.alive(pid) for pid in pids):
+
+        def leftovers() -> list[int]:
+            # Stubs leave once their server is gone (python_backend src/pb_stub.cc polls the parent every
+            # 300 ms), and a stub started by a reload holds copies of the server's listening sockets.
+            return procfs.group_members(process.pid) + procfs.stubs_with_region_prefix(self.shm_prefix)
+
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and leftovers():
             time.sleep(0.1)
-        for pid in pids:
-            if procfs.alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        removed = remove_regions(self.shm_prefix) if self.shm_prefix else []
+        if procfs.group_members(process.pid):  # a group id is not reused while members of it live
+            _signal_group(process.pid, signal.SIGKILL)
+        for pid in procfs.stubs_with_region_prefix(self.shm_prefix):  # by their region: ours, no one else's
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        removed = remove_regions(self.shm_prefix)
         self.process = None
         return StopResult(process.returncode, seconds, killed, removed)
 

@@ -60,7 +60,7 @@ class SupervisorMetrics:
         "specbuild_supervisor_recovery_seconds": ("gauge", "Seconds from detection to serving again, last recovery."),
         "specbuild_supervisor_server_starts_total": ("counter", "tritonserver starts, the first one included."),
         "specbuild_supervisor_canary_total": ("counter", "Periodic canary requests, by result."),
-        "specbuild_supervisor_serving": ("gauge", "1 while the server is ready and watched, else 0."),
+        "specbuild_supervisor_serving": ("gauge", "Whether the server is ready and watched (1) or not (0)."),
     }
 
     def __init__(self, path: Path | None):
@@ -121,6 +121,16 @@ def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[
     return answers
 
 
+def python_models(repo: Path, only: tuple[str, ...] | None = None) -> list[str]:
+    """The repository's Python-backend models (each instance runs in a stub), those in `only` if given."""
+    found = []
+    for config in sorted(Path(repo).glob("*/config.pbtxt")):
+        model = config.parent.name
+        if (only is None or model in only) and re.search(r'\bbackend\s*:\s*"python"', config.read_text()):
+            found.append(model)
+    return found
+
+
 def is_decoupled(repo: Path, model: str) -> bool:
     """The model's config says `model_transaction_policy { decoupled: true }`."""
     try:
@@ -142,6 +152,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._interruptible = False  # while True, a signal raises StopRequested in the main thread
         self._expected: dict[str, str] = {}  # instance name -> model, the stubs that must be alive
+        self._python_models = python_models(options.repo, options.models)
         self._restarts: list[float] = []
         self._canary_failed = 0
 
@@ -232,39 +243,48 @@ class Supervisor:
 
     # ---- watching --------------------------------------------------------------------------------
     def watch(self) -> None:
-        """Check the server and its stubs every poll_s, canary every canary_interval_s, until stopped."""
+        """Check the server and its stubs every poll_s, canary every canary_interval_s, until stopped.
+        The canary runs in a thread, so a request hanging on a dead BLS never delays the stub checks."""
         interval = self.settings.canary_interval_s
         next_canary = time.monotonic() + interval
+        probe: CanaryProbe | None = None
         while not self._stop.wait(self.settings.poll_s):
             process = self.handle.process
             if process is None or process.poll() is not None:
                 code = process.returncode if process is not None else None
                 self._failed("tritonserver", "server_exited", f"tritonserver exited with code {code}")
                 self._restart("tritonserver", time.monotonic())
-                continue
-            dead = self.dead_models()
-            if dead:
+            elif dead := self.dead_models():
                 self._recover(dead)
+            elif probe is not None and probe.done.is_set():
+                self._canary_result(probe)
+            elif probe is None and interval > 0 and time.monotonic() >= next_canary:
+                probe = CanaryProbe(self.handle.http_url, self._canary_model(), self.settings.canary_timeout_s)
                 continue
-            if interval > 0 and time.monotonic() >= next_canary:
-                self._periodic_canary()
-                next_canary = time.monotonic() + interval
+            else:
+                continue
+            probe, next_canary = None, time.monotonic() + interval  # a probe of a replaced server is dropped
 
     def _live_instances(self) -> dict[str, str]:
         process = self.handle.process
         return {s.instance: s.model for s in procfs.python_stubs(process.pid)} if process else {}
 
     def dead_models(self) -> dict[str, list[str]]:
-        """Models with an expected instance whose stub is gone: model -> its dead instances."""
+        """Models with a dead stub: model -> its dead instances. Expected are the instances seen alive so
+        far and, for a Python model, at least one (a stub may die before the first look)."""
         live = self._live_instances()
         self._expected.update(live)
         dead: dict[str, list[str]] = {}
         for instance, model in sorted(self._expected.items()):
             if instance not in live:
                 dead.setdefault(model, []).append(instance)
+        for model in self._python_models:
+            if model not in live.values() and model not in dead:
+                dead[model] = [f"{model}_0_0"]
         for model in list(dead):
             if not self._model_ready(model):  # unloaded on purpose (model control opened to users)
                 self._expected = {i: m for i, m in self._expected.items() if m != model}
+                self._python_models = [m for m in self._python_models if m != model]
                 del dead[model]
         return dead
 
@@ -295,9 +315,9 @@ class Supervisor:
         if decoupled:  # its open streams hang until the server goes away
             self._restart(decoupled[0], detected)
             return
-        for model in dead:
+        for model, instances in dead.items():
             try:
-                how = self._reload(model)
+                how = self._reload(model, instances)
             except ServeError as err:
                 self._event(f"reloading {model} did not help ({err})", model=model)
                 self._restart(model, detected)
@@ -308,12 +328,12 @@ class Supervisor:
             self._event(f"{model} serving again after {how} ({seconds:.1f} s)", model=model, action="reload",
                         seconds=round(seconds, 3))
 
-    def _reload(self, model: str) -> str:
+    def _reload(self, model: str, dead: list[str]) -> str:
         """Unload and load the model: new instances, new stubs. A plain load of a loaded model may only
         update it and keep the dead instance (tritonserver 2.51 did so here when the model's files had not
         changed; core src/model_repository_manager/model_lifecycle.cc, AsyncLoad), and the model fails
         every request already, so the short gap of an unload costs nothing."""
-        instances = [i for i, m in self._expected.items() if m == model]
+        instances = sorted(set(dead) | {i for i, m in self._expected.items() if m == model})
         self.handle.model_control("unload", model)
         self.handle.model_control("load", model)
         if self._instances_live(instances):
@@ -349,21 +369,40 @@ class Supervisor:
         self._event(f"tritonserver restarted, serving again ({seconds:.1f} s after the failure; pid "
                     f"{self.handle.process.pid})", model=model, action="restart", seconds=round(seconds, 3))
 
-    def _periodic_canary(self) -> None:
+    def _canary_model(self) -> str:
+        return "tensorrt_llm_bls" if (Path(self.handle.opts.repo) / "tensorrt_llm_bls").is_dir() else "ensemble"
+
+    def _canary_result(self, probe: "CanaryProbe") -> None:
+        if probe.error is None:
+            self._canary_failed = 0
+            self.metrics.add("specbuild_supervisor_canary_total", result="ok")
+            return
+        self._canary_failed += 1
+        self.metrics.add("specbuild_supervisor_canary_total", result="failed")
+        self._failed(probe.model, "canary", f"canary through {probe.model} failed "
+                                            f"({self._canary_failed}/{self.settings.canary_failures}): {probe.error}")
+        if self._canary_failed >= self.settings.canary_failures:
+            self._restart(probe.model, time.monotonic())
+
+
+class CanaryProbe:
+    """One short request through `model` over HTTP, in a daemon thread; `done` is set when it has ended."""
+
+    def __init__(self, http_url: str, model: str, timeout: float):
+        self.model = model
+        self.error: str | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(http_url, timeout), name="specbuild-canary", daemon=True).start()
+
+    def _run(self, http_url: str, timeout: float) -> None:
         from specbuild.triton.client import SpecbuildClient
 
-        model = "tensorrt_llm_bls" if (Path(self.handle.opts.repo) / "tensorrt_llm_bls").is_dir() else "ensemble"
         try:
-            with SpecbuildClient(self.handle.http_url, protocol="http", model=model,
-                                 timeout=self.settings.canary_timeout_s) as client:
+            with SpecbuildClient(http_url, protocol="http", model=self.model, timeout=timeout) as client:
                 client.complete(CANARY_PROMPT, max_tokens=1, stream=False)
         except ClientError as err:
-            self._canary_failed += 1
-            self.metrics.add("specbuild_supervisor_canary_total", result="failed")
-            self._failed(model, "canary", f"canary through {model} failed "
-                                          f"({self._canary_failed}/{self.settings.canary_failures}): {err}")
-            if self._canary_failed >= self.settings.canary_failures:
-                self._restart(model, time.monotonic())
-            return
-        self._canary_failed = 0
-        self.metrics.add("specbuild_supervisor_canary_total", result="ok")
+            self.error = str(err)
+        except Exception as err:  # noqa: BLE001 - any failure of the probe is a failed canary, reported
+            self.error = f"{type(err).__name__}: {err}"
+        finally:
+            self.done.set()
