@@ -297,6 +297,25 @@ class ServerHandle:
                 found.append(message[:600])
         return found[:limit]
 
+    def stop_diagnosis(self) -> str:
+        """Why a SIGTERM ran out of time, from tritonserver's countdown lines (core src/server.cc and
+        server src/http_server.cc log "Timeout N: Found ..." once a second while they wait)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()[-400:]
+        except OSError:
+            return ""
+        if not any("Exit timeout expired" in line for line in lines[-100:]):
+            return ""
+        waits = [line.split(": Found ", 1)[1].rstrip('"') for line in lines if '"Timeout ' in line and ": Found " in line]
+        http = [wait for wait in waits if "HTTP service connections" in wait]
+        if http:  # the HTTP front end stops first and spends the shared budget while connections are open
+            return (f"tritonserver spent {len(http)} s of it waiting for open HTTP connections ({http[-1]}): a client "
+                    "kept its connection open (HTTP keep-alive, e.g. an open tritonclient.http client); close "
+                    "clients before stopping the server")
+        if waits:
+            return f"tritonserver waited for models to unload ({waits[-1]}), e.g. a decoupled model with open streams"
+        return ""
+
     def _failure(self, what: str) -> ServeError:
         errors = self.load_errors()
         reason = ("Models that failed to load:\n  " + "\n  ".join(errors)) if errors else f"Last log lines:\n{self.log_tail()}"

@@ -204,9 +204,10 @@ class Supervisor:
                 self.log(f"tritonserver {result.describe()} while stopping after the failure.")
             raise failure
         if result is not None and not result.clean:
+            why = self.handle.stop_diagnosis()
             raise ServeError(f"tritonserver did not stop cleanly: it {result.describe()} "
-                             f"(--exit-timeout-secs={self.handle.opts.exit_timeout_s}). "
-                             f"See the server log: {self.handle.log_path}")
+                             f"(--exit-timeout-secs={self.handle.opts.exit_timeout_s}). " + (f"{why}. " if why else "")
+                             + f"See the server log: {self.handle.log_path}")
         return outcome
 
     def request_stop(self) -> None:
