@@ -7,7 +7,10 @@ from pathlib import Path
 import click
 
 from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, spec_option
-from specbuild.triton.server import RESTRICTED_APIS
+from specbuild.triton.server import RESTRICTED_APIS, ServerOptions
+from specbuild.triton.supervisor import SupervisorSettings
+
+DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuild up`
 
 
 @click.command("serve")
@@ -28,11 +31,12 @@ from specbuild.triton.server import RESTRICTED_APIS
                    f"{', '.join(RESTRICTED_APIS)}.")
 @click.option("--no-canary", is_flag=True, help="Skip the canary request after the server is ready.")
 @click.option("--once", is_flag=True, help="Start, answer the canary, print the endpoints, then stop (smoke test).")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for readiness.")
-@click.option("--exit-timeout", type=click.IntRange(1, 3600), default=30, show_default=True,
+@click.option("--timeout", type=float, default=DEFAULTS.start_timeout_s, show_default=True,
+              help="Seconds to wait for readiness.")
+@click.option("--exit-timeout", type=click.IntRange(1, 3600), default=ServerOptions.exit_timeout_s, show_default=True,
               help="Seconds tritonserver may take to stop (its --exit-timeout-secs); killed 5 s after that.")
 @click.option("--no-supervise", is_flag=True, help="Do not watch the models or recover them (see docs/triton.md).")
-@click.option("--canary-interval", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--canary-interval", type=click.FloatRange(min=0), default=DEFAULTS.canary_interval_s, show_default=True,
               help="Seconds between the supervisor's canary requests through the BLS (0 = none).")
 @dry_run_option
 @json_option
@@ -56,7 +60,7 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
     Exit codes: 0 stopped by a signal (or --once done), 1 error (a failed stop included), 2 usage error.
     """
     from specbuild.triton import deploy
-    from specbuild.triton.supervisor import Supervisor, SupervisorSettings
+    from specbuild.triton.supervisor import Supervisor
 
     spec = get_spec(spec_path)
     plan = deploy.plan_serve(spec, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control,

@@ -68,7 +68,7 @@ def check_engines(backend: str, engines: dict[str, Path], python: str | None = N
 def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int | None = None,
                grpc_port: int | None = None, metrics_port: int | None = None, tritonserver: str | None = None,
                allow_model_control: bool = False, allow_apis: tuple[str, ...] = (),
-               exit_timeout_s: int = 30) -> ServePlan:
+               exit_timeout_s: int = ServerOptions.exit_timeout_s) -> ServePlan:
     repo = Path(repo).resolve()
     if not repo.is_dir():
         raise ArtifactError(f"model repository {repo} does not exist: write it with `specbuild repo --out-dir {repo}`.")
