@@ -14,7 +14,7 @@ import pytest
 
 from specbuild.errors import ServeError
 from specbuild.triton import procfs
-from specbuild.triton.server import SHM_ROOT, refuse_busy_ports, remove_regions, rotate_log
+from specbuild.triton.housekeeping import SHM_ROOT, refuse_busy_ports, remove_regions, rotate_log
 from specbuild.triton.supervisor import SupervisorMetrics, is_decoupled
 
 

@@ -25,7 +25,6 @@ import os
 import secrets
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -37,6 +36,9 @@ from typing import Callable
 
 from specbuild.errors import ServeError
 from specbuild.triton import procfs
+from specbuild.triton.housekeeping import (  # noqa: F401 (re-exported)
+    SHM_PREFIX_START, SHM_ROOT, refuse_busy_ports, remove_regions, rotate_log,
+)
 from specbuild.triton.install import CONTAINER_BINARY, TritonInstall, find_tritonserver  # noqa: F401 (re-exported)
 
 ADMIN_HEADER = "specbuild-admin-key"
@@ -44,9 +46,6 @@ GRPC_HEADER_PREFIX = "triton-grpc-protocol-"  # tritonserver prefixes restricted
 # The APIs restricted unless opened (tritonserver's category names). health, metadata, model-config and
 # inference stay open: readiness probes, tritonclient, perf_analyzer and genai-perf need them.
 RESTRICTED_APIS = ("shared-memory", "logging", "trace", "model-repository", "statistics")
-SHM_ROOT = Path("/dev/shm")
-SHM_PREFIX_START = "specbuild_"
-LOGS_KEPT = 3  # previous server logs kept beside the current one (.1 newest)
 
 # The launcher: set PR_SET_PDEATHSIG (prctl option 1, include/uapi/linux/prctl.h) in the child, then exec
 # the server. Done in a tiny interpreter rather than a preexec_fn, which is unsafe once threads exist (gRPC
@@ -135,46 +134,6 @@ def build_argv(install: TritonInstall, opts: ServerOptions, admin_key: str,
 def _children(pid: int) -> list[int]:
     """Every descendant of pid (zombies included), e.g. the Python backend stubs."""
     return procfs.descendants(pid)
-
-
-def refuse_busy_ports(host: str, ports: dict[str, int]) -> None:
-    """Raise ServeError naming the holder when a fixed port (e.g. {"http_port": 8000}) is already in use."""
-    names = {"http_port": "HTTP", "grpc_port": "gRPC", "metrics_port": "metrics"}
-    for key, port in ports.items():
-        if not port:
-            continue
-        listening, holders = procfs.port_holders(host, port)
-        if listening:
-            who = "; ".join(f"PID {pid} ({procfs.describe(pid)})" for pid in sorted(holders)) or "a process not visible here"
-            raise ServeError(f"the {names.get(key, key)} port {host}:{port} is already in use by {who}. Stop that "
-                             f"process, or pass --{key.replace('_', '-')} 0 for a free port.")
-
-
-def rotate_log(path: Path, keep: int = LOGS_KEPT) -> None:
-    """log -> log.1 -> log.2 ...; the oldest beyond `keep` is dropped (all of them are this server's logs)."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    for index in range(keep - 1, 0, -1):
-        older = path.with_name(f"{path.name}.{index}")
-        if older.exists():
-            os.replace(older, path.with_name(f"{path.name}.{index + 1}"))
-    os.replace(path, path.with_name(f"{path.name}.1"))
-
-
-def remove_regions(prefix: str) -> list[str]:
-    """Delete the /dev/shm regions named `<prefix>*` that are ours; only specbuild's per-start prefixes."""
-    if not prefix.startswith(SHM_PREFIX_START) or len(prefix) < len(SHM_PREFIX_START) + 8 or "/" in prefix:
-        raise ValueError(f"not a specbuild shm prefix: {prefix!r}")
-    removed = []
-    for entry in SHM_ROOT.glob(prefix + "*"):
-        try:
-            info = entry.lstat()
-            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
-                entry.unlink()
-                removed.append(entry.name)
-        except OSError:
-            continue
-    return removed
 
 
 @dataclass

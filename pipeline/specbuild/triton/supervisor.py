@@ -32,12 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from specbuild.errors import ClientError, ServeError
+from specbuild.errors import ServeError
 from specbuild.triton import procfs
+from specbuild.triton.canary import CanaryProbe, canary
 from specbuild.triton.server import ServerHandle, ServerOptions, StopRequested, TritonInstall
-
-CANARY_PROMPT = "Hello"
-
 
 @dataclass(frozen=True)
 class SupervisorSettings:
@@ -101,24 +99,6 @@ class SupervisorMetrics:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-
-
-def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[str, str]:
-    """One short request per entry point (BLS over gRPC streaming, ensemble over HTTP); raises on failure."""
-    from specbuild.triton.client import SpecbuildClient
-
-    loaded = models or ("tensorrt_llm_bls", "ensemble")
-    answers = {}
-    for model, url, protocol in (("tensorrt_llm_bls", handle.grpc_url, "grpc"), ("ensemble", handle.http_url, "http")):
-        if model not in loaded:
-            continue
-        try:
-            with SpecbuildClient(url, protocol=protocol, model=model, timeout=120) as client:
-                text, _ = client.complete(CANARY_PROMPT, max_tokens=2, stream=False)
-        except ClientError as err:
-            raise ServeError(f"the canary request to {model} failed: {err}. Server log: {handle.log_path}") from None
-        answers[model] = text
-    return answers
 
 
 def python_models(repo: Path, only: tuple[str, ...] | None = None) -> list[str]:
@@ -373,7 +353,7 @@ class Supervisor:
     def _canary_model(self) -> str:
         return "tensorrt_llm_bls" if (Path(self.handle.opts.repo) / "tensorrt_llm_bls").is_dir() else "ensemble"
 
-    def _canary_result(self, probe: "CanaryProbe") -> None:
+    def _canary_result(self, probe: CanaryProbe) -> None:
         if probe.error is None:
             self._canary_failed = 0
             self.metrics.add("specbuild_supervisor_canary_total", result="ok")
@@ -384,26 +364,3 @@ class Supervisor:
                                             f"({self._canary_failed}/{self.settings.canary_failures}): {probe.error}")
         if self._canary_failed >= self.settings.canary_failures:
             self._restart(probe.model, time.monotonic())
-
-
-class CanaryProbe:
-    """One short request through `model` over HTTP, in a daemon thread; `done` is set when it has ended."""
-
-    def __init__(self, http_url: str, model: str, timeout: float):
-        self.model = model
-        self.error: str | None = None
-        self.done = threading.Event()
-        threading.Thread(target=self._run, args=(http_url, timeout), name="specbuild-canary", daemon=True).start()
-
-    def _run(self, http_url: str, timeout: float) -> None:
-        from specbuild.triton.client import SpecbuildClient
-
-        try:
-            with SpecbuildClient(http_url, protocol="http", model=self.model, timeout=timeout) as client:
-                client.complete(CANARY_PROMPT, max_tokens=1, stream=False)
-        except ClientError as err:
-            self.error = str(err)
-        except Exception as err:  # noqa: BLE001 - any failure of the probe is a failed canary, reported
-            self.error = f"{type(err).__name__}: {err}"
-        finally:
-            self.done.set()

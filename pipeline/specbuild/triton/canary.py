@@ -1,0 +1,56 @@
+"""Canary requests: one short request through an entry point, to prove the deployment answers.
+
+`canary` runs once after start-up (the BLS over gRPC streaming, the ensemble over HTTP) and raises on a
+failure; `CanaryProbe` is the supervisor's periodic one, in a thread so that a request hanging on a dead
+model never delays its other checks.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from specbuild.errors import ClientError, ServeError
+from specbuild.triton.server import ServerHandle
+
+CANARY_PROMPT = "Hello"
+
+
+def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[str, str]:
+    """One short request per entry point (BLS over gRPC streaming, ensemble over HTTP); raises on failure."""
+    from specbuild.triton.client import SpecbuildClient
+
+    loaded = models or ("tensorrt_llm_bls", "ensemble")
+    answers = {}
+    for model, url, protocol in (("tensorrt_llm_bls", handle.grpc_url, "grpc"), ("ensemble", handle.http_url, "http")):
+        if model not in loaded:
+            continue
+        try:
+            with SpecbuildClient(url, protocol=protocol, model=model, timeout=120) as client:
+                text, _ = client.complete(CANARY_PROMPT, max_tokens=2, stream=False)
+        except ClientError as err:
+            raise ServeError(f"the canary request to {model} failed: {err}. Server log: {handle.log_path}") from None
+        answers[model] = text
+    return answers
+
+
+class CanaryProbe:
+    """One short request through `model` over HTTP, in a daemon thread; `done` is set when it has ended."""
+
+    def __init__(self, http_url: str, model: str, timeout: float):
+        self.model = model
+        self.error: str | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(http_url, timeout), name="specbuild-canary", daemon=True).start()
+
+    def _run(self, http_url: str, timeout: float) -> None:
+        from specbuild.triton.client import SpecbuildClient
+
+        try:
+            with SpecbuildClient(http_url, protocol="http", model=self.model, timeout=timeout) as client:
+                client.complete(CANARY_PROMPT, max_tokens=1, stream=False)
+        except ClientError as err:
+            self.error = str(err)
+        except Exception as err:  # noqa: BLE001 - any failure of the probe is a failed canary, reported
+            self.error = f"{type(err).__name__}: {err}"
+        finally:
+            self.done.set()
