@@ -367,6 +367,9 @@ class ServerHandle:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        deadline = time.monotonic() + 5.0  # a killed process has closed its sockets once it is a zombie
+        while time.monotonic() < deadline and leftovers():
+            time.sleep(0.05)
         removed = remove_regions(self.shm_prefix)
         self.process = None
         return StopResult(process.returncode, seconds, killed, removed)
