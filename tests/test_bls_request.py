@@ -1,5 +1,7 @@
 """The BLS request parser: every input checked, clear INVALID_ARG messages, nothing silently ignored."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -23,7 +25,7 @@ def test_minimal_request_gets_defaults():
     assert req.text == "def f(" and req.max_tokens == 16
     assert req.num_draft_tokens is None and req.stream is False
     assert req.sampling.greedy and req.sampling.seed is None
-    assert req.exclude_input_in_output is True
+    assert req.exclude_input_in_output is None  # the target model's setting decides
 
 
 def test_sampling_and_stream_inputs():
@@ -57,15 +59,23 @@ def test_num_draft_tokens_is_clamped_to_the_engine_limit():
         ({"text_input": text("x"), "max_tokens": i32(4), "num_draft_tokens": i32(-1)}, "'num_draft_tokens' = -1"),
         ({"text_input": text("x"), "max_tokens": i32(4), "temperature": np.array([[-1.0]], dtype=np.float32)},
          "'temperature' = -1.0"),
-        ({"text_input": text("x"), "max_tokens": i32(4), "top_p": np.array([[0.0]], dtype=np.float32)}, "'top_p' = 0.0"),
+        ({"text_input": text("x"), "max_tokens": i32(4), "top_p": np.array([[1.5]], dtype=np.float32)},
+         "'top_p' = 1.5: must be at most 1"),
+        ({"text_input": text("x"), "max_tokens": i32(4), "top_k": i32(-2)}, "'top_k' = -2"),
         ({"text_input": text("x"), "max_tokens": i32(4), "stream": i32(1)}, "'stream' must be BOOL"),
-        ({"text_input": text("x"), "max_tokens": i32(4), "beam_width": i32(2)}, "'beam_width' is not supported"),
+        ({"text_input": text("x"), "max_tokens": i32(4), "beam_width": i32(2)}, "'beam_width' = [2] is not supported"),
+        ({"text_input": text("x"), "max_tokens": i32(4), "bad_words": np.array([[b"foo"]], dtype=object)},
+         "'bad_words' is not supported by specbuild's speculative BLS (only empty)"),
+        ({"text_input": text("x"), "max_tokens": i32(4), "embedding_bias_words": np.array([[b"foo"]], dtype=object),
+          "embedding_bias_weights": np.array([[1.0]], dtype=np.float32)}, "'embedding_bias_words' is not supported"),
+        ({"text_input": text("x"), "max_tokens": i32(4), "return_generation_logits": np.array([[True]])},
+         "'return_generation_logits' = [True] is not supported"),
         ({"text_input": np.array([[b"\xff\xfe"]], dtype=object), "max_tokens": i32(4)}, "not valid UTF-8"),
         ({"text_input": text("x"), "max_tokens": np.array([[1, 2]], dtype=np.int32)}, "exactly one value"),
     ],
 )
 def test_bad_inputs_are_named_in_the_error(inputs, message):
-    with pytest.raises(InvalidRequest, match=message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
         parse_request(getter(**inputs), max_tokens_limit=64, max_draft_len=4)
 
 
@@ -78,3 +88,49 @@ def test_neutral_penalties_are_accepted_others_refused():
         parse_request(getter(text_input=text("x"), max_tokens=i32(4),
                              repetition_penalty=np.array([[1.2]], dtype=np.float32)),
                       max_tokens_limit=64, max_draft_len=4)
+
+
+def test_nvidia_clients_neutral_inputs_are_accepted():
+    """The input set of NVIDIA's end_to_end_grpc_client.prepare_inputs (as its speculative-decoding test calls it)."""
+    req = parse_request(getter(
+        text_input=text("def f("), max_tokens=i32(8), stream=np.array([[False]]), beam_width=i32(1),
+        temperature=np.array([[1.0]], dtype=np.float32), embedding_bias_words=np.empty((1, 0), dtype=object),
+        embedding_bias_weights=np.empty((1, 0), dtype=np.float32), exclude_input_in_output=np.array([[False]]),
+        num_draft_tokens=i32(5), use_draft_logits=np.array([[False]]), bad_words=np.array([[b""]], dtype=object),
+        stop_words=np.array([[b""]], dtype=object), return_context_logits=np.array([[False]]),
+        return_generation_logits=np.array([[False]]), num_return_sequences=i32(1)),
+        max_tokens_limit=64, max_draft_len=8)
+    assert req.num_draft_tokens == 5 and req.exclude_input_in_output is False and req.stop_words == []
+    assert req.sampling.greedy  # temperature 1.0 alone is greedy to TensorRT-LLM, so the outputs compare exactly
+
+
+@pytest.mark.parametrize(
+    "inputs, greedy, top_k, top_p",
+    [
+        ({}, True, 0, 1.0),
+        ({"temperature": 1.0}, True, 0, 1.0),
+        ({"temperature": 0.8, "top_p": 0.0}, True, 0, 1.0),  # top_p <= 0 is "not set"
+        ({"temperature": 0.0, "top_k": 0, "top_p": 1.0}, True, 0, 1.0),  # specbuild: temperature 0 is greedy
+        ({"temperature": 0.8, "top_k": 1}, True, 0, 1.0),
+        ({"temperature": 0.8, "top_p": 1.0}, False, 0, 1.0),
+        ({"temperature": 0.8, "top_k": 20}, False, 20, 1.0),  # top_k > 0 with no top_p: top_p 1
+        ({"top_p": 0.9}, False, 0, 0.9),  # no temperature: 1.0
+    ],
+)
+def test_sampling_inputs_resolve_by_tensorrt_llms_rules(inputs, greedy, top_k, top_p):
+    tensors = {"temperature": lambda v: np.array([[v]], dtype=np.float32), "top_p": lambda v: np.array([[v]], np.float32),
+               "top_k": i32}
+    req = parse_request(getter(text_input=text("x"), max_tokens=i32(4),
+                               **{k: tensors[k](v) for k, v in inputs.items()}), max_tokens_limit=64, max_draft_len=4)
+    assert req.sampling.greedy is greedy
+    if not greedy:
+        assert (req.sampling.top_k, req.sampling.top_p) == (top_k, pytest.approx(top_p))
+        assert req.sampling.temperature == pytest.approx(inputs.get("temperature", 1.0))
+
+
+def test_stop_sequences_of_every_word_list_shape_preprocessing_emits():
+    from specbuild.bls.model import _stop_sequences
+
+    assert _stop_sequences(None) == [] and _stop_sequences(np.empty((1, 2, 0), np.int32)) == []  # not sent
+    assert _stop_sequences(np.array([[[0], [-1]]], np.int32)) == []  # only empty words
+    assert _stop_sequences(np.array([[[5, 6, 7], [2, 3, -1]]], np.int32)) == [[5, 6], [7]]

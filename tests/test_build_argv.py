@@ -1,4 +1,8 @@
-"""trtllm-build argv per role, pinned flag by flag against the facts file (§1.1, §1.2), and the planning rules."""
+"""trtllm-build argv per role, pinned flag by flag, and the planning rules.
+
+The flags are those of NVIDIA/TensorRT-LLM `tensorrt_llm/commands/build.py` (read at 65f1d15 and 008b2b8) and
+the recipe in `examples/draft_target_model/README.md`; the builder's own adjustments are in
+`specbuild.build.rules` (from `tensorrt_llm/builder.py`)."""
 
 from __future__ import annotations
 
@@ -94,12 +98,14 @@ def test_workers_only_for_multi_gpu(tmp_path):
 
 
 def test_expected_build_config_accounts_for_the_builder(tmp_path):
-    spec = make_spec(tmp_path, build={"max_batch_size": 64, "max_num_tokens": 256},
+    spec = make_spec(tmp_path, build={"max_batch_size": 64, "max_input_len": 256, "max_seq_len": 384,
+                                      "max_num_tokens": 256},
                      speculative={"max_draft_len": 7, "num_draft_tokens": 5})
     target = plan_role(spec, "target", require_checkpoint=False).expected_build_config()
     draft = plan_role(spec, "draft", require_checkpoint=False).expected_build_config()
-    assert target["max_seq_len"] == 2048 + 7 and draft["max_seq_len"] == 2048
-    assert target["max_num_tokens"] == 64 * (7 + 1) and draft["max_num_tokens"] == 256
+    assert target["max_seq_len"] == 384 + 7 and draft["max_seq_len"] == 384
+    # both raised to max_seq_len - 1 (the runtime's input limit); the target further to batch * (K + 1)
+    assert target["max_num_tokens"] == 64 * (7 + 1) and draft["max_num_tokens"] == 383
     assert target["speculative_decoding_mode"] == "draft_tokens_external" and target["max_draft_len"] == 7
     assert draft["speculative_decoding_mode"] == "none" and draft["max_draft_len"] == 0
 
@@ -153,6 +159,45 @@ def test_int8_kv_cache_checkpoint_is_refused(tmp_path):
     fake_checkpoint(spec, "draft", kv_cache_quant_algo="INT8")
     with pytest.raises(BuildError, match="INT8 KV cache.*paged context FMHA"):
         plan_build(spec, ["draft"])
+
+
+@pytest.mark.parametrize("quant_algo, gpu", [(None, "H100-80GB"), ("W4A16_AWQ", "H100-80GB"), ("W8A16", "L40S"),
+                                             ("FP8", "A100-80GB")])
+def test_fp8_kv_cache_checkpoint_the_builder_would_downgrade_is_refused(tmp_path, quant_algo, gpu):
+    # builder.py turns paged context FMHA off for an FP8 KV cache unless the weights are FP8/W4A8_AWQ/NVFP4 on SM89+
+    spec = make_spec(tmp_path, gpu={"name": gpu})
+    fake_checkpoint(spec, "target", quant_algo=quant_algo, kv_cache_quant_algo="FP8")
+    with pytest.raises(BuildError, match="would lose paged context FMHA: an FP8 KV cache") as err:
+        plan_build(spec, ["target"])
+    assert 'target.kv_cache = "none"' in str(err.value)
+
+
+@pytest.mark.parametrize("quant_algo", ["FP8", "W4A8_AWQ"])
+def test_fp8_kv_cache_with_fp8_activations_on_sm89_is_planned(tmp_path, quant_algo):
+    spec = make_spec(tmp_path, gpu={"name": "L40S"})
+    fake_checkpoint(spec, "target", quant_algo=quant_algo, kv_cache_quant_algo="FP8")
+    assert plan_build(spec, ["target"])[0].kv_cache_quant_algo == "FP8"
+
+
+def test_dry_run_refuses_a_spec_whose_fp8_kv_cache_the_builder_would_drop(tmp_path):
+    spec = make_spec(tmp_path, target={"quantization": "int4_awq", "kv_cache": "fp8"})
+    with pytest.raises(BuildError, match="the target's spec would lose paged context FMHA"):
+        plan_role(spec, "target", require_checkpoint=False)
+
+
+def test_max_num_tokens_is_raised_to_the_longest_input_the_loop_sends(tmp_path):
+    # trtGptModel.h: maxInputLen = min(maxSequenceLen - 1, maxNumTokens) with context FMHA and packed input; the
+    # BLS re-sends prompt + generated tokens every step, so inputs reach max_seq_len - 1 tokens.
+    from specbuild.build.rules import runtime_max_input_len
+
+    spec = make_spec(tmp_path, build={"max_batch_size": 2, "max_input_len": 100, "max_seq_len": 4096,
+                                      "max_num_tokens": 1024})
+    for role in ("target", "draft"):
+        plan = plan_role(spec, role, require_checkpoint=False)
+        built = plan.expected_build_config()
+        assert runtime_max_input_len(built["max_seq_len"], built["max_num_tokens"]) >= 4096 - 1
+        assert plan.limits.max_num_tokens == 4095 and "1024 -> 4095 (max_seq_len - 1" in plan.notes[0]
+        assert flags_of(trtllm_argv(plan, "trtllm-build", "/tmp/x"))["--max_num_tokens"] == "4095"
 
 
 def test_checkpoint_sharding_must_match_the_spec(tmp_path):

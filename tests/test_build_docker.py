@@ -32,15 +32,32 @@ def test_dockerfiles_pass_hadolint(name):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_gpu_image_is_pinned_to_the_trtllm_release_the_flags_were_checked_against():
+def test_gpu_image_is_nvidias_triton_trtllm_container_of_a_1_2_release():
+    # Triton's compatibility matrix (server docs/introduction/compatibility.md, r26.07): 26.04-26.07 -> 1.2.1
     text = (DOCKER / "Dockerfile.gpu").read_text()
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1)
-    assert ":" in base and not base.endswith(":latest")
-    assert base.endswith(f"trtllm{TRTLLM_VERSION_CHECKED}")
-    assert re.search(r"^ARG EXPECT_TRTLLM=1\.2\.$", text, re.M)
-    assert "TENSORRTLLM_VER=1.2.1" in text and "25.12-py3-min" in text  # the documented pairing
-    assert "command -v trtllm-build" in text  # the image fails to build without the tool
+    month = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-trtllm-python-py3", base)
+    assert month and month.group(1) in ("26.04", "26.05", "26.06", "26.07"), base
+    assert TRTLLM_VERSION_CHECKED.startswith("1.2.") and re.search(r"^ARG EXPECT_TRTLLM=1\.2\.$", text, re.M)
     assert "--no-deps ." in text  # the base image's torch / TensorRT-LLM are never replaced
+    compose = (DOCKER / "compose.yaml").read_text()
+    assert f"BASE_IMAGE:-{base}}}" in compose  # compose builds the same base by default
+
+
+def test_gpu_image_build_fails_without_the_programs_the_gpu_path_runs():
+    from specbuild.triton.configs import EXECUTOR_WORKER
+
+    text = (DOCKER / "Dockerfile.gpu").read_text()
+    root = re.search(r"^ARG TRITON_ROOT=(\S+)$", text, re.M).group(1)
+    [checks] = [block for block in re.split(r"\n(?=RUN )", text) if "trtllm-build" in block and block.startswith("RUN")]
+    assert "\\\n" in checks and " || " in checks  # one RUN, each check fails the build with a message
+    expanded = checks.replace("${TRITON_ROOT}", root)
+    assert f'test -x "{root}/bin/tritonserver"' in expanded
+    assert f"{root}/backends/tensorrtllm\" -maxdepth 1 -name 'libtriton_tensorrtllm*.so' | grep -q ." in expanded
+    assert f'test -x "{EXECUTOR_WORKER}"' in expanded  # the path the generated config names
+    assert f'test -f "{root}/backends/python/libtriton_python.so"' in expanded
+    assert "command -v trtllm-build" in expanded and "m.version('tensorrt_llm')" in expanded
+    assert text.index(checks) < text.index("COPY pipeline")  # checked before anything is installed
 
 
 def test_cpu_image_uses_cpu_torch_and_a_non_root_user():

@@ -227,3 +227,53 @@ def test_verify_engine_accepts_the_mode_as_a_name_and_needs_config_and_ranks(spe
     (tmp_path / "config.json").write_text(json.dumps(quantized))
     with pytest.raises(BuildError, match=r"quant_algo = 'FP8' \(checkpoint None\)"):
         verify_engine(plan, tmp_path)
+
+
+def test_fake_builder_drops_paged_context_fmha_like_builder_py(spec, tmp_path):
+    """The stand-in applies builder.py's rule on its own: FP8 KV cache without FP8 weights, or INT8 KV."""
+    cases = [((None, "FP8", "90"), False), (("FP8", "FP8", "90"), True), (("FP8", "FP8", "86"), False),
+             (("W4A8_AWQ", "FP8", "89"), True), (("W4A16_AWQ", "FP8", "90"), False), (("FP8", "INT8", "90"), False),
+             ((None, None, "80"), True)]
+    for (quant_algo, kv_algo, sm), kept in cases:
+        ckpt = tmp_path / f"ckpt-{quant_algo}-{kv_algo}-{sm}"
+        ckpt.mkdir()
+        (ckpt / "config.json").write_text(json.dumps({"mapping": {"world_size": 1}, "quantization": {
+            "quant_algo": quant_algo, "kv_cache_quant_algo": kv_algo}}))
+        out = ckpt / "engine"
+        done = subprocess.run([sys.executable, str(FAKE_TRTLLM_BUILD), "--checkpoint_dir", str(ckpt), "--output_dir",
+                               str(out), "--use_paged_context_fmha", "enable", "--output_timing_cache",
+                               str(ckpt / "model.cache")], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "FAKE_TRTLLM_SM": sm})
+        assert done.returncode == 0, done.stderr
+        plugin = json.loads((out / "config.json").read_text())["build_config"]["plugin_config"]
+        assert plugin["use_paged_context_fmha"] is kept, (quant_algo, kv_algo, sm)
+        assert ("Paged Context FMHA is disabled" in done.stdout) is not kept
+
+
+def test_engine_built_on_an_older_gpu_than_the_spec_is_refused_with_the_reason(tmp_path, monkeypatch):
+    # the spec says L40S (SM89), so the plan accepts FP8 weights + FP8 KV; the build machine is SM86
+    spec = make_spec(tmp_path, gpu={"name": "L40S"})
+    fake_checkpoint(spec, "target", quant_algo="FP8", kv_cache_quant_algo="FP8")
+    monkeypatch.setenv("FAKE_TRTLLM_SM", "86")
+    with pytest.raises(BuildError) as err:
+        build(spec, ["target"])
+    message = str(err.value)
+    assert "plugin_config.use_paged_context_fmha = False" in message
+    assert "trtllm-build turned paged context FMHA off (an FP8 KV cache keeps paged context FMHA only on SM89+" in message
+    assert "cannot take external draft tokens" in message
+    assert not (spec.pair_dir / "target" / "engine").exists()
+    monkeypatch.setenv("FAKE_TRTLLM_SM", "89")
+    assert build(spec, ["target"])[0]["status"] == "ran"
+
+
+def test_verify_engine_names_the_gpu_when_it_is_known(spec, tmp_path):
+    from specbuild.build.plan import plan_role
+    from specbuild.build.trtllm import verify_engine
+
+    plan = plan_role(spec, "target")
+    (tmp_path / "rank0.engine").write_bytes(b"x")
+    config = engine_config(plan, plugin_config={"use_paged_context_fmha": False})
+    config["pretrained_config"]["quantization"]["kv_cache_quant_algo"] = "FP8"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BuildError, match=r"an FP8 KV cache with quant_algo none makes trtllm-build turn paged"):
+        verify_engine(plan, tmp_path, gpu_sm=90)

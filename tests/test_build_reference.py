@@ -129,6 +129,18 @@ def test_engine_json_has_the_limits_a_trtllm_engine_would_have(pair):
     for doc in (target, draft):
         assert (doc["max_batch_size"], doc["max_input_len"], doc["max_num_tokens"]) == (2, 64, 256)
         assert doc["vocab_size"] == VOCAB and doc["quant_algo"] is None and doc["dtype"] == "float32"
+        assert doc["logits_dtype"] == "float32"  # the checkpoint names none: PretrainedConfig's default
+
+
+def test_engine_json_takes_the_logits_dtype_of_the_checkpoint(pair):
+    """modelopt writes logits_dtype into the checkpoint; trtllm-build keeps it (specbuild passes no --logits_dtype)."""
+    from specbuild.build.plan import plan_role
+    from specbuild.build.reference import engine_json
+
+    spec, _ = pair
+    plan = plan_role(spec, "target")
+    assert engine_json(plan, VOCAB, {"logits_dtype": "float16"})["logits_dtype"] == "float16"
+    assert engine_json(plan, VOCAB, {"logits_dtype": None})["logits_dtype"] == "float32"
 
 
 def test_second_build_skips_and_force_rebuilds(pair):

@@ -28,7 +28,8 @@ def test_identical_pair_is_ok(tmp_path):
     assert list(doc) == ["ok", "pair", "models", "tokenizer", "vocab", "memory", "weights", "problems", "warnings"]
     assert doc["tokenizer"]["identical"] is True
     assert doc["vocab"] == {"tokenizer_size": 1000, "target_rows": 1000, "draft_rows": 1000, "padded_vocab_size": 1000,
-                            "pad_rows": {"target": 0, "draft": 0}, "will_pad": False}
+                            "pad_rows": {"target": 0, "draft": 0}, "will_pad": False,
+                            "trim_rows": {"target": 0, "draft": 0}, "will_trim": False}
     memory = doc["memory"]
     assert memory["fits"] and memory["max_batch_at_max_seq_len"] >= 2
     assert 0 < memory["target"]["kv_cache_free_gpu_mem_fraction"] <= 0.95
@@ -100,6 +101,27 @@ def test_missing_checkpoint_dir(tmp_path):
     assert result.exit_code == 1
     assert result.stderr == (f"Error: draft checkpoint '{tmp_path / 'gone'}' does not exist. "
                              "Fix draft.checkpoint in the spec, or download the model there.\n")
+
+
+def test_missing_target_and_draft_are_reported_together(tmp_path):
+    result = check("-c", str(write_spec(tmp_path / "s.toml", tmp_path / "no-target", tmp_path / "no-draft")))
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: both checkpoints are unusable:\n"
+        f"  target checkpoint '{tmp_path / 'no-target'}' does not exist. "
+        "Fix target.checkpoint in the spec, or download the model there.\n"
+        f"  draft checkpoint '{tmp_path / 'no-draft'}' does not exist. "
+        "Fix draft.checkpoint in the spec, or download the model there.\n")
+
+
+def test_json_prints_one_failure_document_when_the_input_is_bad(tmp_path):
+    target = write_checkpoint(tmp_path / "target", 1000)
+    result, doc = check_json(write_spec(tmp_path / "s.toml", target, tmp_path / "gone"))
+    assert result.exit_code == 1
+    assert doc == {"command": "check", "ok": False, "error_type": "CheckpointError", "exit_code": 1,
+                   "error": f"draft checkpoint '{tmp_path / 'gone'}' does not exist. "
+                            "Fix draft.checkpoint in the spec, or download the model there."}
+    assert result.stderr.startswith("Error: draft checkpoint")
 
 
 def test_checkpoint_without_tokenizer_is_a_problem_not_a_crash(tmp_path):
@@ -230,13 +252,26 @@ def test_bf16_checkpoint_served_in_fp16_warns(tmp_path):
     assert warning["fix"] == 'Set target.dtype = "bfloat16" unless the model is known to run in fp16.'
 
 
-def test_draft_with_more_rows_than_the_target_is_a_problem(tmp_path):
+def test_draft_rows_beyond_the_tokenizer_are_trimmed_not_refused(tmp_path):
+    # the tokenizer has 1000 tokens: the draft's rows 1000..1023 are padding no token maps to
     result, doc = check_json(make_pair(tmp_path, target_rows=1000, draft_rows=1024))
+    assert result.exit_code == 0, result.output
+    [warning] = [w for w in doc["warnings"] if w["code"] == "vocab_trim"]
+    assert "rows 1000..1023 lie beyond the tokenizer (1000 tokens)" in warning["message"]
+    assert doc["vocab"]["will_trim"] is True and doc["vocab"]["trim_rows"] == {"target": 0, "draft": 24}
+    assert doc["vocab"]["will_pad"] is False and doc["vocab"]["padded_vocab_size"] == 1000
+
+
+def test_draft_with_more_rows_that_are_real_tokens_is_a_problem(tmp_path):
+    tokens = words(1010)  # the shared tokenizer uses ids up to 1009; the target has only 1000 rows
+    target = write_checkpoint(tmp_path / "target", 1000, tokens=tokens)
+    draft = write_checkpoint(tmp_path / "draft", 1024, tokens=tokens)
+    result, doc = check_json(write_spec(tmp_path / "s.toml", target, draft))
     assert result.exit_code == 1
-    [problem] = doc["problems"]
-    assert problem["code"] == "draft_vocab_larger_than_target"
+    [problem] = [p for p in doc["problems"] if p["code"] == "draft_vocab_larger_than_target"]
     assert problem["message"].startswith("the draft's embedding has 1024 rows, more than the target's 1000")
-    assert doc["vocab"]["will_pad"] is False
+    assert "rows 1000..1009 are real tokens" in problem["message"]
+    assert doc["vocab"]["will_trim"] is False
 
 
 def test_check_imports_neither_torch_nor_transformers(tmp_path):

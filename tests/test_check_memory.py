@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from specbuild.build.rules import TOKENS_PER_BLOCK
 from specbuild.check import advice, memory
 from specbuild.check.memory import GIB, kv_bytes_per_token, plan_memory, weight_bytes
 from specbuild.config import spec_from_dict
@@ -138,7 +139,8 @@ def test_max_batch_is_the_largest_that_fits():
     target, draft = info_from_config(LLAMA3_8B), info_from_config(LLAMA32_1B)
     plan = plan_memory(spec(), target, draft)
     per_sequence = plan.target.kv_bytes_per_sequence + plan.draft.kv_bytes_per_sequence
-    assert plan.target.tokens_per_sequence == 2048 + 64  # max_seq_len + max_draft_len (4), in whole 64-token blocks
+    # max_seq_len + max_draft_len (4), in whole KV-cache blocks of 32 tokens (trtllm-build 1.x tokens_per_block)
+    assert TOKENS_PER_BLOCK == 32 and plan.target.tokens_per_sequence == 2048 + 32
     assert plan.draft.tokens_per_sequence == 2048
     assert plan.max_batch * per_sequence <= plan.kv_available_bytes < (plan.max_batch + 1) * per_sequence
     # 8B fp16 on 80 GB: ~16 GB weights, ~60 GB KV at ~0.3 GiB per 2k sequence -> a couple of hundred sequences
@@ -160,8 +162,8 @@ def test_shorter_max_seq_len_suggestion_is_the_longest_that_fits():
     assert not plan.fits
     [shorter] = [s for s in plan.suggestions if s["change"].startswith("build.max_seq_len")]
     seq = int(shorter["change"].split("=")[1].split()[0])
-    assert seq % 64 == 0 and shorter["max_batch"] >= 1
-    build = advice._with(long, "build", max_seq_len=seq + 64)
+    assert seq % TOKENS_PER_BLOCK == 0 and shorter["max_batch"] >= 1
+    build = advice._with(long, "build", max_seq_len=seq + TOKENS_PER_BLOCK)
     assert plan_memory(build, target, draft, suggest=False).max_batch == 0
 
 

@@ -77,6 +77,17 @@ def test_format_rules() -> None:
     formats.check_gpu(formats.get_format("int4_awq"), "none", 100, "B200", "target")
 
 
+def test_convert_refuses_an_fp8_kv_cache_the_builder_would_drop() -> None:
+    # builder.py: an FP8 KV cache keeps paged context FMHA only with FP8 / W4A8_AWQ weights (on SM89+)
+    for name in ("none", "int4_awq", "int8_sq", "int8_wo", "int4_wo"):
+        for sm, gpu in ((90, "H100-80GB"), (None, None)):
+            with pytest.raises(SpecError, match="makes trtllm-build turn paged context FMHA off"):
+                formats.check_gpu(formats.get_format(name), "fp8", sm, gpu, "target")
+    formats.check_gpu(formats.get_format("fp8"), "fp8", 90, "H100-80GB", "target")
+    formats.check_gpu(formats.get_format("w4a8_awq"), "fp8", 89, "L40S", "draft")
+    formats.check_gpu(formats.get_format("none"), "none", 90, "H100-80GB", "target")
+
+
 def test_calibration_files(tmp_path: Path) -> None:
     paragraphs = tmp_path / "c.txt"
     paragraphs.write_text("first paragraph\nstill first\n\nsecond one\n")

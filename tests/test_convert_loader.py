@@ -132,10 +132,14 @@ def test_int8_sq_tp2_matches_tp1(hf_dir: Path, tmp_path: Path) -> None:
 
 
 def test_unpack_int4_inverts_modelopt_packing() -> None:
+    import inspect
+
     from modelopt.torch.export.quant_utils import pack_int4_in_uint8
 
     values = torch.randint(-8, 8, (6, 8)).float()
-    packed = pack_int4_in_uint8(values, torch.ones(6, 1), 8).view(torch.int8)
+    # modelopt 0.4x takes the block size; 0.37 (TensorRT-LLM 1.2's pin) derives it from the scales' shape.
+    block = (8,) if len(inspect.signature(pack_int4_in_uint8).parameters) == 3 else ()
+    packed = pack_int4_in_uint8(values, torch.ones(6, 1), *block).view(torch.int8)
     assert packed.shape == (3, 8)
     assert torch.equal(unpack_int4(packed).float(), values)
 

@@ -1,4 +1,4 @@
-"""The tensorrt_llm tensor contract served by the reference engine (trtllm-facts.md section 2.4)."""
+"""The tensorrt_llm tensor contract served by the reference engine, with the executor's request rules."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from specbuild.errors import RequestError
 from specbuild.runtime.contract import ContractModel, Limits
 from specbuild.runtime.engine import ReferenceEngine
 from specbuild.runtime.model import LlamaModel
+from specbuild.runtime.trtllm_sampling import TrtllmSampling
 
 VOCAB = 97
 
@@ -118,12 +119,17 @@ def test_sampling_is_deterministic_given_the_seed(contract):
         (lambda r: r.update(input_ids=np.array([1.5, 2.0])), "must be a 1-D integer array"),
         (lambda r: r.update(input_lengths=np.array([9], np.int32)), "input_lengths = 9 does not fit input_ids"),
         (lambda r: r.update(request_output_len=np.array([0], np.int32)), "request_output_len = 0"),
-        (lambda r: r.update(draft_input_ids=np.arange(9, dtype=np.int32)), "9 draft tokens exceed the engine's max_draft_len = 8"),
+        (lambda r: r.update(draft_input_ids=np.arange(9, dtype=np.int32)),
+         "Draft tokens length (9) exceeds maximum draft tokens length (8)."),
         (lambda r: r.update(draft_input_ids=np.array([1, 2], np.int32), draft_logits=np.zeros((3, 97), np.float32)),
          "draft_logits has shape (3, 97), expected [num_draft_tokens, vocab] = [2, 97]"),
-        (lambda r: r.update(request_output_len=np.array([70], np.int32)), "over the engine's max_seq_len = 64"),
-        (lambda r: r.update(temperature=np.array([-1.0], np.float32)), "temperature = -1.0 is invalid"),
-        (lambda r: r.update(runtime_top_p=np.array([0.0], np.float32)), "top_p = 0.0 is invalid"),
+        (lambda r: r.update(input_ids=np.arange(64, dtype=np.int32) % 97, input_lengths=np.array([64], np.int32)),
+         "Prompt length (64) exceeds maximum input length (63). Set log level to info and check TRTGptModel logs"),
+        (lambda r: r.update(end_id=np.array([97], np.int32)), "EndId (97) is not within acceptable range [-1, 97)."),
+        (lambda r: r.update(temperature=np.array([-1.0], np.float32)),
+         "[TensorRT-LLM][ERROR] Assertion failed: temperature.value() >= 0.f"),
+        (lambda r: r.update(runtime_top_p=np.array([1.5], np.float32)), "Assertion failed: topP.value() <= 1.f"),
+        (lambda r: r.update(runtime_top_k=np.array([-1], np.int32)), "Assertion failed: topK.value() >= 0"),
     ],
 )
 def test_bad_requests_raise_request_error(contract, change, message):
@@ -138,7 +144,101 @@ def test_one_bad_request_does_not_fail_the_others(contract):
     good = req([4, 5, 6], 3)
     bad = req([4, 5, 6], 3, draft_input_ids=np.arange(9, dtype=np.int32))
     out = contract.execute([good, bad, good], errors="return")
-    assert isinstance(out[1], RequestError) and "max_draft_len" in str(out[1])
+    assert isinstance(out[1], RequestError) and "maximum draft tokens length" in str(out[1])
     assert out[0]["output_ids"].tolist() == out[2]["output_ids"].tolist()
     with pytest.raises(RequestError, match="^request 1: "):
         contract.execute([good, bad])
+
+
+# --- TensorRT-LLM's sampling-parameter semantics (runtime.trtllm_sampling) ------------------------
+
+@pytest.mark.parametrize(
+    "tensors, greedy, top_k, top_p",
+    [
+        ({}, True, 1, 1.0),  # nothing sent: top_k 0 and top_p 0 -> the sampling layer's greedy case
+        ({"temperature": 1.0}, True, 1, 1.0),  # NVIDIA's clients send only a temperature: still greedy
+        ({"temperature": 0.7}, True, 1, 1.0),
+        ({"top_p": 0.0}, True, 1, 1.0),  # top_p <= 0 is dropped as if not sent
+        ({"top_k": 1, "top_p": 0.9}, True, 1, 0.9),
+        ({"temperature": 0.0, "top_k": 0, "top_p": 1.0}, False, 0, 1.0),  # the old "greedy" request samples
+        ({"top_k": 5}, False, 5, 1.0),  # top_k > 0 with top_p 0 -> top_p 1
+        ({"top_p": 0.9}, False, 0, 0.9),
+    ],
+)
+def test_sampling_tensors_resolve_as_the_executor_does(tensors, greedy, top_k, top_p):
+    s = TrtllmSampling.from_tensors(**tensors)
+    assert (s.greedy, s.top_k, s.top_p) == (greedy, top_k, top_p)
+    assert s.temperature == tensors.get("temperature", 1.0) and s.seed == 0
+
+
+def test_temperature_scaling_happens_in_the_logits_dtype():
+    sampling = TrtllmSampling.from_tensors(temperature=0.0, top_k=0, top_p=1.0)
+    # float16: every logit above 65504 / 1e6 saturates at 65504 and ties: three tokens equally likely.
+    half = sampling.probs(np.array([3.0, 2.0, 0.1, -1.0]), "float16")
+    np.testing.assert_allclose(half, [1 / 3, 1 / 3, 1 / 3, 0.0], atol=1e-12)
+    # float32: no saturation, but logits 1.2e-7 apart stay close after the 1e6 scale: still a coin flip.
+    single = sampling.probs(np.array([1.0, np.nextafter(np.float32(1.0), np.float32(2.0)), -3.0], np.float32), "float32")
+    assert 0.3 < single[0] < 0.5 and 0.5 < single[1] < 0.7 and single[2] == 0.0
+    # temperature 1.0 is not applied at all; 0.5 doubles the logits (1 / (0.5 + 1e-6) in float32).
+    np.testing.assert_allclose(TrtllmSampling.from_tensors(temperature=1.0, top_p=1.0).probs(np.array([0.0, 1.0]), "float32"),
+                               [1 / (1 + np.e), np.e / (1 + np.e)], rtol=1e-6)
+    np.testing.assert_allclose(TrtllmSampling.from_tensors(temperature=0.5, top_p=1.0).probs(np.array([0.0, 1.0]), "float32"),
+                               [1 / (1 + np.e**2), np.e**2 / (1 + np.e**2)], rtol=1e-5)
+
+
+def test_temperature_zero_with_top_k_zero_samples_instead_of_greedy(model):
+    """What every draft/verify call used to send: on float16 logits TensorRT-LLM samples among saturated logits."""
+    half = ContractModel(ReferenceEngine(model), Limits(max_batch_size=4, max_seq_len=64, max_draft_len=8,
+                                                        logits_dtype="float16"))
+    ids = prompts(1, VOCAB, seed=7)[0]
+    greedy = half(req(ids, 8))["output_ids"].tolist()
+    assert half(req(ids, 8, runtime_top_k=np.array([1], np.int32)))["output_ids"].tolist() == greedy
+    old = [half(req(ids, 8, temperature=np.array([0.0], np.float32), runtime_top_k=np.array([0], np.int32),
+                    runtime_top_p=np.array([1.0], np.float32), seed=np.array([s], np.uint64)))["output_ids"].tolist()
+           for s in range(4)]
+    assert all(run != greedy for run in old) and len({str(run) for run in old}) > 1
+
+
+def test_unseeded_sampling_uses_the_default_seed_zero(contract):
+    ids = prompts(1, VOCAB, seed=8)[0]
+    sampling = {"temperature": np.array([1.0], np.float32), "runtime_top_p": np.array([1.0], np.float32)}
+    unseeded = [contract(req(ids, 10, **sampling))["output_ids"].tolist() for _ in range(2)]
+    assert unseeded[0] == unseeded[1] == contract(req(ids, 10, seed=np.array([0], np.uint64), **sampling))["output_ids"].tolist()
+
+
+def test_generation_logits_are_in_the_engines_logits_dtype(model):
+    half = ContractModel(ReferenceEngine(model), Limits(max_seq_len=64, logits_dtype="float16"))
+    out = half(req([4, 5, 6], 3, return_generation_logits=np.array([True])))
+    assert out["generation_logits"].dtype == np.float16 and out["generation_logits"].shape == (1, 3, VOCAB)
+
+
+# --- the executor's length rules (LlmRequest::validate) ------------------------------------------
+
+def test_largest_input_is_min_of_max_seq_len_minus_one_and_max_num_tokens(model):
+    limited = ContractModel(ReferenceEngine(model), Limits(max_seq_len=64, max_draft_len=8, max_num_tokens=8))
+    assert limited.limits.max_input_len == 8
+    assert limited(req(list(range(3, 11)), 2))["sequence_length"].tolist() == [10]
+    with pytest.raises(RequestError, match=r"^Prompt length \(9\) exceeds maximum input length \(8\)\."):
+        limited(req(list(range(3, 12)), 2))
+    assert Limits(max_seq_len=64).max_input_len == 63 and Limits(max_seq_len=64, max_num_tokens=100).max_input_len == 63
+
+
+def test_output_beyond_max_seq_len_is_shortened_not_refused(contract):
+    out = contract(req([3] * 10, 70))
+    assert out["sequence_length"].tolist() == [64]
+
+
+def test_a_draft_beyond_the_input_limit_is_cut(model):
+    limited = ContractModel(ReferenceEngine(model), Limits(max_seq_len=64, max_draft_len=8, max_num_tokens=8))
+    ids = list(range(3, 9))  # 6 tokens: room for 2 draft tokens under max_input_len 8
+    cont = greedy_continuation(limited, ids, 4)
+    out = limited(req(ids, 5, draft_input_ids=np.array(cont[:4], np.int32)))
+    assert out["total_draft_tokens"].tolist() == [2] and out["output_ids"][0].tolist() == ids + cont[:3]
+
+
+def test_limits_come_from_engine_json():
+    limits = Limits.from_engine({"max_batch_size": 4, "max_seq_len": 518, "max_draft_len": 6, "max_num_tokens": 2048,
+                                 "logits_dtype": "float16"}, default_max_seq_len=512)
+    assert (limits.max_seq_len, limits.max_num_tokens, limits.logits_dtype, limits.max_input_len) == (518, 2048, "float16", 517)
+    older = Limits.from_engine({"max_seq_len": 100}, default_max_seq_len=512)
+    assert older.logits_dtype == "float32" and older.max_num_tokens is None

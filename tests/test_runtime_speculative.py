@@ -17,7 +17,7 @@ from specbuild.errors import GenerationError
 from specbuild.runtime.contract import ContractModel, Limits
 from specbuild.runtime.engine import ReferenceEngine
 from specbuild.runtime.model import LlamaModel
-from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
+from specbuild.speculative.contract_client import ContractDraft, ContractDrafter, ContractVerifier
 from specbuild.speculative.interfaces import Draft, SamplingParams
 from specbuild.speculative.loop import GenerationRequest, run
 
@@ -37,10 +37,11 @@ def pair(example_tiny):
 
     tokenizer = AutoTokenizer.from_pretrained(str(example_tiny.target), local_files_only=True)
 
-    def build(use_cache=True):
+    def build(use_cache=True, logits_dtype="float32"):
         target = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.target), use_cache=use_cache),
-                               Limits(max_draft_len=8))
-        draft = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.draft), use_cache=use_cache))
+                               Limits(max_draft_len=8, logits_dtype=logits_dtype))
+        draft = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.draft), use_cache=use_cache),
+                              Limits(logits_dtype=logits_dtype))
         eos = tokenizer.eos_token_id
         return ContractDrafter(draft, end_id=eos), ContractVerifier(target, max_draft_len=8, end_id=eos)
 
@@ -86,18 +87,43 @@ def test_sampling_is_reproducible_with_a_seed(pair):
     assert first.tokens == second.tokens and first.stats.drafted > 0
 
 
-def test_target_only_equals_transformers_generate_on_the_hf_checkpoint(pair, example_tiny):
+@pytest.mark.parametrize("logits_dtype", ["float32", "float16"])
+def test_target_only_equals_transformers_generate_on_the_hf_checkpoint(pair, example_tiny, logits_dtype):
+    """Greedy through engines whose logits are float16 (what modelopt's checkpoints ask for): the adapters must
+    send TensorRT-LLM's greedy (runtime_top_k = 1), not temperature 0, which scales float16 logits by 1e6 into
+    ties and samples among them."""
     from transformers import AutoModelForCausalLM
 
     tokenizer, build = pair
-    drafter, verifier = build()
+    drafter, verifier = build(logits_dtype=logits_dtype)
     hf = AutoModelForCausalLM.from_pretrained(str(example_tiny.target), dtype=torch.float32).eval()
     for ids in tiny_prompts(tokenizer, 4):
-        ours = run(ids, drafter, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=0)).tokens
         with torch.no_grad():
             theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                  max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None)[0, len(ids):]
-        assert ours == theirs.tolist()
+        for k in (0, 4):
+            ours = run(ids, drafter, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=k)).tokens
+            assert ours == theirs.tolist(), (k, logits_dtype)
+
+
+def test_greedy_steps_send_tensorrt_llms_greedy_and_sampling_steps_send_all_three():
+    call, seen = fake_model([5, 6])
+    ContractDrafter(call, end_id=2).propose([1, 3], 2, SamplingParams())
+    ContractVerifier(call, max_draft_len=4, end_id=2).verify([1, 3], Draft(tokens=[5]), SamplingParams(temperature=0.0))
+    for request in seen:
+        assert request["runtime_top_k"].tolist() == [1] and request["runtime_top_k"].dtype == np.int32
+        assert not {"temperature", "runtime_top_p", "seed"} & set(request)
+    call, seen = fake_model([5, 6])
+    ContractDrafter(call, end_id=2, use_logits=False).propose([1, 3], 2, SamplingParams(temperature=0.8, seed=4))
+    assert {k: v.tolist() for k, v in seen[0].items() if k in ("temperature", "runtime_top_k", "runtime_top_p", "seed")} \
+        == {"temperature": [pytest.approx(0.8)], "runtime_top_k": [0], "runtime_top_p": [1.0], "seed": [4]}
+
+
+def test_verifier_sends_draft_logits_in_the_declared_dtype():
+    call, seen = fake_model([5, 6])
+    draft = ContractDraft(tokens=[5], logits=np.zeros((1, 10), np.float32))
+    ContractVerifier(call, max_draft_len=4, end_id=2, logits_dtype="float16").verify([1], draft, SamplingParams(1.0))
+    assert seen[0]["draft_logits"].dtype == np.float16 and seen[0]["draft_logits"].shape == (1, 10)
 
 
 # -- the adapters against hand-written responses (no model) ------------------------------------
@@ -160,7 +186,7 @@ def test_drafter_sends_the_contract_tensors_and_reads_logits():
     assert r["request_output_len"].tolist() == [2] and r["return_generation_logits"].tolist() == [True]
     assert r["seed"].dtype == np.uint64 and r["seed"].tolist() == [7]
     assert r["runtime_top_k"].tolist() == [3] and r["temperature"].dtype == np.float32
-    assert draft.tokens == [4, 8] and np.array_equal(draft.logits, logits)
+    assert draft.tokens == [4, 8] and np.array_equal(draft.logits, logits) and draft.logits.dtype == np.float32
     assert draft.probs.shape == (2, 10) and np.allclose(draft.probs.sum(axis=1), 1.0)
     assert (draft.probs > 0).sum(axis=1).tolist() == [3, 3]  # top-k applied
 

@@ -48,3 +48,18 @@ def test_argument_errors(tmp_path):
         list(client.generate("x", max_tokens=1))
     assert client.is_ready() is False
 
+
+
+def test_client_keeps_its_meaning_under_tensorrt_llms_sampling_rules(monkeypatch):
+    """TensorRT-LLM is greedy when neither top_k nor top_p is set, and NVIDIA's models return the prompt too."""
+    sent = []
+    monkeypatch.setattr(c.SpecbuildClient, "_generate_grpc", lambda self, prompt, fields, stop: iter(sent.append(fields) or []))
+    client = c.SpecbuildClient("127.0.0.1:1")
+    list(client.generate("x", temperature=0.7))
+    list(client.generate("x", temperature=0.7, top_k=5))
+    list(client.generate("x", exclude_input_in_output=False))
+    assert sent[0]["top_p"] == 1.0 and sent[0]["exclude_input_in_output"] is True
+    assert "top_p" not in sent[1] and sent[1]["top_k"] == 5
+    assert "temperature" not in sent[2] and sent[2]["exclude_input_in_output"] is False
+    list(c.SpecbuildClient("127.0.0.1:1", model="ensemble").generate("x"))
+    assert "exclude_input_in_output" not in sent[3]  # the ensemble returns what the target model returns

@@ -1,4 +1,5 @@
-"""Triton config generation: typed ModelConfig messages, no placeholders, NVIDIA's names (facts §2.3-2.7)."""
+"""Triton config generation: typed ModelConfig messages, no placeholders, the names and parameters of NVIDIA's
+`inflight_batcher_llm` templates and of the C++ backend's required keys."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def test_trtllm_parameters_are_filled_with_the_dtm_values(tmp_path):
         assert p["executor_worker_path"] == "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
         assert 0.0 < float(p["kv_cache_free_gpu_mem_fraction"]) < 1.0
         assert p["gpu_device_ids"] == "0"
-        assert all(v.strip() for v in p.values())
+        assert all(v.strip() for k, v in p.items() if k not in configs.UNSET_LLM_PARAMS)
     # no checkpoint on disk: no memory plan, the documented default split and no token cap
     assert (t["kv_cache_free_gpu_mem_fraction"], d["kv_cache_free_gpu_mem_fraction"]) == ("0.5", "0.5")
     assert "max_tokens_in_paged_kv_cache" not in t
@@ -105,7 +106,7 @@ def test_memory_plan_split_is_used_when_the_checkpoints_are_readable(tiny_spec_p
     assert not any("kv_cache_free_gpu_mem_fraction" in w for w in warnings)
 
 
-def test_llm_tensor_contract_matches_facts_2_4(tmp_path):
+def test_llm_tensor_contract_matches_nvidias_template(tmp_path):
     settings, _ = rendered(tmp_path, "trtllm")
     config = configs.llm(settings, "target")
     inputs = {e.name: e for e in config.input}
@@ -113,7 +114,7 @@ def test_llm_tensor_contract_matches_facts_2_4(tmp_path):
     expect = {
         "input_ids": ("TYPE_INT32", [-1]), "input_lengths": ("TYPE_INT32", [1]),
         "request_output_len": ("TYPE_INT32", [1]), "draft_input_ids": ("TYPE_INT32", [-1]),
-        "draft_logits": ("TYPE_FP32", [-1, -1]), "draft_acceptance_threshold": ("TYPE_FP32", [1]),
+        "draft_logits": ("TYPE_FP16", [-1, -1]), "draft_acceptance_threshold": ("TYPE_FP32", [1]),
         "end_id": ("TYPE_INT32", [1]), "stop_words_list": ("TYPE_INT32", [2, -1]),
         "runtime_top_k": ("TYPE_INT32", [1]), "runtime_top_p": ("TYPE_FP32", [1]),
         "min_tokens": ("TYPE_INT32", [1]), "seed": ("TYPE_UINT64", [1]),
@@ -128,7 +129,7 @@ def test_llm_tensor_contract_matches_facts_2_4(tmp_path):
     assert inputs["input_lengths"].HasField("reshape") and not inputs["input_ids"].HasField("reshape")
     assert inputs["draft_input_ids"].allow_ragged_batch
     for name, dtype in (("output_ids", "TYPE_INT32"), ("sequence_length", "TYPE_INT32"),
-                        ("generation_logits", "TYPE_FP32"), ("acceptance_rate", "TYPE_FP32"),
+                        ("generation_logits", "TYPE_FP16"), ("acceptance_rate", "TYPE_FP32"),
                         ("total_accepted_draft_tokens", "TYPE_INT32"), ("total_draft_tokens", "TYPE_INT32")):
         assert pb.DataType.Name(outputs[name].data_type) == dtype
     assert list(outputs["output_ids"].dims) == [-1, -1]
@@ -221,3 +222,71 @@ def test_tensor_tables_have_unique_names_and_known_dtypes():
         assert len(names) == len(set(names))
         for t in table:
             assert t.dtype == tensors.LOGITS or t.dtype in tensors.NUMPY_DTYPES
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "reference"])
+def test_llm_configs_carry_every_parameter_the_backend_reads_without_fallback(tmp_path, backend):
+    """model_instance_state.cc reads these with no fallback: a config without them fails to load."""
+    from specbuild.triton.models.trtllm_params import REQUIRED
+
+    settings, files = rendered(tmp_path, backend)
+    for name in ("tensorrt_llm", "tensorrt_llm_draft"):
+        p = params(configs.parse_pbtxt(files[f"{name}/config.pbtxt"]))
+        assert set(REQUIRED) <= set(p), name
+        assert p["gpt_model_type"] == "inflight_fused_batching" and p["gpt_model_path"]
+        assert {k: p[k] for k in ("tokenizer_dir", "guided_decoding_backend", "xgrammar_tokenizer_info_path")} == \
+            {"tokenizer_dir": "", "guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
+
+
+def test_empty_values_are_allowed_for_exactly_the_unset_llm_parameters(tmp_path):
+    assert set(configs.UNSET_LLM_PARAMS) == {"tokenizer_dir", "guided_decoding_backend", "xgrammar_tokenizer_info_path"}
+    config = pb.ModelConfig(name="m")
+    configs._params(config, {"tokenizer_dir": ""}, may_be_empty=tuple(configs.UNSET_LLM_PARAMS))
+    with pytest.raises(SpecError, match=r"m.parameters\[gpt_model_path\] = '' is missing"):
+        configs._params(config, {"gpt_model_path": ""}, may_be_empty=tuple(configs.UNSET_LLM_PARAMS))
+    settings, _ = rendered(tmp_path, "reference")
+    import dataclasses
+
+    with pytest.raises(SpecError, match="tokenizer_dir"):  # preprocessing's tokenizer_dir is a real path
+        configs.preprocessing(dataclasses.replace(settings, tokenizer_dir=""))
+
+
+def logits_types(files: dict[str, str]) -> dict[str, str]:
+    found = {}
+    for model in ("tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble"):
+        config = configs.parse_pbtxt(files[f"{model}/config.pbtxt"])
+        for e in [*config.input, *config.output]:
+            if e.name in ("generation_logits", "context_logits", "draft_logits"):
+                found[f"{model}.{e.name}"] = pb.DataType.Name(e.data_type)
+    return found
+
+
+@pytest.mark.parametrize("dtype, expected", [("float16", "TYPE_FP16"), ("bfloat16", "TYPE_FP16"), ("float32", "TYPE_FP32")])
+def test_logits_are_declared_in_the_dtype_modelopt_will_write(tmp_path, dtype, expected):
+    """Before convert: modelopt writes logits_dtype float16 for a bfloat16 model, else the model dtype."""
+    _, files = rendered(tmp_path, "trtllm", target={"checkpoint": str(tmp_path / "t"), "dtype": dtype},
+                        draft={"checkpoint": str(tmp_path / "d"), "dtype": dtype})
+    found = logits_types(files)
+    assert set(found) == {f"{m}.{t}" for m in ("tensorrt_llm", "tensorrt_llm_draft")
+                          for t in ("draft_logits", "context_logits", "generation_logits")} | \
+        {f"{m}.{t}" for m in ("tensorrt_llm_bls", "ensemble") for t in ("context_logits", "generation_logits")}
+    assert set(found.values()) == {expected}, found
+
+
+def test_logits_dtype_comes_from_the_checkpoint_then_the_built_engine(tmp_path):
+    import json
+
+    spec = make_spec(tmp_path)
+    for role in ("target", "draft"):
+        (spec.pair_dir / role / "checkpoint").mkdir(parents=True)
+        (spec.pair_dir / role / "checkpoint" / "config.json").write_text(json.dumps({"logits_dtype": "float32"}))
+    settings, _ = repository.plan_settings(spec, "trtllm", tmp_path / "r")
+    assert settings.logits_datatype == "TYPE_FP32"  # the spec's dtype says float16; the checkpoint wins
+    for role in ("target", "draft"):
+        (spec.pair_dir / role / "engine").mkdir(parents=True)
+        (spec.pair_dir / role / "engine" / "engine.json").write_text(json.dumps({"logits_dtype": "float16"}))
+    settings, _ = repository.plan_settings(spec, "reference", tmp_path / "r")
+    assert settings.logits_datatype == "TYPE_FP16"  # a built engine wins over its checkpoint
+    (spec.pair_dir / "draft" / "engine" / "engine.json").write_text(json.dumps({"logits_dtype": "float32"}))
+    with pytest.raises(SpecError, match="the target's logits are float16 .* but the draft's are float32"):
+        repository.plan_settings(spec, "reference", tmp_path / "r")

@@ -1,7 +1,7 @@
 """A real tritonserver (the nvidia-pytriton binary, CPU) on the tiny example pair's reference repository.
 
 One server for the module (starting one costs ~30 s on 2 cores): ensemble over gRPC and HTTP equals
-in-process target-only greedy decoding; the tensorrt_llm model speaks the §2.4 contract; concurrent
+in-process target-only greedy decoding; the tensorrt_llm model speaks NVIDIA's tensor contract; concurrent
 requests batch; bad requests get clear errors while the server stays ready; every non-inference API
 is refused without the run's key (HTTP and gRPC); ports in use and other servers' answers are refused;
 shutdown leaves no process.
@@ -253,7 +253,7 @@ def test_bad_requests_get_clear_errors_and_the_server_stays_ready(server, local_
             client.complete("hello", max_tokens=0, stream=False)
         with pytest.raises(ClientError, match="stop_words_list' is not supported by the reference model"):
             client.complete("hello", max_tokens=2, stream=False, stop_words=["x"])
-        with pytest.raises(ClientError, match="needs a decoupled model"):
+        with pytest.raises(ClientError, match="Streaming is only supported if model is deployed using decoupled mode"):
             client.complete("hello", max_tokens=2, stream=True)
         raw = grpcclient.InferenceServerClient(server.grpc_url)
         try:

@@ -3,11 +3,17 @@
 The loop itself is `specbuild.speculative.loop` (shared with the in-process runtime); this model only
 moves tensors: text -> `preprocessing` -> loop over BLS calls to `tensorrt_llm_draft` (propose) and
 `tensorrt_llm` (verify) -> `postprocessing` -> text. The two LLM models are TensorRT-LLM engines on GPU
-or specbuild's reference models on CPU; both speak the same tensor contract (facts §2.4).
+or specbuild's reference models on CPU; both speak the same tensor contract (NVIDIA's `tensorrt_llm` tensors).
 
 Beyond NVIDIA's BLS: streams accepted tokens as they are verified (decoupled mode), several requests at
 once (a thread each), EOS and stop words handled at once, K clamped and adapted, INVALID_ARG errors
 instead of tracebacks, cancellation, per-response acceptance outputs and Prometheus metrics.
+
+Like NVIDIA's BLS (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/`):
+`text_output` is one string per sequence ([1] for one request, as postprocessing's OUTPUT); a final,
+non-streamed text is postprocessing's decoding of the target's output_ids, which include the prompt
+unless exclude_input_in_output says otherwise (the generated tensorrt_llm models keep the input, and
+NVIDIA's BLS follows the target's setting); draft logits reach the target in the declared logits dtype.
 """
 
 from __future__ import annotations
@@ -23,8 +29,12 @@ import numpy as np
 from specbuild.bls.metrics import SpeculationMetrics
 from specbuild.bls.request import BlsRequest, InvalidRequest, parse_request
 from specbuild.runtime.textstream import TextStream
+from specbuild.triton.models.postprocessing import decode_ids
 from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
 from specbuild.speculative.loop import GenerationRequest, generate
+
+TARGET_EXCLUDES_INPUT = False  # the generated tensorrt_llm models' exclude_input_in_output
+NUMPY_LOGITS = {"TYPE_FP16": "float16", "TYPE_FP32": "float32"}
 
 
 class ModelCallError(RuntimeError):
@@ -56,6 +66,9 @@ class TritonPythonModel:
         self.adaptive = _param(config, "adaptive_draft_len", "true").lower() in ("1", "true", "yes")
         self.default_use_draft_logits = _param(config, "use_draft_logits", "false").lower() in ("1", "true", "yes")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        # the deployment's logits type (the engines' logits dtype), which the target's draft_logits input declares
+        declared = {o.get("name"): o.get("data_type") for o in config.get("output", [])}.get("generation_logits")
+        self.logits_dtype = NUMPY_LOGITS.get(declared)
         workers = int(_param(config, "max_concurrent_requests", "16"))
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         self.metrics = SpeculationMetrics(pb_utils, self.model_name, self.max_draft_len)
@@ -135,7 +148,8 @@ class TritonPythonModel:
         drafter = ContractDrafter(lambda inputs: self._call(self.draft_model, inputs, batch_dim=True),
                                   end_id=end_id, pad_id=pad_id, use_logits=use_logits)
         verifier = ContractVerifier(lambda inputs: self._call(self.target_model, inputs, batch_dim=True),
-                                    max_draft_len=self.max_draft_len, end_id=end_id, pad_id=pad_id)
+                                    max_draft_len=self.max_draft_len, end_id=end_id, pad_id=pad_id,
+                                    logits_dtype=self.logits_dtype)
         gen = GenerationRequest(max_tokens=req.max_tokens, num_draft_tokens=k, sampling=req.sampling,
                                 end_id=end_id, stop_sequences=stop_sequences, adaptive=self.adaptive and k > 0)
         output: list[int] = []
@@ -161,13 +175,15 @@ class TritonPythonModel:
                     sent_text += delta
             result = step
         stats = result.stats if result is not None else None
-        if text_stream is not None and req.stream:
-            text_stream.finish()
-            text = text_stream.text
+        if req.stream:  # streamed responses carry new text only, like TensorRT-LLM's
+            if text_stream is not None:
+                text_stream.finish()
+                text = text_stream.text
+            else:
+                text = self._detokenize(output)
         else:
-            text = self._detokenize(output)
-        if not req.exclude_input_in_output and not req.stream:
-            text = req.text + text  # streamed responses carry new text only, like TensorRT-LLM's
+            exclude = TARGET_EXCLUDES_INPUT if req.exclude_input_in_output is None else req.exclude_input_in_output
+            text = self._final_text(output if exclude else prompt + output)
         with self.metrics_lock:
             if stats is not None:
                 self.metrics.record(stats, len(output))
@@ -187,6 +203,12 @@ class TritonPythonModel:
         if req.pad_id is not None:
             inputs["PAD_ID"] = np.array([[req.pad_id]], dtype=np.int32)
         return inputs
+
+    def _final_text(self, tokens: list[int]) -> str:
+        """tokens decoded as postprocessing decodes them: NVIDIA's BLS sends its final ids there."""
+        if self.tokenizer is not None:
+            return decode_ids(self.tokenizer, tokens, skip_special_tokens=True)
+        return self._detokenize(tokens)
 
     def _detokenize(self, tokens: list[int]) -> str:
         if not tokens:
@@ -214,7 +236,7 @@ class TritonPythonModel:
 
     def _response(self, text: str, stats, output: list[int], elapsed: float | None = None):
         """One response; every tensor carries the batch dimension of 1 (max_batch_size > 0)."""
-        tensors = [self.pb.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object))]
+        tensors = [self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object))]  # [1], as NVIDIA's
         if stats is not None:
             tensors += [
                 self.pb.Tensor("acceptance_rate", np.array([[stats.acceptance_rate]], dtype=np.float32)),
@@ -237,7 +259,7 @@ def dataclass_replace_stream(req: BlsRequest, stream: bool) -> BlsRequest:
 
 def _stop_sequences(stop_words_ids: np.ndarray | None) -> list[list[int]]:
     """Decode TensorRT-LLM's [2, n] word-list format (flat ids; cumulative end offsets padded with -1)."""
-    if stop_words_ids is None:
+    if stop_words_ids is None or np.asarray(stop_words_ids).size == 0:  # [b, 2, 0]: no stop words
         return []
     array = np.asarray(stop_words_ids).reshape(-1, 2, np.asarray(stop_words_ids).shape[-1])[0]
     ids, offsets = array[0], array[1]

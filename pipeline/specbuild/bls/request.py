@@ -1,8 +1,20 @@
-"""Parse and validate one `tensorrt_llm_bls` request (facts §2.5 tensor names), free of Triton.
+"""Parse and validate one `tensorrt_llm_bls` request (the input names of NVIDIA's BLS), free of Triton.
 
 Every problem raises `InvalidRequest` with a message fit for the client (it becomes a Triton
 INVALID_ARG error; no traceback ever reaches a client). `get(name)` returns the input tensor as
 a numpy array, or None when the client did not send it.
+
+NVIDIA's clients (NVIDIA/TensorRT-LLM `triton_backend/inflight_batcher_llm/client/
+end_to_end_grpc_client.py`, `triton_backend/tools/inflight_batcher_llm/end_to_end_test.py`) send neutral
+values of inputs they do not use: beam_width 1, empty bad_words / stop_words ([[""]]), empty
+embedding_bias_words / embedding_bias_weights, stream false, an explicit temperature. Those are
+accepted; an input that asks for something this BLS cannot do is refused by name.
+
+Sampling inputs mean what they mean to NVIDIA's BLS, which forwards them to the engines as they came
+(`lib/triton_decoder.py` `_get_llm_tensors_from_request`), i.e. TensorRT-LLM's rules
+(`specbuild.runtime.trtllm_sampling`): absent top_k and top_p (or top_p <= 0) mean greedy, whatever the
+temperature; top_k 1 is greedy; otherwise the request samples. One specbuild rule on top: temperature 0
+is greedy (TensorRT-LLM would scale the logits by 1e6 and sample among the saturated ones).
 """
 
 from __future__ import annotations
@@ -18,12 +30,6 @@ Getter = Callable[[str], "np.ndarray | None"]
 
 # Inputs of NVIDIA's BLS that specbuild does not implement: refused loudly rather than ignored.
 UNSUPPORTED_INPUTS = (
-    "beam_width",
-    "return_context_logits",
-    "return_generation_logits",
-    "embedding_bias_words",
-    "embedding_bias_weights",
-    "bad_words",
     "prompt_embedding_table",
     "lora_task_id",
     "lora_weights",
@@ -40,6 +46,9 @@ UNSUPPORTED_INPUTS = (
 
 # Inputs accepted only at their neutral value (NVIDIA clients often send them with defaults).
 NEUTRAL_INPUTS = {
+    "beam_width": 1,
+    "return_context_logits": False,
+    "return_generation_logits": False,
     "length_penalty": 1.0,
     "repetition_penalty": 1.0,
     "presence_penalty": 0.0,
@@ -67,7 +76,7 @@ class BlsRequest:
     end_id: int | None
     pad_id: int | None
     stop_words: list[str] = field(default_factory=list)
-    exclude_input_in_output: bool = True
+    exclude_input_in_output: bool | None = None  # None = the target model's setting (false in generated repositories)
     return_perf_metrics: bool = False
 
 
@@ -115,11 +124,50 @@ def _strings(get: Getter, name: str) -> list[str]:
     return out
 
 
+# Word inputs accepted when they hold no word (NVIDIA's clients send [[""]] or an empty tensor).
+EMPTY_INPUTS = ("bad_words", "embedding_bias_words", "embedding_bias_weights")
+
+
+def _holds_nothing(value: np.ndarray) -> bool:
+    array = np.asarray(value)
+    if array.dtype.kind in "OSU":
+        return all(not (item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item))
+                   for item in array.reshape(-1))
+    return array.size == 0 or not np.any(array)  # weights: none, or all zero
+
+
+def _sampling(get: Getter) -> SamplingParams:
+    """The loop's SamplingParams from the request's sampling inputs, resolved by TensorRT-LLM's rules."""
+    temperature = _scalar(get, "temperature", "float")
+    top_k = _scalar(get, "top_k", "int")
+    top_p = _scalar(get, "top_p", "float")
+    seed = _scalar(get, "seed", "int")
+    if temperature is not None and (temperature < 0 or not np.isfinite(temperature)):
+        raise InvalidRequest(f"input 'temperature' = {temperature}: must be a finite number >= 0 (0 = greedy).")
+    if top_k is not None and top_k < 0:
+        raise InvalidRequest(f"input 'top_k' = {top_k}: must be >= 0 (0 = no top-k limit).")
+    if top_p is not None and not top_p <= 1.0:
+        raise InvalidRequest(f"input 'top_p' = {top_p}: must be at most 1 (0 or absent = not set).")
+    if seed is not None and seed < 0:
+        raise InvalidRequest(f"input 'seed' = {seed}: must be >= 0.")
+    k = 0 if top_k is None else top_k
+    p = 0.0 if top_p is None or top_p <= 0.0 else top_p
+    if temperature == 0.0 or k == 1 or (k == 0 and p == 0.0):
+        return SamplingParams(seed=seed)  # greedy
+    return SamplingParams(temperature=1.0 if temperature is None else temperature, top_k=k,
+                          top_p=1.0 if p == 0.0 else p, seed=seed)
+
+
 def parse_request(get: Getter, max_tokens_limit: int, max_draft_len: int) -> BlsRequest:
     """Read and check every input. `max_tokens_limit`: what the engines allow for one request's output."""
     for name in UNSUPPORTED_INPUTS:
         if get(name) is not None:
             raise InvalidRequest(f"input '{name}' is not supported by specbuild's speculative BLS; remove it.")
+    for name in EMPTY_INPUTS:
+        value = get(name)
+        if value is not None and not _holds_nothing(value):
+            raise InvalidRequest(f"input '{name}' is not supported by specbuild's speculative BLS (only empty); "
+                                 "remove it.")
     for name, neutral in NEUTRAL_INPUTS.items():
         value = get(name)
         if value is not None and np.asarray(value).size and np.any(np.asarray(value) != neutral):
@@ -139,19 +187,8 @@ def parse_request(get: Getter, max_tokens_limit: int, max_draft_len: int) -> Bls
     if k is not None and k < 0:
         raise InvalidRequest(f"input 'num_draft_tokens' = {k}: must be >= 0 (0 = no speculation).")
     if k is not None and k > max_draft_len:
-        k = max_draft_len  # clamped: the target engine rejects longer drafts (facts §6 P2)
-    temperature = _scalar(get, "temperature", "float")
-    top_k = _scalar(get, "top_k", "int")
-    top_p = _scalar(get, "top_p", "float")
-    seed = _scalar(get, "seed", "int")
-    if temperature is not None and (temperature < 0 or not np.isfinite(temperature)):
-        raise InvalidRequest(f"input 'temperature' = {temperature}: must be a finite number >= 0 (0 = greedy).")
-    if top_k is not None and top_k < 0:
-        raise InvalidRequest(f"input 'top_k' = {top_k}: must be >= 0 (0 = off).")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise InvalidRequest(f"input 'top_p' = {top_p}: must be in (0, 1].")
-    if seed is not None and seed < 0:
-        raise InvalidRequest(f"input 'seed' = {seed}: must be >= 0.")
+        k = max_draft_len  # clamped: the target engine refuses a draft longer than its max_draft_len
+    sampling = _sampling(get)
     end_id = _scalar(get, "end_id", "int")
     pad_id = _scalar(get, "pad_id", "int")
     exclude = _scalar(get, "exclude_input_in_output", "bool")
@@ -161,15 +198,10 @@ def parse_request(get: Getter, max_tokens_limit: int, max_draft_len: int) -> Bls
         num_draft_tokens=k,
         use_draft_logits=_scalar(get, "use_draft_logits", "bool"),
         stream=bool(_scalar(get, "stream", "bool") or False),
-        sampling=SamplingParams(
-            temperature=0.0 if temperature is None else temperature,
-            top_k=0 if top_k is None else top_k,
-            top_p=1.0 if top_p is None else top_p,
-            seed=seed,
-        ),
+        sampling=sampling,
         end_id=end_id,
         pad_id=pad_id,
         stop_words=_strings(get, "stop_words"),
-        exclude_input_in_output=True if exclude is None else exclude,
+        exclude_input_in_output=exclude,
         return_perf_metrics=bool(_scalar(get, "return_perf_metrics", "bool") or False),
     )

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from specbuild.build.plan import RolePlan
 
-TRTLLM_VERSION_CHECKED = "1.2.1"
-TRTLLM_SOURCE_CHECKED = "NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py @65f1d15, plugin/plugin.py (1.x)"
+TRTLLM_VERSION_CHECKED = "1.2.1"  # the release specbuild targets (the GPU image's); its tag was not read
+TRTLLM_SOURCE_CHECKED = "NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py @65f1d15, plugin/plugin.py @c20322ff"
 
 
 @dataclass(frozen=True)
@@ -63,15 +63,16 @@ TIMING_CACHE = "model.cache"
 
 
 def trtllm_version_note(version: str | None) -> str | None:
-    """A warning when the build environment's TensorRT-LLM is not the release line the flags were checked against."""
+    """A warning when the build environment's TensorRT-LLM is not the release line specbuild targets."""
     if version is None:
-        return (f"could not read the TensorRT-LLM version next to trtllm-build; specbuild's flags were checked "
-                f"against {TRTLLM_VERSION_CHECKED}. The engine manifest records it as unknown.")
+        return (f"could not read the TensorRT-LLM version next to trtllm-build; specbuild targets "
+                f"{TRTLLM_VERSION_CHECKED}. The engine manifest records it as unknown.")
     line = ".".join(TRTLLM_VERSION_CHECKED.split(".")[:2])
     if version == line or version.startswith(line + "."):
         return None
-    return (f"trtllm-build comes from TensorRT-LLM {version}, but specbuild's flags were checked against "
-            f"{TRTLLM_VERSION_CHECKED}: the build may reject a flag. Use the image from docker/Dockerfile.gpu.")
+    return (f"trtllm-build comes from TensorRT-LLM {version}, but specbuild targets {TRTLLM_VERSION_CHECKED} "
+            "(its flags and builder rules come from 1.x sources): the build may reject a flag or change the engine. "
+            "Use the image from docker/Dockerfile.gpu.")
 
 
 def trtllm_argv(plan: "RolePlan", executable: str, output_dir: str) -> list[str]:

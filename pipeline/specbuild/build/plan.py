@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.artifacts import MANIFEST
+from specbuild.build import rules
 from specbuild.config import Spec
 from specbuild.errors import ArtifactError, BuildError, SpecError
 
 ROLES = ("target", "draft")
 SPEC_MODE = "draft_tokens_external"
-TOKENS_PER_BLOCK = 32  # trtllm-build's default `--tokens_per_block` (1.x PluginConfig)
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,8 @@ class RolePlan:
             "gather_context_logits": False,
         }
         if self.role == "target":
-            # builder.py: `max_seq_len += max_draft_len`; max_num_tokens raised to batch * (K + 1).
-            expected["max_seq_len"] = limits.max_seq_len + self.max_draft_len
-            expected["max_num_tokens"] = max(limits.max_num_tokens, limits.max_batch_size * (self.max_draft_len + 1))
+            expected["max_seq_len"], expected["max_num_tokens"] = rules.built_target_limits(
+                limits.max_batch_size, limits.max_seq_len, limits.max_num_tokens, self.max_draft_len)
             expected["max_draft_len"] = self.max_draft_len
             expected["speculative_decoding_mode"] = SPEC_MODE
         if self.role == "draft" and self.gather_generation_logits:
@@ -116,12 +115,6 @@ def read_checkpoint_manifest(spec: Spec, role: str, checkpoint_dir: Path) -> dic
     return manifest
 
 
-def _norm_algo(value: Any) -> str | None:
-    if value in (None, "", "NO_QUANT", "none"):
-        return None
-    return str(value).upper()
-
-
 def _limits(spec: Spec, role: str, max_draft_len: int) -> tuple[EngineLimits, tuple[str, ...]]:
     b = spec.build
     if b.max_input_len > b.max_seq_len:
@@ -140,18 +133,9 @@ def _limits(spec: Spec, role: str, max_draft_len: int) -> tuple[EngineLimits, tu
             f"speculative.max_draft_len = {max_draft_len} is above the generation budget max_seq_len - max_input_len "
             f"= {budget}: a draft can never be that long. Lower max_draft_len or raise build.max_seq_len."
         )
-    notes = []
-    # trtllm-build (check_max_num_tokens) clips max_num_tokens to max_batch_size * max_seq_len and raises it to
-    # tokens_per_block; ask for the value it will keep so the built config can be compared exactly.
-    max_num_tokens = b.max_num_tokens
-    ceiling = b.max_batch_size * b.max_seq_len
-    if max_num_tokens > ceiling:
-        notes.append(f"{role}: max_num_tokens {max_num_tokens} -> {ceiling} (max_batch_size * max_seq_len)")
-        max_num_tokens = ceiling
-    if max_num_tokens < TOKENS_PER_BLOCK:
-        notes.append(f"{role}: max_num_tokens {max_num_tokens} -> {TOKENS_PER_BLOCK} (one KV-cache block)")
-        max_num_tokens = TOKENS_PER_BLOCK
-    return EngineLimits(b.max_batch_size, b.max_input_len, b.max_seq_len, max_num_tokens), tuple(notes)
+    max_num_tokens, notes = rules.planned_max_num_tokens(b.max_batch_size, b.max_seq_len, b.max_num_tokens)
+    return (EngineLimits(b.max_batch_size, b.max_input_len, b.max_seq_len, max_num_tokens),
+            tuple(f"{role}: {note}" for note in notes))
 
 
 def plan_role(spec: Spec, role: str, require_checkpoint: bool = True) -> RolePlan:
@@ -165,14 +149,21 @@ def plan_role(spec: Spec, role: str, require_checkpoint: bool = True) -> RolePla
     manifest = None
     if require_checkpoint or (checkpoint_dir / MANIFEST).is_file():
         manifest = read_checkpoint_manifest(spec, role, checkpoint_dir)
-    quant_algo = _norm_algo(manifest.get("quant_algo")) if manifest else None
-    kv_algo = _norm_algo(manifest.get("kv_cache_quant_algo")) if manifest else None
+    quant_algo = rules.norm_algo(manifest.get("quant_algo")) if manifest else None
+    kv_algo = rules.norm_algo(manifest.get("kv_cache_quant_algo")) if manifest else None
     if manifest is None and model.kv_cache != "none":  # dry-run before convert: what convert will write
-        kv_algo = model.kv_cache.upper()
-    if kv_algo == "INT8":
+        kv_algo = rules.norm_algo(model.kv_cache)
+    if manifest is None:
+        loss = rules.spec_paged_context_fmha_loss(model.quantization, model.kv_cache, spec.gpu.sm)
+    else:
+        loss = rules.paged_context_fmha_loss(quant_algo, kv_algo, spec.gpu.sm)
+    if loss is not None:
+        where = f"the {role} checkpoint at {checkpoint_dir}" if manifest else f"the {role}'s spec"
         raise BuildError(
-            f"the {role} checkpoint at {checkpoint_dir} has an INT8 KV cache: trtllm-build then disables paged "
-            "context FMHA, which draft/target KV-cache reuse needs. Convert again with kv_cache = 'fp8' or 'none'."
+            f"{where} would lose paged context FMHA: {loss}"
+            + (f" on {spec.gpu.name}" if spec.gpu.name and spec.gpu.sm else "") + ". "
+            + rules.paged_context_fmha_fix(role, spec.gpu.sm)
+            + " Then run `specbuild convert --force`."
         )
     world_size = spec.build.tp_size * spec.build.pp_size
     if manifest and isinstance(manifest.get("mapping"), dict):

@@ -6,7 +6,8 @@ Layout of a reference engine folder (what the reference runtime and the CPU Trit
     model.safetensors    Hugging Face tensor names (model.layers.N.self_attn.q_proj.weight, ...),
                          DEQUANTIZED to float32 whatever the checkpoint's quantization
     engine.json          the limits a trtllm-build engine would have (target: max_seq_len + K), the
-                         quant_algo the weights came from, vocab_size, the loader's notes
+                         quant_algo the weights came from, vocab_size, the logits dtype a trtllm-build
+                         engine of this checkpoint would have, the loader's notes
     activation_quant.json / .safetensors
                          only for FP8 / INT8 activation quantization (fp8, int8_sq, w4a8_awq): the static
                          input scales per module, which the runtime may apply (convert.loader.to_hf_model)
@@ -49,7 +50,10 @@ def tokenizer_files(hf_dir: Path) -> list[Path]:
     return found
 
 
-def engine_json(plan: RolePlan, vocab_size: int) -> dict[str, Any]:
+def engine_json(plan: RolePlan, vocab_size: int, checkpoint_config: dict[str, Any]) -> dict[str, Any]:
+    """checkpoint_config: the TensorRT-LLM checkpoint's config.json. Its logits_dtype (modelopt writes one;
+    PretrainedConfig's default is float32) is the engine's, since specbuild passes trtllm-build no
+    --logits_dtype; the reference model returns generation_logits in it and checks the declared type."""
     built = plan.expected_build_config()
     return {
         "format": "specbuild-reference",
@@ -66,6 +70,7 @@ def engine_json(plan: RolePlan, vocab_size: int) -> dict[str, Any]:
         "kv_cache_quant_algo": plan.kv_cache_quant_algo,
         "source_dtype": plan.dtype,
         "dtype": "float32",
+        "logits_dtype": str(checkpoint_config.get("logits_dtype") or "float32"),
         "vocab_size": vocab_size,
     }
 
@@ -197,11 +202,13 @@ def build_reference_role(plan: RolePlan, pair: str, hf_dir: Path, force: bool = 
         loaded = load_trtllm_checkpoint(plan.checkpoint_dir, dtype=torch.float32)
         config = write_config(loaded.hf_config, hf_dir, out.tmp)
         vocab_size = int(config["vocab_size"])
+        checkpoint_config = dict(loaded.trtllm_config)
         n_params = write_weights(loaded.state_dict, out.tmp / "model.safetensors")
         act_file = write_activation_quant(loaded.activation_quant, out.tmp)
         notes = list(loaded.notes)
         del loaded
-        write_json(out.tmp / "engine.json", {**engine_json(plan, vocab_size), "activation_quant": act_file,
+        write_json(out.tmp / "engine.json", {**engine_json(plan, vocab_size, checkpoint_config),
+                                             "activation_quant": act_file,
                                              "notes": notes})
         for path in tokenizer:
             shutil.copyfile(path, out.tmp / path.name)

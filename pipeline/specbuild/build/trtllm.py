@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specbuild.artifacts import hash_tree, stage_output, tool_versions
+from specbuild.build import rules
 from specbuild.build.flags import TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv, trtllm_version_note
 from specbuild.build.plan import RolePlan
 from specbuild.build.versions import interpreter_for, probe_versions
@@ -60,14 +61,11 @@ def _spec_mode(value: Any) -> str:
     return str(value).rsplit(".", 1)[-1].lower()
 
 
-def _norm_algo(value: Any) -> str | None:
-    if value in (None, "", "NO_QUANT", "none"):
-        return None
-    return str(value).rsplit(".", 1)[-1].upper()
+def verify_engine(plan: RolePlan, engine_dir: Path, gpu_sm: int | None = None) -> dict[str, Any]:
+    """Check the built engine against the plan; return the build_config fields that were checked.
 
-
-def verify_engine(plan: RolePlan, engine_dir: Path) -> dict[str, Any]:
-    """Check the built engine against the plan; return the build_config fields that were checked."""
+    `gpu_sm` is the build machine's GPU (from the version probe), used to explain a lost paged context FMHA.
+    """
     config_path = engine_dir / "config.json"
     try:
         config = json.loads(config_path.read_text())
@@ -89,11 +87,21 @@ def verify_engine(plan: RolePlan, engine_dir: Path) -> dict[str, Any]:
     for key in ("use_paged_context_fmha", "remove_input_padding"):
         if plugin.get(key) is not True:
             problems.append(f"plugin_config.{key} = {plugin.get(key)!r} (asked True)")
+    if plugin.get("use_paged_context_fmha") is not True:
+        quant = pretrained.get("quantization") or {}
+        why = rules.paged_context_fmha_loss(quant.get("quant_algo"), quant.get("kv_cache_quant_algo"), gpu_sm)
+        if why is None and gpu_sm is None and rules.norm_algo(quant.get("kv_cache_quant_algo")) == "FP8":
+            why = (f"an FP8 KV cache keeps paged context FMHA only on SM{rules.FP8_MIN_SM}+ GPUs, and the build GPU's "
+                   "SM is unknown: was it built on an older GPU?")
+        problems.append(
+            f"trtllm-build turned paged context FMHA off ({why or 'reason not known: check build.log'}), and without "
+            "it the target cannot take external draft tokens (no KV-cache reuse). "
+            + rules.paged_context_fmha_fix(plan.role, gpu_sm))
     kv_type = build_config.get("kv_cache_type")
     if kv_type is not None and str(kv_type).rsplit(".", 1)[-1].upper() != "PAGED":
         problems.append(f"kv_cache_type = {kv_type!r} (asked 'PAGED')")
     if plan.checkpoint_manifest is not None:
-        built_algo = _norm_algo((pretrained.get("quantization") or {}).get("quant_algo"))
+        built_algo = rules.norm_algo((pretrained.get("quantization") or {}).get("quant_algo"))
         if built_algo != plan.quant_algo:
             problems.append(f"pretrained_config.quantization.quant_algo = {built_algo!r} (checkpoint {plan.quant_algo!r})")
     missing = [f"rank{r}.engine" for r in range(plan.world_size) if not (engine_dir / f"rank{r}.engine").is_file()]
@@ -103,7 +111,7 @@ def verify_engine(plan: RolePlan, engine_dir: Path) -> dict[str, Any]:
         raise BuildError(
             f"the {plan.role} engine trtllm-build wrote disagrees with what was asked: {'; '.join(problems)}. "
             "It was not marked built. Check build.log and the TensorRT-LLM version "
-            f"(specbuild's flags were checked against {TRTLLM_VERSION_CHECKED})."
+            f"(specbuild targets {TRTLLM_VERSION_CHECKED})."
         )
     found["version"] = config.get("version")
     found["quant_algo"] = plan.quant_algo
@@ -190,7 +198,7 @@ def build_trtllm_role(plan: RolePlan, pair: str, executable: str, force: bool = 
                 + f"\nFull log: {kept}"
             )
         try:
-            checked = verify_engine(plan, out.tmp)
+            checked = verify_engine(plan, out.tmp, versions.get("gpu_sm"))
         except BuildError:
             shutil.copyfile(out.tmp / "build.log", plan.engine_dir.parent / "engine.failed.log")
             raise

@@ -1,5 +1,6 @@
 """Advice on top of the memory plan: GPU feature gates, "does not fit" with the smallest change
-that would fit, and the batch warning. Every suggestion is checked by re-running the plan.
+that would fit, and the batch warning. Every suggestion is checked by re-running the plan, and
+none is a spec that trtllm-build would quietly change (`specbuild.build.rules`).
 """
 
 from __future__ import annotations
@@ -7,26 +8,47 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from specbuild.check.memory import (
+from specbuild.build.rules import (
     BLACKWELL_REJECTED,
-    DTYPE_BYTES,
+    BLACKWELL_SM,
     FP8_MIN_SM,
-    GIB,
     MIN_SM,
     TOKENS_PER_BLOCK,
-    WEIGHT_BYTES,
-    MemoryPlan,
-    compute_plan,
+    fp8_kv_cache_keeps_paged_context_fmha,
+    paged_context_fmha_fix,
+    spec_paged_context_fmha_loss,
 )
+from specbuild.check.memory import DTYPE_BYTES, GIB, WEIGHT_BYTES, MemoryPlan, compute_plan
 from specbuild.check.report import Finding
 from specbuild.config import GPUS, Spec
 from specbuild.hfmodel import ModelInfo
 
 
-def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
-    """Quantization and KV-cache formats the GPU cannot run (TensorRT-LLM raises at build time)."""
+def paged_context_fmha_findings(spec: Spec) -> list[Finding]:
+    """Formats for which trtllm-build would turn paged context FMHA off (the target then rejects drafts)."""
     sm = spec.gpu.sm
-    problems: list[Finding] = []
+    found = []
+    for role in ("target", "draft"):
+        model = spec.role(role)
+        if model.kv_cache == "fp8" and sm is not None and sm < FP8_MIN_SM:
+            continue  # reported as kv_cache_unsupported_on_gpu
+        loss = spec_paged_context_fmha_loss(model.quantization, model.kv_cache, sm)
+        if loss is not None:
+            found.append(Finding(
+                "paged_context_fmha_disabled",
+                f"{role}.quantization = {model.quantization!r} with {role}.kv_cache = {model.kv_cache!r}: {loss}. "
+                "Without paged context FMHA the engines have no KV-cache reuse and the target cannot take external "
+                "draft tokens: the build would be rejected after it ran.",
+                paged_context_fmha_fix(role, sm),
+            ))
+    return found
+
+
+def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
+    """Quantization and KV-cache formats the GPU cannot run (TensorRT-LLM raises at build time), and
+    formats trtllm-build would quietly change so that draft/target decoding breaks."""
+    sm = spec.gpu.sm
+    problems: list[Finding] = paged_context_fmha_findings(spec)
     warnings: list[Finding] = []
     if sm is None:
         warnings.append(Finding(
@@ -50,12 +72,12 @@ def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
             problems.append(Finding("kv_cache_unsupported_on_gpu",
                                     f"{role}.kv_cache = 'fp8' needs SM89+, but {spec.gpu.name} is SM{sm}.",
                                     f"Set {role}.kv_cache = \"none\"."))
-        if 100 <= sm < 120 and q in BLACKWELL_REJECTED:
+        if sm in BLACKWELL_SM and q in BLACKWELL_REJECTED:
             problems.append(Finding("quantization_unsupported_on_gpu",
                                     f"{role}.quantization = {q!r}: trtllm-build rejects INT8/INT4 weight-only and "
                                     f"SmoothQuant on SM100-119 ({spec.gpu.name} is SM{sm}).",
                                     f"Use {role}.quantization = \"fp8\" on this GPU."))
-        if 100 <= sm < 120 and q == "w4a8_awq":
+        if sm in BLACKWELL_SM and q == "w4a8_awq":
             warnings.append(Finding("quantization_unverified_on_gpu",
                                     f"{role}.quantization = 'w4a8_awq' on SM{sm} is not verified: trtllm-build rejects "
                                     "several INT4 modes on SM100-119.", f"Prefer {role}.quantization = \"fp8\"."))
@@ -68,7 +90,12 @@ def _supported(spec: Spec, quantization: str) -> bool:
         return True
     if quantization in ("fp8", "w4a8_awq") and sm < FP8_MIN_SM:
         return False
-    return not (100 <= sm < 120 and quantization in BLACKWELL_REJECTED)
+    return not (sm in BLACKWELL_SM and quantization in BLACKWELL_REJECTED)
+
+
+def _keeps_paged_context_fmha(spec: Spec) -> bool:
+    return all(spec_paged_context_fmha_loss(m.quantization, m.kv_cache, spec.gpu.sm) is None
+               for m in (spec.target, spec.draft))
 
 
 def _with(spec: Spec, section: str, **changes: Any) -> Spec:
@@ -79,7 +106,8 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
     """Single changes that reach `goal` sequences at max_seq_len, in order of preference."""
     candidates: list[tuple[str, Spec]] = []
     t = spec.target
-    if t.kv_cache == "none" and _supported(spec, "fp8"):
+    # An FP8 KV cache only where trtllm-build keeps paged context FMHA with it (FP8 / W4A8 weights, SM89+).
+    if t.kv_cache == "none" and fp8_kv_cache_keeps_paged_context_fmha(t.quantization, spec.gpu.sm):
         candidates.append(('target.kv_cache = "fp8"', _with(spec, "target", kv_cache="fp8")))
     for q in ("fp8", "int4_awq"):
         if WEIGHT_BYTES[q] < (DTYPE_BYTES[t.dtype] if t.quantization == "none" else WEIGHT_BYTES[t.quantization]) \
@@ -97,6 +125,8 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
         tp *= 2
     found = []
     for change, changed in candidates:
+        if not _keeps_paged_context_fmha(changed):  # e.g. int4_awq weights under an existing FP8 KV cache
+            continue
         plan = compute_plan(changed, target, draft)
         if plan.max_batch >= goal:
             found.append({"change": change, "max_batch": plan.max_batch})

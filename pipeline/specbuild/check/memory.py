@@ -36,6 +36,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from specbuild.build import rules
+from specbuild.build.rules import BLACKWELL_REJECTED, FP8_MIN_SM, MIN_SM, TOKENS_PER_BLOCK  # noqa: F401 (re-exported)
 from specbuild.check.report import Finding
 from specbuild.config import Spec
 from specbuild.hfmodel import ModelInfo, read_model_info
@@ -65,7 +67,6 @@ ACTIVATION_INTERMEDIATE_FACTOR = 3
 # keeps the same 10% of free memory; we keep at least MIN_SAFETY_BYTES.
 SAFETY_FRACTION = 0.10
 MIN_SAFETY_BYTES = int(0.5 * GIB)
-TOKENS_PER_BLOCK = 64  # paged KV cache block; trtllm-build's --tokens_per_block
 MAX_FRACTION = 0.95
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -78,11 +79,7 @@ WEIGHT_BYTES = {
     "int4_awq": 0.5 + 2 / 128,
     "w4a8_awq": 0.5 + 2 / 128,
 }
-
-# GPU feature gates (trtllm-facts.md sections 1.1, 1.2 and 6.12).
-MIN_SM = 80  # draft/target speculative decoding support matrix: SM >= 80
-FP8_MIN_SM = 89  # fp8 weights, w4a8 (fp8 activations) and an fp8 KV cache
-BLACKWELL_REJECTED = ("int8_sq", "int8_wo", "int4_wo", "int4_awq")  # trtllm-build raises on SM100-119
+# GPU feature gates and the KV-cache block size come from specbuild.build.rules (trtllm-build's own rules).
 
 
 @dataclass(frozen=True)
@@ -187,9 +184,9 @@ def kv_bytes_per_token(info: ModelInfo, kv_cache: str, dtype: str, tp_size: int,
 
 def runtime_bytes(info: ModelInfo, dtype: str, spec: Spec, vocab_rows: int, is_target: bool) -> int:
     b, sp = spec.build, spec.speculative
-    tokens = b.max_num_tokens
+    tokens = rules.planned_max_num_tokens(b.max_batch_size, b.max_seq_len, b.max_num_tokens)[0]
     if is_target:  # trtllm-build raises max_num_tokens to fit one verify step per sequence
-        tokens = max(tokens, b.max_batch_size * (sp.max_draft_len + 1))
+        tokens = rules.built_target_limits(b.max_batch_size, b.max_seq_len, tokens, sp.max_draft_len)[1]
     act = DTYPE_BYTES[dtype]
     width = ACTIVATION_HIDDEN_FACTOR * info.hidden_size + ACTIVATION_INTERMEDIATE_FACTOR * math.ceil(
         info.intermediate_size / b.tp_size
@@ -248,7 +245,7 @@ def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:
     b, g = spec.build, spec.gpu
     tp, pp = b.tp_size, b.pp_size
     memory = int(g.memory_per_gpu_gib * GIB)
-    vocab_rows = padded_vocab(max(target.vocab_size, draft.vocab_size), tp)
+    vocab_rows = padded_vocab(target.vocab_size, tp)  # convert pads or trims the draft to the target's rows
     roles = {"target": (target, spec.target, b.max_seq_len + spec.speculative.max_draft_len),
              "draft": (draft, spec.draft, b.max_seq_len)}
     raw: dict[str, dict[str, int]] = {}
@@ -296,7 +293,9 @@ def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:
             kv_bytes_per_token=r["kv_token"],
             tokens_per_sequence=r["tokens"],
             kv_budget_bytes=int(budgets[role]),
-            max_tokens_in_paged_kv_cache=int(budgets[role] // r["kv_token"]) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK,
+            # whole blocks, and no more than the backend's int32 parameter holds (a larger value is dropped)
+            max_tokens_in_paged_kv_cache=rules.clamp_kv_tokens(
+                int(budgets[role] // r["kv_token"]) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK),
             kv_cache_free_gpu_mem_fraction=fractions[role],
         )
         for role, r in raw.items()

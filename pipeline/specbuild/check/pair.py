@@ -8,6 +8,7 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 
 from __future__ import annotations
 
+from specbuild.build import rules
 from specbuild.check.memory import plan_memory
 from specbuild.check.report import CheckReport
 from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
@@ -19,9 +20,24 @@ from specbuild.hfmodel import SUPPORTED_ARCHITECTURES, ModelInfo, read_model_inf
 ROLES = ("target", "draft")
 
 
+def read_pair_infos(spec: Spec, allow_pickle: bool = False) -> dict[str, ModelInfo]:
+    """Both checkpoints' facts; when either is unreadable, one CheckpointError naming every failing role."""
+    infos, failures = {}, []
+    for role in ROLES:
+        try:
+            infos[role] = read_model_info(spec.role(role).checkpoint, allow_pickle=allow_pickle, role=role)
+        except CheckpointError as err:
+            failures.append(str(err))
+    if len(failures) > 1:
+        raise CheckpointError("both checkpoints are unusable:\n  " + "\n  ".join(failures))
+    if failures:
+        raise CheckpointError(failures[0])
+    return infos
+
+
 def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True, progress: bool = False) -> CheckReport:
     """scan_weights: read every weight for NaN/Inf (check.weights); progress: a progress bar on stderr for it."""
-    infos = {role: read_model_info(spec.role(role).checkpoint, allow_pickle=allow_pickle, role=role) for role in ROLES}
+    infos = read_pair_infos(spec, allow_pickle)
     report = CheckReport(pair=spec.name, models={role: info.summary() for role, info in infos.items()})
     for role, info in infos.items():
         check_architecture(report, role, info)
@@ -35,6 +51,7 @@ def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True,
                 "--allow-pickle. Its parameter count is estimated from config.json.",
                 "Convert it to safetensors (save_pretrained(dir, safe_serialization=True)).",
             )
+    check_max_num_tokens(report, spec)
     tokenizer_size = check_tokenizers(report, spec)
     check_vocab(report, infos["target"], infos["draft"], tokenizer_size)
     plan = plan_memory(spec, infos["target"], infos["draft"])
@@ -86,6 +103,22 @@ def check_positions(report: CheckReport, spec: Spec, role: str, info: ModelInfo)
             f"build.max_seq_len + max_draft_len = {b.max_seq_len + spec.speculative.max_draft_len} exceeds the "
             f"target's position limit {limit}: the last drafts of a full-length sequence sit past it.",
             f"Set build.max_seq_len <= {limit - spec.speculative.max_draft_len}.",
+        )
+
+
+def check_max_num_tokens(report: CheckReport, spec: Spec) -> None:
+    """The runtime refuses inputs longer than min(max_seq_len - 1, max_num_tokens); the BLS re-sends prompt +
+    generated tokens every step, so the build raises max_num_tokens to max_seq_len - 1 (specbuild.build.rules)."""
+    b = spec.build
+    planned = rules.planned_max_num_tokens(b.max_batch_size, b.max_seq_len, b.max_num_tokens)[0]
+    if planned > b.max_num_tokens:
+        report.warn(
+            "max_num_tokens_raised",
+            f"build.max_num_tokens = {b.max_num_tokens} is below max_seq_len - 1 = {b.max_seq_len - 1}: TensorRT-LLM "
+            "refuses an input longer than min(max_seq_len - 1, max_num_tokens), and the draft/verify loop sends "
+            f"prompt + generated tokens on every step, so a long generation would fail midway. The build uses "
+            f"max_num_tokens = {planned} (the memory plan counts it).",
+            f"Set build.max_num_tokens = {planned} (or more) to silence this, or lower build.max_seq_len.",
         )
 
 
@@ -150,10 +183,12 @@ def check_tokenizers(report: CheckReport, spec: Spec) -> int | None:
 
 
 def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokenizer_size: int | None) -> None:
-    """`specbuild convert` pads the draft's embedding and lm_head up to the target's rows; it cannot cut a
-    larger draft down (TensorRT-LLM's external-draft-tokens buffers need equal logits widths)."""
+    """Both engines must emit logits of the same width (TensorRT-LLM's external-draft-tokens buffers).
+    `specbuild convert` pads a smaller draft's embedding and lm_head with zero rows up to the target's, and
+    trims a larger draft's when the extra rows lie beyond the tokenizer (no token maps to them)."""
     rows = {"target": target.vocab_size, "draft": draft.vocab_size}
     padded = rows["target"]
+    trimmable = rows["draft"] > padded and tokenizer_size is not None and tokenizer_size <= padded
     report.vocab = {
         "tokenizer_size": tokenizer_size,
         "target_rows": rows["target"],
@@ -161,6 +196,8 @@ def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokeni
         "padded_vocab_size": padded,
         "pad_rows": {"target": 0, "draft": max(padded - rows["draft"], 0)},
         "will_pad": rows["draft"] < padded,
+        "trim_rows": {"target": 0, "draft": rows["draft"] - padded if trimmable else 0},
+        "will_trim": trimmable,
     }
     if tokenizer_size is not None:
         for role, n in rows.items():
@@ -171,12 +208,24 @@ def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokeni
                     "those ids would index past the embedding.",
                     f"Point {role}.checkpoint at a model whose vocab_size is at least {tokenizer_size}.",
                 )
-    if rows["draft"] > rows["target"]:
+    if rows["draft"] > rows["target"] and not trimmable:
+        why = ("the tokenizers could not be compared, so whether tokens use those rows is unknown"
+               if tokenizer_size is None else f"the tokenizer has ids up to {tokenizer_size - 1}: rows "
+               f"{rows['target']}..{tokenizer_size - 1} are real tokens the target cannot emit")
         report.problem(
             "draft_vocab_larger_than_target",
-            f"the draft's embedding has {rows['draft']} rows, more than the target's {rows['target']}: both engines "
-            "must emit logits of the same width, and convert pads the draft but cannot cut it down safely.",
-            "Use a draft whose vocab_size is no larger than the target's.",
+            f"the draft's embedding has {rows['draft']} rows, more than the target's {rows['target']}, and {why}. "
+            "Both engines must emit logits of the same width; convert cuts extra draft rows only when no token "
+            "maps to them.",
+            "Use a draft whose vocabulary is no larger than the target's (and the same tokenizer).",
+        )
+    elif trimmable:
+        report.warn(
+            "vocab_trim",
+            f"the draft's embedding has {rows['draft']} rows, the target's {rows['target']}; the draft's rows "
+            f"{rows['target']}..{rows['draft'] - 1} lie beyond the tokenizer ({tokenizer_size} tokens), so "
+            f"`specbuild convert` cuts them: both engines emit logits of width {padded}. No token is lost.",
+            "Nothing to do: `specbuild convert` trims them (the convert manifest records it).",
         )
     elif report.vocab["will_pad"] and report.tokenizer.get("identical"):
         report.warn(

@@ -94,6 +94,28 @@ def pad_vocab(model: Any, rows: int) -> None:
     model.config.vocab_size = rows
 
 
+def trim_vocab(model: Any, rows: int) -> None:
+    """Keep the first `rows` rows of the embedding and lm_head (the rows beyond lie past the tokenizer)."""
+    import torch
+
+    emb = model.get_input_embeddings()
+    if emb.weight.shape[0] <= rows:
+        return
+    with torch.no_grad():
+        new_emb = torch.nn.Embedding(rows, emb.weight.shape[1], device=emb.weight.device, dtype=emb.weight.dtype)
+        new_emb.weight.copy_(emb.weight[:rows])
+        model.set_input_embeddings(new_emb)
+        head = model.get_output_embeddings()
+        if model.config.tie_word_embeddings:
+            head.weight = new_emb.weight
+        else:
+            new_head = torch.nn.Linear(head.in_features, rows, bias=False, device=head.weight.device,
+                                       dtype=head.weight.dtype)
+            new_head.weight.copy_(head.weight[:rows])
+            model.set_output_embeddings(new_head)
+    model.config.vocab_size = rows
+
+
 def pad_intermediate(model: Any, size: int) -> None:
     """Zero rows in gate_proj/up_proj and zero columns in down_proj: silu(0) * 0 = 0 leaves the model unchanged."""
     import torch
@@ -118,27 +140,33 @@ def pad_intermediate(model: Any, size: int) -> None:
 
 
 def quant_config(plan: RolePlan) -> dict[str, Any] | None:
-    """The modelopt config: the format's, with the AWQ block size and the FP8 KV-cache entries merged in."""
+    """The modelopt config: the format's, with the AWQ block size and the FP8 KV-cache entries merged in.
+
+    Two layouts exist: a list of {"quantizer_name", "cfg"/"enable"} entries (modelopt 0.4x) and a dict of
+    pattern -> settings with a "default" entry (0.37, the version TensorRT-LLM 1.2 pins).
+    """
     import modelopt.torch.quantization as mtq
 
     fmt = formats.get_format(plan.quantization)
-    if fmt.mtq_config is None and plan.kv_cache == "none":
+    if fmt.mtq_config is None:  # none / weight-only: an FP8 KV cache is refused for them at plan time
         return None
-    if fmt.mtq_config is None:  # weight-only or none, with an FP8 KV cache: calibrate only the KV quantizers
-        cfg = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
-    else:
-        cfg = copy.deepcopy(getattr(mtq, fmt.mtq_config))
+    kv_entries = copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
+    listed = isinstance(kv_entries, list)
+    cfg = copy.deepcopy(getattr(mtq, fmt.mtq_config))
     entries = cfg["quant_cfg"]
-    if not isinstance(entries, list):
+    if isinstance(entries, list) != listed or not isinstance(entries, (list, dict)):
         raise CheckpointError(f"nvidia-modelopt {tool_versions('nvidia-modelopt')['nvidia-modelopt']}: unexpected "
-                              "quantization config layout. Install nvidia-modelopt 0.4x (<0.49).")
+                              "quantization config layout. Install nvidia-modelopt 0.37 or 0.4x (<0.49).")
     if fmt.awq:
-        for entry in entries:
-            if entry.get("quantizer_name") == "*weight_quantizer":
-                first = entry["cfg"][0] if isinstance(entry["cfg"], list) else entry["cfg"]
-                first["block_sizes"][-1] = plan.awq_block_size
+        weight = (next(e.get("cfg") for e in entries if e.get("quantizer_name") == "*weight_quantizer") if listed
+                  else entries["*weight_quantizer"])
+        first = weight[0] if isinstance(weight, list) else weight
+        first["block_sizes"][-1] = plan.awq_block_size
     if plan.kv_cache == "fp8":
-        cfg["quant_cfg"] = list(entries) + list(copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"]))
+        if listed:
+            cfg["quant_cfg"] = list(entries) + list(kv_entries)
+        else:
+            entries.update({k: v for k, v in kv_entries.items() if k != "default"})
     return cfg
 
 
@@ -250,6 +278,10 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
         if plan.pad_vocab_to:
             log(f"[{plan.role}] padding the vocabulary {plan.vocab_rows} -> {plan.pad_vocab_to} rows (zeros)")
             pad_vocab(model, plan.pad_vocab_to)
+        if plan.trim_vocab_to:
+            log(f"[{plan.role}] trimming the vocabulary {plan.vocab_rows} -> {plan.trim_vocab_to} rows (to the "
+                "target's; the rows cut lie beyond the tokenizer: no token maps to them)")
+            trim_vocab(model, plan.trim_vocab_to)
         if plan.pad_intermediate_to:
             log(f"[{plan.role}] padding the MLP width to {plan.pad_intermediate_to} (zeros) for AWQ blocks of "
                 f"{plan.awq_block_size}")
@@ -287,6 +319,7 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
             "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"),
             "mapping": config.get("mapping"),
             "vocab_size": config.get("vocab_size"),
+            "vocab_trimmed": ({"from": plan.vocab_rows, "to": plan.trim_vocab_to} if plan.trim_vocab_to else None),
             "architecture": config.get("architecture"),
             "dtype": config.get("dtype"),
             "source": {"path": str(plan.hf_dir), "files": hashes},

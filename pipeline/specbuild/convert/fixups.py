@@ -1,6 +1,6 @@
 """The config.json edits TensorRT-LLM's `quantize.py` makes after modelopt's export, plus two of ours.
 
-From `quantize_by_modelopt.py` (trtllm-facts.md section 5):
+From NVIDIA/TensorRT-LLM `tensorrt_llm/quantization/quantize_by_modelopt.py` (read at 042c510):
 - `model_type` and `architecture` = the Hugging Face class name;
 - int8_wo / int4_wo / none: quant_algo = W8A16 / W4A16 / null (modelopt exported float weights);
 - `rotary_scaling` from the HF `rope_scaling` when absent;

@@ -1,6 +1,7 @@
 """Quantization formats: what each `quantization` name means for modelopt and for TensorRT-LLM.
 
-Mirrors TensorRT-LLM's `examples/quantization/quantize.py` (trtllm-facts.md section 5):
+Mirrors TensorRT-LLM's `examples/quantization/quantize.py` and `tensorrt_llm/quantization/quantize_by_modelopt.py`
+(NVIDIA/TensorRT-LLM, read at 042c510: the qformat -> modelopt config table and the quant_algo patches):
 - fp8 / int8_sq / int4_awq / w4a8_awq quantize with a modelopt config and calibration data;
 - int8_wo / int4_wo export unquantized weights and set quant_algo W8A16 / W4A16, so that
   trtllm-build quantizes the weights (per output channel) at build time;
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specbuild.build import rules
 from specbuild.errors import SpecError
 
 
@@ -28,11 +30,12 @@ class QuantFormat:
 
 FORMATS: dict[str, QuantFormat] = {
     "none": QuantFormat("none", None, None, calibrated=False),
-    "fp8": QuantFormat("fp8", "FP8_DEFAULT_CFG", "FP8", calibrated=True, min_sm=89),
+    "fp8": QuantFormat("fp8", "FP8_DEFAULT_CFG", "FP8", calibrated=True, min_sm=rules.FP8_MIN_SM),
     "int8_sq": QuantFormat("int8_sq", "INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", calibrated=True,
                            blackwell_ok=False),
     "int4_awq": QuantFormat("int4_awq", "INT4_AWQ_CFG", "W4A16_AWQ", calibrated=True, awq=True),
-    "w4a8_awq": QuantFormat("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", calibrated=True, awq=True, min_sm=89),
+    "w4a8_awq": QuantFormat("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", calibrated=True, awq=True,
+                            min_sm=rules.FP8_MIN_SM),
     "int8_wo": QuantFormat("int8_wo", None, "W8A16", calibrated=False, blackwell_ok=False),
     "int4_wo": QuantFormat("int4_wo", None, "W4A16", calibrated=False, blackwell_ok=False),
 }
@@ -49,16 +52,22 @@ def get_format(name: str) -> QuantFormat:
 
 
 def check_gpu(fmt: QuantFormat, kv_cache: str, sm: int | None, gpu: str | None, where: str) -> None:
-    """Refuse a format the spec's GPU cannot run (unknown GPU: nothing to check)."""
+    """Refuse a format the spec's GPU cannot run, or one trtllm-build would build without paged context FMHA
+    (unknown GPU: only the rules that hold on every GPU)."""
+    if sm is None or sm >= rules.FP8_MIN_SM:
+        loss = rules.spec_paged_context_fmha_loss(fmt.name, kv_cache, sm)
+        if loss is not None:
+            raise SpecError(f"{where}.quantization = {fmt.name!r} with kv_cache = {kv_cache!r}: {loss}. "
+                            + rules.paged_context_fmha_fix(where, sm))
     if sm is None:
         return
-    if sm < fmt.min_sm or (kv_cache == "fp8" and sm < 89):
+    if sm < fmt.min_sm or (kv_cache == "fp8" and sm < rules.FP8_MIN_SM):
         what = f"quantization = {fmt.name!r}" if sm < fmt.min_sm else "kv_cache = 'fp8'"
         raise SpecError(
             f"{where}.{what} needs an SM89+ GPU (Ada/Hopper or newer), but gpu.name = {gpu!r} is SM{sm}. "
             "Use 'int8_sq', 'int4_awq', 'int8_wo', 'int4_wo' or 'none' (and kv_cache = 'none') on this GPU."
         )
-    if 100 <= sm < 120 and not fmt.blackwell_ok:
+    if sm in rules.BLACKWELL_SM and not fmt.blackwell_ok:
         raise SpecError(
             f"{where}.quantization = {fmt.name!r}: trtllm-build refuses INT8/INT4 weight-only and SmoothQuant on "
             f"SM{sm} ({gpu}). Use 'fp8', 'int4_awq', 'w4a8_awq' or 'none'."

@@ -59,6 +59,7 @@ class RolePlan:
     pad_intermediate_to: int | None  # AWQ: MLP width padded with zeros to a multiple of block x tp
     calibration: Calibration | None
     spec_settings: dict[str, Any]
+    trim_vocab_to: int | None = None  # the target's rows, when the draft's extra rows lie beyond the tokenizer
 
     def settings(self) -> dict[str, Any]:
         """The resolved settings that determine the output (part of the input hash)."""
@@ -69,7 +70,7 @@ class RolePlan:
 
     @property
     def vocab_size(self) -> int:
-        return self.pad_vocab_to or self.vocab_rows
+        return self.pad_vocab_to or self.trim_vocab_to or self.vocab_rows
 
 
 def _check_architecture(info: ModelInfo, role: str) -> None:
@@ -129,15 +130,11 @@ def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: Model
     block = formats.awq_block_size(_awq_widths(info, tp), options.awq_block_size, role) if fmt.awq else None
     pad_intermediate = _awq_intermediate(info, tp, block) if block else None
 
-    pad_to = None
+    pad_to = trim_to = None
     if role == "draft":
         target_info = target_info or read_model_info(spec.target.checkpoint, role="target")
         if info.vocab_size > target_info.vocab_size:
-            raise PairError(
-                f"the draft's embedding has {info.vocab_size} rows, more than the target's {target_info.vocab_size}: "
-                "TensorRT-LLM's external-draft-tokens buffers need equal sizes and the draft cannot be cut down "
-                "safely. Use a draft whose vocabulary is no larger than the target's."
-            )
+            trim_to = trim_draft_rows_to(spec, info.vocab_size, target_info.vocab_size)
         if info.vocab_size < target_info.vocab_size:
             pad_to = target_info.vocab_size
 
@@ -175,7 +172,37 @@ def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: Model
         calibration=calibration,
         spec_settings={"checkpoint": str(model.checkpoint), "quantization": model.quantization,
                        "kv_cache": model.kv_cache, "dtype": model.dtype},
+        trim_vocab_to=trim_to,
     )
+
+
+def tokenizer_rows(spec: Spec) -> int | None:
+    """Rows any token of the pair can index: the larger tokenizer's highest id + 1 (None: unreadable)."""
+    from specbuild.check.tokenizer import load_tokenizer_facts
+    from specbuild.errors import CheckpointError
+
+    try:
+        return max(load_tokenizer_facts(spec.role(role).checkpoint, role=role).max_id + 1
+                   for role in ("target", "draft"))
+    except CheckpointError:
+        return None
+
+
+def trim_draft_rows_to(spec: Spec, draft_rows: int, target_rows: int) -> int:
+    """The draft has more embedding rows than the target. TensorRT-LLM's external-draft-tokens buffers need
+    equal logits widths; cutting the extra rows is safe when no token maps to them (they lie beyond the
+    tokenizer, and the target has no such ids to accept). Returns the target's rows, or raises when the
+    rows are real tokens."""
+    tokens = tokenizer_rows(spec)
+    if tokens is None or tokens > target_rows:
+        what = ("the tokenizers cannot be read, so it is unknown whether tokens map to them" if tokens is None
+                else f"the tokenizer has ids up to {tokens - 1}, so rows {target_rows}..{tokens - 1} are real tokens")
+        raise PairError(
+            f"the draft's embedding has {draft_rows} rows, more than the target's {target_rows}, and {what}: "
+            "TensorRT-LLM needs both engines to emit logits of the same width, and cutting rows that tokens use "
+            "would change the draft. Use a draft whose vocabulary is no larger than the target's."
+        )
+    return target_rows
 
 
 def plan_roles(spec: Spec, roles: list[str], options: ConvertOptions) -> list[RolePlan]:

@@ -4,7 +4,8 @@ Unquantized checkpoints must reproduce the original model run with its weights r
 export dtype, to float32 rounding (every weight is the same number; only summation order may
 differ), with 100% top-1 agreement. Quantized checkpoints are compared to the original float32
 model; the figures are reported and checked against per-format sanity bounds (QUANT_BOUNDS).
-Logits are compared on the original vocabulary; padded rows (draft vocabulary padding) must be 0.
+Logits are compared on the original vocabulary; padded rows (draft vocabulary padding) must be 0, and
+trimmed rows (a draft's rows beyond the tokenizer, cut to the target's size) are left out of the comparison.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class VerifyReport:
     passed: bool
     criterion: str
     notes: list[str]
+    trimmed_rows: int = 0  # rows of the original cut at convert (beyond the tokenizer), not compared
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,7 +97,7 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, quantization: str,
         reference = f"original model with weights rounded to {loaded.trtllm_config['dtype']}"
     else:
         reference = "original model (float32)"
-    vocab = original.config.vocab_size
+    vocab = min(original.config.vocab_size, int(loaded.hf_config["vocab_size"]))  # compared rows
     prompts = prompts or sample_prompts(Path(hf_dir), vocab)
     max_err = total_err = count = agree = positions = 0.0
     sq = max_logit = pad_max = 0.0
@@ -103,7 +105,7 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, quantization: str,
         for ids in prompts:
             x = torch.tensor([ids])
             got = model(x).logits[0].float()  # [seq, padded vocab]
-            want = original(x).logits[0].float()  # [seq, vocab]
+            want = original(x).logits[0].float()[:, :vocab]  # [seq, vocab]
             if got.shape[-1] > vocab:
                 pad_max = max(pad_max, got[:, vocab:].abs().max().item())
             got = got[:, :vocab]
@@ -131,4 +133,5 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, quantization: str,
         tokens=int(positions), max_abs_logit_error=max_err, mean_abs_logit_error=mean_err, logit_std=std,
         max_abs_logit=max_logit, top1_agreement=top1, padded_rows=padded, padded_rows_max_abs=pad_max,
         passed=bool(passed), criterion=criterion, notes=loaded.notes,
+        trimmed_rows=original.config.vocab_size - vocab,
     )

@@ -1,15 +1,19 @@
-"""The `tensorrt_llm` model's tensor contract (trtllm-facts.md section 2.4), served by the reference engine.
+"""The `tensorrt_llm` model's tensor contract, served by the reference engine.
+
+The tensor names and shapes are those of NVIDIA's `tensorrt_llm` model (NVIDIA/TensorRT-LLM
+`triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt`); the request rules are the
+executor's (see `Limits` and `parse_request`).
 
 One dict of numpy arrays per request in, one per request out, with TensorRT-LLM's names and dtypes,
 so the Triton Python-backend model can put this runtime behind the same I/O as the C++ backend:
 
     input_ids INT32 [len], input_lengths INT32 [1], request_output_len INT32 [1]     (required)
-    draft_input_ids INT32 [k], draft_logits FP32 [k, vocab]                         (verification)
+    draft_input_ids INT32 [k], draft_logits [k, vocab] (logits dtype)               (verification)
     end_id, pad_id INT32 [1]; temperature FP32 [1], runtime_top_k INT32 [1],
     runtime_top_p FP32 [1], seed UINT64 [1]; return_generation_logits BOOL [1]     (optional)
   ->
     output_ids INT32 [1, len] (prompt included: exclude_input_in_output = false),
-    sequence_length INT32 [1], generation_logits FP32 [1, n, vocab] (when asked),
+    sequence_length INT32 [1], generation_logits [1, n, vocab] in the engine's logits dtype (when asked),
     acceptance_rate FP32 [1], total_accepted_draft_tokens INT32 [1], total_draft_tokens INT32 [1]
     (when draft tokens were given).
 
@@ -19,7 +23,9 @@ forward pass over prefix + draft gives k + 1 rows of logits, the acceptance rule
 (specbuild.speculative.acceptance) keeps a prefix of the draft, and the output is prefix +
 accepted tokens + one recovered or bonus token. Generation stops at end_id, which is not part of
 output_ids or sequence_length (as in TensorRT-LLM). Requests of one call run as one batched forward.
-Invalid inputs raise RequestError (the Triton model answers INVALID_ARG).
+Sampling tensors mean what they mean to TensorRT-LLM (`specbuild.runtime.trtllm_sampling`): a request
+with no sampling tensor is greedy, and temperature 0 with top_k 0 samples. Invalid inputs raise
+RequestError with the executor's message (the Triton model answers INVALID_ARG).
 """
 
 from __future__ import annotations
@@ -31,9 +37,9 @@ import numpy as np
 
 from specbuild.errors import RequestError
 from specbuild.runtime.engine import ReferenceEngine
+from specbuild.runtime.trtllm_sampling import LOGITS_DTYPES, TrtllmSampling, engine_logits
 from specbuild.speculative.acceptance import accept_greedy, accept_sampling
-from specbuild.speculative.interfaces import SamplingParams
-from specbuild.speculative.sampling import process_logits, sample, validate_sampling
+from specbuild.speculative.sampling import sample
 
 REQUIRED = ("input_ids", "input_lengths", "request_output_len")
 
@@ -43,6 +49,35 @@ class Limits:
     max_batch_size: int = 8
     max_seq_len: int = 4096  # prompt + generated tokens (+ draft tokens on a target)
     max_draft_len: int = 8  # longest draft_input_ids accepted
+    max_num_tokens: int | None = None  # the engine's max_num_tokens; None = not known (then max_seq_len - 1 rules)
+    logits_dtype: str = "float32"  # the engine's logits dtype: generation_logits and sampling arithmetic use it
+
+    def __post_init__(self) -> None:
+        if self.logits_dtype not in LOGITS_DTYPES:
+            raise ValueError(f"logits_dtype {self.logits_dtype!r} is not one of {sorted(LOGITS_DTYPES)}")
+
+    @property
+    def max_input_len(self) -> int:
+        """The runtime's largest input. Engines built with packed input and context FMHA (trtllm-build's
+        defaults, and specbuild's) without chunked context take min(max_seq_len - 1, max_num_tokens):
+        TRTGptModel logs "maxInputLen: %d = min(maxSequenceLen - 1, maxNumTokens) since context FMHA and
+        usePackedInput are enabled" (NVIDIA/TensorRT-LLM cpp/tensorrt_llm/batch_manager/trtGptModel.h, the
+        TrtGptModel constructor; with chunked context it is max_seq_len - 1, else max_input_len)."""
+        if self.max_num_tokens is None:
+            return self.max_seq_len - 1
+        return min(self.max_seq_len - 1, self.max_num_tokens)
+
+    @classmethod
+    def from_engine(cls, engine: dict[str, Any], default_max_seq_len: int) -> "Limits":
+        """Limits from a reference engine's engine.json (missing fields: the defaults older engines had)."""
+        max_num_tokens = engine.get("max_num_tokens")
+        return cls(
+            max_batch_size=int(engine.get("max_batch_size", 8)),
+            max_seq_len=int(engine.get("max_seq_len", default_max_seq_len)),
+            max_draft_len=int(engine.get("max_draft_len", 0)),
+            max_num_tokens=None if max_num_tokens is None else int(max_num_tokens),
+            logits_dtype=str(engine.get("logits_dtype") or "float32"),
+        )
 
 
 @dataclass
@@ -52,7 +87,7 @@ class ParsedRequest:
     draft: list[int] | None  # [k] draft_input_ids, None when absent
     draft_logits: np.ndarray | None  # [k, vocab]
     end_id: int | None
-    sampling: SamplingParams
+    sampling: TrtllmSampling
     return_logits: bool
 
 
@@ -84,7 +119,13 @@ def _token_array(request: dict[str, Any], name: str, vocab: int) -> list[int]:
 
 
 def parse_request(request: dict[str, Any], vocab: int, limits: Limits) -> ParsedRequest:
-    """Validate one request dict; raise RequestError naming the bad input, its value and the fix."""
+    """Validate one request dict; raise RequestError naming the bad input, its value and the fix.
+
+    The length rules are the executor's `LlmRequest::validate` (NVIDIA/TensorRT-LLM
+    cpp/tensorrt_llm/batch_manager/llmRequest.cpp, commit 89fd9b7): an input longer than the runtime's maximum input
+    length and a draft longer than max_draft_len are refused; a draft that would overrun the maximum
+    input length is cut, and an output that would overrun max_seq_len is shortened, not refused.
+    """
     missing = [name for name in REQUIRED if name not in request]
     if missing:
         raise RequestError(f"missing required input(s) {', '.join(missing)}: send {', '.join(REQUIRED)}.")
@@ -96,13 +137,20 @@ def parse_request(request: dict[str, Any], vocab: int, limits: Limits) -> Parsed
     output_len = _scalar(request, "request_output_len", int)
     if output_len < 1:
         raise RequestError(f"request_output_len = {output_len}: ask for at least 1 token.")
+    end_id = _scalar(request, "end_id", int)
+    if end_id is not None and not -1 <= end_id < vocab:
+        raise RequestError(f"EndId ({end_id}) is not within acceptable range [-1, {vocab}).")
+    if len(ids) > limits.max_input_len:
+        raise RequestError(
+            f"Prompt length ({len(ids)}) exceeds maximum input length ({limits.max_input_len}). Set log level to info "
+            "and check TRTGptModel logs for how maximum input length is set"
+        )
     draft = _token_array(request, "draft_input_ids", vocab) if request.get("draft_input_ids") is not None else None
     draft_logits = None
     if draft is not None:
         if len(draft) > limits.max_draft_len:
             raise RequestError(
-                f"{len(draft)} draft tokens exceed the engine's max_draft_len = {limits.max_draft_len}: send at most "
-                f"{limits.max_draft_len}, or rebuild the target with a larger max_draft_len."
+                f"Draft tokens length ({len(draft)}) exceeds maximum draft tokens length ({limits.max_draft_len})."
             )
         if request.get("draft_logits") is not None:
             draft_logits = np.asarray(request["draft_logits"], dtype=np.float32)
@@ -113,20 +161,16 @@ def parse_request(request: dict[str, Any], vocab: int, limits: Limits) -> Parsed
                     f"draft_logits has shape {draft_logits.shape}, expected [num_draft_tokens, vocab] = "
                     f"[{len(draft)}, {vocab}]: send one row of logits per draft token."
                 )
-    total = len(ids) + max(output_len, len(draft) + 1 if draft else 0)
-    if total > limits.max_seq_len:
-        raise RequestError(
-            f"input ({len(ids)} tokens) + requested output needs {total} positions, over the engine's max_seq_len = "
-            f"{limits.max_seq_len}: shorten the prompt or ask for fewer tokens."
-        )
-    end_id = _scalar(request, "end_id", int)
-    sampling = SamplingParams(
-        temperature=_scalar(request, "temperature", float, 0.0),
-        top_k=_scalar(request, "runtime_top_k", int, 0),
-        top_p=_scalar(request, "runtime_top_p", float, 1.0),
+        keep = limits.max_input_len - len(ids)  # the executor cuts a draft that overruns the input limit
+        draft = draft[:keep]
+        draft_logits = None if draft_logits is None else draft_logits[:keep]
+    output_len = min(output_len, limits.max_seq_len - len(ids) - len(draft or []))
+    sampling = TrtllmSampling.from_tensors(
+        temperature=_scalar(request, "temperature", float),
+        top_k=_scalar(request, "runtime_top_k", int),
+        top_p=_scalar(request, "runtime_top_p", float),
         seed=_scalar(request, "seed", int),
     )
-    validate_sampling(sampling)
     return ParsedRequest(
         input_ids=ids,
         output_len=output_len,
@@ -138,15 +182,11 @@ def parse_request(request: dict[str, Any], vocab: int, limits: Limits) -> Parsed
     )
 
 
-def _rng(sampling: SamplingParams) -> np.random.Generator:
-    return np.random.default_rng(sampling.seed)
-
-
-def _picker(sampling: SamplingParams):
+def _picker(sampling: TrtllmSampling, logits_dtype: str):
     if sampling.greedy:
         return lambda logits: int(np.argmax(logits))
-    rng = _rng(sampling)
-    return lambda logits: sample(process_logits(logits, sampling), rng)
+    rng = np.random.default_rng(sampling.seed)
+    return lambda logits: sample(sampling.probs(logits, logits_dtype), rng)
 
 
 class ContractModel:
@@ -195,11 +235,12 @@ class ContractModel:
             if r.sampling.greedy:
                 accepted, tokens = accept_greedy(draft, logits)
             else:
-                p = process_logits(logits, r.sampling)
-                q = None if r.draft_logits is None else process_logits(r.draft_logits, r.sampling)
-                accepted, tokens = accept_sampling(draft, q, p, _rng(r.sampling))
+                dtype = self.limits.logits_dtype
+                p = r.sampling.probs(logits, dtype)
+                q = None if r.draft_logits is None else r.sampling.probs(r.draft_logits, dtype)
+                accepted, tokens = accept_sampling(draft, q, p, np.random.default_rng(r.sampling.seed))
             new = _until_end(tokens[: r.output_len], r.end_id)
-            response = _response(r.input_ids, new, logits[: len(new)] if r.return_logits else None)
+            response = self._response(r.input_ids, new, logits[: len(new)] if r.return_logits else None)
             response["acceptance_rate"] = np.array([accepted / len(draft) if draft else 0.0], np.float32)
             response["total_accepted_draft_tokens"] = np.array([accepted], np.int32)
             response["total_draft_tokens"] = np.array([len(draft)], np.int32)
@@ -210,14 +251,21 @@ class ContractModel:
         decoded = self.engine.decode(
             [r.input_ids for r in reqs],
             [r.output_len for r in reqs],
-            [_picker(r.sampling) for r in reqs],
+            [_picker(r.sampling, self.limits.logits_dtype) for r in reqs],
             [r.end_id for r in reqs],
         )
         responses = []
         for r, d in zip(reqs, decoded):
             new = _until_end(d.tokens, r.end_id)
-            responses.append(_response(r.input_ids, new, d.logits[: len(new)] if r.return_logits else None))
+            responses.append(self._response(r.input_ids, new, d.logits[: len(new)] if r.return_logits else None))
         return responses
+
+    def _response(self, prompt: list[int], new: list[int], logits: np.ndarray | None) -> dict[str, np.ndarray]:
+        ids = np.array([prompt + new], dtype=np.int32)  # [1 beam, len]
+        response = {"output_ids": ids, "sequence_length": np.array([ids.shape[1]], np.int32)}
+        if logits is not None:  # [1 beam, n, vocab] in the engine's logits dtype
+            response["generation_logits"] = engine_logits(logits, self.limits.logits_dtype)[None]
+        return response
 
 
 def _until_end(tokens: list[int], end_id: int | None) -> list[int]:
@@ -226,10 +274,3 @@ def _until_end(tokens: list[int], end_id: int | None) -> list[int]:
         return tokens[: tokens.index(end_id)]
     return list(tokens)
 
-
-def _response(prompt: list[int], new: list[int], logits: np.ndarray | None) -> dict[str, np.ndarray]:
-    ids = np.array([prompt + new], dtype=np.int32)  # [1 beam, len]
-    response = {"output_ids": ids, "sequence_length": np.array([ids.shape[1]], np.int32)}
-    if logits is not None:
-        response["generation_logits"] = np.asarray(logits, np.float32)[None]  # [1 beam, n, vocab]
-    return response

@@ -8,7 +8,7 @@ checkpoint named in the spec. The choice is reported as "reference-engine" or "h
 from __future__ import annotations
 
 import json
-import warnings
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,19 +74,25 @@ def resolve_device(device: str | None) -> str:
 
 
 def load_contract_model(source: ModelSource, device: str | None = None, use_cache: bool = True,
-                        row_block: int | None = None):
+                        row_block: int | None = None, probe: bool = True):
     """A ContractModel (the tensorrt_llm contract) over the reference engine built from source.
-    row_block: rows per matmul block (see runtime/model.py); None = the device's default."""
+
+    row_block: rows per matmul block (runtime/model.py). None: the first of the device's candidates
+    that passes the exactness probe on this machine, else 1 (runtime/exactness.py); N: N if it passes
+    the probe, else SpecError. probe=False: row_block (or the device's first candidate) unchecked, for
+    a baseline that needs no invariance. The choice goes to stderr and to model.exactness."""
     from specbuild.runtime.contract import ContractModel, Limits
     from specbuild.runtime.engine import ReferenceEngine
     from specbuild.runtime.model import LlamaModel
 
-    model = LlamaModel.from_folder(source.path, device=resolve_device(device), row_block=row_block)
-    limits = Limits(
-        max_batch_size=int(source.limits.get("max_batch_size", 8)),
-        max_seq_len=int(source.limits.get("max_seq_len", model.args.max_position_embeddings)),
-        max_draft_len=int(source.limits.get("max_draft_len", 0)),
-    )
+    max_seq_len = source.limits.get("max_seq_len")
+    model = LlamaModel.from_folder(source.path, device=resolve_device(device), row_block=row_block, probe=probe,
+                                   max_len=int(max_seq_len) if max_seq_len else None)
+    if model.exactness is not None:
+        threads = model.exactness.threads
+        where = f"cpu, {threads} thread{'s' if threads != 1 else ''}" if threads else model.device.type
+        print(f"specbuild: {source.role} ({where}): {model.exactness.describe()}", file=sys.stderr, flush=True)
+    limits = Limits.from_engine(source.limits, model.args.max_position_embeddings)  # logits dtype, max_num_tokens too
     return ContractModel(ReferenceEngine(model, use_cache=use_cache), limits)
 
 
@@ -160,7 +166,8 @@ def configure_threads(threads: int | None, source: ModelSource, device: str) -> 
 
 def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
               row_block: int | None = None) -> LocalPair:
-    """Target and draft in-process. threads: CPU threads for torch (None: 1 for small models, else torch's default)."""
+    """Target and draft in-process. threads: CPU threads for torch (None: 1 for small models, else torch's default),
+    set before loading: the row-block probe runs with them. row_block: see load_contract_model."""
     from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
 
     target, draft = model_source(spec, "target"), model_source(spec, "draft")
@@ -172,15 +179,6 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
         raise CheckpointError(
             f"target vocab_size {target_model.engine.vocab_size} != draft vocab_size {draft_model.engine.vocab_size}: "
             "run `specbuild convert` (it pads the draft's vocabulary) and `specbuild build`, then retry."
-        )
-    failures = target_model.engine.model.row_invariance_failures()
-    if failures:
-        warnings.warn(
-            f"on this machine a row's matmul or attention result depends on its place in a block (shapes {failures}): "
-            "speculative greedy output may differ from target-only output in near-ties. Try another row block "
-            "(speedcheck --row-block) or device, and please report it.",
-            RuntimeWarning,
-            stacklevel=2,
         )
     end_id = _eos_id(spec.target.checkpoint) if target.kind == HF_CHECKPOINT else _eos_id(target.path)
     max_draft_len = target_model.limits.max_draft_len

@@ -8,21 +8,24 @@ gated MLP, optionally tied embeddings. Weights come from an HF-layout folder (co
 Batch invariance. A row's numbers never depend on which other rows share its forward pass:
 - every matmul runs on row blocks of a fixed size (`row_block`), padded with zero rows, because
   BLAS libraries pick different kernels (different summation orders) for different row counts;
-  with a fixed shape each row's result depends on that row only;
 - attention runs on blocks of `row_block` query rows over the keys up to a fixed bucket end
   (the next multiple of 64 past the query's position), later positions masked out: a query sees
   the same shapes whether it is decoded alone, verified among k + 1 draft positions or prefilled
-  (the key length depends on the position only; other rows of the block are independent of it).
-So the logits at a position are bit-identical whether it is computed in a prompt prefill, in
-one-token decoding, in a (k + 1)-token verification, next to other sequences, or after a KV
-rollback. That is what makes speculative greedy output equal target-only output token for token,
-and outputs identical with and without the caches (tests/test_runtime_invariance.py checks it).
+  (the key length depends on the position only).
+A fixed shape is necessary but not sufficient: a row's result must also not depend on its place in
+the block or on the other rows, and that is up to the BLAS code path the CPU gets. So the block is
+chosen by probing this machine (runtime/exactness.py) when the model is made: the first candidate
+that passes, else one row per call. Then the logits at a position are bit-identical whether it is
+computed in a prompt prefill, in one-token decoding, in a (k + 1)-token verification, next to other
+sequences, or after a KV rollback: speculative greedy output equals target-only output token for
+token, and outputs are identical with and without the caches (tests/test_runtime_invariance.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,12 +139,19 @@ def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None =
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
 
 
-_KEY_BUCKET = 64  # attention reads keys in multiples of this (divides SequenceKV's capacity step)
+def run_blocks(fn: Callable[..., torch.Tensor], xs: list[torch.Tensor], block: int) -> torch.Tensor:
+    """fn applied to fixed-size row blocks of xs: each [rows, ...], rows a multiple of block."""
+    if xs[0].shape[0] == block:
+        return fn(*xs)
+    return torch.cat([fn(*blocks) for blocks in zip(*(x.split(block) for x in xs))])
 
 
-def _key_bucket_end(position: int) -> int:
+KEY_BUCKET = 64  # attention reads keys in multiples of this (divides SequenceKV's capacity step)
+
+
+def key_bucket_end(position: int) -> int:
     """How many keys a query at `position` attends over (the rest masked): fixed per position."""
-    return (position // _KEY_BUCKET + 1) * _KEY_BUCKET
+    return (position // KEY_BUCKET + 1) * KEY_BUCKET
 
 
 def _attention_groups(start: int, n: int, block: int) -> list[tuple[int, int, int]]:
@@ -149,7 +159,7 @@ def _attention_groups(start: int, n: int, block: int) -> list[tuple[int, int, in
     in one key bucket, so a query's call has the same shape whatever rows it is computed with."""
     groups, i = [], 0
     while i < n:
-        end = _key_bucket_end(start + i)
+        end = key_bucket_end(start + i)
         g = min(block, n - i, end - (start + i))
         groups.append((i, g, end))
         i += g
@@ -166,9 +176,18 @@ class LlamaModel:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         row_block: int | None = None,
+        probe: bool = True,
+        max_len: int | None = None,
     ):
+        """row_block None: the first of the device's candidates that passes the probe on this machine, else
+        1 (runtime/exactness.py); N: N if it passes the probe, else SpecError. probe=False takes row_block (or
+        the device's first candidate) unchecked: for tests of the probe and for baselines that need no
+        invariance. max_len: the longest sequence the attention probe covers (default: the config's)."""
+        from specbuild.runtime.exactness import default_candidates
+
         self.args, self.device, self.dtype = args, torch.device(device), dtype
-        self.row_block = row_block or (4 if self.device.type == "cpu" else 16)
+        self.row_block = row_block or default_candidates(self.device.type)[0]
+        self.exactness = None  # the probe's RowBlockChoice, None when unprobed
 
         used: set[str] = set()
 
@@ -216,9 +235,15 @@ class LlamaModel:
             )
         self.inv_freq = rope_inv_freq(args).to(self.device)  # [head_dim // 2], float32
         self._cos = self._sin = torch.empty(0, args.head_dim, device=self.device, dtype=dtype)
+        self.max_len = max_len or args.max_position_embeddings
+        if probe:
+            from specbuild.runtime.exactness import settle
+
+            settle(self, requested=row_block)
 
     @classmethod
-    def from_folder(cls, folder: str | Path, device: str = "cpu", row_block: int | None = None) -> LlamaModel:
+    def from_folder(cls, folder: str | Path, device: str = "cpu", row_block: int | None = None, probe: bool = True,
+                    max_len: int | None = None) -> LlamaModel:
         folder = Path(folder)
         config_path = folder / "config.json"
         if not config_path.is_file():
@@ -227,60 +252,38 @@ class LlamaModel:
             config = json.loads(config_path.read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise CheckpointError(f"{config_path} is unreadable ({err}). Re-save the model.") from None
-        return cls(args_from_config(config, str(folder)), _load_state_dict(folder), device=device, row_block=row_block)
-
-    @torch.inference_mode()
-    def row_invariance_failures(self, seed: int = 0) -> list[tuple[Any, int]]:
-        """Shapes for which a row's result depends on its place in the block: weight shapes [in, out]
-        of the matmuls, and ("attention", keys) for the attention over one key bucket.
-
-        The exactness of speculative greedy decoding rests on this being empty (BLAS and attention
-        kernels have behaved so on every machine tested, but do not promise it); cheap enough to run
-        at start-up.
-        """
-        g = torch.Generator().manual_seed(seed)
-        weights = {tuple(w.shape): w for w in (self.layers[0]["qkv"], self.layers[0]["o"], self.layers[0]["gate_up"],
-                                                self.layers[0]["down"], self.lm_head)}
-        failures = []
-        for shape, w in weights.items():
-            row = torch.randn(shape[0], generator=g).to(self.device, self.dtype)
-            results = []
-            for place in range(self.row_block):
-                block = torch.randn(self.row_block, shape[0], generator=g).to(self.device, self.dtype)
-                block[place] = row
-                results.append(_linear(block, w)[place])
-            if not all(torch.equal(r, results[0]) for r in results[1:]):
-                failures.append(shape)
-        if not self._attention_rows_independent(g):
-            failures.append(("attention", _KEY_BUCKET))
-        return failures
-
-    def _attention_rows_independent(self, g: torch.Generator) -> bool:
-        a, block, position = self.args, self.row_block, _KEY_BUCKET // 2
-        rand = lambda *shape: torch.randn(*shape, generator=g).to(self.device, self.dtype)  # noqa: E731
-        keys, values = (rand(1, a.num_kv_heads, _KEY_BUCKET, a.head_dim) for _ in range(2))
-        row = rand(a.num_heads, a.head_dim)
-        results = []
-        for place in range(block):  # the same query at the same position, at each place of the block
-            queries = rand(1, a.num_heads, block, a.head_dim)
-            queries[0, :, place] = row
-            mask = self._causal_mask(position - place, _KEY_BUCKET)
-            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=a.head_dim**-0.5,
-                                                 enable_gqa=True)
-            results.append(out[0, :, place])
-        return all(torch.equal(r, results[0]) for r in results[1:])
+        return cls(args_from_config(config, str(folder)), _load_state_dict(folder), device=device, row_block=row_block,
+                   probe=probe, max_len=max_len)
 
     def new_cache(self) -> SequenceKV:
         a = self.args
         return SequenceKV(a.num_layers, a.num_kv_heads, a.head_dim, self.device, self.dtype)
 
-    # -- dense parts, always on [row_block, hidden] blocks ------------------------------------
+    # -- the parts forward runs on fixed-size blocks of rows (the probe runs the same ones) -------
 
-    def _blocks(self, fn, *xs: torch.Tensor) -> torch.Tensor:
-        """fn applied to fixed-size row blocks of xs: each [rows, ...], rows a multiple of row_block."""
-        if xs[0].shape[0] == self.row_block:
-            return fn(*xs)
-        return torch.cat([fn(*blocks) for blocks in zip(*(x.split(self.row_block) for x in xs))])
+    def row_parts(self) -> list[tuple[str, Callable[..., torch.Tensor], list[int]]]:
+        """(name, fn, width of each input) of each function forward applies to [row_block, width] blocks.
+        Layer 0's stand for every layer's: all layers have the same shapes (and biases or none)."""
+        a, layer = self.args, self.layers[0]
+        shape = lambda w: "x".join(map(str, w.shape))  # noqa: E731
+        return [
+            (f"qkv {shape(layer['qkv'])}", lambda x: self._qkv(layer, x), [a.hidden_size]),
+            (f"o {shape(layer['o'])} + mlp {shape(layer['gate_up'])}, {shape(layer['down'])}",
+             lambda x, attn: self._post_attention(layer, x, attn), [a.hidden_size, a.num_heads * a.head_dim]),
+            (f"lm_head {shape(self.lm_head)}", self._logits, [a.hidden_size]),
+        ]
+
+    def _qkv(self, layer: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        # x: [row_block, hidden] -> [row_block, (heads + 2 kv_heads) * head_dim]
+        return _linear(self._rms_norm(x, layer["attn_norm"]), layer["qkv"], layer["qkv_bias"])
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:  # h: [row_block, hidden] -> [row_block, vocab]
+        return _linear(self._rms_norm(h, self.norm), self.lm_head)
+
+    def attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """queries: [1, heads, row_block, head_dim]; keys, values: [1, kv_heads, end, head_dim]; mask: [row_block, end]."""
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.args.head_dim**-0.5,
+                                              enable_gqa=True)  # [1, heads, row_block, head_dim]
 
     def _rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin: [>= n, head_dim]. Grown in fixed chunks of positions, each computed once with the
@@ -295,10 +298,10 @@ class LlamaModel:
             self._sin = torch.cat([self._sin, emb.sin().to(self.dtype)])
         return self._cos, self._sin
 
-    def _causal_mask(self, first: int, end: int) -> torch.Tensor:
-        """[row_block, end] additive mask: query row r (position first + r) sees the keys at positions
+    def causal_mask(self, first: int, end: int, block: int) -> torch.Tensor:
+        """[block, end] additive mask: query row r (position first + r) sees the keys at positions
         <= its own (0), not the later ones (-inf). Every row sees key 0, so none is all -inf."""
-        positions = first + torch.arange(self.row_block, device=self.device)
+        positions = first + torch.arange(block, device=self.device)
         later = torch.arange(end, device=self.device)[None, :] > positions[:, None]
         return torch.zeros(later.shape, device=self.device, dtype=self.dtype).masked_fill_(later, float("-inf"))
 
@@ -320,6 +323,10 @@ class LlamaModel:
         batch: (cache, new tokens) per sequence; the new tokens sit at positions cache.length...
         Returns one float32 tensor [want[i], vocab] per sequence.
         """
+        if self.exactness is not None and self.exactness.threads not in (None, torch.get_num_threads()):
+            from specbuild.runtime.exactness import reprobe_for_threads
+
+            reprobe_for_threads(self)  # the BLAS code path can depend on the thread count
         a, block = self.args, self.row_block
         ids, pos, spans = [], [], []
         for cache, tokens in batch:
@@ -337,15 +344,12 @@ class LlamaModel:
 
         x = self.embed[ids_t]  # [padded, hidden]
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        scale = a.head_dim**-0.5
         pad = torch.zeros(padded - rows, nq, device=self.device, dtype=self.dtype)
-        groups = [[(i, g, end, self._causal_mask(start + i, end)) for i, g, end in _attention_groups(start, n, block)]
+        groups = [[(i, g, end, self.causal_mask(start + i, end, block)) for i, g, end in _attention_groups(start, n, block)]
                   for _, start, n in spans]
         extend = bool(spans) and spans[-1][0] + spans[-1][2] - 1 + block > padded
         for li, layer in enumerate(self.layers):
-            qkv = self._blocks(
-                lambda b: _linear(self._rms_norm(b, layer["attn_norm"]), layer["qkv"], layer["qkv_bias"]), x
-            )
+            qkv = run_blocks(lambda b: self._qkv(layer, b), [x], block)
             q = self._rope(qkv[:, :nq].view(padded, a.num_heads, a.head_dim), cos, sin)
             k = self._rope(qkv[:, nq : nq + nkv].view(padded, a.num_kv_heads, a.head_dim), cos, sin)
             v = qkv[:, nq + nkv :].view(padded, a.num_kv_heads, a.head_dim)
@@ -359,15 +363,12 @@ class LlamaModel:
                 keys = cache.k[li].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, capacity, head_dim]
                 values = cache.v[li].transpose(0, 1).unsqueeze(0)
                 for i, g, end, mask in seq_groups:  # rows past the group's g are others' or padding: dropped
-                    out = F.scaled_dot_product_attention(
-                        queries[:, :, row0 + i : row0 + i + block], keys[:, :, :end], values[:, :, :end],
-                        attn_mask=mask, scale=scale, enable_gqa=True,
-                    )  # [1, heads, block, head_dim]
+                    out = self.attend(queries[:, :, row0 + i : row0 + i + block], keys[:, :, :end], values[:, :, :end], mask)
                     outs.append(out[0, :, :g])
             attn = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]).transpose(0, 1).reshape(rows, nq)
             if padded > rows:
                 attn = torch.cat([attn, pad])  # [padded, heads * head_dim]
-            x = self._blocks(lambda xb, ab: self._post_attention(layer, xb, ab), x, attn)
+            x = run_blocks(lambda xb, ab: self._post_attention(layer, xb, ab), [x, attn], block)
         for cache, tokens in batch:
             cache.commit(tokens)
 
@@ -376,7 +377,7 @@ class LlamaModel:
             return [torch.empty(0, a.vocab_size) for _ in batch]
         h = x[torch.tensor(picks, device=self.device)]
         h = torch.cat([h, h.new_zeros(-(-len(picks) // block) * block - len(picks), a.hidden_size)])
-        logits = self._blocks(lambda b: _linear(self._rms_norm(b, self.norm), self.lm_head), h).float().cpu()
+        logits = run_blocks(self._logits, [h], block).float().cpu()
         out, at = [], 0
         for w in want:
             out.append(logits[at : at + w])

@@ -40,7 +40,7 @@ def speedcheck(spec: Spec, ks: list[int], n_prompts: int = 6, max_tokens: int = 
     from specbuild.speculative.loop import GenerationRequest, run
 
     pair = pair or load_pair(spec, device=device, threads=threads, row_block=row_block)
-    plain_target = load_contract_model(pair.target, device, row_block=1)
+    plain_target = load_contract_model(pair.target, device, row_block=1, probe=False)  # exact by construction anyway
     verifiers = {PLAIN: ContractVerifier(plain_target, max_draft_len=pair.max_draft_len, end_id=pair.end_id)}
     tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
     per_kind = max(1, -(-n_prompts // 3))
@@ -96,6 +96,7 @@ def speedcheck(spec: Spec, ks: list[int], n_prompts: int = 6, max_tokens: int = 
     return {
         "engine_source": pair.target.kind,
         "row_block": pair.target_model.engine.model.row_block,
+        "exactness": pair.target_model.engine.model.exactness.as_dict(),
         "draft_engine_source": pair.draft.kind,
         "prompts": len(prompts),
         "max_tokens": max_tokens,
@@ -108,13 +109,17 @@ def speedcheck(spec: Spec, ks: list[int], n_prompts: int = 6, max_tokens: int = 
         "speedup": best["tokens_per_s"] / rows[0]["tokens_per_s"] if rows[0]["tokens_per_s"] else None,
         "speedup_vs_fastest_target_only": best["tokens_per_s"] / fastest_target_only if fastest_target_only else None,
         "greedy_equal": all(r["same_tokens_as_k0"] for r in rows),
-        "row_invariance_failures": pair.target_model.engine.model.row_invariance_failures(),
     }
 
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"weights: target {report['engine_source']}, draft {report['draft_engine_source']}; "
              f"{report['prompts']} prompts x {report['max_tokens']} tokens, greedy; row block {report['row_block']}"]
+    rejected = [t for t in report["exactness"]["tried"] if not t["passed"]]
+    lines.append(f"row block {report['row_block']}: {report['exactness']['mode']}, "
+                 f"{'exact' if report['exactness']['exact'] else 'NOT exact'} on this machine"
+                 + "".join(f"; {t['row_block']} rows rejected ({', '.join(t['failures'][:2])}"
+                           f"{' ...' if len(t['failures']) > 2 else ''})" for t in rejected))
     lines.append(f"{'K':>3}  {'tokens/s':>9}  {'acceptance':>10}  {'mean len':>8}  same as K=0")
     for r in report["results"]:
         lines.append(f"{r['num_draft_tokens']:>3}  {r['tokens_per_s']:>9.1f}  {r['acceptance_rate']:>10.2f}  "
@@ -136,7 +141,8 @@ def format_report(report: dict[str, Any]) -> str:
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: 1 for small models).")
 @click.option("--row-block", type=click.IntRange(min=1), default=None,
-              help="Rows per matmul block (default: the device's; see docs/runtime.md).")
+              help="Rows per matmul block, refused unless it passes the exactness probe here "
+                   "(default: the first candidate that passes; see docs/runtime.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def main(spec_path, ks, n_prompts, max_tokens, device, threads, row_block, as_json):
     """Tokens/s of the reference runtime with K = 0 and with speculation, and the ratio."""

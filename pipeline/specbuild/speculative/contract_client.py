@@ -1,4 +1,4 @@
-"""Drafter and Verifier over the `tensorrt_llm` tensor contract (trtllm-facts.md section 2.4).
+"""Drafter and Verifier over the `tensorrt_llm` tensor contract (NVIDIA's `tensorrt_llm` model tensors).
 
 Both build one request dict of numpy arrays per call and hand it to `call(request) -> response`.
 In-process, `call` is the reference runtime's `ContractModel`; inside the Triton BLS model it is a
@@ -10,7 +10,12 @@ Conventions of the contract that these adapters rely on (TensorRT-LLM's):
 - Generation stops at end_id, and end_id is not in output_ids / sequence_length. A verification
   that returns only accepted draft tokens (no extra token) therefore stopped at end_id, and the
   Verifier reports end_id as its one extra token, which is what the loop expects.
-- Draft logits travel raw (the target applies temperature / top-k / top-p itself).
+- Draft logits travel raw, in the dtype the draft model returned them (the engine's logits dtype,
+  which the target's `draft_logits` input declares); the target applies temperature / top-k / top-p.
+- Sampling tensors mean what TensorRT-LLM makes of them (`specbuild.runtime.trtllm_sampling`): a
+  greedy step sends runtime_top_k = 1 and nothing else, never temperature 0 (which TensorRT-LLM
+  turns into a 1e6 logit scale and samples from); a sampling step sends all three tensors, so
+  top_k 0 with top_p 1.0 samples from the whole distribution.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ class ContractDraft(Draft):
 
 
 def sampling_inputs(sampling: SamplingParams) -> dict[str, np.ndarray]:
-    """The contract's sampling tensors for one request."""
+    """The contract's sampling tensors for one request (SamplingParams: temperature 0 or top_k 1 = greedy,
+    top_k 0 and top_p 1 = off)."""
+    if sampling.greedy:
+        return {"runtime_top_k": np.array([1], np.int32)}  # TensorRT-LLM's greedy: top-1 sampling
     inputs = {
         "temperature": np.array([sampling.temperature], np.float32),
         "runtime_top_k": np.array([sampling.top_k], np.int32),
@@ -92,17 +100,19 @@ class ContractDrafter:
         new = _new_tokens(response, len(tokens), "draft")[:k]
         logits = probs = None
         if want_logits and new:
-            returned = np.asarray(response["generation_logits"], dtype=np.float32)  # [1 beam, n, vocab]
+            returned = np.asarray(response["generation_logits"])  # [1 beam, n, vocab], the engine's logits dtype
             logits = returned.reshape(-1, returned.shape[-1])[-len(new) :]  # [k, vocab]
-            probs = process_logits(logits, sampling)
+            probs = process_logits(logits.astype(np.float64), sampling)
         return ContractDraft(tokens=new, probs=probs, seconds=time.perf_counter() - t0, logits=logits)
 
 
 class ContractVerifier:
     """Verifier: asks the target model to check a draft (draft_input_ids [+ draft_logits])."""
 
-    def __init__(self, call: Call, max_draft_len: int, end_id: int | None = None, pad_id: int | None = None):
+    def __init__(self, call: Call, max_draft_len: int, end_id: int | None = None, pad_id: int | None = None,
+                 logits_dtype: str | None = None):
         self.call, self.max_draft_len, self.end_id, self.pad_id = call, max_draft_len, end_id, pad_id
+        self.logits_dtype = logits_dtype  # the target's declared draft_logits dtype; None = send as received
 
     def verify(self, tokens: list[int], draft: Draft, sampling: SamplingParams) -> Verification:
         t0 = time.perf_counter()
@@ -112,7 +122,7 @@ class ContractVerifier:
             request["draft_input_ids"] = np.asarray(draft.tokens, dtype=np.int32)
             logits = getattr(draft, "logits", None)
             if logits is not None and not sampling.greedy:
-                request["draft_logits"] = np.asarray(logits, dtype=np.float32)[:k]
+                request["draft_logits"] = np.asarray(logits, dtype=self.logits_dtype)[:k]
         new = _new_tokens(self.call(request), len(tokens), "target")
         if self.end_id is not None and self.end_id in new:
             new = new[: new.index(self.end_id) + 1]  # a model that keeps end_id in its output

@@ -26,7 +26,7 @@ from specbuild.errors import ClientError
 
 STAT_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "mean_accepted_len",
                 "num_output_tokens", "num_input_tokens", "output_ids", "speculation_stats")
-_INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype), facts §2.5 names
+_INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype), NVIDIA's BLS input names
     "max_tokens": ("INT32", np.int32), "num_draft_tokens": ("INT32", np.int32), "top_k": ("INT32", np.int32),
     "end_id": ("INT32", np.int32), "pad_id": ("INT32", np.int32), "min_tokens": ("INT32", np.int32),
     "temperature": ("FP32", np.float32), "top_p": ("FP32", np.float32), "seed": ("UINT64", np.uint64),
@@ -120,7 +120,16 @@ class SpecbuildClient:
                  seed: int | None = None, stream: bool = True, stop_words: list[str] | None = None,
                  **extra: Any) -> Iterator[Chunk]:
         """Yield text chunks as the server sends them; the last one has final=True and the stats.
-        Options left at None are not sent (the deployment's defaults apply)."""
+
+        Options left at None are not sent (the deployment's defaults apply), with two exceptions that keep
+        this client's meaning under TensorRT-LLM's rules: a temperature > 0 without top_k or top_p also sends
+        top_p = 1.0 (TensorRT-LLM is greedy when neither is set; this client means sampling), and from the BLS
+        the text is the generated text only: exclude_input_in_output defaults to true there (NVIDIA's BLS,
+        like the target model, returns the prompt too)."""
+        if temperature is not None and temperature > 0 and top_k is None and top_p is None:
+            top_p = 1.0
+        if self.model == "tensorrt_llm_bls":
+            extra.setdefault("exclude_input_in_output", True)
         fields: dict[str, Any] = {"max_tokens": max_tokens, "num_draft_tokens": num_draft_tokens,
                                   "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
                                   "stream": stream, **extra}

@@ -2,13 +2,20 @@
 
 Each builder takes a fully resolved `RepoSettings` and returns a `model_config_pb2.ModelConfig`;
 `to_pbtxt` writes it in protobuf text format. Nothing is templated: every value is known at
-generation time, and a missing one raises `SpecError` here (STYLE rule 8), so no `${...}`
-placeholder can reach the server (compare NVIDIA's fill_template.py, facts §2.2).
+generation time, and a missing one raises `SpecError` here, so no `${...}` placeholder can reach
+the server (NVIDIA's `tools/fill_template.py` leaves unfilled placeholders in place).
 
 Two flavours of the two LLM models (`tensorrt_llm` target, `tensorrt_llm_draft` draft):
-- "trtllm": the C++ `tensorrtllm` backend with the §2.3 parameters (TensorRT-LLM 1.2 names);
+- "trtllm": the C++ `tensorrtllm` backend with the parameters of NVIDIA's `tensorrt_llm/config.pbtxt`
+  template (TensorRT-LLM 1.2 names);
 - "reference": the Python backend serving specbuild's PyTorch reference runtime behind the same
-  tensor contract (`specbuild.triton.tensors.LLM_INPUTS/OUTPUTS`).
+  tensor contract (`specbuild.triton.tensors.LLM_INPUTS/OUTPUTS`) and the same required parameters.
+
+Empty values: the C++ backend reads `tokenizer_dir`, `guided_decoding_backend` and
+`xgrammar_tokenizer_info_path` with no fallback, so the LLM configs must carry them, and an empty
+value means "not set" there (NVIDIA/TensorRT-LLM `triton_backend/inflight_batcher_llm/src/
+model_instance_state.cc` `getGuidedDecodingConfigFromParams`, commit c8c6df0). These three keys, in
+the LLM configs only, are the only values allowed to be empty.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ if TYPE_CHECKING:  # tritonclient is imported lazily: `specbuild repo --help` mu
 BACKENDS = ("trtllm", "reference")
 MODEL_NAMES = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble")
 LLM_MODEL = {"target": "tensorrt_llm", "draft": "tensorrt_llm_draft"}
-EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"  # facts §2.3, fixed param
+EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"  # the template's fixed value
+# Read with no fallback by the C++ backend; empty = not set (guided decoding off). Allowed empty, nowhere else.
+UNSET_LLM_PARAMS = {"tokenizer_dir": "", "guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
 
 
 @dataclass(frozen=True)
@@ -34,7 +43,7 @@ class LlmSettings:
     engine_dir: str  # trtllm: absolute path inside the GPU image; reference: relative to the repository
     kv_cache_free_gpu_mem_fraction: float  # fraction of free GPU memory for this model's KV cache (trtllm)
     max_tokens_in_paged_kv_cache: int | None  # the memory plan's cap for this model; None = fraction only
-    gpu_device_ids: str  # "0" or "0,1" (tensor parallel), per facts §2.3
+    gpu_device_ids: str  # "0" or "0,1" (tensor parallel); ';' would separate instances
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,7 @@ class RepoSettings:
     num_draft_tokens: int  # default K of the BLS
     use_draft_logits: bool
     adaptive: bool
-    logits_datatype: str  # "TYPE_FP32" | "TYPE_FP16"
+    logits_datatype: str  # "TYPE_FP32" | "TYPE_FP16": the engines' logits dtype (specbuild.triton.logits)
     bls_decoupled: bool  # the BLS streams accepted tokens (decoupled transaction policy)
     max_queue_delay_microseconds: int
     max_queue_size: int
@@ -99,9 +108,10 @@ def _dynamic_batching(config, s: RepoSettings) -> None:
     config.dynamic_batching.default_queue_policy.max_queue_size = s.max_queue_size
 
 
-def _params(config, values: dict[str, str]) -> None:
+def _params(config, values: dict[str, str], may_be_empty: tuple[str, ...] = ()) -> None:
     for key, value in values.items():
-        _require(f"{config.name}.parameters[{key}]", value)
+        if not (key in may_be_empty and value == ""):
+            _require(f"{config.name}.parameters[{key}]", value)
         config.parameters[key].string_value = value
 
 
@@ -136,7 +146,8 @@ def postprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
 
 
 def trtllm_parameters(s: RepoSettings, role: str) -> dict[str, str]:
-    """The `tensorrtllm` backend parameters (facts §2.3 keys, §2.7 values for draft/target)."""
+    """The `tensorrtllm` backend parameters: the keys of NVIDIA's template, the values of its draft/target recipe
+    (NVIDIA/TensorRT-LLM `examples/draft_target_model/README.md`)."""
     llm = s.llm(role)
     if not 0.0 < llm.kv_cache_free_gpu_mem_fraction < 1.0:
         raise SpecError(f"kv_cache_free_gpu_mem_fraction for the {role} = {llm.kv_cache_free_gpu_mem_fraction}: "
@@ -155,7 +166,9 @@ def trtllm_parameters(s: RepoSettings, role: str) -> dict[str, str]:
         "normalize_log_probs": "true",
         "enable_chunked_context": "false",
         "cancellation_check_period_ms": "100",
-        "speculative_decoding_fast_logits": "false",  # needs orchestrator without spawned processes (facts §6.5)
+        # fast logits need the orchestrator with spawned processes disabled (model_instance_state.cc turns it off)
+        "speculative_decoding_fast_logits": "false",
+        **UNSET_LLM_PARAMS,
     }
     if llm.max_tokens_in_paged_kv_cache is not None:  # the plan's fractions hold in either load order only with it
         params["max_tokens_in_paged_kv_cache"] = str(llm.max_tokens_in_paged_kv_cache)
@@ -179,14 +192,15 @@ def llm(s: RepoSettings, role: str) -> "model_config_pb2.ModelConfig":
     _add_tensors(pb, c.output, T.LLM_OUTPUTS, s.logits_datatype)
     _cpu_instances(pb, c, 1)
     if s.backend == "trtllm":
-        _params(c, trtllm_parameters(s, role))
-    else:
+        _params(c, trtllm_parameters(s, role), may_be_empty=tuple(UNSET_LLM_PARAMS))
+    else:  # the keys the reference model reads, by the C++ backend's rules (models/trtllm_params.py)
         _params(c, {
-            "engine_dir": llm_settings.engine_dir,
-            "role": role,
-            "max_draft_len": str(s.max_draft_len if role == "target" else 0),
+            "gpt_model_type": "inflight_fused_batching",
+            "gpt_model_path": llm_settings.engine_dir,
+            "max_beam_width": "1",
             "exclude_input_in_output": "false",
-        })
+            **UNSET_LLM_PARAMS,
+        }, may_be_empty=tuple(UNSET_LLM_PARAMS))
     return c
 
 
@@ -228,9 +242,11 @@ _PRE_OUT = {
     "INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
     "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "EMBEDDING_BIAS": "_EMBEDDING_BIAS",
     "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
+    "DECODER_INPUT_ID": "_DECODER_INPUT_ID", "REQUEST_DECODER_INPUT_LEN": "_REQUEST_DECODER_INPUT_LEN",
 }
 _LLM_MAP = {
     "input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN", "request_output_len": "_REQUEST_OUTPUT_LEN",
+    "decoder_input_ids": "_DECODER_INPUT_ID", "decoder_input_lengths": "_REQUEST_DECODER_INPUT_LEN",
     "end_id": "_PREPROCESSOR_END_ID", "pad_id": "_PREPROCESSOR_PAD_ID", "embedding_bias": "_EMBEDDING_BIAS",
     "stop_words_list": "_STOP_WORDS_IDS", "bad_words_list": "_BAD_WORDS_IDS",
     "exclude_input_in_output": "exclude_input_in_output", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
@@ -241,7 +257,8 @@ _LLM_MAP = {
     "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
     "beam_width": "beam_width", "streaming": "stream",
 }
-_LLM_OUT = {"output_ids": "_TOKENS_BATCH", "sequence_length": "sequence_length"}
+_LLM_OUT = {"output_ids": "_TOKENS_BATCH", "sequence_length": "sequence_length", "context_logits": "context_logits",
+            "generation_logits": "generation_logits"}
 _POST_MAP = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "sequence_length"}
 _POST_OUT = {"OUTPUT": "text_output"}
 

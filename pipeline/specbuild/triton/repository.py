@@ -1,6 +1,6 @@
 """`specbuild repo`: write the Triton model repository for a spec.
 
-Layout (NVIDIA's `inflight_batcher_llm` model names, facts §2.1):
+Layout (NVIDIA's `inflight_batcher_llm` model names):
 
     <out>/preprocessing/{config.pbtxt,1/model.py}       tokenizer (Python backend)
     <out>/postprocessing/{config.pbtxt,1/model.py}      detokenizer (Python backend)
@@ -29,6 +29,7 @@ from specbuild.config import Spec
 from specbuild.errors import ArtifactError, SpecbuildError, SpecError
 from specbuild.triton import configs
 from specbuild.triton.configs import LlmSettings, RepoSettings
+from specbuild.triton.logits import pair_logits_datatype
 
 GPU_ENGINES_DIR = "/engines"  # where docker/compose mounts the engines folder in the GPU image
 DEFAULT_KV_FRACTIONS = (0.5, 0.5)  # (target, draft) when no memory plan is available: the DTM README's split
@@ -141,6 +142,12 @@ def plan_settings(
                           gpu_device_ids=gpu_device_ids(spec, role))
         for role in ("target", "draft")
     }
+    def local_engine(role: str) -> Path:  # where this machine has (or will have) the role's engine
+        if backend == "reference":
+            return (out_dir / engine_path(role)).resolve()
+        return spec.pair_dir / role / "engine"
+
+    logits_datatype = pair_logits_datatype(spec, {role: local_engine(role) for role in ("target", "draft")})
     s = spec.serve
     settings = RepoSettings(
         backend=backend,
@@ -152,7 +159,7 @@ def plan_settings(
         num_draft_tokens=spec.speculative.num_draft_tokens,
         use_draft_logits=spec.speculative.use_draft_logits,
         adaptive=spec.speculative.adaptive,
-        logits_datatype="TYPE_FP32",  # trtllm-build's default logits_dtype (facts §1.3)
+        logits_datatype=logits_datatype,
         bls_decoupled=s.decoupled,
         max_queue_delay_microseconds=s.max_queue_delay_microseconds,
         max_queue_size=s.max_queue_size,

@@ -1,8 +1,8 @@
 """Run one `tritonserver` on a model repository: argv, launch, readiness, model control, stop.
 
-On GPU (the trtllm flavour) the argv follows NVIDIA's multi-model (orchestrator) launch in
-triton-inference-server/tensorrtllm_backend, scripts/launch_triton_server.py: `mpirun --allow-run-as-root
--n 1 tritonserver ... :` with TRTLLM_ORCHESTRATOR=1, so the orchestrator spawns one MPI worker group per
+On GPU (the trtllm flavour) the argv follows NVIDIA's launch_triton_server.py (NVIDIA/TensorRT-LLM
+`triton_backend/scripts/`) in multi-model (orchestrator) mode: `mpirun --allow-run-as-root -n 1
+tritonserver ... :` with TRTLLM_ORCHESTRATOR=1, so the orchestrator spawns one MPI worker group per
 engine (TP included); world size 1 is the only one allowed with spawned processes.
 
 The control surface (tritonserver 2.51, server src/command_line_parser.cc and src/restricted_features.h):

@@ -1,7 +1,8 @@
 """The Triton tensor contracts, one table per model, with NVIDIA's `inflight_batcher_llm` names.
 
-Sources: facts §2.4 (tensorrt_llm), §2.5 (tensorrt_llm_bls), §2.6 (preprocessing / postprocessing),
-as of TensorRT-LLM 1.2 (`min_tokens` and `seed`; v0.19.0 called them `min_length` and `random_seed`).
+Sources: the `config.pbtxt` templates of NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/`
+(`tensorrt_llm`, `tensorrt_llm_bls`, `preprocessing`, `postprocessing`, `ensemble`), as of TensorRT-LLM 1.2
+(`min_tokens` and `seed`; tensorrtllm_backend v0.19.0 called them `min_length` and `random_seed`).
 `tensorrt_llm` and `tensorrt_llm_draft` share one table; the reference (Python) models serve the same
 table as the C++ `tensorrtllm` backend, so a client or the BLS cannot tell them apart.
 
@@ -38,7 +39,7 @@ def _ragged(name: str, dtype: str, dims: tuple[int, ...] = (-1,)) -> Tensor:
     return Tensor(name, dtype, dims, optional=True, ragged=True)
 
 
-# tensorrt_llm / tensorrt_llm_draft (facts §2.4)
+# tensorrt_llm / tensorrt_llm_draft
 LLM_INPUTS: tuple[Tensor, ...] = (
     _ragged("input_ids", "TYPE_INT32"),
     _ragged("encoder_input_features", "TYPE_FP16", (-1, -1)),
@@ -113,7 +114,7 @@ LLM_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("num_output_tokens", "TYPE_INT32", (1,)),
 )
 
-# preprocessing (facts §2.6; text only: the multimodal tensors are not served)
+# preprocessing (text only: the multimodal tensors are not served)
 PRE_INPUTS: tuple[Tensor, ...] = (
     Tensor("QUERY", "TYPE_STRING", (1,)),
     Tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
@@ -127,6 +128,10 @@ PRE_INPUTS: tuple[Tensor, ...] = (
 PRE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("INPUT_ID", "TYPE_INT32", (-1,)),
     Tensor("REQUEST_INPUT_LEN", "TYPE_INT32", (1,)),
+    # NVIDIA's preprocessing always emits these (the pad id, length 1, without DECODER_QUERY) and its clients
+    # pass DECODER_INPUT_ID on as decoder_input_ids, which a decoder-only engine does not read.
+    Tensor("DECODER_INPUT_ID", "TYPE_INT32", (-1,)),
+    Tensor("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32", (1,)),
     Tensor("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
     Tensor("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
     Tensor("EMBEDDING_BIAS", "TYPE_FP32", (-1,)),
@@ -135,14 +140,14 @@ PRE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("OUT_PAD_ID", "TYPE_INT32", (1,)),
 )
 
-# postprocessing (facts §2.6)
+# postprocessing: OUTPUT holds one string per sequence, batch x beam flattened, as NVIDIA's model returns it
 POST_INPUTS: tuple[Tensor, ...] = (
     Tensor("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),  # [beam, len]
     Tensor("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),  # [beam]
 )
 POST_OUTPUTS: tuple[Tensor, ...] = (Tensor("OUTPUT", "TYPE_STRING", (-1,)),)
 
-# The request-level text inputs shared by the ensemble and the BLS (facts §2.5), text only.
+# The request-level text inputs shared by the ensemble and the BLS, text only.
 _TEXT_INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", "TYPE_STRING", (1,)),
     Tensor("max_tokens", "TYPE_INT32", (1,)),
@@ -176,6 +181,9 @@ ENSEMBLE_INPUTS = _TEXT_INPUTS
 ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "TYPE_STRING", (-1,)),
     Tensor("sequence_length", "TYPE_INT32", (-1,)),
+    # NVIDIA's ensemble passes the target's logits on, declared with the deployment's logits type
+    Tensor("context_logits", LOGITS, (-1, -1)),
+    Tensor("generation_logits", LOGITS, (-1, -1, -1)),
 )
 
 BLS_INPUTS: tuple[Tensor, ...] = _TEXT_INPUTS + (

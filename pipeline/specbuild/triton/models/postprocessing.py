@@ -1,7 +1,10 @@
-"""`postprocessing`: token ids -> text (facts §2.6).
+"""`postprocessing`: token ids -> text, the tensors of NVIDIA's postprocessing model.
 
-TOKENS_BATCH [b, beam, len] and SEQUENCE_LENGTH [b, beam] -> OUTPUT [b, beam]: each row's first
-SEQUENCE_LENGTH ids decoded with the tokenizer (special tokens skipped unless configured otherwise).
+TOKENS_BATCH [b, beam, len] and SEQUENCE_LENGTH [b, beam] -> OUTPUT [b * beam]: each row's first
+SEQUENCE_LENGTH ids decoded with the tokenizer (special tokens skipped unless configured otherwise),
+one string per sequence, batch x beam flattened, as NVIDIA/TensorRT-LLM
+`triton_backend/all_models/inflight_batcher_llm/postprocessing/1/model.py` returns it (its clients
+read `OUTPUT[0]` as the text).
 """
 
 from __future__ import annotations
@@ -11,6 +14,12 @@ import numpy as np
 from specbuild.triton import tensors
 from specbuild.triton.models.common import InvalidInput, flag, parameters, required, resolve_path, serve_each
 from specbuild.triton.models.preprocessing import load_tokenizer
+
+
+def decode_ids(tokenizer, ids: list[int], skip_special_tokens: bool = True) -> str:
+    """The text of one sequence, decoded as postprocessing decodes it (the BLS uses the same call, so its text
+    equals postprocessing's for the same ids)."""
+    return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 class Postprocessor:
@@ -27,7 +36,7 @@ class Postprocessor:
         batch, beams, width = tokens.shape
         lengths = inputs["SEQUENCE_LENGTH"].reshape(batch, beams)
         vocab = len(self.tokenizer)
-        out = np.empty((batch, beams), dtype=object)
+        out = np.empty(batch * beams, dtype=object)  # [b * beam]
         for i in range(batch):
             for j in range(beams):
                 n = int(lengths[i, j])
@@ -36,8 +45,7 @@ class Postprocessor:
                 ids = [int(t) for t in tokens[i, j, :n]]
                 if any(t < 0 or t >= vocab for t in ids):
                     raise InvalidInput(f"TOKENS_BATCH holds ids outside the vocabulary (0..{vocab - 1}).")
-                text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
-                out[i, j] = text.encode("utf-8")
+                out[i * beams + j] = decode_ids(self.tokenizer, ids, self.skip_special_tokens).encode("utf-8")
         return {"OUTPUT": out}
 
 

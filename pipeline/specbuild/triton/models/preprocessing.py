@@ -1,11 +1,19 @@
-"""`preprocessing`: text -> token ids, NVIDIA's tensor names (facts §2.6), text only.
+"""`preprocessing`: text -> token ids, the tensors of NVIDIA's preprocessing model, text only.
 
-Per request (batch dimension b first):
+Per request (batch dimension b first), as NVIDIA/TensorRT-LLM
+`triton_backend/all_models/inflight_batcher_llm/preprocessing/1/model.py` does it:
   QUERY [b, 1] -> INPUT_ID [b, max_len] (right-padded with the pad id), REQUEST_INPUT_LEN [b, 1];
+  DECODER_INPUT_ID [b, 1] = the pad id and REQUEST_DECODER_INPUT_LEN [b, 1] = 1 (no DECODER_QUERY is served);
   STOP_WORDS_DICT / BAD_WORDS_DICT [b, n] -> STOP_WORDS_IDS / BAD_WORDS_IDS [b, 2, m] (TensorRT-LLM's
-  word-list format: row 0 the flat ids, row 1 the cumulative end offsets padded with -1);
-  EMBEDDING_BIAS_WORDS/WEIGHTS -> EMBEDDING_BIAS [b, vocab] ([b, 0] when none);
+  word-list format: row 0 the flat ids, row 1 the cumulative end offsets padded with -1; [b, 2, 0] when
+  the input is absent, [b, 2, 1] = [[0], [-1]] when it holds only empty words);
+  EMBEDDING_BIAS_WORDS/WEIGHTS -> EMBEDDING_BIAS [b, vocab], or [b, 0] when absent or without any word;
   END_ID / PAD_ID [b, 1] default to the tokenizer's eos / pad (pad = eos when it has none).
+
+One deliberate difference: NVIDIA's model turns present-but-empty EMBEDDING_BIAS_WORDS/WEIGHTS (what its
+end-to-end clients send) into an all-zero bias of the tokenizer's length, which the engine refuses when
+the tokenizer is shorter than the padded vocabulary (triton-inference-server/tensorrtllm_backend#720).
+An empty bias is what the C++ backend treats as no bias (`utils.cc` drops a bias of shape [0]).
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ def load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
 
 
-def word_list(tokenizer, rows: list[list[str]]) -> np.ndarray:  # -> [b, 2, m]
+def word_list(tokenizer, rows: list[list[str]] | None, batch: int = 1) -> np.ndarray:  # -> [b, 2, m]
+    if rows is None:
+        return np.empty((batch, 2, 0), dtype=np.int32)  # the input was not sent
     flat_rows, offset_rows = [], []
     for words in rows:
         ids: list[int] = []
@@ -76,8 +86,10 @@ class Preprocessor:
         return {
             "INPUT_ID": input_id,
             "REQUEST_INPUT_LEN": np.array([[len(row)] for row in ids], dtype=np.int32),
-            "BAD_WORDS_IDS": word_list(self.tokenizer, self._words(inputs.get("BAD_WORDS_DICT"), batch)),
-            "STOP_WORDS_IDS": word_list(self.tokenizer, self._words(inputs.get("STOP_WORDS_DICT"), batch)),
+            "DECODER_INPUT_ID": pad_id.copy(),
+            "REQUEST_DECODER_INPUT_LEN": np.ones((batch, 1), dtype=np.int32),
+            "BAD_WORDS_IDS": word_list(self.tokenizer, self._words(inputs.get("BAD_WORDS_DICT"), batch), batch),
+            "STOP_WORDS_IDS": word_list(self.tokenizer, self._words(inputs.get("STOP_WORDS_DICT"), batch), batch),
             "EMBEDDING_BIAS": self._bias(inputs, batch),
             "REQUEST_OUTPUT_LEN": inputs["REQUEST_OUTPUT_LEN"].reshape(batch, -1).astype(np.int32),
             "OUT_END_ID": end_id,
@@ -91,16 +103,16 @@ class Preprocessor:
         return value.reshape(batch, -1)[:, :1].astype(np.int32)
 
     @staticmethod
-    def _words(value: np.ndarray | None, batch: int) -> list[list[str]]:
+    def _words(value: np.ndarray | None, batch: int) -> list[list[str]] | None:
         if value is None:
-            return [[] for _ in range(batch)]
+            return None
         rows = value.reshape(batch, -1)
         return [[w for w in (as_text(item, "words") for item in row) if w] for row in rows]
 
     def _bias(self, inputs: dict[str, np.ndarray], batch: int) -> np.ndarray:  # -> [b, vocab] or [b, 0]
         words, weights = inputs.get("EMBEDDING_BIAS_WORDS"), inputs.get("EMBEDDING_BIAS_WEIGHTS")
-        if words is None and weights is None:
-            return np.zeros((batch, 0), dtype=np.float32)
+        if (words is None or words.size == 0) and (weights is None or weights.size == 0):
+            return np.zeros((batch, 0), dtype=np.float32)  # no bias: absent to the engine
         if words is None or weights is None or words.size != weights.size:
             raise InvalidInput("EMBEDDING_BIAS_WORDS and EMBEDDING_BIAS_WEIGHTS must be sent together, one weight per word.")
         bias = np.zeros((batch, len(self.tokenizer)), dtype=np.float32)

@@ -1,14 +1,25 @@
-"""`tensorrt_llm` / `tensorrt_llm_draft` on CPU: the PyTorch reference engine behind the §2.4 contract.
+"""`tensorrt_llm` / `tensorrt_llm_draft` on CPU: the PyTorch reference engine behind NVIDIA's tensor contract.
 
 The C++ `tensorrtllm` backend's tensors, the same semantics for what specbuild uses: a request with
 `draft_input_ids` is verified (output = prefix + accepted draft tokens + one token, plus the
 acceptance outputs), one without decodes `request_output_len` tokens. Requests of one `execute`
 call (Triton's dynamic batcher groups concurrent ones) run as one batched forward.
 
-Inputs the reference runtime cannot honour are refused by name with INVALID_ARG when they ask
-for something (beam search, log probs, context logits, streaming, penalties, bad/stop word lists,
-embedding bias, LoRA, multimodal); sent with their neutral values they are accepted. `min_tokens`
-is accepted and not enforced (NVIDIA's BLS sends it on draft calls; it only delays EOS there).
+What the C++ backend refuses, this model refuses with the backend's message (NVIDIA/TensorRT-LLM
+`triton_backend/inflight_batcher_llm/src/`, commit c8c6df0): a config without a parameter the
+backend reads with no fallback (`trtllm_params`), a request of batch size > 1 or with
+streaming = true to a model that is not decoupled (`utils.cc` `createRequestsFromInputTensors`), and
+generation logits whose declared type differs from the engine's logits dtype
+(`model_instance_state.cc` `fillTritonResponse`: `TLLM_CHECK(generationLogitsType ==
+model_state_->getLogitsDataType())`). The executor's request rules are in `specbuild.runtime.contract`.
+
+What the backend treats as absent is accepted: an empty `embedding_bias` (`utils.cc` drops a bias of
+shape [0]), empty stop/bad word lists, and decoder_input_ids / decoder_input_lengths, which a
+decoder-only engine does not read (NVIDIA's preprocessing always sends them). Inputs the reference
+runtime cannot honour (beam search, log probs, context logits, penalties, non-empty word lists or
+bias, LoRA, multimodal) are refused by name with INVALID_ARG; sent with their neutral values they
+are accepted. `min_tokens` is accepted and not enforced (NVIDIA's BLS sends it on draft calls; it
+only delays EOS there).
 """
 
 from __future__ import annotations
@@ -20,19 +31,25 @@ from typing import Any
 import numpy as np
 
 from specbuild.triton import tensors
-from specbuild.triton.models.common import InvalidInput, flag, parameters, required, resolve_path
+from specbuild.triton.models.common import InvalidInput, resolve_path
+from specbuild.triton.models.trtllm_params import BackendParams
 
 PER_ROW = ("input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits", "end_id", "pad_id",
            "temperature", "runtime_top_k", "runtime_top_p", "seed", "return_generation_logits")
 IGNORED = ("min_tokens", "len_penalty", "early_stopping", "beam_search_diversity_rate", "return_perf_metrics",
            "return_num_input_tokens", "return_num_output_tokens", "exclude_input_in_output",
-           "runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids")
+           "runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids",
+           "decoder_input_ids", "decoder_input_lengths")  # the decoder inputs: read only by encoder-decoder engines
 NEUTRAL = {  # input -> the value that asks for nothing
     "beam_width": 1, "num_return_sequences": 1, "repetition_penalty": 1.0, "presence_penalty": 0.0,
     "frequency_penalty": 0.0, "return_log_probs": False, "return_context_logits": False, "streaming": False,
     "stop": False,
 }
-EMPTY_OK = ("embedding_bias", "stop_words_list", "bad_words_list")  # accepted when they hold no entry
+NOT_DECOUPLED_BATCH = "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
+NOT_DECOUPLED_STREAMING = "Streaming is only supported if model is deployed using decoupled mode."
+LOGITS_TYPE_CHECK = ("Error encountered while populating response: [TensorRT-LLM][ERROR] Assertion failed: "
+                     "generationLogitsType == model_state_->getLogitsDataType()")
+TRITON_LOGITS_TYPES = {"float16": "TYPE_FP16", "float32": "TYPE_FP32"}
 
 
 def _word_list_empty(value: np.ndarray) -> bool:
@@ -40,32 +57,34 @@ def _word_list_empty(value: np.ndarray) -> bool:
     return array.size == 0 or bool(np.all(array.reshape(-1, 2, array.shape[-1])[:, 1, :] < 0))
 
 
-def check_supported(inputs: dict[str, np.ndarray]) -> None:
+def check_supported(inputs: dict[str, np.ndarray], decoupled: bool = False) -> None:
+    batch = np.asarray(inputs["input_ids"]).shape[0] if "input_ids" in inputs else 1
+    if not decoupled and batch > 1:
+        raise InvalidInput(NOT_DECOUPLED_BATCH)
+    if not decoupled and "streaming" in inputs and np.any(np.asarray(inputs["streaming"])):
+        raise InvalidInput(NOT_DECOUPLED_STREAMING)
     for name, value in inputs.items():
         if name in PER_ROW or name in IGNORED:
             continue
-        if name == "streaming" and np.any(np.asarray(value)):
-            raise InvalidInput("input 'streaming' = true needs a decoupled model, and tensorrt_llm is deployed "
-                               "non-decoupled (the BLS calls it once per step): stream through tensorrt_llm_bls.")
         if name in NEUTRAL:
             if np.any(np.asarray(value).reshape(-1) != NEUTRAL[name]):
                 raise InvalidInput(f"input {name!r} = {np.asarray(value).reshape(-1).tolist()} is not supported by the "
                                    f"reference model (only {NEUTRAL[name]!r}); the TensorRT-LLM backend serves it.")
             continue
-        if name == "embedding_bias" and np.asarray(value).size == 0:
-            continue
+        if name == "embedding_bias" and (np.asarray(value).size == 0 or not np.any(np.asarray(value))):
+            continue  # empty: absent to the backend; all zeros: adds nothing
         if name in ("stop_words_list", "bad_words_list") and _word_list_empty(value):
             continue
         raise InvalidInput(f"input {name!r} is not supported by the reference model: remove it "
                            "(stop words: use tensorrt_llm_bls, which stops on them itself).")
 
 
-def split_rows(inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+def split_rows(inputs: dict[str, np.ndarray], decoupled: bool = False) -> list[dict[str, np.ndarray]]:
     """One contract request per batch row; inputs carry the batch dimension first."""
-    check_supported(inputs)
     for name in ("input_ids", "input_lengths", "request_output_len"):
         if name not in inputs:
             raise InvalidInput(f"input {name!r} is required.")
+    check_supported(inputs, decoupled)
     batch = inputs["input_ids"].shape[0]
     rows = []
     for i in range(batch):
@@ -96,10 +115,9 @@ def assemble(inputs: dict[str, np.ndarray], results: list[dict[str, np.ndarray]]
     for i, row in enumerate(ids):
         output_ids[i, 0, : len(row)] = row
     out = {"output_ids": output_ids, "sequence_length": np.array(lengths, dtype=np.int32).reshape(batch, 1)}
-    if all("generation_logits" in r for r in results):
-        logits = [np.asarray(r["generation_logits"], dtype=np.float32).reshape(-1, r["generation_logits"].shape[-1])
-                  for r in results]
-        stacked = np.zeros((batch, 1, max(len(x) for x in logits), logits[0].shape[-1]), dtype=np.float32)
+    if all("generation_logits" in r for r in results):  # kept in the engine's logits dtype
+        logits = [np.asarray(r["generation_logits"]).reshape(-1, r["generation_logits"].shape[-1]) for r in results]
+        stacked = np.zeros((batch, 1, max(len(x) for x in logits), logits[0].shape[-1]), dtype=logits[0].dtype)
         for i, x in enumerate(logits):
             stacked[i, 0, : len(x)] = x
         out["generation_logits"] = stacked
@@ -116,8 +134,9 @@ def assemble(inputs: dict[str, np.ndarray], results: list[dict[str, np.ndarray]]
     return out
 
 
-def load_engine(engine_dir: Path, role: str, device: str | None = None):
-    """The runtime's ContractModel over a reference engine folder (config.json, weights, engine.json)."""
+def load_engine(engine_dir: Path, device: str | None = None):
+    """The runtime's ContractModel over a reference engine folder (config.json, weights, engine.json), with the
+    engine's limits: max_num_tokens (the input limit) and logits_dtype included."""
     from specbuild.runtime.loading import REFERENCE_ENGINE, ModelSource, load_contract_model
 
     try:
@@ -125,13 +144,22 @@ def load_engine(engine_dir: Path, role: str, device: str | None = None):
         manifest = json.loads((engine_dir / "manifest.json").read_text())
     except (OSError, ValueError):
         raise FileNotFoundError(f"{engine_dir} is not a finished reference engine (engine.json, manifest.json): "
-                                "run `specbuild build --backend reference`, or fix engine_dir with `specbuild repo`.") from None
+                                "run `specbuild build --backend reference`, or fix gpt_model_path with `specbuild repo`."
+                                ) from None
     if manifest.get("backend") != "reference":
         raise ValueError(f"{engine_dir} holds a {manifest.get('backend')!r} engine, not a reference engine.")
-    source = ModelSource(role, engine_dir, REFERENCE_ENGINE, limits)
-    model = load_contract_model(source, device=device)
-    _share_cpu(source, device)
-    return model
+    source = ModelSource(limits.get("role", "target"), engine_dir, REFERENCE_ENGINE, limits)
+    _share_cpu(source, device)  # before loading: the exactness probe holds for the thread count it ran at
+    return load_contract_model(source, device=device)  # limits from engine.json (Limits.from_engine)
+
+
+def declared_logits_type(config: dict) -> str | None:
+    """The model's logits type as the C++ backend takes it (model_state.cc `LoadParameters`): the data_type of
+    the first output named generation_logits or context_logits."""
+    for output in config.get("output", []):
+        if output.get("name") in ("generation_logits", "context_logits"):
+            return output.get("data_type")
+    return None
 
 
 def _share_cpu(source, device: str | None) -> None:
@@ -155,11 +183,15 @@ class TritonPythonModel:
         import triton_python_backend_utils as pb_utils
 
         self.pb = pb_utils
-        params = parameters(args)
+        config = json.loads(args["model_config"])
         self.name = args.get("model_name", "tensorrt_llm")
-        engine_dir = resolve_path(required(params, "engine_dir", self.name), args)
-        self.contract = load_engine(engine_dir, params.get("role", "target"), params.get("device") or None)
-        self.exclude_default = flag(params, "exclude_input_in_output", False)
+        params = BackendParams(config)
+        engine_dir = params.check_required(lambda value: resolve_path(value, args))
+        self.contract = load_engine(engine_dir, params.values.get("device") or None)
+        self.exclude_default = params.boolean("exclude_input_in_output", False)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        engine_type = TRITON_LOGITS_TYPES[self.contract.limits.logits_dtype]
+        self.logits_type_ok = declared_logits_type(config) in (None, engine_type)
         self.names = [t.name for t in tensors.LLM_INPUTS]
 
     def execute(self, requests: list) -> list:
@@ -172,7 +204,7 @@ class TritonPythonModel:
         for request in requests:
             inputs = request_inputs(request, self.names)
             try:
-                request_rows = split_rows(inputs)
+                request_rows = split_rows(inputs, self.decoupled)
                 prepared.append((inputs, len(rows), len(request_rows)))
                 rows += request_rows
             except InvalidInput as err:
@@ -186,7 +218,7 @@ class TritonPythonModel:
             message = f"{self.name}: internal error: {type(err).__name__}: {err}"
             return [pb.InferenceResponse(error=pb.TritonError(message)) for _ in requests]
         responses = []
-        for item in prepared:
+        for request, item in zip(requests, prepared):
             if isinstance(item, InvalidInput):
                 responses.append(self._invalid(str(item)))
                 continue
@@ -197,6 +229,9 @@ class TritonPythonModel:
                 responses.append(self._invalid(str(failed[0])))
                 continue
             outputs = assemble(inputs, mine, self.exclude_default)
+            if "generation_logits" in outputs and not self.logits_type_ok and _requested(request, "generation_logits"):
+                responses.append(pb.InferenceResponse(error=pb.TritonError(f"{self.name}: {LOGITS_TYPE_CHECK}")))
+                continue
             responses.append(pb.InferenceResponse(
                 output_tensors=[pb.Tensor(k, np.ascontiguousarray(v)) for k, v in outputs.items()]))
         return responses
@@ -204,3 +239,12 @@ class TritonPythonModel:
     def _invalid(self, message: str):
         return self.pb.InferenceResponse(
             error=self.pb.TritonError(f"{self.name}: {message}", self.pb.TritonError.INVALID_ARG))
+
+
+def _requested(request, name: str) -> bool:
+    """Whether the request asked for output `name` (the C++ backend fills only requested outputs)."""
+    try:
+        names = request.requested_output_names()
+    except AttributeError:
+        return True
+    return not names or name in names
