@@ -146,6 +146,43 @@ def test_cli_once_starts_the_fake_waits_for_health_and_stops(spec, tmp_path, mon
     assert document["status"] == "ready" and document["endpoints"]["http"] == f"http://127.0.0.1:{port}"
     assert not alive(document["pid"])
 
+    import time
+
+    monkeypatch.setenv("FAKE_TRTLLM_SERVE_MODE", "ignore-sigterm")  # --exit-timeout bounds the stop
+    started = time.monotonic()
+    result = CliRunner().invoke(main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--trtllm-serve",
+                                       str(FAKE), "--http-port", str(free_port()), "--once", "--json",
+                                       "--exit-timeout", "1"])
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started < 20 and not alive(json.loads(result.stdout)["pid"])
+
+
+def test_a_stop_that_hangs_is_killed_after_the_stop_timeout(spec, tmp_path, monkeypatch):
+    """`serve --server trtllm-serve --exit-timeout N` gives the server N seconds after SIGTERM, then SIGKILL."""
+    import time
+
+    monkeypatch.setenv("FAKE_TRTLLM_SERVE_MODE", "ignore-sigterm")
+    command = trtllm_serve.plan(spec, FAKE, "127.0.0.1", free_port(), require_built=False)
+    handle = trtllm_serve.TrtllmServeHandle(command, log_path=tmp_path / "serve.log", stop_timeout=1.0)
+    handle.start(timeout=30)
+    pid = handle.process.pid
+    started = time.monotonic()
+    code = handle.stop()
+    assert code == -9 and time.monotonic() - started < 10 and not alive(pid)
+
+
+@pytest.mark.parametrize("option", [["--allow-api", "logging"], ["--no-supervise"], ["--canary-interval", "5"]])
+def test_tritonserver_only_options_are_refused_with_trtllm_serve(tmp_path, option):
+    spec_path = tmp_path / "specbuild.toml"
+    spec_path.write_text(f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n'
+                         '[draft]\ncheckpoint = "d"\n')
+    result = CliRunner().invoke(main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", *option, "--dry-run"])
+    assert result.exit_code == 2
+    assert f"{option[0]}: for tritonserver (Triton's restricted APIs, the supervisor)" in result.output
+    result = CliRunner().invoke(main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--exit-timeout",
+                                       "5", "--dry-run"])
+    assert result.exit_code == 0, result.output
+
 
 def test_fake_refuses_unknown_options(tmp_path):
     import subprocess

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.errors import ToolNotFoundError
+from specbuild.errors import ServeError, ToolNotFoundError
 from specbuild.triton.server import ServerOptions, TritonInstall, build_argv, find_tritonserver
 
 
@@ -133,31 +133,56 @@ def install(tmp_path: Path) -> TritonInstall:
     return TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), "container", env={"PATH": "/venv/bin"})
 
 
-def test_argv_cpu_defaults_are_loopback_without_model_control(tmp_path):
-    argv, env = build_argv(install(tmp_path), ServerOptions(repo=tmp_path, http_port=1, grpc_port=2, metrics_port=3), "K")
+RESTRICTED = "shared-memory,logging,trace,model-repository,statistics:specbuild-admin-key=K"
+
+
+def test_argv_cpu_defaults_are_loopback_with_every_non_inference_api_restricted(tmp_path):
+    opts = ServerOptions(repo=tmp_path, http_port=1, grpc_port=2, metrics_port=3)
+    argv, env = build_argv(install(tmp_path), opts, "K", "specbuild_0123abcd_")
     assert argv[0] == "/opt/tritonserver/bin/tritonserver"
     for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
-                 "--http-port=1", "--grpc-port=2", "--metrics-port=3", "--model-control-mode=none",
-                 "--disable-auto-complete-config", "--http-restricted-api=model-repository:specbuild-admin-key=K",
-                 "--grpc-restricted-protocol=model-repository:specbuild-admin-key=K"):
+                 "--http-port=1", "--grpc-port=2", "--metrics-port=3", "--exit-timeout-secs=30",
+                 "--model-control-mode=explicit", "--load-model=*",  # explicit, for the supervisor's reloads
+                 "--disable-auto-complete-config", f"--http-restricted-api={RESTRICTED}",
+                 f"--grpc-restricted-protocol={RESTRICTED}",
+                 "--backend-config=python,shm-region-prefix-name=specbuild_0123abcd_"):
         assert flag in argv, flag
     assert "mpirun" not in argv and "TRTLLM_ORCHESTRATOR" not in env
 
 
-def test_argv_with_model_control_and_explicit_models(tmp_path):
+def test_argv_opens_the_apis_asked_for(tmp_path):
     argv, _ = build_argv(install(tmp_path), ServerOptions(repo=tmp_path, allow_model_control=True), "K")
-    assert "--model-control-mode=explicit" in argv and "--load-model=*" in argv
-    assert not any("restricted" in a for a in argv)
+    group = "shared-memory,logging,trace,statistics:specbuild-admin-key=K"
+    assert f"--http-restricted-api={group}" in argv and f"--grpc-restricted-protocol={group}" in argv
+    every = ServerOptions(repo=tmp_path, open_apis=("shared-memory", "logging", "trace", "statistics"),
+                          allow_model_control=True)
+    assert not any("restricted" in a for a in build_argv(install(tmp_path), every, "K")[0])
     argv, _ = build_argv(install(tmp_path), ServerOptions(repo=tmp_path, models=("preprocessing",)), "K")
-    assert "--load-model=preprocessing" in argv and any("restricted" in a for a in argv)
+    assert "--load-model=preprocessing" in argv and "--load-model=*" not in argv
+    with pytest.raises(ServeError, match="cannot open API 'inference'"):
+        build_argv(install(tmp_path), ServerOptions(repo=tmp_path, open_apis=("inference",)), "K")
+
+
+def test_serve_allow_api_is_checked_and_shown_in_the_dry_run(tmp_path):
+    spec = write_spec(tmp_path)
+    run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(tmp_path / "triton_repo"))
+    base = ["serve", "-c", str(spec), "--repo", str(tmp_path / "triton_repo"), "--dry-run", "--json"]
+    doc = json.loads(run(*base).stdout)
+    assert doc["restricted_apis"] == ["shared-memory", "logging", "trace", "model-repository", "statistics"]
+    opened = json.loads(run(*base, "--allow-api", "statistics", "--allow-model-control", "--exit-timeout", "7").stdout)
+    assert opened["restricted_apis"] == ["shared-memory", "logging", "trace"] and opened["exit_timeout_s"] == 7
+    assert "--exit-timeout-secs=7" in opened["argv"]
+    bad = run(*base, "--allow-api", "inference")
+    assert bad.exit_code == 2 and "'inference' is not one of" in bad.output
 
 
 def test_argv_gpu_is_the_multi_model_orchestrator_launch(tmp_path):
-    argv, env = build_argv(install(tmp_path), ServerOptions(repo=tmp_path, gpu=True, gpu_count=2), "K")
+    argv, env = build_argv(install(tmp_path), ServerOptions(repo=tmp_path, gpu=True, gpu_count=2), "K", "specbuild_x1234567_")
     assert argv[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"]
     assert argv[-1] == ":"
     assert env["TRTLLM_ORCHESTRATOR"] == "1" and env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
-    for flag in ("--backend-config=python,shm-region-prefix-name=prefix0_", "--pinned-memory-pool-byte-size=0",
+    # NVIDIA's launcher names the region prefix per rank (prefix0_); a per-start prefix is unique per rank too.
+    for flag in ("--backend-config=python,shm-region-prefix-name=specbuild_x1234567_", "--pinned-memory-pool-byte-size=0",
                  "--enable-peer-access=false", "--cuda-memory-pool-byte-size=0:0", "--cuda-memory-pool-byte-size=1:0",
                  "--disable-auto-complete-config"):
         assert flag in argv, flag

@@ -1,5 +1,6 @@
 """`specbuild serve` as a user runs it: a subprocess on the full repository (BLS included), the client
-over gRPC streaming and HTTP, speculative output == target-only output, SIGTERM -> clean exit."""
+over gRPC streaming and HTTP, speculative output == target-only output, SIGTERM -> clean exit within the
+server's own exit timeout, no process or shared-memory region left."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 
 from specbuild.errors import ClientError
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton.server import _children
+from specbuild.triton import procfs
+from specbuild.triton.server import SHM_ROOT, _children
 from triton_helpers import alive, make_deployment
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -102,9 +104,15 @@ def test_sigterm_stops_the_server_and_leaves_no_process(served):
     process, document = served
     pids = [document["pid"], *_children(document["pid"])]
     assert len(pids) >= 2  # tritonserver and its Python backend stubs
+    prefix = next(a.split("=", 2)[2] for a in procfs.cmdline(document["pid"]) if "shm-region-prefix-name=" in a)
     process.send_signal(signal.SIGTERM)
+    started = time.monotonic()
     assert process.wait(90) == 0
+    seconds = time.monotonic() - started
+    print(f"\nSIGTERM: serve stopped cleanly after {seconds:.1f} s")
+    assert seconds < 30  # within tritonserver's own --exit-timeout-secs (30 by default)
     assert "tritonserver stopped" in process.stderr.read()
+    assert not list(SHM_ROOT.glob(prefix + "*"))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.2)

@@ -2,7 +2,9 @@
 
 One server for the module (starting one costs ~30 s on 2 cores): ensemble over gRPC and HTTP equals
 in-process target-only greedy decoding; the tensorrt_llm model speaks NVIDIA's tensor contract; concurrent
-requests batch; bad requests get clear errors while the server stays ready; shutdown leaves no process.
+requests batch; bad requests get clear errors while the server stays ready; every non-inference API
+is refused without the run's key (HTTP and gRPC); ports in use and other servers' answers are refused;
+shutdown leaves no process.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 
 from specbuild.errors import ClientError, ServeError
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton.server import ServerHandle, ServerOptions, _children
+from specbuild.triton.server import SHM_ROOT, ServerHandle, ServerOptions, _children
 from triton_helpers import PYTHON_MODELS, alive, make_deployment
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -33,9 +35,12 @@ def server(deployment):
     handle.start(timeout=300)
     pids = [handle.process.pid, *_children(handle.process.pid)]
     yield handle
-    handle.stop()
+    prefix = handle.shm_prefix
+    result = handle.stop()
+    assert result.clean, f"tritonserver {result.describe()}"
     left = [pid for pid in pids if alive(pid)]
     assert not left, f"processes left behind after stop: {left}"
+    assert not list(SHM_ROOT.glob(prefix + "*")), "shared-memory regions left behind"
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +73,111 @@ def test_server_binds_loopback_and_hides_the_repository_api(server):
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(request, timeout=10)
     assert err.value.code == 403
+
+
+# Every restricted API, called as a client without the header would: (category, HTTP method, path, body).
+RESTRICTED_HTTP = [
+    ("shared-memory", "GET", "/v2/systemsharedmemory/status", None),
+    ("shared-memory", "POST", "/v2/systemsharedmemory/region/r/register", b'{"key": "/x", "offset": 0, "byte_size": 8}'),
+    ("logging", "GET", "/v2/logging", None),
+    ("logging", "POST", "/v2/logging", b'{"log_verbose_level": 1}'),
+    ("trace", "GET", "/v2/trace/setting", None),
+    ("trace", "POST", "/v2/models/preprocessing/trace/setting", b'{"trace_level": ["TIMESTAMPS"]}'),
+    ("model-repository", "POST", "/v2/repository/index", b"{}"),
+    ("model-repository", "POST", "/v2/repository/models/preprocessing/unload", b"{}"),
+    ("statistics", "GET", "/v2/models/stats", None),
+    ("statistics", "GET", "/v2/models/preprocessing/stats", None),
+]
+
+
+@pytest.mark.parametrize("api,method,path,body", RESTRICTED_HTTP, ids=[f"{a}-{m}-{p}" for a, m, p, _ in RESTRICTED_HTTP])
+def test_every_non_inference_http_api_is_refused_without_the_header(server, api, method, path, body):
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data=body, method=method)
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=10)
+    assert err.value.code == 403
+    assert "This API is restricted, expecting header 'specbuild-admin-key'" in err.value.read().decode()
+
+
+RESTRICTED_GRPC = {
+    "shared-memory": [lambda c, h: c.get_system_shared_memory_status(headers=h),
+                      lambda c, h: c.register_system_shared_memory("r", "/x", 8, headers=h)],
+    "logging": [lambda c, h: c.get_log_settings(headers=h),
+                lambda c, h: c.update_log_settings({"log_verbose_level": 1}, headers=h)],
+    "trace": [lambda c, h: c.get_trace_settings(headers=h),
+              lambda c, h: c.update_trace_settings("preprocessing", {"trace_level": ["TIMESTAMPS"]}, headers=h)],
+    "model-repository": [lambda c, h: c.get_model_repository_index(headers=h),
+                         lambda c, h: c.unload_model("preprocessing", headers=h)],
+    "statistics": [lambda c, h: c.get_inference_statistics(headers=h),
+                   lambda c, h: c.get_inference_statistics("preprocessing", headers=h)],
+}
+
+
+@pytest.mark.parametrize("api", sorted(RESTRICTED_GRPC))
+def test_every_non_inference_grpc_api_is_refused_without_the_header(server, api):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for call in RESTRICTED_GRPC[api]:
+            with pytest.raises(InferenceServerException) as err:
+                call(client, {})
+            assert err.value.status() == "StatusCode.UNAVAILABLE"
+            assert "This protocol is restricted, expecting header 'triton-grpc-protocol-specbuild-admin-key'" \
+                in err.value.message()
+            with pytest.raises(InferenceServerException, match="restricted"):  # a wrong key is no better
+                call(client, {"triton-grpc-protocol-specbuild-admin-key": "guess"})
+    finally:
+        client.close()
+
+
+def test_the_open_apis_and_the_admin_key(server):
+    """Health, metadata, model config and inference stay open; this run's key opens the rest."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for client in (http, grpc):
+            assert client.is_server_ready() and client.is_model_ready("preprocessing")
+            assert client.get_server_metadata() and client.get_model_metadata("preprocessing")
+            assert client.get_model_config("preprocessing")
+        assert http.get_log_settings(headers={"specbuild-admin-key": server.admin_key})["log_verbose_level"] == 0
+        index = grpc.get_model_repository_index(headers={"triton-grpc-protocol-specbuild-admin-key": server.admin_key})
+        assert {m.name for m in index.models} >= set(PYTHON_MODELS)
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_a_port_in_use_is_refused_with_its_pid(server, deployment, tmp_path):
+    import time
+
+    other = ServerHandle(ServerOptions(repo=deployment.repo, models=("preprocessing",), http_port=server.opts.http_port),
+                         log_path=tmp_path / "other.log")
+    started = time.monotonic()
+    with pytest.raises(ServeError, match=rf"HTTP port 127.0.0.1:{server.opts.http_port} is already in use by "
+                                         rf"PID {server.process.pid} \(.*tritonserver --model-repository="):
+        other.start(timeout=120)
+    assert time.monotonic() - started < 10 and other.process is None  # refused before starting anything
+
+
+def test_readiness_is_checked_against_its_own_server(server, deployment, tmp_path, monkeypatch):
+    """If another server takes the port between the check and the bind, its answers are not ours."""
+    from specbuild.triton import server as server_module
+
+    monkeypatch.setattr(server_module, "refuse_busy_ports", lambda host, ports: None)
+    other = ServerHandle(ServerOptions(repo=deployment.repo, models=("preprocessing",), http_port=server.opts.http_port),
+                         log_path=tmp_path / "other.log")
+    with pytest.raises(ServeError, match=rf"HTTP port 127.0.0.1:{server.opts.http_port} answers, but "
+                                         rf"PID {server.process.pid} \(.*\) holds it, not this server"):
+        other.start(timeout=120)
+    assert other.process is None and server.ready()
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -127,7 +237,9 @@ def test_concurrent_requests_all_succeed_with_the_sequential_answers(server, loc
     import json
     import urllib.request
 
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/tensorrt_llm/stats", timeout=10) as r:
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/tensorrt_llm/stats",
+                                     headers={"specbuild-admin-key": server.admin_key})  # statistics are restricted
+    with urllib.request.urlopen(request, timeout=10) as r:
         stats = json.loads(r.read())["model_stats"][0]["batch_stats"]
     assert max(int(b["batch_size"]) for b in stats) >= 2, stats
 

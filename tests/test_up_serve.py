@@ -1,12 +1,15 @@
 """`specbuild up --once`: every stage through a real CPU tritonserver, the demo prompts streamed through
-the speculative BLS, the server stopped, nothing left running; a second run skips the build stages."""
+the speculative BLS, the server stopped, nothing left running; a second run skips the build stages; without
+--once it serves until SIGTERM and then stops cleanly within the server's own exit timeout."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,4 +66,28 @@ def test_up_once_serves_the_pair_streams_prompts_and_stops(tiny_spec_path):
     # What now: the commands to run next, for this spec, after the demo.
     assert "next (from this folder):" in second.stderr
     assert "specbuild generate -c specbuild.toml --local " in second.stderr
+    assert _tritonservers_under(repo) == []
+
+    # Without --once `up` serves until SIGTERM, then stops within tritonserver's own exit timeout (30 s).
+    argv = [sys.executable, "-m", "specbuild", "up", "-c", str(tiny_spec_path), "--json"]
+    third = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tiny_spec_path.parent,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            line = third.stderr.readline()
+            assert line, f"up exited ({third.wait()}) before serving"
+            if line.startswith("serving; press Ctrl-C"):
+                break
+        third.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        out, _ = third.communicate(timeout=90)
+        seconds = time.monotonic() - started
+    finally:
+        if third.poll() is None:
+            third.kill()
+    print(f"\nSIGTERM to up: exit {third.returncode} after {seconds:.1f} s")
+    assert third.returncode == 0 and seconds < 30
+    serve = json.loads(out)["stages"][-1]
+    assert serve["status"] == "ran" and serve["stopped"] and serve["stopped_by"] == "signal" and serve["restarts"] == 0
     assert _tritonservers_under(repo) == []

@@ -7,6 +7,10 @@ from pathlib import Path
 import click
 
 from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, spec_option
+from specbuild.triton.server import RESTRICTED_APIS, ServerOptions
+from specbuild.triton.supervisor import SupervisorSettings
+
+DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuild up`
 
 
 @click.command("serve")
@@ -20,10 +24,21 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
 @click.option("--tritonserver", "tritonserver", default=None,
               help="The tritonserver binary (default: PATH, /opt/tritonserver, or the nvidia-pytriton wheel's).")
 @click.option("--allow-model-control", is_flag=True,
-              help="Enable the model-control and repository APIs (off by default).")
+              help="Open the model-repository API (load/unload) to every client; same as --allow-api model-repository.")
+@click.option("--allow-api", "allow_apis", multiple=True,
+              type=click.Choice(RESTRICTED_APIS),
+              help=f"Open this restricted API to every client (repeatable). Restricted by default: "
+                   f"{', '.join(RESTRICTED_APIS)}.")
 @click.option("--no-canary", is_flag=True, help="Skip the canary request after the server is ready.")
 @click.option("--once", is_flag=True, help="Start, answer the canary, print the endpoints, then stop (smoke test).")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for readiness.")
+@click.option("--timeout", type=float, default=DEFAULTS.start_timeout_s, show_default=True,
+              help="Seconds to wait for readiness.")
+@click.option("--exit-timeout", type=click.IntRange(1, 3600), default=ServerOptions.exit_timeout_s, show_default=True,
+              help="Seconds tritonserver may take to stop (its --exit-timeout-secs); killed 5 s after that. "
+                   "With --server trtllm-serve: killed after this many seconds if given, else after 60.")
+@click.option("--no-supervise", is_flag=True, help="Do not watch the models or recover them (see docs/triton.md).")
+@click.option("--canary-interval", type=click.FloatRange(min=0), default=DEFAULTS.canary_interval_s, show_default=True,
+              help="Seconds between the supervisor's canary requests through the BLS (llmapi: tensorrt_llm; 0 = none).")
 @click.option("--backend", type=click.Choice(["trtllm", "reference", "llmapi"]), default=None,
               help="The repository's backend, checked against its manifest (default: the manifest's).")
 @click.option("--server", type=click.Choice(["tritonserver", "trtllm-serve"]), default="tritonserver", show_default=True,
@@ -36,33 +51,44 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
               help="Multi-node launcher for --nodes > 1.")
 @dry_run_option
 @json_option
-def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control, no_canary,
-            once, timeout, backend, server, trtllm_serve, nodes, launcher, dry_run, as_json):
+def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control, allow_apis,
+            no_canary, once, timeout, exit_timeout, no_supervise, canary_interval, backend, server, trtllm_serve, nodes,
+            launcher, dry_run, as_json):
     """Start tritonserver on the repository, wait until ready, send a canary request, print the
     endpoints, and serve until SIGINT/SIGTERM (then shut down cleanly).
 
     \b
     Refuses engines that are not built, or whose recorded TensorRT-LLM / TensorRT / CUDA / GPU
-    versions differ from this runtime's. Binds loopback unless --host says otherwise; the
-    model-control and repository APIs are disabled unless --allow-model-control.
-    An llmapi repository (docs/llmapi.md) is served the same way; --server trtllm-serve starts
-    TensorRT-LLM's OpenAI-compatible server on `build --backend llmapi`'s arguments instead (GPU),
-    ready when GET /health answers 200; --nodes N --dry-run prints the multi-node command.
+    versions differ from this runtime's, and ports that are already in use. Binds loopback unless
+    --host says otherwise. Only inference, health, metadata and model config are open to clients;
+    the other APIs need --allow-api (or --allow-model-control).
+    An llmapi repository (docs/llmapi.md) is served and supervised the same way; --server
+    trtllm-serve starts TensorRT-LLM's OpenAI-compatible server on `build --backend llmapi`'s
+    arguments instead (GPU), ready when GET /health answers 200; --nodes N --dry-run prints the
+    multi-node command.
 
     \b
-    Exit codes: 0 stopped by a signal (or --once done), 1 error, 2 usage error.
+    While serving, a supervisor reloads a model whose process died, or restarts tritonserver when
+    a reload cannot help (a decoupled model such as the BLS, the server itself, failed canaries);
+    each event is logged and counted in .<repo>.supervisor.prom beside the repository.
+
+    \b
+    Exit codes: 0 stopped by a signal (or --once done), 1 error (a failed stop included), 2 usage error.
     """
     from specbuild.triton import deploy
-    from specbuild.triton.server import ServerHandle
+    from specbuild.triton.supervisor import Supervisor
 
     spec = get_spec(spec_path)
     if server == "trtllm-serve":
         if (backend or "llmapi") != "llmapi":
             raise click.UsageError("--server trtllm-serve serves the LLM API path: use --backend llmapi.")
+        _refuse_tritonserver_only_options()
         from specbuild.llmapi.cli import serve_trtllm
 
-        return serve_trtllm(spec, host, http_port, trtllm_serve, nodes, launcher, timeout, once, dry_run, as_json)
-    plan = deploy.plan_serve(spec, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control)
+        return serve_trtllm(spec, host, http_port, trtllm_serve, nodes, launcher, timeout, once, dry_run, as_json,
+                            stop_timeout=exit_timeout if _given("exit_timeout") else None)
+    plan = deploy.plan_serve(spec, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control,
+                             allow_apis, exit_timeout)
     if backend is not None and backend != plan.backend:
         from specbuild.errors import ArtifactError
 
@@ -78,18 +104,15 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
             click.echo(shlex.join(document["argv"]))
         return
     deploy.check_engines(plan.backend, plan.engines)
-    handle = ServerHandle(plan.options, plan.install, log_path=plan.repo.parent / f".{plan.repo.name}.tritonserver.log")
+    settings = SupervisorSettings(enabled=not no_supervise, canary_interval_s=canary_interval, start_timeout_s=timeout)
+    supervisor = Supervisor.for_repo(plan.options, plan.install, settings, log=log)
+    handle = supervisor.handle
     log(f"starting tritonserver ({plan.install.kind}) on {plan.repo}; log: {handle.log_path}")
-    handle.start(timeout=timeout)
-    try:
-        canary = {} if no_canary else deploy.canary(handle)
-    except BaseException:
-        handle.stop()
-        raise
 
-    def announce() -> None:
+    def announce(canary: dict[str, str]) -> None:
         document = {"stage": "serve", "status": "ready", "endpoints": handle.endpoints(), "canary": canary,
-                    "repo": str(plan.repo), "backend": plan.backend, "pid": handle.process.pid}
+                    "repo": str(plan.repo), "backend": plan.backend, "pid": handle.process.pid,
+                    "log": str(handle.log_path), "supervisor_metrics": str(supervisor.metrics.path)}
         if as_json:
             emit_json(document)
         else:
@@ -98,9 +121,20 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
         if not once:
             log("serving; press Ctrl-C (or send SIGTERM) to stop")
 
-    if once:
-        announce()
-        handle.stop()
-        return
-    deploy.serve_until_signal(handle, announce)
-    log("tritonserver stopped")
+    outcome = supervisor.serve(announce, once=once, canary_models=not no_canary)
+    log(f"tritonserver stopped ({outcome['stop']['seconds']} s)" if "stop" in outcome else "tritonserver stopped")
+
+
+def _given(name: str) -> bool:
+    """The option was on the command line (or in the environment), not left at its default."""
+    source = click.get_current_context().get_parameter_source(name)
+    return source not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def _refuse_tritonserver_only_options() -> None:
+    """The supervisor and Triton's restricted APIs belong to tritonserver; trtllm-serve has neither."""
+    flags = {"allow_apis": "--allow-api", "no_supervise": "--no-supervise", "canary_interval": "--canary-interval"}
+    given = [flag for name, flag in flags.items() if _given(name)]
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: for tritonserver (Triton's restricted APIs, the supervisor); "
+                               "--server trtllm-serve has neither.")

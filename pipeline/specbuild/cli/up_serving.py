@@ -55,39 +55,32 @@ def run_serve_stage(ctx) -> dict[str, Any]:
     repo = Path(ctx.results.get("repo", {}).get("repo") or ctx.repo or default_repo_dir(ctx.spec))
     if ctx.dry_run:
         return {"status": "planned", "detail": f"tritonserver on {repo}, then {len(demo_prompts())} demo prompts"}
-    from specbuild.triton.server import ServerHandle
+    from specbuild.triton.supervisor import Supervisor
 
     plan = deploy.plan_serve(ctx.spec, repo)
     deploy.check_engines(plan.backend, plan.engines)
-    handle = ServerHandle(plan.options, plan.install, log_path=plan.repo.parent / f".{plan.repo.name}.tritonserver.log")
+    supervisor = Supervisor.for_repo(plan.options, plan.install, log=ctx.log)
+    handle = supervisor.handle
     ctx.log(f"starting tritonserver ({plan.install.kind}) on {plan.repo}; log: {handle.log_path}")
     started = time.monotonic()
-    handle.start(timeout=600)
-    try:
-        deploy.canary(handle)
-        ready_seconds = round(time.monotonic() - started, 1)
-        results = _demo(ctx, handle)
-    except BaseException:
-        handle.stop()
-        raise
-    document = {"status": "ran", "endpoints": handle.endpoints(), "ready_seconds": ready_seconds, "demo": results}
-    if ctx.once:
-        handle.stop()
-        document["stopped"] = True
+    document: dict[str, Any] = {"status": "ran"}
+
+    def on_ready(canary: dict[str, str]) -> None:
+        document.update(endpoints=handle.endpoints(), ready_seconds=round(time.monotonic() - started, 1))
+        document["demo"] = _demo(ctx, handle)
+        if not ctx.once:
+            for name, url in handle.endpoints().items():
+                ctx.log(f"{name:8s} {url}")
+            for line in next_steps(ctx.spec, handle.grpc_url, serving=True):
+                ctx.log(line)
+            ctx.log("serving; press Ctrl-C (or send SIGTERM) to stop")
+
+    outcome = supervisor.serve(on_ready, once=ctx.once)
+    ctx.log("tritonserver stopped")
+    document.update(stopped=True, stopped_by=outcome["stopped_by"], restarts=outcome["restarts"])
+    if ctx.once and "demo" in document:
         for line in next_steps(ctx.spec, handle.grpc_url, serving=False):
             ctx.log(line)
-        return document
-
-    def announce() -> None:
-        for name, url in handle.endpoints().items():
-            ctx.log(f"{name:8s} {url}")
-        for line in next_steps(ctx.spec, handle.grpc_url, serving=True):
-            ctx.log(line)
-        ctx.log("serving; press Ctrl-C (or send SIGTERM) to stop")
-
-    deploy.serve_until_signal(handle, announce)
-    ctx.log("tritonserver stopped")
-    document["stopped"] = True
     return document
 
 

@@ -92,8 +92,9 @@ def repo(spec, out_dir: Path, runtime: str, checkpoints_dir, force: bool, dry_ru
 
 
 def serve_trtllm(spec, host: str | None, port: int | None, binary: str | None, nodes: int, launcher: str,
-                 timeout: float, once: bool, dry_run: bool, as_json: bool) -> None:
-    """trtllm-serve in the foreground until SIGINT/SIGTERM (or --once: until healthy, then stop)."""
+                 timeout: float, once: bool, dry_run: bool, as_json: bool, stop_timeout: float | None = None) -> None:
+    """trtllm-serve in the foreground until SIGINT/SIGTERM (or --once: until healthy, then stop). A stop
+    kills it after stop_timeout seconds (None: the handle's default)."""
     from specbuild.llmapi import trtllm_serve
 
     if dry_run:
@@ -108,7 +109,8 @@ def serve_trtllm(spec, host: str | None, port: int | None, binary: str | None, n
         raise click.UsageError("--nodes > 1 starts on a cluster: print the command with --dry-run and run it with "
                                "your scheduler (srun / mpirun).")
     command = trtllm_serve.plan(spec, trtllm_serve.find_trtllm_serve(binary), host, port)
-    handle = trtllm_serve.TrtllmServeHandle(command, log_path=spec.pair_dir / ".trtllm-serve.log")
+    handle = trtllm_serve.TrtllmServeHandle(command, log_path=spec.pair_dir / ".trtllm-serve.log",
+                                            stop_timeout=stop_timeout)
     log(f"starting trtllm-serve on {command.argv[1]}; log: {handle.log_path}")
     handle.start(timeout=timeout)
     document = {"stage": "serve", "status": "ready", "server": "trtllm-serve", "endpoints":

@@ -126,9 +126,12 @@ def nodes_needed(world_size: int, gpus_per_node: int) -> int:
 class TrtllmServeHandle:
     """A running trtllm-serve: start (argv list, own process group, log file), wait for /health, stop."""
 
-    def __init__(self, command: ServeCommand, log_path: Path):
+    STOP_TIMEOUT_S = 60.0  # SIGTERM, then SIGKILL after this
+
+    def __init__(self, command: ServeCommand, log_path: Path, stop_timeout: float | None = None):
         self.command = command
         self.log_path = Path(log_path)
+        self.stop_timeout = self.STOP_TIMEOUT_S if stop_timeout is None else stop_timeout
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 1800.0) -> "TrtllmServeHandle":
@@ -171,7 +174,8 @@ class TrtllmServeHandle:
         raise ServeError(f"trtllm-serve was not healthy ({self.command.health_url}) after {timeout:.0f} s. "
                          f"Last log lines:\n{self.log_tail()}\nFull log: {self.log_path}")
 
-    def stop(self, timeout: float = 60.0) -> int | None:
+    def stop(self, timeout: float | None = None) -> int | None:
+        timeout = self.stop_timeout if timeout is None else timeout
         process = self.process
         if process is None:
             return None

@@ -4,8 +4,8 @@
     convert  Hugging Face checkpoints per role (`checkpoint`)
     build    the LLM arguments, validated and written (`build`)
     repo     Triton's llmapi repository (`repository`; the CPU stand-in unless tensorrt_llm is importable)
-    serve    tritonserver on it, the canary, the demo prompts streamed through the client, then stop (--once)
-             or serve until SIGINT/SIGTERM
+    serve    tritonserver on it under the supervisor (specbuild.triton.supervisor), the canary, the demo prompts
+             streamed through the client, then stop (--once) or serve until SIGINT/SIGTERM
 """
 
 from __future__ import annotations
@@ -114,35 +114,27 @@ def run_serve_stage(ctx) -> dict[str, Any]:
     repo = Path(ctx.results.get("repo", {}).get("repo") or ctx.repo or default_repo_dir(ctx.spec))
     if ctx.dry_run:
         return {"status": "planned", "detail": f"tritonserver on {repo}, then {len(demo_prompts())} demo prompts"}
-    from specbuild.triton.server import ServerHandle
+    from specbuild.triton.supervisor import Supervisor
 
     plan = deploy.plan_serve(ctx.spec, repo)
     deploy.check_engines(plan.backend, plan.engines)
-    handle = ServerHandle(plan.options, plan.install, log_path=plan.repo.parent / f".{plan.repo.name}.tritonserver.log")
+    supervisor = Supervisor.for_repo(plan.options, plan.install, log=ctx.log)
+    handle = supervisor.handle
     ctx.log(f"starting tritonserver ({plan.install.kind}) on {plan.repo} (llmapi); log: {handle.log_path}")
     started = time.monotonic()
-    handle.start(timeout=600)
-    try:
-        deploy.canary(handle)
-        ready_seconds = round(time.monotonic() - started, 1)
-        results = demo(ctx, handle, plan.engines["target"])
-    except BaseException:
-        handle.stop()
-        raise
-    document = {"status": "ran", "endpoints": handle.endpoints(), "ready_seconds": ready_seconds, "demo": results}
-    if ctx.once:
-        handle.stop()
-        document["stopped"] = True
-        return document
+    document: dict[str, Any] = {"status": "ran"}
 
-    def announce() -> None:
-        for name, url in handle.endpoints().items():
-            ctx.log(f"{name:8s} {url}")
-        ctx.log("serving; press Ctrl-C (or send SIGTERM) to stop")
+    def on_ready(canary: dict[str, str]) -> None:
+        document.update(endpoints=handle.endpoints(), ready_seconds=round(time.monotonic() - started, 1))
+        document["demo"] = demo(ctx, handle, plan.engines["target"])
+        if not ctx.once:
+            for name, url in handle.endpoints().items():
+                ctx.log(f"{name:8s} {url}")
+            ctx.log("serving; press Ctrl-C (or send SIGTERM) to stop")
 
-    deploy.serve_until_signal(handle, announce)
+    outcome = supervisor.serve(on_ready, once=ctx.once)
     ctx.log("tritonserver stopped")
-    document["stopped"] = True
+    document.update(stopped=True, stopped_by=outcome["stopped_by"], restarts=outcome["restarts"])
     return document
 
 

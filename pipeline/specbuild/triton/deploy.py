@@ -1,28 +1,25 @@
-"""`specbuild serve`: check the repository and its engines, start tritonserver, canary, wait for a signal."""
+"""`specbuild serve` and `up`: check the repository and its engines and plan the server; the run itself
+(start, canary, supervision, stop) is `specbuild.triton.supervisor.Supervisor`."""
 
 from __future__ import annotations
 
-import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specbuild.artifacts import read_manifest
 from specbuild.config import Spec
-from specbuild.errors import ArtifactError, ClientError, ServeError
-from specbuild.triton.server import ServerHandle, ServerOptions, TritonInstall, build_argv, find_tritonserver
-
-CANARY_PROMPT = "Hello"
+from specbuild.errors import ArtifactError, ServeError
+from specbuild.triton.server import ServerOptions, TritonInstall, build_argv, find_tritonserver
 
 
 @dataclass
 class ServePlan:
     repo: Path
-    backend: str  # "trtllm" | "reference", from the repository's manifest
+    backend: str  # "trtllm" | "reference" | "llmapi", from the repository's manifest
     options: ServerOptions
     install: TritonInstall
-    engines: dict[str, Path]  # role -> engine folder as resolved on this machine
+    engines: dict[str, Path]  # role -> engine folder (llmapi: checkpoint folder) as resolved on this machine
 
     def argv(self) -> list[str]:
         return build_argv(self.install, self.options, "<random key per start>")[0]
@@ -32,6 +29,7 @@ class ServePlan:
         return {"repo": str(self.repo), "backend": self.backend, "tritonserver": str(self.install.binary),
                 "tritonserver_kind": self.install.kind, "host": o.host, "http_port": o.http_port,
                 "grpc_port": o.grpc_port, "metrics_port": o.metrics_port, "gpu": o.gpu,
+                "restricted_apis": list(o.restricted_apis()), "exit_timeout_s": o.exit_timeout_s,
                 "engines": {k: str(v) for k, v in self.engines.items()}, "argv": self.argv()}
 
 
@@ -74,7 +72,8 @@ def check_engines(backend: str, engines: dict[str, Path], python: str | None = N
 
 def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int | None = None,
                grpc_port: int | None = None, metrics_port: int | None = None, tritonserver: str | None = None,
-               allow_model_control: bool = False) -> ServePlan:
+               allow_model_control: bool = False, allow_apis: tuple[str, ...] = (),
+               exit_timeout_s: int = ServerOptions.exit_timeout_s) -> ServePlan:
     repo = Path(repo).resolve()
     if not repo.is_dir():
         raise ArtifactError(f"model repository {repo} does not exist: write it with `specbuild repo --out-dir {repo}`.")
@@ -91,56 +90,12 @@ def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int |
         http_port=s.http_port if http_port is None else http_port,
         grpc_port=s.grpc_port if grpc_port is None else grpc_port,
         metrics_port=s.metrics_port if metrics_port is None else metrics_port,
-        allow_model_control=allow_model_control, gpu=backend == "trtllm", gpu_count=spec.gpu.count,
+        allow_model_control=allow_model_control, open_apis=tuple(allow_apis), gpu=backend == "trtllm",
+        gpu_count=spec.gpu.count, exit_timeout_s=exit_timeout_s,
     )
+    options.restricted_apis()  # an unknown API name fails here, before anything starts
     if backend == "llmapi":
         from specbuild.llmapi.repository import checkpoint_dirs
 
         return ServePlan(repo, backend, options, find_tritonserver(tritonserver), checkpoint_dirs(repo, manifest))
     return ServePlan(repo, backend, options, find_tritonserver(tritonserver), engine_dirs(repo, manifest))
-
-
-def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[str, str]:
-    """One short request per entry point (BLS over gRPC streaming, ensemble over HTTP); raises on failure."""
-    from specbuild.triton.client import SpecbuildClient
-
-    if models is None and _repo_backend(handle.opts.repo) == "llmapi":
-        from specbuild.llmapi.client import canary as llmapi_canary
-
-        return llmapi_canary(handle, CANARY_PROMPT)
-    loaded = models or ("tensorrt_llm_bls", "ensemble")
-    answers = {}
-    for model, url, protocol in (("tensorrt_llm_bls", handle.grpc_url, "grpc"), ("ensemble", handle.http_url, "http")):
-        if model not in loaded:
-            continue
-        try:
-            with SpecbuildClient(url, protocol=protocol, model=model, timeout=120) as client:
-                text, _ = client.complete(CANARY_PROMPT, max_tokens=2, stream=False)
-        except ClientError as err:
-            raise ServeError(f"the canary request to {model} failed: {err}. Server log: {handle.log_path}") from None
-        answers[model] = text
-    return answers
-
-
-def _repo_backend(repo: Path) -> str | None:
-    try:
-        return read_manifest(Path(repo)).get("backend")
-    except ArtifactError:
-        return None
-
-
-def serve_until_signal(handle: ServerHandle, on_ready: Callable[[], None], poll: float = 1.0) -> int:
-    """Block until SIGINT/SIGTERM (exit 0) or the server dies (ServeError); always stops the server."""
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        on_ready()
-        while not stop.wait(poll):
-            if handle.process is None or handle.process.poll() is not None:
-                code = handle.process.returncode if handle.process else None
-                raise ServeError(f"tritonserver exited unexpectedly (code {code}). Last log lines:\n{handle.log_tail()}")
-        return 0
-    finally:
-        handle.stop()
-        for sig, old in previous.items():
-            signal.signal(sig, old)

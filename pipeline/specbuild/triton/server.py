@@ -1,111 +1,70 @@
-"""Find and run `tritonserver` on a model repository: argv, readiness, canary, clean shutdown.
-
-Where the server comes from (first found): `--tritonserver PATH`; `tritonserver` on PATH; the
-TensorRT-LLM container's `/opt/tritonserver/bin/tritonserver`; the binary in the `nvidia-pytriton`
-wheel, which runs Python-backend models without a GPU (see docs/triton.md). For the wheel, the CUDA
-runtime it bundles goes on LD_LIBRARY_PATH and a backend folder is assembled with the Python
-backend library, its utils and the stub built for the running Python; this interpreter's bin folder
-goes first on PATH so the models import this environment's specbuild and torch.
+"""Run one `tritonserver` on a model repository: argv, launch, readiness, model control, stop.
 
 On GPU (the trtllm flavour) the argv follows NVIDIA's launch_triton_server.py (NVIDIA/TensorRT-LLM
-`triton_backend/scripts/`) in multi-model (orchestrator) mode: `mpirun --allow-run-as-root -n 1 tritonserver ... :` with
-TRTLLM_ORCHESTRATOR=1, so the orchestrator spawns one MPI worker group per engine (TP included);
-world size 1 is the only one allowed with spawned processes.
+`triton_backend/scripts/`) in multi-model (orchestrator) mode: `mpirun --allow-run-as-root -n 1
+tritonserver ... :` with TRTLLM_ORCHESTRATOR=1, so the orchestrator spawns one MPI worker group per
+engine (TP included); world size 1 is the only one allowed with spawned processes.
+
+The control surface (tritonserver 2.51, server src/command_line_parser.cc and src/restricted_features.h):
+every API other than health, metadata, model-config and inference is restricted on HTTP
+(`--http-restricted-api`) and gRPC (`--grpc-restricted-protocol`) to a header whose value is a random key
+made per start and held only by this process (the supervisor uses it to reload models). A client without
+it gets HTTP 403 / gRPC UNAVAILABLE "This API is restricted ..."; `open_apis` lifts the restriction.
+The gRPC header is the HTTP one prefixed with `triton-grpc-protocol-` (server src/grpc/grpc_server.h).
+
+Housekeeping per start: ports already answering are refused (with the PID holding them); the previous
+log is rotated, not truncated; the Python backend's /dev/shm regions get a per-start prefix, so the
+regions a killed server leaves behind can be removed without touching anyone else's; the server gets
+PR_SET_PDEATHSIG, so it never outlives the process that started it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from specbuild.errors import ServeError, ToolNotFoundError
+from specbuild.errors import ServeError
+from specbuild.triton import procfs
+from specbuild.triton.housekeeping import (  # noqa: F401 (re-exported)
+    SHM_PREFIX_START, SHM_ROOT, refuse_busy_ports, remove_regions, rotate_log,
+)
+from specbuild.triton.install import CONTAINER_BINARY, TritonInstall, find_tritonserver  # noqa: F401 (re-exported)
 
-CONTAINER_BINARY = Path("/opt/tritonserver/bin/tritonserver")
 ADMIN_HEADER = "specbuild-admin-key"
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"  # tritonserver prefixes restricted gRPC header names with this
+# The APIs restricted unless opened (tritonserver's category names). health, metadata, model-config and
+# inference stay open: readiness probes, tritonclient, perf_analyzer and genai-perf need them.
+RESTRICTED_APIS = ("shared-memory", "logging", "trace", "model-repository", "statistics")
+
+# The launcher: set PR_SET_PDEATHSIG (prctl option 1, include/uapi/linux/prctl.h) in the child, then exec
+# the server. Done in a tiny interpreter rather than a preexec_fn, which is unsafe once threads exist (gRPC
+# starts some). The signal goes when the *thread* that forked dies, so start servers from a thread that
+# lives as long as they do (the main thread). The ppid check covers a parent that died before the prctl.
+# SIGINT/SIGTERM are blocked around the fork (so a stop request cannot land between the fork and the
+# bookkeeping) and unblocked in the child before the exec.
+_LAUNCHER = (
+    "import ctypes, os, signal, sys\n"
+    "signal.pthread_sigmask(signal.SIG_SETMASK, [])\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
-@dataclass(frozen=True)
-class TritonInstall:
-    binary: Path
-    kind: str  # "explicit" | "path" | "container" | "pytriton"
-    backend_dir: Path | None = None  # None: the binary's default backends
-    env: dict[str, str] = field(default_factory=dict)  # added to the server's environment
-
-
-def _pytriton_root() -> Path | None:
-    for base in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
-        root = Path(base) / "pytriton" / "tritonserver"
-        if (root / "bin" / "tritonserver").is_file():
-            return root
-    return None
-
-
-def _pytriton_backends(root: Path) -> Path:
-    """A backend folder with python/{libtriton_python.so, triton_python_backend_utils.py, the stub}."""
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.is_file():
-        raise ToolNotFoundError(f"the nvidia-pytriton wheel has no Python backend stub for Python {version} "
-                                f"({stub}). Use Python 3.10-3.12, or run in the CPU image (docker/Dockerfile.cpu).")
-    from platformdirs import user_cache_dir
-
-    cache = Path(os.environ.get("SPECBUILD_CACHE_DIR") or user_cache_dir("specbuild"))
-    target = cache / "tritonserver-backends" / f"py{version}" / "python"
-    target.mkdir(parents=True, exist_ok=True)
-    sources = [root / "backends" / "python" / "libtriton_python.so",
-               root / "backends" / "python" / "triton_python_backend_utils.py", stub]
-    for source in sources:
-        dest = target / source.name
-        if not dest.is_file() or dest.stat().st_size != source.stat().st_size:
-            tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
-            shutil.copy2(source, tmp)
-            os.replace(tmp, dest)
-    return target.parent
-
-
-def _libpython_dir() -> str:
-    """The running Python's libpython folder: the stub must load the same libpython as this interpreter's
-    extension modules were built for (a system libpython3.x of another patch release breaks `import ssl`)."""
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    name = sysconfig.get_config_var("INSTSONAME") or ""
-    return libdir if libdir and name and (Path(libdir) / name).is_file() else ""
-
-
-def find_tritonserver(explicit: str | Path | None = None) -> TritonInstall:
-    venv_bin = str(Path(sys.executable).parent)
-    path_env = {"PATH": venv_bin + os.pathsep + os.environ.get("PATH", "")}
-    if explicit is not None:
-        binary = Path(explicit)
-        if not binary.is_file() or not os.access(binary, os.X_OK):
-            raise ToolNotFoundError(f"--tritonserver {explicit}: not an executable file. Pass the tritonserver binary.")
-        return TritonInstall(binary, "explicit", env=path_env)
-    found = shutil.which("tritonserver")
-    if found:
-        return TritonInstall(Path(found), "path", env=path_env)
-    if CONTAINER_BINARY.is_file():
-        return TritonInstall(CONTAINER_BINARY, "container", env=path_env)
-    root = _pytriton_root()
-    if root is not None:
-        libs = root.parent.parent / "nvidia_pytriton.libs"
-        ld = os.pathsep.join(p for p in (_libpython_dir(), str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p)
-        return TritonInstall(root / "bin" / "tritonserver", "pytriton", _pytriton_backends(root),
-                             {**path_env, "LD_LIBRARY_PATH": ld})
-    raise ToolNotFoundError(
-        "tritonserver not found (not on PATH, not at /opt/tritonserver/bin, no nvidia-pytriton wheel). "
-        "Install the serving extra (pip install 'specbuild[serve]') for the CPU server, run in the GPU image "
-        "(docker/Dockerfile.gpu), or pass --tritonserver PATH."
-    )
+class StopRequested(BaseException):
+    """SIGINT/SIGTERM arrived while starting or serving: stop, it is not an error."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -121,14 +80,24 @@ class ServerOptions:
     http_port: int = 0  # 0 = pick a free port
     grpc_port: int = 0
     metrics_port: int = 0
-    allow_model_control: bool = False  # the model-control and repository APIs are off unless asked
-    models: tuple[str, ...] | None = None  # load only these (explicit mode); None = every model
+    allow_model_control: bool = False  # open the model-repository API (same as "model-repository" in open_apis)
+    open_apis: tuple[str, ...] = ()  # restricted APIs opened to every client
+    models: tuple[str, ...] | None = None  # load only these; None = every model
     gpu: bool = False  # the TensorRT-LLM (multi-model orchestrator) launch
     gpu_count: int = 1
     log_verbose: int = 0
+    exit_timeout_s: int = 30  # tritonserver's --exit-timeout-secs: how long a SIGTERM may take
+
+    def restricted_apis(self) -> tuple[str, ...]:
+        opened = set(self.open_apis) | ({"model-repository"} if self.allow_model_control else set())
+        unknown = opened - set(RESTRICTED_APIS)
+        if unknown:
+            raise ServeError(f"cannot open API {sorted(unknown)[0]!r}: choose from {', '.join(RESTRICTED_APIS)}.")
+        return tuple(api for api in RESTRICTED_APIS if api not in opened)
 
 
-def build_argv(install: TritonInstall, opts: ServerOptions, admin_key: str) -> tuple[list[str], dict[str, str]]:
+def build_argv(install: TritonInstall, opts: ServerOptions, admin_key: str,
+               shm_prefix: str = "<per-start prefix>") -> tuple[list[str], dict[str, str]]:
     """The exact argv (a list, never a shell string) and the extra environment."""
     server = [
         str(install.binary),
@@ -139,24 +108,23 @@ def build_argv(install: TritonInstall, opts: ServerOptions, admin_key: str) -> t
         "--disable-auto-complete-config",
         "--strict-readiness=true",
         "--exit-on-error=true",
-        "--exit-timeout-secs=30",
+        f"--exit-timeout-secs={opts.exit_timeout_s}",
         f"--log-verbose={opts.log_verbose}",
     ]
     if install.backend_dir is not None:
         server.append(f"--backend-directory={install.backend_dir}")
-    if opts.allow_model_control or opts.models is not None:
-        server.append("--model-control-mode=explicit")
-        server += [f"--load-model={name}" for name in (opts.models or ("*",))]
-    else:
-        server.append("--model-control-mode=none")
-    if not opts.allow_model_control:
-        # No API to restrict "off" outright: require a header whose value only this process knew.
-        server.append(f"--http-restricted-api=model-repository:{ADMIN_HEADER}={admin_key}")
-        server.append(f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={admin_key}")
+    # Explicit mode always: the supervisor reloads a model whose stub died (the API stays restricted).
+    server.append("--model-control-mode=explicit")
+    server += [f"--load-model={name}" for name in (opts.models or ("*",))]
+    restricted = opts.restricted_apis()
+    if restricted:
+        group = f"{','.join(restricted)}:{ADMIN_HEADER}={admin_key}"  # syntax <apis>:<header>=<value>
+        server += [f"--http-restricted-api={group}", f"--grpc-restricted-protocol={group}"]
+    # Per-start region names (default: triton_python_backend_shm_region_<uuid>, python_backend src/python_be.cc).
+    server.append(f"--backend-config=python,shm-region-prefix-name={shm_prefix}")
     env = dict(install.env)
     if not opts.gpu:
         return server, env
-    server.append("--backend-config=python,shm-region-prefix-name=prefix0_")
     server += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
     server += [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(opts.gpu_count)]
     env.update({"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"})
@@ -164,28 +132,30 @@ def build_argv(install: TritonInstall, opts: ServerOptions, admin_key: str) -> t
 
 
 def _children(pid: int) -> list[int]:
-    """Every live descendant of pid (Linux /proc), e.g. the Python backend stubs."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        current = frontier.pop()
-        kids = [p for p, parent in parents.items() if parent == current]
-        found += kids
-        frontier += kids
-    return found
+    """Every descendant of pid (zombies included), e.g. the Python backend stubs."""
+    return procfs.descendants(pid)
+
+
+@dataclass
+class StopResult:
+    code: int | None  # the server's exit code (negative: killed by that signal)
+    seconds: float
+    killed: bool = False  # it did not stop within its exit timeout and got SIGKILL
+    removed_regions: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return self.code == 0 and not self.killed
+
+    def describe(self) -> str:
+        if self.killed:
+            return f"did not stop within {self.seconds:.0f} s and was killed (SIGKILL)"
+        return f"exited with code {self.code} after {self.seconds:.1f} s"
 
 
 class ServerHandle:
-    """A running tritonserver. `with ServerHandle(opts) as server:` starts it, waits until ready and
-    answers a canary request; leaving the block stops it (SIGTERM, then SIGKILL) with every child."""
+    """A running tritonserver. `with ServerHandle(opts) as server:` starts it and waits until it is ready;
+    leaving the block stops it (SIGTERM, then SIGKILL) with every child."""
 
     def __init__(self, opts: ServerOptions, install: TritonInstall | None = None, log_path: Path | None = None):
         self.opts = opts
@@ -194,6 +164,8 @@ class ServerHandle:
         self.process: subprocess.Popen | None = None
         self.pids: list[int] = []
         self.argv: list[str] = []
+        self.admin_key = ""  # the restricted APIs' header value for this start; never printed
+        self.shm_prefix = ""
 
     # ---- addresses --------------------------------------------------------------------------------
     @property
@@ -211,27 +183,58 @@ class ServerHandle:
     def endpoints(self) -> dict[str, str]:
         return {"http": f"http://{self.http_url}", "grpc": self.grpc_url, "metrics": self.metrics_url}
 
+    @property
+    def run_record(self) -> Path:
+        return self.log_path.with_name(self.log_path.name + ".run.json")
+
     # ---- lifecycle ---------------------------------------------------------------------------------
-    def start(self, timeout: float = 300.0) -> "ServerHandle":
-        for key in ("http_port", "grpc_port", "metrics_port"):
-            if getattr(self.opts, key) == 0:
+    def start(self, timeout: float = 300.0, should_stop: Callable[[], bool] | None = None) -> "ServerHandle":
+        ports = {"http_port": self.opts.http_port, "grpc_port": self.opts.grpc_port,
+                 "metrics_port": self.opts.metrics_port}
+        refuse_busy_ports(self.opts.host, ports)
+        for key, value in ports.items():
+            if value == 0:
                 setattr(self.opts, key, free_port(self.opts.host))
-        self.argv, extra_env = build_argv(self.install, self.opts, secrets.token_hex(16))
+        self.admin_key, self.shm_prefix = secrets.token_hex(16), f"{SHM_PREFIX_START}{secrets.token_hex(4)}_"
+        self.argv, extra_env = build_argv(self.install, self.opts, self.admin_key, self.shm_prefix)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._clean_previous_run()
+        rotate_log(self.log_path)
         log = open(self.log_path, "wb")
         try:
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env={**os.environ, **extra_env}, start_new_session=True)
+            launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid())]
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                self.process = subprocess.Popen(launcher + self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env={**os.environ, **extra_env},
+                                                start_new_session=True)
+                self.run_record.write_text(json.dumps({"pid": self.process.pid, "shm_prefix": self.shm_prefix}))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         except OSError as err:
             raise ServeError(f"could not start {self.argv[0]}: {err}") from None
         finally:
             log.close()
         try:
-            self.wait_ready(timeout)
+            self.wait_ready(timeout, should_stop)
         except BaseException:
-            self.stop()
+            self.stop(graceful=False)
             raise
         return self
+
+    def _clean_previous_run(self) -> None:
+        """Regions of the last server started with this log whose process is gone (killed, not stopped)."""
+        try:
+            record = json.loads(self.run_record.read_text())
+            pid, prefix = int(record["pid"]), str(record["shm_prefix"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if procfs.alive(pid) and any(prefix in arg for arg in procfs.cmdline(pid)):
+            return  # still running (another serve of this repository): not ours to clean
+        try:
+            remove_regions(prefix)
+        except ValueError:
+            pass
 
     def log_tail(self, lines: int = 25) -> str:
         try:
@@ -253,6 +256,25 @@ class ServerHandle:
                 found.append(message[:600])
         return found[:limit]
 
+    def stop_diagnosis(self) -> str:
+        """Why a SIGTERM ran out of time, from tritonserver's countdown lines (core src/server.cc and
+        server src/http_server.cc log "Timeout N: Found ..." once a second while they wait)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()[-400:]
+        except OSError:
+            return ""
+        if not any("Exit timeout expired" in line for line in lines[-100:]):
+            return ""
+        waits = [line.split(": Found ", 1)[1].rstrip('"') for line in lines if '"Timeout ' in line and ": Found " in line]
+        http = [wait for wait in waits if "HTTP service connections" in wait]
+        if http:  # the HTTP front end stops first and spends the shared budget while connections are open
+            return (f"tritonserver spent {len(http)} s of it waiting for open HTTP connections ({http[-1]}): a client "
+                    "kept its connection open (HTTP keep-alive, e.g. an open tritonclient.http client); close "
+                    "clients before stopping the server")
+        if waits:
+            return f"tritonserver waited for models to unload ({waits[-1]}), e.g. a decoupled model with open streams"
+        return ""
+
     def _failure(self, what: str) -> ServeError:
         errors = self.load_errors()
         reason = ("Models that failed to load:\n  " + "\n  ".join(errors)) if errors else f"Last log lines:\n{self.log_tail()}"
@@ -265,37 +287,92 @@ class ServerHandle:
         except (urllib.error.URLError, OSError):
             return False
 
-    def wait_ready(self, timeout: float) -> None:
+    def _foreign_holder(self) -> tuple[bool, str]:
+        """(every port is held by this server, a message when another process holds one)."""
+        ours = {self.process.pid, *procfs.descendants(self.process.pid)} if self.process else set()
+        for name, port in (("HTTP", self.opts.http_port), ("gRPC", self.opts.grpc_port),
+                           ("metrics", self.opts.metrics_port)):
+            listening, holders = procfs.port_holders(self.opts.host, port)
+            if holders & ours:
+                continue
+            if listening:
+                who = ", ".join(f"PID {pid} ({procfs.describe(pid)})" for pid in sorted(holders)) or "another process"
+                return False, f"the {name} port {self.opts.host}:{port} answers, but {who} holds it, not this server"
+            return False, ""
+        return True, ""
+
+    def wait_ready(self, timeout: float, should_stop: Callable[[], bool] | None = None) -> None:
+        """Until this server (not another process on its ports) reports ready."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise self._failure(f"tritonserver exited with code {self.process.returncode} before it was ready")
+            if should_stop is not None and should_stop():
+                raise StopRequested()
             if self.ready():
-                self.pids = _children(self.process.pid) if self.process else []
-                return
+                own, problem = self._foreign_holder()
+                if problem:
+                    raise ServeError(f"{problem}. Stop that process, or use other ports.")
+                if own:
+                    self.pids = procfs.descendants(self.process.pid) if self.process else []
+                    return
             time.sleep(0.25)
         raise self._failure(f"tritonserver was not ready after {timeout:.0f} s")
 
-    def stop(self, timeout: float = 45.0) -> int | None:
-        """SIGTERM to the process group, SIGKILL after `timeout`; returns the exit code."""
+    def model_control(self, action: str, model: str, timeout: float = 600.0) -> None:
+        """Load (reload) or unload one model through the model-repository API; blocks until done."""
+        headers = {ADMIN_HEADER: self.admin_key} if "model-repository" in self.opts.restricted_apis() else {}
+        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{model}/{action}",
+                                         data=b"{}", method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout):
+                return
+        except urllib.error.HTTPError as err:
+            raise ServeError(f"{action} of {model} failed: HTTP {err.code} {err.read()[:300].decode(errors='replace')}") from None
+        except OSError as err:
+            raise ServeError(f"{action} of {model} failed: {err}") from None
+
+    def stop(self, timeout: float | None = None, graceful: bool = True) -> StopResult | None:
+        """SIGTERM to the process group (SIGKILL after exit_timeout_s + 5 s; at once if not graceful),
+        then whatever is left of this start (its group, its stubs), then its /dev/shm regions."""
         process = self.process
         if process is None:
             return None
-        pids = set(self.pids) | set(_children(process.pid))
+        started = time.monotonic()
+        killed = False
         if process.poll() is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
+            if graceful:
+                _signal_group(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(self.opts.exit_timeout_s + 5 if timeout is None else timeout)
+                except subprocess.TimeoutExpired:
+                    killed = True
+            if not graceful or killed:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait(10)
-        for pid in pids:  # stubs that left the process group, if any
+        seconds = time.monotonic() - started
+
+        def leftovers() -> list[int]:
+            # Stubs leave once their server is gone (python_backend src/pb_stub.cc polls the parent every
+            # 300 ms), and a stub started by a reload holds copies of the server's listening sockets.
+            return procfs.group_members(process.pid) + procfs.stubs_with_region_prefix(self.shm_prefix)
+
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and leftovers():
+            time.sleep(0.1)
+        if procfs.group_members(process.pid):  # a group id is not reused while members of it live
+            _signal_group(process.pid, signal.SIGKILL)
+        for pid in procfs.stubs_with_region_prefix(self.shm_prefix):  # by their region: ours, no one else's
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        deadline = time.monotonic() + 5.0  # a killed process has closed its sockets once it is a zombie
+        while time.monotonic() < deadline and leftovers():
+            time.sleep(0.05)
+        removed = remove_regions(self.shm_prefix)
         self.process = None
-        return process.returncode
+        return StopResult(process.returncode, seconds, killed, removed)
 
     def __enter__(self) -> "ServerHandle":
         return self.start()

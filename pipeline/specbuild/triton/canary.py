@@ -1,0 +1,81 @@
+"""Canary requests: one short request through an entry point, to prove the deployment answers.
+
+`canary` runs once after start-up (the BLS over gRPC streaming, the ensemble over HTTP; for an llmapi
+repository its `tensorrt_llm` model over gRPC streaming and HTTP) and raises on a failure; `CanaryProbe` is
+the supervisor's periodic one through `entry_model`, in a thread so that a request hanging on a dead model
+never delays its other checks.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from specbuild.artifacts import read_manifest
+from specbuild.errors import ArtifactError, ClientError, ServeError
+from specbuild.triton.server import ServerHandle
+
+CANARY_PROMPT = "Hello"
+
+
+def repo_backend(repo: Path) -> str | None:
+    """The repository's backend from its manifest ("trtllm", "reference", "llmapi"), None without one."""
+    try:
+        return read_manifest(Path(repo)).get("backend")
+    except ArtifactError:
+        return None
+
+
+def entry_model(repo: Path) -> str:
+    """The model a periodic canary goes through: the BLS, else the ensemble; an llmapi repository's one model."""
+    if repo_backend(repo) == "llmapi":
+        from specbuild.llmapi.contract import MODEL_NAME
+
+        return MODEL_NAME
+    return "tensorrt_llm_bls" if (Path(repo) / "tensorrt_llm_bls").is_dir() else "ensemble"
+
+
+def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[str, str]:
+    """One short request per entry point (BLS over gRPC streaming, ensemble over HTTP; an llmapi repository's
+    model over both); raises on failure."""
+    from specbuild.triton.client import SpecbuildClient
+
+    if models is None and repo_backend(handle.opts.repo) == "llmapi":
+        from specbuild.llmapi.client import canary as llmapi_canary
+
+        return llmapi_canary(handle, CANARY_PROMPT)
+    loaded = models or ("tensorrt_llm_bls", "ensemble")
+    answers = {}
+    for model, url, protocol in (("tensorrt_llm_bls", handle.grpc_url, "grpc"), ("ensemble", handle.http_url, "http")):
+        if model not in loaded:
+            continue
+        try:
+            with SpecbuildClient(url, protocol=protocol, model=model, timeout=120) as client:
+                text, _ = client.complete(CANARY_PROMPT, max_tokens=2, stream=False)
+        except ClientError as err:
+            raise ServeError(f"the canary request to {model} failed: {err}. Server log: {handle.log_path}") from None
+        answers[model] = text
+    return answers
+
+
+class CanaryProbe:
+    """One short request through `model` over HTTP, in a daemon thread; `done` is set when it has ended."""
+
+    def __init__(self, http_url: str, model: str, timeout: float):
+        self.model = model
+        self.error: str | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(http_url, timeout), name="specbuild-canary", daemon=True).start()
+
+    def _run(self, http_url: str, timeout: float) -> None:
+        from specbuild.triton.client import SpecbuildClient
+
+        try:
+            with SpecbuildClient(http_url, protocol="http", model=self.model, timeout=timeout) as client:
+                client.complete(CANARY_PROMPT, max_tokens=1, stream=False)
+        except ClientError as err:
+            self.error = str(err)
+        except Exception as err:  # noqa: BLE001 - any failure of the probe is a failed canary, reported
+            self.error = f"{type(err).__name__}: {err}"
+        finally:
+            self.done.set()

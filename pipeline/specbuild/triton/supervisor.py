@@ -1,0 +1,367 @@
+"""Keep a tritonserver serving: start it, watch its models, recover from failures, stop it.
+
+`Supervisor.serve` is what `specbuild serve` and `specbuild up` run. Why a supervisor is needed with
+tritonserver 2.51 (python_backend r24.10):
+- a Python backend stub that dies is never restarted (the restart was removed in r24.06; src/python_be.cc
+  keeps only "TODO: Implement restart on decoupled"), and the server's and the model's ready endpoints
+  stay 200 (core src/server.cc reads only the model lifecycle state). Requests to a non-decoupled model
+  with a dead stub fail "Stub process '<instance>' is not healthy." within about 1 s;
+- a decoupled model's (the BLS's, a decoupled llmapi `tensorrt_llm`'s) streams hang forever when its stub
+  dies: nothing on the server side tracks the open response factories, and the model can then never be
+  unloaded.
+
+What it does, every `poll_s` (1 s): the server process exited -> restart it; a model's stub is dead
+(/proc: gone or a zombie) -> a non-decoupled model is reloaded through the model-repository API (unload,
+then load: new instances, new stubs), a decoupled model gets a server restart (SIGKILL, which also ends the hung
+streams); every `canary_interval_s` one short request goes through the BLS (an llmapi repository: its one
+model, `tensorrt_llm`), and `canary_failures` failures in a row restart the server. Each event is logged
+and counted in a Prometheus text file (node_exporter's textfile-collector format) beside the server log.
+
+Restarts come from the thread that runs `serve` (the main thread), so the server's parent-death signal
+stays tied to a thread that outlives it (PR_SET_PDEATHSIG fires when the forking thread exits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from specbuild.errors import ServeError
+from specbuild.triton import procfs
+from specbuild.triton.canary import CanaryProbe, canary, entry_model
+from specbuild.triton.server import ServerHandle, ServerOptions, StopRequested, TritonInstall
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    enabled: bool = True  # False: start, canary, serve until a signal, stop (no watching)
+    poll_s: float = 1.0  # process and stub checks
+    canary_interval_s: float = 10.0  # a request through the BLS (llmapi: tensorrt_llm) this often; 0 = none
+    canary_timeout_s: float = 30.0
+    canary_failures: int = 3  # consecutive canary failures that restart the server
+    max_restarts: int = 5  # server restarts allowed within restart_window_s before giving up
+    restart_window_s: float = 600.0
+    start_timeout_s: float = 600.0  # readiness wait, first start and restarts
+
+
+class SupervisorMetrics:
+    """Counters and gauges written as a Prometheus text file after every change."""
+
+    HELP = {
+        "specbuild_supervisor_failures_total": ("counter", "Failures detected, by model and kind."),
+        "specbuild_supervisor_recoveries_total": ("counter", "Recoveries, by model and action (reload, restart)."),
+        "specbuild_supervisor_recovery_seconds": ("gauge", "Seconds from detection to serving again, last recovery."),
+        "specbuild_supervisor_server_starts_total": ("counter", "tritonserver starts, the first one included."),
+        "specbuild_supervisor_canary_total": ("counter", "Periodic canary requests, by result."),
+        "specbuild_supervisor_serving": ("gauge", "Whether the server is ready and watched (1) or not (0)."),
+    }
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def add(self, name: str, amount: float = 1.0, **labels: str) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        self.values[key] = self.values.get(key, 0.0) + amount
+        self.write()
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self.values[(name, tuple(sorted(labels.items())))] = value
+        self.write()
+
+    def get(self, name: str, **labels: str) -> float:
+        return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def render(self) -> str:
+        lines = []
+        for name, (kind, text) in self.HELP.items():
+            rows = [(labels, value) for (metric, labels), value in sorted(self.values.items()) if metric == name]
+            if not rows:
+                continue
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+            for labels, value in rows:
+                label_text = ",".join(f'{k}="{v}"' for k, v in labels)
+                lines.append(f"{name}{{{label_text}}} {value:g}" if label_text else f"{name} {value:g}")
+        return "\n".join(lines) + "\n"
+
+    def write(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
+        try:
+            tmp.write_text(self.render())
+            os.replace(tmp, self.path)  # a reader never sees half a file
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def python_models(repo: Path, only: tuple[str, ...] | None = None) -> list[str]:
+    """The repository's Python-backend models (each instance runs in a stub), those in `only` if given."""
+    found = []
+    for config in sorted(Path(repo).glob("*/config.pbtxt")):
+        model = config.parent.name
+        if (only is None or model in only) and re.search(r'\bbackend\s*:\s*"python"', config.read_text()):
+            found.append(model)
+    return found
+
+
+def is_decoupled(repo: Path, model: str) -> bool:
+    """The model's config says `model_transaction_policy { decoupled: true }`."""
+    try:
+        text = (Path(repo) / model / "config.pbtxt").read_text()
+    except OSError:
+        return False
+    return re.search(r"\bdecoupled\s*:\s*true\b", text) is not None
+
+
+class Supervisor:
+    def __init__(self, options: ServerOptions, install: TritonInstall, log_path: Path,
+                 settings: SupervisorSettings | None = None, metrics_path: Path | None = None,
+                 log: Callable[[str], None] = lambda message: None):
+        self.handle = ServerHandle(options, install, log_path=log_path)
+        self.settings = settings or SupervisorSettings()
+        self.metrics = SupervisorMetrics(metrics_path)
+        self.log = log
+        self.events: list[dict[str, Any]] = []  # what happened, in order (also logged)
+        self._stop = threading.Event()
+        self._interruptible = False  # while True, a signal raises StopRequested in the main thread
+        self._expected: dict[str, str] = {}  # instance name -> model, the stubs that must be alive
+        self._python_models = python_models(options.repo, options.models)
+        self._restarts: list[float] = []
+        self._canary_failed = 0
+
+    @classmethod
+    def for_repo(cls, options: ServerOptions, install: TritonInstall, settings: SupervisorSettings | None = None,
+                 log: Callable[[str], None] = lambda message: None) -> "Supervisor":
+        """The log and metrics files beside the repository: .<repo>.tritonserver.log, .<repo>.supervisor.prom."""
+        repo = Path(options.repo).resolve()
+        return cls(options, install, repo.parent / f".{repo.name}.tritonserver.log", settings,
+                   repo.parent / f".{repo.name}.supervisor.prom", log)
+
+    # ---- the whole run ---------------------------------------------------------------------------
+    def serve(self, on_ready: Callable[[dict[str, str]], None], once: bool = False, canary_models: bool = True,
+              timeout: float | None = None) -> dict[str, Any]:
+        """Start, canary, call on_ready(canary answers), watch until SIGINT/SIGTERM (or return at once
+        with `once`), then stop. Raises ServeError when starting failed or the stop was not clean."""
+        outcome: dict[str, Any] = {"stopped_by": "once" if once else "signal", "ready": False}
+        previous = self._install_signals()
+        failure: BaseException | None = None
+        try:
+            self._interruptible = True  # from here a signal raises StopRequested, except in _uninterrupted()
+            self._start(timeout or self.settings.start_timeout_s)
+            answers = canary(self.handle) if canary_models else {}
+            outcome["ready"] = True
+            on_ready(answers)
+            if not once:
+                if self.settings.enabled:
+                    self.watch()
+                else:
+                    while not self._stop.wait(1.0):
+                        pass
+        except StopRequested:
+            outcome["stopped_by"] = "signal"
+        except BaseException as err:  # re-raised below, after the server is stopped
+            failure = err
+        finally:
+            self._interruptible = False
+            result = self.handle.stop()
+            self.metrics.set("specbuild_supervisor_serving", 0)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        outcome["restarts"] = len(self._restarts)
+        outcome["events"] = self.events
+        if result is not None:
+            outcome["stop"] = {"exit_code": result.code, "seconds": round(result.seconds, 2), "killed": result.killed,
+                               "removed_shm_regions": len(result.removed_regions)}
+        if failure is not None:
+            if result is not None and not result.clean:
+                self.log(f"tritonserver {result.describe()} while stopping after the failure.")
+            raise failure
+        if result is not None and not result.clean:
+            why = self.handle.stop_diagnosis()
+            raise ServeError(f"tritonserver did not stop cleanly: it {result.describe()} "
+                             f"(--exit-timeout-secs={self.handle.opts.exit_timeout_s}). " + (f"{why}. " if why else "")
+                             + f"See the server log: {self.handle.log_path}")
+        return outcome
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # signals reach only the main thread; a caller elsewhere uses request_stop()
+
+        def on_signal(signum, frame) -> None:
+            self._stop.set()
+            if self._interruptible:
+                self._interruptible = False
+                raise StopRequested()
+
+        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    @contextlib.contextmanager
+    def _uninterrupted(self):
+        """A signal inside the block only sets the stop flag; it is acted on when the block ends."""
+        was, self._interruptible = self._interruptible, False
+        try:
+            yield
+        finally:
+            self._interruptible = was
+        if was and self._stop.is_set():
+            raise StopRequested()
+
+    def _start(self, timeout: float) -> None:
+        self.handle.start(timeout=timeout, should_stop=self._stop.is_set)
+        self.metrics.add("specbuild_supervisor_server_starts_total")
+        self.metrics.set("specbuild_supervisor_serving", 1)
+        self._expected = self._live_instances()
+
+    # ---- watching --------------------------------------------------------------------------------
+    def watch(self) -> None:
+        """Check the server and its stubs every poll_s, canary every canary_interval_s, until stopped.
+        The canary runs in a thread, so a request hanging on a dead BLS never delays the stub checks."""
+        interval = self.settings.canary_interval_s
+        next_canary = time.monotonic() + interval
+        probe: CanaryProbe | None = None
+        while not self._stop.wait(self.settings.poll_s):
+            process = self.handle.process
+            if process is None or process.poll() is not None:
+                code = process.returncode if process is not None else None
+                self._failed("tritonserver", "server_exited", f"tritonserver exited with code {code}")
+                self._restart("tritonserver", time.monotonic())
+            elif dead := self.dead_models():
+                self._recover(dead)
+            elif probe is not None and probe.done.is_set():
+                self._canary_result(probe)
+            elif probe is None and interval > 0 and time.monotonic() >= next_canary:
+                probe = CanaryProbe(self.handle.http_url, self._canary_model(), self.settings.canary_timeout_s)
+                continue
+            else:
+                continue
+            probe, next_canary = None, time.monotonic() + interval  # a probe of a replaced server is dropped
+
+    def _live_instances(self) -> dict[str, str]:
+        process = self.handle.process
+        return {s.instance: s.model for s in procfs.python_stubs(process.pid)} if process else {}
+
+    def dead_models(self) -> dict[str, list[str]]:
+        """Models with a dead stub: model -> its dead instances. Expected are the instances seen alive so
+        far and, for a Python model, at least one (a stub may die before the first look)."""
+        live = self._live_instances()
+        self._expected.update(live)
+        dead: dict[str, list[str]] = {}
+        for instance, model in sorted(self._expected.items()):
+            if instance not in live:
+                dead.setdefault(model, []).append(instance)
+        for model in self._python_models:
+            if model not in live.values() and model not in dead:
+                dead[model] = [f"{model}_0_0"]
+        for model in list(dead):
+            if not self._model_ready(model):  # unloaded on purpose (model control opened to users)
+                self._expected = {i: m for i, m in self._expected.items() if m != model}
+                self._python_models = [m for m in self._python_models if m != model]
+                del dead[model]
+        return dead
+
+    def _model_ready(self, model: str) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://{self.handle.http_url}/v2/models/{model}/ready", timeout=5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    # ---- recovering ------------------------------------------------------------------------------
+    def _event(self, message: str, **fields: Any) -> None:
+        self.events.append({"time": round(time.time(), 3), "message": message, **fields})
+        self.log(f"supervisor: {message}")
+
+    def _failed(self, model: str, kind: str, message: str) -> None:
+        self.metrics.add("specbuild_supervisor_failures_total", model=model, kind=kind)
+        self._event(message, model=model, kind=kind)
+
+    def _recover(self, dead: dict[str, list[str]]) -> None:
+        detected = time.monotonic()
+        for model, instances in dead.items():
+            self._failed(model, "stub_died", f"the Python backend stub of {model} ({', '.join(instances)}) died")
+        decoupled = [m for m in dead if is_decoupled(self.handle.opts.repo, m)]
+        if decoupled:  # its open streams hang until the server goes away
+            self._restart(decoupled[0], detected)
+            return
+        for model, instances in dead.items():
+            try:
+                how = self._reload(model, instances)
+            except ServeError as err:
+                self._event(f"reloading {model} did not help ({err})", model=model)
+                self._restart(model, detected)
+                return
+            seconds = time.monotonic() - detected
+            self.metrics.add("specbuild_supervisor_recoveries_total", model=model, action="reload")
+            self.metrics.set("specbuild_supervisor_recovery_seconds", round(seconds, 3), model=model)
+            self._event(f"{model} serving again after {how} ({seconds:.1f} s)", model=model, action="reload",
+                        seconds=round(seconds, 3))
+
+    def _reload(self, model: str, dead: list[str]) -> str:
+        """Unload and load the model: new instances, new stubs. A plain load of a loaded model may only
+        update it and keep the dead instance (tritonserver 2.51 did so here when the model's files had not
+        changed; core src/model_repository_manager/model_lifecycle.cc, AsyncLoad), and the model fails
+        every request already, so the short gap of an unload costs nothing."""
+        instances = sorted(set(dead) | {i for i, m in self._expected.items() if m == model})
+        self.handle.model_control("unload", model)
+        self.handle.model_control("load", model)
+        if self._instances_live(instances):
+            return "an unload and load"
+        raise ServeError(f"no live stub for {', '.join(instances)} after unload and load")
+
+    def _instances_live(self, instances: list[str], wait_s: float = 3.0) -> bool:
+        deadline = time.monotonic() + wait_s
+        while True:
+            live = self._live_instances()
+            if all(i in live for i in instances):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
+    def _restart(self, model: str, detected: float) -> None:
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < self.settings.restart_window_s] + [now]
+        if len(self._restarts) > self.settings.max_restarts:
+            raise ServeError(f"tritonserver needed {len(self._restarts) - 1} restarts within "
+                             f"{self.settings.restart_window_s:.0f} s; giving up. See the server log: {self.handle.log_path}")
+        self.metrics.set("specbuild_supervisor_serving", 0)
+        with self._uninterrupted():
+            result = self.handle.stop(graceful=False)  # SIGKILL: a graceful stop would wait for hung streams
+        removed = len(result.removed_regions) if result else 0
+        self._event(f"restarting tritonserver (killed; {removed} shared-memory regions of it removed)", model=model)
+        self._start(self.settings.start_timeout_s)
+        self._canary_failed = 0
+        seconds = time.monotonic() - detected
+        self.metrics.add("specbuild_supervisor_recoveries_total", model=model, action="restart")
+        self.metrics.set("specbuild_supervisor_recovery_seconds", round(seconds, 3), model=model)
+        self._event(f"tritonserver restarted, serving again ({seconds:.1f} s after the failure; pid "
+                    f"{self.handle.process.pid})", model=model, action="restart", seconds=round(seconds, 3))
+
+    def _canary_model(self) -> str:
+        return entry_model(self.handle.opts.repo)
+
+    def _canary_result(self, probe: CanaryProbe) -> None:
+        if probe.error is None:
+            self._canary_failed = 0
+            self.metrics.add("specbuild_supervisor_canary_total", result="ok")
+            return
+        self._canary_failed += 1
+        self.metrics.add("specbuild_supervisor_canary_total", result="failed")
+        self._failed(probe.model, "canary", f"canary through {probe.model} failed "
+                                            f"({self._canary_failed}/{self.settings.canary_failures}): {probe.error}")
+        if self._canary_failed >= self.settings.canary_failures:
+            self._restart(probe.model, time.monotonic())

@@ -1,0 +1,139 @@
+"""What a killed `specbuild serve` (or `up`, which runs the same supervisor) leaves behind: its tritonserver
+dies with it (parent-death signal) and frees the ports, so the next start works on the same ports and
+keeps the previous log; a second serve on busy ports is refused with the holder's PID; a stop that runs
+out of time exits 1 and says why; /dev/shm regions of a server killed outright are removed by the next
+start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specbuild.triton import procfs
+from specbuild.triton.server import SHM_ROOT, free_port
+from triton_helpers import make_deployment
+
+pytestmark = [pytest.mark.fault, pytest.mark.server, pytest.mark.slow]
+EXIT_TIMEOUT_S = 10
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, example_tiny):
+    return make_deployment(tmp_path_factory.mktemp("orphans"), example_tiny)
+
+
+def _serve(deployment, ports: tuple[int, int, int], *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(deployment.spec_path), "--repo", str(deployment.repo),
+            "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
+            "--exit-timeout", str(EXIT_TIMEOUT_S), "--json", *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=deployment.root,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _ready(process: subprocess.Popen) -> dict:
+    out, deadline = [], time.monotonic() + 400
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            raise AssertionError(f"serve exited ({process.wait()}): {process.stderr.read()[-3000:]}")
+        out.append(line)
+        if line.rstrip() == "}":
+            return json.loads("".join(out))
+    raise AssertionError("serve was not ready in time")
+
+
+def _gone(pids: list[int], limit: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < limit and any(procfs.alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not [p for p in pids if procfs.alive(p)], f"still running {limit:.0f} s later: {pids}"
+    return time.monotonic() - started
+
+
+def _prefix(server_pid: int) -> str:
+    flag = "--backend-config=python,shm-region-prefix-name="
+    return next(a[len(flag):] for a in procfs.cmdline(server_pid) if a.startswith(flag))
+
+
+def test_the_server_dies_with_serve_and_the_next_start_gets_the_ports(deployment):
+    ports = (free_port(), free_port(), free_port())
+    first = _serve(deployment, ports)
+    try:
+        server = _ready(first)["pid"]
+        pids = [server, *procfs.descendants(server)]
+        first.kill()  # kill -9: no chance to stop anything
+        first.wait(10)
+        seconds = _gone(pids, EXIT_TIMEOUT_S + 10)
+        print(f"\nserve killed: tritonserver and its stubs gone after {seconds:.1f} s")
+        assert not any(procfs.port_holders("127.0.0.1", port)[0] for port in ports)
+    finally:
+        for pid in procfs.descendants(first.pid):
+            os.kill(pid, signal.SIGKILL)
+    second = _serve(deployment, ports, "--once")
+    out, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err[-3000:]
+    document = json.loads(out)
+    assert document["status"] == "ready" and document["pid"] != server
+    log = deployment.root / ".triton_repo.tritonserver.log"
+    assert f" {document['pid']} " in log.read_text()
+    assert f" {server} " in (deployment.root / ".triton_repo.tritonserver.log.1").read_text()  # kept, not overwritten
+
+
+def test_a_second_serve_on_the_same_ports_is_refused_with_the_pid(deployment):
+    """Then the first one is stopped while a client holds an idle HTTP keep-alive connection: tritonserver
+    waits for it through its whole exit timeout and exits 1, which serve reports as a failed stop."""
+    import tritonclient.http as httpclient
+
+    ports = (free_port(), free_port(), free_port())
+    first = _serve(deployment, ports)
+    client = None
+    try:
+        server = _ready(first)["pid"]
+        started = time.monotonic()
+        second = _serve(deployment, ports)
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 1 and time.monotonic() - started < 30  # refused before loading anything
+        assert f"HTTP port 127.0.0.1:{ports[0]} is already in use by PID {server} (" in err
+        assert "--http-port 0" in err
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
+        assert client.is_server_ready()  # the connection stays open (keep-alive)
+        first.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        code = first.wait(EXIT_TIMEOUT_S + 30)
+        seconds = time.monotonic() - started
+        print(f"\nSIGTERM with an idle HTTP client connected: serve exited {code} after {seconds:.1f} s")
+        assert code == 1 and seconds < EXIT_TIMEOUT_S + 5
+        err = first.stderr.read()
+        assert "Error: tritonserver did not stop cleanly: it exited with code 1" in err
+        assert "waiting for open HTTP connections (1 HTTP service connections)" in err
+    finally:
+        if client is not None:
+            client.close()
+        if first.poll() is None:
+            first.kill()
+
+
+def test_regions_of_a_server_killed_outright_are_removed_by_the_next_start(deployment):
+    first = _serve(deployment, (0, 0, 0))
+    try:
+        server = _ready(first)["pid"]
+        prefix = _prefix(server)
+        regions = list(SHM_ROOT.glob(prefix + "*"))
+        assert len(regions) == 5  # one per Python backend stub
+        first.send_signal(signal.SIGSTOP)  # serve cannot react ...
+        os.killpg(server, signal.SIGKILL)  # ... while its server and stubs are killed outright
+        _gone([p for p in procfs.group_members(server)], 10)
+        assert all(region.exists() for region in regions)  # nobody cleaned up
+    finally:
+        first.kill()
+        first.wait(10)
+    second = _serve(deployment, (0, 0, 0), "--once")
+    _, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err[-3000:]
+    assert not any(region.exists() for region in regions)
