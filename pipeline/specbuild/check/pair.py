@@ -9,7 +9,7 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 from __future__ import annotations
 
 from specbuild.build import rules
-from specbuild.check.memory import plan_memory
+from specbuild.check.advice import plan_memory
 from specbuild.check.report import CheckReport
 from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
 from specbuild.check.weights import check_weights

@@ -4,10 +4,12 @@ or Triton's HTTP generate endpoints.
     with SpecbuildClient("127.0.0.1:8001") as client:
         for chunk in client.generate("def add(a, b):", max_tokens=32, num_draft_tokens=4):
             print(chunk.text, end="", flush=True)
-        print(chunk.stats)            # acceptance_rate, mean_accepted_len, ... on the final chunk
+        print(chunk.stats)            # finish_reason, acceptance_rate, ... on the final chunk
 
 The model is `tensorrt_llm_bls` (speculative) unless told otherwise (`ensemble` = target only).
-Every failure raises `ClientError` with the server's own message.
+Every failure raises `ClientError` with the server's own message. This is the protocol layer: one
+response at a time. A whole generation read from the stream (text, time to first token, tokens/s,
+finish reason, figures) is `specbuild.session.served.ServedSession`, which every specbuild command uses.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import numpy as np
 
 from specbuild.errors import ClientError
 
-STAT_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "mean_accepted_len",
-                "num_output_tokens", "num_input_tokens", "output_ids", "speculation_stats")
+STAT_OUTPUTS = ("finish_reason", "stop_reason", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+                "mean_accepted_len", "num_output_tokens", "num_input_tokens", "output_ids", "speculation_stats")
+TEXT_OUTPUTS = ("finish_reason", "stop_reason")  # strings (BYTES)
 _INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype), NVIDIA's BLS input names
     "max_tokens": ("INT32", np.int32), "num_draft_tokens": ("INT32", np.int32), "top_k": ("INT32", np.int32),
     "end_id": ("INT32", np.int32), "pad_id": ("INT32", np.int32), "min_tokens": ("INT32", np.int32),
@@ -39,7 +42,7 @@ _INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype), NVIDIA's BL
 class Chunk:
     text: str  # new text (streaming) or the whole text (final response of a non-streamed request)
     final: bool
-    stats: dict[str, Any] = field(default_factory=dict)  # the acceptance outputs present in this response
+    stats: dict[str, Any] = field(default_factory=dict)  # the finish reason and figures present in this response
 
 
 def _stats(outputs: dict[str, Any]) -> dict[str, Any]:
@@ -50,6 +53,8 @@ def _stats(outputs: dict[str, Any]) -> dict[str, Any]:
         value = np.asarray(outputs[name]).reshape(-1)
         if name == "output_ids":
             stats[name] = [int(v) for v in value]
+        elif name in TEXT_OUTPUTS:
+            stats[name] = _text(value)
         elif name == "speculation_stats":
             raw = value[0] if value.size else b"{}"
             try:
@@ -103,6 +108,19 @@ class SpecbuildClient:
         except (urllib.error.URLError, OSError):
             return False
 
+    def model_config(self) -> dict[str, Any]:
+        """The model's configuration as JSON ({} when the server does not give it)."""
+        if self.protocol == "http":
+            try:
+                with urllib.request.urlopen(f"http://{self.url}/v2/models/{self.model}/config", timeout=30) as r:
+                    return json.loads(r.read().decode())
+            except (urllib.error.URLError, OSError, ValueError):
+                return {}
+        try:
+            return self._grpc_client().get_model_config(self.model, as_json=True).get("config", {})
+        except Exception:  # noqa: BLE001 - tritonclient raises several types; the caller treats {} as unknown
+            return {}
+
     def close(self) -> None:
         if self._grpc is not None:
             self._grpc.close()
@@ -145,13 +163,9 @@ class SpecbuildClient:
             yield from self._generate_http(prompt, fields, stop_words or [])
 
     def complete(self, prompt: str, **kwargs: Any) -> tuple[str, dict[str, Any]]:
-        """The whole text and the final stats (streamed chunks joined)."""
-        parts, stats = [], {}
-        for chunk in self.generate(prompt, **kwargs):
-            parts.append(chunk.text)
-            if chunk.stats:
-                stats = chunk.stats
-        return "".join(parts), stats
+        """The whole text and the final response's outputs, for a quick call (no timing: see ServedSession)."""
+        chunks = list(self.generate(prompt, **kwargs))
+        return "".join(chunk.text for chunk in chunks), chunks[-1].stats
 
     def _generate_grpc(self, prompt: str, fields: dict[str, Any], stop_words: list[str]) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
