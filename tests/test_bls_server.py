@@ -161,11 +161,11 @@ def test_the_final_response_says_why_it_ended(server, target_only, local, protoc
             ("length", False) if len(expected) == 12 else ("stop", False))  # end_id: "stop", no stop_reason
         # a stop word from the greedy text: "stop", the word as stop_reason, the output ends with it
         tokenizer = local.tokenizer
-        start = next(i for i in range(1, len(expected) - 1)
-                     if tokenizer.encode(tokenizer.decode(expected[i:i + 2]), add_special_tokens=False)
-                     == expected[i:i + 2] and tokenizer.decode(expected[i:i + 2]).strip())
-        word = tokenizer.decode(expected[start:start + 2])
-        ends = next(j for j in range(2, len(expected) + 1) if expected[j - 2:j] == expected[start:start + 2])
+        seq = next(expected[i:i + n] for n in (2, 1) for i in range(1, len(expected) - n + 1)
+                   if tokenizer.decode(expected[i:i + n])
+                   and tokenizer.encode(tokenizer.decode(expected[i:i + n]), add_special_tokens=False) == expected[i:i + n])
+        word = tokenizer.decode(seq)
+        ends = next(j for j in range(len(seq), len(expected) + 1) if expected[j - len(seq):j] == seq)
         final = list(client.generate(prompt, max_tokens=12, num_draft_tokens=2, stream=stream,
                                      stop_words=[word]))[-1].stats
     assert (final["finish_reason"], final["stop_reason"]) == ("stop", word)
