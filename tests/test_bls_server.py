@@ -161,9 +161,11 @@ def test_the_final_response_says_why_it_ended(server, target_only, local, protoc
             ("length", False) if len(expected) == 12 else ("stop", False))  # end_id: "stop", no stop_reason
         # a stop word from the greedy text: "stop", the word as stop_reason, the output ends with it
         tokenizer = local.tokenizer
+        def round_trips(ids):
+            return bool(tokenizer.decode(ids)) and tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
+
         seq = next(expected[i:i + n] for n in (2, 1) for i in range(1, len(expected) - n + 1)
-                   if tokenizer.decode(expected[i:i + n])
-                   and tokenizer.encode(tokenizer.decode(expected[i:i + n]), add_special_tokens=False) == expected[i:i + n])
+                   if round_trips(expected[i:i + n]))
         word = tokenizer.decode(seq)
         ends = next(j for j in range(len(seq), len(expected) + 1) if expected[j - len(seq):j] == seq)
         final = list(client.generate(prompt, max_tokens=12, num_draft_tokens=2, stream=stream,

@@ -138,7 +138,8 @@ def fake_model(new_tokens, accepted=None):
         seen.append(request)
         ids = request["input_ids"].tolist() + list(new_tokens)
         response = {"output_ids": np.array([ids], np.int32), "sequence_length": np.array([len(ids)], np.int32)}
-        if accepted is not None and request.get("return_perf_metrics") is not None and request["return_perf_metrics"][0]:
+        asked = request.get("return_perf_metrics")
+        if accepted is not None and asked is not None and asked[0]:
             response["total_accepted_draft_tokens"] = np.array([accepted], np.int32)
         return response
 

@@ -41,7 +41,8 @@ def test_k_rule_default_clamp_and_refusal():
         resolve_k(-1, 6)
     with pytest.raises(RequestError, match="no default K"):
         resolve_k(None, 6)
-    assert resolve_ks((8, 2, 4), 4) == ((0, 2, 4), ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"])
+    assert resolve_ks((8, 2, 4), 4) == ((0, 2, 4),
+                                        ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"])
 
 
 def test_the_loop_and_the_session_clamp_by_the_same_rule():
@@ -79,7 +80,8 @@ def test_cancellation_stops_at_the_next_step():
     session = toy_session()
     polls = []
     gen = drive(session.encode("abc"), session.drafter, session.verifier,
-                GenerationRequest(max_tokens=40, num_draft_tokens=2), cancelled=lambda: polls.append(1) or len(polls) > 2)
+                GenerationRequest(max_tokens=40, num_draft_tokens=2),
+                cancelled=lambda: polls.append(1) or len(polls) > 2)
     assert gen.finish_reason == "cancelled" and 0 < len(gen.output_ids) < 40 and len(gen.steps) == 2
 
 
