@@ -53,7 +53,6 @@ def main() -> None:
     from specbuild.bench.remote import RemoteTransport
     from specbuild.bench.runner import Settings
     from specbuild.config import load_spec
-    from specbuild.llmapi.bench import connect
     from specbuild.triton.server import ServerHandle, ServerOptions, _children
 
     spec = load_spec(args.config)
@@ -61,8 +60,8 @@ def main() -> None:
     handle.start(timeout=600)
     try:
         pids = [handle.process.pid, *_children(handle.process.pid)]
-        served = connect(handle.grpc_url, "grpc", spec) or RemoteTransport.connect(handle.grpc_url, "grpc")
-        k = getattr(served, "fixed_k", None) or spec.speculative.num_draft_tokens
+        served = RemoteTransport.connect(handle.grpc_url, "grpc", spec=spec)
+        k = served.fixed_k or spec.speculative.num_draft_tokens
         local = from_spec(spec, threads=1)
         settings = Settings(num_draft_tokens=(k,), requests=8, max_tokens=args.max_tokens)
         prompts = workloads.load(args.workload, 8).prompts

@@ -3,10 +3,12 @@
 import numpy as np
 import pytest
 
-from specbuild.bench import qualify, report, runner
+from specbuild.bench import report, runner
+from specbuild.check import measure as qualify
 from specbuild.bench.local import LocalTransport
 from specbuild.bench.workloads import Prompt, Workload
 from specbuild.config import spec_from_dict
+from specbuild.session.local import LocalSession
 from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 VOCAB = 24
@@ -16,8 +18,9 @@ def toy_pair(noise: float, max_draft_len: int = 4) -> LocalTransport:
     target = random_model(VOCAB, order=2, scale=3.0, seed=1)
     rng = np.random.default_rng(2)
     draft = NGramModel(target.table + rng.normal(0.0, noise, size=target.table.shape))
-    return LocalTransport(ToyDrafter(draft), ToyVerifier(target, max_draft_len=max_draft_len),
-                          encode=lambda text: [ord(ch) % VOCAB for ch in text])
+    session = LocalSession(ToyDrafter(draft), ToyVerifier(target, max_draft_len=max_draft_len),
+                           encode=lambda text: [ord(ch) % VOCAB for ch in text])
+    return LocalTransport(session)
 
 
 WORKLOAD = Workload("toy", tuple(Prompt(text) for text in ("def f(x):", "The quick brown fox", '{"id": 1}')))
@@ -44,7 +47,7 @@ def test_local_bench_document_is_consistent():
     t = toy_pair(noise=0.5)
     settings = runner.Settings(num_draft_tokens=(1, 2, 4, 8), max_tokens=24, requests=3)
     measured = runner.run(t, WORKLOAD, settings)
-    assert measured["local"].notes == ["K = 8 skipped: above the deployment's max_draft_len = 4"]
+    assert measured["local"].notes == ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"]
     rows = report.cells(measured["local"].summaries())
     assert [r["num_draft_tokens"] for r in rows] == [0, 1, 2, 4]
     assert len({r["output_tokens"] for r in rows}) == 1  # greedy: the same tokens for every K

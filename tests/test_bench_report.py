@@ -67,7 +67,7 @@ def test_parse_int_list():
 
 
 def test_clamp_and_auto_k():
-    assert runner.clamp_ks((2, 8), 4) == ((0, 2), ["K = 8 skipped: above the deployment's max_draft_len = 4"])
+    assert runner.clamp_ks((2, 8), 4) == ((0, 2, 4), ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"])
     assert runner.clamp_ks(None, 6) == ((0, 1, 2, 4, 6), [])
     assert runner.auto_ks(4) == (0, 1, 2, 4)
 
@@ -80,8 +80,10 @@ def test_sweep_interleaves_k_and_rotates_the_order():
 
 
 def test_no_k_left_is_an_error():
+    plain_only = SimulatedTransport()
+    plain_only.max_draft_len = 0  # a target built without speculative decoding: every K clamps to 0
     with pytest.raises(BenchError, match="leaves no K > 0"):
-        runner.run(SimulatedTransport(), WORKLOAD, runner.Settings(num_draft_tokens=(8,), requests=1))
+        runner.run(plain_only, WORKLOAD, runner.Settings(num_draft_tokens=(8,), requests=1))
 
 
 @pytest.fixture(scope="module")

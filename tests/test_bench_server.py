@@ -38,17 +38,19 @@ def test_bench_url_reports_the_local_fields_plus_serving_overhead(server, deploy
     doc = json.loads(r.stdout)
     assert doc["mode"] == "triton" and doc["settings"]["url"] == url
     cells = {(row["concurrency"], row["num_draft_tokens"]): row for row in doc["runs"]}
-    assert set(cells) == {(c, k) for c in (1, 2) for k in (0, 2)}  # 16 > the BLS's max_draft_len: skipped
-    assert any("K = 16 skipped" in note for note in doc["notes"])
+    # 16 > the BLS's max_draft_len 6: measured as 6, the one K rule
+    assert set(cells) == {(c, k) for c in (1, 2) for k in (0, 2, 6)}
+    assert "K = 16 measured as K = 6: above the deployment's max_draft_len = 6" in doc["notes"]
     base, spec = cells[(1, 0)], cells[(1, 2)]
     assert base["drafted"] == 0 and spec["drafted"] > 0 and spec["steps"] > 0
     assert base["output_tokens"] == spec["output_tokens"]  # greedy through the BLS: same tokens either way
+    assert doc["greedy_equal"] is True and spec["same_tokens_as_k0"] is True
     for key in ("speedup", "alpha", "cost_ratio", "bound", "efficiency"):
         assert doc[key] is not None
     assert 0 <= doc["alpha"] <= 1
     overhead = doc["serving_overhead"]
     rows = {row["num_draft_tokens"]: row for row in overhead["runs"]}
-    assert set(rows) == {0, 2}
+    assert set(rows) == {0, 2, 6}
     assert rows[2]["triton_over_local"] == pytest.approx(
         rows[2]["triton_tokens_per_s"] / rows[2]["local_tokens_per_s"], rel=1e-2)
     assert [row["concurrency"] for row in doc["concurrency"]] == [1, 2]
@@ -60,4 +62,5 @@ def test_bench_url_without_a_server_is_a_clear_error(deployment):
     url = f"127.0.0.1:{free_port()}"
     r = CliRunner().invoke(main, ["bench", "-c", str(deployment.spec_path), "--url", url, "--requests", "1"])
     assert r.exit_code == 1
-    assert f"Error: no ready Triton server at {url} (http)" in r.output and "--local" in r.output
+    assert f"Error: no Triton server answers at {url} (http). Start one with `specbuild serve -c" in r.output
+    assert "--local" in r.output

@@ -85,9 +85,7 @@ def test_bound_uses_the_loop_formula():
     assert theory.bound(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / 0.2 / 1.4)
 
 
-def test_best_k_prefers_no_speculation_when_it_does_not_pay():
-    assert theory.best_k(0.1, 0.5, [1, 2, 4]) == 0
-    assert theory.best_k(0.9, 0.05, [1, 2, 4, 8]) in (4, 8)
+def test_cost_ratio():
     assert theory.cost_ratio(0.002, 0.01) == pytest.approx(0.2)
     assert theory.cost_ratio(None, 0.01) is None
 

@@ -25,7 +25,7 @@ def tiny_doc(tmp_path_factory, example_tiny):
     text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="bench test")
     spec = specfile.write_spec(folder / "specbuild.toml", text)
     args = ["-c", spec, "--local", "--json", "--num-draft-tokens", "0,2", "--max-tokens", 10,
-            "--requests", 2, "--vs-hf", "--threads", 1, "--plot", folder / "plots"]
+            "--requests", 2, "--vs-hf", "--vs-plain", "--threads", 1, "--plot", folder / "plots"]
     result = CliRunner().invoke(main, ["bench", *map(str, args)])
     assert result.exit_code == 0, result.output
     (folder / "stderr.txt").write_text(result.stderr)
@@ -35,9 +35,10 @@ def tiny_doc(tmp_path_factory, example_tiny):
 def test_the_sweep_reports_progress_on_stderr_when_it_is_not_a_terminal(tiny_doc):
     _, folder = tiny_doc
     lines = (folder / "stderr.txt").read_text().splitlines()
-    # 2 requests x K in {0, 2} x (ours + Hugging Face) = 8 measured requests; the last line says all are done
+    # 2 requests x K in {0, 2} x (ours + Hugging Face), + 2 at K = 0 on the 1-row target = 10 measured requests;
+    # the last line says all are done
     assert "bench ..." in lines
-    assert any(line.startswith("bench: 8/8 requests (100%), ") and "elapsed" in line for line in lines), lines
+    assert any(line.startswith("bench: 10/10 requests (100%), ") and "elapsed" in line for line in lines), lines
 
 
 def test_local_json_reports_speedup_alpha_c_bound_efficiency(tiny_doc):
@@ -73,6 +74,14 @@ def test_vs_hf_adds_the_hugging_face_figures(tiny_doc):
     assert hf["ours_over_hf"] == pytest.approx(runs[2]["tokens_per_s"] / hf["tokens_per_s"], rel=1e-2)
 
 
+def test_greedy_output_is_the_same_at_every_k_and_on_the_plain_target(tiny_doc):
+    doc, _ = tiny_doc
+    assert doc["greedy_equal"] is True and [r["same_tokens_as_k0"] for r in doc["runs"]] == [True, True]
+    plain = doc["plain"]
+    assert plain["tokens_per_s"] > 0 and plain["same_tokens_as_k0"] is True  # 1-row matmuls: exact by construction
+    assert plain["speedup_vs_fastest_target_only"] > 0
+
+
 def test_plots_written(tiny_doc):
     doc, folder = tiny_doc
     names = sorted(p.rsplit("/", 1)[1] for p in doc["plots"])
@@ -99,7 +108,7 @@ def test_local_concurrency_batches_the_streams(tiny_doc):
 
 
 def test_check_measure_section_on_the_tiny_pair(tiny_doc, tmp_path):
-    from specbuild.bench import qualify
+    from specbuild.check import measure as qualify
     from specbuild.config import load_spec
 
     _, folder = tiny_doc

@@ -1,11 +1,14 @@
-"""The BLS request parser: every input checked, clear INVALID_ARG messages, nothing silently ignored."""
+"""The BLS request parser: every input read and checked, clear INVALID_ARG messages, nothing silently ignored."""
 
 import re
 
 import numpy as np
 import pytest
 
-from specbuild.bls.request import InvalidRequest, parse_request
+from specbuild.errors import RequestError
+from specbuild.speculative.draft_len import resolve_k
+from specbuild.speculative.loop import GenerationRequest
+from specbuild.triton.models.bls_request import parse_request
 
 
 def getter(**inputs):
@@ -21,7 +24,7 @@ def i32(v):
 
 
 def test_minimal_request_gets_defaults():
-    req = parse_request(getter(text_input=text("def f("), max_tokens=i32(16)), max_tokens_limit=64, max_draft_len=4)
+    req = parse_request(getter(text_input=text("def f("), max_tokens=i32(16)), max_tokens_limit=64)
     assert req.text == "def f(" and req.max_tokens == 16
     assert req.num_draft_tokens is None and req.stream is False
     assert req.sampling.greedy and req.sampling.seed is None
@@ -34,17 +37,19 @@ def test_sampling_and_stream_inputs():
                temperature=np.array([[0.7]], dtype=np.float32), top_k=i32(20),
                top_p=np.array([[0.9]], dtype=np.float32), seed=np.array([[123]], dtype=np.uint64),
                stop_words=np.array([[b"\n\n", b""]], dtype=object)),
-        max_tokens_limit=64, max_draft_len=4,
+        max_tokens_limit=64,
     )
     assert req.stream and req.num_draft_tokens == 3
     assert req.sampling.temperature == pytest.approx(0.7) and req.sampling.top_k == 20 and req.sampling.seed == 123
     assert req.stop_words == ["\n\n"]
 
 
-def test_num_draft_tokens_is_clamped_to_the_engine_limit():
+def test_num_draft_tokens_is_read_as_sent_and_clamped_by_the_one_k_rule():
     req = parse_request(getter(text_input=text("x"), max_tokens=i32(4), num_draft_tokens=i32(1000)),
-                        max_tokens_limit=64, max_draft_len=4)
-    assert req.num_draft_tokens == 4
+                        max_tokens_limit=64)
+    assert req.num_draft_tokens == 1000
+    assert resolve_k(req.num_draft_tokens, 4, default=2).k == 4  # what the BLS runs with
+    assert resolve_k(None, 4, default=2).k == 2
 
 
 @pytest.mark.parametrize(
@@ -56,12 +61,6 @@ def test_num_draft_tokens_is_clamped_to_the_engine_limit():
         ({"text_input": text("x"), "max_tokens": i32(0)}, "'max_tokens' = 0: must be in 1..64"),
         ({"text_input": text("x"), "max_tokens": i32(10**6)}, "'max_tokens' = 1000000: must be in 1..64"),
         ({"text_input": text("x"), "max_tokens": np.array([[4.0]], dtype=np.float32)}, "'max_tokens' must be an integer"),
-        ({"text_input": text("x"), "max_tokens": i32(4), "num_draft_tokens": i32(-1)}, "'num_draft_tokens' = -1"),
-        ({"text_input": text("x"), "max_tokens": i32(4), "temperature": np.array([[-1.0]], dtype=np.float32)},
-         "'temperature' = -1.0"),
-        ({"text_input": text("x"), "max_tokens": i32(4), "top_p": np.array([[1.5]], dtype=np.float32)},
-         "'top_p' = 1.5: must be at most 1"),
-        ({"text_input": text("x"), "max_tokens": i32(4), "top_k": i32(-2)}, "'top_k' = -2"),
         ({"text_input": text("x"), "max_tokens": i32(4), "stream": i32(1)}, "'stream' must be BOOL"),
         ({"text_input": text("x"), "max_tokens": i32(4), "beam_width": i32(2)}, "'beam_width' = [2] is not supported"),
         ({"text_input": text("x"), "max_tokens": i32(4), "bad_words": np.array([[b"foo"]], dtype=object)},
@@ -75,19 +74,42 @@ def test_num_draft_tokens_is_clamped_to_the_engine_limit():
     ],
 )
 def test_bad_inputs_are_named_in_the_error(inputs, message):
-    with pytest.raises(InvalidRequest, match=re.escape(message)):
-        parse_request(getter(**inputs), max_tokens_limit=64, max_draft_len=4)
+    with pytest.raises(RequestError, match=re.escape(message)):
+        parse_request(getter(**inputs), max_tokens_limit=64)
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"temperature": np.array([[-1.0]], dtype=np.float32)}, "temperature = -1.0 is invalid"),
+        ({"temperature": np.array([[-1.0]], dtype=np.float32), "top_k": i32(1)}, "temperature = -1.0 is invalid"),
+        ({"temperature": np.array([[np.nan]], dtype=np.float32)}, "temperature = nan is invalid"),
+        ({"top_p": np.array([[1.5]], dtype=np.float32)}, "top_p = 1.5 is invalid: use a number in (0, 1]"),
+        ({"top_k": i32(-2)}, "top_k = -2 is invalid"),
+    ],
+)
+def test_bad_sampling_values_are_refused_by_the_loops_own_check(inputs, message):
+    """Values are kept as sent, so the loop's validate_sampling refuses them, also where greedy would not use them."""
+    req = parse_request(getter(text_input=text("x"), max_tokens=i32(4), **inputs), max_tokens_limit=64)
+    with pytest.raises(RequestError, match=re.escape(message)):
+        GenerationRequest(max_tokens=req.max_tokens, sampling=req.sampling).validate()
+
+
+def test_a_negative_k_is_refused_by_the_one_k_rule():
+    req = parse_request(getter(text_input=text("x"), max_tokens=i32(4), num_draft_tokens=i32(-1)), max_tokens_limit=64)
+    with pytest.raises(RequestError, match=re.escape("num_draft_tokens = -1 is invalid")):
+        resolve_k(req.num_draft_tokens, 4, default=2)
 
 
 def test_neutral_penalties_are_accepted_others_refused():
     ok = parse_request(getter(text_input=text("x"), max_tokens=i32(4),
                               repetition_penalty=np.array([[1.0]], dtype=np.float32), min_tokens=i32(0)),
-                       max_tokens_limit=64, max_draft_len=4)
+                       max_tokens_limit=64)
     assert ok.max_tokens == 4
-    with pytest.raises(InvalidRequest, match="'repetition_penalty' = \\[1.2"):
+    with pytest.raises(RequestError, match="'repetition_penalty' = \\[1.2"):
         parse_request(getter(text_input=text("x"), max_tokens=i32(4),
                              repetition_penalty=np.array([[1.2]], dtype=np.float32)),
-                      max_tokens_limit=64, max_draft_len=4)
+                      max_tokens_limit=64)
 
 
 def test_nvidia_clients_neutral_inputs_are_accepted():
@@ -99,7 +121,7 @@ def test_nvidia_clients_neutral_inputs_are_accepted():
         num_draft_tokens=i32(5), use_draft_logits=np.array([[False]]), bad_words=np.array([[b""]], dtype=object),
         stop_words=np.array([[b""]], dtype=object), return_context_logits=np.array([[False]]),
         return_generation_logits=np.array([[False]]), num_return_sequences=i32(1)),
-        max_tokens_limit=64, max_draft_len=8)
+        max_tokens_limit=64)
     assert req.num_draft_tokens == 5 and req.exclude_input_in_output is False and req.stop_words == []
     assert req.sampling.greedy  # temperature 1.0 alone is greedy to TensorRT-LLM, so the outputs compare exactly
 
@@ -121,7 +143,7 @@ def test_sampling_inputs_resolve_by_tensorrt_llms_rules(inputs, greedy, top_k, t
     tensors = {"temperature": lambda v: np.array([[v]], dtype=np.float32), "top_p": lambda v: np.array([[v]], np.float32),
                "top_k": i32}
     req = parse_request(getter(text_input=text("x"), max_tokens=i32(4),
-                               **{k: tensors[k](v) for k, v in inputs.items()}), max_tokens_limit=64, max_draft_len=4)
+                               **{k: tensors[k](v) for k, v in inputs.items()}), max_tokens_limit=64)
     assert req.sampling.greedy is greedy
     if not greedy:
         assert (req.sampling.top_k, req.sampling.top_p) == (top_k, pytest.approx(top_p))
@@ -129,8 +151,8 @@ def test_sampling_inputs_resolve_by_tensorrt_llms_rules(inputs, greedy, top_k, t
 
 
 def test_stop_sequences_of_every_word_list_shape_preprocessing_emits():
-    from specbuild.bls.model import _stop_sequences
+    from specbuild.contract.words import word_sequences
 
-    assert _stop_sequences(None) == [] and _stop_sequences(np.empty((1, 2, 0), np.int32)) == []  # not sent
-    assert _stop_sequences(np.array([[[0], [-1]]], np.int32)) == []  # only empty words
-    assert _stop_sequences(np.array([[[5, 6, 7], [2, 3, -1]]], np.int32)) == [[5, 6], [7]]
+    assert word_sequences(None) == [] and word_sequences(np.empty((1, 2, 0), np.int32)) == []  # not sent
+    assert word_sequences(np.array([[[0], [-1]]], np.int32)) == []  # only empty words
+    assert word_sequences(np.array([[[5, 6, 7], [2, 3, -1]]], np.int32)) == [[5, 6], [7]]

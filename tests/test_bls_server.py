@@ -1,14 +1,17 @@
 """The speculative BLS on a real CPU tritonserver (tiny example pair, reference engines).
 
 Greedy text through the BLS (streaming or not, gRPC and HTTP, any K) equals target-only greedy decoding
-in-process; seeded sampling is reproducible; /metrics agrees with the responses; bad requests get
-INVALID_ARG messages and the server stays ready; 8 concurrent streaming clients lose nothing.
+in-process; the final response says why it ended (finish_reason, stop_reason); seeded sampling is
+reproducible; /metrics agrees with the responses; bad requests (a bad end_id included) get INVALID_ARG and
+the server stays ready; 8 concurrent streaming clients lose nothing.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import threading
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -39,18 +42,24 @@ def server(deployment):
 
 
 @pytest.fixture(scope="module")
-def target_only(deployment):
-    """In-process target-only greedy ids through the same reference runtime (`generate --local`, K = 0)."""
-    from specbuild.cli.generate_cmd import generate_local
+def local(deployment):
+    """The same pair in-process (`generate --local`)."""
+    from specbuild.session.local import LocalSession
+
+    return LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
+
+
+@pytest.fixture(scope="module")
+def target_only(local):
+    """In-process target-only greedy ids through the same reference runtime (K = 0)."""
+    from specbuild.session.generation import Options
 
     cache = {}
 
     def run(prompt: str, max_tokens: int) -> list[int]:
         if (prompt, max_tokens) not in cache:
-            doc = generate_local(deployment.spec, prompt, max_tokens=max_tokens, num_draft_tokens=0, temperature=0.0,
-                                 top_k=0, top_p=1.0, seed=None, adaptive=False, device="cpu", use_cache=True,
-                                 threads=1, on_text=None)
-            cache[prompt, max_tokens] = doc["output_ids"]
+            gen = local.generate(prompt, Options(max_tokens=max_tokens, num_draft_tokens=0, adaptive=False))
+            cache[prompt, max_tokens] = gen.output_ids
         return cache[prompt, max_tokens]
 
     return run
@@ -124,8 +133,9 @@ def test_metrics_agree_with_the_responses(server):
     [
         ({"prompt": "", "max_tokens": 4}, "'text_input' is required"),
         ({"prompt": "hi", "max_tokens": 10**6}, "'max_tokens' = 1000000: must be in 1..256"),
-        ({"prompt": "hi", "max_tokens": 4, "num_draft_tokens": -1}, "'num_draft_tokens' = -1"),
-        ({"prompt": "hi", "max_tokens": 4, "top_p": 1.5}, "'top_p' = 1.5"),
+        ({"prompt": "hi", "max_tokens": 4, "num_draft_tokens": -1}, "num_draft_tokens = -1 is invalid"),
+        ({"prompt": "hi", "max_tokens": 4, "top_p": 1.5}, "top_p = 1.5 is invalid"),
+        ({"prompt": "hi", "max_tokens": 4, "end_id": -5}, "end_id = -5 is invalid"),
         ({"prompt": "x = 1\n" * 400, "max_tokens": 4}, "above this deployment's max_input_len = 256"),
     ],
 )
@@ -136,6 +146,48 @@ def test_bad_requests_get_invalid_arg_and_the_server_stays_ready(server, target_
         assert "Traceback" not in str(info.value)
         assert client.is_ready()
         assert client.complete(PROMPTS[0], max_tokens=6)[1]["output_ids"] == target_only(PROMPTS[0], 6)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_final_response_says_why_it_ended(server, target_only, local, protocol, stream):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    prompt = PROMPTS[3]
+    expected = target_only(prompt, 12)
+    with SpecbuildClient(url, protocol=protocol) as client:
+        final = list(client.generate(prompt, max_tokens=12, num_draft_tokens=2, stream=stream))[-1].stats
+        assert final["output_ids"] == expected
+        assert (final["finish_reason"], "stop_reason" in final) == (
+            ("length", False) if len(expected) == 12 else ("stop", False))  # end_id: "stop", no stop_reason
+        # a stop word from the greedy text: "stop", the word as stop_reason, the output ends with it
+        tokenizer = local.tokenizer
+        def round_trips(ids):
+            return bool(tokenizer.decode(ids)) and tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
+
+        seq = next(expected[i:i + n] for n in (2, 1) for i in range(1, len(expected) - n + 1)
+                   if round_trips(expected[i:i + n]))
+        word = tokenizer.decode(seq)
+        ends = next(j for j in range(len(seq), len(expected) + 1) if expected[j - len(seq):j] == seq)
+        final = list(client.generate(prompt, max_tokens=12, num_draft_tokens=2, stream=stream,
+                                     stop_words=[word]))[-1].stats
+    assert (final["finish_reason"], final["stop_reason"]) == ("stop", word)
+    assert final["output_ids"] == expected[:ends]
+
+
+@pytest.mark.parametrize("end_id, message", [
+    (-5, "end_id = -5 is invalid"),
+    (10**6, "EndId (1000000) is not within acceptable range"),  # the models' own refusal, passed on as INVALID_ARG
+])
+def test_a_bad_end_id_is_invalid_arg_not_an_internal_error(server, end_id, message):
+    body = json.dumps({"text_input": "def add(a, b):", "max_tokens": 4, "end_id": end_id}).encode()
+    request = urllib.request.Request(f"http://{server.http_url.removeprefix('http://')}/v2/models/tensorrt_llm_bls/"
+                                     "generate", data=body, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=60)
+    text = info.value.read().decode()
+    assert info.value.code == 400, text  # Triton's HTTP status for INVALID_ARG (INTERNAL is 500)
+    assert message in text and "internal error" not in text and "Traceback" not in text
+    assert server.ready()
 
 
 def test_wrong_dtype_is_rejected_by_the_server(server, target_only):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from fakes.build_fixtures import fake_checkpoint, make_spec
-from specbuild.build import dry_run, plan_build
+from specbuild.build.engines import dry_run, plan_build
 from specbuild.build.flags import FLAG_NAMES, FORBIDDEN, trtllm_argv
 from specbuild.build.plan import check_consistent, plan_role
 from specbuild.errors import ArtifactError, BuildError, SpecError

@@ -133,7 +133,7 @@ def test_dry_run_imports_no_heavy_module(tmp_path):
 
 
 def test_example_spec_dry_run_has_the_draft_target_recipe_flags(tiny_spec_path):
-    """TensorRT-LLM's examples/draft_target_model recipe (facts §1.1), with the example spec's values."""
+    """TensorRT-LLM's recipe (NVIDIA/TensorRT-LLM examples/draft_target_model/README.md), with the example spec's values."""
     from specbuild.config import load_spec
 
     spec = load_spec(tiny_spec_path)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from fakes.build_fixtures import FAKE_TRTLLM_BUILD, fake_checkpoint, make_spec
-from specbuild.build import build_engines
+from specbuild.build.engines import build_engines
 from specbuild.errors import ArtifactError, BuildError
 
 
@@ -112,7 +112,7 @@ def test_two_builds_at_once_on_the_same_output(spec, monkeypatch):
         f"sys.path.insert(0, {str(FAKE_TRTLLM_BUILD.parent.parent)!r})\n"
         "from fakes.build_fixtures import make_spec, FAKE_TRTLLM_BUILD\n"
         "from pathlib import Path\n"
-        "from specbuild.build import build_engines\n"
+        "from specbuild.build.engines import build_engines\n"
         f"spec = make_spec(Path({str(spec.output_dir.parent)!r}))\n"
         "build_engines(spec, ['draft'], 'trtllm', trtllm_build=str(FAKE_TRTLLM_BUILD))\n"
     )
@@ -139,7 +139,7 @@ def test_tensor_parallel_engine_needs_every_rank(spec, tmp_path):
 
 
 def test_dry_run_predicts_the_input_hash_a_build_records(spec):
-    from specbuild.build import dry_run
+    from specbuild.build.engines import dry_run
 
     planned = {e["role"]: e["input_hash"] for e in dry_run(spec, ["target", "draft"], "trtllm",
                                                            str(FAKE_TRTLLM_BUILD))["engines"]}
@@ -158,7 +158,7 @@ def test_ctrl_c_stops_trtllm_build_and_leaves_nothing(spec, tmp_path):
         f"sys.path.insert(0, {str(FAKE_TRTLLM_BUILD.parent.parent)!r})\n"
         "from fakes.build_fixtures import make_spec, FAKE_TRTLLM_BUILD\n"
         "from pathlib import Path\n"
-        "from specbuild.build import build_engines\n"
+        "from specbuild.build.engines import build_engines\n"
         f"spec = make_spec(Path({str(spec.output_dir.parent)!r}))\n"
         "build_engines(spec, ['target'], 'trtllm', trtllm_build=str(FAKE_TRTLLM_BUILD))\n"
     )

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 
 from fakes.build_fixtures import make_spec  # noqa: E402
-from specbuild.build import build_engines  # noqa: E402
+from specbuild.build.engines import build_engines  # noqa: E402
 from specbuild.cli import main  # noqa: E402
 
 VOCAB = 96
@@ -180,7 +180,7 @@ def test_cli_reference_build_json(pair, tmp_path):
 
 
 def test_dry_run_input_hash_is_the_cache_key_of_the_build(pair):
-    from specbuild.build import dry_run
+    from specbuild.build.engines import dry_run
 
     spec, _ = pair
     planned = [e["input_hash"] for e in dry_run(spec, ["target", "draft"], "reference")["engines"]]

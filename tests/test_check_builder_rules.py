@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from check_fixtures import make_pair
 from specbuild.build import rules
 from specbuild.check import memory
-from specbuild.check.memory import plan_memory
+from specbuild.check.advice import plan_memory
 from specbuild.check.pair import check_max_num_tokens
 from specbuild.check.report import CheckReport
 from specbuild.cli import main

@@ -9,7 +9,8 @@ import pytest
 
 from specbuild.build.rules import TOKENS_PER_BLOCK
 from specbuild.check import advice, memory
-from specbuild.check.memory import GIB, kv_bytes_per_token, plan_memory, weight_bytes
+from specbuild.check.advice import plan_memory
+from specbuild.check.memory import GIB, kv_bytes_per_token, weight_bytes
 from specbuild.config import spec_from_dict
 from specbuild.hfmodel import info_from_config
 

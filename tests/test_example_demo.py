@@ -30,14 +30,12 @@ def demo_root(tmp_path_factory, example_cache_dir):
 
 @pytest.fixture(scope="module")
 def demo_outputs(demo_root):
-    from specbuild.cli.generate_cmd import generate_local
     from specbuild.config import load_spec
-    from specbuild.runtime.loading import load_pair
+    from specbuild.session.generation import Options
+    from specbuild.session.local import LocalSession
 
-    spec = load_spec(demo_root / ".demo" / "specbuild.toml")
-    pair = load_pair(spec, threads=1)
-    return {kind: generate_local(spec, prompt, max_tokens=DEMO_MAX_TOKENS, num_draft_tokens=None, temperature=0.0,
-                                 top_k=0, top_p=1.0, seed=None, adaptive=None, pair=pair)
+    session = LocalSession.from_spec(load_spec(demo_root / ".demo" / "specbuild.toml"), threads=1)
+    return {kind: session.generate(prompt, Options(max_tokens=DEMO_MAX_TOKENS)).to_dict()
             for kind, prompt in DEMO_PROMPTS}
 
 
@@ -59,7 +57,7 @@ def test_each_demo_prompt_gives_varied_visible_text(demo_outputs, kind):
 def test_the_next_commands_work_from_the_repository_root(demo_root, monkeypatch):
     from specbuild.cli.up_serving import next_steps
     from specbuild.config import load_spec
-    from specbuild.triton.served_generate import default_url
+    from specbuild.session.served import server_url
 
     bin_dir = demo_root / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
@@ -67,7 +65,7 @@ def test_the_next_commands_work_from_the_repository_root(demo_root, monkeypatch)
     monkeypatch.chdir(demo_root)
     monkeypatch.setattr(sys, "argv", [".venv/bin/specbuild", "up"])
     spec = load_spec(".demo/specbuild.toml")
-    lines = next_steps(spec, default_url(spec, "grpc"), serving=False)
+    lines = next_steps(spec, server_url(spec, "grpc"), serving=False)
     assert lines[1] == "next (from this folder):"
     commands = [shlex.split(line.split("  #")[0]) for line in lines[2:]]
     assert commands[0] == ["source", ".venv/bin/activate"]

@@ -95,23 +95,25 @@ def test_a_folder_specbuild_did_not_write_is_not_replaced(tiny_spec_path):
 def test_the_stand_in_llm_gives_the_engine_paths_target_only_ids(tmp_path, example_tiny):
     """Token for token: the llmapi checkpoints in the stand-in LLM (speculating) vs the engine path's reference
     engines decoding target-only in-process (`generate --local`, K = 0)."""
-    from specbuild.cli.generate_cmd import generate_local
     from specbuild.llmapi.args import llm_args
     from specbuild.llmapi.build import locations
     from specbuild.llmapi.checkpoint import convert_pair
     from specbuild.llmapi.llm import StandInLLM, sampling_from_request
+    from specbuild.session.generation import Options
+    from specbuild.session.local import LocalSession
     from triton_helpers import make_deployment
 
     deployment = make_deployment(tmp_path, example_tiny)
     convert_pair(deployment.spec, ["target", "draft"], log=lambda m: None)
     llm = StandInLLM(llm_args(deployment.spec, locations(deployment.spec)))
     assert llm.k == deployment.spec.speculative.num_draft_tokens and llm.draft is not None
+    local = LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
     for prompt in ("# Copyright", "def add(a, b):", '{"name": '):
-        expected = generate_local(deployment.spec, prompt, max_tokens=24, num_draft_tokens=0, temperature=0.0, top_k=0,
-                                  top_p=1.0, seed=None, adaptive=False, device="cpu", threads=1, on_text=None)
+        expected = local.generate(prompt, Options(max_tokens=24, num_draft_tokens=0, adaptive=False)).to_dict()
         sampling = sampling_from_request({"max_tokens": 24, "exclude_input_from_output": True,
                                           "return_perf_metrics": True})
-        outputs = list(llm.generate(prompt, sampling, streaming=True))
+        outputs = []
+        outputs.append(llm.generate(prompt, sampling, streaming=True, on_output=outputs.append))
         final = outputs[-1].outputs[0]
         assert final.token_ids == expected["output_ids"], prompt
         assert final.text == expected["text"] and final.finish_reason == "length"

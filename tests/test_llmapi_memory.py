@@ -12,7 +12,7 @@ from fakes.build_fixtures import make_spec
 from specbuild.check.memory import CUDA_CONTEXT_BYTES, compute_plan, kv_bytes_per_token
 from specbuild.cli import main
 from specbuild.hfmodel import info_from_config
-from specbuild.llmapi.memory import plan_memory
+from specbuild.check.llmapi_memory import plan_memory
 from test_check_memory import LLAMA3_8B, LLAMA32_1B
 
 

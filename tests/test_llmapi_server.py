@@ -65,15 +65,16 @@ def servers(deployment):
 @pytest.fixture(scope="module")
 def target_only(deployment):
     """Target-only greedy text in-process on the engine path's reference engines (`generate --local`, K = 0)."""
-    from specbuild.cli.generate_cmd import generate_local
+    from specbuild.session.generation import Options
+    from specbuild.session.local import LocalSession
 
+    local = LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
     cache = {}
 
     def run(prompt: str, max_tokens: int) -> dict:
         if (prompt, max_tokens) not in cache:
-            cache[prompt, max_tokens] = generate_local(
-                deployment.spec, prompt, max_tokens=max_tokens, num_draft_tokens=0, temperature=0.0, top_k=0,
-                top_p=1.0, seed=None, adaptive=False, device="cpu", threads=1, on_text=None)
+            cache[prompt, max_tokens] = local.generate(
+                prompt, Options(max_tokens=max_tokens, num_draft_tokens=0, adaptive=False)).to_dict()
         return cache[prompt, max_tokens]
 
     return run
@@ -277,7 +278,7 @@ def test_generate_cli_and_bench_url_work_against_it(servers, deployment, target_
     from click.testing import CliRunner
 
     from specbuild.bench.runner import Settings
-    from specbuild.bench.session import run_bench
+    from specbuild.bench.run import run_bench
     from specbuild.cli import main
 
     llmapi, _ = servers
@@ -287,6 +288,8 @@ def test_generate_cli_and_bench_url_work_against_it(servers, deployment, target_
     doc = json.loads(result.stdout)
     assert doc["text"] == target_only("def add(a, b):", 12)["text"] and doc["finish_reason"] == "length"
     k = deployment.spec.speculative.num_draft_tokens
+    assert doc["num_output_tokens"] == 12 and doc["num_draft_tokens"] == k and doc["drafted"] > 0  # session.served
+    assert doc["stop_reason"] is None
     bench = run_bench(deployment.spec, Settings(num_draft_tokens=(0, 1, k), requests=2, max_tokens=12), "json",
                       url=llmapi.grpc_url, protocol="grpc", threads=1)
     assert [(r["num_draft_tokens"], r["concurrency"]) for r in bench["runs"]] == [(k, 1)]

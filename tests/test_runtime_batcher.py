@@ -10,10 +10,10 @@ import pytest
 from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
 from specbuild.errors import RequestError
 from specbuild.runtime.batcher import Batcher
-from specbuild.runtime.contract import ContractModel, Limits
+from specbuild.runtime.contract_model import ContractModel, Limits
 from specbuild.runtime.engine import ReferenceEngine
 from specbuild.runtime.model import LlamaModel
-from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
+from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.speculative.loop import GenerationRequest, run
 
 

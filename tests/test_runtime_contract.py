@@ -7,10 +7,10 @@ import pytest
 
 from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
 from specbuild.errors import RequestError
-from specbuild.runtime.contract import ContractModel, Limits
+from specbuild.runtime.contract_model import ContractModel, Limits
 from specbuild.runtime.engine import ReferenceEngine
 from specbuild.runtime.model import LlamaModel
-from specbuild.runtime.trtllm_sampling import TrtllmSampling
+from specbuild.contract.sampling import TrtllmSampling
 
 VOCAB = 97
 
@@ -53,17 +53,28 @@ def test_decode_outputs_names_dtypes_shapes(contract):
 def test_verify_accepts_the_targets_own_continuation_plus_bonus(contract):
     ids = prompts(1, VOCAB, seed=2)[0]
     cont = greedy_continuation(contract, ids, 5)
-    out = contract(req(ids, 5, draft_input_ids=np.array(cont[:4], np.int32)))
+    out = contract(req(ids, 5, draft_input_ids=np.array(cont[:4], np.int32), return_perf_metrics=[True]))
     assert out["output_ids"][0].tolist() == ids + cont  # 4 accepted + the bonus token
     assert out["total_accepted_draft_tokens"].tolist() == [4] and out["total_draft_tokens"].tolist() == [4]
     assert out["acceptance_rate"].dtype == np.float32 and out["acceptance_rate"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("extra", [{}, {"return_perf_metrics": [False]}])
+def test_the_acceptance_outputs_come_only_with_return_perf_metrics(contract, extra):
+    """As the C++ backend, which fills them only when the request sets return_perf_metrics."""
+    ids = prompts(1, VOCAB, seed=2)[0]
+    cont = greedy_continuation(contract, ids, 3)
+    out = contract(req(ids, 3, draft_input_ids=np.array(cont[:2], np.int32), **extra))
+    assert out["output_ids"][0].tolist() == ids + cont
+    assert not {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"} & set(out)
 
 
 def test_verify_rejects_at_first_mismatch_and_recovers_the_targets_token(contract):
     ids = prompts(1, VOCAB, seed=3)[0]
     cont = greedy_continuation(contract, ids, 4)
     wrong = (cont[2] + 1) % VOCAB
-    out = contract(req(ids, 5, draft_input_ids=np.array(cont[:2] + [wrong, cont[3]], np.int32)))
+    out = contract(req(ids, 5, draft_input_ids=np.array(cont[:2] + [wrong, cont[3]], np.int32),
+                       return_perf_metrics=[True]))
     assert out["output_ids"][0].tolist() == ids + cont[:3]  # 2 accepted, then the target's own token
     assert out["total_accepted_draft_tokens"].tolist() == [2]
     assert out["acceptance_rate"].tolist() == [0.5]
@@ -232,7 +243,7 @@ def test_a_draft_beyond_the_input_limit_is_cut(model):
     limited = ContractModel(ReferenceEngine(model), Limits(max_seq_len=64, max_draft_len=8, max_num_tokens=8))
     ids = list(range(3, 9))  # 6 tokens: room for 2 draft tokens under max_input_len 8
     cont = greedy_continuation(limited, ids, 4)
-    out = limited(req(ids, 5, draft_input_ids=np.array(cont[:4], np.int32)))
+    out = limited(req(ids, 5, draft_input_ids=np.array(cont[:4], np.int32), return_perf_metrics=[True]))
     assert out["total_draft_tokens"].tolist() == [2] and out["output_ids"][0].tolist() == ids + cont[:3]
 
 

@@ -17,11 +17,11 @@ import torch
 import specbuild.runtime.model as model_module
 from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
 from specbuild.errors import SpecError
-from specbuild.runtime.contract import ContractModel, Limits
+from specbuild.runtime.contract_model import ContractModel, Limits
 from specbuild.runtime.engine import ReferenceEngine
 from specbuild.runtime.exactness import CPU_CANDIDATES, attention_ends, probe
 from specbuild.runtime.model import LlamaModel
-from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
+from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.speculative.loop import GenerationRequest, run
 
 VOCAB = 211

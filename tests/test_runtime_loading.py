@@ -11,7 +11,7 @@ from runtime_models import make_llama, single_thread  # noqa: F401 (autouse fixt
 from specbuild.config import spec_from_dict
 from specbuild.errors import CheckpointError
 from specbuild.runtime.loading import HF_CHECKPOINT, REFERENCE_ENGINE, load_pair, model_source
-from specbuild.runtime.textstream import TextStream
+from specbuild.session.textstream import TextStream
 
 
 @pytest.fixture
@@ -80,13 +80,3 @@ def test_text_stream_never_splits_a_character(example_tiny):
     deltas = [stream.push([i]) for i in ids] + [stream.finish()]
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) == stream.text == tokenizer.decode(prompt + ids, skip_special_tokens=True)[len("print("):]
-
-
-def test_open_model_dir_reads_the_engine_limits(spec):
-    from specbuild.runtime.loading import open_model_dir
-
-    folder = fake_reference_engine(spec, "target", max_draft_len=4)
-    model = open_model_dir(folder, device="cpu")
-    assert (model.limits.max_draft_len, model.limits.max_seq_len, model.limits.max_batch_size) == (4, 128, 2)
-    plain = open_model_dir(spec.draft.checkpoint, device="cpu")
-    assert plain.limits.max_draft_len == 0 and plain.limits.max_seq_len == 512  # max_position_embeddings

@@ -14,10 +14,10 @@ import torch
 
 from runtime_models import single_thread  # noqa: F401 (autouse fixture)
 from specbuild.errors import GenerationError
-from specbuild.runtime.contract import ContractModel, Limits
+from specbuild.runtime.contract_model import ContractModel, Limits
 from specbuild.runtime.engine import ReferenceEngine
 from specbuild.runtime.model import LlamaModel
-from specbuild.speculative.contract_client import ContractDraft, ContractDrafter, ContractVerifier
+from specbuild.contract.adapters import ContractDraft, ContractDrafter, ContractVerifier
 from specbuild.speculative.interfaces import Draft, SamplingParams
 from specbuild.speculative.loop import GenerationRequest, run
 
@@ -107,7 +107,7 @@ def test_target_only_equals_transformers_generate_on_the_hf_checkpoint(pair, exa
 
 
 def test_greedy_steps_send_tensorrt_llms_greedy_and_sampling_steps_send_all_three():
-    call, seen = fake_model([5, 6])
+    call, seen = fake_model([5, 6], accepted=1)
     ContractDrafter(call, end_id=2).propose([1, 3], 2, SamplingParams())
     ContractVerifier(call, max_draft_len=4, end_id=2).verify([1, 3], Draft(tokens=[5]), SamplingParams(temperature=0.0))
     for request in seen:
@@ -120,7 +120,7 @@ def test_greedy_steps_send_tensorrt_llms_greedy_and_sampling_steps_send_all_thre
 
 
 def test_verifier_sends_draft_logits_in_the_declared_dtype():
-    call, seen = fake_model([5, 6])
+    call, seen = fake_model([5, 6], accepted=1)
     draft = ContractDraft(tokens=[5], logits=np.zeros((1, 10), np.float32))
     ContractVerifier(call, max_draft_len=4, end_id=2, logits_dtype="float16").verify([1], draft, SamplingParams(1.0))
     assert seen[0]["draft_logits"].dtype == np.float16 and seen[0]["draft_logits"].shape == (1, 10)
@@ -129,14 +129,19 @@ def test_verifier_sends_draft_logits_in_the_declared_dtype():
 # -- the adapters against hand-written responses (no model) ------------------------------------
 
 
-def fake_model(new_tokens):
-    """A `call` that answers with the request's input followed by new_tokens."""
+def fake_model(new_tokens, accepted=None):
+    """A `call` that answers with the request's input followed by new_tokens, and with `accepted` as its
+    total_accepted_draft_tokens when the request asks for the acceptance outputs (return_perf_metrics)."""
     seen = []
 
     def call(request):
         seen.append(request)
         ids = request["input_ids"].tolist() + list(new_tokens)
-        return {"output_ids": np.array([ids], np.int32), "sequence_length": np.array([len(ids)], np.int32)}
+        response = {"output_ids": np.array([ids], np.int32), "sequence_length": np.array([len(ids)], np.int32)}
+        asked = request.get("return_perf_metrics")
+        if accepted is not None and asked is not None and asked[0]:
+            response["total_accepted_draft_tokens"] = np.array([accepted], np.int32)
+        return response
 
     return call, seen
 
@@ -144,29 +149,53 @@ def fake_model(new_tokens):
 def test_verifier_maps_responses_to_accepted_plus_one_token():
     draft = Draft(tokens=[5, 6, 7])
     greedy = SamplingParams()
-    cases = [
-        ([5, 6, 7, 8], 3, [5, 6, 7, 8]),  # all accepted + bonus
-        ([5, 9], 1, [5, 9]),  # rejected at position 1, recovered 9
-        ([5, 6], 2, [5, 6, 2]),  # only accepted tokens came back: stopped at end_id (left out)
-        ([], 0, [2]),  # end_id right away
-        ([5, 2], 1, [5, 2]),  # a model that keeps end_id in output_ids
+    cases = [  # new tokens, the target's total_accepted_draft_tokens, then what the loop gets
+        ([5, 6, 7, 8], 3, 3, [5, 6, 7, 8]),  # all accepted + bonus
+        ([5, 9], 1, 1, [5, 9]),  # rejected at position 1, recovered 9
+        ([5, 6], 2, 2, [5, 6, 2]),  # only accepted tokens came back: stopped at end_id (left out)
+        ([], 0, 0, [2]),  # end_id right away
+        ([5, 2], 1, 1, [5, 2]),  # a model that keeps end_id in output_ids
     ]
-    for new, accepted, tokens in cases:
-        call, seen = fake_model(new)
+    for new, reported, accepted, tokens in cases:
+        call, seen = fake_model(new, accepted=reported)
         v = ContractVerifier(call, max_draft_len=4, end_id=2).verify([1, 4], draft, greedy)
         assert (v.accepted, v.tokens) == (accepted, tokens)
-        assert seen[0]["draft_input_ids"].tolist() == [5, 6, 7]
+        assert seen[0]["draft_input_ids"].tolist() == [5, 6, 7] and seen[0]["return_perf_metrics"].tolist() == [True]
         assert seen[0]["request_output_len"].tolist() == [4] and seen[0]["input_ids"].dtype == np.int32
 
 
+def test_an_end_id_accepted_from_the_draft_ends_the_step():
+    """The target may count draft tokens accepted past an end_id that was itself a draft token: it stops there."""
+    call, _ = fake_model([5], accepted=3)
+    v = ContractVerifier(call, max_draft_len=4, end_id=2).verify([1], Draft(tokens=[5, 2, 7]), SamplingParams())
+    assert (v.accepted, v.tokens) == (1, [5, 2])
+
+
+@pytest.mark.parametrize("new, reported", [
+    ([5, 9], 2),  # says 2 accepted, but the second token differs from the draft
+    ([5, 6, 7, 8], 2),  # says 2 accepted, but 4 tokens came back
+    ([5], 3),  # stopped, but the token after the last one back is not end_id: no reason to stop
+])
+def test_the_targets_acceptance_count_is_cross_checked(new, reported):
+    call, _ = fake_model(new, accepted=reported)
+    with pytest.raises(GenerationError, match=f"total_accepted_draft_tokens = {reported} for draft"):
+        ContractVerifier(call, max_draft_len=4, end_id=2).verify([1], Draft(tokens=[5, 6, 7]), SamplingParams())
+
+
+def test_a_verification_without_the_acceptance_outputs_is_refused():
+    call, _ = fake_model([5, 9])  # a model that ignores return_perf_metrics
+    with pytest.raises(GenerationError, match="lacks total_accepted_draft_tokens"):
+        ContractVerifier(call, max_draft_len=4, end_id=2).verify([1], Draft(tokens=[5, 6]), SamplingParams())
+
+
 def test_verifier_without_end_id_reports_a_short_answer():
-    call, _ = fake_model([5])
+    call, _ = fake_model([5], accepted=1)
     with pytest.raises(GenerationError, match="no end_id is known"):
         ContractVerifier(call, max_draft_len=4).verify([1], Draft(tokens=[5, 6]), SamplingParams())
 
 
 def test_verifier_refuses_an_answer_that_breaks_the_contract():
-    call, _ = fake_model([9, 9, 9])  # three tokens after a rejection at position 0
+    call, _ = fake_model([9, 9, 9], accepted=0)  # three tokens after a rejection at position 0
     with pytest.raises(GenerationError, match="expected the accepted draft prefix plus one token"):
         ContractVerifier(call, max_draft_len=4, end_id=2).verify([1], Draft(tokens=[5, 6]), SamplingParams())
 

@@ -41,6 +41,21 @@ def test_break_even_acceptance_is_about_c(c):
     assert k >= 1 and speedup > 1.0
 
 
+def test_best_k_over_a_list_of_candidates_by_hand():
+    # alpha 0.9, c 0.05: K=1 1.9/1.05 = 1.81, K=2 2.71/1.1 = 2.46, K=4 4.10/1.2 = 3.41, K=8 6.13/1.4 = 4.38
+    k, speedup = best_k(0.9, 0.05, [1, 2, 4, 8])
+    assert k == 8 and speedup == pytest.approx((1 - 0.9**9) / 0.1 / 1.4)
+    assert best_k(0.1, 0.5, [1, 2, 4]) == (0, 1.0)  # speculation does not pay: K = 0
+
+
+def test_ties_go_to_the_smaller_k():
+    # alpha 0, c 0: every K yields one token per step at no cost, speedup 1 for all; K = 0 wins
+    assert best_k(0.0, 0.0, [1, 2, 4]) == (0, 1.0)
+    # speedups within 1e-9 of the best count as equal (float noise): the smaller K wins
+    assert best_k(0.5, 0.0, [3, 2], speedup=lambda a, k, c: 1.5 + (1e-10 if k == 3 else 0.0))[0] == 2
+    assert best_k(0.5, 0.0, [3, 2], speedup=lambda a, k, c: 1.5 + (1e-6 if k == 3 else 0.0))[0] == 3
+
+
 def test_best_k_is_the_argmax_and_grows_with_alpha():
     for alpha in (0.5, 0.7, 0.9):
         k, s = best_k(alpha, 0.1, 8)

@@ -63,3 +63,54 @@ def test_client_keeps_its_meaning_under_tensorrt_llms_sampling_rules(monkeypatch
     assert "temperature" not in sent[2] and sent[2]["exclude_input_in_output"] is False
     list(c.SpecbuildClient("127.0.0.1:1", model="ensemble").generate("x"))
     assert "exclude_input_in_output" not in sent[3]  # the ensemble returns what the target model returns
+
+
+LLMAPI_CONFIG = {"input": [{"name": "text_input"}, {"name": "sampling_param_max_tokens"}, {"name": "streaming"}]}
+
+
+def test_the_client_finds_the_llmapi_model_only_where_there_is_no_bls(monkeypatch):
+    served = {}
+    monkeypatch.setattr(c.SpecbuildClient, "_config", lambda self, model: served.get(model))
+    served.update({"tensorrt_llm": LLMAPI_CONFIG})
+    client = c.SpecbuildClient("127.0.0.1:1")
+    assert client.is_llmapi() and client.model == "tensorrt_llm"
+    served["tensorrt_llm_bls"] = {"input": [{"name": "text_input"}, {"name": "max_tokens"}]}
+    client = c.SpecbuildClient("127.0.0.1:1")
+    assert not client.is_llmapi() and client.model == "tensorrt_llm_bls"
+    served["tensorrt_llm"] = {"input": [{"name": "input_ids"}]}  # the engine path's target model
+    assert not c.SpecbuildClient("127.0.0.1:1", model="tensorrt_llm").is_llmapi()
+    assert not c.SpecbuildClient("127.0.0.1:1", model="ensemble").is_llmapi()
+
+
+def test_an_llmapi_request_uses_nvidias_input_names_without_a_batch_dimension(monkeypatch):
+    sent = []
+    monkeypatch.setattr(c.SpecbuildClient, "_config", lambda self, model: LLMAPI_CONFIG if model == "tensorrt_llm" else None)
+    monkeypatch.setattr(c.SpecbuildClient, "_generate_grpc",
+                        lambda self, prompt, fields, stop: iter(sent.append(self._request(fields, stop)) or []))
+    client = c.SpecbuildClient("127.0.0.1:1")
+    list(client.generate("x", max_tokens=8, num_draft_tokens=3, temperature=0.5, seed=7, stop_words=["\n\n"]))
+    request = sent[0]
+    assert not request.batched
+    assert {name: value for name, (value, _, _) in request.inputs.items()} == {
+        "sampling_param_max_tokens": 8, "sampling_param_temperature": 0.5, "sampling_param_top_p": 1.0,
+        "sampling_param_seed": 7, "streaming": True, "sampling_param_exclude_input_from_output": True,
+        "return_finish_reason": True, "return_stop_reason": True, "sampling_param_return_perf_metrics": True,
+        "sampling_param_stop": ["\n\n"]}  # num_draft_tokens: the LLM API drafts its own max_draft_len
+    assert request.inputs["sampling_param_seed"][1:] == ("UINT64", np.uint64)
+    with pytest.raises(ClientError, match=r"request field\(s\) \['end_id'\] have no input in Triton's llmapi model"):
+        list(client.generate("x", end_id=2))
+
+
+def test_llmapi_responses_become_text_pieces_and_numbers():
+    responses = c._LlmapiResponses()
+    text = lambda t: np.array([t.encode()], dtype=object)  # noqa: E731
+    assert responses.chunk({"text_output": text("def")}, False).text == "def"
+    assert responses.chunk({"text_output": text("def")}, False) is None  # nothing new
+    assert not responses.reads("acceptance_rate", False) and responses.reads("acceptance_rate", True)
+    final = responses.chunk({"text_output": text("def add"), "finish_reason": text("length"),
+                             "stop_reason": text("None"), "acceptance_rate": text("0.5"),
+                             "total_draft_tokens": text("8"), "total_accepted_draft_tokens": text("4"),
+                             "first_token_time_ns": text("None")}, True)
+    assert final.final and final.text == " add"
+    assert final.stats == {"finish_reason": "length", "stop_reason": None, "acceptance_rate": 0.5,
+                           "total_draft_tokens": 8, "total_accepted_draft_tokens": 4, "first_token_time_ns": None}

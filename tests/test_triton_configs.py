@@ -9,7 +9,8 @@ import pytest
 
 from specbuild.config import spec_from_dict
 from specbuild.errors import SpecError
-from specbuild.triton import configs, repository, tensors
+from specbuild.contract import tensors
+from specbuild.triton import configs, repository
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 from tritonclient.grpc import model_config_pb2 as pb  # noqa: E402
@@ -187,7 +188,7 @@ def test_reference_paths_are_relative_to_the_repository(tmp_path):
     assert settings.tokenizer_dir == "../engines/pair-x/target/engine"
     assert str(tmp_path) not in "".join(files.values())
     assert "from specbuild.triton.models.reference_llm import TritonPythonModel" in files["tensorrt_llm/1/model.py"]
-    assert "from specbuild.bls.model import TritonPythonModel" in files["tensorrt_llm_bls/1/model.py"]
+    assert "from specbuild.triton.models.bls import TritonPythonModel" in files["tensorrt_llm_bls/1/model.py"]
 
 
 @pytest.mark.parametrize("count,tp,target,draft", [(1, 1, "0", "0"), (2, 1, "0", "1"), (4, 2, "0,1", "2,3"),
@@ -227,7 +228,7 @@ def test_tensor_tables_have_unique_names_and_known_dtypes():
 @pytest.mark.parametrize("backend", ["trtllm", "reference"])
 def test_llm_configs_carry_every_parameter_the_backend_reads_without_fallback(tmp_path, backend):
     """model_instance_state.cc reads these with no fallback: a config without them fails to load."""
-    from specbuild.triton.models.trtllm_params import REQUIRED
+    from specbuild.contract.backend_params import REQUIRED
 
     settings, files = rendered(tmp_path, backend)
     for name in ("tensorrt_llm", "tensorrt_llm_draft"):

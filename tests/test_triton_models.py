@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from specbuild.triton.models import reference_llm
-from specbuild.triton.models.common import InvalidInput, resolve_path
+from specbuild.errors import RequestError
+from specbuild.triton.models.common import resolve_path
 from specbuild.triton.models.postprocessing import Postprocessor
-from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer, word_list
+from specbuild.contract.words import to_word_list, word_sequences
+from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +36,9 @@ def test_preprocessing_encodes_with_nvidia_outputs(tokenizer):
     assert out["EMBEDDING_BIAS"].shape == (2, 0)
     assert out["STOP_WORDS_IDS"].shape == (2, 2, 0)  # not sent: NVIDIA's np.empty([batch, 2, 0])
     assert out["DECODER_INPUT_ID"].tolist() == [[pad], [pad]] and out["REQUEST_DECODER_INPUT_LEN"].tolist() == [[1], [1]]
-    with pytest.raises(InvalidInput, match="REQUEST_OUTPUT_LEN"):
+    with pytest.raises(RequestError, match="REQUEST_OUTPUT_LEN"):
         pre({"QUERY": np.array([[b"x"]], dtype=object)})
-    with pytest.raises(InvalidInput, match="UTF-8"):
+    with pytest.raises(RequestError, match="UTF-8"):
         pre({"QUERY": np.array([[b"\xff\xfe"]], dtype=object), "REQUEST_OUTPUT_LEN": np.array([[1]], np.int32)})
 
 
@@ -58,7 +60,7 @@ def test_preprocessing_takes_nvidia_clients_neutral_inputs(tokenizer):
 
 def test_word_list_format_is_tensorrt_llms(tokenizer):
     a, b = tokenizer.encode("return", add_special_tokens=False), tokenizer.encode(" None", add_special_tokens=False)
-    out = word_list(tokenizer, [["return", " None"], []])
+    out = to_word_list(tokenizer, [["return", " None"], []])
     assert out.shape == (2, 2, len(a) + len(b))
     assert out[0, 0].tolist() == a + b
     assert out[0, 1, :2].tolist() == [len(a), len(a) + len(b)] and (out[0, 1, 2:] == -1).all()
@@ -74,9 +76,9 @@ def test_postprocessing_decodes_up_to_sequence_length(tokenizer):
     two = post({"TOKENS_BATCH": np.array([[ids, ids[:2] + [0] * (len(ids) - 2)]], np.int32),
                 "SEQUENCE_LENGTH": np.array([[len(ids), 2]], np.int32)})["OUTPUT"]
     assert two.shape == (2,) and two[1].decode() == tokenizer.decode(ids[:2], skip_special_tokens=True)  # batch x beam
-    with pytest.raises(InvalidInput, match="SEQUENCE_LENGTH"):
+    with pytest.raises(RequestError, match="SEQUENCE_LENGTH"):
         post({"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": np.array([[99]], np.int32)})
-    with pytest.raises(InvalidInput, match="vocabulary"):
+    with pytest.raises(RequestError, match="vocabulary"):
         post({"TOKENS_BATCH": np.array([[[10**6]]], np.int32), "SEQUENCE_LENGTH": np.array([[1]], np.int32)})
 
 
@@ -107,9 +109,9 @@ def test_reference_llm_refuses_what_it_cannot_honour():
         ("embedding_bias", np.array([[0.0, 1.5]], np.float32), "embedding_bias"),
         ("lora_task_id", np.array([[1]], np.uint64), "lora_task_id"),
     ):
-        with pytest.raises(InvalidInput, match=match):
+        with pytest.raises(RequestError, match=match):
             reference_llm.check_supported(_llm_inputs(**{name: value}))
-    with pytest.raises(InvalidInput, match="input_lengths"):
+    with pytest.raises(RequestError, match="input_lengths"):
         reference_llm.split_rows({"input_ids": np.array([[1]], np.int32)})
 
 
@@ -125,7 +127,7 @@ def test_reference_llm_accepts_what_the_backend_treats_as_absent():
 def test_batch_above_one_needs_a_decoupled_model():
     batched = _llm_inputs(input_ids=np.array([[5, 6], [7, 8]], np.int32), input_lengths=np.array([[2], [2]], np.int32),
                           request_output_len=np.array([[2], [2]], np.int32))
-    with pytest.raises(InvalidInput, match="^Batch size > 1 requires the tensorrt_llm backend to be using decoupled "
+    with pytest.raises(RequestError, match="^Batch size > 1 requires the tensorrt_llm backend to be using decoupled "
                                            "transaction policy$"):
         reference_llm.split_rows(batched)
     assert len(reference_llm.split_rows(batched, decoupled=True)) == 2
@@ -168,7 +170,7 @@ def test_served_reference_models_do_not_oversubscribe_the_cpu(example_tiny):
         torch.set_num_threads(before)
 
 
-# --- the C++ backend's parameter rules (models/trtllm_params.py) ---------------------------------
+# --- the C++ backend's parameter rules (specbuild.contract.backend_params) ---------------------------------
 
 def backend_config(tmp_path, **changes):
     params = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": str(tmp_path), "tokenizer_dir": "",
@@ -178,7 +180,7 @@ def backend_config(tmp_path, **changes):
 
 
 def test_parameters_read_without_fallback_fail_the_load_with_the_backends_message(tmp_path):
-    from specbuild.triton.models.trtllm_params import REQUIRED, BackendParams, ModelLoadError
+    from specbuild.contract.backend_params import REQUIRED, BackendParams, ModelLoadError
 
     resolve = lambda value: Path(value)  # noqa: E731
     assert BackendParams(backend_config(tmp_path)).check_required(resolve) == tmp_path
@@ -205,7 +207,7 @@ def test_parameters_read_without_fallback_fail_the_load_with_the_backends_messag
 
 
 def test_boolean_parameters_follow_the_backends_spellings(tmp_path):
-    from specbuild.triton.models.trtllm_params import BackendParams
+    from specbuild.contract.backend_params import BackendParams
 
     values = {"a": "TRUE", "b": "0", "c": "yes", "d": ""}
     params = BackendParams({"parameters": {k: {"string_value": v} for k, v in values.items()}})

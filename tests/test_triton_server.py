@@ -190,6 +190,8 @@ def test_ensemble_equals_local_target_greedy(server, local_greedy, protocol):
 
 
 def test_tensorrt_llm_verifies_drafts_like_the_contract(server, deployment):
+    """Verification over Triton equals the in-process contract; the acceptance outputs come only with
+    return_perf_metrics, as from the C++ backend."""
     import tritonclient.http as httpclient
 
     from specbuild.runtime.loading import load_contract_model, model_source
@@ -198,17 +200,22 @@ def test_tensorrt_llm_verifies_drafts_like_the_contract(server, deployment):
     ids, draft = [5, 6, 7, 8], [9, 10, 11]
     request = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[4]], np.int32),
                "request_output_len": np.array([[4]], np.int32), "draft_input_ids": np.array([draft], np.int32)}
-    inputs = []
-    for name, value in request.items():
-        tensor = httpclient.InferInput(name, list(value.shape), "INT32")
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
     client = httpclient.InferenceServerClient(server.http_url)
+
+    def infer(**extra):
+        inputs = []
+        for name, value in {**request, **extra}.items():
+            tensor = httpclient.InferInput(name, list(value.shape), "BOOL" if value.dtype == bool else "INT32")
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        return client.infer("tensorrt_llm", inputs)
+
     try:
-        result = client.infer("tensorrt_llm", inputs)
+        plain, result = infer(), infer(return_perf_metrics=np.array([[True]]))
     finally:
         client.close()
-    expected = local({k: v[0] for k, v in request.items()})
+    assert plain.as_numpy("total_draft_tokens") is None and plain.as_numpy("acceptance_rate") is None
+    expected = local({**{k: v[0] for k, v in request.items()}, "return_perf_metrics": np.array([True])})
     length = int(result.as_numpy("sequence_length")[0, 0])
     assert result.as_numpy("output_ids")[0, 0, :length].tolist() == expected["output_ids"][0].tolist()
     assert result.as_numpy("total_draft_tokens")[0, 0] == 3

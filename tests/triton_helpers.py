@@ -19,7 +19,7 @@ class TinyDeployment:
 
 def make_deployment(root: Path, example_tiny) -> TinyDeployment:
     """Spec for the tiny example pair -> converted checkpoints -> reference engines -> reference repository."""
-    from specbuild.build import build_engines
+    from specbuild.build.engines import build_engines
     from specbuild.config import load_spec
     from specbuild.convert import convert_pair
     from specbuild.example import specfile

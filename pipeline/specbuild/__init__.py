@@ -2,7 +2,7 @@
 
 Stages (one subcommand each, chained by `specbuild up`):
 check -> convert -> build -> repo -> serve -> generate / bench.
-See DESIGN.md in the project's shared folder and README.md.
+README.md says how to use it; docs/architecture.md shows the packages and the path of a request.
 """
 
 __version__ = "0.1.0"

@@ -98,6 +98,18 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise ArtifactError(f"{path} is unreadable ({err}). Remove the folder and run its stage again.") from None
 
 
+def recorded_hash(folder: Path) -> str | None:
+    """The input_hash in `folder`'s manifest.json (None when there is none): equal to a stage's input hash, the
+    stage is up to date."""
+    try:
+        return read_manifest(folder).get("input_hash")
+    except (ArtifactError, OSError, ValueError):
+        return None
+
+
+UP_TO_DATE = "up to date: inputs unchanged, would be skipped"  # a dry run's word for such a stage
+
+
 def write_json(path: Path, data: Any) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")

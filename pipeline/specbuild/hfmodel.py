@@ -7,7 +7,7 @@ loading them runs arbitrary code. `trust_remote_code` is never used anywhere in 
 
 `SUPPORTED_ARCHITECTURES` maps the HF class name to the TensorRT-LLM / modelopt `model_type`:
 the intersection of modelopt's `MODEL_NAME_TO_TYPE` (modelopt/torch/export/model_utils.py) and
-TensorRT-LLM's `MODEL_MAP` (tensorrt_llm/models/__init__.py), see trtllm-facts.md section 5.
+NVIDIA/TensorRT-LLM's `MODEL_MAP` (tensorrt_llm/models/__init__.py).
 """
 
 from __future__ import annotations

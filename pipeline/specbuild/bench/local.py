@@ -1,33 +1,52 @@
-"""In-process transport: the reference runtime's Drafter and Verifier driven by the draft/verify loop.
+"""In-process transport: one request = one `LocalSession.generate` (the draft/verify loop on the reference runtime).
 
-Each request runs `speculative.loop.generate` once; K = 0 goes through the same loop (plain target
-steps), so "speculation off" and "on" share every line of code but the drafting. Timing covers
-tokenization, every draft and verify call and the loop's own work; the loop's per-step Step records
-give drafted/accepted counts, draft and target seconds, and whether the step saw a rejection.
+K = 0 goes through the same loop (plain target steps), so "speculation off" and "on" share every line
+of code but the drafting. Timing covers tokenization, every draft and verify call and the loop's own
+work (no detokenization); the session's per-step records give drafted/accepted counts and whether a
+step saw a rejection.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from specbuild.bench.runner import Settings
 from specbuild.bench.stats import RequestResult, top_token_share
 from specbuild.bench.workloads import Prompt
-from specbuild.speculative.interfaces import Drafter, SamplingParams, Verifier
+from specbuild.session.generation import Generation, Options
+from specbuild.speculative.interfaces import Drafter, Verifier
+
+
+def request_result(gen: Generation, k: int) -> RequestResult:
+    """A benchmark record of one finished generation."""
+    tried: list[int] = []  # [K] steps that drafted position i with every position before it accepted
+    for step in gen.steps:
+        reached = min(step.accepted + 1, step.drafted)  # positions actually put to the test
+        tried.extend([0] * (reached - len(tried)))
+        for i in range(reached):
+            tried[i] += 1
+    stats = gen.stats
+    return RequestResult(
+        prompt_index=0, num_draft_tokens=k, output_tokens=gen.output_tokens, seconds=gen.seconds,
+        ttft_seconds=gen.ttft_seconds if gen.ttft_seconds is not None else gen.seconds,
+        drafted=stats.drafted, accepted=stats.accepted, steps=stats.steps,
+        rejections=sum(1 for step in gen.steps if step.accepted < step.drafted),
+        per_position_drafted=list(stats.per_position_drafted), per_position_accepted=list(stats.per_position_accepted),
+        draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
+        per_position_tried=tried, top_token_share=top_token_share(gen.output_ids), output_ids=list(gen.output_ids),
+    )
 
 
 @dataclass
 class LocalTransport:
-    drafter: Drafter
-    verifier: Verifier
-    encode: Callable[[str], Sequence[int]]  # prompt text -> token ids
-    end_id: int | None = None
+    session: Any  # session.local.LocalSession
     name: str = "local"
     concurrent: bool = False  # True when `batched` can serve several requests at once
-    source: dict[str, str] | None = None  # where the weights came from, per role (reference-engine / hf-checkpoint)
+    verifier: Verifier | None = None  # another verifier over the session's drafter (e.g. the plain target)
+    only_ks: tuple[int, ...] | None = None  # the K values this transport measures (None: every K of the sweep)
     batched: Callable[[], tuple[Drafter, Verifier]] | None = None  # builds the pair used by concurrent requests
     close_batched: Callable[[], None] | None = None
     _batched_pair: tuple[Drafter, Verifier] | None = field(default=None, init=False, repr=False)
@@ -35,11 +54,17 @@ class LocalTransport:
 
     @property
     def max_draft_len(self) -> int | None:
-        return getattr(self.verifier, "max_draft_len", None)
+        return self.session.max_draft_len
 
-    def _pair(self, concurrent: bool) -> tuple[Drafter, Verifier]:
+    @property
+    def end_id(self) -> int | None:
+        return self.session.end_id
+
+    def _pair(self, concurrent: bool) -> tuple[Drafter, Verifier] | None:
+        if self.verifier is not None:
+            return self.session.drafter, self.verifier
         if not concurrent or self.batched is None:
-            return self.drafter, self.verifier
+            return None
         with self._lock:
             if self._batched_pair is None:
                 self._batched_pair = self.batched()
@@ -53,42 +78,10 @@ class LocalTransport:
     def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
                 concurrent: bool = False) -> RequestResult:
         """One generation; `concurrent` requests (several threads at once) go through the batching pair."""
-        from specbuild.speculative.loop import GenerationRequest, generate
-
-        drafter, verifier = self._pair(concurrent)
-
-        sampling = SamplingParams(temperature=settings.temperature, seed=settings.seed if settings.temperature > 0 else None)
-        gen = GenerationRequest(max_tokens=max_tokens, num_draft_tokens=k, sampling=sampling, end_id=self.end_id)
-        start = time.perf_counter()
-        with self._lock:  # fast tokenizers are not safe to call from several threads at once
-            ids = list(self.encode(prompt.text))
-        ttft = None
-        out = rejections = 0
-        tried: list[int] = []
-        tokens: list[int] = []
-        stats = None
-        for step in generate(ids, drafter, verifier, gen):
-            if step.tokens and ttft is None:
-                ttft = time.perf_counter() - start
-            out += len(step.tokens)
-            tokens.extend(step.tokens)
-            rejections += step.accepted < step.drafted
-            reached = min(step.accepted + 1, step.drafted)  # positions actually put to the test
-            tried.extend([0] * (reached - len(tried)))
-            for i in range(reached):
-                tried[i] += 1
-            if step.stats is not None:
-                stats = step.stats
-        seconds = time.perf_counter() - start
-        result = RequestResult(prompt_index=0, num_draft_tokens=k, output_tokens=out, seconds=seconds,
-                               ttft_seconds=ttft if ttft is not None else seconds, rejections=rejections,
-                               per_position_tried=tried, top_token_share=top_token_share(tokens))
-        if stats is not None:
-            result.drafted, result.accepted, result.steps = stats.drafted, stats.accepted, stats.steps
-            result.per_position_drafted = list(stats.per_position_drafted)
-            result.per_position_accepted = list(stats.per_position_accepted)
-            result.draft_seconds, result.target_seconds = stats.draft_seconds, stats.target_seconds
-        return result
+        options = Options(max_tokens=max_tokens, num_draft_tokens=k, temperature=settings.temperature,
+                          seed=settings.seed if settings.temperature > 0 else None, adaptive=False)
+        gen = self.session.generate(prompt.text, options, pair=self._pair(concurrent), text=False)
+        return request_result(gen, gen.k.k)
 
 
 def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | None = None,
@@ -98,18 +91,16 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
     Concurrent requests share the models through `runtime.batcher.Batcher` (their sequences share forward
     passes, like Triton's dynamic batching); single requests call the models directly.
     """
-    from transformers import AutoTokenizer
+    from specbuild.session.local import LocalSession
 
-    from specbuild.runtime.loading import load_pair
-
-    pair = load_pair(spec, threads=threads, row_block=row_block)
+    session = LocalSession.from_spec(spec, threads=threads, row_block=row_block)
+    pair = session.pair
     log(f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}")
-    tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
     batchers: list = []
 
     def batched() -> tuple[Drafter, Verifier]:
+        from specbuild.contract.adapters import ContractDrafter, ContractVerifier
         from specbuild.runtime.batcher import Batcher
-        from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
 
         target, draft = Batcher(pair.target_model), Batcher(pair.draft_model)
         batchers.extend([target, draft])
@@ -120,6 +111,19 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
         while batchers:
             batchers.pop().close()
 
-    return LocalTransport(pair.drafter, pair.verifier, encode=lambda text: tokenizer(text)["input_ids"],
-                          end_id=pair.end_id, concurrent=True, source={"target": pair.target.kind, "draft": pair.draft.kind},
-                          batched=batched, close_batched=close)
+    return LocalTransport(session, concurrent=True, batched=batched, close_batched=close)
+
+
+def plain_target(transport: LocalTransport, device: str | None = None) -> LocalTransport:
+    """Target-only decoding on a second copy of the target with 1-row matmuls (`bench --vs-plain`).
+
+    The engine's fixed row blocks are the price of exact greedy equality and can slow single-token steps;
+    this copy is the fastest plain decoding the runtime has, so the honest speedup compares against the
+    faster of the two target-only runs."""
+    from specbuild.contract.adapters import ContractVerifier
+    from specbuild.runtime.loading import load_contract_model
+
+    pair = transport.session.pair
+    model = load_contract_model(pair.target, device, row_block=1, probe=False)  # one row: exact by construction
+    verifier = ContractVerifier(model, max_draft_len=pair.max_draft_len, end_id=pair.end_id)
+    return LocalTransport(transport.session, name="plain", verifier=verifier, only_ks=(0,))

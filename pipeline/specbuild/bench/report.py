@@ -203,6 +203,12 @@ def table(doc: dict[str, Any]) -> str:
     if hf:
         lines.append(f"Hugging Face assisted generation at K = {hf['num_draft_tokens']}: {_fmt(hf['tokens_per_s'], '.1f')} "
                      f"tok/s (its speedup {_fmt(hf['speedup'])}x); ours over theirs: {_fmt(hf['ours_over_hf'])}x")
+    plain = doc.get("plain")
+    if plain:
+        lines.append(f"target only on 1-row matmuls: {_fmt(plain['tokens_per_s'], '.1f')} tok/s; best K vs the faster "
+                     f"target-only: {_fmt(plain['speedup_vs_fastest_target_only'])}x")
+    if doc.get("greedy_equal") is not None:
+        lines.append("greedy output at every K equals K = 0: " + ("yes" if doc["greedy_equal"] else "NO"))
     serving = doc.get("serving_overhead")
     if serving:
         lines.append(f"Triton vs local, one stream: {_fmt(serving.get('triton_over_local'))}x of local tokens/s")

@@ -19,7 +19,7 @@ from typing import Any
 
 from specbuild.bench import plots
 from specbuild.bench.runner import Settings
-from specbuild.bench.session import run_bench
+from specbuild.bench.run import run_bench
 from specbuild.config import load_spec
 
 HEADLINE = ("speedup", "alpha", "acceptance_rate", "cost_ratio", "bound", "efficiency", "explained_speedup")

@@ -4,6 +4,8 @@ The machine is noisy, so ratios are measured from interleaved requests: for each
 (K = 0 included) runs back to back, in an order rotated per prompt, rather than all K = 0 first.
 A transport is anything with `request(prompt, k, max_tokens, settings) -> RequestResult`:
 the in-process runtime (`bench.local`), a Triton server (`bench.remote`), Hugging Face (`bench.hf_peer`).
+K values follow the one K rule (`speculative.draft_len.resolve_ks`: clamped to the deployment's
+max_draft_len, each measured once).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Callable, Protocol, Sequence
 from specbuild.bench.stats import RequestResult, RunSummary, summarize
 from specbuild.bench.workloads import Prompt, Workload
 from specbuild.errors import BenchError
+from specbuild.speculative.draft_len import resolve_ks
 
 DEFAULT_KS = (0, 1, 2, 4, 8)
 
@@ -35,6 +38,7 @@ class Transport(Protocol):
     name: str
     concurrent: bool  # can serve several requests at once (threads may call `request` together)
     max_draft_len: int | None  # the deployment's limit on K, when known
+    only_ks: tuple[int, ...] | None  # a peer that measures only these K values (None: every K)
 
     def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
                 concurrent: bool = False) -> RequestResult:
@@ -66,17 +70,17 @@ def auto_ks(max_draft_len: int | None) -> tuple[int, ...]:
 
 
 def clamp_ks(ks: Sequence[int] | None, max_draft_len: int | None) -> tuple[tuple[int, ...], list[str]]:
-    """K values the deployment accepts (0 always first), and notes about those dropped."""
+    """K values the deployment accepts (0 always first, by the one K rule), and notes about those clamped."""
     if ks is None:
         return auto_ks(max_draft_len), []
-    kept = sorted({0, *ks})
-    notes = []
-    if max_draft_len is not None:
-        dropped = [k for k in kept if k > max_draft_len]
-        kept = [k for k in kept if k <= max_draft_len]
-        if dropped:
-            notes.append(f"K = {', '.join(map(str, dropped))} skipped: above the deployment's max_draft_len = {max_draft_len}")
-    return tuple(kept), notes
+    if max_draft_len is None:
+        return tuple(sorted({0, *ks})), []
+    return resolve_ks(ks, max_draft_len)
+
+
+def _measures(transport: Transport, k: int) -> bool:
+    only = getattr(transport, "only_ks", None)
+    return only is None or k in only
 
 
 @dataclass
@@ -105,7 +109,8 @@ def warm_up(transports: Sequence[Transport], ks: Sequence[int], workload: Worklo
     """One short request per K per transport, not counted (first-call allocations, lazy loading)."""
     for transport in transports:
         for k in ks:
-            transport.request(_prompt(workload, 0), k, min(8, settings.max_tokens), settings)
+            if _measures(transport, k):
+                transport.request(_prompt(workload, 0), k, min(8, settings.max_tokens), settings)
 
 
 def sweep_k(transports: Sequence[Transport], ks: Sequence[int], workload: Workload, settings: Settings,
@@ -115,7 +120,7 @@ def sweep_k(transports: Sequence[Transport], ks: Sequence[int], workload: Worklo
         prompt = _prompt(workload, i)
         order = list(ks[i % len(ks):]) + list(ks[: i % len(ks)])
         for k in order:
-            for transport in transports:
+            for transport in (t for t in transports if _measures(t, k)):
                 start = time.perf_counter()
                 result = transport.request(prompt, k, _tokens(prompt, settings), settings)
                 result.prompt_index = i
@@ -166,7 +171,7 @@ def run(transport: Transport, workload: Workload, settings: Settings, peers: Seq
         notes.append(f"concurrency {', '.join(map(str, concurrent_levels))} skipped: the {transport.name} transport "
                      "runs one request at a time (measure throughput under concurrency with --url)")
         concurrent_levels = []
-    total = settings.requests * len(ks) * (1 + len(peers))
+    total = settings.requests * sum(1 for t in (transport, *peers) for k in ks if _measures(t, k))
     total += sum(max(1, settings.requests // c) * c * len(ks) for c in concurrent_levels)
     tick = progress(total) if progress else (lambda: None)
     out = {t.name: Measurements(notes=list(notes) if t is transport else []) for t in (transport, *peers)}

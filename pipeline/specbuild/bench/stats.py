@@ -34,6 +34,7 @@ class RequestResult:
     concurrency: int = 1
     per_position_tried: list[int] = field(default_factory=list)  # [K] position i drafted with all before it accepted
     top_token_share: float | None = None  # share of the output taken by its most frequent token (degenerate text ~ 1)
+    output_ids: list[int] | None = None  # [n] the generated tokens, when the transport returns them
 
     @property
     def tokens_per_s(self) -> float:

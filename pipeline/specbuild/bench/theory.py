@@ -68,11 +68,6 @@ def predictions(alpha: float, c: float, ks: Iterable[int]) -> list[dict[str, flo
              "predicted_speedup": round(bound(alpha, k, c), 4)} for k in ks]
 
 
-def best_k(alpha: float, c: float, ks: Iterable[int]) -> int:
-    """The K with the highest predicted speedup (0 when speculation does not pay)."""
-    return max([0, *ks], key=lambda k: (round(bound(alpha, k, c), 9), -k))
-
-
 @dataclass(frozen=True)
 class ModelSize:
     parameters: int

@@ -62,12 +62,17 @@ def paged_context_fmha_loss(quant_algo: Any, kv_cache_quant_algo: Any, sm: int |
     return None
 
 
+# The TensorRT-LLM QuantAlgo convert writes for each spec `quantization` name (specbuild.convert.formats
+# builds its table from this one; mirrors TensorRT-LLM's examples/quantization/quantize.py qformats).
+QUANT_ALGO: dict[str, str | None] = {
+    "none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ",
+    "int8_wo": "W8A16", "int4_wo": "W4A16",
+}
+
+
 def spec_paged_context_fmha_loss(quantization: str, kv_cache: str, sm: int | None) -> str | None:
     """`paged_context_fmha_loss` for a spec's `quantization` / `kv_cache` names (what convert will write)."""
-    from specbuild.convert.formats import FORMATS
-
-    fmt = FORMATS.get(quantization)
-    algo = fmt.quant_algo if fmt is not None else quantization
+    algo = QUANT_ALGO.get(quantization, quantization)
     return paged_context_fmha_loss(algo, None if kv_cache == "none" else kv_cache, sm)
 
 

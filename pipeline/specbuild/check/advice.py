@@ -1,5 +1,5 @@
-"""Advice on top of the memory plan: GPU feature gates, "does not fit" with the smallest change
-that would fit, and the batch warning. Every suggestion is checked by re-running the plan, and
+"""The memory plan with its advice (`plan_memory`): GPU feature gates, "does not fit" with the smallest
+change that would fit, and the batch warning. Every suggestion is checked by re-running the plan, and
 none is a spec that trtllm-build would quietly change (`specbuild.build.rules`).
 """
 
@@ -21,7 +21,7 @@ from specbuild.build.rules import (
 from specbuild.check.memory import DTYPE_BYTES, GIB, WEIGHT_BYTES, MemoryPlan, compute_plan
 from specbuild.check.report import Finding
 from specbuild.config import GPUS, Spec
-from specbuild.hfmodel import ModelInfo
+from specbuild.hfmodel import ModelInfo, read_model_info
 
 
 def paged_context_fmha_findings(spec: Spec) -> list[Finding]:
@@ -183,3 +183,30 @@ def batch_exceeds_memory(plan: MemoryPlan, suggestions: list[dict[str, Any]]) ->
         f"but build.max_batch_size = {plan.max_batch_size}; longer requests will wait for free blocks.",
         f"Set build.max_batch_size = {plan.max_batch}.{best}",
     )
+
+
+def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | None = None, *,
+                allow_pickle: bool = False, suggest: bool = True) -> MemoryPlan:
+    """The memory plan for the spec's `[gpu]`, `[build]` limits and the two models, with GPU
+    feature gates and (when it does not fit, and `suggest`) the single changes that would fit.
+
+    `target`/`draft` default to the facts read from the spec's checkpoints (CheckpointError if unreadable).
+    """
+    if target is None:
+        target = read_model_info(spec.target.checkpoint, allow_pickle=allow_pickle, role="target")
+    if draft is None:
+        draft = read_model_info(spec.draft.checkpoint, allow_pickle=allow_pickle, role="draft")
+    plan = compute_plan(spec, target, draft)
+    problems, warnings = gate_findings(spec)
+    suggestions: list[dict[str, Any]] = []
+    b = spec.build
+    if not plan.fits:
+        if suggest:
+            suggestions = suggest_changes(spec, target, draft, goal=1)
+        problems.append(does_not_fit(plan, suggestions))
+    elif plan.max_batch < b.max_batch_size:
+        if suggest:
+            suggestions = suggest_changes(spec, target, draft, goal=b.max_batch_size)
+        warnings.append(batch_exceeds_memory(plan, suggestions))
+    return dataclasses.replace(plan, problems=tuple(problems), warnings=tuple(warnings),
+                               suggestions=tuple(suggestions))

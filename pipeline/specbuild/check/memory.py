@@ -40,7 +40,7 @@ from specbuild.build import rules
 from specbuild.build.rules import BLACKWELL_REJECTED, FP8_MIN_SM, MIN_SM, TOKENS_PER_BLOCK  # noqa: F401 (re-exported)
 from specbuild.check.report import Finding
 from specbuild.config import Spec
-from specbuild.hfmodel import ModelInfo, read_model_info
+from specbuild.hfmodel import ModelInfo
 
 GIB = 1024**3
 
@@ -209,35 +209,6 @@ def _fraction(budget: float, free_when_second: float) -> float:
 def separate_gpus(spec: Spec) -> bool:
     """The draft gets GPUs of its own when there are enough for both (the repo stage places it so)."""
     return spec.gpu.count >= 2 * spec.build.tp_size * spec.build.pp_size
-
-
-def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | None = None, *,
-                allow_pickle: bool = False, suggest: bool = True) -> MemoryPlan:
-    """The memory plan for the spec's `[gpu]`, `[build]` limits and the two models, with GPU
-    feature gates and (when it does not fit, and `suggest`) the single changes that would fit.
-
-    `target`/`draft` default to the facts read from the spec's checkpoints (CheckpointError if unreadable).
-    """
-    from specbuild.check import advice
-
-    if target is None:
-        target = read_model_info(spec.target.checkpoint, allow_pickle=allow_pickle, role="target")
-    if draft is None:
-        draft = read_model_info(spec.draft.checkpoint, allow_pickle=allow_pickle, role="draft")
-    plan = compute_plan(spec, target, draft)
-    problems, warnings = advice.gate_findings(spec)
-    suggestions: list[dict[str, Any]] = []
-    b = spec.build
-    if not plan.fits:
-        if suggest:
-            suggestions = advice.suggest_changes(spec, target, draft, goal=1)
-        problems.append(advice.does_not_fit(plan, suggestions))
-    elif plan.max_batch < b.max_batch_size:
-        if suggest:
-            suggestions = advice.suggest_changes(spec, target, draft, goal=b.max_batch_size)
-        warnings.append(advice.batch_exceeds_memory(plan, suggestions))
-    return dataclasses.replace(plan, problems=tuple(problems), warnings=tuple(warnings),
-                               suggestions=tuple(suggestions))
 
 
 def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:

@@ -9,7 +9,8 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 from __future__ import annotations
 
 from specbuild.build import rules
-from specbuild.check.memory import plan_memory
+from specbuild.check.advice import plan_memory
+from specbuild.check.llmapi_memory import plan_memory as plan_llmapi_memory
 from specbuild.check.report import CheckReport
 from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
 from specbuild.check.weights import check_weights
@@ -38,7 +39,7 @@ def read_pair_infos(spec: Spec, allow_pickle: bool = False) -> dict[str, ModelIn
 def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True, progress: bool = False,
               backend: str = "trtllm") -> CheckReport:
     """scan_weights: read every weight for NaN/Inf (check.weights); progress: a progress bar on stderr for it.
-    backend "llmapi": the LLM API path's memory plan and limits (specbuild.llmapi.memory) instead of the engines'."""
+    backend "llmapi": the LLM API path's memory plan and limits (check.llmapi_memory) instead of the engines'."""
     infos = read_pair_infos(spec, allow_pickle)
     report = CheckReport(pair=spec.name, models={role: info.summary() for role, info in infos.items()})
     for role, info in infos.items():
@@ -58,8 +59,6 @@ def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True,
     tokenizer_size = check_tokenizers(report, spec)
     check_vocab(report, infos["target"], infos["draft"], tokenizer_size)
     if backend == "llmapi":
-        from specbuild.llmapi.memory import plan_memory as plan_llmapi_memory
-
         plan = plan_llmapi_memory(spec, infos["target"], infos["draft"])
     else:
         plan = plan_memory(spec, infos["target"], infos["draft"])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, spec_option
+from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, shown_path, spec_option
 
 
 @click.command("bench")
@@ -30,6 +30,9 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (with --temperature > 0).")
 @click.option("--vs-hf", is_flag=True, help="Also run the pair through Hugging Face generate(assistant_model=...) "
               "(with --local), interleaved, and report our speedup over it.")
+@click.option("--vs-plain", is_flag=True, help="Also run target-only decoding on a copy of the target with 1-row "
+              "matmuls (with --local), interleaved: the fastest plain decoding, without the row blocks exact "
+              "greedy equality needs; report the speedup against the faster target-only.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write PNG plots into this folder.")
 @click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up request per K.")
@@ -39,7 +42,7 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
 @json_option
 @dry_run_option
 def command(spec_path, url, local, protocol, workload, ks, concurrency, max_tokens, requests, temperature, seed,
-            vs_hf, plot_dir, no_warmup, threads, as_json, dry_run):
+            vs_hf, vs_plain, plot_dir, no_warmup, threads, as_json, dry_run):
     """Measure tokens/s, latency and acceptance with speculation on and off, in one run.
 
     \b
@@ -61,6 +64,8 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
         raise click.UsageError("--vs-hf runs Hugging Face in-process next to the local runtime: add --local.")
     if vs_hf and temperature > 0:
         raise click.UsageError("--vs-hf compares greedy decoding: drop --temperature.")
+    if vs_plain and not local:
+        raise click.UsageError("--vs-plain runs a second target in-process next to the local runtime: add --local.")
     from specbuild.errors import BenchError
 
     try:
@@ -78,13 +83,15 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
         warmup=not no_warmup,
     )
     spec = get_spec(spec_path)
-    if not local and not url:
-        url = f"{spec.serve.host}:{spec.serve.grpc_port if protocol == 'grpc' else spec.serve.http_port}"
+    if not local:
+        from specbuild.session.served import server_url
+
+        url = server_url(spec, protocol, url)
     if dry_run:
         plan = {"mode": "local" if local else "triton", "url": url, "protocol": protocol if url else None,
                 "workload": workload, "num_draft_tokens": list(k_list) if k_list else "auto",
                 "concurrency": list(settings.concurrency), "max_tokens": max_tokens, "requests": requests,
-                "vs_hf": vs_hf, "files": [str(plot_dir / n) for n in _plot_names()] if plot_dir else []}
+                "vs_hf": vs_hf, "vs_plain": vs_plain, "files": [str(plot_dir / n) for n in _plot_names()] if plot_dir else []}
         if as_json:
             emit_json({"dry_run": True, **plan})
         else:
@@ -92,10 +99,11 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
                 click.echo(f"{key}: {value}")
         return
 
-    from specbuild.bench.session import run_bench
+    from specbuild.bench.run import run_bench
 
-    doc = run_bench(spec, settings, workload, url=url, protocol=protocol, vs_hf=vs_hf,
-                    progress=True, log=log, threads=threads)  # a bar on a terminal, else progress lines
+    doc = run_bench(spec, settings, workload, url=url, protocol=protocol, vs_hf=vs_hf, vs_plain=vs_plain,
+                    progress=True, log=log, threads=threads,  # a bar on a terminal, else progress lines
+                    spec_path=shown_path(spec.path))
     if plot_dir is not None:
         from specbuild.bench.plots import write_plots
 

@@ -62,12 +62,12 @@ def command(spec_path, backend, trtllm_build, role, force, dry_run, as_json):
     Exit codes: 0 built or up to date, 1 error (trtllm-build missing or failed, engine
     disagrees with the request, inputs missing, output locked), 2 usage error.
     """
-    from specbuild.build import build_engines, dry_run as plan_dry_run
+    from specbuild.build.engines import build_engines, dry_run as plan_dry_run
 
     spec = get_spec(spec_path)
     backend = backend or spec.build.backend or "trtllm"
     if backend == "llmapi":
-        from specbuild.llmapi.cli import build as llmapi_build
+        from specbuild.cli.llmapi_cmds import build as llmapi_build
 
         llmapi_build(spec, force=force, dry_run=dry_run, as_json=as_json)
         return

@@ -43,7 +43,7 @@ def _vocab_line(doc: dict[str, Any]) -> str:
 def _memory_lines(doc: dict[str, Any]) -> list[str]:
     m = doc["memory"]
     if m.get("path") == "llmapi":
-        from specbuild.llmapi.memory import summary_lines
+        from specbuild.check.llmapi_memory import summary_lines
 
         return summary_lines(m)
     t, d = m["target"], m["draft"]
@@ -149,18 +149,18 @@ def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bo
     if prompts_file is not None and not measure:
         raise click.UsageError("--prompts is used by --measure: add --measure.")
     if measure and report.ok:
-        from specbuild.bench import qualify
+        from specbuild.check import measure as measurement
         from specbuild.cli.common import log
 
-        doc["measure"] = qualify.measure(spec, prompts_file=prompts_file, log=log, progress=True)
+        doc["measure"] = measurement.measure(spec, prompts_file=prompts_file, log=log, progress=True)
     if as_json:
         emit_json(doc)
     else:
         click.echo(format_report(doc))
         if "measure" in doc:
-            from specbuild.bench import qualify
+            from specbuild.check import measure as measurement
 
             click.echo("\n".join(f"{'measure' if i == 0 else '':<11}{line}"
-                                 for i, line in enumerate(qualify.summary_lines(doc["measure"]))))
+                                 for i, line in enumerate(measurement.summary_lines(doc["measure"]))))
     if not report.ok:
         ctx.exit(1)

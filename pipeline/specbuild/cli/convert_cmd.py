@@ -63,7 +63,7 @@ def command(spec_path: Path, backend: str | None, role: str, quantization: str |
     options = ConvertOptions(device=device, calib_file=calib_file, calib_size=calib_size,
                              calib_seq_len=calib_seq_len, awq_block_size=int(awq_block_size) if awq_block_size else None)
     if (backend or spec.build.backend) == "llmapi":
-        from specbuild.llmapi.cli import convert as llmapi_convert
+        from specbuild.cli.llmapi_cmds import convert as llmapi_convert
 
         llmapi_convert(spec, selected, options, force=force, verify=verify, dry_run=dry_run, as_json=as_json)
         return

@@ -1,14 +1,13 @@
 """`specbuild generate`: one prompt through the draft/verify loop, streamed as tokens are accepted.
 
---local runs the pair in-process on the reference runtime (reference engines when built, else the
-Hugging Face checkpoints). Without --local the prompt goes to a running server through
-`specbuild.triton.client.generate` (the server path).
+--local runs the pair in-process (`specbuild.session.local`: the reference runtime, reference engines
+when built, else the Hugging Face checkpoints). Without --local the prompt goes to a running server
+(`specbuild.session.served`). Both return the same document.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 import click
@@ -54,15 +53,25 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
     """
     if local and url:
         raise click.UsageError("pass either --local or --url, not both.")
+    from specbuild.session.generation import Options
+
     spec = get_spec(spec_path)
-    options = dict(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature, top_k=top_k,
-                   top_p=top_p, seed=seed, adaptive=adaptive)
+    options = Options(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature, top_k=top_k,
+                      top_p=top_p, seed=seed, adaptive=adaptive)
     echo = None if as_json or not stream else _echo_stdout
     if local:
-        doc = generate_local(spec, prompt, device=device, use_cache=not no_cache, threads=threads, on_text=echo, **options)
+        from specbuild.session.local import LocalSession
+
+        session = LocalSession.from_spec(spec, device=device, use_cache=not no_cache, threads=threads)
+        generation = session.generate(prompt, options, on_text=echo)
     else:
-        doc = _generate_served(spec, prompt, url=url, protocol=protocol, on_text=echo,
-                               spec_path=shown_path(spec.path), **options)
+        from specbuild.session.served import ServedSession
+
+        with ServedSession.for_spec(spec, protocol, url, spec_path=shown_path(spec.path)) as session:
+            generation = session.generate(prompt, options, on_text=echo, stream=echo is not None)
+    if generation.k is not None and generation.k.clamped:
+        log(generation.k.note())
+    doc = generation.to_dict()
     if as_json:
         emit_json(doc)
         return
@@ -78,32 +87,11 @@ def _echo_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
-def _generate_served(spec, prompt, url, protocol, on_text, spec_path, **options) -> dict[str, Any]:
-    from specbuild.errors import ClientError
-    from specbuild.triton.client import SpecbuildClient
-    from specbuild.triton.served_generate import default_url, generate as served_generate
-
-    url = url or default_url(spec, protocol)
-    try:
-        return served_generate(spec, prompt, url=url, protocol=protocol, on_text=on_text, **options)
-    except ClientError:
-        import importlib.util
-
-        if protocol == "grpc" and importlib.util.find_spec("tritonclient") is None:
-            raise  # its message says how to install the client
-        with SpecbuildClient(url, protocol=protocol) as client:
-            if client.is_ready():
-                raise  # the server answers: its own message says what went wrong
-        raise ClientError(
-            f"no Triton server answers at {url} ({protocol}). Start one with `specbuild serve -c {spec_path}` "
-            f"(or `specbuild up -c {spec_path}`), pass --url with its address, or run in-process with "
-            f"`specbuild generate -c {spec_path} --local ...`."
-        ) from None
-
-
 def summary(doc: dict[str, Any]) -> str:
     parts = [f"{doc['num_output_tokens']} tokens, {doc['tokens_per_s']:.1f} tokens/s, finish: {doc['finish_reason']}"]
-    if doc["num_draft_tokens"]:
+    if doc["num_draft_tokens"] is None:
+        parts.append("K: the server's default")
+    elif doc["num_draft_tokens"]:
         parts.append(
             f"K = {doc['num_draft_tokens']}: acceptance {doc['acceptance_rate']:.2f} ({doc['accepted']}/{doc['drafted']} "
             f"drafted), mean accepted length {doc['mean_accepted_len']:.2f}"
@@ -113,73 +101,3 @@ def summary(doc: dict[str, Any]) -> str:
     if doc.get("engine_source"):
         parts.append(f"weights: {doc['engine_source']}")
     return "; ".join(parts)
-
-
-def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int | None, temperature: float,
-                   top_k: int, top_p: float, seed: int | None, adaptive: bool | None, device: str = "auto",
-                   use_cache: bool = True, threads: int | None = None, on_text=None, pair=None) -> dict[str, Any]:
-    """Run one prompt in-process; return the --json document. on_text(delta) receives streamed text."""
-    from transformers import AutoTokenizer
-
-    from specbuild.runtime.loading import load_pair
-    from specbuild.runtime.textstream import TextStream
-    from specbuild.speculative.interfaces import SamplingParams
-    from specbuild.speculative.loop import GenerationRequest, generate
-
-    pair = pair or load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache, threads=threads)
-    tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
-    k = spec.speculative.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
-    if k > pair.max_draft_len:
-        log(f"--num-draft-tokens {k} exceeds the target engine's max_draft_len = {pair.max_draft_len}: using "
-            f"{pair.max_draft_len}. Rebuild with a larger speculative.max_draft_len to draft more.")
-        k = pair.max_draft_len
-    request = GenerationRequest(
-        max_tokens=max_tokens,
-        num_draft_tokens=k,
-        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-        end_id=pair.end_id,
-        adaptive=spec.speculative.adaptive if adaptive is None else adaptive,
-    )
-    prompt_ids = list(tokenizer(prompt)["input_ids"])
-    limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
-    if len(prompt_ids) + max_tokens > limit:
-        from specbuild.errors import RequestError
-
-        raise RequestError(
-            f"the prompt ({len(prompt_ids)} tokens) + --max-tokens {max_tokens} = {len(prompt_ids) + max_tokens} tokens "
-            f"exceeds the engines' max_seq_len = {limit}: lower --max-tokens or shorten the prompt "
-            "(or raise build.max_seq_len and rebuild)."
-        )
-    stream = TextStream(tokenizer, prompt_ids)
-    output: list[int] = []
-    stats = finish = None
-    start = time.perf_counter()
-    for step in generate(prompt_ids, pair.drafter, pair.verifier, request):
-        output.extend(step.tokens)
-        delta = stream.push(step.tokens)
-        if delta and on_text:
-            on_text(delta)
-        if step.finish_reason:
-            finish, stats = step.finish_reason, step.stats
-    seconds = time.perf_counter() - start
-    tail = stream.finish()
-    if tail and on_text:
-        on_text(tail)
-    return {
-        "text": stream.text,
-        "output_ids": output,
-        "prompt_ids": prompt_ids,
-        "num_output_tokens": len(output),
-        "finish_reason": finish,
-        "num_draft_tokens": k,
-        "adaptive": request.adaptive,
-        **stats.report_fields(),
-        "tokens_per_s": len(output) / seconds if seconds > 0 else 0.0,
-        "seconds": seconds,
-        "engine_source": pair.target.kind,
-        "draft_engine_source": pair.draft.kind,
-        "row_block": pair.target_model.engine.model.row_block,
-        "exactness": {role: m.engine.model.exactness.as_dict()
-                      for role, m in (("target", pair.target_model), ("draft", pair.draft_model))},
-        "sampling": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed},
-    }

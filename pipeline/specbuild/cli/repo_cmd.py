@@ -64,7 +64,7 @@ def command(spec_path, backend, runtime, checkpoints_dir, out_dir, engines_dir, 
     spec = get_spec(spec_path)
     backend = backend or spec.build.backend or detect_backend(spec)
     if backend == "llmapi":
-        from specbuild.llmapi.cli import repo as llmapi_repo
+        from specbuild.cli.llmapi_cmds import repo as llmapi_repo
 
         llmapi_repo(spec, out_dir, runtime, checkpoints_dir, force=force, dry_run=dry_run, as_json=as_json)
         return

@@ -83,7 +83,7 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
         if (backend or "llmapi") != "llmapi":
             raise click.UsageError("--server trtllm-serve serves the LLM API path: use --backend llmapi.")
         _refuse_tritonserver_only_options()
-        from specbuild.llmapi.cli import serve_trtllm
+        from specbuild.cli.llmapi_cmds import serve_trtllm
 
         return serve_trtllm(spec, host, http_port, trtllm_serve, nodes, launcher, timeout, once, dry_run, as_json,
                             stop_timeout=exit_timeout if _given("exit_timeout") else None)

@@ -7,7 +7,6 @@ reports `ran` or `skipped`. Later stages (repo, serve) are added by appending to
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any, Callable
 
 import click
 
+from specbuild.artifacts import UP_TO_DATE, recorded_hash
 from specbuild.cli.common import dry_run_option, emit_json, force_option, get_spec, json_option, log, spec_option
 from specbuild.config import Spec
 from specbuild.errors import PairError, SpecbuildError
@@ -47,47 +47,9 @@ def _statuses(items: list[dict[str, Any]]) -> str:
     return "skipped" if states == {"skipped"} else "ran"
 
 
-CHECK_RECORD = "check.json"  # in the pair folder: the inputs of the last passing check
-UP_TO_DATE = "up to date: inputs unchanged, would be skipped"
-
-
-def recorded_hash(folder: Path) -> str | None:
-    """The input_hash in `folder`'s manifest.json (None when there is none)."""
-    from specbuild.artifacts import read_manifest
-    from specbuild.errors import ArtifactError
-
-    try:
-        return read_manifest(folder).get("input_hash")
-    except (ArtifactError, OSError, ValueError):
-        return None
-
-
 def _earlier_will_run(ctx: UpContext, *stages: str) -> bool:
     """In a dry run: will one of these earlier stages run (so its outputs, this stage's inputs, change)?"""
     return any(ctx.results.get(name, {}).get("status") == "planned" for name in stages)
-
-
-def check_inputs_hash(spec: Spec) -> str:
-    """What `check` reads: the spec, each checkpoint's config and tokenizer files, and its weight files' sizes
-    and modification times (a weight file rewritten in place, same size, is checked again)."""
-    from specbuild import __version__
-    from specbuild.artifacts import combined_hash, hash_file
-
-    parts: dict[str, Any] = {"spec": spec.to_dict(), "specbuild": __version__}
-    for role in ("target", "draft"):
-        folder = Path(spec.role(role).checkpoint)
-        files: dict[str, Any] = {}
-        if folder.is_dir():
-            for path in sorted(folder.iterdir()):
-                if not path.is_file():
-                    continue
-                if path.suffix in (".json", ".model", ".txt", ".jinja"):
-                    files[path.name] = hash_file(path)
-                else:  # weights: size and modification time (the NaN scan reads them; hashing costs as much)
-                    stat = path.stat()
-                    files[path.name] = [stat.st_size, stat.st_mtime_ns]
-        parts[role] = files
-    return combined_hash(parts)
 
 
 def claim_outputs(ctx: UpContext) -> None:
@@ -105,22 +67,15 @@ def claim_outputs(ctx: UpContext) -> None:
 
 
 def run_check_stage(ctx: UpContext) -> dict[str, Any]:
-    from specbuild.artifacts import write_json
+    from specbuild.check import record
 
     claim_outputs(ctx)
-    record = ctx.spec.pair_dir / CHECK_RECORD
-    key = check_inputs_hash(ctx.spec)
-    fresh = False
-    if not ctx.force and record.is_file():
-        try:
-            fresh = json.loads(record.read_text()).get("input_hash") == key
-        except (OSError, ValueError):
-            pass
+    fresh = not ctx.force and record.passed_unchanged(ctx.spec)
     if ctx.dry_run:
         return ({"status": "skipped", "detail": UP_TO_DATE} if fresh else
                 {"status": "planned", "detail": "read both checkpoints' configs and tokenizers; memory plan"})
     if fresh:
-        ctx.log(f"check: inputs unchanged since the last passing check ({record}), skipped.")
+        ctx.log(f"check: inputs unchanged since the last passing check ({record.record_path(ctx.spec)}), skipped.")
         return {"status": "skipped"}
     from specbuild.check import run_check
     from specbuild.cli.common import progress_enabled
@@ -129,12 +84,11 @@ def run_check_stage(ctx: UpContext) -> dict[str, Any]:
     for warning in report.warnings:
         ctx.log(f"check warning: {warning.message}")
     if not report.ok:
-        record.unlink(missing_ok=True)
+        record.forget(ctx.spec)
         first = report.problems[0]
         more = f" (and {len(report.problems) - 1} more; run `specbuild check`)" if len(report.problems) > 1 else ""
         raise PairError(f"check failed: {first.message} {first.fix}".strip() + more)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    write_json(record, {"input_hash": key, "ok": True, "warnings": [w.to_dict() for w in report.warnings]})
+    record.record_pass(ctx.spec, [w.to_dict() for w in report.warnings])
     return {"status": "ran", "warnings": len(report.warnings)}
 
 
@@ -168,7 +122,7 @@ def _dry_status(roles: dict[str, str], detail: Any) -> dict[str, Any]:
 
 
 def run_build_stage(ctx: UpContext) -> dict[str, Any]:
-    from specbuild.build import build_engines, dry_run
+    from specbuild.build.engines import build_engines, dry_run
 
     if ctx.dry_run:
         detail = dry_run(ctx.spec, ["target", "draft"], ctx.backend, ctx.trtllm_build)
@@ -253,9 +207,9 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
                     trtllm_build=str(trtllm_build) if trtllm_build else None, repo=repo, as_json=as_json)
     started = time.monotonic()
     if backend == "llmapi":
-        from specbuild.llmapi.up import stages as llmapi_stages
+        from specbuild.cli.up_llmapi import stages as llmapi_stages
 
-        path_stages = llmapi_stages()
+        path_stages = [Stage(name, run) for name, run in llmapi_stages()]
     else:
         path_stages = STAGES
     names = [stage.name for stage in path_stages]

@@ -1,8 +1,9 @@
 """The serving half of `specbuild up`: the repo stage and the serve stage (start, canary, demo prompts).
 
-The serve stage starts tritonserver on the repository, streams a few prompts through the speculative
-BLS (gRPC), prints the text as it is accepted and each request's acceptance figures, then either stops
-(`--once`) or keeps serving until Ctrl-C / SIGTERM.
+The serve stage starts tritonserver on the repository under the supervisor, streams a few prompts through
+the speculative BLS (or, on the LLM API path, Triton's llmapi model) over gRPC with `session.served`, prints
+the text as it is accepted and each request's acceptance figures, then either stops (`--once`) or keeps
+serving until Ctrl-C / SIGTERM. `up --backend llmapi` runs this same stage (`cli.up_llmapi`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ def run_repo_stage(ctx) -> dict[str, Any]:
     if ctx.dry_run:
         from dataclasses import asdict
 
-        from specbuild.artifacts import combined_hash
-        from specbuild.cli.up_cmd import UP_TO_DATE, recorded_hash
+        from specbuild.artifacts import UP_TO_DATE, combined_hash, recorded_hash
         from specbuild.triton.repository import plan_settings, render
 
         settings, _ = plan_settings(ctx.spec, ctx.backend, repo, None, None)
@@ -61,7 +61,7 @@ def run_serve_stage(ctx) -> dict[str, Any]:
     deploy.check_engines(plan.backend, plan.engines)
     supervisor = Supervisor.for_repo(plan.options, plan.install, log=ctx.log)
     handle = supervisor.handle
-    ctx.log(f"starting tritonserver ({plan.install.kind}) on {plan.repo}; log: {handle.log_path}")
+    ctx.log(f"starting tritonserver ({plan.install.kind}) on {plan.repo} ({plan.backend}); log: {handle.log_path}")
     started = time.monotonic()
     document: dict[str, Any] = {"status": "ran"}
 
@@ -108,11 +108,11 @@ def program() -> tuple[str, str | None]:
 def next_steps(spec, grpc_url: str, serving: bool) -> list[str]:
     """What to run after `specbuild up`: exact commands for this spec, from the current folder."""
     from specbuild.cli.common import shown_path
-    from specbuild.triton.served_generate import default_url
+    from specbuild.session.served import server_url
 
     cmd, activate = program()
     c = f" -c {shown_path(spec.path)}" if spec.path else ""
-    url = "" if grpc_url == default_url(spec, "grpc") else f" --url {grpc_url}"
+    url = "" if grpc_url == server_url(spec, "grpc") else f" --url {grpc_url}"
     rows: list[tuple[str, str]] = []
     if activate:
         rows.append((f"source {activate}", f"then plain `specbuild ...` works (or type {cmd} as below)"))
@@ -131,46 +131,38 @@ def next_steps(spec, grpc_url: str, serving: bool) -> list[str]:
 
 
 def _demo(ctx, handle) -> list[dict[str, Any]]:
-    """Stream each demo prompt through the BLS; print text as it arrives (stderr under --json)."""
+    """Stream each demo prompt through the BLS (or the llmapi model); print text as it arrives (stderr under
+    --json)."""
     from specbuild.bench.stats import top_token_share
-    from specbuild.triton.client import SpecbuildClient
+    from specbuild.session.generation import Options
+    from specbuild.session.served import ServedSession
 
     out = []
     k = ctx.spec.speculative.num_draft_tokens
-    with SpecbuildClient(handle.grpc_url, protocol="grpc") as client:
+    echo = None if ctx.as_json else (lambda text: click.echo(text, nl=False))  # stdout: the streamed text
+    with ServedSession.for_spec(ctx.spec, "grpc", handle.grpc_url) as session:
         for kind, prompt in demo_prompts():
             ctx.log(f"\n--- {kind} prompt ({len(prompt)} chars), K = {k}:")
             ctx.log(prompt.rstrip()[-160:])
             ctx.log("--- streamed continuation:")
-            t0 = time.perf_counter()
-            first = None
-            parts, stats = [], {}
-            for chunk in client.generate(prompt, max_tokens=DEMO_MAX_TOKENS, num_draft_tokens=k, stream=True):
-                if chunk.text:
-                    first = first if first is not None else time.perf_counter() - t0
-                    parts.append(chunk.text)
-                    if not ctx.as_json:  # stdout carries the streamed text; --json keeps stdout for the document
-                        click.echo(chunk.text, nl=False)
-                if chunk.stats:
-                    stats = chunk.stats
-            seconds = time.perf_counter() - t0
+            gen = session.generate(prompt, Options(max_tokens=DEMO_MAX_TOKENS, num_draft_tokens=k), on_text=echo)
             if not ctx.as_json:
                 click.echo("")
-            tokens = int(stats.get("num_output_tokens", 0))
-            share = top_token_share(stats.get("output_ids") or [])
+            share = top_token_share(gen.output_ids)
             row = {
                 "kind": kind,
-                "text": "".join(parts),
-                "num_output_tokens": tokens,
-                "acceptance_rate": round(float(stats.get("acceptance_rate", 0.0)), 4),
-                "mean_accepted_len": round(float(stats.get("mean_accepted_len", 0.0)), 4),
-                "total_draft_tokens": int(stats.get("total_draft_tokens", 0)),
-                "total_accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)),
-                "time_to_first_token_s": round(first or seconds, 4),
-                "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else None,
+                "text": gen.text,
+                "num_output_tokens": gen.output_tokens,
+                "finish_reason": gen.finish_reason,
+                "acceptance_rate": round(gen.stats.acceptance_rate, 4),
+                "mean_accepted_len": round(gen.stats.mean_accepted_len, 4),
+                "total_draft_tokens": gen.stats.drafted,
+                "total_accepted_draft_tokens": gen.stats.accepted,
+                "time_to_first_token_s": round(gen.ttft_seconds or gen.seconds, 4),
+                "tokens_per_s": round(gen.tokens_per_s, 2) if gen.seconds > 0 else None,
                 "top_token_share": None if share is None else round(share, 4),
             }
-            ctx.log(f"--- {tokens} tokens, acceptance_rate {row['acceptance_rate']:.2f}, "
+            ctx.log(f"--- {gen.output_tokens} tokens, acceptance_rate {row['acceptance_rate']:.2f}, "
                     f"mean_accepted_len {row['mean_accepted_len']:.2f}, {row['tokens_per_s']} tokens/s")
             if share is not None and share >= MAX_TOP_TOKEN_SHARE:
                 ctx.log(f"--- note: one token is {share:.0%} of this output (repetitive text): acceptance on "

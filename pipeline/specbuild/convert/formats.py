@@ -29,15 +29,15 @@ class QuantFormat:
 
 
 FORMATS: dict[str, QuantFormat] = {
-    "none": QuantFormat("none", None, None, calibrated=False),
-    "fp8": QuantFormat("fp8", "FP8_DEFAULT_CFG", "FP8", calibrated=True, min_sm=rules.FP8_MIN_SM),
-    "int8_sq": QuantFormat("int8_sq", "INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", calibrated=True,
+    "none": QuantFormat("none", None, rules.QUANT_ALGO["none"], calibrated=False),
+    "fp8": QuantFormat("fp8", "FP8_DEFAULT_CFG", rules.QUANT_ALGO["fp8"], calibrated=True, min_sm=rules.FP8_MIN_SM),
+    "int8_sq": QuantFormat("int8_sq", "INT8_SMOOTHQUANT_CFG", rules.QUANT_ALGO["int8_sq"], calibrated=True,
                            blackwell_ok=False),
-    "int4_awq": QuantFormat("int4_awq", "INT4_AWQ_CFG", "W4A16_AWQ", calibrated=True, awq=True),
-    "w4a8_awq": QuantFormat("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", calibrated=True, awq=True,
+    "int4_awq": QuantFormat("int4_awq", "INT4_AWQ_CFG", rules.QUANT_ALGO["int4_awq"], calibrated=True, awq=True),
+    "w4a8_awq": QuantFormat("w4a8_awq", "W4A8_AWQ_BETA_CFG", rules.QUANT_ALGO["w4a8_awq"], calibrated=True, awq=True,
                             min_sm=rules.FP8_MIN_SM),
-    "int8_wo": QuantFormat("int8_wo", None, "W8A16", calibrated=False, blackwell_ok=False),
-    "int4_wo": QuantFormat("int4_wo", None, "W4A16", calibrated=False, blackwell_ok=False),
+    "int8_wo": QuantFormat("int8_wo", None, rules.QUANT_ALGO["int8_wo"], calibrated=False, blackwell_ok=False),
+    "int4_wo": QuantFormat("int4_wo", None, rules.QUANT_ALGO["int4_wo"], calibrated=False, blackwell_ok=False),
 }
 
 KV_CACHE_QUANT_ALGO = {"none": None, "fp8": "FP8"}

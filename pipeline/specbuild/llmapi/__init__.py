@@ -8,8 +8,11 @@ TensorRT-LLM 1.2.x) and the CPU path (`reference`), built from the same spec fil
     repo --backend llmapi      Triton's `llmapi` model repository (tensorrt_llm/config.pbtxt, 1/model.yaml)
     serve --backend llmapi     tritonserver on that repository, or trtllm-serve (OpenAI-compatible HTTP)
 
-Modules: `contract` (every NVIDIA name and value this path writes or serves, with its source),
-`args` (the LLM arguments from the spec), `checkpoint` / `verify` (convert), `build`, `repository`,
-`standin` / `protocol` (the CPU stand-in for Triton's llmapi model), `trtllm_serve`, `client`,
-`memory` (the memory plan), `up` (the stages of `specbuild up`).
+Modules: `contract` (every NVIDIA name and value this path writes or serves, with its source; data only,
+in the contract layer, so the client speaks the llmapi model's format: docs/architecture.md),
+`args` (the LLM arguments from the spec), `checkpoint` / `hfexport` (convert), `build`, `repository`, `probe`,
+`standin` / `protocol` / `llm` (the CPU stand-in for Triton's llmapi model, its loop driven by
+`session.driver.drive`), `trtllm_serve`. Elsewhere: the wire format in `triton.client`, a generation's K
+and token counts in `session.served`, the memory plan in `check.llmapi_memory`, the commands in
+`cli.llmapi_cmds` and `cli.up_llmapi`.
 """

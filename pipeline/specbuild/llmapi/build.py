@@ -90,7 +90,7 @@ def build(spec: Spec, force: bool = False, log: Callable[[str], None] = print) -
             (out.tmp / name).write_text(text, encoding="utf-8")
         plan = None
         try:
-            from specbuild.llmapi.memory import plan_memory
+            from specbuild.check.llmapi_memory import plan_memory
 
             plan = plan_memory(spec, suggest=False).to_dict()
         except Exception as err:  # noqa: BLE001 - the plan is a record here; `check` reports its problems

@@ -92,6 +92,15 @@ OUTPUTS: tuple[Tensor, ...] = (
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
     Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
 )
+
+
+def is_llmapi_config(config: dict | None) -> bool:
+    """A model configuration (Triton's JSON form) is this model's: its inputs include text_input and
+    sampling_param_max_tokens (the engine path's tensorrt_llm has input_ids, the BLS max_tokens)."""
+    names = {item.get("name") for item in (config or {}).get("input", [])}
+    return "sampling_param_max_tokens" in names and "text_input" in names
+
+
 # MODEL `_create_response`: finish/stop reason and cumulative_logprob are np.asarray([str(...)], np.object_);
 # the perf metrics np.asarray([value], dtype=self.output_dtype), the dtype of text_output (TYPE_STRING).
 # NVIDIA's sample response shows them as JSON strings ("acceptance_rate": "0.0"), tensorrtllm_backend

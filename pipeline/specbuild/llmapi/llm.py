@@ -1,6 +1,6 @@
 """The CPU stand-in for TensorRT-LLM's `LLM(**model.yaml)`: both models in one process, the project's
-draft/verify loop (`specbuild.speculative.loop`) over the reference runtime, as the LLM API runs its
-draft/target "two model" speculation inside one executor.
+draft/verify loop driven by `specbuild.session.driver.drive` over the reference runtime, as the LLM API runs
+its draft/target "two model" speculation inside one executor.
 
 It takes the LLM arguments as model.yaml holds them and refuses what TensorRT-LLM 1.2.1 refuses
 (as pinned in contract ARGS): keys that are not LLM-argument fields (extra = "forbid"), a decoding_type the
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,8 @@ def _eos(folder: Path) -> int | None:
 def load_model(folder: Path, limits: dict[str, int], device: str = "cpu"):
     """A ContractModel over a checkpoint written by `convert --backend llmapi` (FP8 weights read back)."""
     from specbuild.llmapi.hfexport import load_export
-    from specbuild.runtime.contract import ContractModel, Limits
+    from specbuild.contract.executor import Limits
+    from specbuild.runtime.contract_model import ContractModel
     from specbuild.runtime.engine import ReferenceEngine
     from specbuild.runtime.model import LlamaModel, args_from_config
 
@@ -153,12 +154,18 @@ class StandInLLM:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def generate(self, prompt: str, sampling: Sampling, streaming: bool, call=None) -> Iterator[RequestOutput]:
-        """One RequestOutput per draft/verify step when streaming, else only the last one.
+    def generate(self, prompt: str, sampling: Sampling, streaming: bool, call=None,
+                 on_output: Callable[[RequestOutput], None] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> RequestOutput:
+        """Run one request to its end (`session.driver.drive`) and return its last RequestOutput. When
+        streaming, on_output gets one RequestOutput per draft/verify step before the last (text cumulative).
+        cancelled: polled before each step; True ends the request with finish_reason "cancelled".
         call: (role) -> the contract call to use (a shared batcher under concurrency); default the models."""
-        from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
+        from specbuild.contract.adapters import ContractDrafter, ContractVerifier
+        from specbuild.session.driver import drive
+        from specbuild.speculative.draft_len import resolve_k
         from specbuild.speculative.interfaces import SamplingParams
-        from specbuild.speculative.loop import GenerationRequest, generate
+        from specbuild.speculative.loop import GenerationRequest
 
         arrival = time.monotonic_ns()
         prompt_ids = list(self.tokenizer(prompt)["input_ids"])
@@ -174,37 +181,44 @@ class StandInLLM:
         target = call("target") if call else self.target
         verifier = ContractVerifier(target, max_draft_len=self.k, end_id=self.end_id)
         drafter = ContractDrafter(call("draft") if call else self.draft, end_id=self.end_id) if self.draft else None
+        k = resolve_k(None, self.k, default=self.k)  # the LLM API drafts max_draft_len at every step (0: target only)
         request = GenerationRequest(
-            max_tokens=max_tokens, num_draft_tokens=self.k if drafter else 0, end_id=self.end_id,
+            max_tokens=max_tokens, num_draft_tokens=k.k if drafter else 0, end_id=self.end_id,
             sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed),
             stop_sequences=[ids for ids in stops.values() if ids], adaptive=False)
-        output: list[int] = []
-        scheduled = first = None
         counts = [0, 0]  # drafted, accepted so far
+        times = {"scheduled": None, "first": None}
+
+        def on_step(step, output: list[int]) -> None:
+            now = time.monotonic_ns()
+            times["scheduled"] = times["scheduled"] or now
+            times["first"] = times["first"] or (now if output else None)
+            counts[0], counts[1] = counts[0] + step.drafted, counts[1] + step.accepted
+            if streaming and on_output is not None and step.finish_reason is None:
+                on_output(self._output(prompt_ids, list(output), None, None, sampling, False, counts,
+                                       self._times(arrival, times)))
+
         try:
-            steps = generate(prompt_ids, drafter or _NoDraft(), verifier, request)
-            for step in steps:
-                scheduled = scheduled or time.monotonic_ns()
-                output.extend(step.tokens)
-                counts[0], counts[1] = counts[0] + step.drafted, counts[1] + step.accepted
-                first = first or (time.monotonic_ns() if output else None)
-                finished = step.finish_reason is not None
-                if not (streaming or finished):
-                    continue
-                yield self._output(prompt_ids, output, step, sampling, stops, finished, counts,
-                                   (arrival, scheduled, first or scheduled, time.monotonic_ns()))
+            result = drive(prompt_ids, drafter or _NoDraft(), verifier, request, k=k, cancelled=cancelled,
+                           stop_words={tuple(ids): text for text, ids in stops.items() if ids}, on_step=on_step)
         except RequestError as err:
             raise ModelException(str(err)) from None
+        tokens, stop_reason = list(result.output_ids), None
+        if isinstance(result.stop_reason, str):  # the stop string is left out (include_stop_str_in_output False)
+            stop_reason = result.stop_reason
+            tokens = tokens[: -len(stops[stop_reason])]
+        return self._output(prompt_ids, tokens, result.finish_reason, stop_reason, sampling, True, counts,
+                            self._times(arrival, times))
 
-    def _output(self, prompt_ids, output, step, sampling: Sampling, stops, finished, counts, times) -> RequestOutput:
-        tokens, finish, stop_reason = list(output), None, None
-        if finished:
-            finish = "length" if step.finish_reason == "length" else "stop"
-            if step.finish_reason == "stop":
-                for text, ids in stops.items():  # the stop string is left out (include_stop_str_in_output False)
-                    if ids and tokens[-len(ids):] == ids:
-                        tokens, stop_reason = tokens[: -len(ids)], text
-                        break
+    @staticmethod
+    def _times(arrival: int, times: dict[str, int | None]) -> tuple[int, int, int, int]:
+        now = time.monotonic_ns()
+        scheduled = times["scheduled"] or now
+        return arrival, scheduled, times["first"] or scheduled, now
+
+    def _output(self, prompt_ids, tokens, finish, stop_reason, sampling: Sampling, finished, counts,
+                times) -> RequestOutput:
+        """finish: NVIDIA's finish_reason ("length", "stop", "cancelled"; None before the end)."""
         ids = tokens if sampling.exclude_input_from_output else prompt_ids + tokens
         metrics = self._metrics(len(prompt_ids), len(tokens), counts, times) if sampling.return_perf_metrics else None
         return RequestOutput([CompletionOutput(self._decode(ids), ids, finish, stop_reason,

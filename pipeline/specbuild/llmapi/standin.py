@@ -7,7 +7,8 @@ What it does the way NVIDIA's model does it:
   triton_config must hold max_batch_size and decoupled; cancellation_check_period_ms defaults to 100;
   every other key goes to the LLM (refused as TensorRT-LLM refuses it: the model does not load);
 - execute() returns None and answers through each request's response sender, one request at a time per
-  thread (NVIDIA: one asyncio task each); streamed responses go out through one response thread;
+  thread (NVIDIA: one asyncio task each), the loop driven by `session.driver.drive` (`llm.StandInLLM`);
+  streamed responses go out through one response thread;
 - streaming on a model that is not decoupled -> "Streaming is only supported in decoupled mode.";
 - any failure -> a response with text_output ["N/A"] and the error "Error generating request: <error>";
 - `stop: true` -> "A request id must be provided for request cancellation" without a request id, else
@@ -199,26 +200,23 @@ class TritonPythonModel:
             from specbuild.llmapi.llm import sampling_from_request
 
             sampling = sampling_from_request(parsed.sampling)
-            last = None
-            for output in self.llm.generate(parsed.prompt, sampling, parsed.streaming, call=self.shared.get):
-                last = output
-                if tracked.cancelled.is_set():
-                    self.logger.log_info(f"[specbuild stand-in] request {user_id!r} cancelled: stopped after "
-                                         f"{len(output.outputs[0].text)} characters of text")
-                    break
-                if parsed.streaming:  # built and sent by the response thread, while this one computes the next step
-                    if output.finished:
-                        if not self._untrack(key):
-                            break  # answered CANCELLED meanwhile
-                        sent_final = True
-                    self._responses.put((sender, (output, parsed.output_config), final if output.finished else 0))
-            if sent_final:
-                pass
-            elif tracked.cancelled.is_set():
+
+            def stream(output: RequestOutput) -> None:  # sent by the response thread while the next step runs
+                self._responses.put((sender, (output, parsed.output_config), 0))
+
+            last = self.llm.generate(parsed.prompt, sampling, parsed.streaming, call=self.shared.get,
+                                     on_output=stream if parsed.streaming else None, cancelled=tracked.cancelled.is_set)
+            if tracked.cancelled.is_set():
+                self.logger.log_info(f"[specbuild stand-in] request {user_id!r} cancelled: stopped after "
+                                     f"{len(last.outputs[0].text)} characters of text")
                 if self._untrack(key):  # aborted by a `stop` request (the loop's own answer untracks it first)
                     self._send_cancelled_output(last, parsed, sender)
-            elif not parsed.streaming and last is not None and self._untrack(key):
-                sender.send(self._response(last, parsed.output_config), flags=final)
+            elif self._untrack(key):  # else answered CANCELLED meanwhile
+                sent_final = True
+                if parsed.streaming:
+                    self._responses.put((sender, (last, parsed.output_config), final))
+                else:
+                    sender.send(self._response(last, parsed.output_config), flags=final)
         except Exception as err:  # noqa: BLE001 - every failure becomes NVIDIA's error response
             if not isinstance(err, ModelException):
                 self.logger.log_error(f"[trtllm] {traceback.format_exc()}")

@@ -81,7 +81,7 @@ def load_contract_model(source: ModelSource, device: str | None = None, use_cach
     that passes the exactness probe on this machine, else 1 (runtime/exactness.py); N: N if it passes
     the probe, else SpecError. probe=False: row_block (or the device's first candidate) unchecked, for
     a baseline that needs no invariance. The choice goes to stderr and to model.exactness."""
-    from specbuild.runtime.contract import ContractModel, Limits
+    from specbuild.runtime.contract_model import ContractModel, Limits
     from specbuild.runtime.engine import ReferenceEngine
     from specbuild.runtime.model import LlamaModel
 
@@ -94,17 +94,6 @@ def load_contract_model(source: ModelSource, device: str | None = None, use_cach
         print(f"specbuild: {source.role} ({where}): {model.exactness.describe()}", file=sys.stderr, flush=True)
     limits = Limits.from_engine(source.limits, model.args.max_position_embeddings)  # logits dtype, max_num_tokens too
     return ContractModel(ReferenceEngine(model, use_cache=use_cache), limits)
-
-
-def open_model_dir(path: str | Path, device: str | None = None, use_cache: bool = True):
-    """A ContractModel for one model folder (what a Triton reference model loads from its engine_dir).
-
-    Limits come from the folder's engine.json when it has one (a reference engine), else from config.json.
-    """
-    path = Path(path)
-    engine = _reference_engine(path) or {}
-    kind = REFERENCE_ENGINE if engine else HF_CHECKPOINT
-    return load_contract_model(ModelSource(engine.get("role", "model"), path, kind, engine), device, use_cache)
 
 
 @dataclass
@@ -168,7 +157,7 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
               row_block: int | None = None) -> LocalPair:
     """Target and draft in-process. threads: CPU threads for torch (None: 1 for small models, else torch's default),
     set before loading: the row-block probe runs with them. row_block: see load_contract_model."""
-    from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
+    from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 
     target, draft = model_source(spec, "target"), model_source(spec, "draft")
     device = resolve_device(device)

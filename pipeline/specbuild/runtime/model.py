@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from specbuild.errors import CheckpointError
+from specbuild.runtime.blocks import KEY_BUCKET, key_bucket_end, run_blocks
 from specbuild.runtime.kvcache import SequenceKV
 
 SUPPORTED = ("LlamaForCausalLM",)
@@ -137,21 +138,6 @@ def _cat_or_none(*parts: torch.Tensor | None) -> torch.Tensor | None:
 def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     # x: [row_block, in]; weight_t: [in, out]
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
-
-
-def run_blocks(fn: Callable[..., torch.Tensor], xs: list[torch.Tensor], block: int) -> torch.Tensor:
-    """fn applied to fixed-size row blocks of xs: each [rows, ...], rows a multiple of block."""
-    if xs[0].shape[0] == block:
-        return fn(*xs)
-    return torch.cat([fn(*blocks) for blocks in zip(*(x.split(block) for x in xs))])
-
-
-KEY_BUCKET = 64  # attention reads keys in multiples of this (divides SequenceKV's capacity step)
-
-
-def key_bucket_end(position: int) -> int:
-    """How many keys a query at `position` attends over (the rest masked): fixed per position."""
-    return (position // KEY_BUCKET + 1) * KEY_BUCKET
 
 
 def _attention_groups(start: int, n: int, block: int) -> list[tuple[int, int, int]]:

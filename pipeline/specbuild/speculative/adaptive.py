@@ -20,6 +20,7 @@ has been verified the controller uses the requested K as given.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 __all__ = ["AdaptiveK", "best_k", "expected_tokens_per_step", "predicted_speedup"]
@@ -41,14 +42,17 @@ def predicted_speedup(alpha: float, k: int, c: float) -> float:
     return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
 
 
-def best_k(alpha: float, c: float, k_max: int) -> tuple[int, float]:
-    """(K, speedup) maximising predicted_speedup over K in 0..k_max; the smaller K wins ties."""
-    best, best_speedup = 0, 1.0
-    for k in range(1, k_max + 1):
-        s = predicted_speedup(alpha, k, c)
-        if s > best_speedup + 1e-12:
-            best, best_speedup = k, s
-    return best, best_speedup
+def best_k(alpha: float, c: float, ks: int | Iterable[int],
+           speedup: Callable[[float, int, float], float] = predicted_speedup) -> tuple[int, float]:
+    """(K, speedup) with the highest predicted speedup among K = 0 (speedup 1) and `ks` (an int n: 1..n).
+
+    Ties go to the smaller K: speedups within 1e-9 of the best count as equal (float noise), and a smaller
+    K drafts less and holds less KV cache for the same predicted gain.
+    """
+    candidates = range(1, ks + 1) if isinstance(ks, int) else sorted({k for k in ks if k > 0})
+    scored = [(0, 1.0)] + [(k, speedup(alpha, k, c)) for k in candidates]
+    top = max(s for _, s in scored)
+    return next((k, s) for k, s in scored if s >= top - 1e-9)
 
 
 @dataclass

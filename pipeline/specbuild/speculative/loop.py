@@ -9,8 +9,8 @@ Written once, free of torch and Triton: the reference runtime drives it in-proce
 model drives it through Triton calls. Both only implement `Drafter` and `Verifier`.
 
 Rules this module owns:
-- K per step = min(K, verifier.max_draft_len, remaining budget - 1), so a step never overshoots
-  max_tokens; exactly max_tokens tokens come out unless EOS or a stop sequence ends it first.
+- K per step = min(K, remaining budget - 1), K clamped to verifier.max_draft_len (draft_len.resolve_k),
+  so a step never overshoots max_tokens; exactly max_tokens tokens come out unless EOS or a stop sequence ends it first.
 - EOS: the first end_id (accepted or recovered/bonus) ends the request at once and is NOT part of
   the output, like TensorRT-LLM, whose sequence_length excludes end_id. Tokens after it are dropped.
 - Stop sequences: matched against the generated tokens only (never the prompt), after every
@@ -34,6 +34,7 @@ import numpy as np
 
 from specbuild.errors import GenerationError, RequestError
 from specbuild.speculative.adaptive import AdaptiveK
+from specbuild.speculative.draft_len import resolve_k
 from specbuild.speculative.interfaces import Draft, Drafter, SamplingParams, Verification, Verifier
 from specbuild.speculative.sampling import validate_sampling
 from specbuild.speculative.stats import SpeculationStats
@@ -41,7 +42,6 @@ from specbuild.speculative.stats import SpeculationStats
 __all__ = ["DRAFTER", "VERIFIER", "GenerationRequest", "GenerationResult", "Step", "derive_seed", "generate", "run"]
 
 DRAFTER, VERIFIER = 0, 1  # the role argument of derive_seed
-FINISH_REASONS = ("length", "eos", "stop")
 
 
 def derive_seed(seed: int, step: int, role: int) -> int:
@@ -128,7 +128,7 @@ def generate(
     max_draft_len = getattr(verifier, "max_draft_len", None)
     if not _is_int(max_draft_len) or max_draft_len < 0:
         raise GenerationError(f"verifier.max_draft_len = {max_draft_len!r} is invalid: it must be an integer >= 0.")
-    k_max = min(request.num_draft_tokens, max_draft_len)
+    k_max = resolve_k(request.num_draft_tokens, max_draft_len).k
     if not request.adaptive:
         controller = None
     elif controller is None:

@@ -41,9 +41,7 @@ def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[
     from specbuild.triton.client import SpecbuildClient
 
     if models is None and repo_backend(handle.opts.repo) == "llmapi":
-        from specbuild.llmapi.client import canary as llmapi_canary
-
-        return llmapi_canary(handle, CANARY_PROMPT)
+        return llmapi_canary(handle)
     loaded = models or ("tensorrt_llm_bls", "ensemble")
     answers = {}
     for model, url, protocol in (("tensorrt_llm_bls", handle.grpc_url, "grpc"), ("ensemble", handle.http_url, "http")):
@@ -55,6 +53,26 @@ def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[
         except ClientError as err:
             raise ServeError(f"the canary request to {model} failed: {err}. Server log: {handle.log_path}") from None
         answers[model] = text
+    return answers
+
+
+def llmapi_canary(handle: ServerHandle) -> dict[str, str]:
+    """The llmapi model over gRPC streaming and over HTTP; each must end with one of its finish reasons."""
+    from specbuild.llmapi.contract import FINISH_REASONS, MODEL_NAME
+    from specbuild.triton.client import SpecbuildClient
+
+    answers = {}
+    for url, protocol, stream in ((handle.grpc_url, "grpc", True), (handle.http_url, "http", False)):
+        try:
+            with SpecbuildClient(url, protocol=protocol, model=MODEL_NAME, timeout=120) as client:
+                text, stats = client.complete(CANARY_PROMPT, max_tokens=2, stream=stream)
+        except ClientError as err:
+            raise ServeError(f"the canary request to {MODEL_NAME} ({protocol}) failed: {err}. "
+                             f"Server log: {handle.log_path}") from None
+        if stats.get("finish_reason") not in FINISH_REASONS:
+            raise ServeError(f"the canary request to {MODEL_NAME} ({protocol}) ended without a finish reason "
+                             f"({stats}). Server log: {handle.log_path}")
+        answers[f"{MODEL_NAME} ({protocol})"] = text
     return answers
 
 

@@ -4,11 +4,32 @@ or Triton's HTTP generate endpoints.
     with SpecbuildClient("127.0.0.1:8001") as client:
         for chunk in client.generate("def add(a, b):", max_tokens=32, num_draft_tokens=4):
             print(chunk.text, end="", flush=True)
-        print(chunk.stats)            # acceptance_rate, mean_accepted_len, ... on the final chunk
+        print(chunk.stats)            # finish_reason, acceptance_rate, ... on the final chunk
 
-The model is `tensorrt_llm_bls` (speculative) unless told otherwise (`ensemble` = target only). Against
-Triton's llmapi model (the LLM API path) the same calls go through `specbuild.llmapi.client`.
-Every failure raises `ClientError` with the server's own message.
+The model is `tensorrt_llm_bls` (speculative) unless told otherwise (`ensemble` = target only).
+Every failure raises `ClientError` with the server's own message. This is the protocol layer: one
+response at a time. A whole generation read from the stream (text, time to first token, tokens/s,
+finish reason, figures) is `specbuild.session.served.ServedSession`, which every specbuild command uses.
+
+Two wire formats, one gRPC loop and one HTTP loop: the BLS's and the ensemble's (NVIDIA's inflight-batcher
+names, tensors [1, ...]), and Triton's llmapi model's (the LLM API path), found once per client
+(`is_llmapi`: asked for the BLS on a server that has none, or for `tensorrt_llm`, and that model's inputs
+are NVIDIA's llmapi ones; then `model` becomes "tensorrt_llm"). For the llmapi model (no batch
+dimension, max_batch_size 0):
+
+    client field                    llmapi input (specbuild.llmapi.contract INPUTS)
+    max_tokens                      sampling_param_max_tokens
+    temperature/top_k/top_p/seed    sampling_param_<same>
+    stream                          streaming
+    exclude_input_in_output         sampling_param_exclude_input_from_output (sent true unless asked: chunks
+                                    carry new text, as from the BLS; NVIDIA's default would repeat the prompt)
+    stop_words                      sampling_param_stop
+    num_draft_tokens                none: the LLM API drafts its configured max_draft_len at every step; not sent
+
+and every request asks for finish_reason, stop_reason and the perf metrics. The model streams cumulative
+text, so the chunks carry the difference; only the final response's other outputs are read (each response
+repeats them), and its metrics arrive as strings ("None" before the end) and are returned as numbers. The
+llmapi model sends no token ids: a whole generation's token count is the session's (`session.served`).
 """
 
 from __future__ import annotations
@@ -24,9 +45,24 @@ from typing import Any, Iterator
 import numpy as np
 
 from specbuild.errors import ClientError
+from specbuild.llmapi import contract as llmapi
 
-STAT_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "mean_accepted_len",
-                "num_output_tokens", "num_input_tokens", "output_ids", "speculation_stats")
+STAT_OUTPUTS = ("finish_reason", "stop_reason", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+                "mean_accepted_len", "num_output_tokens", "num_input_tokens", "output_ids", "speculation_stats")
+TEXT_OUTPUTS = ("finish_reason", "stop_reason")  # strings (BYTES)
+LLMAPI_FIELDS = {  # request field -> (llmapi input, Triton datatype, numpy dtype)
+    "max_tokens": ("sampling_param_max_tokens", "INT32", np.int32),
+    "temperature": ("sampling_param_temperature", "FP32", np.float32),
+    "top_k": ("sampling_param_top_k", "INT32", np.int32),
+    "top_p": ("sampling_param_top_p", "FP32", np.float32),
+    "seed": ("sampling_param_seed", "UINT64", np.uint64),
+    "stream": ("streaming", "BOOL", np.bool_),
+    "exclude_input_in_output": ("sampling_param_exclude_input_from_output", "BOOL", np.bool_),
+    "return_perf_metrics": ("sampling_param_return_perf_metrics", "BOOL", np.bool_),
+}
+LLMAPI_NOT_SENT = ("num_draft_tokens",)
+LLMAPI_ALWAYS = ("return_finish_reason", "return_stop_reason", "sampling_param_return_perf_metrics")
+LLMAPI_FLOATS = ("acceptance_rate", "kv_cache_hit_rate", "cumulative_logprob")
 _INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype), NVIDIA's BLS input names
     "max_tokens": ("INT32", np.int32), "num_draft_tokens": ("INT32", np.int32), "top_k": ("INT32", np.int32),
     "end_id": ("INT32", np.int32), "pad_id": ("INT32", np.int32), "min_tokens": ("INT32", np.int32),
@@ -40,7 +76,7 @@ _INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype), NVIDIA's BL
 class Chunk:
     text: str  # new text (streaming) or the whole text (final response of a non-streamed request)
     final: bool
-    stats: dict[str, Any] = field(default_factory=dict)  # the acceptance outputs present in this response
+    stats: dict[str, Any] = field(default_factory=dict)  # the finish reason and figures present in this response
 
 
 def _stats(outputs: dict[str, Any]) -> dict[str, Any]:
@@ -51,6 +87,8 @@ def _stats(outputs: dict[str, Any]) -> dict[str, Any]:
         value = np.asarray(outputs[name]).reshape(-1)
         if name == "output_ids":
             stats[name] = [int(v) for v in value]
+        elif name in TEXT_OUTPUTS:
+            stats[name] = _text(value)
         elif name == "speculation_stats":
             raw = value[0] if value.size else b"{}"
             try:
@@ -72,18 +110,81 @@ def _text(value: Any) -> str:
     return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
 
 
+def _llmapi_stats(outputs: dict[str, Any]) -> dict[str, Any]:
+    """The llmapi model's final outputs: finish/stop reason as text, the perf metrics (strings on the wire)
+    as numbers, None where the model sends str(None) (no stop string, a time not reached)."""
+    stats: dict[str, Any] = {}
+    for name in ("finish_reason", "stop_reason", *llmapi.PERF_OUTPUTS, "cumulative_logprob"):
+        value = outputs.get(name)
+        if value is None or not np.asarray(value).size:
+            continue
+        raw = _text(value)
+        if raw == llmapi.NOT_FINISHED:
+            stats[name] = None
+        elif name in ("finish_reason", "stop_reason"):
+            stats[name] = raw
+        else:
+            stats[name] = float(raw) if name in LLMAPI_FLOATS else int(raw)
+    return stats
+
+
+@dataclass
+class _Request:
+    """One request on the wire: input name -> (value, Triton datatype, numpy dtype); a BYTES value is a list."""
+
+    inputs: dict[str, tuple[Any, str, Any]]
+    batched: bool  # tensors carry a batch dimension [1, ...] (the BLS, the ensemble), else not (llmapi)
+
+
+class _BlsResponses:
+    """The BLS's and the ensemble's responses: each holds its text piece and the figures it carries; the
+    empty final response (enable_empty_final_response) carries none, so the last figures seen are kept."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, Any] = {}
+
+    @staticmethod
+    def reads(name: str, final: bool) -> bool:
+        return True
+
+    def chunk(self, outputs: dict[str, Any], final: bool) -> Chunk | None:
+        stats = _stats(outputs)
+        self.latest = stats or self.latest
+        if not (outputs or final):
+            return None
+        return Chunk(_text(outputs.get("text_output")), final, self.latest if final else stats)
+
+
+class _LlmapiResponses:
+    """The llmapi model's responses: cumulative text (chunks carry the difference), figures read from the
+    final response only."""
+
+    def __init__(self) -> None:
+        self.shown = ""
+
+    @staticmethod
+    def reads(name: str, final: bool) -> bool:
+        return final or name == "text_output"
+
+    def chunk(self, outputs: dict[str, Any], final: bool) -> Chunk | None:
+        text = _text(outputs.get("text_output"))
+        delta = text[len(self.shown):] if text.startswith(self.shown) else text
+        self.shown = text
+        if not (delta or final):
+            return None
+        return Chunk(delta, final, _llmapi_stats(outputs) if final else {})
+
+
 class SpecbuildClient:
-    def __init__(self, url: str, protocol: str = "grpc", model: str = "tensorrt_llm_bls", timeout: float = 300.0,
-                 count_tokens: Any = None):
+    def __init__(self, url: str, protocol: str = "grpc", model: str = "tensorrt_llm_bls", timeout: float = 300.0):
         if protocol not in ("grpc", "http"):
             raise ClientError(f"protocol {protocol!r} is not supported: use 'grpc' or 'http'.")
         self.url = url.removeprefix("http://").removeprefix("grpc://").rstrip("/")
         self.protocol = protocol
         self.model = model
         self.timeout = timeout
-        self.count_tokens = count_tokens  # text -> token count (llmapi: its responses carry no token ids)
         self._grpc = None
-        self._llmapi: bool | None = None  # the server's model is Triton's llmapi model (found on first use)
+        self._llmapi: bool | None = None  # the model is Triton's llmapi model (found on first use)
 
     # ---- connection ------------------------------------------------------------------------------
     def _grpc_client(self):
@@ -107,6 +208,36 @@ class SpecbuildClient:
         except (urllib.error.URLError, OSError):
             return False
 
+    def model_config(self) -> dict[str, Any]:
+        """The model's configuration as JSON ({} when the server does not give it)."""
+        return self._config(self.model) or {}
+
+    def _config(self, model: str) -> dict[str, Any] | None:
+        """A model's configuration as JSON, None when the server does not give it (e.g. no such model)."""
+        if self.protocol == "http":
+            try:
+                with urllib.request.urlopen(f"http://{self.url}/v2/models/{model}/config", timeout=30) as r:
+                    return json.loads(r.read().decode())
+            except (urllib.error.URLError, OSError, ValueError):
+                return None
+        try:
+            return self._grpc_client().get_model_config(model, as_json=True).get("config", {})
+        except Exception:  # noqa: BLE001 - tritonclient raises several types; the caller treats None as unknown
+            return None
+
+    def is_llmapi(self) -> bool:
+        """True when the server answers with Triton's llmapi model (then self.model is "tensorrt_llm"): asked
+        for it, or for the BLS on a server that has no BLS but the llmapi model. Found once per client."""
+        if self._llmapi is None:
+            found = False
+            if self.model == llmapi.MODEL_NAME:
+                found = llmapi.is_llmapi_config(self._config(self.model))
+            elif self.model == "tensorrt_llm_bls" and self._config(self.model) is None:
+                found = llmapi.is_llmapi_config(self._config(llmapi.MODEL_NAME))
+            self._llmapi = found
+            self.model = llmapi.MODEL_NAME if found else self.model
+        return self._llmapi
+
     def close(self) -> None:
         if self._grpc is not None:
             self._grpc.close()
@@ -128,24 +259,24 @@ class SpecbuildClient:
         Options left at None are not sent (the deployment's defaults apply), with two exceptions that keep
         this client's meaning under TensorRT-LLM's rules: a temperature > 0 without top_k or top_p also sends
         top_p = 1.0 (TensorRT-LLM is greedy when neither is set; this client means sampling), and from the BLS
-        the text is the generated text only: exclude_input_in_output defaults to true there (NVIDIA's BLS,
-        like the target model, returns the prompt too)."""
+        (and the llmapi model) the text is the generated text only: exclude_input_in_output defaults to true
+        there (NVIDIA's BLS, like the target model and the llmapi model, returns the prompt too)."""
         if temperature is not None and temperature > 0 and top_k is None and top_p is None:
             top_p = 1.0
-        if self.model == "tensorrt_llm_bls":
+        llmapi = self.is_llmapi()  # first: it may change self.model to the llmapi model
+        if self.model == "tensorrt_llm_bls" or llmapi:
             extra.setdefault("exclude_input_in_output", True)
         fields: dict[str, Any] = {"max_tokens": max_tokens, "num_draft_tokens": num_draft_tokens,
                                   "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
                                   "stream": stream, **extra}
         fields = {k: v for k, v in fields.items() if v is not None}
-        if self.is_llmapi():
-            from specbuild.llmapi.client import generate as llmapi_generate
-
-            yield from llmapi_generate(self, prompt, fields, stop_words or [])
-            return
         if self.model != "tensorrt_llm_bls":
-            fields.pop("num_draft_tokens", None)  # the target-only ensemble has no such input
-        unknown = [k for k in fields if k not in _INPUT_TYPES]
+            fields.pop("num_draft_tokens", None)  # the target-only ensemble and the llmapi model have no such input
+        known = LLMAPI_FIELDS if llmapi else _INPUT_TYPES
+        unknown = [k for k in fields if k not in known]
+        if unknown and llmapi:
+            raise ClientError(f"request field(s) {unknown} have no input in Triton's llmapi model; known are "
+                              f"{sorted(LLMAPI_FIELDS)}.")
         if unknown:
             raise ClientError(f"unknown request field(s) {unknown}: known are {sorted(_INPUT_TYPES)}.")
         if self.protocol == "grpc":
@@ -153,39 +284,42 @@ class SpecbuildClient:
         else:
             yield from self._generate_http(prompt, fields, stop_words or [])
 
-    def is_llmapi(self) -> bool:
-        """True when the model is Triton's llmapi model (then self.model becomes "tensorrt_llm")."""
-        if self._llmapi is None:
-            from specbuild.llmapi.client import detect
-
-            found = detect(self)
-            self._llmapi = found is not None
-            self.model = found or self.model
-        return self._llmapi
-
     def complete(self, prompt: str, **kwargs: Any) -> tuple[str, dict[str, Any]]:
-        """The whole text and the final stats (streamed chunks joined)."""
-        parts, stats = [], {}
-        for chunk in self.generate(prompt, **kwargs):
-            parts.append(chunk.text)
-            if chunk.stats:
-                stats = chunk.stats
-        return "".join(parts), stats
+        """The whole text and the final response's outputs, for a quick call (no timing: see ServedSession)."""
+        chunks = list(self.generate(prompt, **kwargs))
+        return "".join(chunk.text for chunk in chunks), chunks[-1].stats
+
+    def _request(self, fields: dict[str, Any], stop_words: list[str]) -> _Request:
+        """The wire inputs for this model: NVIDIA's BLS/ensemble names, or the llmapi model's."""
+        if not self.is_llmapi():
+            inputs = {name: (value, *_INPUT_TYPES[name]) for name, value in fields.items()}
+            if stop_words:
+                inputs["stop_words"] = (list(stop_words), "BYTES", object)
+            return _Request(inputs, batched=True)
+        inputs = {LLMAPI_FIELDS[name][0]: (value, *LLMAPI_FIELDS[name][1:]) for name, value in fields.items()}
+        for name in LLMAPI_ALWAYS:
+            inputs[name] = (True, "BOOL", np.bool_)
+        if stop_words:
+            inputs["sampling_param_stop"] = (list(stop_words), "BYTES", object)
+        return _Request(inputs, batched=False)
+
+    def _responses(self) -> _BlsResponses | _LlmapiResponses:
+        return _LlmapiResponses() if self.is_llmapi() else _BlsResponses()
 
     def _generate_grpc(self, prompt: str, fields: dict[str, Any], stop_words: list[str]) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
-        inputs = [self._grpc_input(grpcclient, "text_input", np.array([[prompt.encode("utf-8")]], dtype=object), "BYTES")]
-        for name, value in fields.items():
-            datatype, dtype = _INPUT_TYPES[name]
-            inputs.append(self._grpc_input(grpcclient, name, np.array([[value]], dtype=dtype), datatype))
-        if stop_words:
-            words = np.array([[w.encode("utf-8") for w in stop_words]], dtype=object)
-            inputs.append(self._grpc_input(grpcclient, "stop_words", words, "BYTES"))
+        request, responses = self._request(fields, stop_words), self._responses()
+        shape = (lambda array: array[None]) if request.batched else (lambda array: array)
+        inputs = [self._grpc_input(grpcclient, "text_input", shape(np.array([prompt.encode("utf-8")], dtype=object)),
+                                   "BYTES")]
+        for name, (value, datatype, dtype) in request.inputs.items():
+            array = np.array([w.encode("utf-8") for w in value], dtype=object) if datatype == "BYTES" \
+                else np.array([value], dtype=dtype)
+            inputs.append(self._grpc_input(grpcclient, name, shape(array), datatype))
         results: queue.Queue = queue.Queue()
         client = self._grpc_client()
-        latest: dict[str, Any] = {}
         try:
             client.start_stream(callback=lambda result=None, error=None: results.put((result, error)))
             client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
@@ -201,11 +335,10 @@ class SpecbuildClient:
                 response = result.get_response()
                 final = response.parameters["triton_final_response"].bool_param \
                     if "triton_final_response" in response.parameters else True
-                names = [o.name for o in response.outputs]
-                outputs = {name: result.as_numpy(name) for name in names}
-                latest = _stats(outputs) or latest  # the empty final response carries no outputs
-                if names or final:
-                    yield Chunk(_text(outputs.get("text_output")), final, latest if final else _stats(outputs))
+                outputs = {o.name: result.as_numpy(o.name) for o in response.outputs if responses.reads(o.name, final)}
+                chunk = responses.chunk(outputs, final)
+                if chunk is not None:
+                    yield chunk
                 if final:
                     return
         except InferenceServerException as err:
@@ -224,15 +357,14 @@ class SpecbuildClient:
 
     def _generate_http(self, prompt: str, fields: dict[str, Any], stop_words: list[str]) -> Iterator[Chunk]:
         """Triton's generate extension: one JSON object per request, server-sent events back."""
-        body: dict[str, Any] = {"text_input": prompt, **fields}
-        if stop_words:
-            body["stop_words"] = stop_words
+        request, responses = self._request(fields, stop_words), self._responses()
+        body: dict[str, Any] = {"text_input": prompt, **{name: value for name, (value, _, _) in request.inputs.items()}}
         endpoint = "generate_stream" if fields.get("stream", False) else "generate"
-        request = urllib.request.Request(f"http://{self.url}/v2/models/{self.model}/{endpoint}",
-                                         data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+        http_request = urllib.request.Request(f"http://{self.url}/v2/models/{self.model}/{endpoint}",
+                                              data=json.dumps(body).encode(), method="POST",
+                                              headers={"Content-Type": "application/json"})
         try:
-            response = urllib.request.urlopen(request, timeout=self.timeout)
+            response = urllib.request.urlopen(http_request, timeout=self.timeout)
         except urllib.error.HTTPError as err:
             raise ClientError(f"{self.model}: {_http_error(err)}") from None
         except (urllib.error.URLError, OSError) as err:
@@ -242,9 +374,9 @@ class SpecbuildClient:
                 outputs = json.loads(response.read().decode())
                 if "error" in outputs:
                     raise ClientError(f"{self.model}: {outputs['error']}")
-                yield Chunk(_text(outputs.get("text_output")), True, _stats(outputs))
+                yield responses.chunk(outputs, True)
                 return
-            last: Chunk | None = None
+            last: dict[str, Any] | None = None
             for raw in response:
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:"):
@@ -252,13 +384,12 @@ class SpecbuildClient:
                 outputs = json.loads(line[5:])
                 if "error" in outputs:
                     raise ClientError(f"{self.model}: {outputs['error']}")
-                if last is not None:
-                    yield last
-                last = Chunk(_text(outputs.get("text_output")), False, _stats(outputs))
+                if last is not None and (chunk := responses.chunk(last, False)) is not None:
+                    yield chunk
+                last = outputs
             if last is None:
                 raise ClientError(f"{self.model}: the stream ended without a response.")
-            last.final = True
-            yield last
+            yield responses.chunk(last, True)
 
 
 def _http_error(err: urllib.error.HTTPError) -> str:

@@ -9,7 +9,7 @@ Two flavours of the two LLM models (`tensorrt_llm` target, `tensorrt_llm_draft` 
 - "trtllm": the C++ `tensorrtllm` backend with the parameters of NVIDIA's `tensorrt_llm/config.pbtxt`
   template (TensorRT-LLM 1.2 names);
 - "reference": the Python backend serving specbuild's PyTorch reference runtime behind the same
-  tensor contract (`specbuild.triton.tensors.LLM_INPUTS/OUTPUTS`) and the same required parameters.
+  tensor contract (`specbuild.contract.tensors.LLM_INPUTS/OUTPUTS`) and the same required parameters.
 
 Empty values: the C++ backend reads `tokenizer_dir`, `guided_decoding_backend` and
 `xgrammar_tokenizer_info_path` with no fallback, so the LLM configs must carry them, and an empty
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specbuild.errors import SpecError
-from specbuild.triton import tensors as T
+from specbuild.contract import tensors as T
 
 if TYPE_CHECKING:  # tritonclient is imported lazily: `specbuild repo --help` must not need it
     from tritonclient.grpc import model_config_pb2
@@ -57,7 +57,7 @@ class RepoSettings:
     num_draft_tokens: int  # default K of the BLS
     use_draft_logits: bool
     adaptive: bool
-    logits_datatype: str  # "TYPE_FP32" | "TYPE_FP16": the engines' logits dtype (specbuild.triton.logits)
+    logits_datatype: str  # "TYPE_FP32" | "TYPE_FP16": the engines' logits dtype (specbuild.contract.logits)
     bls_decoupled: bool  # the BLS streams accepted tokens (decoupled transaction policy)
     max_queue_delay_microseconds: int
     max_queue_size: int
@@ -193,7 +193,7 @@ def llm(s: RepoSettings, role: str) -> "model_config_pb2.ModelConfig":
     _cpu_instances(pb, c, 1)
     if s.backend == "trtllm":
         _params(c, trtllm_parameters(s, role), may_be_empty=tuple(UNSET_LLM_PARAMS))
-    else:  # the keys the reference model reads, by the C++ backend's rules (models/trtllm_params.py)
+    else:  # the keys the reference model reads, by the C++ backend's rules (specbuild.contract.backend_params)
         _params(c, {
             "gpt_model_type": "inflight_fused_batching",
             "gpt_model_path": llm_settings.engine_dir,
@@ -224,7 +224,8 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
         "max_output_len": str(s.max_output_len),
         "use_draft_logits": _bool(s.use_draft_logits),
         "adaptive_draft_len": _bool(s.adaptive),
-        "tokenizer_dir": s.tokenizer_dir,  # the BLS detokenizes streamed text in-process
+        "tokenizer_dir": s.tokenizer_dir,  # the BLS tokenizes and detokenizes in-process, by pre/postprocessing's rules
+        "add_special_tokens": "true",  # as preprocessing's
         # requests served at once (a thread each); more wait in the pool. The engines batch up to this many.
         "max_concurrent_requests": str(s.max_batch_size),
     })

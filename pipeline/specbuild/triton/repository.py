@@ -29,7 +29,7 @@ from specbuild.config import Spec
 from specbuild.errors import ArtifactError, SpecbuildError, SpecError
 from specbuild.triton import configs
 from specbuild.triton.configs import LlmSettings, RepoSettings
-from specbuild.triton.logits import pair_logits_datatype
+from specbuild.contract.logits import pair_logits_datatype
 
 GPU_ENGINES_DIR = "/engines"  # where docker/compose mounts the engines folder in the GPU image
 DEFAULT_KV_FRACTIONS = (0.5, 0.5)  # (target, draft) when no memory plan is available: the DTM README's split
@@ -38,7 +38,7 @@ DEFAULT_KV_FRACTIONS = (0.5, 0.5)  # (target, draft) when no memory plan is avai
 SHIMS = {
     "preprocessing": "specbuild.triton.models.preprocessing",
     "postprocessing": "specbuild.triton.models.postprocessing",
-    "tensorrt_llm_bls": "specbuild.bls.model",  # the BLS lives in specbuild.bls
+    "tensorrt_llm_bls": "specbuild.triton.models.bls",
     "reference_llm": "specbuild.triton.models.reference_llm",
 }
 
@@ -83,7 +83,7 @@ def kv_cache_split(spec: Spec) -> KvSplit:
     (e.g. the checkpoints are not on this machine): 0.5 each, the DTM README's values, with no token cap."""
     default = KvSplit({"target": DEFAULT_KV_FRACTIONS[0], "draft": DEFAULT_KV_FRACTIONS[1]}, None, "default")
     try:
-        from specbuild.check.memory import plan_memory
+        from specbuild.check.advice import plan_memory
     except ImportError:
         return default
     try:

@@ -8,9 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-
-class InvalidInput(ValueError):
-    """A request the model cannot serve as sent: answered with INVALID_ARG, the server keeps going."""
+from specbuild.errors import RequestError
 
 
 def parameters(args: dict[str, Any]) -> dict[str, str]:
@@ -51,14 +49,15 @@ def request_inputs(request, names) -> dict[str, np.ndarray]:
 
 def serve_each(pb_utils, requests, names, handle: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
                model: str) -> list:
-    """One response per request; a bad request gets INVALID_ARG, a bug an INTERNAL error with no traceback."""
+    """One response per request; a bad request (RequestError) gets INVALID_ARG, a bug an INTERNAL error with no
+    traceback (it goes to the server log)."""
     responses = []
     for request in requests:
         try:
             outputs = handle(request_inputs(request, names))
             tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in outputs.items()]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
-        except InvalidInput as err:
+        except RequestError as err:
             responses.append(pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(f"{model}: {err}", pb_utils.TritonError.INVALID_ARG)))
         except Exception as err:  # noqa: BLE001 - reported to the client and the log; the server keeps serving
@@ -75,5 +74,5 @@ def as_text(value: Any, name: str) -> str:
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError:
-            raise InvalidInput(f"input {name!r} is not valid UTF-8.") from None
+            raise RequestError(f"input {name!r} is not valid UTF-8.") from None
     return str(value)

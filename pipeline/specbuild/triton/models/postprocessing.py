@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from specbuild.triton import tensors
-from specbuild.triton.models.common import InvalidInput, flag, parameters, required, resolve_path, serve_each
+from specbuild.contract import tensors
+from specbuild.errors import RequestError
+from specbuild.triton.models.common import flag, parameters, required, resolve_path, serve_each
 from specbuild.triton.models.preprocessing import load_tokenizer
 
 
@@ -29,7 +30,7 @@ class Postprocessor:
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "TOKENS_BATCH" not in inputs or "SEQUENCE_LENGTH" not in inputs:
-            raise InvalidInput("inputs TOKENS_BATCH and SEQUENCE_LENGTH are required.")
+            raise RequestError("inputs TOKENS_BATCH and SEQUENCE_LENGTH are required.")
         tokens = inputs["TOKENS_BATCH"]
         if tokens.ndim == 2:  # [b, len]: a single beam
             tokens = tokens[:, None, :]
@@ -41,10 +42,10 @@ class Postprocessor:
             for j in range(beams):
                 n = int(lengths[i, j])
                 if not 0 <= n <= width:
-                    raise InvalidInput(f"SEQUENCE_LENGTH {n} is outside 0..{width} (the TOKENS_BATCH length).")
+                    raise RequestError(f"SEQUENCE_LENGTH {n} is outside 0..{width} (the TOKENS_BATCH length).")
                 ids = [int(t) for t in tokens[i, j, :n]]
                 if any(t < 0 or t >= vocab for t in ids):
-                    raise InvalidInput(f"TOKENS_BATCH holds ids outside the vocabulary (0..{vocab - 1}).")
+                    raise RequestError(f"TOKENS_BATCH holds ids outside the vocabulary (0..{vocab - 1}).")
                 out[i * beams + j] = decode_ids(self.tokenizer, ids, self.skip_special_tokens).encode("utf-8")
         return {"OUTPUT": out}
 

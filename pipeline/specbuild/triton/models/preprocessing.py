@@ -22,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specbuild.triton import tensors
-from specbuild.triton.models.common import InvalidInput, as_text, flag, parameters, required, resolve_path, serve_each
+from specbuild.contract import tensors
+from specbuild.contract.words import to_word_list
+from specbuild.errors import RequestError
+from specbuild.triton.models.common import as_text, flag, parameters, required, resolve_path, serve_each
 
 
 def load_tokenizer(path: Path):
@@ -35,29 +37,6 @@ def load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
 
 
-def word_list(tokenizer, rows: list[list[str]] | None, batch: int = 1) -> np.ndarray:  # -> [b, 2, m]
-    if rows is None:
-        return np.empty((batch, 2, 0), dtype=np.int32)  # the input was not sent
-    flat_rows, offset_rows = [], []
-    for words in rows:
-        ids: list[int] = []
-        offsets: list[int] = []
-        for word in words:
-            word_ids = tokenizer.encode(word, add_special_tokens=False)
-            if word_ids:
-                ids.extend(word_ids)
-                offsets.append(len(ids))
-        flat_rows.append(ids)
-        offset_rows.append(offsets)
-    width = max(1, *(len(r) for r in flat_rows), *(len(r) for r in offset_rows))
-    out = np.zeros((len(rows), 2, width), dtype=np.int32)
-    out[:, 1, :] = -1
-    for i, (ids, offsets) in enumerate(zip(flat_rows, offset_rows)):
-        out[i, 0, : len(ids)] = ids
-        out[i, 1, : len(offsets)] = offsets
-    return out
-
-
 class Preprocessor:
     def __init__(self, tokenizer, add_special_tokens: bool = True):
         self.tokenizer = tokenizer
@@ -67,15 +46,19 @@ class Preprocessor:
         if self.end_id is None:
             raise ValueError("the tokenizer has no eos token: specbuild needs one to stop generation.")
 
+    def encode(self, text: str, name: str = "QUERY") -> list[int]:
+        """One prompt's token ids, as the model's INPUT_ID row (the BLS tokenizes with this too)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+        if len(ids) == 0:
+            raise RequestError(f"input {name} encodes to no tokens: send non-empty text.")
+        return [int(t) for t in ids]
+
     def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "QUERY" not in inputs or "REQUEST_OUTPUT_LEN" not in inputs:
-            raise InvalidInput("inputs QUERY and REQUEST_OUTPUT_LEN are required.")
+            raise RequestError("inputs QUERY and REQUEST_OUTPUT_LEN are required.")
         queries = inputs["QUERY"].reshape(inputs["QUERY"].shape[0], -1)
         batch = queries.shape[0]
-        ids = [self.tokenizer.encode(as_text(q[0], "QUERY"), add_special_tokens=self.add_special_tokens)
-               for q in queries]
-        if any(len(row) == 0 for row in ids):
-            raise InvalidInput("input QUERY encodes to no tokens: send non-empty text.")
+        ids = [self.encode(as_text(q[0], "QUERY")) for q in queries]
         end_id = self._per_row(inputs.get("END_ID"), self.end_id, batch)
         pad_id = self._per_row(inputs.get("PAD_ID"), self.pad_id, batch)
         width = max(len(row) for row in ids)
@@ -88,8 +71,8 @@ class Preprocessor:
             "REQUEST_INPUT_LEN": np.array([[len(row)] for row in ids], dtype=np.int32),
             "DECODER_INPUT_ID": pad_id.copy(),
             "REQUEST_DECODER_INPUT_LEN": np.ones((batch, 1), dtype=np.int32),
-            "BAD_WORDS_IDS": word_list(self.tokenizer, self._words(inputs.get("BAD_WORDS_DICT"), batch), batch),
-            "STOP_WORDS_IDS": word_list(self.tokenizer, self._words(inputs.get("STOP_WORDS_DICT"), batch), batch),
+            "BAD_WORDS_IDS": to_word_list(self.tokenizer, self._words(inputs.get("BAD_WORDS_DICT"), batch), batch),
+            "STOP_WORDS_IDS": to_word_list(self.tokenizer, self._words(inputs.get("STOP_WORDS_DICT"), batch), batch),
             "EMBEDDING_BIAS": self._bias(inputs, batch),
             "REQUEST_OUTPUT_LEN": inputs["REQUEST_OUTPUT_LEN"].reshape(batch, -1).astype(np.int32),
             "OUT_END_ID": end_id,
@@ -114,7 +97,7 @@ class Preprocessor:
         if (words is None or words.size == 0) and (weights is None or weights.size == 0):
             return np.zeros((batch, 0), dtype=np.float32)  # no bias: absent to the engine
         if words is None or weights is None or words.size != weights.size:
-            raise InvalidInput("EMBEDDING_BIAS_WORDS and EMBEDDING_BIAS_WEIGHTS must be sent together, one weight per word.")
+            raise RequestError("EMBEDDING_BIAS_WORDS and EMBEDDING_BIAS_WEIGHTS must be sent together, one weight per word.")
         bias = np.zeros((batch, len(self.tokenizer)), dtype=np.float32)
         for i, (row_words, row_weights) in enumerate(zip(words.reshape(batch, -1), weights.reshape(batch, -1))):
             for word, weight in zip(row_words, row_weights):

@@ -1,17 +1,17 @@
 """`tensorrt_llm` / `tensorrt_llm_draft` on CPU: the PyTorch reference engine behind NVIDIA's tensor contract.
 
 The C++ `tensorrtllm` backend's tensors, the same semantics for what specbuild uses: a request with
-`draft_input_ids` is verified (output = prefix + accepted draft tokens + one token, plus the
-acceptance outputs), one without decodes `request_output_len` tokens. Requests of one `execute`
+`draft_input_ids` is verified (output = prefix + accepted draft tokens + one token, and with
+`return_perf_metrics` the acceptance outputs), one without decodes `request_output_len` tokens. Requests of one `execute`
 call (Triton's dynamic batcher groups concurrent ones) run as one batched forward.
 
 What the C++ backend refuses, this model refuses with the backend's message (NVIDIA/TensorRT-LLM
 `triton_backend/inflight_batcher_llm/src/`, commit c8c6df0): a config without a parameter the
-backend reads with no fallback (`trtllm_params`), a request of batch size > 1 or with
+backend reads with no fallback (`specbuild.contract.backend_params`), a request of batch size > 1 or with
 streaming = true to a model that is not decoupled (`utils.cc` `createRequestsFromInputTensors`), and
 generation logits whose declared type differs from the engine's logits dtype
 (`model_instance_state.cc` `fillTritonResponse`: `TLLM_CHECK(generationLogitsType ==
-model_state_->getLogitsDataType())`). The executor's request rules are in `specbuild.runtime.contract`.
+model_state_->getLogitsDataType())`). The executor's request rules are in `specbuild.contract.executor`.
 
 What the backend treats as absent is accepted: an empty `embedding_bias` (`utils.cc` drops a bias of
 shape [0]), empty stop/bad word lists, and decoder_input_ids / decoder_input_lengths, which a
@@ -30,13 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from specbuild.triton import tensors
-from specbuild.triton.models.common import InvalidInput, resolve_path
-from specbuild.triton.models.trtllm_params import BackendParams
+from specbuild.contract import tensors
+from specbuild.contract.backend_params import BackendParams
+from specbuild.contract.logits import TRITON_TYPES
+from specbuild.errors import RequestError
+from specbuild.triton.models.common import request_inputs, resolve_path
 
 PER_ROW = ("input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits", "end_id", "pad_id",
-           "temperature", "runtime_top_k", "runtime_top_p", "seed", "return_generation_logits")
-IGNORED = ("min_tokens", "len_penalty", "early_stopping", "beam_search_diversity_rate", "return_perf_metrics",
+           "temperature", "runtime_top_k", "runtime_top_p", "seed", "return_generation_logits", "return_perf_metrics")
+IGNORED = ("min_tokens", "len_penalty", "early_stopping", "beam_search_diversity_rate",
            "return_num_input_tokens", "return_num_output_tokens", "exclude_input_in_output",
            "runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids",
            "decoder_input_ids", "decoder_input_lengths")  # the decoder inputs: read only by encoder-decoder engines
@@ -49,7 +51,6 @@ NOT_DECOUPLED_BATCH = "Batch size > 1 requires the tensorrt_llm backend to be us
 NOT_DECOUPLED_STREAMING = "Streaming is only supported if model is deployed using decoupled mode."
 LOGITS_TYPE_CHECK = ("Error encountered while populating response: [TensorRT-LLM][ERROR] Assertion failed: "
                      "generationLogitsType == model_state_->getLogitsDataType()")
-TRITON_LOGITS_TYPES = {"float16": "TYPE_FP16", "float32": "TYPE_FP32"}
 
 
 def _word_list_empty(value: np.ndarray) -> bool:
@@ -60,22 +61,22 @@ def _word_list_empty(value: np.ndarray) -> bool:
 def check_supported(inputs: dict[str, np.ndarray], decoupled: bool = False) -> None:
     batch = np.asarray(inputs["input_ids"]).shape[0] if "input_ids" in inputs else 1
     if not decoupled and batch > 1:
-        raise InvalidInput(NOT_DECOUPLED_BATCH)
+        raise RequestError(NOT_DECOUPLED_BATCH)
     if not decoupled and "streaming" in inputs and np.any(np.asarray(inputs["streaming"])):
-        raise InvalidInput(NOT_DECOUPLED_STREAMING)
+        raise RequestError(NOT_DECOUPLED_STREAMING)
     for name, value in inputs.items():
         if name in PER_ROW or name in IGNORED:
             continue
         if name in NEUTRAL:
             if np.any(np.asarray(value).reshape(-1) != NEUTRAL[name]):
-                raise InvalidInput(f"input {name!r} = {np.asarray(value).reshape(-1).tolist()} is not supported by the "
+                raise RequestError(f"input {name!r} = {np.asarray(value).reshape(-1).tolist()} is not supported by the "
                                    f"reference model (only {NEUTRAL[name]!r}); the TensorRT-LLM backend serves it.")
             continue
         if name == "embedding_bias" and (np.asarray(value).size == 0 or not np.any(np.asarray(value))):
             continue  # empty: absent to the backend; all zeros: adds nothing
         if name in ("stop_words_list", "bad_words_list") and _word_list_empty(value):
             continue
-        raise InvalidInput(f"input {name!r} is not supported by the reference model: remove it "
+        raise RequestError(f"input {name!r} is not supported by the reference model: remove it "
                            "(stop words: use tensorrt_llm_bls, which stops on them itself).")
 
 
@@ -83,7 +84,7 @@ def split_rows(inputs: dict[str, np.ndarray], decoupled: bool = False) -> list[d
     """One contract request per batch row; inputs carry the batch dimension first."""
     for name in ("input_ids", "input_lengths", "request_output_len"):
         if name not in inputs:
-            raise InvalidInput(f"input {name!r} is required.")
+            raise RequestError(f"input {name!r} is required.")
     check_supported(inputs, decoupled)
     batch = inputs["input_ids"].shape[0]
     rows = []
@@ -190,14 +191,11 @@ class TritonPythonModel:
         self.contract = load_engine(engine_dir, params.values.get("device") or None)
         self.exclude_default = params.boolean("exclude_input_in_output", False)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        engine_type = TRITON_LOGITS_TYPES[self.contract.limits.logits_dtype]
+        engine_type = TRITON_TYPES[self.contract.limits.logits_dtype]
         self.logits_type_ok = declared_logits_type(config) in (None, engine_type)
         self.names = [t.name for t in tensors.LLM_INPUTS]
 
     def execute(self, requests: list) -> list:
-        from specbuild.errors import RequestError
-        from specbuild.triton.models.common import request_inputs
-
         pb = self.pb
         prepared: list[Any] = []
         rows: list[dict[str, np.ndarray]] = []
@@ -207,7 +205,7 @@ class TritonPythonModel:
                 request_rows = split_rows(inputs, self.decoupled)
                 prepared.append((inputs, len(rows), len(request_rows)))
                 rows += request_rows
-            except InvalidInput as err:
+            except RequestError as err:
                 prepared.append(err)
         try:
             results = self.contract.execute(rows, errors="return") if rows else []
@@ -219,12 +217,12 @@ class TritonPythonModel:
             return [pb.InferenceResponse(error=pb.TritonError(message)) for _ in requests]
         responses = []
         for request, item in zip(requests, prepared):
-            if isinstance(item, InvalidInput):
+            if isinstance(item, RequestError):
                 responses.append(self._invalid(str(item)))
                 continue
             inputs, start, count = item
             mine = results[start : start + count]
-            failed = [r for r in mine if isinstance(r, (RequestError, Exception))]
+            failed = [r for r in mine if isinstance(r, Exception)]
             if failed:
                 responses.append(self._invalid(str(failed[0])))
                 continue

@@ -1,4 +1,4 @@
-"""The Triton tensor contracts, one table per model, with NVIDIA's `inflight_batcher_llm` names.
+"""The Triton tensor tables, one per model, with NVIDIA's `inflight_batcher_llm` names.
 
 Sources: the `config.pbtxt` templates of NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/`
 (`tensorrt_llm`, `tensorrt_llm_bls`, `preprocessing`, `postprocessing`, `ensemble`), as of TensorRT-LLM 1.2
@@ -204,7 +204,10 @@ BLS_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
     Tensor("num_input_tokens", "TYPE_INT32", (1,)),
     Tensor("num_output_tokens", "TYPE_INT32", (1,)),
-    # specbuild's extras (not in NVIDIA's BLS)
+    # specbuild's extras (not in NVIDIA's BLS). finish_reason / stop_reason: NVIDIA's LLM API names and values
+    # ("stop" | "length" | "cancelled"; the matched stop word), on the final response (specbuild.session.generation)
+    Tensor("finish_reason", "TYPE_STRING", (1,)),
+    Tensor("stop_reason", "TYPE_STRING", (1,)),
     Tensor("output_ids", "TYPE_INT32", (-1,)),  # the generated token ids so far
     Tensor("mean_accepted_len", "TYPE_FP32", (1,)),  # tokens per target step, bonus/recovered included
     Tensor("speculation_stats", "TYPE_STRING", (1,)),  # JSON: drafted, accepted, per-position acceptance, ...

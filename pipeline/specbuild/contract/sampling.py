@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specbuild.contract.logits import LOGITS_DTYPES, engine_logits
 from specbuild.errors import RequestError
 from specbuild.speculative.interfaces import SamplingParams
 from specbuild.speculative.sampling import process_logits
 
-__all__ = ["LOGITS_DTYPES", "TrtllmSampling", "engine_logits"]
+__all__ = ["TrtllmSampling"]
 
-LOGITS_DTYPES = {"float16": np.float16, "float32": np.float32}  # trtllm-build --logits_dtype choices
 DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, DEFAULT_SEED = 1.0, 0, 0.0, 0
 
 
@@ -88,10 +88,3 @@ class TrtllmSampling:
             x = np.clip(x.astype(np.float32) * inv, -limit, limit).astype(dtype)
         return process_logits(x.astype(np.float64), SamplingParams(temperature=1.0, top_k=self.top_k, top_p=self.top_p))
 
-
-def engine_logits(logits: np.ndarray, logits_dtype: str) -> np.ndarray:
-    """The logits as the engine hands them out: in its logits dtype (trtllm-build --logits_dtype, else the
-    checkpoint's logits_dtype)."""
-    if logits_dtype not in LOGITS_DTYPES:
-        raise ValueError(f"logits dtype {logits_dtype!r} is not one of {sorted(LOGITS_DTYPES)}")
-    return np.asarray(logits).astype(LOGITS_DTYPES[logits_dtype])

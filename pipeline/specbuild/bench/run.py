@@ -1,8 +1,10 @@
 """One `specbuild bench` run: pick the transports, run the schedule, assemble the report document.
 
---local: the reference runtime in-process (+ Hugging Face with --vs-hf, interleaved).
+--local: the reference runtime in-process (+ Hugging Face with --vs-hf, + target-only decoding on
+         1-row matmuls with --vs-plain, interleaved).
 --url:   a Triton server (+ the local runtime at concurrency 1, when it can be loaded here, for the
          serving overhead: Triton tokens/s over local tokens/s on one stream).
+Greedy runs also say whether every K gave exactly the K = 0 tokens (`same_tokens_as_k0`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,26 @@ def serving_section(triton: Measurements, local: Measurements, best_k: int | Non
     return {"num_draft_tokens": best_k, "triton_over_local": at["triton_over_local"] if at else None, "runs": rows}
 
 
+def plain_section(ours: Measurements, plain: Measurements, best_k: int | None) -> dict[str, Any]:
+    """Target-only decoding on 1-row matmuls next to K = 0 through the engine's row blocks, and the best K's
+    speedup against the faster of the two."""
+    fastest = max(_rate(ours, 0) or 0.0, _rate(plain, 0) or 0.0)
+    best = _rate(ours, best_k) if best_k is not None else None
+    return {"tokens_per_s": round(_rate(plain, 0) or 0.0, 3),
+            "same_tokens_as_k0": same_tokens(plain, ours),
+            "speedup_vs_fastest_target_only": _ratio(best, fastest)}
+
+
+def same_tokens(measured: Measurements, baseline: Measurements, k: int = 0) -> bool | None:
+    """Whether every concurrency-1 request of `measured` at K = k gave exactly the tokens of `baseline` at K = 0
+    for the same prompt (None when the transport returns no token ids)."""
+    reference = {r.prompt_index: r.output_ids for r in baseline.cells.get((0, 1), [])}
+    results = measured.cells.get((k, 1), [])
+    if not results or any(r.output_ids is None or reference.get(r.prompt_index) is None for r in results):
+        return None
+    return all(r.output_ids == reference[r.prompt_index] for r in results)
+
+
 def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None = None,
                      row_block: int | None = None):
     from specbuild.bench.local import from_spec
@@ -80,17 +102,17 @@ def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None
 
 
 def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = None, protocol: str = "http",
-              vs_hf: bool = False, progress: bool = False, log: Callable[[str], None] = lambda m: None,
-              threads: int | None = None, row_block: int | None = None) -> dict[str, Any]:
+              vs_hf: bool = False, vs_plain: bool = False, progress: bool = False,
+              log: Callable[[str], None] = lambda m: None, threads: int | None = None, row_block: int | None = None,
+              spec_path: str | None = None) -> dict[str, Any]:
     """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default)."""
     prompts = workloads.load(workload, settings.requests)
     peers: list[Any] = []
     notes: list[str] = []
     if url:
         from specbuild.bench.remote import RemoteTransport
-        from specbuild.llmapi.bench import connect as connect_llmapi
 
-        transport = connect_llmapi(url, protocol, spec) or RemoteTransport.connect(url, protocol)
+        transport = RemoteTransport.connect(url, protocol, spec_path=spec_path, spec=spec)
         try:
             peers.append(_local_transport(spec, log, threads, row_block))
         except SpecbuildError as err:
@@ -104,6 +126,11 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
 
             log("loading the pair with transformers for --vs-hf")
             peers.append(HFPeer.from_spec(spec, end_id=transport.end_id))
+        if vs_plain:
+            from specbuild.bench.local import plain_target
+
+            log("loading a second copy of the target with 1-row matmuls for --vs-plain")
+            peers.append(plain_target(transport))
     log(f"bench: {mode}, workload {prompts.name}, {settings.requests} requests per cell")
     try:
         measured = runner.run(transport, prompts, settings, peers=peers, progress=_progress(progress))
@@ -123,6 +150,14 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         extra["hf"] = hf_section(ours, measured["hf"], best_k)
     if "local" in measured and mode == "triton":
         extra["serving_overhead"] = serving_section(ours, measured["local"], best_k)
+    if "plain" in measured:
+        extra["plain"] = plain_section(ours, measured["plain"], best_k)
+    if settings.temperature == 0:
+        for row in rows:
+            if row["concurrency"] == 1:
+                row["same_tokens_as_k0"] = same_tokens(ours, ours, row["num_draft_tokens"])
+        equal = [row["same_tokens_as_k0"] for row in rows if row.get("same_tokens_as_k0") is not None]
+        extra["greedy_equal"] = all(equal) if equal else None
     doc_settings = {"num_draft_tokens": list(ks), "concurrency": list(settings.concurrency),
                     "max_tokens": settings.max_tokens, "requests": settings.requests,
                     "temperature": settings.temperature, "seed": settings.seed, "url": url,

@@ -1,4 +1,5 @@
-"""The memory plan of the LLM API path: do target and draft fit `[gpu]`, and which KV-cache fraction?
+"""The memory plan of the LLM API path, with its advice: do target and draft fit `[gpu]`, and which KV-cache
+fraction? (`plan_memory`, as `check.advice.plan_memory` is the engine path's.)
 
 Reuses the engine path's arithmetic (`specbuild.check.memory`: weight bytes per format, KV bytes per
 token, activation and decoder buffers) and differs where the PyTorch backend differs:

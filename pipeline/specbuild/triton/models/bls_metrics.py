@@ -7,7 +7,8 @@ Counters are cumulative, so rates and ratios come from PromQL, e.g.
 Two gauges give the same running figures directly for dashboards without PromQL.
 
 `pb_utils` is passed in (the module only exists inside the Triton stub), which keeps this testable.
-Pitfall (cpu-tritonserver.md): a MetricFamily must outlive its Metric objects, so they are all kept here.
+A MetricFamily must outlive its Metric objects (else incrementing fails with "the corresponding
+'MetricFamily' has been deleted"), so every family is kept here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""Parse and validate one `tensorrt_llm_bls` request (the input names of NVIDIA's BLS), free of Triton.
+"""Read one `tensorrt_llm_bls` request (the input names of NVIDIA's BLS), free of Triton.
 
-Every problem raises `InvalidRequest` with a message fit for the client (it becomes a Triton
-INVALID_ARG error; no traceback ever reaches a client). `get(name)` returns the input tensor as
-a numpy array, or None when the client did not send it.
+Every problem raises `RequestError` with a message fit for the client (the BLS answers INVALID_ARG; no
+traceback ever reaches a client). `get(name)` returns the input tensor as a numpy array, or None when
+the client did not send it. This module reads and maps the inputs; the rules on their values are the
+loop's (`GenerationRequest.validate`, `validate_sampling`) and the one K rule (`resolve_k`), applied when
+the request runs, so no check is written twice.
 
 NVIDIA's clients (NVIDIA/TensorRT-LLM `triton_backend/inflight_batcher_llm/client/
 end_to_end_grpc_client.py`, `triton_backend/tools/inflight_batcher_llm/end_to_end_test.py`) send neutral
@@ -12,9 +14,10 @@ accepted; an input that asks for something this BLS cannot do is refused by name
 
 Sampling inputs mean what they mean to NVIDIA's BLS, which forwards them to the engines as they came
 (`lib/triton_decoder.py` `_get_llm_tensors_from_request`), i.e. TensorRT-LLM's rules
-(`specbuild.runtime.trtllm_sampling`): absent top_k and top_p (or top_p <= 0) mean greedy, whatever the
+(`specbuild.contract.sampling`): absent top_k and top_p (or top_p <= 0) mean greedy, whatever the
 temperature; top_k 1 is greedy; otherwise the request samples. One specbuild rule on top: temperature 0
-is greedy (TensorRT-LLM would scale the logits by 1e6 and sample among the saturated ones).
+is greedy (TensorRT-LLM would scale the logits by 1e6 and sample among the saturated ones). An end_id of
+-1, which TensorRT-LLM accepts (its range is [-1, vocab)) and never matches a token, means no end id.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from specbuild.errors import RequestError
 from specbuild.speculative.interfaces import SamplingParams
 
 Getter = Callable[[str], "np.ndarray | None"]
@@ -61,23 +65,18 @@ NEUTRAL_INPUTS = {
 }
 
 
-class InvalidRequest(ValueError):
-    """The request cannot be served as sent; the message says which input and what to send."""
-
-
 @dataclass(frozen=True)
 class BlsRequest:
     text: str
     max_tokens: int
-    num_draft_tokens: int | None  # None = the deployment's default K
+    num_draft_tokens: int | None  # None = the deployment's default K (resolved by draft_len.resolve_k)
     use_draft_logits: bool | None  # None = the deployment's default
     stream: bool
     sampling: SamplingParams
-    end_id: int | None
+    end_id: int | None  # None = the tokenizer's eos; -1 = no end id
     pad_id: int | None
     stop_words: list[str] = field(default_factory=list)
     exclude_input_in_output: bool | None = None  # None = the target model's setting (false in generated repositories)
-    return_perf_metrics: bool = False
 
 
 def _scalar(get: Getter, name: str, kind: str) -> object | None:
@@ -86,29 +85,29 @@ def _scalar(get: Getter, name: str, kind: str) -> object | None:
         return None
     array = np.asarray(value)
     if array.size != 1:
-        raise InvalidRequest(f"input '{name}' must hold exactly one value per request, got shape {list(array.shape)}.")
+        raise RequestError(f"input '{name}' must hold exactly one value per request, got shape {list(array.shape)}.")
     item = array.reshape(-1)[0]
     if kind == "int":
         if array.dtype.kind not in "iu":
-            raise InvalidRequest(f"input '{name}' must be an integer tensor (INT32/UINT64), got {array.dtype}.")
+            raise RequestError(f"input '{name}' must be an integer tensor (INT32/UINT64), got {array.dtype}.")
         return int(item)
     if kind == "float":
         if array.dtype.kind != "f":
-            raise InvalidRequest(f"input '{name}' must be FP32, got {array.dtype}.")
+            raise RequestError(f"input '{name}' must be FP32, got {array.dtype}.")
         return float(item)
     if kind == "bool":
         if array.dtype != np.bool_:
-            raise InvalidRequest(f"input '{name}' must be BOOL, got {array.dtype}.")
+            raise RequestError(f"input '{name}' must be BOOL, got {array.dtype}.")
         return bool(item)
     if kind == "str":
         if isinstance(item, bytes):
             try:
                 return item.decode("utf-8")
             except UnicodeDecodeError:
-                raise InvalidRequest(f"input '{name}' is not valid UTF-8.") from None
+                raise RequestError(f"input '{name}' is not valid UTF-8.") from None
         if isinstance(item, str):
             return item
-        raise InvalidRequest(f"input '{name}' must be a STRING (BYTES) tensor, got {array.dtype}.")
+        raise RequestError(f"input '{name}' must be a STRING (BYTES) tensor, got {array.dtype}.")
     raise AssertionError(kind)
 
 
@@ -137,71 +136,54 @@ def _holds_nothing(value: np.ndarray) -> bool:
 
 
 def _sampling(get: Getter) -> SamplingParams:
-    """The loop's SamplingParams from the request's sampling inputs, resolved by TensorRT-LLM's rules."""
+    """The loop's SamplingParams from the request's sampling inputs, by TensorRT-LLM's rules. Values are kept as
+    sent (the loop's validate_sampling judges them), so a bad one is refused even where greedy would ignore it."""
     temperature = _scalar(get, "temperature", "float")
     top_k = _scalar(get, "top_k", "int")
     top_p = _scalar(get, "top_p", "float")
-    seed = _scalar(get, "seed", "int")
-    if temperature is not None and (temperature < 0 or not np.isfinite(temperature)):
-        raise InvalidRequest(f"input 'temperature' = {temperature}: must be a finite number >= 0 (0 = greedy).")
-    if top_k is not None and top_k < 0:
-        raise InvalidRequest(f"input 'top_k' = {top_k}: must be >= 0 (0 = no top-k limit).")
-    if top_p is not None and not top_p <= 1.0:
-        raise InvalidRequest(f"input 'top_p' = {top_p}: must be at most 1 (0 or absent = not set).")
-    if seed is not None and seed < 0:
-        raise InvalidRequest(f"input 'seed' = {seed}: must be >= 0.")
-    k = 0 if top_k is None else top_k
-    p = 0.0 if top_p is None or top_p <= 0.0 else top_p
-    if temperature == 0.0 or k == 1 or (k == 0 and p == 0.0):
-        return SamplingParams(seed=seed)  # greedy
-    return SamplingParams(temperature=1.0 if temperature is None else temperature, top_k=k,
-                          top_p=1.0 if p == 0.0 else p, seed=seed)
+    if top_p is not None and top_p <= 0.0:
+        top_p = None  # TensorRT-LLM: runtime_top_p <= 0 is treated as not given
+    if not top_k and top_p is None:
+        top_k = 1  # TensorRT-LLM: neither top_k nor top_p set is greedy (top-1)
+    return SamplingParams(temperature=1.0 if temperature is None else temperature, top_k=top_k or 0,
+                          top_p=1.0 if top_p is None else top_p, seed=_scalar(get, "seed", "int"))
 
 
-def parse_request(get: Getter, max_tokens_limit: int, max_draft_len: int) -> BlsRequest:
+def parse_request(get: Getter, max_tokens_limit: int) -> BlsRequest:
     """Read and check every input. `max_tokens_limit`: what the engines allow for one request's output."""
     for name in UNSUPPORTED_INPUTS:
         if get(name) is not None:
-            raise InvalidRequest(f"input '{name}' is not supported by specbuild's speculative BLS; remove it.")
+            raise RequestError(f"input '{name}' is not supported by specbuild's speculative BLS; remove it.")
     for name in EMPTY_INPUTS:
         value = get(name)
         if value is not None and not _holds_nothing(value):
-            raise InvalidRequest(f"input '{name}' is not supported by specbuild's speculative BLS (only empty); "
-                                 "remove it.")
+            raise RequestError(f"input '{name}' is not supported by specbuild's speculative BLS (only empty); "
+                               "remove it.")
     for name, neutral in NEUTRAL_INPUTS.items():
         value = get(name)
         if value is not None and np.asarray(value).size and np.any(np.asarray(value) != neutral):
-            raise InvalidRequest(
+            raise RequestError(
                 f"input '{name}' = {np.asarray(value).reshape(-1).tolist()} is not supported by specbuild's speculative "
                 f"BLS (only {neutral!r}); remove it."
             )
     text = _scalar(get, "text_input", "str")
     if text is None or not str(text).strip():
-        raise InvalidRequest("input 'text_input' is required and must be non-empty text.")
+        raise RequestError("input 'text_input' is required and must be non-empty text.")
     max_tokens = _scalar(get, "max_tokens", "int")
     if max_tokens is None:
-        raise InvalidRequest("input 'max_tokens' is required (INT32, > 0).")
+        raise RequestError("input 'max_tokens' is required (INT32, > 0).")
     if max_tokens <= 0 or max_tokens > max_tokens_limit:
-        raise InvalidRequest(f"input 'max_tokens' = {max_tokens}: must be in 1..{max_tokens_limit} for this deployment.")
-    k = _scalar(get, "num_draft_tokens", "int")
-    if k is not None and k < 0:
-        raise InvalidRequest(f"input 'num_draft_tokens' = {k}: must be >= 0 (0 = no speculation).")
-    if k is not None and k > max_draft_len:
-        k = max_draft_len  # clamped: the target engine refuses a draft longer than its max_draft_len
-    sampling = _sampling(get)
-    end_id = _scalar(get, "end_id", "int")
-    pad_id = _scalar(get, "pad_id", "int")
+        raise RequestError(f"input 'max_tokens' = {max_tokens}: must be in 1..{max_tokens_limit} for this deployment.")
     exclude = _scalar(get, "exclude_input_in_output", "bool")
     return BlsRequest(
         text=str(text),
         max_tokens=int(max_tokens),
-        num_draft_tokens=k,
+        num_draft_tokens=_scalar(get, "num_draft_tokens", "int"),
         use_draft_logits=_scalar(get, "use_draft_logits", "bool"),
         stream=bool(_scalar(get, "stream", "bool") or False),
-        sampling=sampling,
-        end_id=end_id,
-        pad_id=pad_id,
+        sampling=_sampling(get),
+        end_id=_scalar(get, "end_id", "int"),
+        pad_id=_scalar(get, "pad_id", "int"),
         stop_words=_strings(get, "stop_words"),
         exclude_input_in_output=exclude,
-        return_perf_metrics=bool(_scalar(get, "return_perf_metrics", "bool") or False),
     )

@@ -10,9 +10,14 @@ Conventions of the contract that these adapters rely on (TensorRT-LLM's):
 - Generation stops at end_id, and end_id is not in output_ids / sequence_length. A verification
   that returns only accepted draft tokens (no extra token) therefore stopped at end_id, and the
   Verifier reports end_id as its one extra token, which is what the loop expects.
+- How many draft tokens the target accepted is its own figure, `total_accepted_draft_tokens`, which
+  the C++ backend returns only when the request sets `return_perf_metrics` (NVIDIA/TensorRT-LLM
+  `triton_backend/inflight_batcher_llm/src/model_instance_state.cc`, commit 0c8de69,
+  `fillTritonResponse`). The Verifier asks for it and checks it against the tokens that came back
+  (the accepted draft prefix, then one token, or end_id); a disagreement is a GenerationError.
 - Draft logits travel raw, in the dtype the draft model returned them (the engine's logits dtype,
   which the target's `draft_logits` input declares); the target applies temperature / top-k / top-p.
-- Sampling tensors mean what TensorRT-LLM makes of them (`specbuild.runtime.trtllm_sampling`): a
+- Sampling tensors mean what TensorRT-LLM makes of them (`specbuild.contract.sampling`): a
   greedy step sends runtime_top_k = 1 and nothing else, never temperature 0 (which TensorRT-LLM
   turns into a 1e6 logit scale and samples from); a sampling step sends all three tensors, so
   top_k 0 with top_p 1.0 samples from the whole distribution.
@@ -120,30 +125,52 @@ class ContractVerifier:
         request = _base_request(tokens, k + 1, self.end_id, self.pad_id, sampling)
         if k:
             request["draft_input_ids"] = np.asarray(draft.tokens, dtype=np.int32)
+            request["return_perf_metrics"] = np.array([True])  # for total_accepted_draft_tokens
             logits = getattr(draft, "logits", None)
             if logits is not None and not sampling.greedy:
                 request["draft_logits"] = np.asarray(logits, dtype=self.logits_dtype)[:k]
-        new = _new_tokens(self.call(request), len(tokens), "target")
+        response = self.call(request)
+        new = _new_tokens(response, len(tokens), "target")
+        accepted = _accepted_draft_tokens(response, k) if k else 0
         if self.end_id is not None and self.end_id in new:
-            new = new[: new.index(self.end_id) + 1]  # a model that keeps end_id in its output
-        matched = 0
-        while matched < min(k, len(new)) and new[matched] == draft.tokens[matched]:
-            matched += 1
-        if new and new[-1] == self.end_id:
-            accepted, out = len(new) - 1, new
-        elif len(new) == matched and len(new) <= k:
-            # Only accepted tokens came back: the target stopped on end_id, which it leaves out.
+            new = new[: new.index(self.end_id)]  # a model that keeps end_id in its output
+            stopped = True
+        else:
+            stopped = len(new) <= accepted  # no recovered or bonus token: the target stopped at end_id
+        draft_ids = [int(t) for t in draft.tokens]
+        if stopped:
             if self.end_id is None:
                 raise GenerationError(
                     f"the target returned {len(new)} token(s) for a {k}-token draft and no extra token, but no "
                     "end_id is known: pass end_id to ContractVerifier."
                 )
-            accepted, out = len(new), new + [self.end_id]
+            # end_id was the recovered/bonus token (accepted == len(new)) or an accepted draft token, after
+            # which the target may count more accepted ones: it stops at end_id, the acceptance count does not.
+            agree = new == draft_ids[: len(new)] and (
+                accepted == len(new) or (accepted > len(new) and draft_ids[len(new)] == self.end_id))
+            out, accepted = new + [self.end_id], len(new)
         else:
-            accepted, out = len(new) - 1, new
-        if len(out) != accepted + 1 or out[:accepted] != list(draft.tokens[:accepted]):
+            agree = len(new) == accepted + 1 and new[:accepted] == draft_ids[:accepted]
+            out = new
+        if not agree:
             raise GenerationError(
-                f"the target returned new tokens {new} for draft {list(draft.tokens)}: expected the accepted draft "
-                "prefix plus one token (TensorRT-LLM draft_tokens_external semantics)."
+                f"the target returned new tokens {new} and total_accepted_draft_tokens = "
+                f"{_accepted_draft_tokens(response, k) if k else 0} for draft {draft_ids}: expected the accepted "
+                "draft prefix plus one token (TensorRT-LLM draft_tokens_external semantics)."
             )
         return Verification(accepted=accepted, tokens=out, seconds=time.perf_counter() - t0)
+
+
+def _accepted_draft_tokens(response: dict[str, Any], k: int) -> int:
+    """The target's own count of accepted draft tokens (requested with return_perf_metrics)."""
+    try:
+        accepted = int(np.asarray(response["total_accepted_draft_tokens"]).reshape(-1)[0])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise GenerationError(
+            "the target model's verification response lacks total_accepted_draft_tokens: it must return the "
+            "acceptance outputs when return_perf_metrics is set (TensorRT-LLM's tensorrt_llm model does)."
+        ) from None
+    if not 0 <= accepted <= k:
+        raise GenerationError(f"the target model returned total_accepted_draft_tokens = {accepted} for a "
+                              f"{k}-token draft: it must lie in 0..{k}.")
+    return accepted

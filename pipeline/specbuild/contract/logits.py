@@ -1,4 +1,5 @@
-"""The engines' logits dtype, which the LLM models must declare for generation_logits and draft_logits.
+"""The engines' logits dtype: its names, and which one a pair has (what the LLM models must declare for
+generation_logits and draft_logits).
 
 Where it comes from, first match wins:
 1. a built engine: the reference engine's engine.json `logits_dtype` (older reference engines, without
@@ -23,11 +24,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from specbuild.config import Spec
 from specbuild.errors import SpecError
 
-TRITON_TYPES = {"float16": "TYPE_FP16", "float32": "TYPE_FP32"}
+LOGITS_DTYPES = {"float16": np.float16, "float32": np.float32}  # trtllm-build --logits_dtype choices
+TRITON_TYPES = {"float16": "TYPE_FP16", "float32": "TYPE_FP32"}  # the same, as Triton DataType names
+NUMPY_NAMES = {triton: name for name, triton in TRITON_TYPES.items()}  # "TYPE_FP16" -> "float16"
 DEFAULT = "float32"  # PretrainedConfig's logits_dtype
+
+
+def engine_logits(logits: np.ndarray, logits_dtype: str) -> np.ndarray:
+    """The logits as the engine hands them out: in its logits dtype (trtllm-build --logits_dtype, else the
+    checkpoint's logits_dtype)."""
+    if logits_dtype not in LOGITS_DTYPES:
+        raise ValueError(f"logits dtype {logits_dtype!r} is not one of {sorted(LOGITS_DTYPES)}")
+    return np.asarray(logits).astype(LOGITS_DTYPES[logits_dtype])
 
 
 def modelopt_logits_dtype(dtype: str) -> str:

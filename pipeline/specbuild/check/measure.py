@@ -7,7 +7,8 @@ in-process draft/verify loop greedily at K = 0 and at the largest K considered, 
 - c on this machine (draft seconds per drafted token / target seconds per plain step), and c for
   the spec's GPU from the models' weight bytes (`theory.gpu_estimate`);
 - the predicted speedup for each K on both, and the recommended `max_draft_len` (best K on the GPU).
-The returned dict is the "measure" section of the check report.
+The returned dict is the "measure" section of the check report. The measurement itself is the
+benchmark's (`specbuild.bench`: its in-process transport, statistics and closed form).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specbuild.bench import theory, workloads
-from specbuild.bench.runner import Settings
 from specbuild.bench.report import DEGENERATE_SHARE
+from specbuild.bench.runner import Settings
 from specbuild.bench.stats import RequestResult, summarize
 from specbuild.config import Spec
+from specbuild.speculative.adaptive import best_k
+from specbuild.speculative.draft_len import resolve_k
 
 MAX_K = 8  # predictions cover K = 0..max(MAX_K, spec max_draft_len)
 PROMPTS_PER_KIND = 2
@@ -40,7 +43,7 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
     """The measurement on a local transport (see `bench.local.LocalTransport`)."""
     k_max = max(MAX_K, spec.speculative.max_draft_len)
     limit = transport.max_draft_len
-    k_run = min(k_max, limit) if limit is not None else k_max
+    k_run = resolve_k(k_max, limit).k if limit is not None else k_max
     settings = Settings(num_draft_tokens=(k_run,), max_tokens=max_tokens, requests=len(prompts), warmup=False)
     transport.request(prompts[0][1], k_run, min(4, max_tokens), settings)  # warm-up, not counted
     plain: list[RequestResult] = []
@@ -68,8 +71,8 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
                      "expected_tokens_per_step": round(theory.expected_tokens(alpha, k), 4) if k else 1.0,
                      "this_machine": round(theory.bound(alpha, k, c_here), 4) if c_here is not None else None,
                      "gpu": round(theory.bound(alpha, k, c_gpu), 4) if c_gpu is not None else None})
-    best_here = theory.best_k(alpha, c_here, ks[1:]) if c_here is not None else None
-    best_gpu = theory.best_k(alpha, c_gpu, ks[1:]) if c_gpu is not None else None
+    best_here = best_k(alpha, c_here, k_max)[0] if c_here is not None else None
+    best_gpu = best_k(alpha, c_gpu, k_max)[0] if c_gpu is not None else None
     recommended = best_gpu if best_gpu is not None else best_here
     return {
         "prompts": {"source": str(prompts_file_name(prompts)), "count": len(prompts), "max_tokens": max_tokens},

@@ -1,0 +1,101 @@
+"""`specbuild up --backend llmapi`: the same five stages as the engine path, for the LLM API.
+
+    check    the pair checks with this path's memory plan (`run_check(backend="llmapi")`)
+    convert  Hugging Face checkpoints per role (`llmapi.checkpoint`)
+    build    the LLM arguments, validated and written (`llmapi.build`)
+    repo     Triton's llmapi repository (`llmapi.repository`; the CPU stand-in unless tensorrt_llm is importable)
+    serve    the engine path's stage (`cli.up_serving`): tritonserver under the supervisor, the canary, the demo
+             prompts streamed through `session.served`, then stop (--once) or serve until SIGINT/SIGTERM
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specbuild.errors import PairError
+
+
+def _claim(ctx) -> None:
+    """Refuse now, not after convert, a folder a later stage may not replace (specbuild.artifacts)."""
+    from specbuild.artifacts import claim_output, resolve_output
+    from specbuild.cli.up_serving import default_repo_dir
+    from specbuild.llmapi.build import STAGE as BUILD_STAGE
+    from specbuild.llmapi.build import config_dir
+    from specbuild.llmapi.checkpoint import STAGE as CONVERT_STAGE
+    from specbuild.llmapi.checkpoint import checkpoint_dir
+
+    folders = [(checkpoint_dir(ctx.spec, role), CONVERT_STAGE, "convert") for role in ("target", "draft")]
+    folders += [(config_dir(ctx.spec), BUILD_STAGE, "build"), (ctx.repo or default_repo_dir(ctx.spec), "repo", "repo")]
+    for path, stage, step in folders:
+        if step in ctx.stages:
+            claim_output(resolve_output(path, stage), stage)
+
+
+def run_check_stage(ctx) -> dict[str, Any]:
+    from specbuild.check import record
+
+    _claim(ctx)
+    if ctx.dry_run:
+        return {"status": "planned", "detail": "read both checkpoints' configs and tokenizers; LLM API memory plan"}
+    if not ctx.force and record.passed_unchanged(ctx.spec, "llmapi"):
+        ctx.log(f"check: inputs unchanged since the last passing check ({record.record_path(ctx.spec)}), skipped.")
+        return {"status": "skipped"}
+    from specbuild.check import run_check
+    from specbuild.cli.common import progress_enabled
+
+    report = run_check(ctx.spec, progress=progress_enabled(), backend="llmapi")
+    for warning in report.warnings:
+        ctx.log(f"check warning: {warning.message}")
+    if not report.ok:
+        record.forget(ctx.spec)
+        first = report.problems[0]
+        raise PairError(f"check failed: {first.message} {first.fix}".strip())
+    record.record_pass(ctx.spec, [w.to_dict() for w in report.warnings], "llmapi")
+    return {"status": "ran", "warnings": len(report.warnings)}
+
+
+def run_convert_stage(ctx) -> dict[str, Any]:
+    from specbuild.cli.common import progress_enabled
+    from specbuild.convert.plan import ConvertOptions
+    from specbuild.llmapi import checkpoint
+
+    options = ConvertOptions()
+    plans = checkpoint.plan_roles(ctx.spec, ["target", "draft"], options)
+    if ctx.dry_run:
+        return {"status": "planned", "detail": [checkpoint.describe(plan) for plan in plans]}
+    results = [checkpoint.convert_role(plan, options, force=ctx.force, log=ctx.log, progress=progress_enabled())
+               for plan in plans]
+    states = {r["status"] for r in results}
+    return {"status": "skipped" if states == {"skipped"} else "ran", "roles": {r["role"]: r["status"] for r in results}}
+
+
+def run_build_stage(ctx) -> dict[str, Any]:
+    from specbuild.llmapi import build
+
+    if ctx.dry_run:
+        return {"status": "planned", "detail": build.dry_run(ctx.spec)}
+    result = build.build(ctx.spec, force=ctx.force, log=ctx.log)
+    return {"status": result["status"], "backend": "llmapi", "out_dir": result["out_dir"]}
+
+
+def run_repo_stage(ctx) -> dict[str, Any]:
+    from specbuild.cli.up_serving import default_repo_dir
+
+    repo = ctx.repo or default_repo_dir(ctx.spec)
+    if ctx.dry_run:
+        return {"status": "planned", "detail": f"write the llmapi model repository to {repo}"}
+    from specbuild.llmapi.repository import write_repository
+
+    result = write_repository(ctx.spec, repo, force=ctx.force)
+    for warning in result.warnings:
+        ctx.log(f"repo warning: {warning}")
+    return {"status": "skipped" if result.skipped else "ran", "repo": str(result.out_dir), "backend": "llmapi",
+            "runtime": result.runtime}
+
+
+def stages() -> list[tuple[str, Any]]:
+    """(name, run) per stage, in order; `up` makes them its Stage entries."""
+    from specbuild.cli.up_serving import run_serve_stage  # the supervisor serves either repository kind
+
+    return [("check", run_check_stage), ("convert", run_convert_stage), ("build", run_build_stage),
+            ("repo", run_repo_stage), ("serve", run_serve_stage)]

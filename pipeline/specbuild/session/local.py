@@ -1,0 +1,107 @@
+"""In-process generation: one loaded target/draft pair, many requests (`specbuild generate --local`, bench).
+
+    session = LocalSession.from_spec(spec)              # loads both models and the tokenizer
+    gen = session.generate("def f(x):", Options(max_tokens=32), on_text=print)
+    gen.to_dict()                                       # the `generate --local --json` document
+
+The pair runs on the reference runtime (`runtime.loading.load_pair`: reference engines when built,
+else the Hugging Face checkpoints), behind the same Drafter/Verifier adapters as the Triton BLS.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from specbuild.config import Spec
+from specbuild.errors import RequestError
+from specbuild.session.driver import drive
+from specbuild.session.generation import Generation, Options
+from specbuild.session.textstream import TextStream
+from specbuild.speculative.draft_len import resolve_k
+from specbuild.speculative.interfaces import Drafter, SamplingParams, Verifier
+from specbuild.speculative.loop import GenerationRequest
+
+__all__ = ["LocalSession"]
+
+
+class LocalSession:
+    """A Drafter/Verifier pair in this process and how to tokenize for it; many requests, one at a time or from
+    several threads (each with its own `pair`, e.g. batched)."""
+
+    def __init__(self, drafter: Drafter, verifier: Verifier, encode: Callable[[str], list[int]], *,
+                 tokenizer: Any = None, end_id: int | None = None, default_k: int = 4, adaptive: bool = False,
+                 max_seq_len: int | None = None, pair: Any = None):
+        self.drafter, self.verifier = drafter, verifier
+        self._encode = encode  # prompt text -> token ids
+        self.tokenizer = tokenizer  # detokenizes streamed text (None: token ids only)
+        self.end_id = end_id
+        self.default_k = default_k  # K when a request asks for none
+        self.adaptive = adaptive  # adaptive K when a request does not say
+        self.max_seq_len = max_seq_len  # prompt + generated tokens the engines take (None: no limit known)
+        self.pair = pair  # runtime.loading.LocalPair when loaded from a spec
+        self._lock = threading.Lock()  # fast tokenizers are not safe to call from several threads at once
+
+    @classmethod
+    def from_spec(cls, spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
+                  row_block: int | None = None) -> "LocalSession":
+        """The spec's pair on the reference runtime (row_block: see runtime.loading.load_contract_model); the spec
+        gives the default K and whether K adapts."""
+        from transformers import AutoTokenizer
+
+        from specbuild.runtime.loading import load_pair
+
+        pair = load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache, threads=threads,
+                         row_block=row_block)
+        tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
+        limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
+        return cls(pair.drafter, pair.verifier, lambda text: tokenizer(text)["input_ids"], tokenizer=tokenizer,
+                   end_id=pair.end_id, default_k=spec.speculative.num_draft_tokens, adaptive=spec.speculative.adaptive,
+                   max_seq_len=limit, pair=pair)
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.verifier.max_draft_len
+
+    def encode(self, text: str) -> list[int]:
+        with self._lock:
+            return [int(t) for t in self._encode(text)]
+
+    def describe(self) -> dict[str, Any]:
+        """Which weights run and how exact the runtime is on this machine (the --json document's fields)."""
+        if self.pair is None:
+            return {}
+        pair = self.pair
+        return {
+            "engine_source": pair.target.kind,
+            "draft_engine_source": pair.draft.kind,
+            "row_block": pair.target_model.engine.model.row_block,
+            "exactness": {role: m.engine.model.exactness.as_dict()
+                          for role, m in (("target", pair.target_model), ("draft", pair.draft_model))},
+        }
+
+    def generate(self, prompt: str | list[int], options: Options, on_text: Callable[[str], None] | None = None,
+                 pair: tuple[Drafter, Verifier] | None = None, text: bool = True) -> Generation:
+        """One request. `pair`: another Drafter/Verifier over the same models (e.g. batched for concurrent
+        callers); `text`: False skips detokenizing (the benchmark)."""
+        prompt_ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        drafter, verifier = pair or (self.drafter, self.verifier)
+        k = resolve_k(options.num_draft_tokens, verifier.max_draft_len, default=self.default_k)
+        if self.max_seq_len is not None and len(prompt_ids) + options.max_tokens > self.max_seq_len:
+            raise RequestError(
+                f"the prompt ({len(prompt_ids)} tokens) + max_tokens {options.max_tokens} = "
+                f"{len(prompt_ids) + options.max_tokens} tokens exceeds the engines' max_seq_len = {self.max_seq_len}: "
+                "ask for fewer tokens or shorten the prompt (or raise build.max_seq_len and rebuild)."
+            )
+        request = GenerationRequest(
+            max_tokens=options.max_tokens,
+            num_draft_tokens=k.k,
+            sampling=SamplingParams(options.temperature, options.top_k, options.top_p, options.seed),
+            end_id=self.end_id,
+            adaptive=self.adaptive if options.adaptive is None else options.adaptive,
+        )
+        stream = TextStream(self.tokenizer, prompt_ids) if text and self.tokenizer is not None else None
+        generation = drive(prompt_ids, drafter, verifier, request, k=k, text=stream, on_text=on_text)
+        generation.extra = {**self.describe(), "sampling": options.sampling_dict()}
+        return generation

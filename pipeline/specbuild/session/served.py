@@ -1,0 +1,226 @@
+"""Generation through a running server: the one reader of a server's response stream.
+
+    with ServedSession.for_spec(spec, "grpc") as session:
+        gen = session.generate("def f(x):", Options(max_tokens=32), on_text=print)
+    gen.to_dict()                                       # the `generate --json` document, as in-process
+
+`specbuild generate` (without --local), the `up` demo prompts and `bench --url` all read the stream
+here; `specbuild.triton.client.SpecbuildClient` underneath speaks the protocol (gRPC streaming or HTTP)
+and the wire format (the BLS's, or Triton's llmapi model's on the LLM API path). The server's own outputs
+say how it ended (`finish_reason`, `stop_reason`) and what speculation did (`speculation_stats`, the
+acceptance outputs); the K rule (`resolve_k`) is applied with the deployment's max_draft_len and default
+K, read from the BLS's model config.
+
+An llmapi deployment says less, and the session fills in what the spec knows (`for_spec`):
+- K: the LLM API drafts its configured max_draft_len at every step and takes no K per request; that K is
+  the spec's num_draft_tokens (`build --backend llmapi` writes it), so the K rule is `resolve_fixed_k`;
+- num_output_tokens: the model sends text and no token ids, so a generation that ended on "length" made
+  max_tokens tokens (the LLM API's meaning of it; a request shortened by max_seq_len would make fewer),
+  and any other is the text re-tokenized with the target's tokenizer;
+- steps: not sent; each verify step makes its accepted tokens plus one, so steps = tokens - accepted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specbuild.config import Spec
+from specbuild.errors import ClientError
+from specbuild.session.generation import Generation, Options
+from specbuild.speculative.draft_len import ResolvedK, resolve_fixed_k, resolve_k
+from specbuild.speculative.stats import SpeculationStats
+
+__all__ = ["Deployment", "MODEL", "ServedSession", "read_stream", "server_url"]
+
+MODEL = "tensorrt_llm_bls"
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")  # a server bound to every address is reached on loopback
+
+
+def server_url(spec: Spec, protocol: str, url: str | None = None) -> str:
+    """The one URL rule: `url` as given (an http:// or grpc:// prefix dropped), else the spec's [serve] address
+    for the protocol, with a wildcard host reached as 127.0.0.1."""
+    if url:
+        return url.removeprefix("http://").removeprefix("grpc://").rstrip("/")
+    host = "127.0.0.1" if spec.serve.host in WILDCARD_HOSTS else spec.serve.host
+    return f"{host}:{spec.serve.grpc_port if protocol == 'grpc' else spec.serve.http_port}"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the BLS's model config says (None: not known, e.g. the config cannot be read)."""
+
+    max_draft_len: int | None = None
+    num_draft_tokens: int | None = None  # the default K
+    adaptive: bool | None = None
+    llmapi: bool = False  # Triton's llmapi model (the LLM API path): no K per request, no token ids
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "Deployment":
+        params = {key: (value or {}).get("string_value", "") for key, value in config.get("parameters", {}).items()}
+
+        def number(key: str) -> int | None:
+            return int(params[key]) if params.get(key, "").isdigit() else None
+
+        adaptive = params.get("adaptive_draft_len", "").lower()
+        return cls(number("max_draft_len"), number("num_draft_tokens"),
+                   {"true": True, "false": False}.get(adaptive))
+
+
+@dataclass
+class Streamed:
+    text: str
+    ttft_seconds: float | None
+    outputs: dict[str, Any]  # the final response's outputs (finish_reason, figures)
+
+
+def read_stream(chunks: Iterable[Any], on_text: Callable[[str], None] | None = None,
+                started: float | None = None) -> Streamed:
+    """Join a response stream (`Chunk`s): the text, when its first piece arrived, the final outputs."""
+    started = time.perf_counter() if started is None else started
+    parts: list[str] = []
+    first, outputs = None, {}
+    for chunk in chunks:
+        if chunk.text:
+            first = time.perf_counter() - started if first is None else first
+            parts.append(chunk.text)
+            if on_text is not None:
+                on_text(chunk.text)
+        if chunk.stats:
+            outputs = chunk.stats
+    return Streamed("".join(parts), first, outputs)
+
+
+def token_counter(tokenizer_dir: str | Path) -> Callable[[str], int]:
+    """text -> its tokens under the tokenizer in tokenizer_dir (loaded on first use)."""
+    loaded: list[Any] = []
+
+    def count(text: str) -> int:
+        if not text:
+            return 0
+        if not loaded:
+            from transformers import AutoTokenizer
+
+            loaded.append(AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True))
+        return len(loaded[0](text, add_special_tokens=False)["input_ids"])
+
+    return count
+
+
+class ServedSession:
+    def __init__(self, url: str, protocol: str = "grpc", model: str = MODEL, timeout: float = 300.0,
+                 spec_path: str | None = None, llmapi_k: int | None = None,
+                 count_tokens: Callable[[str], int] | None = None):
+        from specbuild.triton.client import SpecbuildClient
+
+        self.url, self.protocol = url, protocol
+        self.spec_path = spec_path  # shown in the "no server" advice
+        self.llmapi_k = llmapi_k  # an llmapi deployment's K (the server cannot say it)
+        self.count_tokens = count_tokens  # text -> tokens (an llmapi deployment sends no token ids)
+        self.client = SpecbuildClient(url, protocol=protocol, model=model, timeout=timeout)
+        self._deployment: Deployment | None = None
+
+    @classmethod
+    def for_spec(cls, spec: Spec, protocol: str = "grpc", url: str | None = None, timeout: float = 300.0,
+                 spec_path: str | None = None) -> "ServedSession":
+        """A session on the spec's server (`server_url`) that also knows what an llmapi deployment of the spec
+        does not send: its K and the target's tokenizer."""
+        return cls(server_url(spec, protocol, url), protocol, timeout=timeout, spec_path=spec_path,
+                   llmapi_k=spec.speculative.num_draft_tokens, count_tokens=token_counter(spec.target.checkpoint))
+
+    def __enter__(self) -> "ServedSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def deployment(self) -> Deployment:
+        if self._deployment is None:
+            if self.client.is_llmapi():
+                self._deployment = Deployment(llmapi=True)
+            else:
+                self._deployment = Deployment.from_config(self.client.model_config())
+        return self._deployment
+
+    def no_server(self) -> ClientError:
+        """The error for an address where no server answers, with what to do."""
+        c = f" -c {self.spec_path}" if self.spec_path else ""
+        return ClientError(
+            f"no Triton server answers at {self.url} ({self.protocol}). Start one with `specbuild serve{c}` "
+            f"(or `specbuild up{c}`), pass --url with its address, or run in-process with "
+            f"`specbuild generate{c} --local ...`."
+        )
+
+    def check_ready(self) -> None:
+        if not self.client.is_ready():
+            raise self.no_server()
+
+    def resolve_k(self, requested: int | None) -> ResolvedK | None:
+        """The K rule with the deployment's limit and default; None when neither a K nor a default is known."""
+        deployment = self.deployment()
+        if deployment.llmapi:
+            return None if self.llmapi_k is None else resolve_fixed_k(requested, self.llmapi_k)
+        if requested is None and deployment.num_draft_tokens is None:
+            return None
+        if deployment.max_draft_len is None:
+            requested = deployment.num_draft_tokens if requested is None else requested
+            return resolve_k(requested, requested)  # the server applies its own limit
+        return resolve_k(requested, deployment.max_draft_len, default=deployment.num_draft_tokens)
+
+    def generate(self, prompt: str, options: Options, on_text: Callable[[str], None] | None = None,
+                 stream: bool = True) -> Generation:
+        """One request, its text streamed to on_text; ClientError with the server's message on failure."""
+        k = self.resolve_k(options.num_draft_tokens)
+        started = time.perf_counter()
+        try:
+            chunks = self.client.generate(prompt, max_tokens=options.max_tokens, num_draft_tokens=k.k if k else None,
+                                          temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
+                                          seed=options.seed, stream=stream)
+            streamed = read_stream(chunks, on_text, started)
+        except ClientError:
+            grpc_missing = self.protocol == "grpc" and importlib.util.find_spec("tritonclient") is None
+            if grpc_missing or self.client.is_ready():
+                raise  # its message says how to install the client, or what the server refused
+            raise self.no_server() from None
+        seconds = time.perf_counter() - started
+        out = streamed.outputs
+        stats = (SpeculationStats.from_dict(out["speculation_stats"]) if isinstance(out.get("speculation_stats"), dict)
+                 else SpeculationStats(drafted=int(out.get("total_draft_tokens") or 0),
+                                       accepted=int(out.get("total_accepted_draft_tokens") or 0)))
+        count = int(out["num_output_tokens"]) if "num_output_tokens" in out else None
+        if self.deployment().llmapi:
+            count = self._llmapi_tokens(streamed.text, out.get("finish_reason"), options.max_tokens)
+            if count:
+                stats.steps = max(count - stats.accepted, 1)
+        output_ids = [int(t) for t in out.get("output_ids", [])]
+        stop_reason = out.get("stop_reason")
+        if isinstance(stop_reason, str) and stop_reason.startswith("["):
+            stop_reason = json.loads(stop_reason)  # a stop sequence given as token ids
+        return Generation(
+            text=streamed.text,
+            output_ids=output_ids,
+            finish_reason=out.get("finish_reason") or None,
+            stop_reason=stop_reason,
+            k=k,
+            adaptive=self.deployment().adaptive,
+            stats=stats,
+            seconds=seconds,
+            ttft_seconds=streamed.ttft_seconds,
+            num_output_tokens=count,
+            extra={"engine_source": None, "server": {"url": self.url, "protocol": self.protocol},
+                   "sampling": options.sampling_dict()},
+        )
+
+    def _llmapi_tokens(self, text: str, finish_reason: str | None, max_tokens: int) -> int | None:
+        """An llmapi generation's token count: max_tokens when it ended on "length", else the text's tokens."""
+        if finish_reason == "length":
+            return int(max_tokens)
+        return self.count_tokens(text) if self.count_tokens is not None else None

@@ -1,0 +1,219 @@
+"""`tensorrt_llm_bls`: the speculative draft/verify loop served by Triton's Python backend.
+
+The loop is `specbuild.speculative.loop`, driven by `specbuild.session.driver.drive` as in-process;
+this model only moves tensors: text -> token ids (the tokenizer it holds, with preprocessing's rules)
+-> loop over BLS calls to `tensorrt_llm_draft` (propose) and `tensorrt_llm` (verify) -> text. The two
+LLM models are TensorRT-LLM engines on GPU or specbuild's reference models on CPU; both speak the same
+tensor contract (`specbuild.contract`).
+
+Beyond NVIDIA's BLS: streams accepted text as it is verified (decoupled mode), several requests at
+once (a thread each), EOS and stop words handled at once, K clamped (`resolve_k`) and adapted,
+INVALID_ARG errors instead of tracebacks, cancellation, Prometheus metrics, and on the final response
+`finish_reason` / `stop_reason` (NVIDIA's LLM API names and values, `specbuild.session.generation`) with
+the acceptance outputs (`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`, always
+sent) and specbuild's `output_ids`, `num_output_tokens`, `mean_accepted_len`, `speculation_stats`.
+
+Like NVIDIA's BLS (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/`):
+`text_output` is one string per sequence ([1] for one request, as postprocessing's OUTPUT); a final,
+non-streamed text is postprocessing's decoding of the target's output_ids, which include the prompt
+unless exclude_input_in_output says otherwise (the generated tensorrt_llm models keep the input, and
+NVIDIA's BLS follows the target's setting); draft logits reach the target in the declared logits dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from specbuild.contract.adapters import ContractDrafter, ContractVerifier
+from specbuild.contract.logits import NUMPY_NAMES
+from specbuild.contract.words import to_word_list, word_sequences
+from specbuild.errors import RequestError
+from specbuild.session.driver import drive
+from specbuild.session.generation import Generation
+from specbuild.session.textstream import TextStream
+from specbuild.speculative.draft_len import resolve_k
+from specbuild.speculative.loop import GenerationRequest
+from specbuild.triton.models.bls_metrics import SpeculationMetrics
+from specbuild.triton.models.bls_request import BlsRequest, parse_request
+from specbuild.triton.models.common import resolve_path
+from specbuild.triton.models.postprocessing import decode_ids
+from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
+
+TARGET_EXCLUDES_INPUT = False  # the generated tensorrt_llm models' exclude_input_in_output
+
+
+class ModelCallError(RuntimeError):
+    """A BLS sub-request to another model failed; the message is the server's."""
+
+
+class Cancelled(RuntimeError):
+    """The client cancelled the request."""
+
+
+def _param(config: dict, key: str, default: str | None = None) -> str:
+    value = config.get("parameters", {}).get(key, {}).get("string_value")
+    if value is None or value == "" or value.startswith("${"):
+        if default is None:
+            raise ValueError(f"model config parameter '{key}' is required; regenerate the repository with "
+                             "`specbuild repo`.")
+        return default
+    return value
+
+
+def _flag(config: dict, key: str, default: str) -> bool:
+    return _param(config, key, default).lower() in ("1", "true", "yes")
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        self.pb = pb_utils
+        config = json.loads(args["model_config"])
+        self.model_name = args.get("model_name", "tensorrt_llm_bls")
+        self.target_model = _param(config, "tensorrt_llm_model_name", "tensorrt_llm")
+        self.draft_model = _param(config, "tensorrt_llm_draft_model_name", "tensorrt_llm_draft")
+        self.max_draft_len = int(_param(config, "max_draft_len"))
+        self.default_k = int(_param(config, "num_draft_tokens"))
+        self.max_input_len = int(_param(config, "max_input_len"))
+        self.max_tokens_limit = int(_param(config, "max_output_len"))
+        self.adaptive = _flag(config, "adaptive_draft_len", "true")
+        self.default_use_draft_logits = _flag(config, "use_draft_logits", "false")
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        # the deployment's logits type (the engines' logits dtype), which the target's draft_logits input declares
+        declared = {o.get("name"): o.get("data_type") for o in config.get("output", [])}.get("generation_logits")
+        self.logits_dtype = NUMPY_NAMES.get(declared)
+        workers = int(_param(config, "max_concurrent_requests", "16"))
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
+        self.metrics = SpeculationMetrics(pb_utils, self.model_name, self.max_draft_len)
+        self.metrics_lock = threading.Lock()
+        # Tokenizes and detokenizes in-process, by preprocessing's and postprocessing's rules: a BLS call to
+        # either model per request (or per streamed step) would cost a round trip.
+        self.tokenizer = load_tokenizer(resolve_path(_param(config, "tokenizer_dir"), args))
+        self.pre = Preprocessor(self.tokenizer, _flag(config, "add_special_tokens", "true"))
+
+    # ---- Triton entry points -------------------------------------------------------------------
+    def execute(self, requests: list) -> list | None:
+        if self.decoupled:
+            for request in requests:
+                self.pool.submit(self._serve_streaming, request)
+            return None
+        return [self._serve_one_response(request) for request in requests]
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    # ---- one request -----------------------------------------------------------------------------
+    def _serve_streaming(self, request) -> None:
+        sender = request.get_response_sender()
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            response = self._run(request, self._parse(request), send=sender.send)
+            sender.send(response, flags=final)
+        except Exception as err:  # every failure becomes an error response; the server keeps running
+            sender.send(self.pb.InferenceResponse(error=self._error(err)), flags=final)
+
+    def _serve_one_response(self, request):
+        try:
+            return self._run(request, dataclasses.replace(self._parse(request), stream=False), send=None)
+        except Exception as err:
+            return self.pb.InferenceResponse(error=self._error(err))
+
+    def _parse(self, request) -> BlsRequest:
+        present = {tensor.name(): tensor for tensor in request.inputs()}
+
+        def get(name: str):
+            tensor = present.get(name)
+            return None if tensor is None else tensor.as_numpy()
+
+        return parse_request(get, self.max_tokens_limit)
+
+    def _error(self, err: Exception):
+        TritonError = self.pb.TritonError
+        if isinstance(err, RequestError):
+            return TritonError(str(err), TritonError.INVALID_ARG)
+        if isinstance(err, Cancelled):
+            return TritonError(str(err), getattr(TritonError, "CANCELLED", TritonError.UNKNOWN))
+        if isinstance(err, ModelCallError):
+            return TritonError(str(err))
+        self.pb.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
+        return TritonError(f"internal error in {self.model_name}: {type(err).__name__}: {err}")
+
+    def _run(self, request, req: BlsRequest, send) -> object:
+        """Serve one request: stream text pieces through `send` (when req.stream), return the final response."""
+        k = resolve_k(req.num_draft_tokens, self.max_draft_len, default=self.default_k)
+        prompt = self.pre.encode(req.text, "text_input")
+        if len(prompt) > self.max_input_len:
+            raise RequestError(
+                f"the prompt is {len(prompt)} tokens, above this deployment's max_input_len = {self.max_input_len}; "
+                "shorten it."
+            )
+        model_end_id = self.pre.end_id if req.end_id is None else req.end_id  # sent to the models as is
+        end_id = None if model_end_id == -1 else model_end_id  # TensorRT-LLM's -1: no end id
+        pad_id = self.pre.pad_id if req.pad_id is None else req.pad_id
+        # Stop words in TensorRT-LLM's [2, n] word-list format, as preprocessing builds it, then as sequences.
+        stop_sequences = word_sequences(to_word_list(self.tokenizer, [req.stop_words]))
+        stop_words = {tuple(self.tokenizer.encode(w, add_special_tokens=False)): w for w in req.stop_words}
+        use_logits = self.default_use_draft_logits if req.use_draft_logits is None else req.use_draft_logits
+        drafter = ContractDrafter(lambda inputs: self._call(self.draft_model, inputs),
+                                  end_id=model_end_id, pad_id=pad_id, use_logits=use_logits)
+        verifier = ContractVerifier(lambda inputs: self._call(self.target_model, inputs),
+                                    max_draft_len=self.max_draft_len, end_id=model_end_id, pad_id=pad_id,
+                                    logits_dtype=self.logits_dtype)
+        gen = GenerationRequest(max_tokens=req.max_tokens, num_draft_tokens=k.k, sampling=req.sampling,
+                                end_id=end_id, stop_sequences=stop_sequences, adaptive=self.adaptive and k.k > 0)
+        stream = TextStream(self.tokenizer, prompt) if req.stream else None
+        result = drive(prompt, drafter, verifier, gen, k=k, text=stream,
+                       on_text=lambda delta: send(self._response(delta)), cancelled=request.is_cancelled,
+                       stop_words=stop_words)
+        if result.finish_reason == "cancelled":
+            raise Cancelled("request cancelled by the client")
+        with self.metrics_lock:
+            self.metrics.record(result.stats, len(result.output_ids))
+        if req.stream:  # streamed responses carry new text only, like TensorRT-LLM's; it has all been sent
+            return self._response("", result)
+        exclude = TARGET_EXCLUDES_INPUT if req.exclude_input_in_output is None else req.exclude_input_in_output
+        ids = result.output_ids if exclude else prompt + result.output_ids
+        return self._response(decode_ids(self.tokenizer, ids, skip_special_tokens=True), result)
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _call(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One BLS request to `model`; contract tensors ([len], [1], ...) get Triton's batch dimension of 1.
+        An INVALID_ARG answer is the client's request at fault (e.g. an end_id outside the vocabulary)."""
+        tensors = [self.pb.Tensor(name, np.ascontiguousarray(value[None])) for name, value in inputs.items()]
+        response = self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=[]).exec()
+        if response.has_error():
+            error = response.error()
+            message = f"model '{model}' failed: {error.message()}"
+            code = error.code() if hasattr(error, "code") else None
+            if code is not None and code == self.pb.TritonError.INVALID_ARG:
+                raise RequestError(message)
+            raise ModelCallError(message)
+        return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+    def _response(self, text: str, result: Generation | None = None):
+        """One response; every tensor carries the batch dimension of 1 (max_batch_size > 0)."""
+        tensors = [self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object))]  # [1], as NVIDIA's
+        if result is not None:
+            stats = result.stats
+            tensors += [
+                self.pb.Tensor("finish_reason", np.array([[str(result.finish_reason).encode()]], dtype=object)),
+                self.pb.Tensor("acceptance_rate", np.array([[stats.acceptance_rate]], dtype=np.float32)),
+                self.pb.Tensor("total_accepted_draft_tokens", np.array([[stats.accepted]], dtype=np.int32)),
+                self.pb.Tensor("total_draft_tokens", np.array([[stats.drafted]], dtype=np.int32)),
+                self.pb.Tensor("mean_accepted_len", np.array([[stats.mean_accepted_len]], dtype=np.float32)),
+                self.pb.Tensor("num_output_tokens", np.array([[len(result.output_ids)]], dtype=np.int32)),
+                self.pb.Tensor("output_ids", np.array([result.output_ids], dtype=np.int32).reshape(1, -1)),
+                self.pb.Tensor("speculation_stats",
+                               np.array([[json.dumps(stats.to_dict()).encode()]], dtype=object)),
+            ]
+            if result.stop_reason is not None:
+                reason = result.stop_reason if isinstance(result.stop_reason, str) else json.dumps(result.stop_reason)
+                tensors.append(self.pb.Tensor("stop_reason", np.array([[reason.encode("utf-8")]], dtype=object)))
+        return self.pb.InferenceResponse(output_tensors=tensors)

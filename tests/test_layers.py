@@ -1,0 +1,146 @@
+"""The package layers of docs/architecture.md, enforced: every import of every module under pipeline/specbuild
+(function-level imports included) goes to its own layer or one below, and no module imports itself back.
+
+A module's layer is that of the longest prefix in LAYERS; a new module or package must be placed there.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "pipeline"
+
+# Bottom to top; the same table is the picture in docs/architecture.md.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("specbuild", "specbuild.errors", "specbuild.progress"),  # the package root holds only __version__
+    ("specbuild.config",),
+    ("specbuild.artifacts", "specbuild.hfmodel"),
+    ("specbuild.speculative",),
+    ("specbuild.contract", "specbuild.llmapi.contract"),  # llmapi.contract: the llmapi model's pinned names (data)
+    ("specbuild.runtime",),
+    ("specbuild.triton.client",),
+    ("specbuild.session",),
+    ("specbuild.example", "specbuild.bench"),
+    ("specbuild.build", "specbuild.convert", "specbuild.check", "specbuild.triton", "specbuild.llmapi"),
+    ("specbuild.cli", "specbuild.__main__"),
+)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted((ROOT / "specbuild").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def layer(module: str) -> int:
+    best, found = -1, None
+    for index, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, found = len(name), index
+    if found is None:
+        raise AssertionError(f"{module} is in no layer of LAYERS: add it to the table (and to docs/architecture.md)")
+    return found
+
+
+def ancestors(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts))]  # specbuild.a, specbuild.a.b (not the root)
+
+
+def direct_imports(module: str) -> set[str]:
+    """The specbuild modules `module` imports anywhere in its file (`from X import m` counts X.m when m is a
+    module, else X)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name.startswith("specbuild") and name != module:
+                out.add(name)
+    return out
+
+
+DIRECT = {module: direct_imports(module) for module in MODULES}
+
+
+def imports(module: str) -> set[str]:
+    """`direct_imports`, plus the packages whose __init__ such an import runs first when that __init__ imports
+    specbuild modules itself (a docstring-only __init__ can neither cycle nor reach up); a module's own
+    packages are not counted (they are already being imported)."""
+    own = ancestors(module) + [module]
+    return DIRECT[module] | {a for name in DIRECT[module] for a in ancestors(name)
+                             if a in MODULES and DIRECT[a] and a not in own}
+
+
+GRAPH = {module: imports(module) for module in MODULES}
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        layer(module)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_from_a_layer_above_it(module):
+    above = sorted(name for name in GRAPH[module] if layer(name) > layer(module))
+    assert not above, f"{module} (layer {layer(module)}) imports from layers above it: {above}"
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    cycles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for name in sorted(GRAPH[module]):
+            if state.get(name) == 1:
+                cycles.append(path[path.index(name):] + [name])
+            elif name not in state:
+                visit(name, path + [name])
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_checker_sees_a_violation_and_a_cycle(monkeypatch):
+    """The two checks can fail: an upward import and a cycle planted in the graph are caught."""
+    monkeypatch.setitem(GRAPH, "specbuild.speculative.loop", GRAPH["specbuild.speculative.loop"] | {"specbuild.cli"})
+    with pytest.raises(AssertionError, match=r"imports from layers above it: \['specbuild.cli'\]"):
+        test_no_module_imports_from_a_layer_above_it("specbuild.speculative.loop")
+    monkeypatch.setitem(GRAPH, "specbuild.errors", GRAPH["specbuild.errors"] | {"specbuild.config"})
+    with pytest.raises(AssertionError, match="specbuild.config -> specbuild.errors -> specbuild.config"):
+        test_no_import_cycles()
+
+
+def test_the_architecture_page_shows_this_table():
+    page = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    for names in LAYERS:
+        for name in names:
+            short = name.removeprefix("specbuild.") if name != "specbuild" else "specbuild"
+            assert f"`{short}" in page, f"docs/architecture.md does not name `{short}`"

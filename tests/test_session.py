@@ -1,0 +1,190 @@
+"""The generation session without a model or a server: the one driver of the loop (on the numpy toy pair), the
+one reader of a response stream, the one URL rule, the one K rule, NVIDIA's finish reasons."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specbuild.cli import main
+from specbuild.errors import RequestError
+from specbuild.session.driver import drive
+from specbuild.session.generation import Options, finish_reason
+from specbuild.session.local import LocalSession
+from specbuild.session.served import Deployment, ServedSession, read_stream, server_url
+from specbuild.speculative.draft_len import resolve_fixed_k, resolve_k, resolve_ks
+from specbuild.speculative.loop import GenerationRequest
+from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+from specbuild.triton.client import Chunk
+
+VOCAB = 24
+TARGET = random_model(VOCAB, order=2, scale=3.0, seed=1)
+DRAFT = NGramModel(TARGET.table + np.random.default_rng(2).normal(0.0, 0.5, size=TARGET.table.shape))
+
+
+def toy_session(end_id=None, **kwargs) -> LocalSession:
+    return LocalSession(ToyDrafter(DRAFT, end_id=end_id), ToyVerifier(TARGET, max_draft_len=4),
+                        encode=lambda text: [ord(ch) % VOCAB for ch in text], end_id=end_id, **kwargs)
+
+
+# ---- the one K rule ---------------------------------------------------------------------------------------
+def test_k_rule_default_clamp_and_refusal():
+    assert resolve_k(None, 6, default=4).k == 4 and not resolve_k(None, 6, default=4).clamped
+    clamped = resolve_k(50, 6, default=4)
+    assert (clamped.k, clamped.requested, clamped.clamped) == (6, 50, True)
+    assert clamped.note().startswith("num_draft_tokens = 50 exceeds the target engine's max_draft_len = 6: using 6.")
+    with pytest.raises(RequestError, match="num_draft_tokens = -1 is invalid"):
+        resolve_k(-1, 6)
+    with pytest.raises(RequestError, match="no default K"):
+        resolve_k(None, 6)
+    assert resolve_ks((8, 2, 4), 4) == ((0, 2, 4),
+                                        ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"])
+
+
+def test_a_fixed_k_deployment_uses_its_k_and_says_so():
+    """The LLM API drafts its max_draft_len at every step and takes no K per request."""
+    assert resolve_fixed_k(None, 4) == resolve_k(None, 4, default=4) and not resolve_fixed_k(4, 4).clamped
+    asked = resolve_fixed_k(2, 4)
+    assert (asked.k, asked.requested, asked.clamped) == (4, 2, True)
+    assert asked.note() == ("num_draft_tokens = 2 cannot be asked of this deployment: it drafts max_draft_len = 4 "
+                            "tokens at every step (the LLM API path); using 4.")
+    assert resolve_fixed_k(6, 4).k == 4
+    with pytest.raises(RequestError, match="num_draft_tokens = -1 is invalid"):
+        resolve_fixed_k(-1, 4)
+
+
+def test_the_loop_and_the_session_clamp_by_the_same_rule():
+    session = toy_session()
+    gen = session.generate("def f(x):", Options(max_tokens=12, num_draft_tokens=50))
+    assert (gen.k.k, gen.k.requested) == (4, 50)
+    assert max(step.k for step in gen.steps) == 4  # the loop ran with the clamped K
+    assert session.generate("def f(x):", Options(max_tokens=12)).k.k == session.default_k
+
+
+# ---- the driver and finish reasons ------------------------------------------------------------------------
+def test_finish_reasons_are_nvidias():
+    assert [finish_reason(r) for r in ("length", "eos", "stop", "cancelled", None)] == [
+        "length", "stop", "stop", "cancelled", None]
+
+
+def test_length_eos_and_stop_word_finish_as_the_llm_api_says():
+    session = toy_session()
+    free = session.generate("abc", Options(max_tokens=16, num_draft_tokens=3))
+    assert (free.finish_reason, free.stop_reason, len(free.output_ids)) == ("length", None, 16)
+    end_id = free.output_ids[5]
+    eos = toy_session(end_id=end_id).generate("abc", Options(max_tokens=16, num_draft_tokens=3))
+    assert eos.finish_reason == "stop" and eos.stop_reason is None  # end_id: "stop" with no stop reason
+    assert eos.output_ids == free.output_ids[: free.output_ids.index(end_id)]
+    word = free.output_ids[6:8]
+    request = GenerationRequest(max_tokens=16, num_draft_tokens=3, stop_sequences=[word])
+    stopped = drive(session.encode("abc"), session.drafter, session.verifier, request, stop_words={tuple(word): "xy"})
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", "xy")
+    assert stopped.output_ids[-2:] == word
+    unnamed = drive(session.encode("abc"), session.drafter, session.verifier, request)
+    assert unnamed.stop_reason == word  # a stop sequence without text: its token ids
+
+
+def test_cancellation_stops_at_the_next_step():
+    session = toy_session()
+    polls = []
+    gen = drive(session.encode("abc"), session.drafter, session.verifier,
+                GenerationRequest(max_tokens=40, num_draft_tokens=2),
+                cancelled=lambda: polls.append(1) or len(polls) > 2)
+    assert gen.finish_reason == "cancelled" and 0 < len(gen.output_ids) < 40 and len(gen.steps) == 2
+
+
+def test_timing_and_steps_are_recorded():
+    gen = toy_session().generate("abc", Options(max_tokens=20, num_draft_tokens=3))
+    assert 0 < gen.ttft_seconds <= gen.seconds and gen.tokens_per_s > 0
+    assert sum(s.accepted for s in gen.steps) + len(gen.steps) >= len(gen.output_ids)
+    assert gen.stats.steps == len(gen.steps)
+    doc = gen.to_dict()
+    assert doc["finish_reason"] == "length" and doc["num_draft_tokens"] == 3 and doc["num_output_tokens"] == 20
+
+
+def test_a_request_beyond_the_engines_length_is_refused():
+    with pytest.raises(RequestError, match=r"the prompt \(3 tokens\) \+ max_tokens 30 = 33 tokens exceeds"):
+        toy_session(max_seq_len=32).generate("abc", Options(max_tokens=30))
+
+
+# ---- the one reader of a response stream --------------------------------------------------------------------
+def test_read_stream_joins_text_and_takes_the_final_outputs():
+    seen = []
+    final = {"finish_reason": "length", "output_ids": [1, 2, 3], "num_output_tokens": 3}
+    streamed = read_stream([Chunk("", False), Chunk("ab", False), Chunk("c", False), Chunk("", True, final)],
+                           on_text=seen.append)
+    assert streamed.text == "abc" and seen == ["ab", "c"] and streamed.outputs == final
+    assert streamed.ttft_seconds is not None and streamed.ttft_seconds >= 0
+
+
+def test_deployment_from_the_bls_config():
+    config = {"parameters": {"max_draft_len": {"string_value": "6"}, "num_draft_tokens": {"string_value": "4"},
+                             "adaptive_draft_len": {"string_value": "false"}}}
+    assert Deployment.from_config(config) == Deployment(6, 4, False)
+    assert Deployment.from_config({}) == Deployment(None, None, None)
+
+
+class LlmapiClient:
+    """Streams as SpecbuildClient does against Triton's llmapi model: text pieces, the final figures as numbers,
+    a finish reason, no token ids."""
+
+    def __init__(self, finish: str):
+        self.finish, self.sent = finish, []
+
+    def is_llmapi(self):
+        return True
+
+    def close(self):
+        pass
+
+    def generate(self, prompt, **fields):
+        self.sent.append(fields)
+        yield Chunk("Hello", False)
+        yield Chunk(" world", True, {"finish_reason": self.finish, "stop_reason": None if self.finish == "length"
+                                     else "\n", "total_draft_tokens": 12, "total_accepted_draft_tokens": 5})
+
+
+@pytest.mark.parametrize("finish", ["length", "stop"])
+def test_a_generation_on_an_llmapi_deployment_gets_the_specs_k_and_its_token_count(finish):
+    session = ServedSession("127.0.0.1:1", llmapi_k=4, count_tokens=lambda text: len(text.split()))
+    session.client = LlmapiClient(finish)
+    gen = session.generate("hi", Options(max_tokens=9, num_draft_tokens=2), on_text=None)
+    assert session.deployment() == Deployment(llmapi=True)
+    assert (gen.k.k, gen.k.requested) == (4, 2) and gen.text == "Hello world" and gen.finish_reason == finish
+    tokens = 9 if finish == "length" else 2  # max_tokens on "length" (the LLM API's meaning), else counted
+    assert gen.output_tokens == tokens and gen.output_ids == []
+    assert (gen.stats.drafted, gen.stats.accepted, gen.stats.steps) == (12, 5, max(tokens - 5, 1))
+    assert session.client.sent[0]["num_draft_tokens"] == 4
+
+
+# ---- the one URL rule: generate and bench -------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_url_rule(tmp_path):
+    from specbuild.config import spec_from_dict
+
+    spec = spec_from_dict({"name": "p", "target": {"checkpoint": "t"}, "draft": {"checkpoint": "d"},
+                           "serve": {"host": "0.0.0.0", "grpc_port": 9001, "http_port": 9000}}, tmp_path)
+    assert server_url(spec, "grpc") == "127.0.0.1:9001" and server_url(spec, "http") == "127.0.0.1:9000"
+    assert server_url(spec, "http", "http://10.0.0.2:8000/") == "10.0.0.2:8000"
+
+
+@pytest.mark.parametrize("command", [["generate", "hello"], ["bench", "--requests", "1"]])
+def test_generate_and_bench_reach_a_wildcard_host_on_loopback(tmp_path, monkeypatch, command):
+    port = _free_port()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text('name = "p"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
+                                     f'[serve]\nhost = "0.0.0.0"\nhttp_port = {port}\ngrpc_port = {port}\n')
+    result = CliRunner().invoke(main, [command[0], "-c", "s.toml", "--protocol", "http", "--json", *command[1:]])
+    assert result.exit_code == 1
+    message = json.loads(result.stdout)["error"]
+    assert message.startswith(f"no Triton server answers at 127.0.0.1:{port} (http). Start one with "
+                              "`specbuild serve -c s.toml`"), message
