@@ -106,7 +106,11 @@ def token_counter(tokenizer_dir: str | Path) -> Callable[[str], int]:
         if not loaded:
             from transformers import AutoTokenizer
 
-            loaded.append(AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True))
+            try:
+                loaded.append(AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True))
+            except (OSError, ValueError) as err:
+                raise ClientError(f"the llmapi model sends no token ids, and the target's tokenizer to count them "
+                                  f"does not load from {tokenizer_dir}: {err}") from None
         return len(loaded[0](text, add_special_tokens=False)["input_ids"])
 
     return count
