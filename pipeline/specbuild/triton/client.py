@@ -60,7 +60,6 @@ LLMAPI_FIELDS = {  # request field -> (llmapi input, Triton datatype, numpy dtyp
     "exclude_input_in_output": ("sampling_param_exclude_input_from_output", "BOOL", np.bool_),
     "return_perf_metrics": ("sampling_param_return_perf_metrics", "BOOL", np.bool_),
 }
-LLMAPI_NOT_SENT = ("num_draft_tokens",)
 LLMAPI_ALWAYS = ("return_finish_reason", "return_stop_reason", "sampling_param_return_perf_metrics")
 LLMAPI_FLOATS = ("acceptance_rate", "kv_cache_hit_rate", "cumulative_logprob")
 _INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype), NVIDIA's BLS input names
