@@ -71,17 +71,33 @@ def load_hf_model(plan: RolePlan, device: str) -> Any:
     return model.to(device).eval()
 
 
-def pad_vocab(model: Any, rows: int) -> None:
-    """Zero rows appended to the embedding and lm_head, so both models share one vocabulary size."""
+def fit_vocab(model: Any, plan: RolePlan, log: Callable[[str], None]) -> None:
+    """Give the model the target's vocabulary rows, as the plan says: pad with zero rows (a draft with fewer
+    rows), or trim (a draft whose extra rows lie beyond the tokenizer: no token maps to them)."""
+    if plan.pad_vocab_to:
+        log(f"[{plan.role}] padding the vocabulary {plan.vocab_rows} -> {plan.pad_vocab_to} rows (zeros)")
+        resize_vocab(model, plan.pad_vocab_to)
+    if plan.trim_vocab_to:
+        log(f"[{plan.role}] trimming the vocabulary {plan.vocab_rows} -> {plan.trim_vocab_to} rows (to the "
+            "target's; the rows cut lie beyond the tokenizer: no token maps to them)")
+        resize_vocab(model, plan.trim_vocab_to)
+
+
+def resize_vocab(model: Any, rows: int) -> None:
+    """The embedding and lm_head with exactly `rows` rows: the first rows kept, zero rows appended if needed."""
     import torch
 
     emb = model.get_input_embeddings()
-    extra = rows - emb.weight.shape[0]
-    if extra <= 0:
+    if emb.weight.shape[0] == rows:
         return
+
+    def resized(weight: torch.Tensor) -> torch.Tensor:  # [old_rows, hidden] -> [rows, hidden]
+        kept = weight[:rows]
+        return torch.cat([kept, kept.new_zeros(rows - kept.shape[0], weight.shape[1])])
+
     with torch.no_grad():
         new_emb = torch.nn.Embedding(rows, emb.weight.shape[1], device=emb.weight.device, dtype=emb.weight.dtype)
-        new_emb.weight.copy_(torch.cat([emb.weight, emb.weight.new_zeros(extra, emb.weight.shape[1])]))
+        new_emb.weight.copy_(resized(emb.weight))
         model.set_input_embeddings(new_emb)
         head = model.get_output_embeddings()
         if model.config.tie_word_embeddings:
@@ -89,29 +105,7 @@ def pad_vocab(model: Any, rows: int) -> None:
         else:
             new_head = torch.nn.Linear(head.in_features, rows, bias=False, device=head.weight.device,
                                        dtype=head.weight.dtype)
-            new_head.weight.copy_(torch.cat([head.weight, head.weight.new_zeros(extra, head.in_features)]))
-            model.set_output_embeddings(new_head)
-    model.config.vocab_size = rows
-
-
-def trim_vocab(model: Any, rows: int) -> None:
-    """Keep the first `rows` rows of the embedding and lm_head (the rows beyond lie past the tokenizer)."""
-    import torch
-
-    emb = model.get_input_embeddings()
-    if emb.weight.shape[0] <= rows:
-        return
-    with torch.no_grad():
-        new_emb = torch.nn.Embedding(rows, emb.weight.shape[1], device=emb.weight.device, dtype=emb.weight.dtype)
-        new_emb.weight.copy_(emb.weight[:rows])
-        model.set_input_embeddings(new_emb)
-        head = model.get_output_embeddings()
-        if model.config.tie_word_embeddings:
-            head.weight = new_emb.weight
-        else:
-            new_head = torch.nn.Linear(head.in_features, rows, bias=False, device=head.weight.device,
-                                       dtype=head.weight.dtype)
-            new_head.weight.copy_(head.weight[:rows])
+            new_head.weight.copy_(resized(head.weight))
             model.set_output_embeddings(new_head)
     model.config.vocab_size = rows
 
@@ -275,13 +269,7 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
         log(f"[{plan.role}] loading {plan.hf_dir} on {device}")
         model = load_hf_model(plan, device)
         timings["load_s"] = round(time.perf_counter() - start, 3)
-        if plan.pad_vocab_to:
-            log(f"[{plan.role}] padding the vocabulary {plan.vocab_rows} -> {plan.pad_vocab_to} rows (zeros)")
-            pad_vocab(model, plan.pad_vocab_to)
-        if plan.trim_vocab_to:
-            log(f"[{plan.role}] trimming the vocabulary {plan.vocab_rows} -> {plan.trim_vocab_to} rows (to the "
-                "target's; the rows cut lie beyond the tokenizer: no token maps to them)")
-            trim_vocab(model, plan.trim_vocab_to)
+        fit_vocab(model, plan, log)
         if plan.pad_intermediate_to:
             log(f"[{plan.role}] padding the MLP width to {plan.pad_intermediate_to} (zeros) for AWQ blocks of "
                 f"{plan.awq_block_size}")

@@ -113,7 +113,7 @@ def check_written(plan: RolePlan, folder: Path) -> tuple[str | None, str | None,
 
 def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, verify: bool = False,
                  log: Callable[[str], None] = print, progress: bool = False) -> dict[str, Any]:
-    from specbuild.convert.export import calibrate, load_hf_model, pad_vocab, resolve_device, trim_vocab
+    from specbuild.convert.export import calibrate, fit_vocab, load_hf_model, resolve_device
     from specbuild.llmapi.hfexport import verify_export
 
     versions = tool_versions(*TOOLS)
@@ -131,11 +131,7 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
         device = resolve_device(options.device)
         log(f"[{plan.role}] loading {plan.hf_dir} on {device}")
         model = load_hf_model(plan, device)
-        if plan.pad_vocab_to:
-            log(f"[{plan.role}] padding the vocabulary {plan.vocab_rows} -> {plan.pad_vocab_to} rows (zeros)")
-            pad_vocab(model, plan.pad_vocab_to)
-        if plan.trim_vocab_to:
-            trim_vocab(model, plan.trim_vocab_to)
+        fit_vocab(model, plan, log)
         calibration = calibrate(model, plan, options, device, log, progress)
         log(f"[{plan.role}] writing the Hugging Face checkpoint ({plan.quantization}, {plan.dtype})")
         export(model, plan, out.tmp)
