@@ -169,7 +169,8 @@ def test_every_queue_is_bounded_by_default_the_bls_included(tmp_path):
         assert config.HasField("dynamic_batching"), model
         assert config.dynamic_batching.default_queue_policy.max_queue_size == 4 * 6 * 2, model
     bls = configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
-    assert list(bls.dynamic_batching.preferred_batch_size) == [] and bls.dynamic_batching.max_queue_delay_microseconds == 0
+    batching = bls.dynamic_batching
+    assert list(batching.preferred_batch_size) == [] and batching.max_queue_delay_microseconds == 0
     _, files = rendered(tmp_path, "reference", serve={"max_queue_size": 0})  # 0: Triton's "no bound", as asked
     assert configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]).dynamic_batching.default_queue_policy \
         .max_queue_size == 0

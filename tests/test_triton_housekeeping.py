@@ -136,8 +136,9 @@ def test_a_canary_answered_with_a_full_queue_is_busy_not_a_failure(tmp_path):
     from specbuild.triton.server import ServerOptions, TritonInstall
     from specbuild.triton.supervisor import Supervisor, SupervisorSettings
 
-    supervisor = Supervisor(ServerOptions(repo=tmp_path), TritonInstall(binary=tmp_path / "tritonserver", kind="explicit"),
-                            log_path=tmp_path / "server.log", settings=SupervisorSettings(canary_failures=2))
+    install = TritonInstall(binary=tmp_path / "tritonserver", kind="explicit")
+    supervisor = Supervisor(ServerOptions(repo=tmp_path), install, log_path=tmp_path / "server.log",
+                            settings=SupervisorSettings(canary_failures=2))
     restarts = []
     supervisor._restart = lambda model, detected: restarts.append(model)
     busy = SimpleNamespace(model="tensorrt_llm_bls",

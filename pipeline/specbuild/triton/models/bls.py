@@ -8,10 +8,11 @@ tensor contract (`specbuild.contract`).
 
 Beyond NVIDIA's BLS: streams accepted text as it is verified (decoupled mode), several requests at
 once (a thread each), EOS and stop words handled at once, K clamped (`resolve_k`) and adapted,
-INVALID_ARG errors instead of tracebacks, cancellation, Prometheus metrics, a bounded queue, and on the final response
-`finish_reason` / `stop_reason` (NVIDIA's LLM API names and values, `specbuild.session.generation`) with
-the acceptance outputs (`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`, always
-sent) and specbuild's `output_ids`, `num_output_tokens`, `mean_accepted_len`, `speculation_stats`.
+INVALID_ARG errors instead of tracebacks, cancellation, Prometheus metrics, a bounded queue, prompts refused
+by their size before tokenizing (`bls_request`), and on the final response `finish_reason` / `stop_reason`
+(NVIDIA's LLM API names and values, `specbuild.session.generation`) with the acceptance outputs
+(`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`, always sent) and specbuild's
+`output_ids`, `num_output_tokens`, `mean_accepted_len`, `speculation_stats`.
 
 Like NVIDIA's BLS (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/`):
 `text_output` is one string per sequence ([1] for one request, as postprocessing's OUTPUT); a final,
