@@ -28,9 +28,10 @@ be UTF-8, like the prompt.
 
 The integer inputs stay INT32, as NVIDIA's BLS declares them: Triton refuses a tensor whose datatype differs
 from the declared one ("inference input 'max_tokens' data-type is 'INT32', but model ... expects 'INT64'",
-core src/infer_request.cc), and NVIDIA's clients send INT32. Over HTTP `generate` (JSON) Triton converts a
-JSON integer to INT32 by a plain C cast, so 2^32 + 5 arrives as 5 (server src/http_server.cc,
-`ReadDataFromJsonHelper`); no model can tell, so clients must send values in range (docs/triton.md).
+triton-inference-server/core src/infer_request.cc, `InferenceRequest::Normalize`), and NVIDIA's clients send
+INT32. Over HTTP `generate` (JSON) Triton converts a JSON integer to INT32 by a plain C cast, so 2^32 + 5
+arrives as 5 (triton-inference-server/server src/http_server.cc, `ReadDataFromJsonHelper`); no model can
+tell, so clients must send values in range (docs/triton.md, "Integer types").
 """
 
 from __future__ import annotations
