@@ -2,8 +2,10 @@
 
 Greedy text through the BLS (streaming or not, gRPC and HTTP, any K) equals target-only greedy decoding
 in-process; the final response says why it ended (finish_reason, stop_reason); seeded sampling is
-reproducible; /metrics agrees with the responses; bad requests (a bad end_id included) get INVALID_ARG and
-the server stays ready; 8 concurrent streaming clients lose nothing.
+reproducible; /metrics agrees with the responses; bad requests (token ids outside the vocabulary, prompts too
+long by their bytes, stop words that are not UTF-8 included) get INVALID_ARG with nothing in the log, and the
+server stays ready; integer inputs are INT32, as NVIDIA's clients send them; 8 concurrent streaming clients lose
+nothing.
 """
 
 from __future__ import annotations
@@ -137,6 +139,9 @@ def test_metrics_agree_with_the_responses(server):
         ({"prompt": "hi", "max_tokens": 4, "top_p": 1.5}, "top_p = 1.5 is invalid"),
         ({"prompt": "hi", "max_tokens": 4, "end_id": -5}, "end_id = -5 is invalid"),
         ({"prompt": "x = 1\n" * 400, "max_tokens": 4}, "above this deployment's max_input_len = 256"),
+        # the size first: max_input_len 256 x at most 20 bytes per token of the example's tokenizer = 5120 bytes
+        ({"prompt": "x" * 5121, "max_tokens": 4}, "input 'text_input' is 5121 bytes, above the 5120 bytes that can fit"),
+        ({"prompt": "hi", "max_tokens": 4, "pad_id": 768}, "pad_id = 768 is invalid"),
     ],
 )
 def test_bad_requests_get_invalid_arg_and_the_server_stays_ready(server, target_only, kwargs, message):
@@ -174,20 +179,81 @@ def test_the_final_response_says_why_it_ended(server, target_only, local, protoc
     assert final["output_ids"] == expected[:ends]
 
 
-@pytest.mark.parametrize("end_id, message", [
-    (-5, "end_id = -5 is invalid"),
-    (10**6, "EndId (1000000) is not within acceptable range"),  # the models' own refusal, passed on as INVALID_ARG
-])
-def test_a_bad_end_id_is_invalid_arg_not_an_internal_error(server, end_id, message):
-    body = json.dumps({"text_input": "def add(a, b):", "max_tokens": 4, "end_id": end_id}).encode()
+def _generate(server, body: dict) -> tuple[int, str]:
     request = urllib.request.Request(f"http://{server.http_url.removeprefix('http://')}/v2/models/tensorrt_llm_bls/"
-                                     "generate", data=body, headers={"Content-Type": "application/json"})
-    with pytest.raises(urllib.error.HTTPError) as info:
-        urllib.request.urlopen(request, timeout=60)
-    text = info.value.read().decode()
-    assert info.value.code == 400, text  # Triton's HTTP status for INVALID_ARG (INTERNAL is 500)
-    assert message in text and "internal error" not in text and "Traceback" not in text
+                                     "generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@pytest.mark.parametrize("field, value", [("end_id", 10**6), ("end_id", -5), ("pad_id", 10**6), ("pad_id", -5),
+                                          ("pad_id", 2**31 - 1)])
+def test_token_ids_outside_the_vocabulary_are_invalid_arg_not_an_internal_error(server, field, value):
+    log_before = server.log_path.read_text(errors="replace").count("Traceback")
+    code, text = _generate(server, {"text_input": "def add(a, b):", "max_tokens": 4, field: value})
+    assert code == 400, text  # Triton's HTTP status for INVALID_ARG (INTERNAL is 500)
+    assert f"{field} = {value} is invalid: use " in text and "[0, 768)" in text, text  # the BLS's own check, first
+    assert "internal error" not in text and "Traceback" not in text
+    assert server.log_path.read_text(errors="replace").count("Traceback") == log_before  # nothing in the log either
     assert server.ready()
+
+
+def _stream_error(server, inputs: dict) -> str | None:
+    """One request over the gRPC stream, inputs {name: (array, Triton datatype)}: the first error, or None."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue = queue.Queue()
+    raw = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        raw.start_stream(callback=lambda result=None, error=None: answers.put(error))
+        tensors = []
+        for name, (value, datatype) in inputs.items():
+            tensors.append(grpcclient.InferInput(name, list(value.shape), datatype))
+            tensors[-1].set_data_from_numpy(value)
+        raw.async_stream_infer("tensorrt_llm_bls", tensors)
+        error = answers.get(timeout=60)
+        return None if error is None else error.message()
+    finally:
+        raw.stop_stream()
+        raw.close()
+
+
+def _bytes(value: bytes) -> tuple[np.ndarray, str]:
+    return np.array([[value]], dtype=object), "BYTES"
+
+
+def test_stop_words_that_are_not_utf8_are_refused_like_the_prompt(server):
+    four = (np.array([[4]], np.int32), "INT32")
+    assert _stream_error(server, {"text_input": _bytes(b"\xff\xfe"), "max_tokens": four}) == \
+        "input 'text_input' is not valid UTF-8."
+    assert _stream_error(server, {"text_input": _bytes(b"def add(a, b):"), "max_tokens": four,
+                                  "stop_words": _bytes(b"\xff\xfe")}) == "input 'stop_words' is not valid UTF-8."
+    assert _stream_error(server, {"text_input": _bytes(b"def add(a, b):"), "max_tokens": four,
+                                  "stop_words": _bytes("é".encode())}) is None
+
+
+def test_integer_inputs_are_int32_and_json_integers_past_32_bits_wrap_in_triton(server, target_only):
+    """Why the BLS's integer inputs stay INT32 and clients must send values in range: Triton refuses a tensor of
+    another integer type (so declaring INT64 would refuse NVIDIA's clients, which send INT32), and over HTTP
+    generate it casts a JSON integer to INT32 before any model sees it (server src/http_server.cc)."""
+    code, text = _generate(server, {"text_input": PROMPTS[1], "max_tokens": 2**32 + 5, "exclude_input_in_output": True})
+    assert code == 200 and json.loads(text)["output_ids"] == target_only(PROMPTS[1], 5)  # 2^32 + 5 arrived as 5
+    code, text = _generate(server, {"text_input": PROMPTS[1], "max_tokens": 2**31 + 5})
+    assert code == 400 and "'max_tokens' = -2147483643: must be in 1..256" in text  # wrapped negative: refused
+    code, text = _generate(server, {"text_input": PROMPTS[1], "max_tokens": 2**63})
+    assert code == 500 and "attempt to access JSON non-signed-integer as signed-integer" in text
+    error = _stream_error(server, {"text_input": _bytes(PROMPTS[1].encode()),
+                                   "max_tokens": (np.array([[4]], np.int64), "INT64")})
+    assert "inference input 'max_tokens' data-type is 'INT64', but model 'tensorrt_llm_bls' expects 'INT32'" in error
+    with SpecbuildClient(server.http_url, protocol="http") as client:  # the client never sends such a number
+        with pytest.raises(ClientError, match="outside the range of its input type INT32"):
+            client.complete(PROMPTS[1], max_tokens=2**32 + 5)
 
 
 def test_wrong_dtype_is_rejected_by_the_server(server, target_only):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import urllib.error
 
 import numpy as np
@@ -114,3 +115,32 @@ def test_llmapi_responses_become_text_pieces_and_numbers():
     assert final.final and final.text == " add"
     assert final.stats == {"finish_reason": "length", "stop_reason": None, "acceptance_rate": 0.5,
                            "total_draft_tokens": 8, "total_accepted_draft_tokens": 4, "first_token_time_ns": None}
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_tokens", 2**32 + 5, "request field 'max_tokens' = 4294967301: outside the range of its input type INT32 "
+                              "(-2147483648..2147483647)"),
+    ("max_tokens", 2**31, "outside the range of its input type INT32"),
+    ("end_id", -2**31 - 1, "outside the range of its input type INT32"),
+    ("seed", -1, "request field 'seed' = -1: outside the range of its input type UINT64 (0..18446744073709551615)"),
+    ("seed", 2**64, "outside the range of its input type UINT64"),
+    ("max_tokens", 4.5, "request field 'max_tokens' = 4.5: expected an integer (INT32)"),
+    ("top_k", True, "expected an integer (INT32)"),
+    ("temperature", "hot", "expected a number (FP32)"),
+])
+def test_fields_outside_their_input_type_are_refused_before_sending(monkeypatch, field, value, message):
+    """Over HTTP generate Triton casts a JSON integer to the input's type (2^32 + 5 becomes 5): the client sends
+    only values of the input's type, on both protocols."""
+    sent = []
+    for transport in ("_generate_grpc", "_generate_http"):
+        monkeypatch.setattr(c.SpecbuildClient, transport,
+                            lambda self, prompt, fields, stop: iter(sent.append(fields) or []))
+    for protocol in ("grpc", "http"):
+        client = c.SpecbuildClient("127.0.0.1:1", protocol=protocol, model="ensemble")
+        with pytest.raises(ClientError, match=re.escape(message)):
+            list(client.generate("x", **{field: value}))
+    assert sent == []
+    list(c.SpecbuildClient("127.0.0.1:1", protocol="http", model="ensemble").generate(
+        "x", max_tokens=np.int64(2**31 - 1), seed=2**64 - 1, temperature=1))
+    assert sent[-1]["max_tokens"] == 2**31 - 1 and type(sent[-1]["max_tokens"]) is int
+    assert sent[-1]["seed"] == 2**64 - 1 and sent[-1]["temperature"] == 1.0

@@ -160,6 +160,28 @@ def test_bls_config(tmp_path):
     assert configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]).model_transaction_policy.decoupled is False
 
 
+def test_every_queue_is_bounded_by_default_the_bls_included(tmp_path):
+    """The BLS keeps waiting requests in Triton's queue, which only a dynamic batcher has, bounded by its queue
+    policy: by default 4 per request the BLS runs at once (max_batch_size 6 x 2 instances here)."""
+    _, files = rendered(tmp_path, "reference", serve={"bls_instance_count": 2})
+    for model in ("tensorrt_llm_bls", "tensorrt_llm", "tensorrt_llm_draft", "preprocessing", "postprocessing"):
+        config = configs.parse_pbtxt(files[f"{model}/config.pbtxt"])
+        assert config.HasField("dynamic_batching"), model
+        assert config.dynamic_batching.default_queue_policy.max_queue_size == 4 * 6 * 2, model
+    bls = configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
+    batching = bls.dynamic_batching
+    assert list(batching.preferred_batch_size) == [] and batching.max_queue_delay_microseconds == 0
+    _, files = rendered(tmp_path, "reference", serve={"max_queue_size": 0})  # 0: Triton's "no bound", as asked
+    assert configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]).dynamic_batching.default_queue_policy \
+        .max_queue_size == 0
+
+
+def test_a_queue_smaller_than_what_the_bls_runs_at_once_is_refused(tmp_path):
+    with pytest.raises(SpecError, match=r"serve.max_queue_size = 5 is below the 6 requests the BLS runs at once"):
+        make_spec(tmp_path, serve={"max_queue_size": 5})
+    assert make_spec(tmp_path, serve={"max_queue_size": 6}).serve.queue_size(6) == 6
+
+
 def test_ensemble_wiring_is_consistent(tmp_path):
     settings, _ = rendered(tmp_path, "reference")
     models = configs.build_all(settings)

@@ -126,3 +126,27 @@ def test_decoupled_models_are_read_from_their_config(tmp_path):
     assert is_decoupled(tmp_path, "bls") and not is_decoupled(tmp_path, "llm") and not is_decoupled(tmp_path, "x")
     repo = Path(__file__).resolve().parents[1] / "triton_repo"
     assert is_decoupled(repo, "tensorrt_llm_bls") and not is_decoupled(repo, "tensorrt_llm")
+
+
+def test_a_canary_answered_with_a_full_queue_is_busy_not_a_failure(tmp_path):
+    """Under load the BLS's queue may be full: Triton answers the canary UNAVAILABLE "Exceeds maximum queue size".
+    The server answered, so that never counts toward a restart; real failures still do."""
+    from types import SimpleNamespace
+
+    from specbuild.triton.server import ServerOptions, TritonInstall
+    from specbuild.triton.supervisor import Supervisor, SupervisorSettings
+
+    install = TritonInstall(binary=tmp_path / "tritonserver", kind="explicit")
+    supervisor = Supervisor(ServerOptions(repo=tmp_path), install, log_path=tmp_path / "server.log",
+                            settings=SupervisorSettings(canary_failures=2))
+    restarts = []
+    supervisor._restart = lambda model, detected: restarts.append(model)
+    busy = SimpleNamespace(model="tensorrt_llm_bls",
+                           error="tensorrt_llm_bls: [request id: 7f] Exceeds maximum queue size")
+    for _ in range(5):
+        supervisor._canary_result(busy)
+    assert restarts == [] and supervisor.metrics.get("specbuild_supervisor_canary_total", result="busy") == 5
+    broken = SimpleNamespace(model="tensorrt_llm_bls", error="tensorrt_llm_bls: Stub process is not healthy.")
+    supervisor._canary_result(broken)
+    supervisor._canary_result(broken)
+    assert restarts == ["tensorrt_llm_bls"]

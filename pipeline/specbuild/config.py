@@ -94,6 +94,11 @@ class GpuSpec:
         return GPUS[self.name][1] if self.name in GPUS else None
 
 
+# The default queue: 4 waiting requests per request the BLS runs, so a request that gets in waits for about four
+# others per slot at most, and an overload is refused at once instead of piling up.
+QUEUE_PER_SLOT = 4
+
+
 @dataclass(frozen=True)
 class ServeSpec:
     host: str = "127.0.0.1"  # loopback unless told otherwise
@@ -104,8 +109,17 @@ class ServeSpec:
     preprocessing_instance_count: int = 1
     postprocessing_instance_count: int = 1
     max_queue_delay_microseconds: int = 0
-    max_queue_size: int = 0
+    # requests waiting in each model's queue (the BLS's included) before Triton refuses more with UNAVAILABLE
+    # "Exceeds maximum queue size"; None = QUEUE_PER_SLOT x the requests the BLS runs at once; 0 = unbounded
+    max_queue_size: int | None = None
     decoupled: bool = True  # stream accepted tokens as they are verified
+
+    def queue_size(self, max_batch_size: int) -> int:
+        """The queue bound every model gets: the setting, or the default for a BLS running max_batch_size requests
+        at once per instance."""
+        if self.max_queue_size is not None:
+            return self.max_queue_size
+        return QUEUE_PER_SLOT * max_batch_size * self.bls_instance_count
 
 
 @dataclass(frozen=True)
@@ -279,8 +293,17 @@ def validate(spec: Spec) -> Spec:
             raise SpecError(f"serve.{key} = {port}: must be a TCP port in 0..65535 (0 = pick a free one).")
     for key in ("bls_instance_count", "preprocessing_instance_count", "postprocessing_instance_count"):
         _positive(f"serve.{key}", getattr(s, key))
-    for key in ("max_queue_delay_microseconds", "max_queue_size"):
-        _positive(f"serve.{key}", getattr(s, key), 0)
+    _positive("serve.max_queue_delay_microseconds", s.max_queue_delay_microseconds, 0)
+    if s.max_queue_size is not None:
+        _positive("serve.max_queue_size", s.max_queue_size, 0)
+        running = b.max_batch_size * s.bls_instance_count  # the BLS's own calls waiting at one model, at most
+        if 0 < s.max_queue_size < running:
+            raise SpecError(
+                f"serve.max_queue_size = {s.max_queue_size} is below the {running} requests the BLS runs at once "
+                f"(build.max_batch_size {b.max_batch_size} x serve.bls_instance_count {s.bls_instance_count}): its "
+                f"own calls to the draft and target could be refused. Use at least {running}, 0 for no bound, or "
+                "leave it unset for the default."
+            )
     return spec
 
 

@@ -68,7 +68,8 @@ REASONS: dict[str, str] = {
     "serve.preprocessing_instance_count": "instances of the tokenizer (preprocessing) model",
     "serve.postprocessing_instance_count": "instances of the detokenizer (postprocessing) model",
     "serve.max_queue_delay_microseconds": "dynamic batching delay (0 = send at once)",
-    "serve.max_queue_size": "requests queued before Triton rejects new ones (0 = unbounded)",
+    "serve.max_queue_size": "requests waiting per model before Triton refuses more (UNAVAILABLE); unset = 4 x the "
+                            "requests the BLS runs at once (build.max_batch_size x bls_instance_count); 0 = unbounded",
     "serve.decoupled": "stream accepted tokens as they are verified",
     "llmapi.free_gpu_memory_fraction": "KV cache of target + draft as a share of free GPU memory; TensorRT-LLM's "
                                        "default is 0.9 (`specbuild check --backend llmapi` shows what it holds)",
@@ -105,7 +106,8 @@ def _default(cls: type, name: str) -> Any:
     return dataclasses.MISSING
 
 
-UNSET_EXAMPLES = {"memory_gib": 80.0, "backend": "llmapi", "free_gpu_memory_fraction": 0.9}  # shown, commented out, for keys whose default is unset
+# shown, commented out, for keys whose default is unset
+UNSET_EXAMPLES = {"memory_gib": 80.0, "backend": "llmapi", "free_gpu_memory_fraction": 0.9, "max_queue_size": 64}
 
 
 def _line(key: str, value: Any, default: Any, reason: str) -> list[str]:

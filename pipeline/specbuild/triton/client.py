@@ -259,9 +259,9 @@ class SpecbuildClient:
         this client's meaning under TensorRT-LLM's rules: a temperature > 0 without top_k or top_p also sends
         top_p = 1.0 (TensorRT-LLM is greedy when neither is set; this client means sampling), and from the BLS
         (and the llmapi model) the text is the generated text only: exclude_input_in_output defaults to true
-        there (NVIDIA's BLS, like the target model and the llmapi model, returns the prompt too)."""
-        if temperature is not None and temperature > 0 and top_k is None and top_p is None:
-            top_p = 1.0
+        there (NVIDIA's BLS, like the target model and the llmapi model, returns the prompt too). Every field is sent
+        as a value of its input's type (INT32, UINT64, FP32, BOOL): a number outside it raises ClientError rather than
+        reach the server as another number (`_typed`)."""
         llmapi = self.is_llmapi()  # first: it may change self.model to the llmapi model
         if self.model == "tensorrt_llm_bls" or llmapi:
             extra.setdefault("exclude_input_in_output", True)
@@ -278,6 +278,9 @@ class SpecbuildClient:
                               f"{sorted(LLMAPI_FIELDS)}.")
         if unknown:
             raise ClientError(f"unknown request field(s) {unknown}: known are {sorted(_INPUT_TYPES)}.")
+        fields = {name: _typed(name, value, *known[name][-2:]) for name, value in fields.items()}
+        if fields.get("temperature", 0) > 0 and "top_k" not in fields and "top_p" not in fields:
+            fields["top_p"] = 1.0
         if self.protocol == "grpc":
             yield from self._generate_grpc(prompt, fields, stop_words or [])
         else:
@@ -389,6 +392,28 @@ class SpecbuildClient:
             if last is None:
                 raise ClientError(f"{self.model}: the stream ended without a response.")
             yield responses.chunk(last, True)
+
+
+def _typed(name: str, value: Any, datatype: str, dtype: Any) -> Any:
+    """A request field as a value of its input's type, or a ClientError: a number outside the type is never sent.
+    Triton would not see it: a JSON integer is cast to the input's type, so 2^32 + 5 arrives as 5 in an INT32
+    input (server src/http_server.cc, ReadDataFromJsonHelper), and numpy 1.x wraps the same way for gRPC."""
+    kind = np.dtype(dtype).kind
+    if kind in "iu":
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise ClientError(f"request field '{name}' = {value!r}: expected an integer ({datatype}).")
+        info = np.iinfo(dtype)
+        if not info.min <= int(value) <= info.max:
+            raise ClientError(f"request field '{name}' = {value}: outside the range of its input type {datatype} "
+                              f"({info.min}..{info.max}); the server would receive a different number.")
+        return int(value)
+    if kind == "f":
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+            raise ClientError(f"request field '{name}' = {value!r}: expected a number ({datatype}).")
+        return float(value)
+    if kind == "b":
+        return bool(value)
+    return value
 
 
 def _http_error(err: urllib.error.HTTPError) -> str:

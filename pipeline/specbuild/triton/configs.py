@@ -60,7 +60,7 @@ class RepoSettings:
     logits_datatype: str  # "TYPE_FP32" | "TYPE_FP16": the engines' logits dtype (specbuild.contract.logits)
     bls_decoupled: bool  # the BLS streams accepted tokens (decoupled transaction policy)
     max_queue_delay_microseconds: int
-    max_queue_size: int
+    max_queue_size: int  # every model's queue (the BLS's included); 0 = unbounded
     preprocessing_instance_count: int
     postprocessing_instance_count: int
     bls_instance_count: int
@@ -212,6 +212,10 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     c = pb.ModelConfig(name="tensorrt_llm_bls", backend="python", max_batch_size=s.max_batch_size)
     c.model_transaction_policy.SetInParent()
     c.model_transaction_policy.decoupled = s.bls_decoupled
+    # Its queue: the BLS runs max_concurrent_requests at once and keeps the rest waiting in Triton's queue, which
+    # only a dynamic batcher has, bounded by this policy (decoupled models included; specbuild.triton.models.bls).
+    c.dynamic_batching.default_queue_policy.SetInParent()
+    c.dynamic_batching.default_queue_policy.max_queue_size = s.max_queue_size
     _add_tensors(pb, c.input, T.BLS_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.BLS_OUTPUTS, s.logits_datatype)
     _params(c, {
@@ -226,7 +230,7 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
         "adaptive_draft_len": _bool(s.adaptive),
         "tokenizer_dir": s.tokenizer_dir,  # the BLS tokenizes and detokenizes in-process, by pre/postprocessing's rules
         "add_special_tokens": "true",  # as preprocessing's
-        # requests served at once (a thread each); more wait in the pool. The engines batch up to this many.
+        # requests served at once (a thread each); more wait in Triton's queue. The engines batch up to this many.
         "max_concurrent_requests": str(s.max_batch_size),
     })
     _cpu_instances(pb, c, s.bls_instance_count)

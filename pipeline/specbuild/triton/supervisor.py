@@ -38,6 +38,11 @@ from specbuild.triton import procfs
 from specbuild.triton.canary import CanaryProbe, canary, entry_model
 from specbuild.triton.server import ServerHandle, ServerOptions, StopRequested, TritonInstall
 
+# Triton's answer when a model's queue is full (core src/scheduler_utils.cc, PolicyQueue::Enqueue): the server is
+# busy, not broken, so a canary that gets it is neither a success nor a failure.
+QUEUE_FULL = "Exceeds maximum queue size"
+
+
 @dataclass(frozen=True)
 class SupervisorSettings:
     enabled: bool = True  # False: start, canary, serve until a signal, stop (no watching)
@@ -358,6 +363,9 @@ class Supervisor:
         if probe.error is None:
             self._canary_failed = 0
             self.metrics.add("specbuild_supervisor_canary_total", result="ok")
+            return
+        if QUEUE_FULL in probe.error:
+            self.metrics.add("specbuild_supervisor_canary_total", result="busy")
             return
         self._canary_failed += 1
         self.metrics.add("specbuild_supervisor_canary_total", result="failed")

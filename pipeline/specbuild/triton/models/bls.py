@@ -8,16 +8,25 @@ tensor contract (`specbuild.contract`).
 
 Beyond NVIDIA's BLS: streams accepted text as it is verified (decoupled mode), several requests at
 once (a thread each), EOS and stop words handled at once, K clamped (`resolve_k`) and adapted,
-INVALID_ARG errors instead of tracebacks, cancellation, Prometheus metrics, and on the final response
-`finish_reason` / `stop_reason` (NVIDIA's LLM API names and values, `specbuild.session.generation`) with
-the acceptance outputs (`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`, always
-sent) and specbuild's `output_ids`, `num_output_tokens`, `mean_accepted_len`, `speculation_stats`.
+INVALID_ARG errors instead of tracebacks, cancellation, Prometheus metrics, a bounded queue, prompts refused
+by their size before tokenizing (`bls_request`), and on the final response `finish_reason` / `stop_reason`
+(NVIDIA's LLM API names and values, `specbuild.session.generation`) with the acceptance outputs
+(`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`, always sent) and specbuild's
+`output_ids`, `num_output_tokens`, `mean_accepted_len`, `speculation_stats`.
 
 Like NVIDIA's BLS (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/`):
 `text_output` is one string per sequence ([1] for one request, as postprocessing's OUTPUT); a final,
 non-streamed text is postprocessing's decoding of the target's output_ids, which include the prompt
 unless exclude_input_in_output says otherwise (the generated tensorrt_llm models keep the input, and
 NVIDIA's BLS follows the target's setting); draft logits reach the target in the declared logits dtype.
+
+The queue: at most `max_concurrent_requests` requests run at once (a slot each). `execute` reads and checks
+each request first (a bad or oversized one is answered at once, before it waits for anything), then blocks
+until a slot is free, so the requests behind it wait in Triton's own queue, where they are counted
+(nv_inference_pending_request_count) and bounded by the config's dynamic_batching default_queue_policy
+max_queue_size: past it Triton answers UNAVAILABLE "Exceeds maximum queue size" (HTTP 503) itself, for a
+decoupled Python model too (core src/scheduler_utils.cc, `PolicyQueue::Enqueue`; only a model with a dynamic
+batcher has such a queue, core src/backend_model.cc). The BLS's own part of the wait is in `QueueMetrics`.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,11 +49,12 @@ from specbuild.session.generation import Generation
 from specbuild.session.textstream import TextStream
 from specbuild.speculative.draft_len import resolve_k
 from specbuild.speculative.loop import GenerationRequest
-from specbuild.triton.models.bls_metrics import SpeculationMetrics
-from specbuild.triton.models.bls_request import BlsRequest, parse_request
+from specbuild.triton.models.bls_metrics import QueueMetrics, SpeculationMetrics
+from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse_request
 from specbuild.triton.models.common import resolve_path
 from specbuild.triton.models.postprocessing import decode_ids
 from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
+from specbuild.triton.models.token_bytes import max_token_bytes
 
 TARGET_EXCLUDES_INPUT = False  # the generated tensorrt_llm models' exclude_input_in_output
 
@@ -91,37 +102,72 @@ class TritonPythonModel:
         self.logits_dtype = NUMPY_NAMES.get(declared)
         workers = int(_param(config, "max_concurrent_requests", "16"))
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
+        self.slots = threading.BoundedSemaphore(workers)  # held by each running request
         self.metrics = SpeculationMetrics(pb_utils, self.model_name, self.max_draft_len)
         self.metrics_lock = threading.Lock()
+        self.queue_metrics = QueueMetrics(pb_utils, self.model_name)
         # Tokenizes and detokenizes in-process, by preprocessing's and postprocessing's rules: a BLS call to
         # either model per request (or per streamed step) would cost a round trip.
         self.tokenizer = load_tokenizer(resolve_path(_param(config, "tokenizer_dir"), args))
         self.pre = Preprocessor(self.tokenizer, _flag(config, "add_special_tokens", "true"))
+        token_bytes = max_token_bytes(self.tokenizer)
+        if token_bytes.longest is None:
+            pb_utils.Logger.log_warn(f"{self.model_name}: prompts are not refused by their size in bytes, only after "
+                                     f"tokenizing: no bytes-per-token bound for this tokenizer ({token_bytes.reason}).")
+        self.limits = RequestLimits(max_tokens=self.max_tokens_limit, vocab_size=len(self.tokenizer),
+                                    max_input_len=self.max_input_len, longest_token_bytes=token_bytes.longest)
 
     # ---- Triton entry points -------------------------------------------------------------------
     def execute(self, requests: list) -> list | None:
+        """Check each request, then start it in a free slot, waiting here for one (see the module docstring)."""
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        pending = []  # non-decoupled: (index, future) of the requests started
+        responses: list = [None] * len(requests)
+        for index, request in enumerate(requests):
+            try:
+                req = self._parse(request)
+            except Exception as err:  # a bad request is answered before it waits for a slot
+                if self.decoupled:
+                    request.get_response_sender().send(self.pb.InferenceResponse(error=self._error(err)), flags=final)
+                else:
+                    responses[index] = self.pb.InferenceResponse(error=self._error(err))
+                continue
+            received = time.monotonic()
+            self.queue_metrics.received()
+            self.slots.acquire()  # Triton keeps the requests behind this one in its queue meanwhile
+            serve = self._serve_streaming if self.decoupled else self._serve_one_response
+            future = self.pool.submit(self._in_slot, serve, request, req, received)
+            pending.append((index, future))
         if self.decoupled:
-            for request in requests:
-                self.pool.submit(self._serve_streaming, request)
             return None
-        return [self._serve_one_response(request) for request in requests]
+        for index, future in pending:
+            responses[index] = future.result()
+        return responses
 
     def finalize(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- one request -----------------------------------------------------------------------------
-    def _serve_streaming(self, request) -> None:
+    def _in_slot(self, serve, request, req: BlsRequest, received: float):
+        self.queue_metrics.started(time.monotonic() - received)
+        try:
+            return serve(request, req)
+        finally:
+            self.queue_metrics.finished()
+            self.slots.release()
+
+    def _serve_streaming(self, request, req: BlsRequest) -> None:
         sender = request.get_response_sender()
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            response = self._run(request, self._parse(request), send=sender.send)
+            response = self._run(request, req, send=sender.send)
             sender.send(response, flags=final)
         except Exception as err:  # every failure becomes an error response; the server keeps running
             sender.send(self.pb.InferenceResponse(error=self._error(err)), flags=final)
 
-    def _serve_one_response(self, request):
+    def _serve_one_response(self, request, req: BlsRequest):
         try:
-            return self._run(request, dataclasses.replace(self._parse(request), stream=False), send=None)
+            return self._run(request, dataclasses.replace(req, stream=False), send=None)
         except Exception as err:
             return self.pb.InferenceResponse(error=self._error(err))
 
@@ -132,7 +178,7 @@ class TritonPythonModel:
             tensor = present.get(name)
             return None if tensor is None else tensor.as_numpy()
 
-        return parse_request(get, self.max_tokens_limit)
+        return parse_request(get, self.limits)
 
     def _error(self, err: Exception):
         TritonError = self.pb.TritonError

@@ -6,6 +6,10 @@ Counters are cumulative, so rates and ratios come from PromQL, e.g.
     acceptance at position i = specbuild_position_accepted_total{position="i"} / specbuild_position_drafted_total{position="i"}
 Two gauges give the same running figures directly for dashboards without PromQL.
 
+`QueueMetrics` is the BLS's own queue (requests received and waiting for a slot, requests running, time
+waited); Triton's queue in front of it has Triton's metrics (nv_inference_pending_request_count,
+nv_inference_queue_duration_us), which count the BLS's requests because it has a dynamic batcher.
+
 `pb_utils` is passed in (the module only exists inside the Triton stub), which keeps this testable.
 A MetricFamily must outlive its Metric objects (else incrementing fails with "the corresponding
 'MetricFamily' has been deleted"), so every family is kept here.
@@ -13,6 +17,7 @@ A MetricFamily must outlive its Metric objects (else incrementing fails with "th
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from specbuild.speculative.stats import SpeculationStats
@@ -79,3 +84,51 @@ class SpeculationMetrics:
         self._totals = self._totals.merge(stats)
         m["specbuild_acceptance_rate"].set(self._totals.acceptance_rate)
         m["specbuild_mean_accepted_len"].set(self._totals.mean_accepted_len)
+
+
+QUEUE_GAUGES = {
+    "specbuild_bls_queue_depth": "Requests the BLS has received and not yet started: each waits for one of its "
+                                 "max_concurrent_requests slots (Triton's own queue in front of it: "
+                                 "nv_inference_pending_request_count)",
+    "specbuild_bls_active_requests": "Requests the BLS is running now (at most max_concurrent_requests per instance)",
+}
+QUEUE_COUNTERS = {
+    "specbuild_bls_queue_seconds_total": "Seconds requests waited in the BLS for a slot, from execute to start "
+                                         "(Triton's queue before that: nv_inference_queue_duration_us)",
+    "specbuild_bls_started_requests_total": "Requests the BLS started running",
+}
+
+
+class QueueMetrics:
+    """The BLS's own queue: how many requests wait for a slot, how many run, and how long they waited.
+    Thread-safe (requests are received on Triton's thread and started on the BLS's pool)."""
+
+    def __init__(self, pb_utils: Any, model_name: str):
+        self._lock = threading.Lock()
+        self._families = {name: pb_utils.MetricFamily(name=name, description=text, kind=pb_utils.MetricFamily.GAUGE)
+                          for name, text in QUEUE_GAUGES.items()}
+        self._families.update({name: pb_utils.MetricFamily(name=name, description=text,
+                                                           kind=pb_utils.MetricFamily.COUNTER)
+                               for name, text in QUEUE_COUNTERS.items()})
+        self._metrics = {name: family.Metric(labels={"model": model_name}) for name, family in self._families.items()}
+        self.waiting = 0
+        self.active = 0
+
+    def received(self) -> None:
+        with self._lock:
+            self.waiting += 1
+            self._metrics["specbuild_bls_queue_depth"].set(self.waiting)
+
+    def started(self, waited_s: float) -> None:
+        with self._lock:
+            self.waiting -= 1
+            self.active += 1
+            self._metrics["specbuild_bls_queue_depth"].set(self.waiting)
+            self._metrics["specbuild_bls_active_requests"].set(self.active)
+            self._metrics["specbuild_bls_queue_seconds_total"].increment(max(waited_s, 0.0))
+            self._metrics["specbuild_bls_started_requests_total"].increment(1)
+
+    def finished(self) -> None:
+        with self._lock:
+            self.active -= 1
+            self._metrics["specbuild_bls_active_requests"].set(self.active)

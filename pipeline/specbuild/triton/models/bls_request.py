@@ -18,6 +18,20 @@ Sampling inputs mean what they mean to NVIDIA's BLS, which forwards them to the 
 temperature; top_k 1 is greedy; otherwise the request samples. One specbuild rule on top: temperature 0
 is greedy (TensorRT-LLM would scale the logits by 1e6 and sample among the saturated ones). An end_id of
 -1, which TensorRT-LLM accepts (its range is [-1, vocab)) and never matches a token, means no end id.
+
+Stricter than NVIDIA's BLS, because one request must not hold up the others (`RequestLimits`): the prompt and the
+stop words are refused by their size in bytes before anything is decoded or tokenized (the bound comes from
+the tokenizer, `token_bytes`, so a prompt that would fit is never refused); end_id and pad_id are checked
+against the tokenizer's vocabulary here rather than by the models after a first draft step (TensorRT-LLM
+checks end_id against the engine's, possibly padded, vocabulary; it does not check pad_id); stop words must
+be UTF-8, like the prompt.
+
+The integer inputs stay INT32, as NVIDIA's BLS declares them: Triton refuses a tensor whose datatype differs
+from the declared one ("inference input 'max_tokens' data-type is 'INT32', but model ... expects 'INT64'",
+triton-inference-server/core src/infer_request.cc, `InferenceRequest::Normalize`), and NVIDIA's clients send
+INT32. Over HTTP `generate` (JSON) Triton converts a JSON integer to INT32 by a plain C cast, so 2^32 + 5
+arrives as 5 (triton-inference-server/server src/http_server.cc, `ReadDataFromJsonHelper`); no model can
+tell, so clients must send values in range (docs/triton.md, "Integer types").
 """
 
 from __future__ import annotations
@@ -66,6 +80,23 @@ NEUTRAL_INPUTS = {
 
 
 @dataclass(frozen=True)
+class RequestLimits:
+    """What this deployment accepts in one request, known when the model loads."""
+
+    max_tokens: int  # what the engines allow for one request's output (max_seq_len - max_input_len)
+    vocab_size: int | None = None  # the tokenizer's; end_id in [-1, vocab_size), pad_id in [0, vocab_size)
+    max_input_len: int | None = None  # tokens
+    longest_token_bytes: int | None = None  # most bytes one token covers (token_bytes); None = no byte bound
+
+    @property
+    def prompt_bytes(self) -> int | None:
+        """The longest prompt, in UTF-8 bytes, that can fit max_input_len tokens; None = no bound."""
+        if self.max_input_len is None or self.longest_token_bytes is None:
+            return None
+        return self.max_input_len * self.longest_token_bytes
+
+
+@dataclass(frozen=True)
 class BlsRequest:
     text: str
     max_tokens: int
@@ -111,16 +142,45 @@ def _scalar(get: Getter, name: str, kind: str) -> object | None:
     raise AssertionError(kind)
 
 
-def _strings(get: Getter, name: str) -> list[str]:
+def _check_bytes(name: str, size: int, limits: RequestLimits, what: str = "") -> None:
+    """Refuse a text by its size in bytes: the prompt when it cannot fit max_input_len tokens; the stop words
+    (all together) when they are longer than the longest prompt could be, specbuild's own rule."""
+    if limits.prompt_bytes is None or size <= limits.prompt_bytes:
+        return
+    why = (f"max_input_len = {limits.max_input_len} tokens x at most {limits.longest_token_bytes} bytes per token of "
+           "this tokenizer")
+    if name == "text_input":
+        raise RequestError(f"input 'text_input' is {size} bytes, above the {limits.prompt_bytes} bytes that can fit "
+                           f"this deployment ({why}); shorten it.")
+    raise RequestError(f"input '{name}' is {size} bytes{what}, above this deployment's limit of {limits.prompt_bytes} "
+                       f"bytes (as long as the longest prompt: {why}); shorten it.")
+
+
+def _strings(get: Getter, name: str, limits: RequestLimits) -> list[str]:
+    """The non-empty words of a STRING input (all together within the byte limit, checked before decoding)."""
     value = get(name)
     if value is None:
         return []
+    items = np.asarray(value).reshape(-1)
+    raw = [item if isinstance(item, bytes) else str(item).encode("utf-8") for item in items]
+    _check_bytes(name, sum(len(item) for item in raw), limits, " in all" if len(raw) > 1 else "")
     out = []
-    for item in np.asarray(value).reshape(-1):
-        text = item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+    for item in raw:
+        try:
+            text = item.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(f"input '{name}' is not valid UTF-8.") from None
         if text:
             out.append(text)
     return out
+
+
+def _token_id(get: Getter, name: str, lowest: int, limits: RequestLimits, meaning: str) -> int | None:
+    value = _scalar(get, name, "int")
+    if value is None or limits.vocab_size is None or lowest <= value < limits.vocab_size:
+        return value
+    raise RequestError(f"{name} = {value} is invalid: use {meaning}a token id in [0, {limits.vocab_size}), "
+                       "this deployment's vocabulary, or leave it unset.")
 
 
 # Word inputs accepted when they hold no word (NVIDIA's clients send [[""]] or an empty tensor).
@@ -149,8 +209,14 @@ def _sampling(get: Getter) -> SamplingParams:
                           top_p=1.0 if top_p is None else top_p, seed=_scalar(get, "seed", "int"))
 
 
-def parse_request(get: Getter, max_tokens_limit: int) -> BlsRequest:
-    """Read and check every input. `max_tokens_limit`: what the engines allow for one request's output."""
+def parse_request(get: Getter, limits: RequestLimits) -> BlsRequest:
+    """Read and check every input against this deployment's `limits`."""
+    prompt = get("text_input")
+    if prompt is not None and np.asarray(prompt).size == 1:  # the size first: nothing is decoded before it
+        item = np.asarray(prompt).reshape(-1)[0]
+        if isinstance(item, (bytes, str)):
+            size = len(item) if isinstance(item, bytes) else len(item.encode("utf-8"))
+            _check_bytes("text_input", size, limits)
     for name in UNSUPPORTED_INPUTS:
         if get(name) is not None:
             raise RequestError(f"input '{name}' is not supported by specbuild's speculative BLS; remove it.")
@@ -172,8 +238,8 @@ def parse_request(get: Getter, max_tokens_limit: int) -> BlsRequest:
     max_tokens = _scalar(get, "max_tokens", "int")
     if max_tokens is None:
         raise RequestError("input 'max_tokens' is required (INT32, > 0).")
-    if max_tokens <= 0 or max_tokens > max_tokens_limit:
-        raise RequestError(f"input 'max_tokens' = {max_tokens}: must be in 1..{max_tokens_limit} for this deployment.")
+    if max_tokens <= 0 or max_tokens > limits.max_tokens:
+        raise RequestError(f"input 'max_tokens' = {max_tokens}: must be in 1..{limits.max_tokens} for this deployment.")
     exclude = _scalar(get, "exclude_input_in_output", "bool")
     return BlsRequest(
         text=str(text),
@@ -182,8 +248,8 @@ def parse_request(get: Getter, max_tokens_limit: int) -> BlsRequest:
         use_draft_logits=_scalar(get, "use_draft_logits", "bool"),
         stream=bool(_scalar(get, "stream", "bool") or False),
         sampling=_sampling(get),
-        end_id=_scalar(get, "end_id", "int"),
-        pad_id=_scalar(get, "pad_id", "int"),
-        stop_words=_strings(get, "stop_words"),
+        end_id=_token_id(get, "end_id", -1, limits, "-1 (no end id) or "),
+        pad_id=_token_id(get, "pad_id", 0, limits, ""),
+        stop_words=_strings(get, "stop_words", limits),
         exclude_input_in_output=exclude,
     )

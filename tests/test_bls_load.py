@@ -1,0 +1,205 @@
+"""The BLS under load on a real CPU tritonserver (tiny example pair): big prompts mixed into small streams do not
+hold the small ones up, and past its queue bound the BLS is refused by Triton itself, visibly.
+
+Bounded in count and time: a few dozen requests, each with a timeout. The load test runs on the default queue
+(16 waiting requests); the queue test on a queue of 4 (serve.max_queue_size, the least allowed for max_batch_size
+4), so the bound is reached with few requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from specbuild.errors import ClientError
+from specbuild.triton.client import SpecbuildClient
+from specbuild.triton.server import ServerHandle, ServerOptions
+from triton_helpers import make_deployment
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "import os\nimport sys\n"]
+QUEUE = 4
+SLOTS = 4  # the tiny example's max_batch_size: requests the BLS runs at once
+BIG_PROMPT = "x = 1\n" * (4 * 2**20 // 6)  # 4 MiB, as in the report: 2.8 M tokens before the fix
+# Small requests under load keep their median latency within this factor of the same requests unloaded (measured
+# just before and just after, the larger of the two). Before the fix each big prompt was tokenized in full, holding
+# one of the BLS's 4 slots for about 14 s, and the small requests' median went from 0.08 s to 14 s.
+LATENCY_FACTOR = 3.0
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, example_tiny):
+    return make_deployment(tmp_path_factory.mktemp("bls-load"), example_tiny)
+
+
+def _serve(deployment, repo_name: str, **serve):
+    from specbuild.triton.repository import write_repository
+
+    spec = dataclasses.replace(deployment.spec, serve=dataclasses.replace(deployment.spec.serve, **serve))
+    repo = deployment.root / repo_name  # beside engines/, which the reference repository names relatively
+    write_repository(spec, "reference", repo, force=True)
+    return ServerHandle(ServerOptions(repo=repo), log_path=deployment.root / f"{repo_name}.log").start(timeout=300)
+
+
+@pytest.fixture
+def server(deployment):
+    """The default queue: serve.max_queue_size unset, 4 x max_batch_size = 16 waiting requests."""
+    handle = _serve(deployment, "triton_repo")
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def small_queue_server(deployment):
+    handle = _serve(deployment, "triton_repo_q4", max_queue_size=QUEUE)
+    yield handle
+    handle.stop()
+
+
+def _post(url: str, body: bytes, timeout: float = 60) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def _metrics(server) -> dict[str, float]:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        match = re.match(r'^(\w+)\{[^}]*model="tensorrt_llm_bls"[^}]*\} ([0-9.e+-]+)$', line)
+        if match:
+            values[match.group(1)] = float(match.group(2))
+    return values
+
+
+def _small_streams(server, clients: int, per_client: int):
+    """`clients` threads, each sending `per_client` small streamed requests in turn: (prompt, ids, seconds) each."""
+    results, errors, lock = [], [], threading.Lock()
+
+    def run(i: int) -> None:
+        try:
+            with SpecbuildClient(server.grpc_url, timeout=120) as client:
+                for j in range(per_client):
+                    prompt = PROMPTS[(i + j) % len(PROMPTS)]
+                    started = time.monotonic()
+                    _, stats = client.complete(prompt, max_tokens=16, num_draft_tokens=2)
+                    with lock:
+                        results.append((prompt, stats["output_ids"], time.monotonic() - started))
+        except Exception as err:  # noqa: BLE001 - collected and asserted by the caller
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return results, errors
+
+
+def test_big_prompts_do_not_hold_up_small_streams(server):
+    baseline, errors = _small_streams(server, clients=3, per_client=4)
+    assert not errors, errors[:3]
+    expected = {prompt: ids for prompt, ids, _ in baseline}
+
+    url = f"http://{server.http_url}/v2/models/tensorrt_llm_bls/generate"
+    body = json.dumps({"text_input": BIG_PROMPT, "max_tokens": 16}).encode()
+    refusals, lock = [], threading.Lock()
+
+    def big_client() -> None:  # four of them, as many as the BLS runs at once: they could take every slot
+        for _ in range(4):
+            started = time.monotonic()
+            code, text = _post(url, body)
+            with lock:
+                refusals.append((code, text, time.monotonic() - started))
+
+    bigs = [threading.Thread(target=big_client) for _ in range(SLOTS)]
+    for t in bigs:
+        t.start()
+    time.sleep(0.2)  # the big prompts are on their way first
+    loaded, errors = _small_streams(server, clients=3, per_client=4)
+    for t in bigs:
+        t.join(300)
+    assert not errors, errors[:3]
+    assert len(loaded) == 12 and all(ids == expected[prompt] for prompt, ids, _ in loaded)
+    after, errors = _small_streams(server, clients=3, per_client=4)  # unloaded again: the machine may have changed
+    assert not errors, errors[:3]
+    unloaded = max(statistics.median(s for _, _, s in phase) for phase in (baseline, after))
+    under_load = statistics.median(s for _, _, s in loaded)
+    print(f"\nsmall requests: median {unloaded:.3f} s unloaded, {under_load:.3f} s with big prompts; "
+          f"big prompts refused in median {statistics.median(s for *_, s in refusals):.3f} s")
+    assert under_load <= LATENCY_FACTOR * unloaded, (under_load, unloaded)
+    assert len(refusals) == 4 * SLOTS
+    for code, text, _ in refusals:  # each refused by its size, with the numbers
+        assert code == 400 and "'text_input' is 4194300 bytes, above the 5120 bytes that can fit" in text, text[:300]
+
+
+def test_past_its_queue_bound_the_bls_is_refused_by_triton_and_the_queue_is_visible(small_queue_server):
+    server = small_queue_server
+    before = _metrics(server)
+    peaks = {"nv_inference_pending_request_count": 0.0, "specbuild_bls_active_requests": 0.0,
+             "specbuild_bls_queue_depth": 0.0}
+    finished = threading.Event()
+
+    def watch() -> None:
+        while not finished.wait(0.2):
+            now = _metrics(server)
+            for name in peaks:
+                peaks[name] = max(peaks[name], now.get(name, 0.0))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    outcomes, lock = [], threading.Lock()
+
+    def grpc_request(i: int) -> None:
+        try:
+            with SpecbuildClient(server.grpc_url, timeout=300) as client:
+                _, stats = client.complete(PROMPTS[i % len(PROMPTS)], max_tokens=200, num_draft_tokens=2)
+            outcome = ("ok", stats["finish_reason"])
+        except ClientError as err:
+            outcome = ("refused", str(err))
+        with lock:
+            outcomes.append(outcome)
+
+    def http_request(i: int) -> None:
+        body = json.dumps({"text_input": PROMPTS[i % len(PROMPTS)], "max_tokens": 200}).encode()
+        code, text = _post(f"http://{server.http_url}/v2/models/tensorrt_llm_bls/generate", body, timeout=300)
+        with lock:
+            outcomes.append(("ok", code) if code == 200 else ("refused", f"HTTP {code} {text}"))
+
+    threads = [threading.Thread(target=grpc_request if i % 5 else http_request, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(400)
+    finished.set()
+    watcher.join(30)
+    after = _metrics(server)
+
+    refused = [text for kind, text in outcomes if kind == "refused"]
+    served = [value for kind, value in outcomes if kind == "ok"]
+    print(f"\n{len(served)} served, {len(refused)} refused; peaks {peaks}")
+    assert len(outcomes) == 20 and refused and served, outcomes
+    for text in refused:  # Triton's own words; over HTTP, 503
+        assert "Exceeds maximum queue size" in text, text
+        assert not text.startswith("HTTP") or text.startswith("HTTP 503"), text
+    assert all(value in ("length", "stop", 200) for value in served), served
+    # the requests waiting were visible: in Triton's queue, and at most SLOTS running in the BLS
+    assert peaks["nv_inference_pending_request_count"] >= 1, peaks
+    assert peaks["specbuild_bls_active_requests"] == SLOTS, peaks
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    assert delta["specbuild_bls_started_requests_total"] == len(served), delta
+    assert delta["nv_inference_queue_duration_us"] > 0 and delta["specbuild_bls_queue_seconds_total"] >= 0
+    assert after["specbuild_bls_queue_depth"] == 0 and after["specbuild_bls_active_requests"] == 0
+    assert server.ready()
