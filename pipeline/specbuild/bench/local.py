@@ -4,6 +4,9 @@ Each request runs `speculative.loop.generate` once; K = 0 goes through the same 
 steps), so "speculation off" and "on" share every line of code but the drafting. Timing covers
 tokenization, every draft and verify call and the loop's own work; the loop's per-step Step records
 give drafted/accepted counts, draft and target seconds, and whether the step saw a rejection.
+`overlap` is the loop's schedule (False: sequential; True or "auto": draft-ahead, see
+speculative/overlap.py); "auto" runs concurrent requests sequentially, since their batches already
+keep the cores busy.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class LocalTransport:
     source: dict[str, str] | None = None  # where the weights came from, per role (reference-engine / hf-checkpoint)
     batched: Callable[[], tuple[Drafter, Verifier]] | None = None  # builds the pair used by concurrent requests
     close_batched: Callable[[], None] | None = None
+    overlap: bool | str = False  # the loop's schedule for single requests (GenerationRequest.overlap)
     _batched_pair: tuple[Drafter, Verifier] | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -58,7 +62,9 @@ class LocalTransport:
         drafter, verifier = self._pair(concurrent)
 
         sampling = SamplingParams(temperature=settings.temperature, seed=settings.seed if settings.temperature > 0 else None)
-        gen = GenerationRequest(max_tokens=max_tokens, num_draft_tokens=k, sampling=sampling, end_id=self.end_id)
+        overlap = False if concurrent and self.overlap == "auto" else self.overlap
+        gen = GenerationRequest(max_tokens=max_tokens, num_draft_tokens=k, sampling=sampling, end_id=self.end_id,
+                                overlap=overlap)
         start = time.perf_counter()
         with self._lock:  # fast tokenizers are not safe to call from several threads at once
             ids = list(self.encode(prompt.text))
@@ -88,22 +94,35 @@ class LocalTransport:
             result.per_position_drafted = list(stats.per_position_drafted)
             result.per_position_accepted = list(stats.per_position_accepted)
             result.draft_seconds, result.target_seconds = stats.draft_seconds, stats.target_seconds
+            result.early_drafts, result.early_draft_hits = stats.early_drafts, stats.early_draft_hits
+            result.hidden_seconds = stats.hidden_seconds
         return result
+
+    def with_overlap(self, overlap: bool | str, name: str) -> LocalTransport:
+        """The same models under another schedule (for measuring both in one run; concurrency 1 only)."""
+        return LocalTransport(self.drafter, self.verifier, self.encode, end_id=self.end_id, name=name,
+                              source=self.source, overlap=overlap)
 
 
 def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | None = None,
-              row_block: int | None = None) -> LocalTransport:
+              row_block: int | None = None, overlap: bool | str | None = None) -> LocalTransport:
     """The spec's pair in-process: reference engines when built, else the HF checkpoints (`runtime.loading`).
+
+    overlap: the schedule (None = the spec's speculative.overlap), "auto" resolved for this machine by
+    `runtime.loading.resolve_overlap`.
 
     Concurrent requests share the models through `runtime.batcher.Batcher` (their sequences share forward
     passes, like Triton's dynamic batching); single requests call the models directly.
     """
     from transformers import AutoTokenizer
 
-    from specbuild.runtime.loading import load_pair
+    from specbuild.runtime.loading import load_pair, resolve_overlap
 
     pair = load_pair(spec, threads=threads, row_block=row_block)
     log(f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}")
+    schedule, why = resolve_overlap(spec.speculative.overlap if overlap is None else overlap,
+                                    pair.target_model.engine.model.device.type)
+    log(f"local runtime: {why}")
     tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
     batchers: list = []
 
@@ -122,4 +141,4 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
 
     return LocalTransport(pair.drafter, pair.verifier, encode=lambda text: tokenizer(text)["input_ids"],
                           end_id=pair.end_id, concurrent=True, source={"target": pair.target.kind, "draft": pair.draft.kind},
-                          batched=batched, close_batched=close)
+                          batched=batched, close_batched=close, overlap=schedule)

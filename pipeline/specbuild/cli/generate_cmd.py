@@ -34,13 +34,16 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, spec_opt
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is accepted.")
 @click.option("--adaptive/--no-adaptive", default=None,
               help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.")
+@click.option("--overlap/--no-overlap", default=None,
+              help="--local: draft the next step while the target verifies this one (same text, faster with "
+              "2 free cores). Default: the spec's speculative.overlap (auto: on where it pays).")
 @click.option("--device", default="auto", show_default=True, help="--local: cpu, cuda, or auto.")
 @click.option("--no-cache", "no_cache", is_flag=True, help="--local: disable the KV and prefix caches (slower; same output).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="--local on CPU: torch threads. Default: 1 for small models, else torch's default.")
 @json_option
 def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
-            stream, adaptive, device, no_cache, threads, as_json):
+            stream, adaptive, overlap, device, no_cache, threads, as_json):
     """Generate text for PROMPT with speculative decoding.
 
     \b
@@ -55,11 +58,15 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
     spec = get_spec(spec_path)
     if local and url:
         raise click.UsageError("pass either --local or --url, not both.")
+    if overlap is not None and not local:
+        raise click.UsageError("--overlap/--no-overlap applies to --local: the server path runs the sequential "
+                               "schedule. Add --local, or drop the option.")
     options = dict(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature, top_k=top_k,
                    top_p=top_p, seed=seed, adaptive=adaptive)
     echo = None if as_json or not stream else _echo_stdout
     if local:
-        doc = generate_local(spec, prompt, device=device, use_cache=not no_cache, threads=threads, on_text=echo, **options)
+        doc = generate_local(spec, prompt, device=device, use_cache=not no_cache, threads=threads, on_text=echo,
+                             overlap=overlap, **options)
     else:
         doc = _generate_served(spec, prompt, url=url, protocol=protocol, on_text=echo, **options)
     if as_json:
@@ -92,6 +99,9 @@ def summary(doc: dict[str, Any]) -> str:
         )
     else:
         parts.append("K = 0 (target only)")
+    if doc.get("early_drafts"):
+        parts.append(f"early drafts {doc['early_draft_hits']}/{doc['early_drafts']} used, "
+                     f"{doc['hidden_seconds']:.3f} s of drafting hidden")
     if doc.get("engine_source"):
         parts.append(f"weights: {doc['engine_source']}")
     return "; ".join(parts)
@@ -99,11 +109,13 @@ def summary(doc: dict[str, Any]) -> str:
 
 def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int | None, temperature: float,
                    top_k: int, top_p: float, seed: int | None, adaptive: bool | None, device: str = "auto",
-                   use_cache: bool = True, threads: int | None = None, on_text=None, pair=None) -> dict[str, Any]:
-    """Run one prompt in-process; return the --json document. on_text(delta) receives streamed text."""
+                   use_cache: bool = True, threads: int | None = None, on_text=None, pair=None,
+                   overlap: bool | None = None) -> dict[str, Any]:
+    """Run one prompt in-process; return the --json document. on_text(delta) receives streamed text.
+    overlap: None = the spec's speculative.overlap ("auto" resolved by runtime.loading.resolve_overlap)."""
     from transformers import AutoTokenizer
 
-    from specbuild.runtime.loading import load_pair
+    from specbuild.runtime.loading import load_pair, resolve_overlap
     from specbuild.runtime.textstream import TextStream
     from specbuild.speculative.interfaces import SamplingParams
     from specbuild.speculative.loop import GenerationRequest, generate
@@ -111,6 +123,8 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
     pair = pair or load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache, threads=threads)
     tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
     k = spec.speculative.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+    schedule, overlap_reason = resolve_overlap(spec.speculative.overlap if overlap is None else overlap,
+                                               pair.target_model.engine.model.device.type)
     if k > pair.max_draft_len:
         log(f"--num-draft-tokens {k} exceeds the target engine's max_draft_len = {pair.max_draft_len}: using "
             f"{pair.max_draft_len}. Rebuild with a larger speculative.max_draft_len to draft more.")
@@ -121,6 +135,7 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         end_id=pair.end_id,
         adaptive=spec.speculative.adaptive if adaptive is None else adaptive,
+        overlap=schedule,
     )
     prompt_ids = list(tokenizer(prompt)["input_ids"])
     limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
@@ -155,6 +170,8 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
         "finish_reason": finish,
         "num_draft_tokens": k,
         "adaptive": request.adaptive,
+        "overlap": schedule,
+        "overlap_reason": overlap_reason,
         **stats.report_fields(),
         "tokens_per_s": len(output) / seconds if seconds > 0 else 0.0,
         "seconds": seconds,
