@@ -34,6 +34,7 @@ class LocalTransport:
     batched: Callable[[], tuple[Drafter, Verifier]] | None = None  # builds the pair used by concurrent requests
     close_batched: Callable[[], None] | None = None
     overlap: bool | str = False  # the loop's schedule for single requests (GenerationRequest.overlap)
+    peers: list[LocalTransport] = field(default_factory=list)  # other schedules on the same models (overlap="compare")
     _batched_pair: tuple[Drafter, Verifier] | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -50,9 +51,9 @@ class LocalTransport:
             return self._batched_pair
 
     def close(self) -> None:
-        if self._batched_pair is not None and self.close_batched is not None:
+        if self.close_batched is not None:
             self.close_batched()
-            self._batched_pair = None
+        self._batched_pair = None
 
     def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
                 concurrent: bool = False) -> RequestResult:
@@ -98,9 +99,10 @@ class LocalTransport:
             result.hidden_seconds = stats.hidden_seconds
         return result
 
-    def with_overlap(self, overlap: bool | str, name: str) -> LocalTransport:
-        """The same models under another schedule (for measuring both in one run; concurrency 1 only)."""
-        return LocalTransport(self.drafter, self.verifier, self.encode, end_id=self.end_id, name=name,
+    def with_overlap(self, overlap: bool | str, name: str, drafter: Drafter | None = None) -> LocalTransport:
+        """The same models under another schedule, with `drafter` when given (for measuring both schedules in
+        one run; concurrency 1 only)."""
+        return LocalTransport(drafter or self.drafter, self.verifier, self.encode, end_id=self.end_id, name=name,
                               source=self.source, overlap=overlap)
 
 
@@ -116,13 +118,13 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
     """
     from transformers import AutoTokenizer
 
-    from specbuild.runtime.loading import load_pair, resolve_overlap
+    from specbuild.runtime.loading import load_pair
 
-    pair = load_pair(spec, threads=threads, row_block=row_block)
-    log(f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}")
-    schedule, why = resolve_overlap(spec.speculative.overlap if overlap is None else overlap,
-                                    pair.target_model.engine.model.device.type)
-    log(f"local runtime: {why}")
+    compare = overlap == "compare"
+    setting = True if compare else spec.speculative.overlap if overlap is None else overlap
+    pair = load_pair(spec, threads=threads, row_block=row_block, overlap=setting)
+    log(f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}; "
+        f"{'comparing the sequential and overlapped schedules' if compare else pair.overlap_reason}")
     tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
     batchers: list = []
 
@@ -138,7 +140,13 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
     def close() -> None:
         while batchers:
             batchers.pop().close()
+        pair.close()
 
-    return LocalTransport(pair.drafter, pair.verifier, encode=lambda text: tokenizer(text)["input_ids"],
-                          end_id=pair.end_id, concurrent=True, source={"target": pair.target.kind, "draft": pair.draft.kind},
-                          batched=batched, close_batched=close, overlap=schedule)
+    schedule = False if compare else pair.overlap
+    transport = LocalTransport(pair.drafter_for(schedule), pair.verifier, encode=lambda text: tokenizer(text)["input_ids"],
+                               end_id=pair.end_id, concurrent=True,
+                               source={"target": pair.target.kind, "draft": pair.draft.kind},
+                               batched=batched, close_batched=close, overlap=schedule)
+    if compare:
+        transport.peers = [transport.with_overlap(pair.overlap, "local-overlap", pair.drafter_for(pair.overlap))]
+    return transport

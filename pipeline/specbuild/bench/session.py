@@ -129,11 +129,9 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
             notes.append(f"serving overhead not measured: the local runtime cannot be loaded here ({err})")
         mode = "triton"
     else:
-        compare = overlap == "compare"
-        transport = _local_transport(spec, log, threads, row_block, overlap=False if compare else overlap)
+        transport = _local_transport(spec, log, threads, row_block, overlap=overlap)
         mode = "local"
-        if compare:
-            peers.append(transport.with_overlap(True, "local-overlap"))
+        peers.extend(getattr(transport, "peers", []))
         if vs_hf:
             from specbuild.bench.hf_peer import HFPeer
 

@@ -112,19 +112,31 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
                    use_cache: bool = True, threads: int | None = None, on_text=None, pair=None,
                    overlap: bool | None = None) -> dict[str, Any]:
     """Run one prompt in-process; return the --json document. on_text(delta) receives streamed text.
-    overlap: None = the spec's speculative.overlap ("auto" resolved by runtime.loading.resolve_overlap)."""
+    overlap: None = the spec's speculative.overlap ("auto" resolved by runtime.loading.resolve_overlap); a given
+    `pair` keeps the schedule it was loaded with."""
+    from specbuild.runtime.loading import load_pair
+
+    owned = pair is None
+    pair = pair or load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache, threads=threads,
+                             overlap=spec.speculative.overlap if overlap is None else overlap)
+    try:
+        return _generate(pair, spec, prompt, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed, adaptive,
+                         on_text)
+    finally:
+        if owned:
+            pair.close()
+
+
+def _generate(pair, spec, prompt, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed, adaptive,
+              on_text) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from specbuild.runtime.loading import load_pair, resolve_overlap
     from specbuild.runtime.textstream import TextStream
     from specbuild.speculative.interfaces import SamplingParams
     from specbuild.speculative.loop import GenerationRequest, generate
 
-    pair = pair or load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache, threads=threads)
     tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
     k = spec.speculative.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
-    schedule, overlap_reason = resolve_overlap(spec.speculative.overlap if overlap is None else overlap,
-                                               pair.target_model.engine.model.device.type)
     if k > pair.max_draft_len:
         log(f"--num-draft-tokens {k} exceeds the target engine's max_draft_len = {pair.max_draft_len}: using "
             f"{pair.max_draft_len}. Rebuild with a larger speculative.max_draft_len to draft more.")
@@ -135,7 +147,7 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         end_id=pair.end_id,
         adaptive=spec.speculative.adaptive if adaptive is None else adaptive,
-        overlap=schedule,
+        overlap=pair.overlap,
     )
     prompt_ids = list(tokenizer(prompt)["input_ids"])
     limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
@@ -151,7 +163,7 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
     output: list[int] = []
     stats = finish = None
     start = time.perf_counter()
-    for step in generate(prompt_ids, pair.drafter, pair.verifier, request):
+    for step in generate(prompt_ids, pair.drafter_for(pair.overlap), pair.verifier, request):
         output.extend(step.tokens)
         delta = stream.push(step.tokens)
         if delta and on_text:
@@ -170,8 +182,8 @@ def generate_local(spec, prompt: str, *, max_tokens: int, num_draft_tokens: int 
         "finish_reason": finish,
         "num_draft_tokens": k,
         "adaptive": request.adaptive,
-        "overlap": schedule,
-        "overlap_reason": overlap_reason,
+        "overlap": pair.overlap,
+        "overlap_reason": pair.overlap_reason,
         **stats.report_fields(),
         "tokens_per_s": len(output) / seconds if seconds > 0 else 0.0,
         "seconds": seconds,

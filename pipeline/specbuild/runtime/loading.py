@@ -121,10 +121,24 @@ class LocalPair:
     tokenizer_dir: Path
     end_id: int | None
     max_draft_len: int
+    overlap: bool | str = False  # the schedule requests get (resolve_overlap): False, True or "auto"
+    overlap_reason: str = "overlap off"
+    ahead_drafter: Any = None  # ContractDrafter over the draft model in a child process (draftproc), when overlapping
+    draft_process: Any = None  # that child process (DraftProcess)
 
     @property
     def engine_source(self) -> str:
         return self.target.kind
+
+    def drafter_for(self, overlap: bool | str) -> Any:
+        """The drafter for a schedule: the child-process one when drafting ahead and there is one."""
+        return self.ahead_drafter if overlap and self.ahead_drafter is not None else self.drafter
+
+    def close(self) -> None:
+        """Stop the draft model's child process, if any."""
+        if self.draft_process is not None:
+            self.draft_process.close()
+            self.draft_process = self.ahead_drafter = None
 
 
 def _eos_id(folder: Path) -> int | None:
@@ -197,16 +211,31 @@ def resolve_overlap(setting: bool | str, device: str) -> tuple[bool | str, str]:
 
 
 def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
-              row_block: int | None = None) -> LocalPair:
+              row_block: int | None = None, overlap: bool | str = False) -> LocalPair:
     """Target and draft in-process. threads: CPU threads for torch (None: 1 for small models, else torch's default),
-    set before loading: the row-block probe runs with them. row_block: see load_contract_model."""
+    set before loading: the row-block probe runs with them. row_block: see load_contract_model.
+
+    overlap: the schedule asked for (the spec's speculative.overlap, or a CLI override), resolved by
+    resolve_overlap. When it drafts ahead, a second copy of the draft model is started in a child process
+    (runtime/draftproc.py: two models on two threads of one process mostly wait for each other's GIL);
+    `pair.drafter_for(pair.overlap)` is then the drafter over it. Call pair.close() when done."""
+    from specbuild.runtime.draftproc import DraftProcess
     from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
 
     target, draft = model_source(spec, "target"), model_source(spec, "draft")
     device = resolve_device(device)
     configure_threads(threads, target, device)
+    schedule, overlap_reason = resolve_overlap(overlap, device)
+    process = None
+    if schedule:  # loads while this process loads its own models
+        import torch
+
+        process = DraftProcess.start(draft, device, torch.get_num_threads() if device == "cpu" else None, row_block,
+                                     use_cache)
     target_model = load_contract_model(target, device, use_cache, row_block)
     draft_model = load_contract_model(draft, device, use_cache, row_block)
+    if process is not None:
+        process = process.matching(draft_model.engine.model.row_block)
     if target_model.engine.vocab_size != draft_model.engine.vocab_size:
         raise CheckpointError(
             f"target vocab_size {target_model.engine.vocab_size} != draft vocab_size {draft_model.engine.vocab_size}: "
@@ -224,4 +253,9 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
         tokenizer_dir=target.path if _has_tokenizer(target.path) else spec.target.checkpoint,
         end_id=end_id,
         max_draft_len=max_draft_len,
+        overlap=schedule,
+        overlap_reason=overlap_reason,
+        ahead_drafter=None if process is None else ContractDrafter(
+            process, end_id=end_id, use_logits=spec.speculative.use_draft_logits),
+        draft_process=process,
     )
