@@ -152,7 +152,7 @@ def measure(spec: Spec, prompts_file: Path | None = None, max_tokens: int = MAX_
 
     prompts = _prompts(prompts_file)
     log(f"check --measure: loading the pair, {len(prompts)} prompts, {max_tokens} tokens each")
-    transport = from_spec(spec, log=log, threads=threads)
+    transport = from_spec(spec, log=log, threads=threads, overlap=False)  # measures alpha and c: sequential
     from tqdm import tqdm
 
     bar = tqdm(total=2 * len(prompts), desc="measure", unit="req", file=sys.stderr, disable=not progress, leave=False)
