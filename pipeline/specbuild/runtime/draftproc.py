@@ -14,14 +14,20 @@ parent's main thread verifies, as Triton keeps the two models in separate proces
 
 The child loads the same weights with the same thread count and row block as the parent's draft
 model (so the same numbers: seeded sampling gives the same text either way), serves one request at
-a time, and sends exceptions back to be raised in the caller. It is started with "spawn" (a fork
-would copy the parent's OpenMP and MKL thread state), and exits when the pipe closes.
+a time, and sends exceptions back to be raised in the caller. It is a fresh interpreter
+(`python -m specbuild.runtime.draftproc FD`, talking over a socket pair): a fork would copy the
+parent's OpenMP and MKL thread state, and multiprocessing's "spawn" would re-run the caller's main
+script, which a script without an `if __name__ == "__main__"` guard does not survive. It exits when
+the socket closes, so it never outlives its parent.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import socket
+import subprocess
+import sys
 import threading
+from multiprocessing.connection import Connection
 from typing import Any
 
 from specbuild.errors import GenerationError
@@ -29,9 +35,10 @@ from specbuild.errors import GenerationError
 _READY = "ready"
 
 
-def _serve(conn: Any, source: Any, device: str, threads: int | None, row_block: int | None, use_cache: bool) -> None:
-    """The child: load the model, then answer requests until the parent closes the pipe."""
+def _serve(conn: Any) -> None:
+    """The child: load the model, then answer requests until the parent closes the socket."""
     try:
+        source, device, threads, row_block, use_cache = conn.recv()
         import dataclasses
 
         import torch
@@ -61,7 +68,7 @@ def _serve(conn: Any, source: Any, device: str, threads: int | None, row_block: 
 class DraftProcess:
     """call(request) -> response on a ContractModel living in a child process."""
 
-    def __init__(self, process: Any, conn: Any, start_args: tuple[Any, ...]):
+    def __init__(self, process: subprocess.Popen, conn: Connection, start_args: tuple[Any, ...]):
         self._process, self._conn, self._start_args = process, conn, start_args
         self._lock = threading.Lock()  # one request on the pipe at a time
         self.row_block: int | None = None  # the child's, once it is ready
@@ -70,13 +77,14 @@ class DraftProcess:
     def start(cls, source: Any, device: str = "cpu", threads: int | None = None, row_block: int | None = None,
               use_cache: bool = True) -> DraftProcess:
         """Start loading `source` (a loading.ModelSource) in a child process; the first call waits for it."""
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe()
-        process = ctx.Process(target=_serve, args=(child, source, device, threads, row_block, use_cache),
-                              name=f"specbuild-{source.role}", daemon=True)
-        process.start()
-        child.close()
-        return cls(process, parent, (source, device, threads, row_block, use_cache))
+        ours, theirs = socket.socketpair()
+        with theirs:
+            process = subprocess.Popen([sys.executable, "-m", "specbuild.runtime.draftproc", str(theirs.fileno())],
+                                       pass_fds=[theirs.fileno()])
+        conn = Connection(ours.detach())
+        args = (source, device, threads, row_block, use_cache)
+        conn.send(args)
+        return cls(process, conn, args)
 
     def matching(self, row_block: int) -> DraftProcess:
         """This process once ready, if its model runs `row_block` rows per block like the parent's draft model;
@@ -104,7 +112,7 @@ class DraftProcess:
         try:
             return self._conn.recv()
         except (EOFError, OSError):
-            code = self._process.exitcode
+            code = self._process.poll()
             raise GenerationError(f"the draft model's process ended (exit code {code}): its error is on stderr. "
                                   "Run with --no-overlap to keep the draft model in this process.") from None
 
@@ -124,7 +132,16 @@ class DraftProcess:
         """Close the pipe (the child exits) and wait for the child a moment; kill it if it does not go."""
         with self._lock:
             self._conn.close()
-        self._process.join(timeout=5)
-        if self._process.is_alive():
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             self._process.kill()
-            self._process.join()
+            self._process.wait()
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+
+if __name__ == "__main__":
+    _serve(Connection(int(sys.argv[1])))
