@@ -1,5 +1,5 @@
-"""The draft model in a child process (runtime/draftproc.py): the same answers as in this process, errors
-raised in the caller, the overlapped loop over it equal to the sequential loop."""
+"""The draft model in a child process (runtime/draftproc.py): the same answers as in this process, early drafts
+that never block the caller, errors raised in the caller, the overlapped loop over it equal to the sequential loop."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from specbuild.runtime.engine import ReferenceEngine
 from specbuild.runtime.loading import HF_CHECKPOINT, ModelSource
 from specbuild.runtime.model import LlamaModel
 from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
-from specbuild.speculative.interfaces import SamplingParams
+from specbuild.speculative.interfaces import AheadDrafter, SamplingParams
 from specbuild.speculative.loop import GenerationRequest, run
+from specbuild.speculative.overlap import propose_ahead
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,8 @@ def tiny(example_tiny):
 
     tokenizer = AutoTokenizer.from_pretrained(str(example_tiny.target), local_files_only=True)
     local = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.draft)), Limits())
-    process = DraftProcess.start(ModelSource("draft", example_tiny.draft, HF_CHECKPOINT, {}), "cpu", threads=1)
+    process = DraftProcess.start(ModelSource("draft", example_tiny.draft, HF_CHECKPOINT, {}), "cpu", threads=1,
+                                 end_id=tokenizer.eos_token_id)
     process = process.matching(local.engine.model.row_block)
     yield tokenizer, local, process
     process.close()
@@ -54,11 +56,27 @@ def test_a_bad_request_raises_in_the_caller_and_the_child_keeps_serving(tiny):
     assert ok["sequence_length"].tolist() == [3]
 
 
+def test_propose_and_propose_ahead_in_the_child_equal_the_drafter_here(tiny):
+    tokenizer, local, process = tiny
+    here = ContractDrafter(local, end_id=tokenizer.eos_token_id)
+    ids = tokenizer('{"id": 3, "name": "')["input_ids"]
+    greedy, sampled = SamplingParams(), SamplingParams(temperature=0.8, seed=5)
+    assert isinstance(process, AheadDrafter)
+    pending = [process.propose_ahead(ids, 3, s) for s in (greedy, sampled)]  # both sent before either is read
+    for sampling, reply in zip((greedy, sampled), pending):
+        ahead, expected = reply.result(), propose_ahead(here, ids, 3, sampling)
+        assert (ahead.guess, ahead.draft.tokens) == (expected.guess, expected.draft.tokens)
+    dropped = process.propose_ahead(ids, 4, greedy)
+    assert not dropped.cancel()  # already sent: its answer is read and dropped before the next one
+    assert process.propose(ids, 2, sampled).tokens == here.propose(ids, 2, sampled).tokens
+
+
 def test_overlapped_loop_over_the_child_equals_the_sequential_loop_here(tiny, example_tiny):
     tokenizer, local, process = tiny
     target = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.target)), Limits(max_draft_len=8))
     verifier = ContractVerifier(target, max_draft_len=8, end_id=tokenizer.eos_token_id)
-    here, there = (ContractDrafter(m, end_id=tokenizer.eos_token_id, use_logits=True) for m in (local, process))
+    here = ContractDrafter(local, end_id=tokenizer.eos_token_id)
+    there = process
     from test_runtime_speculative import tiny_prompts
 
     hits = 0

@@ -123,8 +123,7 @@ class LocalPair:
     max_draft_len: int
     overlap: bool | str = False  # the schedule requests get (resolve_overlap): False, True or "auto"
     overlap_reason: str = "overlap off"
-    ahead_drafter: Any = None  # ContractDrafter over the draft model in a child process (draftproc), when overlapping
-    draft_process: Any = None  # that child process (DraftProcess)
+    ahead_drafter: Any = None  # the draft model in a child process (draftproc.DraftProcess), when drafting ahead
 
     @property
     def engine_source(self) -> str:
@@ -136,9 +135,9 @@ class LocalPair:
 
     def close(self) -> None:
         """Stop the draft model's child process, if any."""
-        if self.draft_process is not None:
-            self.draft_process.close()
-            self.draft_process = self.ahead_drafter = None
+        if self.ahead_drafter is not None:
+            self.ahead_drafter.close()
+            self.ahead_drafter = None
 
 
 def _eos_id(folder: Path) -> int | None:
@@ -218,7 +217,7 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
     overlap: the schedule asked for (the spec's speculative.overlap, or a CLI override), resolved by
     resolve_overlap. When it drafts ahead, a second copy of the draft model is started in a child process
     (runtime/draftproc.py: two models on two threads of one process mostly wait for each other's GIL);
-    `pair.drafter_for(pair.overlap)` is then the drafter over it. Call pair.close() when done."""
+    `pair.drafter_for(pair.overlap)` is then that drafter. Call pair.close() when done."""
     from specbuild.runtime.draftproc import DraftProcess
     from specbuild.speculative.contract_client import ContractDrafter, ContractVerifier
 
@@ -226,36 +225,41 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
     device = resolve_device(device)
     configure_threads(threads, target, device)
     schedule, overlap_reason = resolve_overlap(overlap, device)
+    end_id = _eos_id(spec.target.checkpoint) if target.kind == HF_CHECKPOINT else _eos_id(target.path)
+    use_logits = spec.speculative.use_draft_logits
     process = None
     if schedule:  # loads while this process loads its own models
         import torch
 
         process = DraftProcess.start(draft, device, torch.get_num_threads() if device == "cpu" else None, row_block,
-                                     use_cache)
-    target_model = load_contract_model(target, device, use_cache, row_block)
-    draft_model = load_contract_model(draft, device, use_cache, row_block)
-    if process is not None:
-        process = process.matching(draft_model.engine.model.row_block)
-    if target_model.engine.vocab_size != draft_model.engine.vocab_size:
-        raise CheckpointError(
-            f"target vocab_size {target_model.engine.vocab_size} != draft vocab_size {draft_model.engine.vocab_size}: "
-            "run `specbuild convert` (it pads the draft's vocabulary) and `specbuild build`, then retry."
-        )
-    end_id = _eos_id(spec.target.checkpoint) if target.kind == HF_CHECKPOINT else _eos_id(target.path)
+                                     use_cache, end_id, use_logits)
+    try:
+        target_model = load_contract_model(target, device, use_cache, row_block)
+        draft_model = load_contract_model(draft, device, use_cache, row_block)
+        if target_model.engine.vocab_size != draft_model.engine.vocab_size:
+            raise CheckpointError(
+                f"target vocab_size {target_model.engine.vocab_size} != draft vocab_size "
+                f"{draft_model.engine.vocab_size}: run `specbuild convert` (it pads the draft's vocabulary) and "
+                "`specbuild build`, then retry."
+            )
+        if process is not None:
+            process = process.matching(draft_model.engine.model.row_block)
+    except BaseException:
+        if process is not None:
+            process.close()
+        raise
     max_draft_len = target_model.limits.max_draft_len
     return LocalPair(
         target=target,
         draft=draft,
         target_model=target_model,
         draft_model=draft_model,
-        drafter=ContractDrafter(draft_model, end_id=end_id, use_logits=spec.speculative.use_draft_logits),
+        drafter=ContractDrafter(draft_model, end_id=end_id, use_logits=use_logits),
         verifier=ContractVerifier(target_model, max_draft_len=max_draft_len, end_id=end_id),
         tokenizer_dir=target.path if _has_tokenizer(target.path) else spec.target.checkpoint,
         end_id=end_id,
         max_draft_len=max_draft_len,
         overlap=schedule,
         overlap_reason=overlap_reason,
-        ahead_drafter=None if process is None else ContractDrafter(
-            process, end_id=end_id, use_logits=spec.speculative.use_draft_logits),
-        draft_process=process,
+        ahead_drafter=process,
     )
