@@ -1,5 +1,6 @@
 # The two commands of the README. Both set up everything on a fresh machine first.
-#   make demo   the main job on the built-in example pair (CPU, no GPU needed)
+#   make demo   the main job on the built-in example pair (CPU, no GPU needed): every stage, the demo
+#               prompts, then it serves until Ctrl-C (make demo UP_FLAGS=--once stops after the prompts)
 #   make test   the test suite
 VENV    ?= .venv
 PYTHON  ?= python3
@@ -11,12 +12,16 @@ UP_FLAGS ?=            # e.g. UP_FLAGS=--once to stop the server after the demo 
 
 setup: $(VENV)/.installed
 
-# CPU PyTorch first (a plain `torch` would pull a multi-GB CUDA build), then specbuild with all extras.
-$(VENV)/.installed: pyproject.toml
+# CPU PyTorch first: a plain `pip install torch` gets the CUDA build on Linux (several GB), so
+# scripts/install_torch.py installs it from PyTorch's CPU wheel index where the platform has one, and
+# from the default index (pip's configuration, cache) with a printed note when it has none or that index
+# does not answer. Then specbuild with all extras. pip prints what it does: minutes of work, not silence.
+$(VENV)/.installed: pyproject.toml scripts/install_torch.py
 	$(PYTHON) -m venv $(VENV)
+	@echo "setup: installing pip, CPU PyTorch, then specbuild with all extras into $(VENV) (a few minutes)"
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet "torch==2.13.*"
-	$(BIN)/python -m pip install --quiet -e ".[all]"
+	$(BIN)/python scripts/install_torch.py "torch==2.13.*"
+	$(BIN)/python -m pip install --progress-bar off -e ".[all]"
 	touch $@
 
 demo: setup
@@ -47,10 +52,10 @@ test-convert-pins: $(PINS_VENV)/.installed
 	timeout 1200 $(PINS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_convert_cli.py \
 	  tests/test_convert_fixups.py tests/test_convert_loader.py tests/test_convert_vocab.py
 
-$(PINS_VENV)/.installed: pyproject.toml Makefile
+$(PINS_VENV)/.installed: pyproject.toml Makefile scripts/install_torch.py
 	$(PYTHON) -m venv $(PINS_VENV)
 	$(PINS_VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
-	$(PINS_VENV)/bin/python -m pip install --quiet "torch==2.13.*"
+	$(PINS_VENV)/bin/python scripts/install_torch.py "torch==2.13.*"
 	$(PINS_VENV)/bin/python -m pip install --quiet -e ".[ml,test]" $(CONVERT_PINS)
 	touch $@
 

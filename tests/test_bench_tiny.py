@@ -24,9 +24,20 @@ def tiny_doc(tmp_path_factory, example_tiny):
     folder = tmp_path_factory.mktemp("bench")
     text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="bench test")
     spec = specfile.write_spec(folder / "specbuild.toml", text)
-    doc = run_bench("-c", spec, "--local", "--json", "--num-draft-tokens", "0,2", "--max-tokens", 10,
-                    "--requests", 2, "--vs-hf", "--threads", 1, "--plot", folder / "plots")
-    return doc, folder
+    args = ["-c", spec, "--local", "--json", "--num-draft-tokens", "0,2", "--max-tokens", 10,
+            "--requests", 2, "--vs-hf", "--threads", 1, "--plot", folder / "plots"]
+    result = CliRunner().invoke(main, ["bench", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    (folder / "stderr.txt").write_text(result.stderr)
+    return json.loads(result.stdout), folder
+
+
+def test_the_sweep_reports_progress_on_stderr_when_it_is_not_a_terminal(tiny_doc):
+    _, folder = tiny_doc
+    lines = (folder / "stderr.txt").read_text().splitlines()
+    # 2 requests x K in {0, 2} x (ours + Hugging Face) = 8 measured requests; the last line says all are done
+    assert "bench ..." in lines
+    assert any(line.startswith("bench: 8/8 requests (100%), ") and "elapsed" in line for line in lines), lines
 
 
 def test_local_json_reports_speedup_alpha_c_bound_efficiency(tiny_doc):

@@ -101,7 +101,8 @@ def test_failed_build_exits_1_with_the_log_tail(tmp_path, monkeypatch):
     fake_checkpoint(make_spec_from_file(spec_path), "target")
     result = run("-c", spec_path, "--role", "target", "--trtllm-build", str(FAKE_TRTLLM_BUILD), "--json")
     assert result.exit_code == 1
-    assert result.stdout == ""  # no half JSON document
+    doc = json.loads(result.stdout)  # one whole document: the failure, never a half result
+    assert doc["ok"] is False and doc["error_type"] == "BuildError" and "exited with code 1" in doc["error"]
     assert "Error: trtllm-build for the target exited with code 1" in result.stderr
 
 

@@ -103,6 +103,27 @@ def test_missing_checkpoint_dir(tmp_path):
                              "Fix draft.checkpoint in the spec, or download the model there.\n")
 
 
+def test_missing_target_and_draft_are_reported_together(tmp_path):
+    result = check("-c", str(write_spec(tmp_path / "s.toml", tmp_path / "no-target", tmp_path / "no-draft")))
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: both checkpoints are unusable:\n"
+        f"  target checkpoint '{tmp_path / 'no-target'}' does not exist. "
+        "Fix target.checkpoint in the spec, or download the model there.\n"
+        f"  draft checkpoint '{tmp_path / 'no-draft'}' does not exist. "
+        "Fix draft.checkpoint in the spec, or download the model there.\n")
+
+
+def test_json_prints_one_failure_document_when_the_input_is_bad(tmp_path):
+    target = write_checkpoint(tmp_path / "target", 1000)
+    result, doc = check_json(write_spec(tmp_path / "s.toml", target, tmp_path / "gone"))
+    assert result.exit_code == 1
+    assert doc == {"command": "check", "ok": False, "error_type": "CheckpointError", "exit_code": 1,
+                   "error": f"draft checkpoint '{tmp_path / 'gone'}' does not exist. "
+                            "Fix draft.checkpoint in the spec, or download the model there."}
+    assert result.stderr.startswith("Error: draft checkpoint")
+
+
 def test_checkpoint_without_tokenizer_is_a_problem_not_a_crash(tmp_path):
     spec = make_pair(tmp_path)
     (tmp_path / "draft" / "tokenizer.json").unlink()

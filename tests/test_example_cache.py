@@ -82,7 +82,21 @@ def test_same_recipe_builds_identical_weights_and_force_rebuilds(example_tiny, m
     assert first.root.parent == tmp_path
     first_manifest = json.loads((first.root / "manifest.json").read_text())
     weights = _weights(first.target) | {f"draft/{k}": v for k, v in _weights(first.draft).items()}
-    forced = ensure_example("tiny", force=True, progress=False)
+    # Rebuilt through the CLI, whose stderr is not a terminal: a log gets progress lines with an ETA.
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    result = CliRunner().invoke(main, ["example", "--variant", "tiny", "--force"])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert lines[:3] == ["example pair (tiny): tokenizer ...", "example pair (tiny): data ...",
+                         "example pair (tiny): training (loss target/draft) ..."]
+    total = VARIANTS["tiny"].target_steps + VARIANTS["tiny"].distill_steps
+    assert any(line.startswith(f"example pair (tiny): training (loss target/draft): {total}/{total} step (100%), ")
+               for line in lines), lines
+    assert "example pair (tiny): measuring ..." in lines
+    forced = ensure_example("tiny", progress=False)
     assert json.loads((forced.root / "manifest.json").read_text())["created_unix"] > first_manifest["created_unix"]
     assert weights == _weights(forced.target) | {f"draft/{k}": v for k, v in _weights(forced.draft).items()}
     # The session's pair (possibly built by an earlier session from the same recipe) matches too;

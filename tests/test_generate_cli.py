@@ -137,3 +137,21 @@ def test_after_convert_and_build_the_reference_engines_run(tiny_spec_path):
     speculative = as_doc(generate(*common, PROMPT))
     assert speculative["engine_source"] == "reference-engine" == speculative["draft_engine_source"]
     assert as_doc(generate(*common, "--num-draft-tokens", 0, PROMPT))["output_ids"] == speculative["output_ids"]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_no_server_at_the_address_says_so_and_what_to_do(tmp_path, monkeypatch, protocol):
+    import socket
+
+    with socket.socket() as sock:  # a port on which nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text('name = "p"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n')
+    result = generate("-c", "s.toml", "--url", f"127.0.0.1:{port}", "--protocol", protocol, "--json", "hello")
+    assert result.exit_code == 1
+    message = (f"no Triton server answers at 127.0.0.1:{port} ({protocol}). Start one with `specbuild serve -c "
+               "s.toml` (or `specbuild up -c s.toml`), pass --url with its address, or run in-process with "
+               "`specbuild generate -c s.toml --local ...`.")
+    assert result.stderr == f"Error: {message}\n"
+    assert json.loads(result.stdout)["error"] == message

@@ -250,8 +250,9 @@ def test_each_triton_reference_model_probes_in_its_own_process(tmp_path, capsys)
     from specbuild.triton.models.reference_llm import load_engine
 
     make_llama(tmp_path, layers=1)
-    (tmp_path / "engine.json").write_text(json.dumps({"max_batch_size": 2, "max_seq_len": 300, "max_draft_len": 4}))
+    (tmp_path / "engine.json").write_text(json.dumps({"role": "target", "max_batch_size": 2, "max_seq_len": 300,
+                                                               "max_draft_len": 4}))
     (tmp_path / "manifest.json").write_text(json.dumps({"backend": "reference"}))
-    model = load_engine(tmp_path, "target", device="cpu").engine.model
+    model = load_engine(tmp_path, device="cpu").engine.model
     assert model.exactness.exact and model.max_len == 300
     assert f"specbuild: target (cpu, 1 thread): row block {model.row_block} (" in capsys.readouterr().err

@@ -81,6 +81,17 @@ def test_up_runs_through_build_then_skips_everything(tiny_spec_path):
     assert [s["status"] for s in second["stages"]] == ["skipped", "skipped", "skipped"]
     forced = json.loads(CliRunner().invoke(main, [*args, "--force"]).stdout)
     assert [s["status"] for s in forced["stages"]] == ["ran", "ran", "ran"]
+    # A dry run says which stages are up to date (the repository is not written yet; serve always runs).
+    dry = CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--dry-run", "--json"])
+    assert [(s["stage"], s["status"]) for s in json.loads(dry.stdout)["stages"]] == [
+        ("check", "skipped"), ("convert", "skipped"), ("build", "skipped"), ("repo", "planned"), ("serve", "planned")]
+    assert CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--until", "repo"]).exit_code == 0
+    text = CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--dry-run"]).stdout.splitlines()
+    assert text == [f"{stage:<8} would be skipped (up to date)" for stage in ("check", "convert", "build", "repo")] \
+        + [f"{'serve':<8} would run"]
+    forced_dry = json.loads(CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--dry-run", "--json",
+                                                      "--force"]).stdout)
+    assert {s["status"] for s in forced_dry["stages"]} == {"planned"}
 
 
 def test_until_stops_after_the_named_stage(tiny_spec_path):

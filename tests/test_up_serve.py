@@ -60,4 +60,7 @@ def test_up_once_serves_the_pair_streams_prompts_and_stops(tiny_spec_path):
                 if line.split() and line.split()[0] in ("check", "convert", "build", "repo", "serve")}
     assert statuses == {"check": "skipped", "convert": "skipped", "build": "skipped", "repo": "skipped",
                         "serve": "ran"}
+    # What now: the commands to run next, for this spec, after the demo.
+    assert "next (from this folder):" in second.stderr
+    assert "specbuild generate -c specbuild.toml --local " in second.stderr
     assert _tritonservers_under(repo) == []

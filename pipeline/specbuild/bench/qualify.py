@@ -153,9 +153,10 @@ def measure(spec: Spec, prompts_file: Path | None = None, max_tokens: int = MAX_
     prompts = _prompts(prompts_file)
     log(f"check --measure: loading the pair, {len(prompts)} prompts, {max_tokens} tokens each")
     transport = from_spec(spec, log=log, threads=threads, overlap=False)  # measures alpha and c: sequential
-    from tqdm import tqdm
+    from specbuild.progress import Progress
 
-    bar = tqdm(total=2 * len(prompts), desc="measure", unit="req", file=sys.stderr, disable=not progress, leave=False)
+    bar = Progress(total=2 * len(prompts), desc="check --measure", unit="requests", mode=None if progress else "off",
+                   stream=sys.stderr)
     try:
         return measure_with(transport, prompts, spec, max_tokens, gpu_cost(spec), progress=lambda: bar.update(1))
     finally:

@@ -192,20 +192,30 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _ms(seconds: float | None) -> str:
+    return _fmt(None if seconds is None else 1000 * seconds, ".2f")
+
+
+# (header, unit, width): the table's columns; times are printed in milliseconds.
+COLUMNS = (("conc", "", 4), ("K", "", 3), ("tok/s", "tok/s", 8), ("speedup", "x", 7), ("alpha", "", 6),
+           ("acc.len", "tokens", 7), ("c", "ratio", 6), ("bound", "x", 6), ("eff.", "", 5), ("hits", "", 5),
+           ("ttft p50", "ms", 9), ("tpot p50", "ms", 9), ("tpot p99", "ms", 9))
+
+
 def table(doc: dict[str, Any]) -> str:
-    """A fixed-width terminal table of every cell, then the headline and notes."""
-    head = f"{'conc':>4} {'K':>3} {'tok/s':>8} {'speedup':>7} {'alpha':>6} {'acc.len':>7} {'c':>6} " \
-           f"{'bound':>6} {'eff.':>5} {'hits':>5} {'ttft p50':>9} {'tpot p50':>9} {'tpot p99':>9}"
-    lines = [f"specbuild bench: {doc['spec']} ({doc['mode']}, workload {doc['workload']})", head, "-" * len(head)]
+    """A fixed-width terminal table of every cell (with a units row), then the headline and notes."""
+    head = " ".join(f"{name:>{width}}" for name, _, width in COLUMNS)
+    units = " ".join(f"{unit:>{width}}" for _, unit, width in COLUMNS)
+    lines = [f"specbuild bench: {doc['spec']} ({doc['mode']}, workload {doc['workload']})", head, units,
+             "-" * len(head)]
     for r in doc["runs"]:
-        lines.append(
-            f"{r['concurrency']:>4} {r['num_draft_tokens']:>3} {_fmt(r['tokens_per_s'], '.1f'):>8} "
-            f"{_fmt(r['speedup']):>7} {_fmt(r['alpha']):>6} {_fmt(r['mean_accepted_len']):>7} "
-            f"{_fmt(r['cost_ratio'], '.3f'):>6} {_fmt(r['overlap_bound'] if r['schedule'] == 'overlapped' else r['bound']):>6} "
-            f"{_fmt(r['efficiency']):>5} {_fmt(r['early_draft_hit_rate']):>5} "
-            f"{_fmt(r['ttft_seconds']['median'], '.4f'):>9} {_fmt(r['tpot_seconds']['median'], '.4f'):>9} "
-            f"{_fmt(r['tpot_seconds']['p99'], '.4f'):>9}"
-        )
+        cells = (r["concurrency"], r["num_draft_tokens"], _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]),
+                 _fmt(r["alpha"]), _fmt(r["mean_accepted_len"]), _fmt(r["cost_ratio"], ".3f"),
+                 _fmt(r["overlap_bound"] if r["schedule"] == "overlapped" else r["bound"]),  # the cell's own schedule
+                 _fmt(r["efficiency"]), _fmt(r["early_draft_hit_rate"]), _ms(r["ttft_seconds"]["median"]),
+                 _ms(r["tpot_seconds"]["median"]),
+                 _ms(r["tpot_seconds"]["p99"]))
+        lines.append(" ".join(f"{cell:>{width}}" for cell, (_, _, width) in zip(cells, COLUMNS)))
     if doc.get("best_num_draft_tokens") is not None:
         lines.append(f"best K = {doc['best_num_draft_tokens']}: speedup {_fmt(doc['speedup'])}x, alpha "
                      f"{_fmt(doc['alpha'])}, c {_fmt(doc['cost_ratio'], '.3f')}, bound {_fmt(doc['bound'])}x, "

@@ -20,10 +20,11 @@ from specbuild.errors import SpecbuildError
 
 
 def _progress(enabled: bool) -> Callable[[int], Callable[[], None]]:
+    """A bar on a terminal, else a progress line every few seconds on stderr (enabled=False: nothing)."""
     def start(total: int) -> Callable[[], None]:
-        from tqdm import tqdm
+        from specbuild.progress import Progress
 
-        bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, disable=not enabled, leave=False)
+        bar = Progress(total=total, desc="bench", unit="requests", mode=None if enabled else "off", stream=sys.stderr)
 
         def tick() -> None:
             bar.update(1)

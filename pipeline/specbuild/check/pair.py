@@ -20,9 +20,24 @@ from specbuild.hfmodel import SUPPORTED_ARCHITECTURES, ModelInfo, read_model_inf
 ROLES = ("target", "draft")
 
 
+def read_pair_infos(spec: Spec, allow_pickle: bool = False) -> dict[str, ModelInfo]:
+    """Both checkpoints' facts; when either is unreadable, one CheckpointError naming every failing role."""
+    infos, failures = {}, []
+    for role in ROLES:
+        try:
+            infos[role] = read_model_info(spec.role(role).checkpoint, allow_pickle=allow_pickle, role=role)
+        except CheckpointError as err:
+            failures.append(str(err))
+    if len(failures) > 1:
+        raise CheckpointError("both checkpoints are unusable:\n  " + "\n  ".join(failures))
+    if failures:
+        raise CheckpointError(failures[0])
+    return infos
+
+
 def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True, progress: bool = False) -> CheckReport:
     """scan_weights: read every weight for NaN/Inf (check.weights); progress: a progress bar on stderr for it."""
-    infos = {role: read_model_info(spec.role(role).checkpoint, allow_pickle=allow_pickle, role=role) for role in ROLES}
+    infos = read_pair_infos(spec, allow_pickle)
     report = CheckReport(pair=spec.name, models={role: info.summary() for role, info in infos.items()})
     for role, info in infos.items():
         check_architecture(report, role, info)

@@ -55,10 +55,24 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
+        # With --json, stdout carries exactly one document, also when the command fails before printing
+        # its own (bad spec, missing checkpoint, usage error): then a failure document, and the error on stderr.
+        head = getattr(ctx, "_protected_args", None) or vars(ctx).get("protected_args", [])  # click 8.2 / 8.1
+        argv = [*head, *ctx.args]
+        wants_json = "--json" in argv[1: argv.index("--") if "--" in argv else None]
         try:
-            return super().invoke(ctx)
-        except SpecbuildError as err:
-            raise click.ClickException(str(err)) from None
+            try:
+                return super().invoke(ctx)
+            except SpecbuildError as err:
+                raise click.ClickException(str(err)) from None
+        except click.ClickException as err:
+            from specbuild.cli.common import JSON_EMITTED, emit_json, failure_document
+
+            if wants_json and not ctx.meta.get(JSON_EMITTED):
+                cause = err.__context__ if isinstance(err.__context__, SpecbuildError) else err
+                emit_json(failure_document(argv[0] if argv else None, err.format_message(), type(cause).__name__,
+                                           err.exit_code))
+            raise
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

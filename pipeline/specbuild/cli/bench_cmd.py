@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, progress_enabled, spec_option
+from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, spec_option
 
 
 @click.command("bench")
@@ -104,7 +104,8 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
     from specbuild.bench.session import run_bench
 
     doc = run_bench(spec, settings, workload, url=url, protocol=protocol, vs_hf=vs_hf,
-                    progress=progress_enabled(), log=log, threads=threads, overlap=schedule)
+                    progress=True, log=log, threads=threads,  # a bar on a terminal, else progress lines
+                    overlap=schedule)
     if plot_dir is not None:
         from specbuild.bench.plots import write_plots
 

@@ -144,7 +144,7 @@ def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bo
         from specbuild.bench import qualify
         from specbuild.cli.common import log
 
-        doc["measure"] = qualify.measure(spec, prompts_file=prompts_file, log=log, progress=progress_enabled())
+        doc["measure"] = qualify.measure(spec, prompts_file=prompts_file, log=log, progress=True)
     if as_json:
         emit_json(doc)
     else:

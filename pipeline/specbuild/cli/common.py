@@ -40,8 +40,28 @@ def roles(role: str) -> list[str]:
     return ["target", "draft"] if role == "both" else [role]
 
 
+DEMO_SPEC = Path(".demo") / "specbuild.toml"  # written by `make demo` in the repository root
+
+
 def get_spec(spec_path: Path) -> Spec:
+    """Load the spec. Without -c and with no ./specbuild.toml, the demo's spec (./.demo/specbuild.toml) is
+    used when it exists, and the choice is said on stderr, so the help's examples work after `make demo`."""
+    ctx = click.get_current_context(silent=True)
+    defaulted = ctx is not None and ctx.get_parameter_source("spec_path") == click.core.ParameterSource.DEFAULT
+    if defaulted and not Path(spec_path).exists() and DEMO_SPEC.is_file():
+        log(f"no {spec_path} here: using the demo's spec {DEMO_SPEC} (pass -c to choose another)")
+        spec_path = DEMO_SPEC
     return load_spec(spec_path)
+
+
+def shown_path(path: Path | None) -> str:
+    """`path` as a user would type it here: relative to the current folder when it is below it."""
+    if path is None:
+        return DEFAULT_SPEC
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def log(message: str) -> None:
@@ -49,8 +69,19 @@ def log(message: str) -> None:
     click.echo(message, err=True)
 
 
+JSON_EMITTED = "specbuild.json_emitted"  # click context meta key: the command printed its --json document
+
+
 def emit_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2, sort_keys=False, default=str))
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[JSON_EMITTED] = True
+
+
+def failure_document(command: str | None, message: str, error_type: str, exit_code: int) -> dict[str, Any]:
+    """What a --json command prints on stdout when it fails before printing its own document."""
+    return {"command": command, "ok": False, "error": message, "error_type": error_type, "exit_code": exit_code}
 
 
 def progress_enabled() -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from specbuild.cli.common import emit_json, get_spec, json_option, log, spec_option
+from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_path, spec_option
 
 
 @click.command("generate")
@@ -55,12 +55,12 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
     Text goes to stdout (streamed unless --no-stream); acceptance figures to stderr, or
     everything as one JSON document with --json.
     """
-    spec = get_spec(spec_path)
     if local and url:
         raise click.UsageError("pass either --local or --url, not both.")
     if overlap is not None and not local:
         raise click.UsageError("--overlap/--no-overlap applies to --local: the server path runs the sequential "
                                "schedule. Add --local, or drop the option.")
+    spec = get_spec(spec_path)
     options = dict(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature, top_k=top_k,
                    top_p=top_p, seed=seed, adaptive=adaptive)
     echo = None if as_json or not stream else _echo_stdout
@@ -68,7 +68,8 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
         doc = generate_local(spec, prompt, device=device, use_cache=not no_cache, threads=threads, on_text=echo,
                              overlap=overlap, **options)
     else:
-        doc = _generate_served(spec, prompt, url=url, protocol=protocol, on_text=echo, **options)
+        doc = _generate_served(spec, prompt, url=url, protocol=protocol, on_text=echo,
+                               spec_path=shown_path(spec.path), **options)
     if as_json:
         emit_json(doc)
         return
@@ -84,10 +85,27 @@ def _echo_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
-def _generate_served(spec, prompt, url, protocol, on_text, **options) -> dict[str, Any]:
-    from specbuild.triton.served_generate import generate as served_generate
+def _generate_served(spec, prompt, url, protocol, on_text, spec_path, **options) -> dict[str, Any]:
+    from specbuild.errors import ClientError
+    from specbuild.triton.client import SpecbuildClient
+    from specbuild.triton.served_generate import default_url, generate as served_generate
 
-    return served_generate(spec, prompt, url=url, protocol=protocol, on_text=on_text, **options)
+    url = url or default_url(spec, protocol)
+    try:
+        return served_generate(spec, prompt, url=url, protocol=protocol, on_text=on_text, **options)
+    except ClientError:
+        import importlib.util
+
+        if protocol == "grpc" and importlib.util.find_spec("tritonclient") is None:
+            raise  # its message says how to install the client
+        with SpecbuildClient(url, protocol=protocol) as client:
+            if client.is_ready():
+                raise  # the server answers: its own message says what went wrong
+        raise ClientError(
+            f"no Triton server answers at {url} ({protocol}). Start one with `specbuild serve -c {spec_path}` "
+            f"(or `specbuild up -c {spec_path}`), pass --url with its address, or run in-process with "
+            f"`specbuild generate -c {spec_path} --local ...`."
+        ) from None
 
 
 def summary(doc: dict[str, Any]) -> str:

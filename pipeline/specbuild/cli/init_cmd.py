@@ -16,9 +16,9 @@ VARIANT_CHOICE = click.Choice(["full", "tiny"])
               type=click.Path(dir_okay=False, path_type=Path), help="Where to write the spec file.")
 @click.option("--force", is_flag=True, help="Overwrite the file if it exists.")
 @click.option("--example", is_flag=True,
-              help="Write a spec for the built-in example pair (built first if not cached; takes minutes once).")
+              help="Write a spec for the built-in example pair (unpacked from the committed copy on first use).")
 @click.option("--variant", type=VARIANT_CHOICE, default="full", show_default=True,
-              help="Which example pair --example uses (tiny: seconds, for tests).")
+              help="Which example pair --example uses (tiny: trained in seconds, for tests).")
 @click.option("--from-check", "from_check", type=click.Path(dir_okay=False, path_type=Path),
               help="A `specbuild check --measure --json` report: take its recommended max_draft_len / K "
                    "(and its checkpoint paths unless --example).")
@@ -56,8 +56,8 @@ def command(out: Path, force: bool, example: bool, variant: str, from_check: Pat
     if example and pair is not None:
         overrides = specfile.example_overrides(pair, variant)
         header = (f"specbuild spec for the built-in example pair ({variant}), written by `specbuild init --example`.\n"
-                  f"Measured on this machine: agreement {pair.info.get('agreement')}, "
-                  f"cost ratio c {pair.info.get('cost_ratio')}.")
+                  f"Measured when the pair was built: agreement {pair.info.get('agreement')}, "
+                  f"cost ratio c {pair.info.get('cost_ratio')} (CPU; `specbuild check --measure` measures here).")
     elif example:
         overrides, header = {}, "specbuild spec for the example pair (dry run: pair not built yet)"
     else:

@@ -48,6 +48,23 @@ def _statuses(items: list[dict[str, Any]]) -> str:
 
 
 CHECK_RECORD = "check.json"  # in the pair folder: the inputs of the last passing check
+UP_TO_DATE = "up to date: inputs unchanged, would be skipped"
+
+
+def recorded_hash(folder: Path) -> str | None:
+    """The input_hash in `folder`'s manifest.json (None when there is none)."""
+    from specbuild.artifacts import read_manifest
+    from specbuild.errors import ArtifactError
+
+    try:
+        return read_manifest(folder).get("input_hash")
+    except (ArtifactError, OSError, ValueError):
+        return None
+
+
+def _earlier_will_run(ctx: UpContext, *stages: str) -> bool:
+    """In a dry run: will one of these earlier stages run (so its outputs, this stage's inputs, change)?"""
+    return any(ctx.results.get(name, {}).get("status") == "planned" for name in stages)
 
 
 def check_inputs_hash(spec: Spec) -> str:
@@ -91,17 +108,20 @@ def run_check_stage(ctx: UpContext) -> dict[str, Any]:
     from specbuild.artifacts import write_json
 
     claim_outputs(ctx)
-    if ctx.dry_run:
-        return {"status": "planned", "detail": "read both checkpoints' configs and tokenizers; memory plan"}
     record = ctx.spec.pair_dir / CHECK_RECORD
     key = check_inputs_hash(ctx.spec)
+    fresh = False
     if not ctx.force and record.is_file():
         try:
-            if json.loads(record.read_text()).get("input_hash") == key:
-                ctx.log(f"check: inputs unchanged since the last passing check ({record}), skipped.")
-                return {"status": "skipped"}
+            fresh = json.loads(record.read_text()).get("input_hash") == key
         except (OSError, ValueError):
             pass
+    if ctx.dry_run:
+        return ({"status": "skipped", "detail": UP_TO_DATE} if fresh else
+                {"status": "planned", "detail": "read both checkpoints' configs and tokenizers; memory plan"})
+    if fresh:
+        ctx.log(f"check: inputs unchanged since the last passing check ({record}), skipped.")
+        return {"status": "skipped"}
     from specbuild.check import run_check
     from specbuild.cli.common import progress_enabled
 
@@ -125,7 +145,14 @@ def run_convert_stage(ctx: UpContext) -> dict[str, Any]:
     options = ConvertOptions()
     plans = plan_roles(ctx.spec, ["target", "draft"], options)
     if ctx.dry_run:
-        return {"status": "planned", "detail": [describe(plan) for plan in plans]}
+        from specbuild.artifacts import tool_versions
+        from specbuild.convert.export import input_hash, source_hashes
+        from specbuild.convert.plan import TOOLS
+
+        versions = tool_versions(*TOOLS)
+        roles = {plan.role: "skipped" if not ctx.force and recorded_hash(plan.out_dir) == input_hash(
+                     plan, source_hashes(plan), versions) else "planned" for plan in plans}
+        return _dry_status(roles, [describe(plan) for plan in plans])
     from specbuild.convert.export import convert_role
 
     results = [convert_role(plan, options, force=ctx.force, log=ctx.log, progress=progress_enabled())
@@ -133,11 +160,22 @@ def run_convert_stage(ctx: UpContext) -> dict[str, Any]:
     return {"status": _statuses(results), "roles": {r["role"]: r["status"] for r in results}}
 
 
+def _dry_status(roles: dict[str, str], detail: Any) -> dict[str, Any]:
+    """A dry run's stage entry: skipped (up to date) only when every role would be skipped."""
+    skipped = set(roles.values()) == {"skipped"}
+    return {"status": "skipped" if skipped else "planned", "roles": roles,
+            "detail": detail if not skipped else UP_TO_DATE}
+
+
 def run_build_stage(ctx: UpContext) -> dict[str, Any]:
     from specbuild.build import build_engines, dry_run
 
     if ctx.dry_run:
-        return {"status": "planned", "detail": dry_run(ctx.spec, ["target", "draft"], ctx.backend, ctx.trtllm_build)}
+        detail = dry_run(ctx.spec, ["target", "draft"], ctx.backend, ctx.trtllm_build)
+        rerun = ctx.force or _earlier_will_run(ctx, "convert")  # new checkpoints: new engines
+        roles = {e["role"]: "skipped" if not rerun and e["input_hash"] is not None
+                 and recorded_hash(Path(e["engine_dir"])) == e["input_hash"] else "planned" for e in detail["engines"]}
+        return _dry_status(roles, detail)
     results = build_engines(ctx.spec, ["target", "draft"], ctx.backend, force=ctx.force,
                             trtllm_build=ctx.trtllm_build, log=ctx.log)
     return {"status": _statuses(results), "backend": ctx.backend,
@@ -204,6 +242,7 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
     --until STAGE stops earlier (e.g. --until build in a CI job). --force redoes every stage.
     With --json, one document lists each stage as ran / skipped / failed with its time in
     seconds (the serve stage adds the endpoints and the prompts' figures); exit 1 when a stage failed.
+    --dry-run writes nothing and says which stages would run and which would be skipped as up to date.
     """
     spec = get_spec(spec_path)
     ctx = UpContext(spec=spec, backend=backend, force=force, dry_run=dry_run, once=once,
@@ -219,7 +258,16 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
         emit_json(document)
     else:
         for row in summary:
-            click.echo(f"{row['stage']:<8} {row['status']:<8} {row['seconds']:7.1f} s")
+            if dry_run:
+                what = {"skipped": "would be skipped (up to date)", "planned": "would run"}.get(row["status"],
+                                                                                              row["status"])
+                roles = row.get("roles") if row["status"] == "planned" else None
+                if roles and "skipped" in roles.values():
+                    what += " (" + ", ".join(f"{role} {'up to date' if state == 'skipped' else 'to do'}"
+                                             for role, state in roles.items()) + ")"
+                click.echo(f"{row['stage']:<8} {what}")
+            else:
+                click.echo(f"{row['stage']:<8} {row['status']:<8} {row['seconds']:7.1f} s")
             if row["stage"] == "serve" and row.get("endpoints"):
                 for name, url in row["endpoints"].items():
                     click.echo(f"  {name:8s} {url}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-DEMO_MAX_TOKENS = 48
+from specbuild.example.demo import DEMO_MAX_TOKENS, DEMO_PROMPTS, MAX_TOP_TOKEN_SHARE
 
 
 def default_repo_dir(spec) -> Path:
@@ -21,20 +21,24 @@ def default_repo_dir(spec) -> Path:
     return Path(spec.output_dir).parent / "triton_repo"
 
 
-def demo_prompts(n_per_kind: int = 1) -> list[tuple[str, str]]:
-    """Held-out prompts (never trained on) of each workload kind: code, JSON, prose."""
-    from specbuild.example import corpus
-
-    prompts = []
-    for kind in ("code", "json", "prose"):
-        for text in corpus.heldout_prompts(kind, n_per_kind, chars=160):
-            prompts.append((kind, text))
-    return prompts
+def demo_prompts() -> list[tuple[str, str]]:
+    """(kind, prompt) for code, JSON and prose: fixed text the example pair never trained on."""
+    return list(DEMO_PROMPTS)
 
 
 def run_repo_stage(ctx) -> dict[str, Any]:
     repo = ctx.repo or default_repo_dir(ctx.spec)
     if ctx.dry_run:
+        from dataclasses import asdict
+
+        from specbuild.artifacts import combined_hash
+        from specbuild.cli.up_cmd import UP_TO_DATE, recorded_hash
+        from specbuild.triton.repository import plan_settings, render
+
+        settings, _ = plan_settings(ctx.spec, ctx.backend, repo, None, None)
+        # The input hash write_repository records: the settings and every rendered file.
+        if not ctx.force and recorded_hash(repo) == combined_hash(asdict(settings), render(settings)):
+            return {"status": "skipped", "detail": UP_TO_DATE, "repo": str(repo)}
         return {"status": "planned", "detail": f"write the {ctx.backend} model repository to {repo}"}
     from specbuild.triton.repository import write_repository
 
@@ -70,11 +74,15 @@ def run_serve_stage(ctx) -> dict[str, Any]:
     if ctx.once:
         handle.stop()
         document["stopped"] = True
+        for line in next_steps(ctx.spec, handle.grpc_url, serving=False):
+            ctx.log(line)
         return document
 
     def announce() -> None:
         for name, url in handle.endpoints().items():
             ctx.log(f"{name:8s} {url}")
+        for line in next_steps(ctx.spec, handle.grpc_url, serving=True):
+            ctx.log(line)
         ctx.log("serving; press Ctrl-C (or send SIGTERM) to stop")
 
     deploy.serve_until_signal(handle, announce)
@@ -83,8 +91,55 @@ def run_serve_stage(ctx) -> dict[str, Any]:
     return document
 
 
+NEXT_PROMPT = '"def parse_args(argv):"'
+
+
+def program() -> tuple[str, str | None]:
+    """How to run specbuild again from this folder, and the venv's activate script when that makes plain
+    `specbuild` work: (".venv/bin/specbuild", ".venv/bin/activate") under `make demo`."""
+    import shutil
+    import sys
+
+    from specbuild.cli.common import shown_path
+
+    exe = Path(sys.argv[0])
+    if exe.name != "specbuild":
+        return "specbuild", None  # python -m specbuild, or embedded
+    on_path = shutil.which("specbuild")
+    if on_path and Path(on_path).resolve() == exe.resolve():
+        return "specbuild", None
+    activate = exe.parent / "activate"
+    return shown_path(exe), (shown_path(activate) if activate.is_file() else None)
+
+
+def next_steps(spec, grpc_url: str, serving: bool) -> list[str]:
+    """What to run after `specbuild up`: exact commands for this spec, from the current folder."""
+    from specbuild.cli.common import shown_path
+    from specbuild.triton.served_generate import default_url
+
+    cmd, activate = program()
+    c = f" -c {shown_path(spec.path)}" if spec.path else ""
+    url = "" if grpc_url == default_url(spec, "grpc") else f" --url {grpc_url}"
+    rows: list[tuple[str, str]] = []
+    if activate:
+        rows.append((f"source {activate}", f"then plain `specbuild ...` works (or type {cmd} as below)"))
+    if serving:
+        rows += [(f"{cmd} generate{c}{url} {NEXT_PROMPT}", "through this server"),
+                 (f"{cmd} bench{c} --url {grpc_url} --protocol grpc", "speed with and without speculation")]
+    else:
+        rows += [(f"{cmd} generate{c} --local {NEXT_PROMPT}", "in-process, no server"),
+                 (f"{cmd} serve{c}", "serve again (Ctrl-C stops it) ..."),
+                 (f"{cmd} generate{c} {NEXT_PROMPT}", "... and ask it, from another terminal"),
+                 (f"{cmd} bench{c} --local", "speed with and without speculation")]
+    rows.append((f"{cmd} check{c}", f"the pair report; every command: {cmd} --help"))
+    width = max(len(command) for command, _ in rows)
+    where = "in another terminal while this one serves" if serving else "from this folder"
+    return ["", f"next ({where}):"] + [f"  {command:<{width}}  # {why}" for command, why in rows]
+
+
 def _demo(ctx, handle) -> list[dict[str, Any]]:
     """Stream each demo prompt through the BLS; print text as it arrives (stderr under --json)."""
+    from specbuild.bench.stats import top_token_share
     from specbuild.triton.client import SpecbuildClient
 
     out = []
@@ -92,7 +147,7 @@ def _demo(ctx, handle) -> list[dict[str, Any]]:
     with SpecbuildClient(handle.grpc_url, protocol="grpc") as client:
         for kind, prompt in demo_prompts():
             ctx.log(f"\n--- {kind} prompt ({len(prompt)} chars), K = {k}:")
-            ctx.log(prompt.rstrip()[-120:])
+            ctx.log(prompt.rstrip()[-160:])
             ctx.log("--- streamed continuation:")
             t0 = time.perf_counter()
             first = None
@@ -109,6 +164,7 @@ def _demo(ctx, handle) -> list[dict[str, Any]]:
             if not ctx.as_json:
                 click.echo("")
             tokens = int(stats.get("num_output_tokens", 0))
+            share = top_token_share(stats.get("output_ids") or [])
             row = {
                 "kind": kind,
                 "text": "".join(parts),
@@ -119,8 +175,12 @@ def _demo(ctx, handle) -> list[dict[str, Any]]:
                 "total_accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)),
                 "time_to_first_token_s": round(first or seconds, 4),
                 "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else None,
+                "top_token_share": None if share is None else round(share, 4),
             }
             ctx.log(f"--- {tokens} tokens, acceptance_rate {row['acceptance_rate']:.2f}, "
                     f"mean_accepted_len {row['mean_accepted_len']:.2f}, {row['tokens_per_s']} tokens/s")
+            if share is not None and share >= MAX_TOP_TOKEN_SHARE:
+                ctx.log(f"--- note: one token is {share:.0%} of this output (repetitive text): acceptance on "
+                        "repeated tokens says little about real text")
             out.append(row)
     return out

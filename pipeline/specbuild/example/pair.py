@@ -5,8 +5,10 @@
 The pair lives in `<cache>/example-<variant>-<recipe key>/` with `target/`, `draft/` (Hugging Face
 Llama checkpoints, safetensors, float32, the same tokenizer files in both), `example.json` (recipe,
 measurements, timings) and `manifest.json`. `<cache>` is $SPECBUILD_CACHE_DIR, else the user cache
-folder (platformdirs). A build writes into a temporary folder renamed into place under a lock, so
-an interrupted build leaves nothing half-written and two processes never build the same pair at once.
+folder (platformdirs). When the package holds a committed copy built from the current recipe
+(`example/packaged.py`), the pair is unpacked from it in seconds; otherwise (or with `train=True`)
+it is trained here. Either way it is written into a temporary folder renamed into place under a
+lock, so an interruption leaves nothing half-written and two processes never build the same pair.
 """
 
 from __future__ import annotations
@@ -56,15 +58,18 @@ def _recipe(variant: str):
     return VARIANTS[variant]
 
 
-def recipe_key(variant: str) -> str:
-    from specbuild.example import corpus
+def recipe_key(variant: str, train: bool = False) -> str:
+    """The key of the pair `ensure_example` uses: the committed copy's when it matches the current
+    recipe (its own corpus), else the recipe's on this machine's corpus (`train`: always the latter)."""
+    from specbuild.example import corpus, packaged
 
-    return _recipe(variant).key(corpus.describe()["fingerprint"])
+    committed = None if train else packaged.find(_recipe(variant).variant)
+    return committed.key if committed else _recipe(variant).key(corpus.describe()["fingerprint"])
 
 
-def example_dir(variant: str = "full") -> Path:
+def example_dir(variant: str = "full", train: bool = False) -> Path:
     """Where the cached pair for `variant` lives (whether or not it has been built yet)."""
-    return cache_root() / f"example-{variant}-{recipe_key(variant)}"
+    return cache_root() / f"example-{variant}-{recipe_key(variant, train)}"
 
 
 def _pair_at(root: Path) -> ExamplePair:
@@ -83,10 +88,10 @@ def _complete(root: Path, key: str) -> bool:
     return data.get("input_hash") == key and all((root / p).exists() for p in ("target", "draft", EXAMPLE_JSON))
 
 
-def cached_example(variant: str = "full") -> ExamplePair | None:
+def cached_example(variant: str = "full", train: bool = False) -> ExamplePair | None:
     """The cached pair if it is already built for the current recipe, else None (never builds)."""
-    root = example_dir(variant)
-    return _pair_at(root) if _complete(root, recipe_key(variant)) else None
+    root = example_dir(variant, train)
+    return _pair_at(root) if _complete(root, recipe_key(variant, train)) else None
 
 
 @contextmanager
@@ -104,21 +109,32 @@ def _locked_output(final: Path, force: bool) -> Iterator[Any]:
 
 
 def ensure_example(
-    variant: str = "full", root: str | Path | None = None, force: bool = False, progress: bool | None = None
+    variant: str = "full", root: str | Path | None = None, force: bool = False, progress: bool | None = None,
+    train: bool = False,
 ) -> ExamplePair:
-    """Return the example pair, building it first when the cache has none for the current recipe.
+    """Return the example pair: from the cache, else unpacked from the committed copy, else trained.
 
     root: also copy the pair to this folder (e.g. `specbuild example --out DIR`); the cache stays.
-    force: rebuild the cached pair even if it is up to date (and rewrite `root`).
-    progress: show a progress bar on stderr; None = only when stderr is a terminal.
+    force: redo the cached pair even if it is up to date (and rewrite `root`).
+    progress: False = silent; otherwise a progress bar on a terminal, or progress lines in a log.
+    train: train the pair on this machine even when the package holds a committed copy.
     """
-    key = recipe_key(variant)
-    cached = example_dir(variant)
+    from specbuild.example import packaged
+
+    committed = None if train else packaged.find(_recipe(variant).variant)
+    key = recipe_key(variant, train)
+    cached = example_dir(variant, train)
     if force or not _complete(cached, key):
         with _locked_output(cached, force) as out:
             if not out.up_to_date(key) or not _complete(cached, key):
-                info = _build(variant, out.tmp, progress)
-                out.commit({"stage": STAGE, "input_hash": key, "variant": variant,
+                if committed is not None:
+                    if progress is not False:
+                        print(f"example pair ({variant}): unpacking the committed copy into {cached}",
+                              file=sys.stderr, flush=True)
+                    info, source = packaged.unpack(committed, out.tmp), "package"
+                else:
+                    info, source = _build(variant, out.tmp, progress), "trained"
+                out.commit({"stage": STAGE, "input_hash": key, "variant": variant, "source": source,
                             "versions": info["versions"]})
     pair = _pair_at(cached)
     return pair if root is None else _copy(pair, Path(root), key, force)
@@ -149,13 +165,12 @@ def _copy(pair: ExamplePair, dest: Path, key: str, force: bool) -> ExamplePair:
 def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]:
     """Train tokenizer, target and draft into `out_dir`; write example.json; return its contents."""
     import torch
-    from tqdm import tqdm
 
     from specbuild.example import corpus, train
     from specbuild.example.tokenizer import TOKENIZER_FILES, save_hf_tokenizer, train_tokenizer
+    from specbuild.progress import Progress
 
     recipe = _recipe(variant)
-    show = sys.stderr.isatty() if progress is None else progress
     total = recipe.target_steps + recipe.distill_steps
     # Wall time depends on what else runs on the machine; CPU time (all threads) much less so.
     timings: dict[str, float] = {}
@@ -175,20 +190,23 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(recipe.torch_threads)
     torch.utils.deterministic.fill_uninitialized_memory = False
-    bar = tqdm(total=total, desc=f"example pair ({variant}): tokenizer", unit="step", file=sys.stderr,
-               disable=not show, dynamic_ncols=True)
+    label = f"example pair ({variant})"
+    # A bar on a terminal; in a log (CI, nohup, | tee) a line every few seconds with an ETA.
+    bar = Progress(total=total, desc=f"{label}: tokenizer", unit="step", mode=None if progress is not False else "off")
     try:
         tok = train_tokenizer(train.training_texts(recipe), recipe.vocab_size)
         tok_dir = out_dir / "tokenizer"
         save_hf_tokenizer(tok, tok_dir, model_max_length=recipe.target.max_position_embeddings)
         lap("tokenizer_s")
-        bar.set_description(f"example pair ({variant}): data")
+        bar.set_description(f"{label}: data")
         stream = train.token_stream(tok, recipe)
         lap("data_s")
-        bar.set_description(f"example pair ({variant}): training")
+        bar.set_description(f"{label}: training (loss target/draft)")
         target, draft, train_stats = train.train_pair(recipe, stream, bar.update)
         lap("train_s")
-        bar.set_description(f"example pair ({variant}): measuring")
+        bar.set_description(f"{label}: measuring")
+        for model in (target, draft):
+            train.round_to_storage(model, recipe.storage_dtype)
         quality = train.measure_agreement(target, draft, tok, recipe)
         cost = train.measure_cost_ratio(target, draft)
         lap("measure_s")
@@ -210,6 +228,7 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
         "recipe_key": recipe.key(corpus.describe()["fingerprint"]),
         "seed": recipe.seed,
         "dtype": "float32",
+        "storage_dtype": recipe.storage_dtype,
         "architecture": "LlamaForCausalLM",
         "vocab_size": recipe.vocab_size,
         "params": params,

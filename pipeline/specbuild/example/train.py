@@ -23,7 +23,7 @@ from specbuild.example import corpus
 from specbuild.example.recipe import ModelShape, Recipe
 from specbuild.example.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-Tick = Callable[[int], None]
+Tick = Callable[..., None]  # tick(steps, **figures): one call per optimizer step, with its losses
 
 
 def make_model(shape: ModelShape, vocab_size: int, seed: int):
@@ -155,7 +155,7 @@ def train_pair(recipe: Recipe, stream: torch.Tensor, tick: Tick) -> tuple[Any, A
         opt_d.step()
         opt_d.zero_grad(set_to_none=True)
         losses["draft"].append(loss_d.item())
-        tick(1)
+        tick(1, loss=f"{losses['target'][-1]:.3f}/{losses['draft'][-1]:.3f}")
     target.eval()
     draft.eval()
     tail = max(1, recipe.target_steps // 10)
@@ -165,6 +165,15 @@ def train_pair(recipe: Recipe, stream: torch.Tensor, tick: Tick) -> tuple[Any, A
         "tokens_seen": d_total * recipe.batch_size * recipe.seq_len,
     }
     return target, draft, stats
+
+
+@torch.no_grad()
+def round_to_storage(model, dtype_name: str) -> None:
+    """Round every weight to `dtype_name` precision in place (kept float32): float16 -> float32 is exact,
+    so the weights measured here are bit for bit the ones a float16 copy unpacks to."""
+    dtype = getattr(torch, dtype_name)
+    for param in model.parameters():
+        param.copy_(param.to(dtype).to(torch.float32))
 
 
 @torch.no_grad()

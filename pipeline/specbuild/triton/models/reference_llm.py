@@ -137,7 +137,6 @@ def assemble(inputs: dict[str, np.ndarray], results: list[dict[str, np.ndarray]]
 def load_engine(engine_dir: Path, device: str | None = None):
     """The runtime's ContractModel over a reference engine folder (config.json, weights, engine.json), with the
     engine's limits: max_num_tokens (the input limit) and logits_dtype included."""
-    from specbuild.runtime.contract import Limits
     from specbuild.runtime.loading import REFERENCE_ENGINE, ModelSource, load_contract_model
 
     try:
@@ -150,10 +149,8 @@ def load_engine(engine_dir: Path, device: str | None = None):
     if manifest.get("backend") != "reference":
         raise ValueError(f"{engine_dir} holds a {manifest.get('backend')!r} engine, not a reference engine.")
     source = ModelSource(limits.get("role", "target"), engine_dir, REFERENCE_ENGINE, limits)
-    model = load_contract_model(source, device=device)
-    model.limits = Limits.from_engine(limits, model.limits.max_seq_len)
-    _share_cpu(source, device)
-    return model
+    _share_cpu(source, device)  # before loading: the exactness probe holds for the thread count it ran at
+    return load_contract_model(source, device=device)  # limits from engine.json (Limits.from_engine)
 
 
 def declared_logits_type(config: dict) -> str | None:

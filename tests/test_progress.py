@@ -1,0 +1,59 @@
+"""Progress on stderr: a bar on a terminal, timed lines with an ETA in a log, nothing when off."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from specbuild.progress import Progress, duration
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_durations_read_like_a_clock():
+    assert [duration(s) for s in (0, 12.4, 75, 3599, 3700)] == ["0s", "12s", "1m15s", "59m59s", "1h01m"]
+
+
+def test_a_log_gets_a_line_per_phase_and_every_few_seconds_with_an_eta():
+    out, clock = io.StringIO(), Clock()
+    bar = Progress(total=100, desc="pair: tokenizer", mode=None, stream=out, every_s=10, clock=clock)
+    clock.now += 30  # the tokenizer phase takes 30 s: not counted in the training ETA
+    bar.set_description("pair: training")
+    for _ in range(100):
+        clock.now += 1
+        bar.update(1, loss="3.2")
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["pair: tokenizer ...", "pair: training ..."]
+    assert lines[2] == "pair: training: 10/100 step (10%), 40s elapsed, ETA 1m30s, loss=3.2"
+    assert len(lines) == 2 + 10  # one line per 10 s, the last one at 100 %
+    assert lines[-1] == "pair: training: 100/100 step (100%), 2m10s elapsed, loss=3.2"
+
+
+def test_a_terminal_gets_a_bar_and_off_prints_nothing():
+    tty = Terminal()
+    with Progress(total=3, desc="bench", unit="requests", stream=tty) as bar:
+        bar.update(3)
+    assert "\rbench:" in tty.getvalue() and "/3 [" in tty.getvalue()  # tqdm redraws in place
+    assert "bench ..." not in tty.getvalue()
+    quiet = io.StringIO()
+    with Progress(total=3, desc="bench", mode="off", stream=quiet) as bar:
+        bar.update(3)
+    assert quiet.getvalue() == ""
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="bar, lines or off"):
+        Progress(total=1, desc="x", mode="loud", stream=io.StringIO())
