@@ -33,6 +33,10 @@ def test_minimal_spec_gets_the_defaults():
     assert spec.output_dir == Path("/specs/engines")
     assert (spec.target.quantization, spec.speculative.max_draft_len, spec.gpu.name) == ("none", 4, "H100-80GB")
     assert spec.pair_dir == Path("/specs/engines/pair")
+    assert spec.speculative.overlap == "auto"
+    for value in (True, False, "auto"):
+        assert spec_from_dict(raw(speculative={"overlap": value}), base_dir=BASE).speculative.overlap is value \
+            or value == "auto"
 
 
 def test_home_folder_paths_are_expanded(monkeypatch, tmp_path):
@@ -110,6 +114,8 @@ def test_gpu_memory_must_be_positive():
         (raw(build={"max_seq_len": 2048.0}), "build.max_seq_len = 2048.0: expected an integer."),
         (raw(build={"tp_size": True}), "build.tp_size = True: expected an integer."),
         (raw(speculative={"adaptive": "yes"}), "speculative.adaptive = 'yes': expected true or false."),
+        (raw(speculative={"overlap": "yes"}), "speculative.overlap = 'yes': expected true, false or \"auto\"."),
+        (raw(speculative={"overlap": 1}), "speculative.overlap = 1: expected true, false or \"auto\"."),
         (raw(gpu={"memory_gib": "80"}), "gpu.memory_gib = '80': expected a number."),
         (raw(target={"checkpoint": ""}), "target.checkpoint = '': expected a non-empty string."),
         ({**raw(), "build": 4}, "[build] must be a table, got 4."),

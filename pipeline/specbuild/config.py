@@ -55,6 +55,7 @@ class SpeculativeSpec:
     num_draft_tokens: int = 4  # default K per request (<= max_draft_len; 0 = target only)
     use_draft_logits: bool = False  # exact rejection sampling needs the draft's logits
     adaptive: bool = True  # adapt K to the running acceptance rate, fall back to K = 0
+    overlap: bool | str = "auto"  # draft the next step while the target verifies: true, false, or "auto" (where it pays)
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,10 @@ def _coerce(where: str, value: Any, annotation: str) -> Any:
         if isinstance(value, bool):
             return value
         raise SpecError(f"{where} = {value!r}: expected true or false.")
+    if kind == "bool|str":  # a switch with an "auto" setting (validate checks the word)
+        if isinstance(value, (bool, str)):
+            return value
+        raise SpecError(f"{where} = {value!r}: expected true, false or \"auto\".")
     if kind == "int":
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -248,6 +253,8 @@ def validate(spec: Spec) -> Spec:
             f"speculative.num_draft_tokens = {sp.num_draft_tokens} exceeds max_draft_len = {sp.max_draft_len}: "
             "the target engine rejects longer drafts. Lower num_draft_tokens or raise max_draft_len."
         )
+    if isinstance(sp.overlap, str) and sp.overlap != "auto":
+        raise SpecError(f"speculative.overlap = {sp.overlap!r}: expected true, false or \"auto\".")
     for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tp_size", "pp_size"):
         _positive(f"build.{key}", getattr(b, key))
     if b.backend is not None:

@@ -33,13 +33,16 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is accepted.")
 @click.option("--adaptive/--no-adaptive", default=None,
               help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.")
+@click.option("--overlap/--no-overlap", default=None,
+              help="--local: draft the next step while the target verifies this one (same text, faster with "
+              "2 free cores). Default: the spec's speculative.overlap (auto: on where it pays).")
 @click.option("--device", default="auto", show_default=True, help="--local: cpu, cuda, or auto.")
 @click.option("--no-cache", "no_cache", is_flag=True, help="--local: disable the KV and prefix caches (slower; same output).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="--local on CPU: torch threads. Default: 1 for small models, else torch's default.")
 @json_option
 def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
-            stream, adaptive, device, no_cache, threads, as_json):
+            stream, adaptive, overlap, device, no_cache, threads, as_json):
     """Generate text for PROMPT with speculative decoding.
 
     \b
@@ -53,6 +56,9 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
     """
     if local and url:
         raise click.UsageError("pass either --local or --url, not both.")
+    if overlap is not None and not local:
+        raise click.UsageError("--overlap/--no-overlap applies to --local: the server path runs the sequential "
+                               "schedule. Add --local, or drop the option.")
     from specbuild.session.generation import Options
 
     spec = get_spec(spec_path)
@@ -62,8 +68,9 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
     if local:
         from specbuild.session.local import LocalSession
 
-        session = LocalSession.from_spec(spec, device=device, use_cache=not no_cache, threads=threads)
-        generation = session.generate(prompt, options, on_text=echo)
+        with LocalSession.from_spec(spec, device=device, use_cache=not no_cache, threads=threads,
+                                    overlap=overlap) as session:
+            generation = session.generate(prompt, options, on_text=echo)
     else:
         from specbuild.session.served import ServedSession
 
@@ -98,6 +105,9 @@ def summary(doc: dict[str, Any]) -> str:
         )
     else:
         parts.append("K = 0 (target only)")
+    if doc.get("early_drafts"):
+        parts.append(f"early drafts {doc['early_draft_hits']}/{doc['early_drafts']} used, "
+                     f"{doc['hidden_seconds']:.3f} s of drafting hidden")
     if doc.get("engine_source"):
         parts.append(f"weights: {doc['engine_source']}")
     return "; ".join(parts)
