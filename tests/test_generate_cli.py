@@ -83,11 +83,6 @@ def test_overlap_gives_the_same_text_and_reports_its_early_drafts(tiny_spec_path
     assert shown.exit_code == 0 and "early drafts " in shown.stderr and "of drafting hidden" in shown.stderr
 
 
-def test_overlap_without_local_is_a_usage_error(tiny_spec_path):
-    result = generate("-c", tiny_spec_path, "--overlap", PROMPT)
-    assert result.exit_code == 2 and "--overlap/--no-overlap applies to --local" in result.output
-
-
 def test_local_and_url_together_is_a_usage_error(tiny_spec_path):
     result = generate("--local", "--url", "localhost:8001", "-c", tiny_spec_path, PROMPT)
     assert result.exit_code == 2 and "pass either --local or --url, not both" in result.output

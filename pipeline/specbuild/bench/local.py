@@ -132,7 +132,7 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
     transport = LocalTransport(session, concurrent=True, batched=batched, close_batched=close,
                                overlap=False if compare else session.overlap)
     if compare:
-        transport.peers = [transport.with_overlap(session.overlap, "local-overlap")]
+        transport.peers = [transport.with_overlap(session.overlap, f"{transport.name}-overlap")]
     return transport
 
 

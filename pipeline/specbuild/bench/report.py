@@ -241,6 +241,10 @@ def table(doc: dict[str, Any]) -> str:
     serving = doc.get("serving_overhead")
     if serving:
         lines.append(f"Triton vs local, one stream: {_fmt(serving.get('triton_over_local'))}x of local tokens/s")
+        if serving.get("overlapped"):
+            lines.append(f"Triton overlapped vs local sequential, one stream: "
+                         f"{_fmt(serving['overlapped'].get('triton_over_local'))}x at K = "
+                         f"{serving['overlapped'].get('num_draft_tokens')}")
     for note in doc.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -4,8 +4,10 @@
          1-row matmuls with --vs-plain, interleaved), in the schedule `overlap` names (None: the spec's);
          overlap="compare" runs the sequential and the overlapped (draft-ahead) schedules on the same
          models, interleaved request by request, and adds an "overlap" section comparing them.
---url:   a Triton server (+ the local runtime at concurrency 1, sequential, when it can be loaded here,
-         for the serving overhead: Triton tokens/s over local sequential tokens/s on one stream).
+--url:   a Triton server, each request asking for the schedule `overlap` names (None: the server's own;
+         "compare": sequential and overlapped requests interleaved, with the same "overlap" section)
+         (+ the local runtime at concurrency 1, sequential, when it can be loaded here, for the serving
+         overhead: Triton tokens/s over local sequential tokens/s on one stream, for each schedule).
 Greedy runs also say whether every K gave exactly the K = 0 tokens (`same_tokens_as_k0`).
 """
 
@@ -145,6 +147,9 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         from specbuild.bench.remote import RemoteTransport
 
         transport = RemoteTransport.connect(url, protocol, spec_path=spec_path, spec=spec)
+        transport.overlap = False if overlap == "compare" else overlap
+        if overlap == "compare":
+            peers.append(transport.with_overlap(True, "triton-overlap"))
         try:
             peers.append(_local_transport(spec, log, threads, row_block, overlap=False))
         except SpecbuildError as err:
@@ -181,8 +186,13 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
     extra: dict[str, Any] = {}
     if "hf" in measured:
         extra["hf"] = hf_section(ours, measured["hf"], best_k)
+    overlapped = measured.get(f"{transport.name}-overlap")
     if "local" in measured and mode == "triton":
         extra["serving_overhead"] = serving_section(ours, measured["local"], best_k)
+        if overlapped is not None:
+            top_overlapped = report.best(report.cells(overlapped.summaries()))
+            extra["serving_overhead"]["overlapped"] = serving_section(
+                overlapped, measured["local"], top_overlapped["num_draft_tokens"] if top_overlapped else None)
     if "plain" in measured:
         extra["plain"] = plain_section(ours, measured["plain"], best_k)
     if settings.temperature == 0:
@@ -191,11 +201,11 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
                 row["same_tokens_as_k0"] = same_tokens(ours, ours, row["num_draft_tokens"])
         equal = [row["same_tokens_as_k0"] for row in rows if row.get("same_tokens_as_k0") is not None]
         extra["greedy_equal"] = all(equal) if equal else None
-    if "local-overlap" in measured:
-        extra["overlap"] = overlap_section(ours, measured["local-overlap"])
+    if overlapped is not None:
+        extra["overlap"] = overlap_section(ours, overlapped)
     doc_settings = {"num_draft_tokens": list(ks), "concurrency": list(settings.concurrency),
                     "max_tokens": settings.max_tokens, "requests": settings.requests,
                     "temperature": settings.temperature, "seed": settings.seed, "url": url,
                     "protocol": protocol if url else None,
-                    "overlap": None if url else "compare" if overlap == "compare" else transport.overlap}
+                    "overlap": "compare" if overlap == "compare" else transport.overlap}
     return report.document(mode, spec.name, prompts.name, doc_settings, rows, [*ours.notes, *notes], extra)

@@ -27,9 +27,9 @@ from specbuild.bench.report import DEGENERATE_SHARE
 from specbuild.bench.runner import Settings
 from specbuild.bench.stats import RequestResult, summarize
 from specbuild.config import Spec
-from specbuild.runtime.loading import available_cores
 from specbuild.speculative.adaptive import best_k
 from specbuild.speculative.draft_len import resolve_k
+from specbuild.speculative.overlap import available_cores
 
 MAX_K = 8  # predictions cover K = 0..max(MAX_K, spec max_draft_len)
 PROMPTS_PER_KIND = 2

@@ -37,9 +37,9 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
               help="Write PNG plots into this folder.")
 @click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up request per K.")
 @click.option("--overlap", type=click.Choice(["auto", "on", "off", "compare"]), default=None,
-              help="--local: the schedule. on/off: draft the next step while the target verifies (or not); auto: "
-              "where it pays; compare: both, interleaved, with the gain, hit rate and bounds. "
-              "Default: the spec's speculative.overlap.")
+              help="The schedule. on/off: draft the next step while the target verifies (or not); auto: where it "
+              "pays; compare: both, interleaved, with the gain, hit rate and bounds. Default: the spec's "
+              "speculative.overlap with --local, the server's own with --url (asked per request).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch CPU threads for in-process models (default: 1 for small models, else torch's "
               "choice). More threads than free cores makes a busy machine many times slower.")
@@ -53,7 +53,7 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
     Per request: time to first token, time per output token, tokens/s, acceptance.
     Per K: speedup over K = 0 (same deployment, requests interleaved), alpha, c,
     the bound (1 - alpha^(K+1)) / (1 - alpha) / (K c + 1) and efficiency = speedup / bound
-    (with --local, cells that drafted ahead use the overlapped schedule's bound).
+    (cells that drafted ahead use the overlapped schedule's bound).
 
     \b
     Examples:
@@ -61,6 +61,7 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
       specbuild bench --local --vs-hf --num-draft-tokens 0,2,4 --plot bench-plots
       specbuild bench --local --workload json --overlap compare
       specbuild bench --url http://127.0.0.1:8000 --concurrency 1,2,4 --workload json
+      specbuild bench --url http://127.0.0.1:8000 --workload json --overlap compare
     """
     from specbuild.bench import runner
 
@@ -72,8 +73,6 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
         raise click.UsageError("--vs-hf compares greedy decoding: drop --temperature.")
     if vs_plain and not local:
         raise click.UsageError("--vs-plain runs a second target in-process next to the local runtime: add --local.")
-    if overlap is not None and not local:
-        raise click.UsageError("--overlap sets the in-process schedule: add --local (a server runs the sequential one).")
     schedule = {"on": True, "off": False}.get(overlap, overlap)
     from specbuild.errors import BenchError
 

@@ -34,8 +34,9 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
 @click.option("--adaptive/--no-adaptive", default=None,
               help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.")
 @click.option("--overlap/--no-overlap", default=None,
-              help="--local: draft the next step while the target verifies this one (same text, faster with "
-              "2 free cores). Default: the spec's speculative.overlap (auto: on where it pays).")
+              help="Draft the next step while the target verifies this one (same text; faster where the two "
+              "models get a core or GPU each). Default: the spec's speculative.overlap with --local (auto: on "
+              "where it pays), else the server's.")
 @click.option("--device", default="auto", show_default=True, help="--local: cpu, cuda, or auto.")
 @click.option("--no-cache", "no_cache", is_flag=True, help="--local: disable the KV and prefix caches (slower; same output).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -56,14 +57,11 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
     """
     if local and url:
         raise click.UsageError("pass either --local or --url, not both.")
-    if overlap is not None and not local:
-        raise click.UsageError("--overlap/--no-overlap applies to --local: the server path runs the sequential "
-                               "schedule. Add --local, or drop the option.")
     from specbuild.session.generation import Options
 
     spec = get_spec(spec_path)
     options = Options(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=seed, adaptive=adaptive)
+                      top_p=top_p, seed=seed, adaptive=adaptive, overlap=None if local else overlap)
     echo = None if as_json or not stream else _echo_stdout
     if local:
         from specbuild.session.local import LocalSession

@@ -8,7 +8,6 @@ checkpoint named in the spec. The choice is reported as "reference-engine" or "h
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from specbuild.config import Spec
 from specbuild.errors import CheckpointError
+from specbuild.speculative.overlap import available_cores, resolve_auto
 
 REFERENCE_ENGINE = "reference-engine"
 HF_CHECKPOINT = "hf-checkpoint"
@@ -167,35 +167,19 @@ def configure_threads(threads: int | None, source: ModelSource, device: str) -> 
     return threads
 
 
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def resolve_overlap(setting: bool | str, device: str) -> tuple[bool | str, str]:
-    """What the loop gets in-process for an overlap setting (spec or CLI), and why.
+    """What the loop gets in-process for an overlap setting (spec or CLI), and why (`overlap.resolve_auto`).
 
-    True and False are kept. "auto" stays "auto" (the loop then drafts ahead while its early drafts
-    hit often enough) when the drafter's thread and the loop's thread each find their own cores:
-    2 x torch's intra-op threads on CPU (both models run on the same pool of cores), 2 when a GPU does
-    the arithmetic. Otherwise False: on one core the two threads only take turns.
+    "auto" stays "auto" when the drafter's process and this one each find their own cores: 2 x torch's
+    intra-op threads on CPU (both models run on the same pool of cores), 2 when a GPU does the arithmetic.
     """
-    if setting is True or setting is False:
-        return setting, f"overlap {'on' if setting else 'off'} as asked"
-    cores = available_cores()
-    if device == "cpu":
+    if device == "cpu" and not (setting is True or setting is False):
         import torch
 
         threads = torch.get_num_threads()
-        need, what = 2 * threads, f"2 x {threads} torch thread{'s' if threads != 1 else ''}"
-    else:
-        need, what = 2, "a thread each for the draft and the target"
-    if cores >= need:
-        return "auto", f"auto: {cores} cores for {what}"
-    return False, f"auto: off, {cores} core{'s' if cores != 1 else ''} cannot run {what} at once"
+        return resolve_auto(setting, available_cores(), 2 * threads,
+                            f"2 x {threads} torch thread{'s' if threads != 1 else ''}")
+    return resolve_auto(setting, available_cores(), 2, "a thread each for the draft and the target")
 
 
 def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,

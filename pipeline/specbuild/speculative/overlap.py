@@ -15,18 +15,23 @@ the schedule; this module holds what it runs on (docs/speculative.md has the tim
 - `EarlyDraft`: an early draft in flight: the tokens it continues, the K it was asked for, its handle.
 - `OverlapGate`: `overlap = "auto"` inside a request: draft ahead while the running hit rate pays
   for it, stop when it does not, and probe again now and then.
+- `resolve_auto`: `overlap = "auto"` for a deployment: kept where the drafter and the target can run at
+  the same time (enough cores), else off. Its callers say what "enough" is: in-process
+  (`runtime.loading.resolve_overlap`) 2 x torch's threads, in the Triton BLS a core per model process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from specbuild.speculative.interfaces import Ahead, AheadDrafter, Draft, Drafter, Pending, SamplingParams
 
-__all__ = ["MIN_HIT_RATE", "EarlyDraft", "OverlapGate", "ThreadedAhead", "ahead_proposer", "propose_ahead"]
+__all__ = ["MIN_HIT_RATE", "EarlyDraft", "OverlapGate", "ThreadedAhead", "ahead_proposer", "available_cores",
+           "parse_setting", "propose_ahead", "resolve_auto"]
 
 GREEDY = SamplingParams()
 MIN_HIT_RATE = 0.2  # "auto" stops drafting ahead below this hit rate (docs/speculative.md, "When it pays")
@@ -147,3 +152,37 @@ class OverlapGate:
         self._hits = self.decay * self._hits + float(hit)
         self._tries = self.decay * self._tries + 1.0
         self._closed_streak = 0
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def parse_setting(value: object, where: str = "overlap") -> bool | str:
+    """True, False or "auto" from a config or request value (bool, or "true" / "false" / "auto" in any case);
+    ValueError naming `where` otherwise."""
+    if value is True or value is False:
+        return value
+    word = str(value).strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    if word == "auto":
+        return "auto"
+    raise ValueError(f'{where} = {value!r} is invalid: use true, false or "auto".')
+
+
+def resolve_auto(setting: bool | str, cores: int, need: int, what: str) -> tuple[bool | str, str]:
+    """(the schedule, why) for a setting: True and False as asked; "auto" stays "auto" (the loop's gate then
+    drafts ahead while early drafts hit often enough) when `cores` >= `need`, the cores that run `what` at
+    once, else False: with fewer, the drafter and the target only take turns."""
+    if setting is True or setting is False:
+        return setting, f"overlap {'on' if setting else 'off'} as asked"
+    if cores >= need:
+        return "auto", f"auto: {cores} cores for {what}"
+    return False, f"auto: off, {cores} core{'s' if cores != 1 else ''} cannot run {what} at once"

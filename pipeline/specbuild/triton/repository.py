@@ -159,6 +159,7 @@ def plan_settings(
         num_draft_tokens=spec.speculative.num_draft_tokens,
         use_draft_logits=spec.speculative.use_draft_logits,
         adaptive=spec.speculative.adaptive,
+        overlap=str(spec.speculative.overlap).lower(),
         logits_datatype=logits_datatype,
         bls_decoupled=s.decoupled,
         max_queue_delay_microseconds=s.max_queue_delay_microseconds,
