@@ -18,6 +18,7 @@ from specbuild.session.local import LocalSession
 from specbuild.session.served import Deployment, ServedSession, read_stream, server_url
 from specbuild.speculative.draft_len import resolve_fixed_k, resolve_k, resolve_ks
 from specbuild.speculative.loop import GenerationRequest
+from specbuild.speculative.stats import SpeculationStats
 from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
 from specbuild.triton.client import Chunk
 
@@ -177,9 +178,9 @@ class BlsClient:
 
     def generate(self, prompt, **fields):
         self.sent.append(fields)
-        figures = {"drafted": 6, "accepted": 4, "steps": 3, "per_position_drafted": [3, 2, 1],
-                   "per_position_accepted": [2, 1, 1], "draft_seconds": 0.1, "target_seconds": 0.2,
-                   "early_drafts": 2, "early_draft_hits": 1, "hidden_seconds": 0.05}
+        figures = SpeculationStats(drafted=6, accepted=4, steps=3, per_position_drafted=[3, 2, 1],
+                                   per_position_accepted=[2, 1, 1], draft_seconds=0.1, target_seconds=0.2,
+                                   early_drafts=2, early_draft_hits=1, hidden_seconds=0.05).to_dict()
         if fields.get("overlap") is not None:
             figures["overlap"] = fields["overlap"]
         yield Chunk("ab", True, {"finish_reason": "length", "output_ids": [1, 2, 3, 4, 5, 6, 7],

@@ -62,6 +62,8 @@ REASONS: dict[str, str] = {
     "gpu.name": f"known GPUs: {', '.join(GPUS)}",
     "gpu.memory_gib": "usable memory per GPU in GiB; overrides the known figure, or set it for an unlisted GPU",
     "gpu.count": "GPUs available (>= tp_size x pp_size)",
+    "gpu.draft_device_ids": "GPUs of the draft engine, e.g. [1]: its own lets it draft ahead without slowing the "
+                            "target (unset: its own when count >= 2 x tp_size x pp_size, else the target's)",
     "serve.host": "address to bind; loopback unless you mean to expose the server",
     "serve.http_port": "Triton HTTP port (0 = pick a free one)",
     "serve.grpc_port": "Triton gRPC port (0 = pick a free one)",
@@ -95,6 +97,8 @@ def toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (str, Path)):
         return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML form for {value!r}")
 
 
@@ -107,7 +111,8 @@ def _default(cls: type, name: str) -> Any:
     return dataclasses.MISSING
 
 
-UNSET_EXAMPLES = {"memory_gib": 80.0, "backend": "llmapi", "free_gpu_memory_fraction": 0.9}  # shown, commented out, for keys whose default is unset
+UNSET_EXAMPLES = {"memory_gib": 80.0, "backend": "llmapi", "free_gpu_memory_fraction": 0.9,
+                  "draft_device_ids": [1]}  # shown, commented out, for keys whose default is unset
 
 
 def _line(key: str, value: Any, default: Any, reason: str) -> list[str]:
