@@ -321,6 +321,20 @@ def test_invalid_overlap_setting_is_a_request_error():
         run([1], ToyDrafter(TARGET), ToyVerifier(TARGET), GenerationRequest(max_tokens=2, overlap="yes"))
 
 
+def test_settings_and_the_auto_rule_for_a_deployment():
+    assert [overlap_module.parse_setting(v) for v in (True, "False", " auto ", "on", "0")] == [True, False, "auto",
+                                                                                                 True, False]
+    with pytest.raises(ValueError, match=r"request parameter 'overlap' = 'sometimes' is invalid"):
+        overlap_module.parse_setting("sometimes", "request parameter 'overlap'")
+    assert overlap_module.resolve_auto("auto", 2, 2, "two model processes") == ("auto", "auto: 2 cores for two model "
+                                                                                         "processes")
+    assert overlap_module.resolve_auto("auto", 1, 2, "two model processes") == (
+        False, "auto: off, 1 core cannot run two model processes at once")
+    assert overlap_module.resolve_auto(True, 1, 2, "x") == (True, "overlap on as asked")  # as asked, whatever the cores
+    assert overlap_module.resolve_auto(False, 8, 2, "x") == (False, "overlap off as asked")
+    assert overlap_module.available_cores() >= 1
+
+
 # --- the closed form -----------------------------------------------------------------------------
 
 
