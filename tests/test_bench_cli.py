@@ -42,6 +42,15 @@ def test_vs_hf_needs_local(spec_file):
     assert r.exit_code == 2 and "--vs-hf compares greedy decoding" in r.output
 
 
+def test_overlap_shows_in_the_plan_local_or_served(spec_file):
+    r = bench("-c", spec_file, "--overlap", "compare", "--dry-run", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["overlap"] == "compare" and json.loads(r.stdout)["mode"] == "triton"
+    r = bench("-c", spec_file, "--local", "--overlap", "compare", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["overlap"] == "compare"
+    assert bench("-c", spec_file, "--local", "--overlap", "sometimes", "--dry-run").exit_code == 2
+
+
 def test_bad_k_list_is_a_usage_error(spec_file):
     r = bench("-c", spec_file, "--local", "--num-draft-tokens", "0,two", "--dry-run")
     assert r.exit_code == 2

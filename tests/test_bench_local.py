@@ -82,3 +82,65 @@ def test_qualify_reports_alpha_c_predictions_and_a_recommendation(tmp_path):
     lines = qualify.summary_lines(good)
     assert lines[0].startswith(f"alpha {good['alpha']:.2f} at K = 4 on 3 prompts (code)")
     assert lines[-1] == f"recommended max_draft_len = {good['recommended_max_draft_len']}"
+    # the overlapped schedule: hit rate from the per-position alphas, its bound, its gain over the sequential best
+    alphas = good["per_position_alpha"]
+    assert rows[1]["hit_rate"] == pytest.approx(alphas[0] * alphas[1], abs=1e-3)
+    assert rows[3]["hit_rate"] == pytest.approx(np.prod(alphas[:4]), abs=1e-3)
+    assert rows[6]["hit_rate"] == pytest.approx(np.prod(alphas) * good["alpha"] ** 3, abs=1e-3)  # past K = 4: pooled
+    for row in rows[1:]:
+        assert row["overlapped_gpu"] >= row["gpu"] - 1e-9  # drafting ahead never costs more in the model
+    gain = good["overlap"]["gpu"]
+    assert gain["over_sequential"] == pytest.approx(
+        max(r["overlapped_gpu"] for r in rows[1:]) / max(r["gpu"] for r in rows[1:]), rel=1e-3)
+    assert any(line.startswith("overlapped on GPU") for line in lines)
+
+
+def test_overlapped_transport_reports_early_drafts_and_compare_section():
+    from specbuild.bench.run import overlap_section
+
+    t = toy_pair(noise=0.3)
+    peer = t.with_overlap(True, "local-overlap")
+    settings = runner.Settings(num_draft_tokens=(1, 3), max_tokens=24, requests=3)
+    measured = runner.run(t, WORKLOAD, settings, peers=[peer])
+    seq_rows = report.cells(measured["local"].summaries())
+    ovl_rows = report.cells(measured["local-overlap"].summaries())
+    assert [r["schedule"] for r in seq_rows] == ["sequential"] * 3 and all(r["early_drafts"] == 0 for r in seq_rows)
+    for r in ovl_rows[1:]:
+        assert r["schedule"] == "overlapped" and r["early_drafts"] > 0
+        assert 0 < r["early_draft_hit_rate"] <= 1 and r["hidden_seconds"] >= 0
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["overlap_bound"], rel=1e-2)
+    assert [r["output_tokens"] for r in ovl_rows] == [r["output_tokens"] for r in seq_rows]  # greedy: same text
+    section = overlap_section(measured["local"], measured["local-overlap"])
+    assert [r["num_draft_tokens"] for r in section["runs"]] == [1, 3]
+    for row, o, q in zip(section["runs"], ovl_rows[1:], seq_rows[1:]):
+        assert row["overlapped_over_sequential"] == pytest.approx(o["tokens_per_s"] / q["tokens_per_s"], rel=1e-2)
+        assert row["predicted_hit_rate"] == pytest.approx(q["alpha"] ** (row["num_draft_tokens"] + 1), abs=1e-3)
+        assert row["predicted_overlapped_over_sequential"] == pytest.approx(o["overlap_bound"] / q["bound"], rel=1e-2)
+    best = max(section["runs"], key=lambda r: r["overlapped_tokens_per_s"])
+    assert section["num_draft_tokens"] == best["num_draft_tokens"]
+    doc = report.document("local", "toy", "toy", {}, seq_rows, extra={"overlap": section})
+    assert "overlapped (draft-ahead) at K = " in report.table(doc)
+
+
+def test_peers_alternate_which_runs_first():
+    order = []
+
+    class Recording(LocalTransport):
+        def request(self, prompt, k, max_tokens, settings, concurrent=False):
+            order.append((self.name, k))
+            return super().request(prompt, k, max_tokens, settings, concurrent)
+
+    base = toy_pair(noise=0.3)
+    a = Recording(base.session, name="a")
+    b = Recording(base.session, name="b", overlap=True)
+    runner.run(a, WORKLOAD, runner.Settings(num_draft_tokens=(2,), max_tokens=8, requests=2, warmup=False), peers=[b])
+    firsts = [order[i][0] for i in range(0, len(order), 2)]
+    assert order[0::2] != order[1::2] and set(firsts) == {"a", "b"}
+
+
+def test_auto_overlap_runs_concurrent_requests_sequentially():
+    t = toy_pair(noise=0.3)
+    t.overlap = "auto"
+    settings = runner.Settings(max_tokens=20)
+    assert t.request(WORKLOAD.prompts[0], 3, 20, settings).early_drafts > 0
+    assert t.request(WORKLOAD.prompts[0], 3, 20, settings, concurrent=True).early_drafts == 0

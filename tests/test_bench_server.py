@@ -64,3 +64,20 @@ def test_bench_url_without_a_server_is_a_clear_error(deployment):
     assert r.exit_code == 1
     assert f"Error: no Triton server answers at {url} (http). Start one with `specbuild serve -c" in r.output
     assert "--local" in r.output
+
+
+def test_bench_url_compares_the_servers_two_schedules_with_in_process_sequential(server, deployment):
+    r = CliRunner().invoke(main, ["bench", "-c", str(deployment.spec_path), "--url", server.grpc_url, "--protocol",
+                                  "grpc", "--json", "--num-draft-tokens", "0,3", "--max-tokens", "16", "--requests", "2",
+                                  "--threads", "1", "--overlap", "compare"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["settings"]["overlap"] == "compare" and doc["greedy_equal"] is True
+    assert all(row["early_drafts"] == 0 for row in doc["runs"])  # the main transport asked for sequential
+    section = doc["overlap"]
+    run = section["runs"][0]
+    assert run["num_draft_tokens"] == 3 and run["early_drafts"] > 0 and 0 < run["early_draft_hit_rate"] <= 1
+    assert run["overlapped_over_sequential"] == pytest.approx(
+        run["overlapped_tokens_per_s"] / run["sequential_tokens_per_s"], rel=1e-2)
+    overlapped = doc["serving_overhead"]["overlapped"]
+    assert overlapped["num_draft_tokens"] in (0, 3) and overlapped["triton_over_local"] > 0

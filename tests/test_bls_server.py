@@ -370,3 +370,84 @@ def test_a_cancelled_stream_stops_generating(server, target_only):
     assert server.ready()
     with SpecbuildClient(server.grpc_url) as client:
         assert client.complete(PROMPTS[0], max_tokens=6)[1]["output_ids"] == target_only(PROMPTS[0], 6)
+
+
+# ---- the overlapped schedule: early drafts from a second thread of the request, the same text ----------------
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_greedy_with_overlap_on_or_off_equals_target_only(server, target_only, protocol, stream):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    early = hits = 0
+    with SpecbuildClient(url, protocol=protocol) as client:
+        for prompt in PROMPTS[:3]:
+            expected = target_only(prompt, 24)
+            for k in (2, 4):
+                for overlap in (True, False):
+                    stats = list(client.generate(prompt, max_tokens=24, num_draft_tokens=k, stream=stream,
+                                                 overlap=overlap))[-1].stats
+                    assert stats["output_ids"] == expected, (prompt, k, overlap)
+                    figures = stats["speculation_stats"]
+                    assert figures["overlap"] is overlap  # the schedule the BLS ran, as asked
+                    if overlap:
+                        early, hits = early + figures["early_drafts"], hits + figures["early_draft_hits"]
+                        assert 0 <= figures["hidden_seconds"] <= figures["draft_seconds"]
+                    else:
+                        assert figures["early_drafts"] == figures["early_draft_hits"] == 0
+    assert early > 0 and 0 < hits <= early  # early drafts were made and used
+
+
+@pytest.mark.parametrize("use_draft_logits", [False, True])
+def test_seeded_sampling_gives_the_same_text_with_overlap_on_or_off(server, use_draft_logits):
+    early = 0
+    with SpecbuildClient(server.grpc_url) as client:
+        def sample(seed, overlap):
+            return client.complete("def add(a, b):", max_tokens=16, num_draft_tokens=3, temperature=1.0, seed=seed,
+                                   overlap=overlap, use_draft_logits=use_draft_logits)[1]
+
+        texts = set()
+        for seed in (1, 2, 3):
+            off, on = sample(seed, False), sample(seed, True)
+            assert on["output_ids"] == off["output_ids"] == sample(seed, True)["output_ids"], seed
+            early += on["speculation_stats"]["early_drafts"]
+            texts.add(tuple(off["output_ids"]))
+    assert early > 0 and len(texts) > 1  # early drafts were made; the seed matters
+
+
+def test_the_deployments_schedule_and_a_bad_overlap_parameter(server, target_only):
+    import os
+
+    configured = "auto" if len(os.sched_getaffinity(0)) >= 2 else False  # the spec's "auto", resolved by the BLS
+    with SpecbuildClient(server.grpc_url) as client:
+        stats = client.complete(PROMPTS[0], max_tokens=12, num_draft_tokens=2)[1]
+        assert stats["speculation_stats"]["overlap"] == configured and stats["output_ids"] == target_only(PROMPTS[0], 12)
+        with pytest.raises(ClientError, match=re.escape("request parameter 'overlap' = 'sometimes' is invalid")):
+            client.complete(PROMPTS[0], max_tokens=4, overlap="sometimes")
+        assert client.is_ready()
+
+
+@pytest.mark.parametrize("overlap", [True, "auto"])
+def test_eight_concurrent_overlapped_streams_give_the_target_only_text(server, target_only, overlap):
+    expected = {p: target_only(p, 12) for p in PROMPTS}
+    results, errors, lock = [], [], threading.Lock()
+
+    def client_loop(i: int) -> None:
+        try:
+            with SpecbuildClient(server.grpc_url) as client:
+                for j in range(3):
+                    prompt = PROMPTS[(i + j) % len(PROMPTS)]
+                    stats = list(client.generate(prompt, max_tokens=12, num_draft_tokens=3, overlap=overlap))[-1].stats
+                    with lock:
+                        results.append((prompt, stats["output_ids"], stats["speculation_stats"]["overlap"]))
+        except Exception as err:  # noqa: BLE001 - collected and asserted below
+            errors.append(err)
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not errors, errors[:3]
+    assert len(results) == 24 and all(ids == expected[prompt] for prompt, ids, _ in results)
+    schedules = {schedule for _, _, schedule in results}
+    # True is kept under load; "auto" stops drafting ahead while more requests are in flight than cores / 2
+    assert schedules == {True} if overlap is True else False in schedules

@@ -33,6 +33,10 @@ def test_minimal_spec_gets_the_defaults():
     assert spec.output_dir == Path("/specs/engines")
     assert (spec.target.quantization, spec.speculative.max_draft_len, spec.gpu.name) == ("none", 4, "H100-80GB")
     assert spec.pair_dir == Path("/specs/engines/pair")
+    assert spec.speculative.overlap == "auto"
+    for value in (True, False, "auto"):
+        assert spec_from_dict(raw(speculative={"overlap": value}), base_dir=BASE).speculative.overlap is value \
+            or value == "auto"
 
 
 def test_home_folder_paths_are_expanded(monkeypatch, tmp_path):
@@ -50,7 +54,7 @@ def test_home_folder_paths_are_expanded(monkeypatch, tmp_path):
         (raw(speculative={"max_draft_length": 3}),
          "[speculative]: unknown key 'max_draft_length'. Did you mean \"max_draft_len\"?"),
         (raw(gpu={"memory": 80}), "[gpu]: unknown key 'memory'. Did you mean \"memory_gib\"?"),
-        (raw(gpu={"zzz": 1}), "[gpu]: unknown key 'zzz'. Known keys: name, memory_gib, count."),
+        (raw(gpu={"zzz": 1}), "[gpu]: unknown key 'zzz'. Known keys: name, memory_gib, count, draft_device_ids."),
     ],
 )
 def test_unknown_keys_suggest_the_closest(data, message):
@@ -110,6 +114,8 @@ def test_gpu_memory_must_be_positive():
         (raw(build={"max_seq_len": 2048.0}), "build.max_seq_len = 2048.0: expected an integer."),
         (raw(build={"tp_size": True}), "build.tp_size = True: expected an integer."),
         (raw(speculative={"adaptive": "yes"}), "speculative.adaptive = 'yes': expected true or false."),
+        (raw(speculative={"overlap": "yes"}), "speculative.overlap = 'yes': expected true, false or \"auto\"."),
+        (raw(speculative={"overlap": 1}), "speculative.overlap = 1: expected true, false or \"auto\"."),
         (raw(gpu={"memory_gib": "80"}), "gpu.memory_gib = '80': expected a number."),
         (raw(target={"checkpoint": ""}), "target.checkpoint = '': expected a non-empty string."),
         ({**raw(), "build": 4}, "[build] must be a table, got 4."),
@@ -136,6 +142,24 @@ def test_cross_field_rules():
         "build.tp_size x pp_size = 2 needs that many GPUs, but gpu.count = 1.")
     assert error(raw(serve={"http_port": 70000})).startswith("serve.http_port = 70000: must be a TCP port")
     assert error(raw(gpu={"name": "custom"})).startswith("gpu.name = 'custom' is not supported.")
+
+
+def test_draft_device_ids_place_the_draft_and_are_checked():
+    two = spec_from_dict(raw(gpu={"count": 2}), base_dir=BASE)
+    assert (two.device_ids("target"), two.device_ids("draft")) == ((0,), (1,))  # unset: its own when count allows
+    shared = spec_from_dict(raw(gpu={"count": 2, "draft_device_ids": [0]}), base_dir=BASE)
+    assert shared.device_ids("draft") == (0,) and shared.gpu.draft_device_ids == (0,)
+    four = spec_from_dict(raw(gpu={"count": 4, "draft_device_ids": [3, 2]}, build={"tp_size": 2}), base_dir=BASE)
+    assert four.device_ids("target") == (0, 1) and four.device_ids("draft") == (3, 2)
+    assert spec_from_dict(four.to_dict(), base_dir=BASE).gpu.draft_device_ids == (3, 2)  # manifests round-trip
+    assert error(raw(gpu={"count": 2, "draft_device_ids": [1, 0]})) == (
+        "gpu.draft_device_ids = [1, 0]: the draft engine runs on tp_size x pp_size = 1 GPU; list 1.")
+    assert error(raw(gpu={"count": 2, "draft_device_ids": [2]})) == (
+        "gpu.draft_device_ids = [2]: list distinct GPU numbers in 0..1 (gpu.count = 2).")
+    assert error(raw(gpu={"count": 4, "draft_device_ids": [1, 2]}, build={"tp_size": 2})).startswith(
+        "gpu.draft_device_ids = [1, 2] shares some GPUs with the target's [0, 1]: give the draft the target's GPUs "
+        "or GPUs of its own")
+    assert error(raw(gpu={"draft_device_ids": 1})) == "gpu.draft_device_ids = 1: expected a list of integers, e.g. [1]."
 
 
 def test_custom_gpu_with_memory():

@@ -68,6 +68,21 @@ def test_sampling_with_a_seed_is_reproducible(tiny_spec_path, adaptive):
     assert as_doc(generate(*args))["output_ids"] == as_doc(generate(*args))["output_ids"]
 
 
+def test_overlap_gives_the_same_text_and_reports_its_early_drafts(tiny_spec_path):
+    common = ("--local", "-c", tiny_spec_path, "--max-tokens", 24, "--no-adaptive", "--num-draft-tokens", 2)
+    on = as_doc(generate(*common, "--json", "--overlap", PROMPT))
+    off = as_doc(generate(*common, "--json", "--no-overlap", PROMPT))
+    assert on["output_ids"] == off["output_ids"]  # greedy: the schedule never changes the text
+    assert (on["overlap"], off["overlap"]) == (True, False)
+    assert on["early_drafts"] > 0 and 0 <= on["early_draft_hits"] <= on["early_drafts"]
+    assert off["early_drafts"] == off["early_draft_hits"] == 0 and off["hidden_seconds"] == 0.0
+    assert on["early_draft_hit_rate"] == pytest.approx(on["early_draft_hits"] / on["early_drafts"])
+    by_spec = as_doc(generate(*common, "--json", PROMPT))  # the spec says "auto": resolved for this machine
+    assert by_spec["overlap"] in ("auto", False) and by_spec["overlap_reason"].startswith("auto")
+    shown = generate(*common, "--overlap", PROMPT)
+    assert shown.exit_code == 0 and "early drafts " in shown.stderr and "of drafting hidden" in shown.stderr
+
+
 def test_local_and_url_together_is_a_usage_error(tiny_spec_path):
     result = generate("--local", "--url", "localhost:8001", "-c", tiny_spec_path, PROMPT)
     assert result.exit_code == 2 and "pass either --local or --url, not both" in result.output

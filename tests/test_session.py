@@ -18,6 +18,7 @@ from specbuild.session.local import LocalSession
 from specbuild.session.served import Deployment, ServedSession, read_stream, server_url
 from specbuild.speculative.draft_len import resolve_fixed_k, resolve_k, resolve_ks
 from specbuild.speculative.loop import GenerationRequest
+from specbuild.speculative.stats import SpeculationStats
 from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
 from specbuild.triton.client import Chunk
 
@@ -126,6 +127,76 @@ def test_deployment_from_the_bls_config():
                              "adaptive_draft_len": {"string_value": "false"}}}
     assert Deployment.from_config(config) == Deployment(6, 4, False)
     assert Deployment.from_config({}) == Deployment(None, None, None)
+    for word, overlap in (("auto", "auto"), ("true", True), ("false", False), ("", None)):
+        config["parameters"]["overlap"] = {"string_value": word}
+        assert Deployment.from_config(config).overlap == overlap
+
+
+# ---- the schedule: the session's default, a request's own ---------------------------------------------------
+class RecordingDrafter(ToyDrafter):
+    """A drafter that says whether a schedule used it."""
+
+    def __init__(self, name, used):
+        super().__init__(DRAFT)
+        self.name, self.used = name, used
+
+    def propose(self, tokens, k, sampling):
+        self.used.add(self.name)
+        return super().propose(tokens, k, sampling)
+
+
+def test_the_schedule_is_the_sessions_unless_a_request_says_and_the_text_is_the_same():
+    used = set()
+    session = LocalSession(RecordingDrafter("plain", used), ToyVerifier(TARGET, max_draft_len=4),
+                           encode=lambda text: [ord(ch) % VOCAB for ch in text], overlap="auto",
+                           overlap_reason="auto: 2 cores", ahead_drafter=RecordingDrafter("ahead", used))
+    default = session.generate("abc", Options(max_tokens=24, num_draft_tokens=3, adaptive=False))
+    assert default.overlap == "auto" and default.stats.early_drafts > 0 and used == {"ahead"}
+    assert default.to_dict()["overlap"] == "auto" and default.to_dict()["overlap_reason"] == "auto: 2 cores"
+    used.clear()
+    sequential = session.generate("abc", Options(max_tokens=24, num_draft_tokens=3, adaptive=False, overlap=False))
+    assert sequential.overlap is False and sequential.stats.early_drafts == 0 and used == {"plain"}
+    assert sequential.to_dict()["overlap_reason"] == "overlap False as asked"
+    assert default.output_ids == sequential.output_ids  # greedy: the schedule never changes the text
+
+
+class BlsClient:
+    """Streams as SpecbuildClient does against the BLS: the figures with the schedule the BLS ran."""
+
+    def __init__(self):
+        self.sent = []
+
+    def is_llmapi(self):
+        return False
+
+    def model_config(self):
+        return {"parameters": {"max_draft_len": {"string_value": "4"}, "num_draft_tokens": {"string_value": "3"},
+                               "overlap": {"string_value": "auto"}}}
+
+    def close(self):
+        pass
+
+    def generate(self, prompt, **fields):
+        self.sent.append(fields)
+        figures = SpeculationStats(drafted=6, accepted=4, steps=3, per_position_drafted=[3, 2, 1],
+                                   per_position_accepted=[2, 1, 1], draft_seconds=0.1, target_seconds=0.2,
+                                   early_drafts=2, early_draft_hits=1, hidden_seconds=0.05).to_dict()
+        if fields.get("overlap") is not None:
+            figures["overlap"] = fields["overlap"]
+        yield Chunk("ab", True, {"finish_reason": "length", "output_ids": [1, 2, 3, 4, 5, 6, 7],
+                                 "speculation_stats": figures})
+
+
+def test_a_served_request_sends_its_schedule_and_reads_the_early_draft_figures():
+    session = ServedSession("127.0.0.1:1")
+    session.client = BlsClient()
+    asked = session.generate("hi", Options(max_tokens=7, overlap=True))
+    default = session.generate("hi", Options(max_tokens=7))
+    assert [sent["overlap"] for sent in session.client.sent] == [True, None]
+    assert asked.overlap is True and default.overlap == "auto"  # the BLS's answer, else its configured setting
+    assert (asked.stats.early_drafts, asked.stats.early_draft_hits, asked.stats.hidden_seconds) == (2, 1, 0.05)
+    doc = asked.to_dict()
+    assert doc["early_draft_hit_rate"] == 0.5 and doc["overlap"] is True
 
 
 class LlmapiClient:

@@ -18,6 +18,10 @@ KEYS = {
     "per_position_accepted",
     "draft_seconds",
     "target_seconds",
+    "early_drafts",
+    "early_draft_hits",
+    "early_draft_hit_rate",
+    "hidden_seconds",
 }
 
 
@@ -27,6 +31,9 @@ def filled() -> SpeculationStats:
     s.record_step(4, 1, 0.01, 0.1)  # 1 accepted + recovered: 2 tokens
     s.record_step(2, 0, 0.005, 0.1)  # rejected at once: 1 token
     s.record_step(0, 0, 0.0, 0.05)  # plain step: 1 token
+    for _ in range(3):
+        s.record_early_draft()
+    s.record_early_hit(0.004)
     return s
 
 
@@ -84,3 +91,19 @@ def test_from_dict_errors():
     d["per_position_accepted"] = [1]
     with pytest.raises(ValueError, match="differ in length"):
         SpeculationStats.from_dict(d)
+
+
+def test_early_draft_counts_merge_and_read_back_without_them():
+    s = filled()
+    assert (s.early_drafts, s.early_draft_hits) == (3, 1) and s.early_draft_hit_rate == pytest.approx(1 / 3)
+    m = s.merge(filled())
+    assert (m.early_drafts, m.early_draft_hits, m.hidden_seconds) == (6, 2, pytest.approx(0.008))
+    assert SpeculationStats().early_draft_hit_rate == 0.0
+    d = s.to_dict()
+    for key in ("early_drafts", "early_draft_hits", "early_draft_hit_rate", "hidden_seconds"):
+        del d[key]  # a document from a server that predates the overlapped schedule
+    back = SpeculationStats.from_dict(d)
+    assert (back.steps, back.early_drafts, back.hidden_seconds) == (4, 0, 0.0)
+    fields = s.report_fields()
+    assert fields["early_drafts"] == 3 and fields["early_draft_hit_rate"] == pytest.approx(1 / 3)
+    assert fields["hidden_seconds"] == pytest.approx(0.004)

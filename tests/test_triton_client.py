@@ -54,7 +54,8 @@ def test_argument_errors(tmp_path):
 def test_client_keeps_its_meaning_under_tensorrt_llms_sampling_rules(monkeypatch):
     """TensorRT-LLM is greedy when neither top_k nor top_p is set, and NVIDIA's models return the prompt too."""
     sent = []
-    monkeypatch.setattr(c.SpecbuildClient, "_generate_grpc", lambda self, prompt, fields, stop: iter(sent.append(fields) or []))
+    monkeypatch.setattr(c.SpecbuildClient, "_generate_grpc",
+                        lambda self, prompt, fields, stop, parameters: iter(sent.append(fields) or []))
     client = c.SpecbuildClient("127.0.0.1:1")
     list(client.generate("x", temperature=0.7))
     list(client.generate("x", temperature=0.7, top_k=5))
@@ -64,6 +65,20 @@ def test_client_keeps_its_meaning_under_tensorrt_llms_sampling_rules(monkeypatch
     assert "temperature" not in sent[2] and sent[2]["exclude_input_in_output"] is False
     list(c.SpecbuildClient("127.0.0.1:1", model="ensemble").generate("x"))
     assert "exclude_input_in_output" not in sent[3]  # the ensemble returns what the target model returns
+
+
+def test_overlap_travels_as_a_request_parameter_to_the_bls_only(monkeypatch):
+    sent = []
+    monkeypatch.setattr(c.SpecbuildClient, "_generate_grpc",
+                        lambda self, prompt, fields, stop, parameters: iter(sent.append((fields, parameters)) or []))
+    client = c.SpecbuildClient("127.0.0.1:1")
+    list(client.generate("x", max_tokens=4))
+    list(client.generate("x", max_tokens=4, overlap=True))
+    list(client.generate("x", max_tokens=4, overlap="auto"))
+    assert [p for _, p in sent] == [{}, {"overlap": True}, {"overlap": "auto"}]
+    assert all("overlap" not in fields for fields, _ in sent)  # never a tensor: the BLS's inputs stay NVIDIA's
+    with pytest.raises(ClientError, match="overlap is a setting of the speculative BLS; ensemble has no such"):
+        list(c.SpecbuildClient("127.0.0.1:1", model="ensemble").generate("x", overlap=True))
 
 
 LLMAPI_CONFIG = {"input": [{"name": "text_input"}, {"name": "sampling_param_max_tokens"}, {"name": "streaming"}]}
@@ -87,7 +102,7 @@ def test_an_llmapi_request_uses_nvidias_input_names_without_a_batch_dimension(mo
     sent = []
     monkeypatch.setattr(c.SpecbuildClient, "_config", lambda self, model: LLMAPI_CONFIG if model == "tensorrt_llm" else None)
     monkeypatch.setattr(c.SpecbuildClient, "_generate_grpc",
-                        lambda self, prompt, fields, stop: iter(sent.append(self._request(fields, stop)) or []))
+                        lambda self, prompt, fields, stop, parameters: iter(sent.append(self._request(fields, stop)) or []))
     client = c.SpecbuildClient("127.0.0.1:1")
     list(client.generate("x", max_tokens=8, num_draft_tokens=3, temperature=0.5, seed=7, stop_words=["\n\n"]))
     request = sent[0]

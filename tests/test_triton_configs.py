@@ -221,6 +221,30 @@ def test_gpu_device_ids(tmp_path, count, tp, target, draft):
     assert (repository.gpu_device_ids(spec, "target"), repository.gpu_device_ids(spec, "draft")) == (target, draft)
 
 
+@pytest.mark.parametrize("count,tp,ids,draft,separate", [(2, 1, [1], "1", True), (2, 1, [0], "0", False),
+                                                         (3, 1, [2], "2", True), (4, 2, [2, 3], "2,3", True),
+                                                         (4, 2, [3, 2], "3,2", True), (4, 2, [0, 1], "0,1", False)])
+def test_draft_device_ids_place_the_draft_in_the_generated_config(tmp_path, count, tp, ids, draft, separate):
+    """[gpu] draft_device_ids is what the draft's tensorrt_llm config gets as gpu_device_ids, and what the memory
+    plan counts as shared or not."""
+    from specbuild.check.memory import separate_gpus
+
+    gpu = {"name": "H100-80GB", "count": count, "draft_device_ids": ids}
+    build = {"max_batch_size": 6, "max_input_len": 100, "max_seq_len": 300, "tp_size": tp}
+    _, files = rendered(tmp_path, "trtllm", gpu=gpu, build=build)
+    assert params(configs.parse_pbtxt(files["tensorrt_llm_draft/config.pbtxt"]))["gpu_device_ids"] == draft
+    assert params(configs.parse_pbtxt(files["tensorrt_llm/config.pbtxt"]))["gpu_device_ids"] == \
+        ",".join(str(i) for i in range(tp))
+    assert separate_gpus(make_spec(tmp_path, gpu=gpu, build=build)) is separate
+
+
+@pytest.mark.parametrize("setting,written", [("auto", "auto"), (True, "true"), (False, "false")])
+def test_bls_config_carries_the_overlap_setting(tmp_path, setting, written):
+    _, files = rendered(tmp_path, "reference", speculative={"max_draft_len": 5, "num_draft_tokens": 3,
+                                                            "overlap": setting})
+    assert params(configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]))["overlap"] == written
+
+
 def test_missing_values_raise_instead_of_writing_placeholders(tmp_path):
     import dataclasses
 

@@ -55,6 +55,7 @@ class SpeculativeSpec:
     num_draft_tokens: int = 4  # default K per request (<= max_draft_len; 0 = target only)
     use_draft_logits: bool = False  # exact rejection sampling needs the draft's logits
     adaptive: bool = True  # adapt K to the running acceptance rate, fall back to K = 0
+    overlap: bool | str = "auto"  # draft the next step while the target verifies: true, false, or "auto" (where it pays)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ class GpuSpec:
     name: str | None = "H100-80GB"  # a key of GPUS, or None when memory_gib is given
     memory_gib: float | None = None  # per GPU; overrides the known figure
     count: int = 1
+    # GPUs of the draft engine (tp_size x pp_size of them, like the target's 0..n-1): the target's own, or GPUs
+    # of its own, so that it drafts ahead without slowing the target. None: its own when count allows, else shared
+    draft_device_ids: tuple[int, ...] | None = None
 
     @property
     def memory_per_gpu_gib(self) -> float:
@@ -135,6 +139,15 @@ class Spec:
     output_dir: Path = Path("engines")
     path: Path | None = None  # the spec file this came from, if any
 
+    def device_ids(self, role: str) -> tuple[int, ...]:
+        """The GPUs a role's engine runs on: the target on 0..n-1 (n = tp_size x pp_size); the draft on
+        gpu.draft_device_ids when given, else on the next n GPUs when gpu.count >= 2 n, else on the target's."""
+        n = self.build.tp_size * self.build.pp_size
+        if role == "draft" and self.gpu.draft_device_ids is not None:
+            return tuple(self.gpu.draft_device_ids)
+        first = n if role == "draft" and self.gpu.count >= 2 * n else 0
+        return tuple(range(first, first + n))
+
     def role(self, role: str) -> ModelSpec:
         if role not in ("target", "draft"):
             raise SpecError(f"unknown role {role!r}: use 'target' or 'draft'")
@@ -186,10 +199,18 @@ def _coerce(where: str, value: Any, annotation: str) -> Any:
         if isinstance(value, bool):
             return value
         raise SpecError(f"{where} = {value!r}: expected true or false.")
+    if kind == "bool|str":  # a switch with an "auto" setting (validate checks the word)
+        if isinstance(value, (bool, str)):
+            return value
+        raise SpecError(f"{where} = {value!r}: expected true, false or \"auto\".")
     if kind == "int":
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         raise SpecError(f"{where} = {value!r}: expected an integer.")
+    if kind == "tuple[int,...]":
+        if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return tuple(value)
+        raise SpecError(f"{where} = {value!r}: expected a list of integers, e.g. [1].")
     if kind == "float":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -262,6 +283,8 @@ def validate(spec: Spec) -> Spec:
             f"speculative.num_draft_tokens = {sp.num_draft_tokens} exceeds max_draft_len = {sp.max_draft_len}: "
             "the target engine rejects longer drafts. Lower num_draft_tokens or raise max_draft_len."
         )
+    if isinstance(sp.overlap, str) and sp.overlap != "auto":
+        raise SpecError(f"speculative.overlap = {sp.overlap!r}: expected true, false or \"auto\".")
     for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tp_size", "pp_size"):
         _positive(f"build.{key}", getattr(b, key))
     if b.backend is not None:
@@ -287,6 +310,8 @@ def validate(spec: Spec) -> Spec:
             f"build.tp_size x pp_size = {b.tp_size * b.pp_size} needs that many GPUs, but gpu.count = {g.count}. "
             "Raise gpu.count or lower tp_size/pp_size."
         )
+    if g.draft_device_ids is not None:
+        _check_draft_device_ids(spec)
     for key in ("http_port", "grpc_port", "metrics_port"):
         port = getattr(s, key)
         if not 0 <= port <= 65535:
@@ -305,6 +330,22 @@ def validate(spec: Spec) -> Spec:
                 "leave it unset for the default."
             )
     return spec
+
+
+def _check_draft_device_ids(spec: Spec) -> None:
+    """gpu.draft_device_ids: one GPU per engine rank, each one of gpu.count, all the target's or none of them (the
+    memory plan counts a GPU as shared by both engines or as the draft's own)."""
+    ids, n, count = list(spec.gpu.draft_device_ids or ()), spec.build.tp_size * spec.build.pp_size, spec.gpu.count
+    where = f"gpu.draft_device_ids = {ids}"
+    if len(ids) != n:
+        raise SpecError(f"{where}: the draft engine runs on tp_size x pp_size = {n} GPU{'s' if n != 1 else ''}; "
+                        f"list {n}.")
+    if len(set(ids)) != len(ids) or not all(0 <= i < count for i in ids):
+        raise SpecError(f"{where}: list distinct GPU numbers in 0..{count - 1} (gpu.count = {count}).")
+    target = set(spec.device_ids("target"))
+    if set(ids) != target and not target.isdisjoint(ids):
+        raise SpecError(f"{where} shares some GPUs with the target's {sorted(target)}: give the draft the target's "
+                        "GPUs or GPUs of its own, not a mix.")
 
 
 def spec_from_dict(raw: dict[str, Any], base_dir: Path, path: Path | None = None) -> Spec:

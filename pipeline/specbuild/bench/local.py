@@ -4,6 +4,9 @@ K = 0 goes through the same loop (plain target steps), so "speculation off" and 
 of code but the drafting. Timing covers tokenization, every draft and verify call and the loop's own
 work (no detokenization); the session's per-step records give drafted/accepted counts and whether a
 step saw a rejection.
+`overlap` is the transport's schedule (False: sequential; True or "auto": draft-ahead, see
+speculative/overlap.py), passed to the session per request; "auto" runs concurrent requests sequentially,
+since their batches already keep the cores busy.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def request_result(gen: Generation, k: int) -> RequestResult:
         rejections=sum(1 for step in gen.steps if step.accepted < step.drafted),
         per_position_drafted=list(stats.per_position_drafted), per_position_accepted=list(stats.per_position_accepted),
         draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
+        early_drafts=stats.early_drafts, early_draft_hits=stats.early_draft_hits, hidden_seconds=stats.hidden_seconds,
         per_position_tried=tried, top_token_share=top_token_share(gen.output_ids), output_ids=list(gen.output_ids),
     )
 
@@ -49,6 +53,8 @@ class LocalTransport:
     only_ks: tuple[int, ...] | None = None  # the K values this transport measures (None: every K of the sweep)
     batched: Callable[[], tuple[Drafter, Verifier]] | None = None  # builds the pair used by concurrent requests
     close_batched: Callable[[], None] | None = None
+    overlap: bool | str = False  # the loop's schedule for single requests (GenerationRequest.overlap)
+    peers: list[LocalTransport] = field(default_factory=list)  # other schedules on the same models (overlap="compare")
     _batched_pair: tuple[Drafter, Verifier] | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -71,31 +77,42 @@ class LocalTransport:
             return self._batched_pair
 
     def close(self) -> None:
-        if self._batched_pair is not None and self.close_batched is not None:
+        if self.close_batched is not None:
             self.close_batched()
-            self._batched_pair = None
+        self._batched_pair = None
 
     def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
                 concurrent: bool = False) -> RequestResult:
         """One generation; `concurrent` requests (several threads at once) go through the batching pair."""
+        overlap = False if concurrent and self.overlap == "auto" else self.overlap
         options = Options(max_tokens=max_tokens, num_draft_tokens=k, temperature=settings.temperature,
-                          seed=settings.seed if settings.temperature > 0 else None, adaptive=False)
+                          seed=settings.seed if settings.temperature > 0 else None, adaptive=False, overlap=overlap)
         gen = self.session.generate(prompt.text, options, pair=self._pair(concurrent), text=False)
         return request_result(gen, gen.k.k)
 
+    def with_overlap(self, overlap: bool | str, name: str) -> LocalTransport:
+        """The same session under another schedule (for measuring both schedules in one run; concurrency 1 only)."""
+        return LocalTransport(self.session, name=name, overlap=overlap)
+
 
 def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | None = None,
-              row_block: int | None = None) -> LocalTransport:
+              row_block: int | None = None, overlap: bool | str | None = None) -> LocalTransport:
     """The spec's pair in-process: reference engines when built, else the HF checkpoints (`runtime.loading`).
+
+    overlap: the schedule (None = the spec's speculative.overlap), "auto" resolved for this machine by
+    `runtime.loading.resolve_overlap`.
 
     Concurrent requests share the models through `runtime.batcher.Batcher` (their sequences share forward
     passes, like Triton's dynamic batching); single requests call the models directly.
     """
     from specbuild.session.local import LocalSession
 
-    session = LocalSession.from_spec(spec, threads=threads, row_block=row_block)
+    compare = overlap == "compare"
+    setting = True if compare else spec.speculative.overlap if overlap is None else overlap
+    session = LocalSession.from_spec(spec, threads=threads, row_block=row_block, overlap=setting)
     pair = session.pair
-    log(f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}")
+    log(f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}; "
+        f"{'comparing the sequential and overlapped schedules' if compare else session.overlap_reason}")
     batchers: list = []
 
     def batched() -> tuple[Drafter, Verifier]:
@@ -110,8 +127,13 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
     def close() -> None:
         while batchers:
             batchers.pop().close()
+        session.close()
 
-    return LocalTransport(session, concurrent=True, batched=batched, close_batched=close)
+    transport = LocalTransport(session, concurrent=True, batched=batched, close_batched=close,
+                               overlap=False if compare else session.overlap)
+    if compare:
+        transport.peers = [transport.with_overlap(session.overlap, f"{transport.name}-overlap")]
+    return transport
 
 
 def plain_target(transport: LocalTransport, device: str | None = None) -> LocalTransport:

@@ -9,7 +9,9 @@ TTFT is the arrival of the first non-empty text chunk; the final response's `spe
 (the loop's SpeculationStats as JSON) gives drafted/accepted/steps, per-position counts and the
 draft/target seconds measured inside the server. Rejection counts are not sent, so alpha is
 inverted from acceptance_rate (`stats.alpha_from_acceptance_rate`). Each thread keeps its own
-session, so N concurrent streams are N real connections.
+session, so N concurrent streams are N real connections. `overlap` (None: the server's schedule) is sent
+with every request (a request parameter the BLS reads, `session.served`); the early-draft figures come
+back in `speculation_stats`.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ from specbuild.session.generation import Options
 
 
 class RemoteTransport:
-    name = "triton"
     concurrent = True
     only_ks = None
     fixed_k: int | None = None  # the one K of a deployment that takes no K per request (llmapi)
 
     def __init__(self, url: str, protocol: str = "http", max_draft_len: int | None = None,
-                 spec_path: str | None = None, spec: Spec | None = None):
+                 spec_path: str | None = None, spec: Spec | None = None, overlap: bool | str | None = None,
+                 name: str = "triton"):
+        self.name = name
+        self.overlap = overlap  # the schedule each request asks for (None: the server's)
         self.url = url
         self.protocol = protocol
         self.max_draft_len = max_draft_len
@@ -75,6 +79,12 @@ class RemoteTransport:
                            "the server"]
         return transport
 
+    def with_overlap(self, overlap: bool | str, name: str) -> "RemoteTransport":
+        """The same server under another schedule (for measuring both in one run)."""
+        other = RemoteTransport(self.url, self.protocol, self.max_draft_len, self.spec_path, self.spec, overlap, name)
+        other.fixed_k, other._count_tokens = self.fixed_k, self._count_tokens
+        return other
+
     def _session(self):
         session = getattr(self._local, "session", None)
         if session is None:
@@ -91,7 +101,7 @@ class RemoteTransport:
     def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
                 concurrent: bool = False) -> RequestResult:
         options = Options(max_tokens=max_tokens, num_draft_tokens=k, temperature=settings.temperature,
-                          seed=settings.seed if settings.temperature > 0 else None)
+                          seed=settings.seed if settings.temperature > 0 else None, overlap=self.overlap)
         gen = self._session().generate(prompt.text, options)
         stats = gen.stats
         return RequestResult(
@@ -101,6 +111,7 @@ class RemoteTransport:
             per_position_drafted=list(stats.per_position_drafted),
             per_position_accepted=list(stats.per_position_accepted),
             draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
+            early_drafts=stats.early_drafts, early_draft_hits=stats.early_draft_hits, hidden_seconds=stats.hidden_seconds,
             top_token_share=top_token_share(gen.output_ids), output_ids=list(gen.output_ids) or None,
         )
 

@@ -8,6 +8,10 @@ explained_speedup = mean_accepted_len / (K c + verify_step_ratio): the speedup t
 step and measured step costs account for. Where efficiency falls short: speedup ~ explained_speedup
 means the verify cost (and E differing from the i.i.d. prediction) is the gap; speedup well below it
 means time outside the drafter and verifier (loop, sampling, transport; time_split "other").
+Overlapped cells (the draft-ahead schedule ran: early_drafts > 0) are measured against their own bound,
+overlap_bound = E / (max(1, (K+1) c) + (1 - h) K c) with the measured early-draft hit rate h
+(docs/speculative.md); efficiency and explained_speedup then use it. Sequential cells carry
+overlap_bound too, with h = alpha^(K+1): what drafting ahead would give.
 """
 
 from __future__ import annotations
@@ -55,12 +59,18 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
     # concurrent streams overlap their draft/verify timings: c, the bound and efficiency are per-stream figures
     single = summary.concurrency == 1
     c = theory.cost_ratio(summary.draft_seconds_per_token, target_step) if single else None
-    bound = theory.bound(summary.alpha, k, c) if k and summary.alpha is not None and c is not None else None
+    known = k and summary.alpha is not None and c is not None
+    bound = theory.bound(summary.alpha, k, c) if known else None
+    overlapped = summary.early_drafts > 0
+    hit = summary.early_draft_hit_rate if overlapped else None
+    overlap_bound = theory.overlap_bound(summary.alpha, k, c, hit) if known else None
     verify_ratio = summary.target_seconds_per_step / target_step if single and summary.target_seconds_per_step \
         and target_step else None
     explained = None
     if k and c is not None and verify_ratio and summary.mean_accepted_len:
-        explained = summary.mean_accepted_len / (k * c + verify_ratio)
+        step = max(verify_ratio, (k + 1) * c) + (1 - (hit or 0.0)) * k * c if overlapped else k * c + verify_ratio
+        explained = summary.mean_accepted_len / step
+    against = overlap_bound if overlapped else bound
     return {
         "num_draft_tokens": k,
         "concurrency": summary.concurrency,
@@ -86,20 +96,28 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
         "time_split": _time_split(summary),
         "cost_ratio": _r(c),
         "bound": _r(bound),
-        "efficiency": _r(speedup / bound) if speedup and bound else None,
+        "schedule": "overlapped" if overlapped else "sequential",
+        "early_drafts": summary.early_drafts,
+        "early_draft_hits": summary.early_draft_hits,
+        "early_draft_hit_rate": _r(hit),
+        "hidden_seconds": _r(summary.hidden_seconds, 6),
+        "overlap_bound": _r(overlap_bound),
+        "efficiency": _r(speedup / against) if speedup and against else None,
         "explained_speedup": _r(explained),
         "top_token_share": _r(summary.top_token_share),
     }
 
 
 def _time_split(summary: RunSummary) -> dict[str, float | None]:
-    """Where the request time went: drafter, verifier, and everything else (loop, sampling, transport)."""
+    """Where the request time went: drafter (the part the target waited for), verifier, everything else (loop,
+    sampling, transport), and drafting hidden beside the verifier (overlapped schedule; not in the sum)."""
     total = summary.wall_seconds
     if total <= 0 or summary.concurrency != 1 or not (summary.draft_seconds or summary.target_seconds):
-        return {"draft": None, "target": None, "other": None}
-    other = max(total - summary.draft_seconds - summary.target_seconds, 0.0)
-    return {"draft": _r(summary.draft_seconds / total), "target": _r(summary.target_seconds / total),
-            "other": _r(other / total)}
+        return {"draft": None, "target": None, "other": None, "hidden": None}
+    draft = max(summary.draft_seconds - summary.hidden_seconds, 0.0)
+    other = max(total - draft - summary.target_seconds, 0.0)
+    return {"draft": _r(draft / total), "target": _r(summary.target_seconds / total),
+            "other": _r(other / total), "hidden": _r(summary.hidden_seconds / total)}
 
 
 def cells(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
@@ -126,7 +144,8 @@ def document(mode: str, spec_name: str, workload: str, settings: dict[str, Any],
         "settings": settings,
         "best_num_draft_tokens": top["num_draft_tokens"] if top else None,
     }
-    for key in ("speedup", "alpha", "acceptance_rate", "mean_accepted_len", "cost_ratio", "bound", "efficiency"):
+    for key in ("speedup", "alpha", "acceptance_rate", "mean_accepted_len", "cost_ratio", "bound", "schedule",
+                "overlap_bound", "early_draft_hit_rate", "efficiency"):
         doc[key] = top[key] if top else None
     doc["tokens_per_s"] = top["tokens_per_s"] if top else None
     base = next((r for r in rows if r["num_draft_tokens"] == 0 and r["concurrency"] == 1), None)
@@ -179,7 +198,7 @@ def _ms(seconds: float | None) -> str:
 
 # (header, unit, width): the table's columns; times are printed in milliseconds.
 COLUMNS = (("conc", "", 4), ("K", "", 3), ("tok/s", "tok/s", 8), ("speedup", "x", 7), ("alpha", "", 6),
-           ("acc.len", "tokens", 7), ("c", "ratio", 6), ("bound", "x", 6), ("eff.", "", 5),
+           ("acc.len", "tokens", 7), ("c", "ratio", 6), ("bound", "x", 6), ("eff.", "", 5), ("hits", "", 5),
            ("ttft p50", "ms", 9), ("tpot p50", "ms", 9), ("tpot p99", "ms", 9))
 
 
@@ -191,8 +210,10 @@ def table(doc: dict[str, Any]) -> str:
              "-" * len(head)]
     for r in doc["runs"]:
         cells = (r["concurrency"], r["num_draft_tokens"], _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]),
-                 _fmt(r["alpha"]), _fmt(r["mean_accepted_len"]), _fmt(r["cost_ratio"], ".3f"), _fmt(r["bound"]),
-                 _fmt(r["efficiency"]), _ms(r["ttft_seconds"]["median"]), _ms(r["tpot_seconds"]["median"]),
+                 _fmt(r["alpha"]), _fmt(r["mean_accepted_len"]), _fmt(r["cost_ratio"], ".3f"),
+                 _fmt(r["overlap_bound"] if r["schedule"] == "overlapped" else r["bound"]),  # the cell's own schedule
+                 _fmt(r["efficiency"]), _fmt(r["early_draft_hit_rate"]), _ms(r["ttft_seconds"]["median"]),
+                 _ms(r["tpot_seconds"]["median"]),
                  _ms(r["tpot_seconds"]["p99"]))
         lines.append(" ".join(f"{cell:>{width}}" for cell, (_, _, width) in zip(cells, COLUMNS)))
     if doc.get("best_num_draft_tokens") is not None:
@@ -209,9 +230,21 @@ def table(doc: dict[str, Any]) -> str:
                      f"target-only: {_fmt(plain['speedup_vs_fastest_target_only'])}x")
     if doc.get("greedy_equal") is not None:
         lines.append("greedy output at every K equals K = 0: " + ("yes" if doc["greedy_equal"] else "NO"))
+    overlap = doc.get("overlap")
+    if overlap and overlap.get("num_draft_tokens") is not None:
+        lines.append(f"overlapped (draft-ahead) at K = {overlap['num_draft_tokens']}: "
+                     f"{_fmt(overlap['tokens_per_s'], '.1f')} tok/s, {_fmt(overlap['overlapped_over_sequential'])}x "
+                     f"sequential at the same K ({_fmt(overlap['best_over_best'])}x best against best); early drafts "
+                     f"used {_fmt(overlap['early_draft_hit_rate'])}, drafting hidden {_fmt(overlap['hidden_share'])} "
+                     f"of the time; bound {_fmt(overlap['overlap_bound'])}x (sequential {_fmt(overlap['bound'])}x), "
+                     f"efficiency {_fmt(overlap['efficiency'])}")
     serving = doc.get("serving_overhead")
     if serving:
         lines.append(f"Triton vs local, one stream: {_fmt(serving.get('triton_over_local'))}x of local tokens/s")
+        if serving.get("overlapped"):
+            lines.append(f"Triton overlapped vs local sequential, one stream: "
+                         f"{_fmt(serving['overlapped'].get('triton_over_local'))}x at K = "
+                         f"{serving['overlapped'].get('num_draft_tokens')}")
     for note in doc.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

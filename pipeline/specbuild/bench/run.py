@@ -1,9 +1,13 @@
 """One `specbuild bench` run: pick the transports, run the schedule, assemble the report document.
 
 --local: the reference runtime in-process (+ Hugging Face with --vs-hf, + target-only decoding on
-         1-row matmuls with --vs-plain, interleaved).
---url:   a Triton server (+ the local runtime at concurrency 1, when it can be loaded here, for the
-         serving overhead: Triton tokens/s over local tokens/s on one stream).
+         1-row matmuls with --vs-plain, interleaved), in the schedule `overlap` names (None: the spec's);
+         overlap="compare" runs the sequential and the overlapped (draft-ahead) schedules on the same
+         models, interleaved request by request, and adds an "overlap" section comparing them.
+--url:   a Triton server, each request asking for the schedule `overlap` names (None: the server's own;
+         "compare": sequential and overlapped requests interleaved, with the same "overlap" section)
+         (+ the local runtime at concurrency 1, sequential, when it can be loaded here, for the serving
+         overhead: Triton tokens/s over local sequential tokens/s on one stream, for each schedule).
 Greedy runs also say whether every K gave exactly the K = 0 tokens (`same_tokens_as_k0`).
 """
 
@@ -12,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from specbuild.bench import report, runner, workloads
+from specbuild.bench import report, runner, theory, workloads
 from specbuild.bench.runner import Measurements, Settings
 from specbuild.config import Spec
 from specbuild.errors import SpecbuildError
@@ -94,18 +98,48 @@ def same_tokens(measured: Measurements, baseline: Measurements, k: int = 0) -> b
     return all(r.output_ids == reference[r.prompt_index] for r in results)
 
 
+def overlap_section(sequential: Measurements, overlapped: Measurements) -> dict[str, Any]:
+    """The overlapped schedule against the sequential one on the same models, per K, at concurrency 1."""
+    seq_rows = {r["num_draft_tokens"]: r for r in report.cells(sequential.summaries()) if r["concurrency"] == 1}
+    ovl_rows = {r["num_draft_tokens"]: r for r in report.cells(overlapped.summaries()) if r["concurrency"] == 1}
+    rows = []
+    for k in sorted(k for k in ovl_rows if k > 0 and k in seq_rows):
+        o, q = ovl_rows[k], seq_rows[k]
+        hit_model = theory.hit_rate(q["alpha"], k) if q["alpha"] is not None else None
+        rows.append({"num_draft_tokens": k, "sequential_tokens_per_s": q["tokens_per_s"],
+                     "overlapped_tokens_per_s": o["tokens_per_s"],
+                     "overlapped_over_sequential": _ratio(_rate(overlapped, k), _rate(sequential, k)),
+                     "early_drafts": o["early_drafts"], "early_draft_hit_rate": o["early_draft_hit_rate"],
+                     "predicted_hit_rate": round(hit_model, 4) if hit_model is not None else None,
+                     "hidden_seconds": o["hidden_seconds"],
+                     "hidden_share": _ratio(o["hidden_seconds"], o["wall_seconds"]),
+                     "bound": q["bound"], "overlap_bound": o["overlap_bound"],
+                     "predicted_overlapped_over_sequential": _ratio(o["overlap_bound"], q["bound"]),
+                     "speedup": o["speedup"], "efficiency": o["efficiency"]})
+    best = max(rows, key=lambda r: r["overlapped_tokens_per_s"] or 0.0) if rows else None
+    seq_best = max((seq_rows[k]["tokens_per_s"] for k in seq_rows if k > 0), default=None)
+    keys = ("overlapped_over_sequential", "early_draft_hit_rate", "hidden_share", "bound", "overlap_bound",
+            "efficiency")
+    return {"num_draft_tokens": best["num_draft_tokens"] if best else None,
+            "tokens_per_s": best["overlapped_tokens_per_s"] if best else None,
+            **{key: best[key] if best else None for key in keys},
+            "best_over_best": _ratio(best["overlapped_tokens_per_s"], seq_best) if best else None,
+            "runs": rows}
+
+
 def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None = None,
-                     row_block: int | None = None):
+                     row_block: int | None = None, overlap: bool | str | None = None):
     from specbuild.bench.local import from_spec
 
-    return from_spec(spec, log=log, threads=threads, row_block=row_block)
+    return from_spec(spec, log=log, threads=threads, row_block=row_block, overlap=overlap)
 
 
 def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = None, protocol: str = "http",
               vs_hf: bool = False, vs_plain: bool = False, progress: bool = False,
               log: Callable[[str], None] = lambda m: None, threads: int | None = None, row_block: int | None = None,
-              spec_path: str | None = None) -> dict[str, Any]:
-    """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default)."""
+              spec_path: str | None = None, overlap: bool | str | None = None) -> dict[str, Any]:
+    """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default).
+    overlap: the in-process schedule, True / False / "auto" / None (the spec's) / "compare" (both, --local)."""
     prompts = workloads.load(workload, settings.requests)
     peers: list[Any] = []
     notes: list[str] = []
@@ -113,14 +147,18 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         from specbuild.bench.remote import RemoteTransport
 
         transport = RemoteTransport.connect(url, protocol, spec_path=spec_path, spec=spec)
+        transport.overlap = False if overlap == "compare" else overlap
+        if overlap == "compare":
+            peers.append(transport.with_overlap(True, "triton-overlap"))
         try:
-            peers.append(_local_transport(spec, log, threads, row_block))
+            peers.append(_local_transport(spec, log, threads, row_block, overlap=False))
         except SpecbuildError as err:
             notes.append(f"serving overhead not measured: the local runtime cannot be loaded here ({err})")
         mode = "triton"
     else:
-        transport = _local_transport(spec, log, threads, row_block)
+        transport = _local_transport(spec, log, threads, row_block, overlap=overlap)
         mode = "local"
+        peers.extend(getattr(transport, "peers", []))
         if vs_hf:
             from specbuild.bench.hf_peer import HFPeer
 
@@ -148,8 +186,13 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
     extra: dict[str, Any] = {}
     if "hf" in measured:
         extra["hf"] = hf_section(ours, measured["hf"], best_k)
+    overlapped = measured.get(f"{transport.name}-overlap")
     if "local" in measured and mode == "triton":
         extra["serving_overhead"] = serving_section(ours, measured["local"], best_k)
+        if overlapped is not None:
+            top_overlapped = report.best(report.cells(overlapped.summaries()))
+            extra["serving_overhead"]["overlapped"] = serving_section(
+                overlapped, measured["local"], top_overlapped["num_draft_tokens"] if top_overlapped else None)
     if "plain" in measured:
         extra["plain"] = plain_section(ours, measured["plain"], best_k)
     if settings.temperature == 0:
@@ -158,8 +201,11 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
                 row["same_tokens_as_k0"] = same_tokens(ours, ours, row["num_draft_tokens"])
         equal = [row["same_tokens_as_k0"] for row in rows if row.get("same_tokens_as_k0") is not None]
         extra["greedy_equal"] = all(equal) if equal else None
+    if overlapped is not None:
+        extra["overlap"] = overlap_section(ours, overlapped)
     doc_settings = {"num_draft_tokens": list(ks), "concurrency": list(settings.concurrency),
                     "max_tokens": settings.max_tokens, "requests": settings.requests,
                     "temperature": settings.temperature, "seed": settings.seed, "url": url,
-                    "protocol": protocol if url else None}
+                    "protocol": protocol if url else None,
+                    "overlap": "compare" if overlap == "compare" else transport.overlap}
     return report.document(mode, spec.name, prompts.name, doc_settings, rows, [*ours.notes, *notes], extra)

@@ -1,7 +1,9 @@
 """The benchmark schedule: a K sweep and a concurrency sweep over one transport, measured in one run.
 
 The machine is noisy, so ratios are measured from interleaved requests: for each prompt, every K
-(K = 0 included) runs back to back, in an order rotated per prompt, rather than all K = 0 first.
+(K = 0 included) runs back to back, in an order rotated per prompt, rather than all K = 0 first;
+with peers (transports compared in the same run) each K runs on every transport, in an order that
+alternates too, so that neither always runs first (and pays for the prompt's prefill).
 A transport is anything with `request(prompt, k, max_tokens, settings) -> RequestResult`:
 the in-process runtime (`bench.local`), a Triton server (`bench.remote`), Hugging Face (`bench.hf_peer`).
 K values follow the one K rule (`speculative.draft_len.resolve_ks`: clamped to the deployment's
@@ -119,8 +121,9 @@ def sweep_k(transports: Sequence[Transport], ks: Sequence[int], workload: Worklo
     for i in range(settings.requests):
         prompt = _prompt(workload, i)
         order = list(ks[i % len(ks):]) + list(ks[: i % len(ks)])
-        for k in order:
-            for transport in (t for t in transports if _measures(t, k)):
+        for j, k in enumerate(order):
+            shift = (i + j) % len(transports)
+            for transport in (t for t in list(transports[shift:]) + list(transports[:shift]) if _measures(t, k)):
                 start = time.perf_counter()
                 result = transport.request(prompt, k, _tokens(prompt, settings), settings)
                 result.prompt_index = i

@@ -35,6 +35,9 @@ class RequestResult:
     per_position_tried: list[int] = field(default_factory=list)  # [K] position i drafted with all before it accepted
     top_token_share: float | None = None  # share of the output taken by its most frequent token (degenerate text ~ 1)
     output_ids: list[int] | None = None  # [n] the generated tokens, when the transport returns them
+    early_drafts: int = 0  # overlapped schedule: drafts started while the target verified
+    early_draft_hits: int = 0  # ... and used by the next step
+    hidden_seconds: float = 0.0  # drafter time of the used early drafts that overlapped the target
 
     @property
     def tokens_per_s(self) -> float:
@@ -121,6 +124,13 @@ class RunSummary:
     target_seconds: float
     draft_seconds_per_token: float | None  # drafter time per drafted token
     target_seconds_per_step: float | None  # verifier time per target forward pass
+    early_drafts: int = 0  # overlapped schedule (speculative.stats): early drafts started
+    early_draft_hits: int = 0  # ... and used
+    hidden_seconds: float = 0.0  # drafting that ran beside the target and was used
+
+    @property
+    def early_draft_hit_rate(self) -> float | None:
+        return self.early_draft_hits / self.early_drafts if self.early_drafts else None
 
 
 def per_token_alpha(accepted: int, rejections: int) -> float | None:
@@ -199,4 +209,7 @@ def summarize(results: Sequence[RequestResult], wall_seconds: float) -> RunSumma
         target_seconds=target_s,
         draft_seconds_per_token=draft_s / drafted if drafted else None,
         target_seconds_per_step=target_s / steps if steps else None,
+        early_drafts=sum(r.early_drafts for r in results),
+        early_draft_hits=sum(r.early_draft_hits for r in results),
+        hidden_seconds=sum(r.hidden_seconds for r in results),
     )

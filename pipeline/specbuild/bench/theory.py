@@ -2,8 +2,10 @@
 
 Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative Decoding" (2023):
 E[tokens per target step] = (1 - alpha^(K+1)) / (1 - alpha), speedup = E / (K * c + 1),
-with c = draft step time / target step time. The formula lives in `specbuild.speculative.adaptive`;
-this module only feeds it measured numbers and estimates c for a GPU from the models' sizes.
+with c = draft step time / target step time. The overlapped (draft-ahead) schedule's bound,
+E / (max(1, (K+1) c) + (1 - h) K c) with the early-draft hit rate h (alpha^(K+1) when not measured),
+is derived in docs/speculative.md. The formulas live in `specbuild.speculative.adaptive`; this module
+only feeds them measured numbers and estimates c for a GPU from the models' sizes.
 
 GPU estimate: a decode step at small batch is memory-bound, so its time is about the bytes of
 weights read per token divided by the memory bandwidth, plus a fixed per-layer launch cost.
@@ -54,6 +56,20 @@ def bound(alpha: float, k: int, c: float) -> float:
     from specbuild.speculative.adaptive import predicted_speedup
 
     return float(predicted_speedup(alpha, k, c))
+
+
+def hit_rate(alpha: float, k: int) -> float:
+    """The expected early-draft hit rate for K = k (alpha^(k+1))."""
+    from specbuild.speculative.adaptive import expected_hit_rate
+
+    return float(expected_hit_rate(alpha, k))
+
+
+def overlap_bound(alpha: float, k: int, c: float, hit: float | None = None) -> float:
+    """The closed-form speedup of the overlapped schedule (K = 0 gives 1); hit None = alpha^(K+1)."""
+    from specbuild.speculative.adaptive import predicted_overlap_speedup
+
+    return float(predicted_overlap_speedup(alpha, k, c, hit))
 
 
 def cost_ratio(draft_seconds_per_token: float | None, target_seconds_per_step: float | None) -> float | None:

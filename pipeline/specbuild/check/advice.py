@@ -116,11 +116,12 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
     stages = spec.build.tp_size * spec.build.pp_size
     if spec.gpu.count < 2 * stages:
         candidates.append((f"gpu.count = {2 * stages} (the draft on GPUs of its own)",
-                           _with(spec, "gpu", count=2 * stages)))
+                           _with(spec, "gpu", count=2 * stages, draft_device_ids=None)))
     tp = spec.build.tp_size * 2
     while tp <= 8:
         if all(m.num_heads % tp == 0 for m in (target, draft)):
-            bigger = _with(_with(spec, "build", tp_size=tp), "gpu", count=max(spec.gpu.count, tp * spec.build.pp_size))
+            bigger = _with(_with(spec, "build", tp_size=tp), "gpu", count=max(spec.gpu.count, tp * spec.build.pp_size),
+                           draft_device_ids=None)
             candidates.append((f"build.tp_size = {tp} (gpu.count >= {tp * spec.build.pp_size})", bigger))
         tp *= 2
     found = []

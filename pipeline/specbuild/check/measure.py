@@ -6,7 +6,12 @@ in-process draft/verify loop greedily at K = 0 and at the largest K considered, 
   pooled per-token alpha (maximum likelihood under the closed form's i.i.d. model);
 - c on this machine (draft seconds per drafted token / target seconds per plain step), and c for
   the spec's GPU from the models' weight bytes (`theory.gpu_estimate`);
-- the predicted speedup for each K on both, and the recommended `max_draft_len` (best K on the GPU).
+- the predicted speedup for each K on both, and the recommended `max_draft_len` (best K on the GPU);
+- the same for the overlapped (draft-ahead) schedule, whose early drafts hit with probability
+  h(K) = alpha_0 ... alpha_K (the per-position alphas; alpha^(K+1) past the measured positions), and
+  its gain over the sequential schedule (best K against best K). It assumes the drafter runs beside
+  the target without slowing it: its own core here (`cores` says how many this process has), its own
+  GPU or spare GPU capacity in a deployment.
 The returned dict is the "measure" section of the check report. The measurement itself is the
 benchmark's (`specbuild.bench`: its in-process transport, statistics and closed form).
 """
@@ -24,6 +29,7 @@ from specbuild.bench.stats import RequestResult, summarize
 from specbuild.config import Spec
 from specbuild.speculative.adaptive import best_k
 from specbuild.speculative.draft_len import resolve_k
+from specbuild.speculative.overlap import available_cores
 
 MAX_K = 8  # predictions cover K = 0..max(MAX_K, spec max_draft_len)
 PROMPTS_PER_KIND = 2
@@ -74,6 +80,21 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
     best_here = best_k(alpha, c_here, k_max)[0] if c_here is not None else None
     best_gpu = best_k(alpha, c_gpu, k_max)[0] if c_gpu is not None else None
     recommended = best_gpu if best_gpu is not None else best_here
+    hits = [predicted_hit_rate(pooled.per_position_alpha, alpha, k) for k in ks]
+    for row, h in zip(rows, hits):
+        k = row["num_draft_tokens"]
+        row["hit_rate"] = round(h, 4) if k else None
+        row["overlapped_this_machine"] = round(theory.overlap_bound(alpha, k, c_here, h), 4) if c_here is not None else None
+        row["overlapped_gpu"] = round(theory.overlap_bound(alpha, k, c_gpu, h), 4) if c_gpu is not None else None
+    overlap = {}
+    for where, c, best in (("this_machine", c_here, best_here), ("gpu", c_gpu, best_gpu)):
+        if c is None:
+            overlap[where] = {"best_num_draft_tokens": None, "speedup": None, "over_sequential": None}
+            continue
+        k, speedup = best_k(alpha, c, k_max, speedup=lambda a, n, cost: theory.overlap_bound(a, n, cost, hits[n]))
+        sequential = rows[best][where] if best else 1.0
+        overlap[where] = {"best_num_draft_tokens": k, "speedup": round(speedup, 4),
+                          "over_sequential": round(speedup / sequential, 4)}
     return {
         "prompts": {"source": str(prompts_file_name(prompts)), "count": len(prompts), "max_tokens": max_tokens},
         "num_draft_tokens": k_run,
@@ -88,11 +109,22 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
         "gpu_estimate": gpu,
         "predicted_speedup": rows,
         "best_num_draft_tokens": {"this_machine": best_here, "gpu": best_gpu},
+        "overlap": {**overlap, "cores": available_cores()},
         "recommended_max_draft_len": recommended,
         "speculation_pays": bool(recommended),
         "degenerate_workloads": sorted(kind for kind, rs in plain_by_kind.items()
                                        if (summarize(rs, 1.0).top_token_share or 0.0) >= DEGENERATE_SHARE),
     }
+
+
+def predicted_hit_rate(per_position_alpha: Sequence[float | None], alpha: float, k: int) -> float:
+    """P(early draft used) at K = k: positions 0..k all accepted (the guess is position k's draft token, for
+    greedy decoding): the measured per-position alphas while they last, the pooled alpha after."""
+    h = 1.0
+    for i in range(k + 1):
+        a = per_position_alpha[i] if i < len(per_position_alpha) else None
+        h *= a if a is not None else alpha
+    return h
 
 
 def prompts_file_name(prompts: Sequence[tuple[str, workloads.Prompt]]) -> str:
@@ -123,7 +155,7 @@ def measure(spec: Spec, prompts_file: Path | None = None, max_tokens: int = MAX_
 
     prompts = _prompts(prompts_file)
     log(f"check --measure: loading the pair, {len(prompts)} prompts, {max_tokens} tokens each")
-    transport = from_spec(spec, log=log, threads=threads)
+    transport = from_spec(spec, log=log, threads=threads, overlap=False)  # measures alpha and c: sequential
     from specbuild.progress import Progress
 
     bar = Progress(total=2 * len(prompts), desc="check --measure", unit="requests", mode=None if progress else "off",
@@ -155,6 +187,15 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         f"speedup here   {here} (best K {best['this_machine']})",
         f"speedup on GPU {gpu} (best K {best['gpu']})",
     ]
+    overlap = section.get("overlap") or {}
+    for where, label in (("this_machine", "here  "), ("gpu", "on GPU")):
+        o = overlap.get(where) or {}
+        key = "overlapped_this_machine" if where == "this_machine" else "overlapped_gpu"
+        values = " ".join(f"K{r['num_draft_tokens']}={f(r.get(key))}" for r in rows[1:])
+        lines.append(f"overlapped {label} {values} (best K {o.get('best_num_draft_tokens')}, "
+                     f"{f(o.get('over_sequential'))}x the sequential best)")
+    if overlap.get("cores", 2) < 2:
+        lines.append(f"note: {overlap['cores']} core here: the overlapped schedule needs a second one to pay")
     if section.get("degenerate_workloads"):
         lines.append(f"warning: the target's output repeats one token on {', '.join(section['degenerate_workloads'])} "
                      "prompts, so their acceptance is trivially high: judge the pair on the others")

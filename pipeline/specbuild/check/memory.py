@@ -17,8 +17,9 @@ Pure arithmetic over `ModelInfo` facts and the spec; every figure is per GPU unl
   activation buffers for `max_num_tokens`, its logits buffer, decoder and runtime buffers per batch
   slot, and a safety margin of 10% of what is left (at least 0.5 GiB).
 
-Placement: the draft runs on GPUs of its own when `gpu.count >= 2 x tp_size x pp_size` (as the repo
-stage assigns `gpu_device_ids`), else both models share the same GPUs.
+Placement: the draft runs on GPUs of its own when `gpu.draft_device_ids` names GPUs other than the
+target's, or, without it, when `gpu.count >= 2 x tp_size x pp_size` (`Spec.device_ids`, which the repo
+stage writes as `gpu_device_ids`); else both models share the same GPUs.
 
 KV split between two engines on one GPU. TensorRT-LLM gives each model
 `min(max_tokens_in_paged_kv_cache, kv_cache_free_gpu_mem_fraction x free memory)` when that
@@ -207,8 +208,8 @@ def _fraction(budget: float, free_when_second: float) -> float:
 
 
 def separate_gpus(spec: Spec) -> bool:
-    """The draft gets GPUs of its own when there are enough for both (the repo stage places it so)."""
-    return spec.gpu.count >= 2 * spec.build.tp_size * spec.build.pp_size
+    """Whether the draft runs on GPUs of its own (`Spec.device_ids`, as the repo stage places it)."""
+    return set(spec.device_ids("draft")).isdisjoint(spec.device_ids("target"))
 
 
 def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:

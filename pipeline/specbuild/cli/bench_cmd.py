@@ -36,25 +36,32 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write PNG plots into this folder.")
 @click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up request per K.")
+@click.option("--overlap", type=click.Choice(["auto", "on", "off", "compare"]), default=None,
+              help="The schedule. on/off: draft the next step while the target verifies (or not); auto: where it "
+              "pays; compare: both, interleaved, with the gain, hit rate and bounds. Default: the spec's "
+              "speculative.overlap with --local, the server's own with --url (asked per request).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch CPU threads for in-process models (default: 1 for small models, else torch's "
               "choice). More threads than free cores makes a busy machine many times slower.")
 @json_option
 @dry_run_option
 def command(spec_path, url, local, protocol, workload, ks, concurrency, max_tokens, requests, temperature, seed,
-            vs_hf, vs_plain, plot_dir, no_warmup, threads, as_json, dry_run):
+            vs_hf, vs_plain, plot_dir, no_warmup, overlap, threads, as_json, dry_run):
     """Measure tokens/s, latency and acceptance with speculation on and off, in one run.
 
     \b
     Per request: time to first token, time per output token, tokens/s, acceptance.
     Per K: speedup over K = 0 (same deployment, requests interleaved), alpha, c,
-    the bound (1 - alpha^(K+1)) / (1 - alpha) / (K c + 1) and efficiency = speedup / bound.
+    the bound (1 - alpha^(K+1)) / (1 - alpha) / (K c + 1) and efficiency = speedup / bound
+    (cells that drafted ahead use the overlapped schedule's bound).
 
     \b
     Examples:
       specbuild bench --local --json
       specbuild bench --local --vs-hf --num-draft-tokens 0,2,4 --plot bench-plots
+      specbuild bench --local --workload json --overlap compare
       specbuild bench --url http://127.0.0.1:8000 --concurrency 1,2,4 --workload json
+      specbuild bench --url http://127.0.0.1:8000 --workload json --overlap compare
     """
     from specbuild.bench import runner
 
@@ -66,6 +73,7 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
         raise click.UsageError("--vs-hf compares greedy decoding: drop --temperature.")
     if vs_plain and not local:
         raise click.UsageError("--vs-plain runs a second target in-process next to the local runtime: add --local.")
+    schedule = {"on": True, "off": False}.get(overlap, overlap)
     from specbuild.errors import BenchError
 
     try:
@@ -91,7 +99,8 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
         plan = {"mode": "local" if local else "triton", "url": url, "protocol": protocol if url else None,
                 "workload": workload, "num_draft_tokens": list(k_list) if k_list else "auto",
                 "concurrency": list(settings.concurrency), "max_tokens": max_tokens, "requests": requests,
-                "vs_hf": vs_hf, "vs_plain": vs_plain, "files": [str(plot_dir / n) for n in _plot_names()] if plot_dir else []}
+                "vs_hf": vs_hf, "vs_plain": vs_plain, "overlap": overlap,
+                "files": [str(plot_dir / n) for n in _plot_names()] if plot_dir else []}
         if as_json:
             emit_json({"dry_run": True, **plan})
         else:
@@ -103,7 +112,7 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
 
     doc = run_bench(spec, settings, workload, url=url, protocol=protocol, vs_hf=vs_hf, vs_plain=vs_plain,
                     progress=True, log=log, threads=threads,  # a bar on a terminal, else progress lines
-                    spec_path=shown_path(spec.path))
+                    spec_path=shown_path(spec.path), overlap=schedule)
     if plot_dir is not None:
         from specbuild.bench.plots import write_plots
 

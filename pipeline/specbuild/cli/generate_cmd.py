@@ -33,13 +33,17 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is accepted.")
 @click.option("--adaptive/--no-adaptive", default=None,
               help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.")
+@click.option("--overlap/--no-overlap", default=None,
+              help="Draft the next step while the target verifies this one (same text; faster where the two "
+              "models get a core or GPU each). Default: the spec's speculative.overlap with --local (auto: on "
+              "where it pays), else the server's.")
 @click.option("--device", default="auto", show_default=True, help="--local: cpu, cuda, or auto.")
 @click.option("--no-cache", "no_cache", is_flag=True, help="--local: disable the KV and prefix caches (slower; same output).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="--local on CPU: torch threads. Default: 1 for small models, else torch's default.")
 @json_option
 def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
-            stream, adaptive, device, no_cache, threads, as_json):
+            stream, adaptive, overlap, device, no_cache, threads, as_json):
     """Generate text for PROMPT with speculative decoding.
 
     \b
@@ -57,13 +61,14 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
 
     spec = get_spec(spec_path)
     options = Options(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=seed, adaptive=adaptive)
+                      top_p=top_p, seed=seed, adaptive=adaptive, overlap=None if local else overlap)
     echo = None if as_json or not stream else _echo_stdout
     if local:
         from specbuild.session.local import LocalSession
 
-        session = LocalSession.from_spec(spec, device=device, use_cache=not no_cache, threads=threads)
-        generation = session.generate(prompt, options, on_text=echo)
+        with LocalSession.from_spec(spec, device=device, use_cache=not no_cache, threads=threads,
+                                    overlap=overlap) as session:
+            generation = session.generate(prompt, options, on_text=echo)
     else:
         from specbuild.session.served import ServedSession
 
@@ -98,6 +103,9 @@ def summary(doc: dict[str, Any]) -> str:
         )
     else:
         parts.append("K = 0 (target only)")
+    if doc.get("early_drafts"):
+        parts.append(f"early drafts {doc['early_draft_hits']}/{doc['early_drafts']} used, "
+                     f"{doc['hidden_seconds']:.3f} s of drafting hidden")
     if doc.get("engine_source"):
         parts.append(f"weights: {doc['engine_source']}")
     return "; ".join(parts)

@@ -49,6 +49,8 @@ REASONS: dict[str, str] = {
     "speculative.num_draft_tokens": "K per request by default (<= max_draft_len; 0 = target only)",
     "speculative.use_draft_logits": "exact rejection sampling (temperature > 0) needs the draft's logits",
     "speculative.adaptive": "adapt K to the running acceptance rate and fall back to K = 0 when it stops paying",
+    "speculative.overlap": 'draft the next step while the target verifies this one: true, false, or "auto" '
+                           "(in-process: on with 2 free cores, off while its early drafts rarely hit)",
     "build.max_batch_size": "most requests in flight per engine",
     "build.max_input_len": "longest prompt in tokens",
     "build.max_seq_len": "prompt + generated tokens (must exceed max_input_len)",
@@ -60,6 +62,8 @@ REASONS: dict[str, str] = {
     "gpu.name": f"known GPUs: {', '.join(GPUS)}",
     "gpu.memory_gib": "usable memory per GPU in GiB; overrides the known figure, or set it for an unlisted GPU",
     "gpu.count": "GPUs available (>= tp_size x pp_size)",
+    "gpu.draft_device_ids": "GPUs of the draft engine, e.g. [1]: its own lets it draft ahead without slowing the "
+                            "target (unset: its own when count >= 2 x tp_size x pp_size, else the target's)",
     "serve.host": "address to bind; loopback unless you mean to expose the server",
     "serve.http_port": "Triton HTTP port (0 = pick a free one)",
     "serve.grpc_port": "Triton gRPC port (0 = pick a free one)",
@@ -94,6 +98,8 @@ def toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (str, Path)):
         return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML form for {value!r}")
 
 
@@ -107,7 +113,8 @@ def _default(cls: type, name: str) -> Any:
 
 
 # shown, commented out, for keys whose default is unset
-UNSET_EXAMPLES = {"memory_gib": 80.0, "backend": "llmapi", "free_gpu_memory_fraction": 0.9, "max_queue_size": 64}
+UNSET_EXAMPLES = {"memory_gib": 80.0, "backend": "llmapi", "free_gpu_memory_fraction": 0.9, "max_queue_size": 64,
+                  "draft_device_ids": [1]}
 
 
 def _line(key: str, value: Any, default: Any, reason: str) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from specbuild.config import Spec
 from specbuild.errors import CheckpointError
+from specbuild.speculative.overlap import available_cores, resolve_auto
 
 REFERENCE_ENGINE = "reference-engine"
 HF_CHECKPOINT = "hf-checkpoint"
@@ -109,10 +110,23 @@ class LocalPair:
     tokenizer_dir: Path
     end_id: int | None
     max_draft_len: int
+    overlap: bool | str = False  # the schedule requests get (resolve_overlap): False, True or "auto"
+    overlap_reason: str = "overlap off"
+    ahead_drafter: Any = None  # the draft model in a child process (draftproc.DraftProcess), when drafting ahead
 
     @property
     def engine_source(self) -> str:
         return self.target.kind
+
+    def drafter_for(self, overlap: bool | str) -> Any:
+        """The drafter for a schedule: the child-process one when drafting ahead and there is one."""
+        return self.ahead_drafter if overlap and self.ahead_drafter is not None else self.drafter
+
+    def close(self) -> None:
+        """Stop the draft model's child process, if any."""
+        if self.ahead_drafter is not None:
+            self.ahead_drafter.close()
+            self.ahead_drafter = None
 
 
 def _eos_id(folder: Path) -> int | None:
@@ -153,32 +167,72 @@ def configure_threads(threads: int | None, source: ModelSource, device: str) -> 
     return threads
 
 
+def resolve_overlap(setting: bool | str, device: str) -> tuple[bool | str, str]:
+    """What the loop gets in-process for an overlap setting (spec or CLI), and why (`overlap.resolve_auto`).
+
+    "auto" stays "auto" when the drafter's process and this one each find their own cores: 2 x torch's
+    intra-op threads on CPU (both models run on the same pool of cores), 2 when a GPU does the arithmetic.
+    """
+    if device == "cpu" and not (setting is True or setting is False):
+        import torch
+
+        threads = torch.get_num_threads()
+        return resolve_auto(setting, available_cores(), 2 * threads,
+                            f"2 x {threads} torch thread{'s' if threads != 1 else ''}")
+    return resolve_auto(setting, available_cores(), 2, "a thread each for the draft and the target")
+
+
 def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
-              row_block: int | None = None) -> LocalPair:
+              row_block: int | None = None, overlap: bool | str = False) -> LocalPair:
     """Target and draft in-process. threads: CPU threads for torch (None: 1 for small models, else torch's default),
-    set before loading: the row-block probe runs with them. row_block: see load_contract_model."""
+    set before loading: the row-block probe runs with them. row_block: see load_contract_model.
+
+    overlap: the schedule asked for (the spec's speculative.overlap, or a CLI override), resolved by
+    resolve_overlap. When it drafts ahead, a second copy of the draft model is started in a child process
+    (runtime/draftproc.py: two models on two threads of one process mostly wait for each other's GIL);
+    `pair.drafter_for(pair.overlap)` is then that drafter. Call pair.close() when done."""
+    from specbuild.runtime.draftproc import DraftProcess
     from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 
     target, draft = model_source(spec, "target"), model_source(spec, "draft")
     device = resolve_device(device)
     configure_threads(threads, target, device)
-    target_model = load_contract_model(target, device, use_cache, row_block)
-    draft_model = load_contract_model(draft, device, use_cache, row_block)
-    if target_model.engine.vocab_size != draft_model.engine.vocab_size:
-        raise CheckpointError(
-            f"target vocab_size {target_model.engine.vocab_size} != draft vocab_size {draft_model.engine.vocab_size}: "
-            "run `specbuild convert` (it pads the draft's vocabulary) and `specbuild build`, then retry."
-        )
+    schedule, overlap_reason = resolve_overlap(overlap, device)
     end_id = _eos_id(spec.target.checkpoint) if target.kind == HF_CHECKPOINT else _eos_id(target.path)
+    use_logits = spec.speculative.use_draft_logits
+    process = None
+    if schedule:  # loads while this process loads its own models
+        import torch
+
+        process = DraftProcess.start(draft, device, torch.get_num_threads() if device == "cpu" else None, row_block,
+                                     use_cache, end_id, use_logits)
+    try:
+        target_model = load_contract_model(target, device, use_cache, row_block)
+        draft_model = load_contract_model(draft, device, use_cache, row_block)
+        if target_model.engine.vocab_size != draft_model.engine.vocab_size:
+            raise CheckpointError(
+                f"target vocab_size {target_model.engine.vocab_size} != draft vocab_size "
+                f"{draft_model.engine.vocab_size}: run `specbuild convert` (it pads the draft's vocabulary) and "
+                "`specbuild build`, then retry."
+            )
+        if process is not None:
+            process = process.matching(draft_model.engine.model.row_block)
+    except BaseException:
+        if process is not None:
+            process.close()
+        raise
     max_draft_len = target_model.limits.max_draft_len
     return LocalPair(
         target=target,
         draft=draft,
         target_model=target_model,
         draft_model=draft_model,
-        drafter=ContractDrafter(draft_model, end_id=end_id, use_logits=spec.speculative.use_draft_logits),
+        drafter=ContractDrafter(draft_model, end_id=end_id, use_logits=use_logits),
         verifier=ContractVerifier(target_model, max_draft_len=max_draft_len, end_id=end_id),
         tokenizer_dir=target.path if _has_tokenizer(target.path) else spec.target.checkpoint,
         end_id=end_id,
         max_draft_len=max_draft_len,
+        overlap=schedule,
+        overlap_reason=overlap_reason,
+        ahead_drafter=process,
     )

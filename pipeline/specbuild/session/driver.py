@@ -88,4 +88,5 @@ def drive(
         ttft_seconds=first,
         prompt_ids=[int(t) for t in prompt_ids],
         steps=records,
+        overlap=request.overlap,
     )

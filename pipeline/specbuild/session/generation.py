@@ -42,6 +42,7 @@ class Options:
     top_p: float = 1.0  # 1 = off
     seed: int | None = None
     adaptive: bool | None = None
+    overlap: bool | str | None = None  # draft the next step while the target verifies: True, False, "auto"
 
     def sampling_dict(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
@@ -70,6 +71,7 @@ class Generation:
     prompt_ids: list[int] | None = None  # [prompt_len] when tokenized here
     steps: list[StepRecord] = field(default_factory=list)  # per verify step (in-process only)
     num_output_tokens: int | None = None  # when the server reports a count without the ids
+    overlap: bool | str | None = None  # the schedule: drafted ahead (True, "auto") or not (False); None: not known
     extra: dict[str, Any] = field(default_factory=dict)  # where it ran: weights and exactness, or the server
 
     @property
@@ -92,6 +94,7 @@ class Generation:
             "num_draft_tokens": self.k.k if self.k else None,
             "requested_num_draft_tokens": self.k.requested if self.k else None,
             "adaptive": self.adaptive,
+            "overlap": self.overlap,
             **self.stats.report_fields(),
             "tokens_per_s": self.tokens_per_s,
             "seconds": self.seconds,

@@ -6,6 +6,13 @@
 
 The pair runs on the reference runtime (`runtime.loading.load_pair`: reference engines when built,
 else the Hugging Face checkpoints), behind the same Drafter/Verifier adapters as the Triton BLS.
+
+The schedule: `overlap` is the session's default (the spec's speculative.overlap, "auto" resolved for this
+machine by `runtime.loading.resolve_overlap`), `Options.overlap` a request's own. When the session drafts
+ahead, its early drafts come from a second copy of the draft model in a child process
+(`runtime.draftproc`); a request that drafts ahead on a session loaded without one runs the early drafts
+on a thread (`speculative.overlap.ThreadedAhead`: the same text, but two threads of one process mostly
+wait for each other's GIL). Call `close()` when done (it stops the child process).
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ class LocalSession:
 
     def __init__(self, drafter: Drafter, verifier: Verifier, encode: Callable[[str], list[int]], *,
                  tokenizer: Any = None, end_id: int | None = None, default_k: int = 4, adaptive: bool = False,
-                 max_seq_len: int | None = None, pair: Any = None):
+                 max_seq_len: int | None = None, pair: Any = None, overlap: bool | str = False,
+                 overlap_reason: str | None = None, ahead_drafter: Drafter | None = None):
         self.drafter, self.verifier = drafter, verifier
         self._encode = encode  # prompt text -> token ids
         self.tokenizer = tokenizer  # detokenizes streamed text (None: token ids only)
@@ -41,24 +49,41 @@ class LocalSession:
         self.adaptive = adaptive  # adaptive K when a request does not say
         self.max_seq_len = max_seq_len  # prompt + generated tokens the engines take (None: no limit known)
         self.pair = pair  # runtime.loading.LocalPair when loaded from a spec
+        self.overlap = overlap  # the schedule when a request does not say: False, True or "auto"
+        self.overlap_reason = overlap_reason or f"overlap {overlap}"  # why (how "auto" was resolved here)
+        self.ahead_drafter = ahead_drafter  # the drafter of requests that draft ahead (None: `drafter`)
         self._lock = threading.Lock()  # fast tokenizers are not safe to call from several threads at once
 
     @classmethod
     def from_spec(cls, spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
-                  row_block: int | None = None) -> "LocalSession":
+                  row_block: int | None = None, overlap: bool | str | None = None) -> "LocalSession":
         """The spec's pair on the reference runtime (row_block: see runtime.loading.load_contract_model); the spec
-        gives the default K and whether K adapts."""
+        gives the default K, whether K adapts, and the schedule (`overlap`: None = the spec's
+        speculative.overlap)."""
         from transformers import AutoTokenizer
 
         from specbuild.runtime.loading import load_pair
 
         pair = load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache, threads=threads,
-                         row_block=row_block)
+                         row_block=row_block, overlap=spec.speculative.overlap if overlap is None else overlap)
         tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
         limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
         return cls(pair.drafter, pair.verifier, lambda text: tokenizer(text)["input_ids"], tokenizer=tokenizer,
                    end_id=pair.end_id, default_k=spec.speculative.num_draft_tokens, adaptive=spec.speculative.adaptive,
-                   max_seq_len=limit, pair=pair)
+                   max_seq_len=limit, pair=pair, overlap=pair.overlap, overlap_reason=pair.overlap_reason,
+                   ahead_drafter=pair.ahead_drafter)
+
+    def close(self) -> None:
+        """Stop the draft model's child process, if this session started one."""
+        if self.pair is not None:
+            self.pair.close()
+        self.ahead_drafter = None
+
+    def __enter__(self) -> "LocalSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def max_draft_len(self) -> int:
@@ -86,7 +111,9 @@ class LocalSession:
         """One request. `pair`: another Drafter/Verifier over the same models (e.g. batched for concurrent
         callers); `text`: False skips detokenizing (the benchmark)."""
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        drafter, verifier = pair or (self.drafter, self.verifier)
+        overlap = self.overlap if options.overlap is None else options.overlap
+        drafter, verifier = pair or (self.ahead_drafter if overlap and self.ahead_drafter else self.drafter,
+                                     self.verifier)
         k = resolve_k(options.num_draft_tokens, verifier.max_draft_len, default=self.default_k)
         if self.max_seq_len is not None and len(prompt_ids) + options.max_tokens > self.max_seq_len:
             raise RequestError(
@@ -100,8 +127,10 @@ class LocalSession:
             sampling=SamplingParams(options.temperature, options.top_k, options.top_p, options.seed),
             end_id=self.end_id,
             adaptive=self.adaptive if options.adaptive is None else options.adaptive,
+            overlap=overlap,
         )
         stream = TextStream(self.tokenizer, prompt_ids) if text and self.tokenizer is not None else None
         generation = drive(prompt_ids, drafter, verifier, request, k=k, text=stream, on_text=on_text)
-        generation.extra = {**self.describe(), "sampling": options.sampling_dict()}
+        generation.extra = {**self.describe(), "overlap_reason": self.overlap_reason if options.overlap is None
+                            else f"overlap {overlap} as asked", "sampling": options.sampling_dict()}
         return generation

@@ -58,6 +58,7 @@ class Deployment:
     max_draft_len: int | None = None
     num_draft_tokens: int | None = None  # the default K
     adaptive: bool | None = None
+    overlap: bool | str | None = None  # the BLS's configured schedule (before it resolves "auto" for its cores)
     llmapi: bool = False  # Triton's llmapi model (the LLM API path): no K per request, no token ids
 
     @classmethod
@@ -68,8 +69,9 @@ class Deployment:
             return int(params[key]) if params.get(key, "").isdigit() else None
 
         adaptive = params.get("adaptive_draft_len", "").lower()
+        overlap = {"true": True, "false": False, "auto": "auto"}.get(params.get("overlap", "").lower())
         return cls(number("max_draft_len"), number("num_draft_tokens"),
-                   {"true": True, "false": False}.get(adaptive))
+                   {"true": True, "false": False}.get(adaptive), overlap)
 
 
 @dataclass
@@ -187,7 +189,7 @@ class ServedSession:
         try:
             chunks = self.client.generate(prompt, max_tokens=options.max_tokens, num_draft_tokens=k.k if k else None,
                                           temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
-                                          seed=options.seed, stream=stream)
+                                          seed=options.seed, stream=stream, overlap=options.overlap)
             streamed = read_stream(chunks, on_text, started)
         except ClientError:
             grpc_missing = self.protocol == "grpc" and importlib.util.find_spec("tritonclient") is None
@@ -196,9 +198,13 @@ class ServedSession:
             raise self.no_server() from None
         seconds = time.perf_counter() - started
         out = streamed.outputs
-        stats = (SpeculationStats.from_dict(out["speculation_stats"]) if isinstance(out.get("speculation_stats"), dict)
+        figures = out.get("speculation_stats")
+        stats = (SpeculationStats.from_dict(figures) if isinstance(figures, dict)
                  else SpeculationStats(drafted=int(out.get("total_draft_tokens") or 0),
                                        accepted=int(out.get("total_accepted_draft_tokens") or 0)))
+        # the schedule the BLS ran (it sends it with the figures), else what was asked, else the deployment's
+        overlap = figures.get("overlap") if isinstance(figures, dict) and "overlap" in figures else (
+            options.overlap if options.overlap is not None else self.deployment().overlap)
         count = int(out["num_output_tokens"]) if "num_output_tokens" in out else None
         if self.deployment().llmapi:
             count = self._llmapi_tokens(streamed.text, out.get("finish_reason"), options.max_tokens)
@@ -219,6 +225,7 @@ class ServedSession:
             seconds=seconds,
             ttft_seconds=streamed.ttft_seconds,
             num_output_tokens=count,
+            overlap=overlap,
             extra={"engine_source": None, "server": {"url": self.url, "protocol": self.protocol},
                    "sampling": options.sampling_dict()},
         )

@@ -7,6 +7,13 @@ independently with probability alpha, and one drafted token costs c target steps
     E[tokens per target step] = (1 - alpha^(K+1)) / (1 - alpha)        (K + 1 when alpha = 1)
     speedup(alpha, K, c)      = E / (K c + 1)
 
+The overlapped (draft-ahead) schedule drafts the next step while the target verifies this one and
+skips the next draft call on a hit (whole draft accepted, bonus token = the drafter's guess), with
+probability h (alpha^(K+1) under the same model, greedy). The early draft (guess + K tokens) costs
+(K + 1) c beside a verification of 1, so (docs/speculative.md derives it)
+
+    overlapped_speedup(alpha, K, c, h) = E / (max(1, (K+1) c) + (1 - h) K c)
+
 K = 0 is plain decoding (speedup 1). K = 1 beats it exactly when alpha > c, so the break-even
 acceptance is alpha ~ c; the controller falls back to K = 0 below it and probes with K = 1 every
 `probe_every` plain steps so it can notice when drafting starts paying again.
@@ -23,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["AdaptiveK", "best_k", "expected_tokens_per_step", "predicted_speedup"]
+__all__ = ["AdaptiveK", "best_k", "expected_hit_rate", "expected_tokens_per_step", "predicted_overlap_speedup",
+           "predicted_speedup"]
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -40,6 +48,27 @@ def predicted_speedup(alpha: float, k: int, c: float) -> float:
     if c < 0:
         raise ValueError(f"cost ratio c must be >= 0, got {c}")
     return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
+
+
+def expected_hit_rate(alpha: float, k: int) -> float:
+    """P(an early draft is used) for K = k: all k tokens accepted and the bonus token equal to the guess
+    (alpha^(k+1): for greedy decoding the guess is the drafter's next draft token, accepted with alpha)."""
+    if k < 0 or not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"need k >= 0 and 0 <= alpha <= 1, got k = {k}, alpha = {alpha}")
+    return alpha ** (k + 1)
+
+
+def predicted_overlap_speedup(alpha: float, k: int, c: float, hit: float | None = None) -> float:
+    """Speedup over plain decoding of the overlapped schedule with K = k (hit: the early-draft hit rate,
+    default expected_hit_rate(alpha, k)). Assumes the drafter runs beside the target without slowing it."""
+    if c < 0:
+        raise ValueError(f"cost ratio c must be >= 0, got {c}")
+    if k == 0:
+        return 1.0
+    h = expected_hit_rate(alpha, k) if hit is None else hit
+    if not 0.0 <= h <= 1.0:
+        raise ValueError(f"hit rate must lie in [0, 1], got {h}")
+    return expected_tokens_per_step(alpha, k) / (max(1.0, (k + 1) * c) + (1.0 - h) * k * c)
 
 
 def best_k(alpha: float, c: float, ks: int | Iterable[int],

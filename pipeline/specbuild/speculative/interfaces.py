@@ -8,6 +8,10 @@ Vocabulary (used the same way in names, tensors, --json keys, metrics and report
 - bonus token: the verifier's extra token when every drafted token was accepted.
 - acceptance_rate = accepted / drafted; mean_accepted_len = (accepted + verify steps) / verify steps,
   i.e. tokens produced per target step, bonus/recovered token included.
+- early draft (the overlapped schedule, loop.py): the next step's draft, proposed while the target
+  verifies this one, continuing from context + draft + g where g (the guess) is the drafter's top
+  token after the draft. It is used (a hit) when the target accepts the whole draft and its bonus
+  token is g; otherwise it is discarded (a miss).
 
 Implementations: the reference runtime (PyTorch, in-process) and the Triton BLS model (which
 calls the `tensorrt_llm_draft` and `tensorrt_llm` models, TensorRT-LLM engines or reference models).
@@ -16,7 +20,7 @@ calls the `tensorrt_llm_draft` and `tensorrt_llm` models, TensorRT-LLM engines o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -50,6 +54,36 @@ class Verification:
 class Drafter(Protocol):
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft:
         """Propose up to k tokens continuing `tokens` (prompt + accepted output so far)."""
+        ...
+
+
+@dataclass
+class Ahead:
+    guess: int | None  # g: the drafter's top token after the tokens it was given; None = it proposed none (EOS)
+    draft: Draft  # [k] the proposal continuing tokens + [guess] (empty when guess is None)
+    guess_seconds: float = 0.0  # wall time spent finding the guess (draft.seconds holds the proposal's)
+
+
+class Pending(Protocol):
+    """A proposal under way (concurrent.futures.Future fits)."""
+
+    def result(self) -> Ahead: ...
+
+    def cancel(self) -> bool:
+        """Drop the proposal if it has not started; True when it was dropped."""
+        ...
+
+
+@runtime_checkable
+class AheadDrafter(Protocol):
+    """A Drafter that can also propose asynchronously (optional: the loop runs `propose` on a thread otherwise)."""
+
+    def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft: ...
+
+    def propose_ahead(self, tokens: list[int], k: int, sampling: SamplingParams) -> Pending:
+        """Start proposing k tokens continuing tokens + [g], g = this drafter's top token after `tokens`, and
+        return at once. The draft must equal propose(tokens + [g], k, sampling), so that the loop can use it
+        in place of that call (`speculative.overlap.propose_ahead` is the reference)."""
         ...
 
 

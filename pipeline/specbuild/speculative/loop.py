@@ -8,6 +8,13 @@ With k = 0 the same code path is one plain target decoding step, so "speculation
 Written once, free of torch and Triton: the reference runtime drives it in-process, the Triton BLS
 model drives it through Triton calls. Both only implement `Drafter` and `Verifier`.
 
+Two schedules, one loop. Sequential (overlap off): draft, then verify, then draft again. Overlapped
+(draft-ahead, overlap.py): while the target verifies step i's draft, the drafter proposes step
+i + 1's draft from context + draft + g (g = its own top token after the draft), on another thread;
+when step i accepts the whole draft with bonus token g, step i + 1 uses that early draft and skips
+its draft call, otherwise it drafts as usual. Which call produced a draft never changes the text:
+the early draft is used only when its context, K and seed are exactly those of the call it replaces.
+
 Rules this module owns:
 - K per step = min(K, remaining budget - 1), K clamped to verifier.max_draft_len (draft_len.resolve_k),
   so a step never overshoots max_tokens; exactly max_tokens tokens come out unless EOS or a stop sequence ends it first.
@@ -20,10 +27,18 @@ Rules this module owns:
   derive_seed(request seed, step index, role) with role 0 = drafter and 1 = verifier. Equal
   requests give equal output as long as implementations are deterministic given (inputs, seed).
   A sampling request without a seed draws one from OS entropy (not reproducible).
+- Early drafts (overlap on): the early draft for step i + 1 is asked for with step i + 1's drafter
+  seed and the K that step would choose if step i were a hit (the budget, and with adaptive K the
+  controller's choice after an all-accepted update; seeded requests fix c, so that choice does not
+  depend on timings). It is used only when step i + 1's context is exactly the one it continues and
+  its K is the one it was asked for, so the output equals the sequential loop's token for token
+  (same seed, same text) whatever the timing; otherwise it is discarded. The guess g itself is a
+  greedy call and carries no seed.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Iterator, Sequence
@@ -36,6 +51,7 @@ from specbuild.errors import GenerationError, RequestError
 from specbuild.speculative.adaptive import AdaptiveK
 from specbuild.speculative.draft_len import resolve_k
 from specbuild.speculative.interfaces import Draft, Drafter, SamplingParams, Verification, Verifier
+from specbuild.speculative.overlap import EarlyDraft, OverlapGate, ThreadedAhead, ahead_proposer
 from specbuild.speculative.sampling import validate_sampling
 from specbuild.speculative.stats import SpeculationStats
 
@@ -65,6 +81,7 @@ class GenerationRequest:
     stop_sequences: Sequence[Sequence[int]] = ()  # each a non-empty token id sequence
     adaptive: bool = False  # choose K per step from the running acceptance (adaptive.AdaptiveK)
     cost_ratio: float | None = None  # c for the adaptive controller; None = measure it from step timings
+    overlap: bool | str = False  # draft ahead while verifying: False, True, or "auto" (stop while hits are rare)
 
     def validate(self) -> None:
         """Raise RequestError naming the first invalid field."""
@@ -84,6 +101,8 @@ class GenerationRequest:
                 )
         if self.cost_ratio is not None and not (np.isfinite(self.cost_ratio) and self.cost_ratio >= 0):
             raise RequestError(f"cost_ratio = {self.cost_ratio!r} is invalid: use a number >= 0, or leave it unset.")
+        if not (self.overlap is True or self.overlap is False or self.overlap == "auto"):
+            raise RequestError(f"overlap = {self.overlap!r} is invalid: use true, false or \"auto\".")
 
 
 @dataclass
@@ -97,6 +116,7 @@ class Step:
     target_seconds: float
     finish_reason: str | None = None  # "length" | "eos" | "stop" on the last step, else None
     stats: SpeculationStats | None = None  # the request's totals, on the last step only
+    early_hit: bool = False  # the draft was proposed while the previous step was verified
 
 
 @dataclass
@@ -157,60 +177,109 @@ def _steps(
 ) -> Iterator[Step]:
     sampling = request.sampling
     stops = [[int(t) for t in s] for s in request.stop_sequences]
+    ahead = ahead_proposer(drafter) if request.overlap and k_max > 0 else None
+    gate = OverlapGate() if request.overlap == "auto" else None
 
     output: list[int] = []
     stats = SpeculationStats()
+    early: EarlyDraft | None = None  # proposed while the previous step was verified, for this step
     index = 0
-    while True:
-        remaining = request.max_tokens - len(output)
-        k = min(controller.choose() if controller is not None else k_max, k_max, remaining - 1)
-        context = prompt + output
+    try:
+        while True:
+            remaining = request.max_tokens - len(output)
+            k = min(controller.choose() if controller is not None else k_max, k_max, remaining - 1)
+            context = prompt + output
 
-        draft, draft_seconds = Draft(tokens=[]), 0.0
-        if k > 0:
+            draft, draft_seconds, early_hit = Draft(tokens=[]), 0.0, False
+            if early is not None:
+                taken, waited = early.take(context, k)
+                early, early_hit = None, taken is not None
+                if taken is not None:
+                    draft, draft_seconds = taken.draft, taken.draft.seconds
+                    stats.record_early_hit(max(draft_seconds - waited, 0.0))
+                if gate is not None:
+                    gate.record(early_hit)
+            if k > 0 and not early_hit:
+                t0 = time.perf_counter()
+                draft = drafter.propose(list(context), k, _seeded(sampling, base_seed, index, DRAFTER))
+                draft_seconds = draft.seconds or time.perf_counter() - t0
+            if k > 0:
+                _check_draft(draft, k)
+
+            if ahead is not None:
+                early = _draft_ahead(ahead, gate, context, output, draft, draft_seconds, request, stops, k_max,
+                                     controller, base_seed, index + 1)
+                if early is not None:
+                    stats.record_early_draft()
+
             t0 = time.perf_counter()
-            draft = drafter.propose(list(context), k, _seeded(sampling, base_seed, index, DRAFTER))
-            draft_seconds = draft.seconds or time.perf_counter() - t0
-            _check_draft(draft, k)
+            verification = verifier.verify(list(context), draft, _seeded(sampling, base_seed, index, VERIFIER))
+            target_seconds = verification.seconds or time.perf_counter() - t0
+            _check_verification(verification, draft)
 
-        t0 = time.perf_counter()
-        verification = verifier.verify(list(context), draft, _seeded(sampling, base_seed, index, VERIFIER))
-        target_seconds = verification.seconds or time.perf_counter() - t0
-        _check_verification(verification, draft)
+            drafted, accepted = len(draft.tokens), verification.accepted
+            stats.record_step(drafted, accepted, draft_seconds, target_seconds)
+            if controller is not None:
+                controller.update(drafted, accepted, draft_seconds, target_seconds)
 
-        drafted, accepted = len(draft.tokens), verification.accepted
-        stats.record_step(drafted, accepted, draft_seconds, target_seconds)
-        if controller is not None:
-            controller.update(drafted, accepted, draft_seconds, target_seconds)
+            new, finish = _emit(verification.tokens, output, request, stops)
+            yield Step(
+                index=index,
+                tokens=new,
+                k=k,
+                drafted=drafted,
+                accepted=accepted,
+                draft_seconds=draft_seconds,
+                target_seconds=target_seconds,
+                finish_reason=finish,
+                stats=stats if finish else None,
+                early_hit=early_hit,
+            )
+            if finish:
+                return
+            index += 1
+    finally:
+        if early is not None:
+            early.handle.cancel()
+        if isinstance(ahead, ThreadedAhead):
+            ahead.close()
 
-        new: list[int] = []
-        finish = None
-        for token in map(int, verification.tokens):
-            if request.end_id is not None and token == request.end_id:
-                finish = "eos"  # EOS ends the request at once and is not emitted
-                break
-            output.append(token)
-            new.append(token)
-            if any(len(output) >= len(s) and output[-len(s) :] == s for s in stops):
-                finish = "stop"  # the stop sequence stays in the output
-                break
-            if len(output) >= request.max_tokens:
-                finish = "length"
-                break
-        yield Step(
-            index=index,
-            tokens=new,
-            k=k,
-            drafted=drafted,
-            accepted=accepted,
-            draft_seconds=draft_seconds,
-            target_seconds=target_seconds,
-            finish_reason=finish,
-            stats=stats if finish else None,
-        )
-        if finish:
-            return
-        index += 1
+
+def _emit(tokens: Sequence[int], output: list[int], request: GenerationRequest,
+          stops: list[list[int]]) -> tuple[list[int], str | None]:
+    """Append verified tokens to output until a stop rule fires: (the tokens appended, finish reason or None)."""
+    new: list[int] = []
+    for token in map(int, tokens):
+        if request.end_id is not None and token == request.end_id:
+            return new, "eos"  # EOS ends the request at once and is not emitted
+        output.append(token)
+        new.append(token)
+        if any(len(output) >= len(s) and output[-len(s) :] == s for s in stops):
+            return new, "stop"  # the stop sequence stays in the output
+        if len(output) >= request.max_tokens:
+            return new, "length"
+    return new, None
+
+
+def _draft_ahead(ahead: Any, gate: OverlapGate | None, context: list[int], output: list[int], draft: Draft,
+                 draft_seconds: float, request: GenerationRequest, stops: list[list[int]], k_max: int,
+                 controller: AdaptiveK | None, base_seed: int | None, step: int) -> EarlyDraft | None:
+    """Start step `step`'s draft as if this step were a hit (whole draft accepted, bonus token = the guess),
+    with the K and seed that step would use then; None when that step would not draft or would not run."""
+    hypothetical = list(output)
+    _, finish = _emit(draft.tokens, hypothetical, request, stops)
+    if finish:
+        return None
+    choice = k_max
+    if controller is not None:
+        predicted = copy.copy(controller)
+        predicted.update(len(draft.tokens), len(draft.tokens), draft_seconds)  # this step's target time is not known yet
+        choice = predicted.choose()
+    k = min(choice, k_max, request.max_tokens - len(hypothetical) - 2)  # the budget left after the bonus token, - 1
+    if k <= 0 or (gate is not None and not gate.open()):
+        return None
+    tokens = context + list(draft.tokens)
+    return EarlyDraft(tokens, k, ahead.propose_ahead(tokens, k, _seeded(request.sampling, base_seed, step, DRAFTER)))
 
 
 def run(

@@ -10,7 +10,12 @@
   draft position i (0-based). Their ratio, per_position_acceptance, is cumulative (as in vLLM):
   position i counts as accepted only when positions 0..i all were, so it falls with i
   (about alpha^(i + 1) for i.i.d. acceptance).
-- draft_seconds, target_seconds: wall time in the drafter and the verifier.
+- draft_seconds, target_seconds: wall time in the drafter and the verifier. With the overlapped
+  schedule draft_seconds still counts every draft the verifier was shown, early ones included.
+- early_drafts / early_draft_hits (overlapped schedule): early drafts started while the target
+  verified, and those used by the next step; early_draft_hit_rate = hits / early drafts.
+- hidden_seconds: drafter time of the used early drafts that ran while the target verified
+  (their draft seconds minus the time the loop waited for them): draft time taken off the request.
 """
 
 from __future__ import annotations
@@ -42,6 +47,13 @@ class SpeculationStats:
     per_position_accepted: list[int] = field(default_factory=list)  # [max k seen]
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    early_drafts: int = 0
+    early_draft_hits: int = 0
+    hidden_seconds: float = 0.0
+
+    @property
+    def early_draft_hit_rate(self) -> float:
+        return self.early_draft_hits / self.early_drafts if self.early_drafts else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -71,6 +83,15 @@ class SpeculationStats:
         self.draft_seconds += draft_seconds
         self.target_seconds += target_seconds
 
+    def record_early_draft(self) -> None:
+        """Count one early draft started while the target verified."""
+        self.early_drafts += 1
+
+    def record_early_hit(self, hidden_seconds: float) -> None:
+        """Count one early draft the next step used; hidden_seconds of its drafting overlapped the target."""
+        self.early_draft_hits += 1
+        self.hidden_seconds += hidden_seconds
+
     def merge(self, other: SpeculationStats) -> SpeculationStats:
         """A new SpeculationStats holding both (for aggregating across requests)."""
         out = SpeculationStats(
@@ -79,6 +100,9 @@ class SpeculationStats:
             steps=self.steps + other.steps,
             draft_seconds=self.draft_seconds + other.draft_seconds,
             target_seconds=self.target_seconds + other.target_seconds,
+            early_drafts=self.early_drafts + other.early_drafts,
+            early_draft_hits=self.early_draft_hits + other.early_draft_hits,
+            hidden_seconds=self.hidden_seconds + other.hidden_seconds,
         )
         out._grow(max(len(self.per_position_drafted), len(other.per_position_drafted)))
         for src in (self, other):
@@ -98,6 +122,10 @@ class SpeculationStats:
             "per_position_acceptance": self.per_position_acceptance,
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
+            "early_drafts": self.early_drafts,
+            "early_draft_hits": self.early_draft_hits,
+            "early_draft_hit_rate": self.early_draft_hit_rate,
+            "hidden_seconds": self.hidden_seconds,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,11 +139,15 @@ class SpeculationStats:
             "per_position_accepted": list(self.per_position_accepted),
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
+            "early_drafts": self.early_drafts,
+            "early_draft_hits": self.early_draft_hits,
+            "early_draft_hit_rate": self.early_draft_hit_rate,
+            "hidden_seconds": self.hidden_seconds,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeculationStats:
-        """Inverse of to_dict (derived keys are recomputed, not trusted)."""
+        """Inverse of to_dict (derived keys are recomputed, not trusted; the early-draft keys may be absent)."""
         missing = [k for k in _KEYS if k not in data]
         if missing:
             raise ValueError(f"speculation stats are missing keys {missing}")
@@ -130,6 +162,9 @@ class SpeculationStats:
             per_position_accepted=[int(x) for x in accepted],
             draft_seconds=float(data["draft_seconds"]),
             target_seconds=float(data["target_seconds"]),
+            early_drafts=int(data.get("early_drafts", 0)),
+            early_draft_hits=int(data.get("early_draft_hits", 0)),
+            hidden_seconds=float(data.get("hidden_seconds", 0.0)),
         )
 
     def _grow(self, n: int) -> None:

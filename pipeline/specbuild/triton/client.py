@@ -11,6 +11,10 @@ Every failure raises `ClientError` with the server's own message. This is the pr
 response at a time. A whole generation read from the stream (text, time to first token, tokens/s,
 finish reason, figures) is `specbuild.session.served.ServedSession`, which every specbuild command uses.
 
+`overlap` (True, False or "auto") asks the BLS for a schedule, overriding its deployment's: it travels as a
+Triton request parameter, not a tensor (gRPC `parameters`, the HTTP generate body's "parameters" object),
+so the BLS's inputs stay NVIDIA's. The llmapi model has no such setting.
+
 Two wire formats, one gRPC loop and one HTTP loop: the BLS's and the ensemble's (NVIDIA's inflight-batcher
 names, tensors [1, ...]), and Triton's llmapi model's (the LLM API path), found once per client
 (`is_llmapi`: asked for the BLS on a server that has none, or for `tensorrt_llm`, and that model's inputs
@@ -252,7 +256,7 @@ class SpecbuildClient:
     def generate(self, prompt: str, max_tokens: int = 64, num_draft_tokens: int | None = None,
                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                  seed: int | None = None, stream: bool = True, stop_words: list[str] | None = None,
-                 **extra: Any) -> Iterator[Chunk]:
+                 overlap: bool | str | None = None, **extra: Any) -> Iterator[Chunk]:
         """Yield text chunks as the server sends them; the last one has final=True and the stats.
 
         Options left at None are not sent (the deployment's defaults apply), with two exceptions that keep
@@ -281,10 +285,16 @@ class SpecbuildClient:
         fields = {name: _typed(name, value, *known[name][-2:]) for name, value in fields.items()}
         if fields.get("temperature", 0) > 0 and "top_k" not in fields and "top_p" not in fields:
             fields["top_p"] = 1.0
+        parameters = {}
+        if overlap is not None:
+            if llmapi or self.model != "tensorrt_llm_bls":
+                raise ClientError(f"overlap is a setting of the speculative BLS; {self.model} has no such setting: "
+                                  "leave it unset.")
+            parameters["overlap"] = overlap
         if self.protocol == "grpc":
-            yield from self._generate_grpc(prompt, fields, stop_words or [])
+            yield from self._generate_grpc(prompt, fields, stop_words or [], parameters)
         else:
-            yield from self._generate_http(prompt, fields, stop_words or [])
+            yield from self._generate_http(prompt, fields, stop_words or [], parameters)
 
     def complete(self, prompt: str, **kwargs: Any) -> tuple[str, dict[str, Any]]:
         """The whole text and the final response's outputs, for a quick call (no timing: see ServedSession)."""
@@ -308,7 +318,8 @@ class SpecbuildClient:
     def _responses(self) -> _BlsResponses | _LlmapiResponses:
         return _LlmapiResponses() if self.is_llmapi() else _BlsResponses()
 
-    def _generate_grpc(self, prompt: str, fields: dict[str, Any], stop_words: list[str]) -> Iterator[Chunk]:
+    def _generate_grpc(self, prompt: str, fields: dict[str, Any], stop_words: list[str],
+                       parameters: dict[str, Any]) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
@@ -325,7 +336,7 @@ class SpecbuildClient:
         try:
             client.start_stream(callback=lambda result=None, error=None: results.put((result, error)))
             client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
-                                      enable_empty_final_response=True)
+                                      enable_empty_final_response=True, parameters=parameters or None)
             while True:
                 try:
                     result, error = results.get(timeout=self.timeout)
@@ -357,10 +368,13 @@ class SpecbuildClient:
         tensor.set_data_from_numpy(value)
         return tensor
 
-    def _generate_http(self, prompt: str, fields: dict[str, Any], stop_words: list[str]) -> Iterator[Chunk]:
+    def _generate_http(self, prompt: str, fields: dict[str, Any], stop_words: list[str],
+                       parameters: dict[str, Any]) -> Iterator[Chunk]:
         """Triton's generate extension: one JSON object per request, server-sent events back."""
         request, responses = self._request(fields, stop_words), self._responses()
         body: dict[str, Any] = {"text_input": prompt, **{name: value for name, (value, _, _) in request.inputs.items()}}
+        if parameters:
+            body["parameters"] = parameters  # request parameters (server docs/protocol/extension_generate.md)
         endpoint = "generate_stream" if fields.get("stream", False) else "generate"
         http_request = urllib.request.Request(f"http://{self.url}/v2/models/{self.model}/{endpoint}",
                                               data=json.dumps(body).encode(), method="POST",

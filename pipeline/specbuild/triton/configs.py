@@ -57,6 +57,7 @@ class RepoSettings:
     num_draft_tokens: int  # default K of the BLS
     use_draft_logits: bool
     adaptive: bool
+    overlap: str  # "true" | "false" | "auto": the BLS's schedule (the spec's speculative.overlap)
     logits_datatype: str  # "TYPE_FP32" | "TYPE_FP16": the engines' logits dtype (specbuild.contract.logits)
     bls_decoupled: bool  # the BLS streams accepted tokens (decoupled transaction policy)
     max_queue_delay_microseconds: int
@@ -228,6 +229,9 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
         "max_output_len": str(s.max_output_len),
         "use_draft_logits": _bool(s.use_draft_logits),
         "adaptive_draft_len": _bool(s.adaptive),
+        # draft the next step while the target verifies this one; "auto": where the two model processes get a
+        # core each (the BLS decides when it loads, and per request; a request may send its own `overlap`)
+        "overlap": s.overlap,
         "tokenizer_dir": s.tokenizer_dir,  # the BLS tokenizes and detokenizes in-process, by pre/postprocessing's rules
         "add_special_tokens": "true",  # as preprocessing's
         # requests served at once (a thread each); more wait in Triton's queue. The engines batch up to this many.

@@ -96,10 +96,9 @@ def kv_cache_split(spec: Spec) -> KvSplit:
 
 
 def gpu_device_ids(spec: Spec, role: str) -> str:
-    """Target on GPUs 0..tp-1; the draft on the next tp GPUs when there are enough, else shared."""
-    tp = spec.build.tp_size * spec.build.pp_size
-    first = tp if role == "draft" and spec.gpu.count >= 2 * tp else 0
-    return ",".join(str(i) for i in range(first, first + tp))
+    """The C++ backend's `gpu_device_ids` for a role (`Spec.device_ids`: the target on GPUs 0..n-1, the draft on
+    gpu.draft_device_ids, else on the next n GPUs when there are enough, else shared), comma-separated."""
+    return ",".join(str(i) for i in spec.device_ids(role))
 
 
 def plan_settings(
@@ -159,6 +158,7 @@ def plan_settings(
         num_draft_tokens=spec.speculative.num_draft_tokens,
         use_draft_logits=spec.speculative.use_draft_logits,
         adaptive=spec.speculative.adaptive,
+        overlap=str(spec.speculative.overlap).lower(),
         logits_datatype=logits_datatype,
         bls_decoupled=s.decoupled,
         max_queue_delay_microseconds=s.max_queue_delay_microseconds,

@@ -7,7 +7,11 @@ LLM models are TensorRT-LLM engines on GPU or specbuild's reference models on CP
 tensor contract (`specbuild.contract`).
 
 Beyond NVIDIA's BLS: streams accepted text as it is verified (decoupled mode), several requests at
-once (a thread each), EOS and stop words handled at once, K clamped (`resolve_k`) and adapted,
+once (a thread each), EOS and stop words handled at once, K clamped (`resolve_k`) and adapted, the
+overlapped (draft-ahead) schedule (`_schedule`: while `tensorrt_llm` verifies a draft, the loop sends the
+next step's early draft to `tensorrt_llm_draft` from a second thread of the request, `overlap.ThreadedAhead`;
+`InferenceRequest.exec()` releases the GIL while it waits, triton-inference-server/python_backend r24.10
+`src/infer_request.cc` `InferRequest::Exec`, so the two calls run at once in the two model processes),
 INVALID_ARG errors instead of tracebacks, cancellation, Prometheus metrics, a bounded queue, prompts refused
 by their size before tokenizing (`bls_request`), and on the final response `finish_reason` / `stop_reason`
 (NVIDIA's LLM API names and values, `specbuild.session.generation`) with the acceptance outputs
@@ -49,6 +53,7 @@ from specbuild.session.generation import Generation
 from specbuild.session.textstream import TextStream
 from specbuild.speculative.draft_len import resolve_k
 from specbuild.speculative.loop import GenerationRequest
+from specbuild.speculative.overlap import available_cores, parse_setting, resolve_auto
 from specbuild.triton.models.bls_metrics import QueueMetrics, SpeculationMetrics
 from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse_request
 from specbuild.triton.models.common import resolve_path
@@ -100,6 +105,13 @@ class TritonPythonModel:
         # the deployment's logits type (the engines' logits dtype), which the target's draft_logits input declares
         declared = {o.get("name"): o.get("data_type") for o in config.get("output", [])}.get("generation_logits")
         self.logits_dtype = NUMPY_NAMES.get(declared)
+        # The schedule: the spec's speculative.overlap; "auto" is kept where the draft and the target model
+        # processes can each have a core (an older repository without the parameter: sequential).
+        self.cores = available_cores()
+        self.overlap, reason = resolve_auto(parse_setting(_param(config, "overlap", "false"), "parameter 'overlap'"),
+                                            self.cores, 2, "the draft and the target model processes")
+        pb_utils.Logger.log_info(f"{self.model_name}: overlapped schedule {self.overlap} ({reason})")
+        self.in_flight, self.in_flight_lock = 0, threading.Lock()
         workers = int(_param(config, "max_concurrent_requests", "16"))
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         self.slots = threading.BoundedSemaphore(workers)  # held by each running request
@@ -191,8 +203,40 @@ class TritonPythonModel:
         self.pb.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
         return TritonError(f"internal error in {self.model_name}: {type(err).__name__}: {err}")
 
+    def _schedule(self, request) -> bool | str:
+        """The request's schedule: its parameter `overlap` (true, false or "auto"; a Triton request parameter,
+        not a tensor, so NVIDIA's clients are unaffected) or the deployment's. "auto" drafts ahead only while
+        the cores can run every request's two models at once (requests in flight x 2 <= cores): beyond that
+        the models are busy anyway, and a missed early draft takes a turn from another request."""
+        asked = None
+        try:
+            asked = json.loads(request.parameters() or "{}").get("overlap")
+        except (AttributeError, ValueError):  # a server without request parameters, or none sent
+            pass
+        if asked is None:
+            overlap = self.overlap
+        else:
+            try:
+                overlap = parse_setting(asked, "request parameter 'overlap'")
+            except ValueError as err:
+                raise RequestError(str(err)) from None
+            if overlap == "auto":
+                overlap, _ = resolve_auto(overlap, self.cores, 2, "the draft and the target model processes")
+        if overlap == "auto" and 2 * self.in_flight > self.cores:
+            return False
+        return overlap
+
     def _run(self, request, req: BlsRequest, send) -> object:
         """Serve one request: stream text pieces through `send` (when req.stream), return the final response."""
+        with self.in_flight_lock:
+            self.in_flight += 1
+        try:
+            return self._run_counted(request, req, send)
+        finally:
+            with self.in_flight_lock:
+                self.in_flight -= 1
+
+    def _run_counted(self, request, req: BlsRequest, send) -> object:
         k = resolve_k(req.num_draft_tokens, self.max_draft_len, default=self.default_k)
         prompt = self.pre.encode(req.text, "text_input")
         if len(prompt) > self.max_input_len:
@@ -213,7 +257,8 @@ class TritonPythonModel:
                                     max_draft_len=self.max_draft_len, end_id=model_end_id, pad_id=pad_id,
                                     logits_dtype=self.logits_dtype)
         gen = GenerationRequest(max_tokens=req.max_tokens, num_draft_tokens=k.k, sampling=req.sampling,
-                                end_id=end_id, stop_sequences=stop_sequences, adaptive=self.adaptive and k.k > 0)
+                                end_id=end_id, stop_sequences=stop_sequences, adaptive=self.adaptive and k.k > 0,
+                                overlap=self._schedule(request))
         stream = TextStream(self.tokenizer, prompt) if req.stream else None
         result = drive(prompt, drafter, verifier, gen, k=k, text=stream,
                        on_text=lambda delta: send(self._response(delta)), cancelled=request.is_cancelled,
@@ -256,8 +301,8 @@ class TritonPythonModel:
                 self.pb.Tensor("mean_accepted_len", np.array([[stats.mean_accepted_len]], dtype=np.float32)),
                 self.pb.Tensor("num_output_tokens", np.array([[len(result.output_ids)]], dtype=np.int32)),
                 self.pb.Tensor("output_ids", np.array([result.output_ids], dtype=np.int32).reshape(1, -1)),
-                self.pb.Tensor("speculation_stats",
-                               np.array([[json.dumps(stats.to_dict()).encode()]], dtype=object)),
+                self.pb.Tensor("speculation_stats", np.array(
+                    [[json.dumps({**stats.to_dict(), "overlap": result.overlap}).encode()]], dtype=object)),
             ]
             if result.stop_reason is not None:
                 reason = result.stop_reason if isinstance(result.stop_reason, str) else json.dumps(result.stop_reason)

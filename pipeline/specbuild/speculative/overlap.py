@@ -1,0 +1,188 @@
+"""The overlapped (draft-ahead) schedule's parts: proposing ahead, on a thread, and when it is worth it.
+
+While the target verifies draft d1..dK, the drafter proposes the next step's draft from
+context + d1..dK + g, where g (the guess) is its own top token after dK. If the target accepts the
+whole draft and its bonus token is g, that early draft is exactly the draft the next step would ask
+for, and the step skips its draft call (a hit); otherwise it is discarded (a miss). loop.py owns
+the schedule; this module holds what it runs on (docs/speculative.md has the timeline picture):
+
+- `propose_ahead(drafter, tokens, k, sampling)`: the reference body of an early draft, built from
+  `propose` alone. Greedy: one call for k + 1 tokens, [g, d'1..d'k] (the greedy continuation of
+  tokens + [g] is the rest of the greedy continuation of tokens). Sampling: a greedy one-token call
+  for g, then propose(tokens + [g], k, sampling), the very call the next step would make.
+- `ThreadedAhead`: runs `propose_ahead` on one worker thread, for drafters that have only `propose`
+  (a drafter may bring its own asynchronous `propose_ahead`, see interfaces.AheadDrafter).
+- `EarlyDraft`: an early draft in flight: the tokens it continues, the K it was asked for, its handle.
+- `OverlapGate`: `overlap = "auto"` inside a request: draft ahead while the running hit rate pays
+  for it, stop when it does not, and probe again now and then.
+- `resolve_auto`: `overlap = "auto"` for a deployment: kept where the drafter and the target can run at
+  the same time (enough cores), else off. Its callers say what "enough" is: in-process
+  (`runtime.loading.resolve_overlap`) 2 x torch's threads, in the Triton BLS a core per model process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from specbuild.speculative.interfaces import Ahead, AheadDrafter, Draft, Drafter, Pending, SamplingParams
+
+__all__ = ["MIN_HIT_RATE", "EarlyDraft", "OverlapGate", "ThreadedAhead", "ahead_proposer", "available_cores",
+           "parse_setting", "propose_ahead", "resolve_auto"]
+
+GREEDY = SamplingParams()
+MIN_HIT_RATE = 0.2  # "auto" stops drafting ahead below this hit rate (docs/speculative.md, "When it pays")
+
+
+def propose_ahead(drafter: Drafter, tokens: list[int], k: int, sampling: SamplingParams) -> Ahead:
+    """g = the drafter's top token after `tokens`, and its k-token proposal continuing tokens + [g]."""
+    t0 = time.perf_counter()
+    if sampling.greedy:
+        both = drafter.propose(list(tokens), k + 1, sampling)
+        seconds = both.seconds or time.perf_counter() - t0
+        if not both.tokens:
+            return Ahead(None, Draft([]), seconds)
+        per_token = seconds / len(both.tokens)
+        rest = _tail(both, 1, per_token * (len(both.tokens) - 1))
+        return Ahead(int(both.tokens[0]), rest, per_token)
+    first = drafter.propose(list(tokens), 1, GREEDY)
+    guess_seconds = first.seconds or time.perf_counter() - t0
+    if not first.tokens:
+        return Ahead(None, Draft([]), guess_seconds)
+    guess = int(first.tokens[0])
+    t1 = time.perf_counter()
+    draft = drafter.propose(list(tokens) + [guess], k, sampling)
+    if not draft.seconds:
+        draft.seconds = time.perf_counter() - t1
+    return Ahead(guess, draft, guess_seconds)
+
+
+def _tail(draft: Draft, n: int, seconds: float) -> Draft:
+    """The draft without its first n tokens (and their rows of probs / logits)."""
+    changes = {"tokens": list(draft.tokens[n:]), "seconds": seconds,
+               "probs": None if draft.probs is None else draft.probs[n:]}
+    if getattr(draft, "logits", None) is not None:  # ContractDraft
+        changes["logits"] = draft.logits[n:]
+    return dataclasses.replace(draft, **changes)
+
+
+class ThreadedAhead:
+    """`propose_ahead` for a drafter that has only `propose`: on one worker thread (one per request).
+
+    The worker is the only extra thread touching the drafter; the loop's own draft calls wait for
+    the drafter's lock (the reference engine takes one per call), so its caches never see two calls.
+    """
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+        self._pool: ThreadPoolExecutor | None = None
+
+    def propose_ahead(self, tokens: list[int], k: int, sampling: SamplingParams) -> Pending:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specbuild-draft-ahead")
+        return self._pool.submit(propose_ahead, self.drafter, list(tokens), k, sampling)
+
+    def close(self) -> None:
+        """Drop what has not started, wait for what has (so the drafter is idle when the request ends)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def ahead_proposer(drafter: Drafter) -> AheadDrafter | ThreadedAhead:
+    """The drafter itself when it proposes asynchronously, else a ThreadedAhead around it."""
+    return drafter if isinstance(drafter, AheadDrafter) else ThreadedAhead(drafter)
+
+
+@dataclass
+class EarlyDraft:
+    tokens: list[int]  # [n] the context it continues (context + draft of the step it overlapped), before g
+    k: int  # the K asked for: the next step's K under the hit hypothesis
+    handle: Pending
+
+    def take(self, context: list[int], k: int) -> tuple[Ahead | None, float]:
+        """(the early draft, seconds waited for it) when context == tokens + [g] and the step's K is k;
+        (None, seconds waited) on a miss. A clear miss (a rejected draft token) waits for nothing."""
+        if k != self.k or len(context) != len(self.tokens) + 1 or context[:-1] != self.tokens:
+            self.handle.cancel()
+            return None, 0.0
+        t0 = time.perf_counter()
+        ahead = self.handle.result()
+        waited = time.perf_counter() - t0
+        return (ahead, waited) if ahead.guess is not None and ahead.guess == context[-1] else (None, waited)
+
+
+@dataclass
+class OverlapGate:
+    """When `overlap = "auto"` drafts ahead: while the estimated hit rate is at least min_hit_rate.
+
+    The hit rate is exponentially weighted (factor `decay` per early draft) from a prior of
+    `prior_weight` early drafts at `prior_hit_rate`; below the threshold the gate closes, and opens
+    for one probe after `probe_every` steps without an early draft.
+    """
+
+    min_hit_rate: float = MIN_HIT_RATE
+    decay: float = 0.9
+    prior_hit_rate: float = 0.5
+    prior_weight: float = 4.0
+    probe_every: int = 8
+    _hits: float = field(init=False, repr=False)
+    _tries: float = field(init=False, repr=False)
+    _closed_streak: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._hits = self.prior_hit_rate * self.prior_weight
+        self._tries = self.prior_weight
+
+    @property
+    def hit_rate(self) -> float:
+        return self._hits / self._tries
+
+    def open(self) -> bool:
+        """Draft ahead at this step? (Counts the steps it says no, for the probe.)"""
+        if self.hit_rate >= self.min_hit_rate or self._closed_streak >= self.probe_every:
+            return True
+        self._closed_streak += 1
+        return False
+
+    def record(self, hit: bool) -> None:
+        self._hits = self.decay * self._hits + float(hit)
+        self._tries = self.decay * self._tries + 1.0
+        self._closed_streak = 0
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def parse_setting(value: object, where: str = "overlap") -> bool | str:
+    """True, False or "auto" from a config or request value (bool, or "true" / "false" / "auto" in any case);
+    ValueError naming `where` otherwise."""
+    if value is True or value is False:
+        return value
+    word = str(value).strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    if word == "auto":
+        return "auto"
+    raise ValueError(f'{where} = {value!r} is invalid: use true, false or "auto".')
+
+
+def resolve_auto(setting: bool | str, cores: int, need: int, what: str) -> tuple[bool | str, str]:
+    """(the schedule, why) for a setting: True and False as asked; "auto" stays "auto" (the loop's gate then
+    drafts ahead while early drafts hit often enough) when `cores` >= `need`, the cores that run `what` at
+    once, else False: with fewer, the drafter and the target only take turns."""
+    if setting is True or setting is False:
+        return setting, f"overlap {'on' if setting else 'off'} as asked"
+    if cores >= need:
+        return "auto", f"auto: {cores} cores for {what}"
+    return False, f"auto: off, {cores} core{'s' if cores != 1 else ''} cannot run {what} at once"

@@ -1,0 +1,360 @@
+"""The overlapped (draft-ahead) schedule: the same text as the sequential loop whatever the timing,
+the target's exact distribution, early drafts used exactly when they are valid, the auto gate, the bound.
+
+Random timings: Jittered wraps a drafter or verifier and sleeps a random 0..max_ms before each call,
+so early drafts finish before, during or after the verification they overlap.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import specbuild.speculative.loop as loop_module
+import specbuild.speculative.overlap as overlap_module
+from specbuild.errors import RequestError
+from specbuild.speculative.adaptive import expected_hit_rate, predicted_overlap_speedup, predicted_speedup
+from specbuild.speculative.interfaces import Ahead, AheadDrafter, Draft, SamplingParams
+from specbuild.speculative.loop import GenerationRequest, generate, run
+from specbuild.speculative.overlap import OverlapGate, ThreadedAhead, propose_ahead
+from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+from test_speculative_distribution import PROMPT as DIST_PROMPT
+from test_speculative_distribution import P_CORRECT, P_WRONG, chi_square_pvalue, exact_joint
+from test_speculative_distribution import pair as dist_pair
+
+V = 12
+PROMPTS = [list(p) for p in np.random.default_rng(0).integers(0, V, size=(10, 3))]
+TARGET = random_model(V, order=2, scale=2.0, seed=1)
+OTHER = random_model(V, order=2, scale=2.0, seed=2)
+DRAFTS = {"perfect": TARGET, "partial": NGramModel(TARGET.table + 0.9 * OTHER.table), "unrelated": OTHER}
+
+
+class Jittered:
+    """A drafter or verifier that sleeps a random 0..max_ms before each call (thread-safe rng)."""
+
+    def __init__(self, inner, seed: int, max_ms: float):
+        self.inner, self.max_ms = inner, max_ms
+        self.rng, self.lock = random.Random(seed), threading.Lock()
+        self.max_draft_len = getattr(inner, "max_draft_len", None)
+
+    def _sleep(self):
+        with self.lock:
+            delay = self.rng.uniform(0.0, self.max_ms) / 1000
+        time.sleep(delay)
+
+    def propose(self, tokens, k, sampling):
+        self._sleep()
+        return self.inner.propose(tokens, k, sampling)
+
+    def verify(self, tokens, draft, sampling):
+        self._sleep()
+        return self.inner.verify(tokens, draft, sampling)
+
+
+TIMINGS = {"no delays": (0, 0), "slow drafter": (3, 0), "slow verifier": (0, 3), "both random": (2, 2)}
+
+
+def both_schedules(prompt, draft_model, request, timing="no delays", seed=0):
+    draft_ms, verify_ms = TIMINGS[timing]
+    drafter = Jittered(ToyDrafter(draft_model), seed, draft_ms)
+    verifier = Jittered(ToyVerifier(TARGET, max_draft_len=8), seed + 1, verify_ms)
+    sequential = run(prompt, ToyDrafter(draft_model), ToyVerifier(TARGET, max_draft_len=8), request)
+    overlapped = run(prompt, drafter, verifier, GenerationRequest(**{**vars(request), "overlap": True}))
+    return sequential, overlapped
+
+
+def same_work(a, b):
+    keys = ("drafted", "accepted", "steps", "per_position_drafted", "per_position_accepted")
+    return all(getattr(a.stats, key) == getattr(b.stats, key) for key in keys)
+
+
+# --- greedy: bit-identical to the sequential loop and to target-only decoding ----------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("kind", list(DRAFTS))
+def test_greedy_overlapped_equals_sequential_and_target_only(k, kind):
+    hits = 0
+    for i, prompt in enumerate(PROMPTS):
+        end_id = V - 1 if i % 2 else None  # the toy target soon reaches EOS: half the prompts run to the budget
+        request = GenerationRequest(max_tokens=30, num_draft_tokens=k, end_id=end_id)
+        timing = list(TIMINGS)[i % len(TIMINGS)] if i < 4 else "no delays"
+        sequential, overlapped = both_schedules(prompt, DRAFTS[kind], request, timing, seed=i)
+        target_only = run(prompt, ToyDrafter(TARGET), ToyVerifier(TARGET), GenerationRequest(
+            max_tokens=30, num_draft_tokens=0, end_id=end_id))
+        assert overlapped.tokens == sequential.tokens == target_only.tokens, (kind, k, prompt, timing)
+        assert overlapped.finish_reason == sequential.finish_reason
+        assert same_work(overlapped, sequential)
+        hits += overlapped.stats.early_draft_hits
+    if kind == "perfect":
+        assert hits > 0
+
+
+def test_a_perfect_drafter_hits_every_early_draft_and_drafts_once_per_step():
+    drafter = ToyDrafter(TARGET)
+    steps = list(generate([1, 2], drafter, ToyVerifier(TARGET), GenerationRequest(
+        max_tokens=40, num_draft_tokens=3, overlap=True)))
+    stats = steps[-1].stats
+    assert [s.early_hit for s in steps] == [False] + [True] * (len(steps) - 1)
+    assert stats.early_drafts == stats.early_draft_hits == len(steps) - 1
+    assert drafter.calls == len(steps)  # one draft call in the first step, then one (greedy) early call per step
+    assert stats.hidden_seconds > 0 and stats.early_draft_hit_rate == 1.0
+
+
+def test_k0_and_overlap_off_never_draft_ahead():
+    for request in (GenerationRequest(max_tokens=12, num_draft_tokens=0, overlap=True),
+                    GenerationRequest(max_tokens=12, num_draft_tokens=3, overlap=False)):
+        drafter = ToyDrafter(TARGET)
+        result = run([1, 2], drafter, ToyVerifier(TARGET), request)
+        assert result.stats.early_drafts == 0
+        assert drafter.calls == (0 if request.num_draft_tokens == 0 else result.stats.steps)
+
+
+def test_no_early_draft_for_a_step_that_would_not_run():
+    """The last step's draft ends the request under the hit hypothesis (budget, EOS, stop): nothing is started."""
+    script = list(range(1, V - 1))
+    for request in (GenerationRequest(max_tokens=4, num_draft_tokens=3, overlap=True),  # 3 + bonus = the budget
+                    GenerationRequest(max_tokens=30, num_draft_tokens=3, overlap=True, stop_sequences=[[2, 3]])):
+        steps = list(generate([0], ScriptDrafter(script), ScriptVerifier(script), request))
+        assert steps[-1].stats.early_drafts == 0, request
+
+
+class ScriptDrafter:
+    """Greedy continuation = the script (token n follows n tokens after the one-token prompt)."""
+
+    def __init__(self, script):
+        self.script = script
+
+    def propose(self, tokens, k, sampling):
+        n = len(tokens) - 1
+        return Draft(list(self.script[n : n + k]))
+
+
+class ScriptVerifier:
+    max_draft_len = 8
+
+    def __init__(self, script):
+        self.script = script
+
+    def verify(self, tokens, draft, sampling):
+        from specbuild.speculative.acceptance import accept_greedy
+
+        n, k = len(tokens) - 1, len(draft.tokens)
+        logits = np.zeros((k + 1, V))
+        logits[np.arange(k + 1), self.script[n : n + k + 1]] = 1.0
+        accepted, out = accept_greedy(draft.tokens, logits)
+        from specbuild.speculative.interfaces import Verification
+
+        return Verification(accepted, out)
+
+
+# --- seeded sampling: the same text as the sequential loop, whatever the timing -------------------
+
+
+SAMPLINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=5, top_p=0.9)]
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("timing", list(TIMINGS))
+def test_seeded_sampling_overlapped_equals_sequential_whatever_the_timing(timing, adaptive):
+    hits = 0
+    for seed in range(6):
+        sampling = SamplingParams(**{**vars(SAMPLINGS[seed % 2]), "seed": seed})
+        request = GenerationRequest(max_tokens=24, num_draft_tokens=1 + seed % 3, sampling=sampling, adaptive=adaptive)
+        sequential, overlapped = both_schedules([1, 2], DRAFTS["partial" if seed % 3 else "perfect"], request,
+                                                timing, seed=seed)
+        assert overlapped.tokens == sequential.tokens, (timing, adaptive, seed)
+        assert same_work(overlapped, sequential)
+        hits += overlapped.stats.early_draft_hits
+    assert hits > 0  # the comparison covered steps that used an early draft
+
+
+def sampled_pairs(n=12):
+    for seed in range(n):
+        request = GenerationRequest(max_tokens=24, num_draft_tokens=2,
+                                    sampling=SamplingParams(temperature=1.0, seed=seed))
+        yield both_schedules([1, 2], DRAFTS["perfect"], request)
+
+
+def test_the_comparison_catches_an_early_draft_drawn_with_the_wrong_seed(monkeypatch):
+    """Negative control: the early draft for step i + 1 drawn with step i's drafter seed."""
+    real = loop_module._draft_ahead
+    monkeypatch.setattr(loop_module, "_draft_ahead", lambda *args: real(*args[:-1], args[-1] - 1))
+    assert any(o.tokens != s.tokens for s, o in sampled_pairs())
+
+
+def wrong_take(self, context, k):
+    """Uses the early draft whenever the whole draft was accepted, whatever the bonus token."""
+    if k != self.k or len(context) != len(self.tokens) + 1 or context[:-1] != self.tokens:
+        self.handle.cancel()
+        return None, 0.0
+    return self.handle.result(), 0.0
+
+
+def test_the_comparison_catches_an_early_draft_used_on_a_wrong_context(monkeypatch):
+    """Negative control: an early draft used although the bonus token is not the guess it continued."""
+    monkeypatch.setattr(overlap_module.EarlyDraft, "take", wrong_take)
+    assert any(o.tokens != s.tokens for s, o in sampled_pairs())
+
+
+# --- the target's exact distribution through the overlapped loop ----------------------------------
+
+
+def overlapped_samples(n: int) -> np.ndarray:
+    """[n, 5] tokens: K = 2, 5 tokens per request, so the second step can use an early draft."""
+    target, draft = dist_pair(4)
+    drafter, verifier = ToyDrafter(draft), ToyVerifier(target)
+    out = np.zeros((n, 5), dtype=np.int64)
+    hits = 0
+    for i in range(n):
+        request = GenerationRequest(max_tokens=5, num_draft_tokens=2, overlap=True,
+                                    sampling=SamplingParams(temperature=1.0, seed=i))
+        result = run(DIST_PROMPT, drafter, verifier, request)
+        out[i], hits = result.tokens, hits + result.stats.early_draft_hits
+    assert hits > n // 5  # a real share of the samples went through an early draft
+    return out
+
+
+@pytest.mark.slow
+def test_overlapped_output_matches_the_target_distribution_and_a_seed_bug_is_caught(monkeypatch):
+    target, _ = dist_pair(4)
+    joint = exact_joint(target, DIST_PROMPT, 5, SamplingParams(temperature=1.0))
+    assert chi_square_pvalue(overlapped_samples(12_000), joint) > P_CORRECT
+    real = loop_module._draft_ahead  # negative control: the early draft reuses the current step's drafter seed
+    monkeypatch.setattr(loop_module, "_draft_ahead", lambda *args: real(*args[:-1], args[-1] - 1))
+    assert chi_square_pvalue(overlapped_samples(6_000), joint) < P_WRONG
+
+
+# --- propose_ahead, the threaded default, a drafter's own asynchronous proposal -------------------
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, seed=3)])
+def test_propose_ahead_equals_the_call_it_replaces(sampling):
+    drafter = ToyDrafter(DRAFTS["partial"])
+    context = [1, 2, 3, 4]
+    ahead = propose_ahead(drafter, context, 3, sampling)
+    guess = int(np.argmax(DRAFTS["partial"].logits(context)))
+    assert ahead.guess == guess
+    direct = drafter.propose(context + [guess], 3, sampling)
+    assert ahead.draft.tokens == direct.tokens
+    if not sampling.greedy:
+        assert np.array_equal(ahead.draft.probs, direct.probs)
+
+
+def test_a_drafter_with_its_own_propose_ahead_is_used_as_is():
+    class Own(ToyDrafter):
+        started = 0
+
+        def propose_ahead(self, tokens, k, sampling):
+            from concurrent.futures import Future
+
+            Own.started += 1
+            future = Future()
+            future.set_result(propose_ahead(self, tokens, k, sampling))
+            return future
+
+    drafter = Own(TARGET)
+    assert isinstance(drafter, AheadDrafter) and not isinstance(ToyDrafter(TARGET), AheadDrafter)
+    result = run([1, 2], drafter, ToyVerifier(TARGET), GenerationRequest(max_tokens=20, num_draft_tokens=2, overlap=True))
+    assert Own.started == result.stats.early_drafts > 0 and result.stats.early_draft_hits == Own.started
+
+
+def test_threaded_ahead_runs_off_the_callers_thread_and_closes():
+    seen = []
+
+    class Recording(ToyDrafter):
+        def propose(self, tokens, k, sampling):
+            seen.append(threading.current_thread().name)
+            return super().propose(tokens, k, sampling)
+
+    ahead = ThreadedAhead(Recording(TARGET))
+    result = ahead.propose_ahead([1, 2], 2, SamplingParams()).result()
+    assert isinstance(result, Ahead) and len(result.draft.tokens) == 2
+    assert seen and all(name.startswith("specbuild-draft-ahead") for name in seen)
+    ahead.close()
+    assert ahead._pool is None
+
+
+def test_the_worker_thread_ends_with_the_request():
+    before = {t.name for t in threading.enumerate()}
+    run([1, 2], ToyDrafter(TARGET), ToyVerifier(TARGET), GenerationRequest(max_tokens=20, num_draft_tokens=2, overlap=True))
+    steps = generate([1, 2], ToyDrafter(TARGET), ToyVerifier(TARGET),
+                     GenerationRequest(max_tokens=20, num_draft_tokens=2, overlap=True))
+    next(steps)
+    steps.close()  # a consumer that stops reading
+    left = {t.name for t in threading.enumerate()} - before
+    assert not any(name.startswith("specbuild-draft-ahead") for name in left)
+
+
+# --- "auto": drafting ahead stops while early drafts rarely hit ----------------------------------
+
+
+def test_auto_stops_drafting_ahead_for_a_drafter_that_never_hits_and_keeps_it_for_one_that_does():
+    never = run([1, 2], ToyDrafter(OTHER), ToyVerifier(TARGET), GenerationRequest(
+        max_tokens=60, num_draft_tokens=2, overlap="auto"))
+    always = run([1, 2], ToyDrafter(OTHER), ToyVerifier(TARGET), GenerationRequest(
+        max_tokens=60, num_draft_tokens=2, overlap=True))
+    assert never.tokens == always.tokens
+    assert always.stats.early_drafts > 2 * never.stats.early_drafts > 0  # it stopped, and probed now and then
+    perfect = run([1, 2], ToyDrafter(TARGET), ToyVerifier(TARGET), GenerationRequest(
+        max_tokens=60, num_draft_tokens=2, overlap="auto"))
+    assert perfect.stats.early_drafts == perfect.stats.steps - 1
+
+
+def test_the_gate_closes_below_the_threshold_and_probes():
+    gate = OverlapGate(min_hit_rate=0.3, probe_every=3)
+    assert gate.open()
+    for _ in range(10):
+        gate.record(False)
+    assert gate.hit_rate < 0.3
+    assert [gate.open() for _ in range(4)] == [False, False, False, True]
+    gate.record(True)
+    assert not gate.open()  # one hit does not lift the estimate above the threshold
+
+
+def test_invalid_overlap_setting_is_a_request_error():
+    with pytest.raises(RequestError, match=r"overlap = 'yes' is invalid: use true, false or \"auto\""):
+        run([1], ToyDrafter(TARGET), ToyVerifier(TARGET), GenerationRequest(max_tokens=2, overlap="yes"))
+
+
+def test_settings_and_the_auto_rule_for_a_deployment():
+    assert [overlap_module.parse_setting(v) for v in (True, "False", " auto ", "on", "0")] == [True, False, "auto",
+                                                                                                 True, False]
+    with pytest.raises(ValueError, match=r"request parameter 'overlap' = 'sometimes' is invalid"):
+        overlap_module.parse_setting("sometimes", "request parameter 'overlap'")
+    assert overlap_module.resolve_auto("auto", 2, 2, "two model processes") == ("auto", "auto: 2 cores for two model "
+                                                                                         "processes")
+    assert overlap_module.resolve_auto("auto", 1, 2, "two model processes") == (
+        False, "auto: off, 1 core cannot run two model processes at once")
+    assert overlap_module.resolve_auto(True, 1, 2, "x") == (True, "overlap on as asked")  # as asked, whatever the cores
+    assert overlap_module.resolve_auto(False, 8, 2, "x") == (False, "overlap off as asked")
+    assert overlap_module.available_cores() >= 1
+
+
+# --- the closed form -----------------------------------------------------------------------------
+
+
+def test_overlap_bound_limits_and_simulation():
+    assert predicted_overlap_speedup(0.8, 0, 0.2) == 1.0
+    assert predicted_overlap_speedup(0.8, 3, 0.0) == pytest.approx(predicted_speedup(0.8, 3, 0.0))  # free drafts
+    assert predicted_overlap_speedup(1.0, 3, 0.2) == pytest.approx(4.0)  # every draft hidden
+    assert predicted_overlap_speedup(0.8, 3, 0.2, hit=0.0) == pytest.approx(predicted_speedup(0.8, 3, 0.2))
+    assert expected_hit_rate(0.9, 3) == pytest.approx(0.9**4)
+    # a draft longer than the verification delays the next step: (K + 1) c > 1
+    assert predicted_overlap_speedup(0.9, 4, 0.5, hit=1.0) == pytest.approx((1 - 0.9**5) / 0.1 / 2.5)
+    # against a simulated schedule with i.i.d. acceptance and the guess accepted like a draft token
+    rng = np.random.default_rng(0)
+    alpha, k, c = 0.8, 3, 0.2
+    tokens = time_used = 0.0
+    hit = False
+    for _ in range(200_000):
+        trials = rng.random(k + 1) < alpha
+        accepted = k if trials[:k].all() else int(np.argmin(trials[:k]))
+        time_used += (0 if hit else k * c) + max(1.0, (k + 1) * c)
+        tokens += accepted + 1
+        hit = bool(trials.all())
+    assert tokens / time_used == pytest.approx(predicted_overlap_speedup(alpha, k, c), rel=0.01)

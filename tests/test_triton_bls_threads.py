@@ -1,0 +1,131 @@
+"""What the overlapped BLS relies on, checked on the real CPU tritonserver (2.51, python_backend r24.10):
+two threads of one BLS request can each run `pb_utils.InferenceRequest(...).exec()` at the same time, and
+the two calls run at once in their two model processes (exec releases the GIL while it waits:
+triton-inference-server/python_backend r24.10 `src/infer_request.cc`, `InferRequest::Exec`). A BLS
+request's parameters reach the model too (`request.parameters()`, a JSON string), over gRPC and over
+HTTP's generate endpoint ("parameters" in the body).
+
+Two Python models sleep SLEEP seconds per request; a third (`both`) calls them from two threads, then one
+after the other, and returns both wall times and what it read from its request's parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+
+from specbuild.triton.server import ServerHandle, ServerOptions
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+SLEEP = 0.5
+
+SLOW = f'''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            time.sleep({SLEEP})
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", x + 1)]))
+        return responses
+'''
+
+BOTH = '''
+import json
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def call(model, x, out, key):
+    response = pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor("X", x)],
+                                         requested_output_names=["Y"]).exec()
+    out[key] = "error: " + response.error().message() if response.has_error() else \\
+        pb_utils.get_output_tensor_by_name(response, "Y").as_numpy()
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            out = {}
+            t0 = time.perf_counter()
+            worker = threading.Thread(target=call, args=("slow_a", x, out, "a"))
+            worker.start()
+            call("slow_b", x * 10, out, "b")
+            worker.join()
+            together = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            call("slow_a", x, out, "a2")
+            call("slow_b", x, out, "b2")
+            one_by_one = time.perf_counter() - t0
+            ok = all(not isinstance(v, str) for v in out.values()) and \\
+                float(out["a"][0]) == float(x[0]) + 1 and float(out["b"][0]) == float(x[0]) * 10 + 1
+            seen = json.loads(request.parameters() or "{}")
+            tensors = [pb_utils.Tensor("TIMES", np.array([together, one_by_one], np.float32)),
+                       pb_utils.Tensor("OK", np.array([ok])),
+                       pb_utils.Tensor("PARAMETERS", np.array([json.dumps(seen).encode()], dtype=object))]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        return responses
+'''
+
+
+def _config(name: str, inputs: str, outputs: str) -> str:
+    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{inputs}{outputs}'
+            'instance_group { count: 1 kind: KIND_CPU }\n')
+
+
+X = 'input { name: "X" data_type: TYPE_FP32 dims: 1 }\n'
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("bls-threads") / "repo"
+    models = {
+        "slow_a": (SLOW, X + 'output { name: "Y" data_type: TYPE_FP32 dims: 1 }\n'),
+        "slow_b": (SLOW, X + 'output { name: "Y" data_type: TYPE_FP32 dims: 1 }\n'),
+        "both": (BOTH, X + 'output { name: "TIMES" data_type: TYPE_FP32 dims: 2 }\n'
+                 'output { name: "OK" data_type: TYPE_BOOL dims: 1 }\n'
+                 'output { name: "PARAMETERS" data_type: TYPE_STRING dims: 1 }\n'),
+    }
+    for name, (code, io) in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(code)
+        (repo / name / "config.pbtxt").write_text(_config(name, "", io))
+    handle = ServerHandle(ServerOptions(repo=repo), log_path=repo.parent / "server.log")
+    handle.start(timeout=300)
+    yield handle
+    handle.stop()
+
+
+def test_two_threads_of_one_bls_request_run_their_calls_at_once_and_parameters_arrive(server):
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        x = grpcclient.InferInput("X", [1], "FP32")
+        x.set_data_from_numpy(np.array([2.0], np.float32))
+        result = client.infer("both", [x], parameters={"overlap": True})
+    together, one_by_one = (float(t) for t in result.as_numpy("TIMES"))
+    assert bool(result.as_numpy("OK")[0])  # each thread got its own model's answer
+    assert one_by_one >= 2 * SLEEP
+    assert together < 1.5 * SLEEP, (together, one_by_one)  # at once, not one after the other
+    assert json.loads(result.as_numpy("PARAMETERS")[0]) == {"overlap": True}
+
+
+def test_the_http_generate_body_parameters_reach_the_model(server):
+    body = json.dumps({"X": [3.0], "parameters": {"overlap": "auto"}}).encode()
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/both/generate", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        outputs = json.loads(response.read())
+    assert json.loads(outputs["PARAMETERS"]) == {"overlap": "auto"}
