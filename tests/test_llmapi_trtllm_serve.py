@@ -171,7 +171,8 @@ def test_a_stop_that_hangs_is_killed_after_the_stop_timeout(spec, tmp_path, monk
     assert code == -9 and time.monotonic() - started < 10 and not alive(pid)
 
 
-@pytest.mark.parametrize("option", [["--allow-api", "logging"], ["--no-supervise"], ["--canary-interval", "5"]])
+@pytest.mark.parametrize("option", [["--allow-api", "logging"], ["--no-supervise"], ["--canary-interval", "5"],
+                                    ["--max-restarts", "3"]])
 def test_tritonserver_only_options_are_refused_with_trtllm_serve(tmp_path, option):
     spec_path = tmp_path / "specbuild.toml"
     spec_path.write_text(f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n'

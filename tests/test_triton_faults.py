@@ -6,10 +6,19 @@ after a model reload, and after a server restart within the time this machine ta
 The llmapi repository (one decoupled Python model, the CPU stand-in) is served and supervised the same way:
 its killed stub restarts the server. The measured times are printed (pytest -s) and recorded in
 docs/triton.md's failure table.
+
+Two recoveries are possible after a stub is killed, and which one happens is the machine's, not ours: the
+server survives its stub (the development machine, every run: the supervisor then reloads the model, or
+restarts the server for a decoupled model), or tritonserver itself goes down with it (what a CI run on another
+machine showed for each stub killed during a stream: the stream ended at once with "Socket closed" and no
+server was left; then the supervisor must log the exit and restart it, within --max-restarts). Each test asserts the
+aims for the path taken and records the metrics it must have caused; the metrics test compares the whole
+file with that record. Before each fault the test waits for the supervisor to be done with the last one.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import queue
@@ -44,12 +53,76 @@ class Served:
         self.startup_s = 0.0  # from `serve` started to its ready document
         self.http = document["endpoints"]["http"].removeprefix("http://")
         self.grpc = document["endpoints"]["grpc"]
+        self.expected: collections.Counter = collections.Counter()  # metric lines the faults so far must have made
+        self.expected["specbuild_supervisor_server_starts_total"] = 1
+
+    def servers(self) -> list[int]:
+        return [p for p in procfs.descendants(self.process.pid)
+                if any(a.startswith("--model-repository=") for a in procfs.cmdline(p)) and procfs.alive(p)]
 
     def server_pid(self) -> int:
-        pids = [p for p in procfs.descendants(self.process.pid)
-                if any(a.startswith("--model-repository=") for a in procfs.cmdline(p)) and procfs.alive(p)]
-        assert len(pids) == 1, pids
+        pids = self.servers()
+        assert len(pids) == 1, f"live tritonservers under serve: {pids}\n{self.tail()}"
         return pids[0]
+
+    def tail(self, lines: int = 30) -> str:
+        """What serve logged last and the end of the server's log: the story of a failed assertion."""
+        try:
+            log = open(self.document["log"], errors="replace").read().splitlines()[-lines:]
+        except OSError:
+            log = ["(no server log)"]
+        return ("serve's stderr:\n" + "".join(self.lines[-lines:]) + "tritonserver's log:\n" + "\n".join(log))
+
+    def settle(self, limit: float = 120.0) -> None:
+        """Wait until the supervisor is done with the last fault: one live server, serving, metrics say so."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            try:
+                text = open(self.document["supervisor_metrics"]).read()
+            except OSError:
+                text = ""
+            if len(self.servers()) == 1 and "\nspecbuild_supervisor_serving 1\n" in text:
+                self.serving_again(time.monotonic(), limit=max(1.0, deadline - time.monotonic()))
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"serve did not settle within {limit:.0f} s\n{self.tail()}")
+
+    def recovered(self, model: str, old_server: int, killed: float) -> tuple[str, float]:
+        """After model's stub was killed: ("reload", seconds) when the server survived and the supervisor
+        reloaded the model, ("server exited", seconds) when tritonserver itself went down with its stub
+        (seen on some machines: then the supervisor must have restarted it). Asserts the supervisor's log
+        lines for the path taken and records the metrics it must have counted."""
+        again = self.serving_again(killed, limit=self.restart_limit() + 30)
+        self.settle()
+        if self.server_pid() == old_server:
+            assert self.saw(f"supervisor: the Python backend stub of {model} ({model}_0_0) died"), self.tail()
+            assert self.saw(f"supervisor: {model} serving again after an unload and load"), self.tail()
+            assert again < SERVING_AGAIN_S, self.tail()
+            self.expected[f'specbuild_supervisor_failures_total{{kind="stub_died",model="{model}"}}'] += 1
+            self.expected[f'specbuild_supervisor_recoveries_total{{action="reload",model="{model}"}}'] += 1
+            return "reload", again
+        assert self.saw("supervisor: tritonserver exited with code"), self.tail()
+        assert self.saw("supervisor: tritonserver restarted, serving again",
+                        times=self.expected["specbuild_supervisor_server_starts_total"]), self.tail()
+        assert again < self.restart_limit(), self.tail()
+        self.server_exited()
+        return "server exited", again
+
+    def restarted_for_decoupled(self, model: str) -> None:
+        """A decoupled model's stub was killed and the server restarted: by the supervisor, which saw the dead
+        stub, or after tritonserver went down with its stub before the supervisor looked."""
+        if self.saw(f"supervisor: the Python backend stub of {model} ({model}_0_0) died", timeout=0):
+            self.expected[f'specbuild_supervisor_failures_total{{kind="stub_died",model="{model}"}}'] += 1
+            self.expected[f'specbuild_supervisor_recoveries_total{{action="restart",model="{model}"}}'] += 1
+            self.expected["specbuild_supervisor_server_starts_total"] += 1
+        else:
+            assert self.saw("supervisor: tritonserver exited with code", timeout=0), self.tail()
+            self.server_exited()
+
+    def server_exited(self) -> None:
+        self.expected['specbuild_supervisor_failures_total{kind="server_exited",model="tritonserver"}'] += 1
+        self.expected['specbuild_supervisor_recoveries_total{action="restart",model="tritonserver"}'] += 1
+        self.expected["specbuild_supervisor_server_starts_total"] += 1
 
     def stub(self, model: str) -> procfs.Stub:
         found = [s for s in procfs.python_stubs(self.server_pid()) if s.instance == f"{model}_0_0"]
@@ -63,11 +136,11 @@ class Served:
     def saw(self, text: str, times: int = 1, timeout: float = 10.0) -> bool:
         """The serve process has logged a line containing text (at least `times` times)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if sum(text in line for line in self.lines) >= times:
-                return True
+        while sum(text in line for line in self.lines) < times:
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.1)
-        return False
+        return True
 
     def restart_limit(self) -> float:
         return max(SERVING_AGAIN_S, 2 * self.startup_s)
@@ -93,7 +166,7 @@ def serve(root, spec_path, repo, entry_models: tuple[str, ...] = ("tensorrt_llm_
     """`specbuild serve --json` on repo as a subprocess, until its ready document; stopped and cleaned after."""
     argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(spec_path), "--repo", str(repo),
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--json",
-            "--exit-timeout", str(EXIT_TIMEOUT_S)]
+            "--exit-timeout", str(EXIT_TIMEOUT_S), "--max-restarts", "20"]  # a server that dies with each stub: 6
     started = time.monotonic()
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -198,7 +271,12 @@ class Stream:
         threading.Thread(target=self.client.close, daemon=True).start()  # close() waits for a hung stream
 
 
+TRANSPORT_ERRORS = ("UNAVAILABLE", "Socket closed")  # the server went away under the stream
+
+
 def test_a_killed_draft_stub_ends_the_stream_with_an_error_and_the_model_is_reloaded(served):
+    served.settle()
+    old_server = served.server_pid()
     stream = Stream(served.grpc)
     try:
         stream.first()
@@ -208,48 +286,53 @@ def test_a_killed_draft_stub_ends_the_stream_with_an_error_and_the_model_is_relo
         ended, message = stream.end(killed, STREAM_END_S + 20)
     finally:
         stream.close()
-    assert "model 'tensorrt_llm_draft' failed: Stub process 'tensorrt_llm_draft_0_0' is not healthy." in message
-    assert ended < STREAM_END_S
-    again = served.serving_again(killed)
-    print(f"\ndraft stub killed mid-stream: stream ended with an error after {ended:.1f} s, serving again after {again:.1f} s")
-    assert again < SERVING_AGAIN_S
-    assert served.saw("supervisor: the Python backend stub of tensorrt_llm_draft (tensorrt_llm_draft_0_0) died")
-    assert served.saw("supervisor: tensorrt_llm_draft serving again after an unload and load")
+    assert ended < STREAM_END_S, served.tail()
+    path, again = served.recovered("tensorrt_llm_draft", old_server, killed)
+    print(f"\ndraft stub killed mid-stream: stream ended with an error after {ended:.1f} s ({message}); "
+          f"{path}; serving again after {again:.1f} s")
+    if path == "reload":  # the BLS names the model that failed
+        assert "model 'tensorrt_llm_draft' failed: Stub process 'tensorrt_llm_draft_0_0' is not healthy." in message
+    else:
+        assert any(text in message for text in TRANSPORT_ERRORS), message
     assert served.stub("tensorrt_llm_draft").pid != old.pid
 
 
 @pytest.mark.parametrize("model", ["tensorrt_llm", "preprocessing", "postprocessing"])
 def test_a_killed_stub_is_reloaded(served, model):
-    old = served.stub(model)
-    server = served.server_pid()
+    served.settle()
+    old, server = served.stub(model), served.server_pid()
     os.kill(old.pid, signal.SIGKILL)
     killed = time.monotonic()
-    again = served.serving_again(killed)
-    print(f"\n{model} stub killed: serving again after {again:.1f} s")
-    assert again < SERVING_AGAIN_S
-    assert served.saw(f"supervisor: {model} serving again after an unload and load")
-    assert served.stub(model).pid != old.pid and served.server_pid() == server  # the one model, not the server
+    path, again = served.recovered(model, server, killed)
+    print(f"\n{model} stub killed: {path}; serving again after {again:.1f} s")
+    assert served.stub(model).pid != old.pid
 
 
 def test_a_killed_server_is_restarted_and_its_regions_removed(served):
     """Its reloaded stubs (forked after the ports were bound) hold copies of its listening sockets: the
     restart must not find the ports taken by them."""
+    served.settle()
     old_server, old_prefix = served.server_pid(), served.shm_prefix()
     os.kill(served.stub("tensorrt_llm").pid, signal.SIGKILL)  # a dead stub's region survives a killed server
     os.kill(old_server, signal.SIGKILL)
     killed = time.monotonic()
     again = served.serving_again(killed)
     print(f"\ntritonserver killed: serving again after {again:.1f} s (first start {served.startup_s:.1f} s)")
-    assert again < served.restart_limit()
-    assert served.saw("tritonserver exited with code -9")
-    assert served.saw("supervisor: tritonserver restarted, serving again", times=1)
+    assert again < served.restart_limit(), served.tail()
+    assert served.saw("tritonserver exited with code -9 (SIGKILL)"), served.tail()
+    served.server_exited()
+    assert served.saw("supervisor: tritonserver restarted, serving again",
+                      times=served.expected["specbuild_supervisor_server_starts_total"] - 1), served.tail()
+    served.settle()
     assert served.server_pid() != old_server
     assert not list(SHM_ROOT.glob(old_prefix + "*")), "the killed server's shared-memory regions were left behind"
 
 
 def test_a_killed_bls_stub_restarts_the_server_which_ends_its_streams(served):
+    served.settle()
     old_server, old_prefix = served.server_pid(), served.shm_prefix()
     assert list(SHM_ROOT.glob(old_prefix + "*"))
+    restarts_before = served.expected["specbuild_supervisor_server_starts_total"] - 1
     stream = Stream(served.grpc)
     try:
         stream.first()
@@ -258,35 +341,36 @@ def test_a_killed_bls_stub_restarts_the_server_which_ends_its_streams(served):
         ended, message = stream.end(killed, STREAM_END_S + 20)  # Triton alone would never end it
     finally:
         stream.close()
-    assert "UNAVAILABLE" in message or "Socket closed" in message, message
-    assert ended < STREAM_END_S
+    assert any(text in message for text in TRANSPORT_ERRORS), message
+    assert ended < STREAM_END_S, served.tail()
     again = served.serving_again(killed)
     print(f"\nBLS stub killed mid-stream: stream ended with an error after {ended:.1f} s, serving again after "
           f"{again:.1f} s (first start {served.startup_s:.1f} s)")
-    assert again < served.restart_limit()
-    assert served.saw("supervisor: tritonserver restarted, serving again", times=2)
+    assert again < served.restart_limit(), served.tail()
+    served.settle()
+    assert served.saw("supervisor: tritonserver restarted, serving again", times=restarts_before + 1), served.tail()
+    served.restarted_for_decoupled("tensorrt_llm_bls")
     assert served.server_pid() != old_server
     assert not list(SHM_ROOT.glob(old_prefix + "*")), "the killed server's shared-memory regions were left behind"
 
 
 def test_every_recovery_is_counted_in_the_metrics_file(served):
-    deadline = time.monotonic() + 10  # the supervisor writes it when its restart is done
-    while time.monotonic() < deadline:
-        text = open(served.document["supervisor_metrics"]).read()
-        if "\nspecbuild_supervisor_serving 1\n" in text:
-            break
-        time.sleep(0.2)
-    for model in ("tensorrt_llm_draft", "tensorrt_llm", "preprocessing", "postprocessing"):
-        assert f'specbuild_supervisor_failures_total{{kind="stub_died",model="{model}"}} 1\n' in text
-        assert f'specbuild_supervisor_recoveries_total{{action="reload",model="{model}"}} 1\n' in text
-    assert 'specbuild_supervisor_recoveries_total{action="restart",model="tensorrt_llm_bls"} 1\n' in text
-    assert 'specbuild_supervisor_failures_total{kind="server_exited",model="tritonserver"} 1\n' in text
-    assert "specbuild_supervisor_server_starts_total 3\n" in text and "specbuild_supervisor_serving 1\n" in text, \
-        text
+    """Each failure the tests above caused, counted once by the path the supervisor took."""
+    served.settle()
+    assert counted_faults(served) == dict(served.expected), served.tail()
+
+
+def counted_faults(served: Served) -> dict[str, float]:
+    """The supervisor's metrics file: each `*_total` row but the canary's (a canary may fail in a fault)."""
+    text = open(served.document["supervisor_metrics"]).read()
+    rows = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return {name: float(value) for name, value in rows if name.split("{")[0].endswith("_total")
+            and "canary" not in name}
 
 
 def test_a_stop_that_fails_exits_1_within_the_servers_timeout(served):
     """A frozen server cannot honour SIGTERM: serve kills it after --exit-timeout + 5 s and says so."""
+    served.settle()
     server = served.server_pid()
     pids = [server, *procfs.descendants(server)]
     prefix = served.shm_prefix()
@@ -312,6 +396,7 @@ def test_a_killed_llmapi_stub_restarts_the_server_which_ends_its_streams(llmapi_
     served = llmapi_served
     assert served.document["backend"] == "llmapi"
     assert set(served.document["canary"]) == {"tensorrt_llm (grpc)", "tensorrt_llm (http)"}
+    served.settle()
     old_server, old_prefix = served.server_pid(), served.shm_prefix()
     old = served.stub("tensorrt_llm")
     stream = Stream(served.grpc, Stream.LLMAPI)
@@ -322,16 +407,15 @@ def test_a_killed_llmapi_stub_restarts_the_server_which_ends_its_streams(llmapi_
         ended, message = stream.end(killed, STREAM_END_S + 20)
     finally:
         stream.close()
-    assert "UNAVAILABLE" in message or "Socket closed" in message, message
-    assert ended < STREAM_END_S
+    assert any(text in message for text in TRANSPORT_ERRORS), message
+    assert ended < STREAM_END_S, served.tail()
     again = served.serving_again(killed)
     print(f"\nllmapi stub killed mid-stream: stream ended with an error after {ended:.1f} s, serving again after "
           f"{again:.1f} s (first start {served.startup_s:.1f} s)")
-    assert again < served.restart_limit()
-    assert served.saw("supervisor: the Python backend stub of tensorrt_llm (tensorrt_llm_0_0) died")
-    assert served.saw("supervisor: tritonserver restarted, serving again")
+    assert again < served.restart_limit(), served.tail()
+    served.settle()
+    assert served.saw("supervisor: tritonserver restarted, serving again"), served.tail()
+    served.restarted_for_decoupled("tensorrt_llm")
     assert served.server_pid() != old_server and served.stub("tensorrt_llm").pid != old.pid
     assert not list(SHM_ROOT.glob(old_prefix + "*")), "the killed server's shared-memory regions were left behind"
-    text = open(served.document["supervisor_metrics"]).read()
-    assert 'specbuild_supervisor_failures_total{kind="stub_died",model="tensorrt_llm"} 1\n' in text
-    assert 'specbuild_supervisor_recoveries_total{action="restart",model="tensorrt_llm"} 1\n' in text
+    assert counted_faults(served) == dict(served.expected), served.tail()

@@ -150,3 +150,33 @@ def test_a_canary_answered_with_a_full_queue_is_busy_not_a_failure(tmp_path):
     supervisor._canary_result(broken)
     supervisor._canary_result(broken)
     assert restarts == ["tensorrt_llm_bls"]
+
+
+def test_a_server_that_exits_is_named_with_its_signal_and_log_and_restarts_are_bounded(tmp_path):
+    """What the supervisor says when tritonserver went down on its own (a CI machine's server went down with each
+    killed stub), and that `--max-restarts` restarts within the window are made, one more gives up."""
+    from specbuild.triton.server import ServerOptions, TritonInstall
+    from specbuild.triton.supervisor import Supervisor, SupervisorSettings
+
+    install = TritonInstall(binary=tmp_path / "tritonserver", kind="explicit")
+    supervisor = Supervisor(ServerOptions(repo=tmp_path), install, log_path=tmp_path / "server.log",
+                            settings=SupervisorSettings(max_restarts=2))
+    (tmp_path / "server.log").write_text("I1203 loading\nE1203 pb_stub.cc:123] Failed to process the request\n")
+    crashed = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+    crashed.wait(30)
+    message = supervisor._exit_message(crashed)
+    assert message == ("tritonserver exited with code -11 (SIGSEGV); last lines of its log:\n"
+                       "I1203 loading\nE1203 pb_stub.cc:123] Failed to process the request")
+    assert supervisor._exit_message(None) == "tritonserver exited with code None; last lines of its log:\n" \
+        "I1203 loading\nE1203 pb_stub.cc:123] Failed to process the request"
+
+    starts = []
+    supervisor.handle.stop = lambda graceful=True: None
+    supervisor._start = lambda timeout: starts.append(timeout)
+    supervisor.handle.process = crashed
+    supervisor._restart("tritonserver", time.monotonic())
+    supervisor._restart("tritonserver", time.monotonic())
+    assert len(starts) == 2
+    with pytest.raises(ServeError, match="tritonserver needed 2 restarts within 600 s; giving up"):
+        supervisor._restart("tritonserver", time.monotonic())
+    assert len(starts) == 2

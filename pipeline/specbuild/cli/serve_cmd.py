@@ -39,6 +39,9 @@ DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuil
 @click.option("--no-supervise", is_flag=True, help="Do not watch the models or recover them (see docs/triton.md).")
 @click.option("--canary-interval", type=click.FloatRange(min=0), default=DEFAULTS.canary_interval_s, show_default=True,
               help="Seconds between the supervisor's canary requests through the BLS (llmapi: tensorrt_llm; 0 = none).")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=DEFAULTS.max_restarts, show_default=True,
+              help="Server restarts the supervisor may make within 10 minutes; one more and serve gives up "
+                   "(exit 1, the server log named).")
 @click.option("--backend", type=click.Choice(["trtllm", "reference", "llmapi"]), default=None,
               help="The repository's backend, checked against its manifest (default: the manifest's).")
 @click.option("--server", type=click.Choice(["tritonserver", "trtllm-serve"]), default="tritonserver", show_default=True,
@@ -52,7 +55,7 @@ DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuil
 @dry_run_option
 @json_option
 def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control, allow_apis,
-            no_canary, once, timeout, exit_timeout, no_supervise, canary_interval, backend, server, trtllm_serve, nodes,
+            no_canary, once, timeout, exit_timeout, no_supervise, canary_interval, max_restarts, backend, server, trtllm_serve, nodes,
             launcher, dry_run, as_json):
     """Start tritonserver on the repository, wait until ready, send a canary request, print the
     endpoints, and serve until SIGINT/SIGTERM (then shut down cleanly).
@@ -104,7 +107,8 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
             click.echo(shlex.join(document["argv"]))
         return
     deploy.check_engines(plan.backend, plan.engines)
-    settings = SupervisorSettings(enabled=not no_supervise, canary_interval_s=canary_interval, start_timeout_s=timeout)
+    settings = SupervisorSettings(enabled=not no_supervise, canary_interval_s=canary_interval, start_timeout_s=timeout,
+                                  max_restarts=max_restarts)
     supervisor = Supervisor.for_repo(plan.options, plan.install, settings, log=log)
     handle = supervisor.handle
     log(f"starting tritonserver ({plan.install.kind}) on {plan.repo}; log: {handle.log_path}")
@@ -133,7 +137,8 @@ def _given(name: str) -> bool:
 
 def _refuse_tritonserver_only_options() -> None:
     """The supervisor and Triton's restricted APIs belong to tritonserver; trtllm-serve has neither."""
-    flags = {"allow_apis": "--allow-api", "no_supervise": "--no-supervise", "canary_interval": "--canary-interval"}
+    flags = {"allow_apis": "--allow-api", "no_supervise": "--no-supervise", "canary_interval": "--canary-interval",
+             "max_restarts": "--max-restarts"}
     given = [flag for name, flag in flags.items() if _given(name)]
     if given:
         raise click.UsageError(f"{', '.join(given)}: for tritonserver (Triton's restricted APIs, the supervisor); "

@@ -238,8 +238,7 @@ class Supervisor:
         while not self._stop.wait(self.settings.poll_s):
             process = self.handle.process
             if process is None or process.poll() is not None:
-                code = process.returncode if process is not None else None
-                self._failed("tritonserver", "server_exited", f"tritonserver exited with code {code}")
+                self._failed("tritonserver", "server_exited", self._exit_message(process))
                 self._restart("tritonserver", time.monotonic())
             elif dead := self.dead_models():
                 self._recover(dead)
@@ -251,6 +250,16 @@ class Supervisor:
             else:
                 continue
             probe, next_canary = None, time.monotonic() + interval  # a probe of a replaced server is dropped
+
+    def _exit_message(self, process) -> str:
+        """"tritonserver exited with code N" (a signal named), and the last lines of its log: why it went."""
+        code = process.returncode if process is not None else None
+        text = f"tritonserver exited with code {code}"
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                text += f" ({signal.Signals(-code).name})"
+        tail = self.handle.log_tail(5).strip()
+        return text + (f"; last lines of its log:\n{tail}" if tail else "")
 
     def _live_instances(self) -> dict[str, str]:
         process = self.handle.process
