@@ -149,7 +149,7 @@ def test_fields_outside_their_input_type_are_refused_before_sending(monkeypatch,
     sent = []
     for transport in ("_generate_grpc", "_generate_http"):
         monkeypatch.setattr(c.SpecbuildClient, transport,
-                            lambda self, prompt, fields, stop: iter(sent.append(fields) or []))
+                            lambda self, prompt, fields, stop, parameters: iter(sent.append(fields) or []))
     for protocol in ("grpc", "http"):
         client = c.SpecbuildClient("127.0.0.1:1", protocol=protocol, model="ensemble")
         with pytest.raises(ClientError, match=re.escape(message)):
