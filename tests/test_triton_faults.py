@@ -271,22 +271,29 @@ class Stream:
         threading.Thread(target=self.client.close, daemon=True).start()  # close() waits for a hung stream
 
 
+def kill_during_stream(served: Served, model: str, request=Stream.BLS) -> tuple[procfs.Stub, float, float, str]:
+    """Open a stream, kill model's stub after its first responses: (the stub, when it was killed, seconds until
+    the stream ended, its error message). A stream still open STREAM_END_S + 20 s later fails the test."""
+    stream = Stream(served.grpc, request)
+    try:
+        stream.first()
+        stub = served.stub(model)
+        os.kill(stub.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        ended, message = stream.end(killed, STREAM_END_S + 20)  # Triton alone never ends a decoupled model's
+    finally:
+        stream.close()
+    assert ended < STREAM_END_S, f"{message}\n{served.tail()}"
+    return stub, killed, ended, message
+
+
 TRANSPORT_ERRORS = ("UNAVAILABLE", "Socket closed")  # the server went away under the stream
 
 
 def test_a_killed_draft_stub_ends_the_stream_with_an_error_and_the_model_is_reloaded(served):
     served.settle()
     old_server = served.server_pid()
-    stream = Stream(served.grpc)
-    try:
-        stream.first()
-        old = served.stub("tensorrt_llm_draft")
-        os.kill(old.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        ended, message = stream.end(killed, STREAM_END_S + 20)
-    finally:
-        stream.close()
-    assert ended < STREAM_END_S, served.tail()
+    old, killed, ended, message = kill_during_stream(served, "tensorrt_llm_draft")
     path, again = served.recovered("tensorrt_llm_draft", old_server, killed)
     print(f"\ndraft stub killed mid-stream: stream ended with an error after {ended:.1f} s ({message}); "
           f"{path}; serving again after {again:.1f} s")
@@ -333,16 +340,8 @@ def test_a_killed_bls_stub_restarts_the_server_which_ends_its_streams(served):
     old_server, old_prefix = served.server_pid(), served.shm_prefix()
     assert list(SHM_ROOT.glob(old_prefix + "*"))
     restarts_before = served.expected["specbuild_supervisor_server_starts_total"] - 1
-    stream = Stream(served.grpc)
-    try:
-        stream.first()
-        os.kill(served.stub("tensorrt_llm_bls").pid, signal.SIGKILL)
-        killed = time.monotonic()
-        ended, message = stream.end(killed, STREAM_END_S + 20)  # Triton alone would never end it
-    finally:
-        stream.close()
+    _, killed, ended, message = kill_during_stream(served, "tensorrt_llm_bls")
     assert any(text in message for text in TRANSPORT_ERRORS), message
-    assert ended < STREAM_END_S, served.tail()
     again = served.serving_again(killed)
     print(f"\nBLS stub killed mid-stream: stream ended with an error after {ended:.1f} s, serving again after "
           f"{again:.1f} s (first start {served.startup_s:.1f} s)")
@@ -398,17 +397,8 @@ def test_a_killed_llmapi_stub_restarts_the_server_which_ends_its_streams(llmapi_
     assert set(served.document["canary"]) == {"tensorrt_llm (grpc)", "tensorrt_llm (http)"}
     served.settle()
     old_server, old_prefix = served.server_pid(), served.shm_prefix()
-    old = served.stub("tensorrt_llm")
-    stream = Stream(served.grpc, Stream.LLMAPI)
-    try:
-        stream.first()
-        os.kill(old.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        ended, message = stream.end(killed, STREAM_END_S + 20)
-    finally:
-        stream.close()
+    old, killed, ended, message = kill_during_stream(served, "tensorrt_llm", Stream.LLMAPI)
     assert any(text in message for text in TRANSPORT_ERRORS), message
-    assert ended < STREAM_END_S, served.tail()
     again = served.serving_again(killed)
     print(f"\nllmapi stub killed mid-stream: stream ended with an error after {ended:.1f} s, serving again after "
           f"{again:.1f} s (first start {served.startup_s:.1f} s)")
