@@ -170,10 +170,26 @@ def test_every_queue_is_bounded_by_default_the_bls_included(tmp_path):
         assert config.dynamic_batching.default_queue_policy.max_queue_size == 4 * 6 * 2, model
     bls = configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
     batching = bls.dynamic_batching
-    assert list(batching.preferred_batch_size) == [] and batching.max_queue_delay_microseconds == 0
+    assert list(batching.preferred_batch_size) == []
+    assert batching.max_queue_delay_microseconds == configs.PYTHON_MODEL_MIN_QUEUE_DELAY_US  # a Python model
     _, files = rendered(tmp_path, "reference", serve={"max_queue_size": 0})  # 0: Triton's "no bound", as asked
     assert configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]).dynamic_batching.default_queue_policy \
         .max_queue_size == 0
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "reference"])
+def test_python_models_get_a_queue_delay_floor_the_cpp_backend_keeps_the_specs(tmp_path, backend):
+    """A Python model holds its instance through execute; with a bounded queue and no delay Triton's batcher
+    can leave the next request waiting 500 ms (tests/test_triton_bls_threads.py shows it on the real
+    server). The C++ backend's models keep the spec's delay, as NVIDIA's template writes it."""
+    python_models = ["preprocessing", "postprocessing", "tensorrt_llm_bls"] + (["tensorrt_llm", "tensorrt_llm_draft"]
+                                                           if backend == "reference" else [])
+    for delay, floor in ((0, configs.PYTHON_MODEL_MIN_QUEUE_DELAY_US), (500, 500)):
+        _, files = rendered(tmp_path, backend, serve={"max_queue_delay_microseconds": delay})
+        for model in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"):
+            batching = configs.parse_pbtxt(files[f"{model}/config.pbtxt"]).dynamic_batching
+            assert batching.default_queue_policy.max_queue_size == 24, model
+            assert batching.max_queue_delay_microseconds == (floor if model in python_models else delay), model
 
 
 def test_a_queue_smaller_than_what_the_bls_runs_at_once_is_refused(tmp_path):

@@ -102,9 +102,23 @@ def _add_tensors(pb, repeated, table: tuple[T.Tensor, ...], logits_datatype: str
             entry.reshape.SetInParent()  # shape [] : the batch dimension only
 
 
-def _dynamic_batching(config, s: RepoSettings) -> None:
+# Triton's dynamic batcher, with a bounded queue (default_queue_policy.max_queue_size > 0) and no queue delay, can
+# leave a request queued behind a busy instance for its idle wait of 500 ms (triton-inference-server/core
+# src/dynamic_batch_scheduler.cc, BatcherThread: `default_wait_microseconds = 500 * 1000`) instead of starting it when
+# the instance frees. Measured on tritonserver 2.51, two threads of one BLS request calling one Python model of 2 ms
+# 200 times each: 5 to 19 of 400 calls took 0.5 s with max_queue_size 16 and no delay; none (longest 38 ms) with a
+# delay of 100 us, or with no queue bound. A Python model holds its instance for the whole of `execute` (the BLS
+# while it waits for a slot), so it meets this whenever two requests meet: the overlapped schedule's early draft and
+# the loop's next draft, concurrent streams. Python models get this floor when the spec leaves the delay at 0; the
+# C++ `tensorrtllm` backend returns from execute at once and keeps the spec's value, as NVIDIA's template writes it.
+PYTHON_MODEL_MIN_QUEUE_DELAY_US = 100
+
+
+def _dynamic_batching(config, s: RepoSettings, python_model: bool) -> None:
+    delay = s.max_queue_delay_microseconds
     config.dynamic_batching.preferred_batch_size.append(s.max_batch_size)
-    config.dynamic_batching.max_queue_delay_microseconds = s.max_queue_delay_microseconds
+    config.dynamic_batching.max_queue_delay_microseconds = max(delay, PYTHON_MODEL_MIN_QUEUE_DELAY_US) \
+        if python_model else delay
     config.dynamic_batching.default_queue_policy.SetInParent()
     config.dynamic_batching.default_queue_policy.max_queue_size = s.max_queue_size
 
@@ -127,7 +141,7 @@ def _bool(value: bool) -> str:
 def preprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     pb = _pb()
     c = pb.ModelConfig(name="preprocessing", backend="python", max_batch_size=s.max_batch_size)
-    _dynamic_batching(c, s)
+    _dynamic_batching(c, s, python_model=True)
     _add_tensors(pb, c.input, T.PRE_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.PRE_OUTPUTS, s.logits_datatype)
     _params(c, {"tokenizer_dir": s.tokenizer_dir, "add_special_tokens": "true"})
@@ -138,7 +152,7 @@ def preprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
 def postprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     pb = _pb()
     c = pb.ModelConfig(name="postprocessing", backend="python", max_batch_size=s.max_batch_size)
-    _dynamic_batching(c, s)
+    _dynamic_batching(c, s, python_model=True)
     _add_tensors(pb, c.input, T.POST_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.POST_OUTPUTS, s.logits_datatype)
     _params(c, {"tokenizer_dir": s.tokenizer_dir, "skip_special_tokens": "true"})
@@ -188,7 +202,7 @@ def llm(s: RepoSettings, role: str) -> "model_config_pb2.ModelConfig":
     # Not decoupled: the BLS calls each model once per draft or verify step and waits for the result.
     c.model_transaction_policy.SetInParent()
     c.model_transaction_policy.decoupled = False
-    _dynamic_batching(c, s)
+    _dynamic_batching(c, s, python_model=backend == "python")
     _add_tensors(pb, c.input, T.LLM_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.LLM_OUTPUTS, s.logits_datatype)
     _cpu_instances(pb, c, 1)
@@ -217,6 +231,8 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     # only a dynamic batcher has, bounded by this policy (decoupled models included; specbuild.triton.models.bls).
     c.dynamic_batching.default_queue_policy.SetInParent()
     c.dynamic_batching.default_queue_policy.max_queue_size = s.max_queue_size
+    c.dynamic_batching.max_queue_delay_microseconds = max(s.max_queue_delay_microseconds,
+                                                          PYTHON_MODEL_MIN_QUEUE_DELAY_US)
     _add_tensors(pb, c.input, T.BLS_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.BLS_OUTPUTS, s.logits_datatype)
     _params(c, {
