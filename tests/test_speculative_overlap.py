@@ -358,3 +358,21 @@ def test_overlap_bound_limits_and_simulation():
         tokens += accepted + 1
         hit = bool(trials.all())
     assert tokens / time_used == pytest.approx(predicted_overlap_speedup(alpha, k, c), rel=0.01)
+
+
+def test_a_missed_early_draft_that_has_started_is_waited_for_one_not_started_is_dropped():
+    """The drafter is busy with a started early draft, so the step's own draft is sent only when it is done (sent
+    beside it to a one-instance Triton model it would queue behind it, where Triton's batcher can hold it 500 ms)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    release = threading.Event()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        started = pool.submit(lambda: release.wait(5) and Ahead(draft=Draft(tokens=[1, 2]), guess=7))
+        time.sleep(0.05)  # it is running now: cancel() cannot stop it
+        threading.Timer(0.2, release.set).start()
+        early = overlap_module.EarlyDraft(tokens=[5, 6], k=2, handle=started)
+        taken, waited = early.take([5, 9, 3], 2)  # a rejected draft token: a clear miss
+        assert taken is None and started.done() and waited >= 0.1
+    pending = Future()  # not started: dropped at once
+    taken, waited = overlap_module.EarlyDraft(tokens=[5, 6], k=2, handle=pending).take([5, 9, 3], 2)
+    assert taken is None and pending.cancelled() and waited < 0.1

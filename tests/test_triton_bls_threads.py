@@ -80,43 +80,6 @@ class TritonPythonModel:
 '''
 
 
-# Two threads of one request call one model N times at once (the overlapped schedule's early draft meeting the
-# loop's next draft): each call's seconds, longest first.
-PAIRS = '''
-import json
-import threading
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-def call(model, times):
-    t0 = time.perf_counter()
-    response = pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor("X", np.zeros((1, 1), np.float32))],
-                                         requested_output_names=["Y"]).exec()
-    assert not response.has_error(), response.error().message()
-    times.append(time.perf_counter() - t0)
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            asked = json.loads(request.parameters())
-            times = []
-            for _ in range(asked["n"]):
-                worker = threading.Thread(target=call, args=(asked["model"], times))
-                worker.start()
-                call(asked["model"], times)
-                worker.join()
-            out = np.array(sorted(times, reverse=True), np.float32)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("TIMES", out)]))
-        return responses
-'''
-BUSY_S = 0.002  # a Python model that holds its instance this long per call
-
-
 def _config(name: str, inputs: str, outputs: str) -> str:
     return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{inputs}{outputs}'
             'instance_group { count: 1 kind: KIND_CPU }\n')
@@ -139,21 +102,6 @@ def server(tmp_path_factory):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(code)
         (repo / name / "config.pbtxt").write_text(_config(name, "", io))
-    from specbuild.triton.configs import PYTHON_MODEL_MIN_QUEUE_DELAY_US
-
-    (repo / "pairs" / "1").mkdir(parents=True)
-    (repo / "pairs" / "1" / "model.py").write_text(PAIRS)
-    (repo / "pairs" / "config.pbtxt").write_text(_config("pairs", X, 'output { name: "TIMES" data_type: TYPE_FP32 '
-                                                                          'dims: -1 }\n'))
-    for name, delay in (("busy_no_delay", 0), ("busy_floor", PYTHON_MODEL_MIN_QUEUE_DELAY_US)):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(SLOW.replace(f"time.sleep({SLEEP})", f"time.sleep({BUSY_S})"))
-        (repo / name / "config.pbtxt").write_text(
-            f'name: "{name}"\nbackend: "python"\nmax_batch_size: 4\n'
-            'input { name: "X" data_type: TYPE_FP32 dims: -1 }\noutput { name: "Y" data_type: TYPE_FP32 dims: -1 }\n'
-            'instance_group { count: 1 kind: KIND_CPU }\n'
-            f'dynamic_batching {{ preferred_batch_size: 4 max_queue_delay_microseconds: {delay} '
-            'default_queue_policy { max_queue_size: 16 } }\n')
     handle = ServerHandle(ServerOptions(repo=repo), log_path=repo.parent / "server.log")
     handle.start(timeout=300)
     yield handle
@@ -182,24 +130,3 @@ def test_the_http_generate_body_parameters_reach_the_model(server):
         outputs = json.loads(response.read())
     assert json.loads(outputs["PARAMETERS"]) == {"overlap": "auto"}
 
-
-def test_a_busy_python_model_with_the_queue_delay_floor_never_keeps_a_request_waiting(server):
-    """Triton's dynamic batcher, given a bounded queue and no queue delay, can leave a request queued behind
-    a busy instance for its idle wait of 500 ms (triton-inference-server/core src/dynamic_batch_scheduler.cc,
-    `default_wait_microseconds`); the generated Python models get a floor on the delay (specbuild.triton.configs).
-    With the floor, no call of 300 waits anywhere near that; the same model without a delay is measured beside it
-    (on tritonserver 2.51 here: several calls of 0.5 s), printed, not asserted: whether the race shows is the
-    machine's."""
-    import tritonclient.grpc as grpcclient
-
-    def longest(model: str) -> np.ndarray:
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
-            x = grpcclient.InferInput("X", [1], "FP32")
-            x.set_data_from_numpy(np.array([0.0], np.float32))
-            return client.infer("pairs", [x], parameters={"model": model, "n": 150}, client_timeout=300) \
-                .as_numpy("TIMES")
-
-    floor, no_delay = longest("busy_floor"), longest("busy_no_delay")
-    print(f"\nlongest calls to a busy model: with the floor {floor[:3]} s; without a delay {no_delay[:3]} s, "
-          f"{int((no_delay > 0.25).sum())} of {len(no_delay)} over 0.25 s")
-    assert len(floor) == 300 and float(floor[0]) < 0.25, floor[:5]

@@ -180,7 +180,7 @@ def test_every_queue_is_bounded_by_default_the_bls_included(tmp_path):
 @pytest.mark.parametrize("backend", ["trtllm", "reference"])
 def test_python_models_get_a_queue_delay_floor_the_cpp_backend_keeps_the_specs(tmp_path, backend):
     """A Python model holds its instance through execute; with a bounded queue and no delay Triton's batcher
-    can leave the next request waiting 500 ms (tests/test_triton_bls_threads.py shows it on the real
+    can leave the next request waiting 500 ms (scripts/batcher_stall_probe.py measures it on the real
     server). The C++ backend's models keep the spec's delay, as NVIDIA's template writes it."""
     python_models = ["preprocessing", "postprocessing", "tensorrt_llm_bls"] + (["tensorrt_llm", "tensorrt_llm_draft"]
                                                            if backend == "reference" else [])

@@ -22,6 +22,7 @@ the schedule; this module holds what it runs on (docs/speculative.md has the tim
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -105,11 +106,16 @@ class EarlyDraft:
 
     def take(self, context: list[int], k: int) -> tuple[Ahead | None, float]:
         """(the early draft, seconds waited for it) when context == tokens + [g] and the step's K is k;
-        (None, seconds waited) on a miss. A clear miss (a rejected draft token) waits for nothing."""
-        if k != self.k or len(context) != len(self.tokens) + 1 or context[:-1] != self.tokens:
-            self.handle.cancel()
-            return None, 0.0
+        (None, seconds waited) on a miss. On a clear miss (a rejected draft token) an early draft that has
+        started is still waited for: the drafter is busy with it, so the step's own draft would wait anyway,
+        and sent beside it to a Triton model it would queue behind it (a request meeting another at a busy
+        Python model can wait 500 ms in Triton's batcher; specbuild.triton.configs)."""
         t0 = time.perf_counter()
+        if k != self.k or len(context) != len(self.tokens) + 1 or context[:-1] != self.tokens:
+            if not self.handle.cancel():
+                with contextlib.suppress(Exception):  # a failed early draft is dropped; the step drafts anew
+                    self.handle.result()
+            return None, time.perf_counter() - t0
         ahead = self.handle.result()
         waited = time.perf_counter() - t0
         return (ahead, waited) if ahead.guess is not None and ahead.guess == context[-1] else (None, waited)

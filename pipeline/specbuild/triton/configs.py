@@ -105,12 +105,14 @@ def _add_tensors(pb, repeated, table: tuple[T.Tensor, ...], logits_datatype: str
 # Triton's dynamic batcher, with a bounded queue (default_queue_policy.max_queue_size > 0) and no queue delay, can
 # leave a request queued behind a busy instance for its idle wait of 500 ms (triton-inference-server/core
 # src/dynamic_batch_scheduler.cc, BatcherThread: `default_wait_microseconds = 500 * 1000`) instead of starting it when
-# the instance frees. Measured on tritonserver 2.51, two threads of one BLS request calling one Python model of 2 ms
-# 200 times each: 5 to 19 of 400 calls took 0.5 s with max_queue_size 16 and no delay; none (longest 38 ms) with a
-# delay of 100 us, or with no queue bound. A Python model holds its instance for the whole of `execute` (the BLS
-# while it waits for a slot), so it meets this whenever two requests meet: the overlapped schedule's early draft and
-# the loop's next draft, concurrent streams. Python models get this floor when the spec leaves the delay at 0; the
-# C++ `tensorrtllm` backend returns from execute at once and keeps the spec's value, as NVIDIA's template writes it.
+# the instance frees. Measured on tritonserver 2.51 (scripts/batcher_stall_probe.py: two threads of one BLS request
+# calling one Python model of 2 ms 200 times each): 5 to 19 of 400 calls took 0.5 s with max_queue_size 16 and no
+# delay, 0 or 1 with a delay of 100 us (median call +0.2 ms), none with 1000 us (median +1 ms) or with no queue
+# bound. A Python model holds its instance for the whole of `execute` (the BLS while it waits for a slot), so it
+# meets this whenever two requests meet at it (concurrent streams; the overlapped schedule waits for a missed early
+# draft before it drafts again, specbuild.speculative.overlap.EarlyDraft.take). Python models get this floor when
+# the spec leaves the delay at 0; the C++ `tensorrtllm` backend returns from execute at once and keeps the spec's
+# value, as NVIDIA's template writes it.
 PYTHON_MODEL_MIN_QUEUE_DELAY_US = 100
 
 

@@ -86,6 +86,14 @@ def _flag(config: dict, key: str, default: str) -> bool:
     return _param(config, key, default).lower() in ("1", "true", "yes")
 
 
+# "auto" drafts ahead where the draft and the target model processes can each have a core and the BLS, tritonserver
+# and its clients two more. Measured on 2 cores (docs/bench/results.md, the example pair, JSON): the overlapped
+# schedule through Triton was 0.72-0.88x the sequential one at K = 2-4 and 1.24-1.35x at K = 6, so on fewer than 4
+# cores "auto" is sequential; `overlap = true` (the spec, or the request parameter) drafts ahead anyway.
+AUTO_CORES = 4
+AUTO_WHAT = "the draft and the target model processes beside the BLS and the server"
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils
@@ -109,7 +117,7 @@ class TritonPythonModel:
         # processes can each have a core (an older repository without the parameter: sequential).
         self.cores = available_cores()
         self.overlap, reason = resolve_auto(parse_setting(_param(config, "overlap", "false"), "parameter 'overlap'"),
-                                            self.cores, 2, "the draft and the target model processes")
+                                            self.cores, AUTO_CORES, AUTO_WHAT)
         pb_utils.Logger.log_info(f"{self.model_name}: overlapped schedule {self.overlap} ({reason})")
         self.in_flight, self.in_flight_lock = 0, threading.Lock()
         workers = int(_param(config, "max_concurrent_requests", "16"))
@@ -221,7 +229,7 @@ class TritonPythonModel:
             except ValueError as err:
                 raise RequestError(str(err)) from None
             if overlap == "auto":
-                overlap, _ = resolve_auto(overlap, self.cores, 2, "the draft and the target model processes")
+                overlap, _ = resolve_auto(overlap, self.cores, AUTO_CORES, AUTO_WHAT)
         if overlap == "auto" and 2 * self.in_flight > self.cores:
             return False
         return overlap
