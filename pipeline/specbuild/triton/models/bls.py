@@ -87,9 +87,9 @@ def _flag(config: dict, key: str, default: str) -> bool:
 
 
 # "auto" drafts ahead where the draft and the target model processes can each have a core and the BLS, tritonserver
-# and its clients two more. Measured on 2 cores (docs/bench/results.md, the example pair, JSON): the overlapped
-# schedule through Triton was 0.72-0.88x the sequential one at K = 2-4 and 1.24-1.35x at K = 6, so on fewer than 4
-# cores "auto" is sequential; `overlap = true` (the spec, or the request parameter) drafts ahead anyway.
+# and its clients two more. Measured on 2 cores (docs/bench/results.md, the example pair, JSON, four runs): the
+# overlapped schedule through Triton was 0.72-1.10x the sequential one at K = 2-4 and 1.06-1.35x at K = 6, so on
+# fewer than 4 cores "auto" is sequential; `overlap = true` (the spec, or the request parameter) drafts ahead anyway.
 AUTO_CORES = 4
 AUTO_WHAT = "the draft and the target model processes beside the BLS and the server"
 
