@@ -55,8 +55,8 @@ DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuil
 @dry_run_option
 @json_option
 def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control, allow_apis,
-            no_canary, once, timeout, exit_timeout, no_supervise, canary_interval, max_restarts, backend, server, trtllm_serve, nodes,
-            launcher, dry_run, as_json):
+            no_canary, once, timeout, exit_timeout, no_supervise, canary_interval, max_restarts, backend, server,
+            trtllm_serve, nodes, launcher, dry_run, as_json):
     """Start tritonserver on the repository, wait until ready, send a canary request, print the
     endpoints, and serve until SIGINT/SIGTERM (then shut down cleanly).
 

@@ -113,8 +113,8 @@ class TritonPythonModel:
         # the deployment's logits type (the engines' logits dtype), which the target's draft_logits input declares
         declared = {o.get("name"): o.get("data_type") for o in config.get("output", [])}.get("generation_logits")
         self.logits_dtype = NUMPY_NAMES.get(declared)
-        # The schedule: the spec's speculative.overlap; "auto" is kept where the draft and the target model
-        # processes can each have a core (an older repository without the parameter: sequential).
+        # The schedule: the spec's speculative.overlap; "auto" is kept with AUTO_CORES cores (an older repository
+        # without the parameter: sequential).
         self.cores = available_cores()
         self.overlap, reason = resolve_auto(parse_setting(_param(config, "overlap", "false"), "parameter 'overlap'"),
                                             self.cores, AUTO_CORES, AUTO_WHAT)
