@@ -21,8 +21,9 @@ import pytest
 
 from specbuild.errors import ClientError
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton.server import ServerHandle, ServerOptions, _children
-from triton_helpers import alive, make_deployment
+from specbuild.triton import procfs
+from specbuild.triton.server import ServerHandle, ServerOptions
+from triton_helpers import alive, make_deployment, run_concurrently
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "import os\nimport sys\n", "class Parser:"]
@@ -37,7 +38,7 @@ def deployment(tmp_path_factory, example_tiny):
 def server(deployment):
     handle = ServerHandle(ServerOptions(repo=deployment.repo), log_path=deployment.root / "server.log")
     handle.start(timeout=300)
-    pids = [handle.process.pid, *_children(handle.process.pid)]
+    pids = [handle.process.pid, *procfs.descendants(handle.process.pid)]
     yield handle
     handle.stop()
     assert not [pid for pid in pids if alive(pid)], "processes left behind after stop"
@@ -283,26 +284,18 @@ def test_wrong_dtype_is_rejected_by_the_server(server, target_only):
 def test_eight_concurrent_streaming_clients_lose_nothing(server, target_only):
     expected = {p: target_only(p, 8) for p in PROMPTS}
     results: list[tuple[str, list[int], str]] = []
-    errors: list[Exception] = []
     lock = threading.Lock()
 
     def client_loop(i: int) -> None:
-        try:
-            with SpecbuildClient(server.grpc_url) as client:
-                for j in range(10):
-                    prompt = PROMPTS[(i + j) % len(PROMPTS)]
-                    chunks = list(client.generate(prompt, max_tokens=8, num_draft_tokens=1 + (i + j) % 4))
-                    assert chunks[-1].final
-                    with lock:
-                        results.append((prompt, chunks[-1].stats["output_ids"], "".join(c.text for c in chunks)))
-        except Exception as err:  # noqa: BLE001 - collected and asserted below
-            errors.append(err)
+        with SpecbuildClient(server.grpc_url) as client:
+            for j in range(10):
+                prompt = PROMPTS[(i + j) % len(PROMPTS)]
+                chunks = list(client.generate(prompt, max_tokens=8, num_draft_tokens=1 + (i + j) % 4))
+                assert chunks[-1].final
+                with lock:
+                    results.append((prompt, chunks[-1].stats["output_ids"], "".join(c.text for c in chunks)))
 
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    errors = run_concurrently(client_loop, 8, timeout=600)
     assert not errors, errors[:3]
     assert len(results) == 80
     for prompt, ids, text in results:
@@ -430,24 +423,17 @@ def test_the_deployments_schedule_and_a_bad_overlap_parameter(server, target_onl
 @pytest.mark.parametrize("overlap", [True, "auto"])
 def test_eight_concurrent_overlapped_streams_give_the_target_only_text(server, target_only, overlap):
     expected = {p: target_only(p, 12) for p in PROMPTS}
-    results, errors, lock = [], [], threading.Lock()
+    results, lock = [], threading.Lock()
 
     def client_loop(i: int) -> None:
-        try:
-            with SpecbuildClient(server.grpc_url) as client:
-                for j in range(3):
-                    prompt = PROMPTS[(i + j) % len(PROMPTS)]
-                    stats = list(client.generate(prompt, max_tokens=12, num_draft_tokens=3, overlap=overlap))[-1].stats
-                    with lock:
-                        results.append((prompt, stats["output_ids"], stats["speculation_stats"]["overlap"]))
-        except Exception as err:  # noqa: BLE001 - collected and asserted below
-            errors.append(err)
+        with SpecbuildClient(server.grpc_url) as client:
+            for j in range(3):
+                prompt = PROMPTS[(i + j) % len(PROMPTS)]
+                stats = list(client.generate(prompt, max_tokens=12, num_draft_tokens=3, overlap=overlap))[-1].stats
+                with lock:
+                    results.append((prompt, stats["output_ids"], stats["speculation_stats"]["overlap"]))
 
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    errors = run_concurrently(client_loop, 8, timeout=600)
     assert not errors, errors[:3]
     assert len(results) == 24 and all(ids == expected[prompt] for prompt, ids, _ in results)
     schedules = {schedule for _, _, schedule in results}

@@ -21,7 +21,8 @@ import pytest
 
 from specbuild.errors import ClientError
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton.server import ServerHandle, ServerOptions, _children
+from specbuild.triton import procfs
+from specbuild.triton.server import ServerHandle, ServerOptions
 from triton_helpers import alive, make_deployment
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -45,7 +46,7 @@ def deployment(tmp_path_factory, example_tiny):
 def _start(repo, log):
     handle = ServerHandle(ServerOptions(repo=repo), log_path=log)
     handle.start(timeout=300)
-    return handle, [handle.process.pid, *_children(handle.process.pid)]
+    return handle, [handle.process.pid, *procfs.descendants(handle.process.pid)]
 
 
 @pytest.fixture(scope="module")

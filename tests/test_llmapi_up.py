@@ -14,8 +14,8 @@ import time
 import pytest
 
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton.server import _children
-from triton_helpers import alive
+from specbuild.triton import procfs
+from triton_helpers import alive, read_ready_document
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 STAGES = ["check", "convert", "build", "repo", "serve"]
@@ -65,13 +65,13 @@ def test_up_llmapi_once_then_serve_and_sigterm(tiny_spec_path):
                                stderr=subprocess.PIPE, text=True, cwd=tiny_spec_path.parent,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        document = json.loads(_read_json(process, time.monotonic() + 400))
+        document = read_ready_document(process)
         assert document["status"] == "ready" and document["backend"] == "llmapi"
         assert set(document["canary"]) == {"tensorrt_llm (grpc)", "tensorrt_llm (http)"}
         with SpecbuildClient(document["endpoints"]["grpc"]) as client:
             text, stats = client.complete("def add(a, b):", max_tokens=8)
             assert stats["finish_reason"] == "length" and text
-        pids = [document["pid"], *_children(document["pid"])]
+        pids = [document["pid"], *procfs.descendants(document["pid"])]
         process.send_signal(signal.SIGTERM)
         assert process.wait(90) == 0
     finally:
@@ -84,14 +84,3 @@ def test_up_llmapi_once_then_serve_and_sigterm(tiny_spec_path):
     wrong = _run(tiny_spec_path, "serve", "--repo", str(repo), "--backend", "reference", "--once")
     assert wrong.returncode == 1 and "is a 'llmapi' repository, not 'reference'" in wrong.stderr
 
-
-def _read_json(process, deadline):
-    lines = []
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            raise AssertionError(f"serve exited ({process.wait()}): {process.stderr.read()[-3000:]}")
-        lines.append(line)
-        if line.rstrip() == "}":
-            return "".join(lines)
-    raise AssertionError("serve did not print its endpoints in time")

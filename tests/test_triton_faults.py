@@ -19,7 +19,6 @@ file with that record. Before each fault the test waits for the supervisor to be
 from __future__ import annotations
 
 import collections
-import json
 import os
 import queue
 import signal
@@ -33,7 +32,7 @@ import pytest
 
 from specbuild.triton import procfs
 from specbuild.triton.server import SHM_ROOT
-from triton_helpers import make_deployment
+from triton_helpers import make_deployment, read_ready_document
 
 pytestmark = [pytest.mark.fault, pytest.mark.server, pytest.mark.slow]
 STREAM_END_S = 10.0  # no stream hangs longer than this after a kill
@@ -42,6 +41,7 @@ SERVING_AGAIN_S = 30.0  # any single process killed -> serving again within this
 # stop before it under 1 s), so a restart is held to the aim or to twice this run's own first start
 # (machine load varies between the two), whichever is longer.
 EXIT_TIMEOUT_S = 10  # the server's own stop budget in this module (--exit-timeout)
+TRANSPORT_ERRORS = ("UNAVAILABLE", "Socket closed")  # the server went away under the stream
 
 
 class Served:
@@ -108,9 +108,18 @@ class Served:
         self.server_exited()
         return "server exited", again
 
-    def restarted_for_decoupled(self, model: str) -> None:
-        """A decoupled model's stub was killed and the server restarted: by the supervisor, which saw the dead
-        stub, or after tritonserver went down with its stub before the supervisor looked."""
+    def restarted_for_decoupled(self, model: str, killed: float, ended: float, message: str) -> None:
+        """A decoupled model's stub was killed during a stream: the stream ended with a transport error (the server
+        went away under it), the deployment serves again within a restart's limit, and the server was restarted by
+        the supervisor, which saw the dead stub, or after tritonserver went down with its stub before it looked."""
+        restarts_before = self.expected["specbuild_supervisor_server_starts_total"] - 1
+        assert any(text in message for text in TRANSPORT_ERRORS), message
+        again = self.serving_again(killed)
+        print(f"\n{model} stub killed mid-stream: stream ended with an error after {ended:.1f} s, serving again "
+              f"after {again:.1f} s (first start {self.startup_s:.1f} s)")
+        assert again < self.restart_limit(), self.tail()
+        self.settle()
+        assert self.saw("supervisor: tritonserver restarted, serving again", times=restarts_before + 1), self.tail()
         if self.saw(f"supervisor: the Python backend stub of {model} ({model}_0_0) died", timeout=0):
             self.expected[f'specbuild_supervisor_failures_total{{kind="stub_died",model="{model}"}}'] += 1
             self.expected[f'specbuild_supervisor_recoveries_total{{action="restart",model="{model}"}}'] += 1
@@ -177,15 +186,8 @@ def serve(root, spec_path, repo, entry_models: tuple[str, ...] = ("tensorrt_llm_
             lines.append(line)
 
     threading.Thread(target=read_stderr, daemon=True).start()
-    out, deadline = [], time.monotonic() + 400
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            raise AssertionError(f"serve exited ({process.wait()}): {''.join(lines)[-3000:]}")
-        out.append(line)
-        if line.rstrip() == "}":
-            break
-    served = Served(process, json.loads("".join(out)), root, entry_models)
+    document = read_ready_document(process, stderr_tail=lambda: "".join(lines)[-3000:])
+    served = Served(process, document, root, entry_models)
     served.lines, served.startup_s = lines, time.monotonic() - started
     yield served
     left = [served.process.pid, *procfs.descendants(served.process.pid)]
@@ -287,9 +289,6 @@ def kill_during_stream(served: Served, model: str, request=Stream.BLS) -> tuple[
     return stub, killed, ended, message
 
 
-TRANSPORT_ERRORS = ("UNAVAILABLE", "Socket closed")  # the server went away under the stream
-
-
 def test_a_killed_draft_stub_ends_the_stream_with_an_error_and_the_model_is_reloaded(served):
     served.settle()
     old_server = served.server_pid()
@@ -339,16 +338,8 @@ def test_a_killed_bls_stub_restarts_the_server_which_ends_its_streams(served):
     served.settle()
     old_server, old_prefix = served.server_pid(), served.shm_prefix()
     assert list(SHM_ROOT.glob(old_prefix + "*"))
-    restarts_before = served.expected["specbuild_supervisor_server_starts_total"] - 1
     _, killed, ended, message = kill_during_stream(served, "tensorrt_llm_bls")
-    assert any(text in message for text in TRANSPORT_ERRORS), message
-    again = served.serving_again(killed)
-    print(f"\nBLS stub killed mid-stream: stream ended with an error after {ended:.1f} s, serving again after "
-          f"{again:.1f} s (first start {served.startup_s:.1f} s)")
-    assert again < served.restart_limit(), served.tail()
-    served.settle()
-    assert served.saw("supervisor: tritonserver restarted, serving again", times=restarts_before + 1), served.tail()
-    served.restarted_for_decoupled("tensorrt_llm_bls")
+    served.restarted_for_decoupled("tensorrt_llm_bls", killed, ended, message)
     assert served.server_pid() != old_server
     assert not list(SHM_ROOT.glob(old_prefix + "*")), "the killed server's shared-memory regions were left behind"
 
@@ -398,14 +389,7 @@ def test_a_killed_llmapi_stub_restarts_the_server_which_ends_its_streams(llmapi_
     served.settle()
     old_server, old_prefix = served.server_pid(), served.shm_prefix()
     old, killed, ended, message = kill_during_stream(served, "tensorrt_llm", Stream.LLMAPI)
-    assert any(text in message for text in TRANSPORT_ERRORS), message
-    again = served.serving_again(killed)
-    print(f"\nllmapi stub killed mid-stream: stream ended with an error after {ended:.1f} s, serving again after "
-          f"{again:.1f} s (first start {served.startup_s:.1f} s)")
-    assert again < served.restart_limit(), served.tail()
-    served.settle()
-    assert served.saw("supervisor: tritonserver restarted, serving again"), served.tail()
-    served.restarted_for_decoupled("tensorrt_llm")
+    served.restarted_for_decoupled("tensorrt_llm", killed, ended, message)
     assert served.server_pid() != old_server and served.stub("tensorrt_llm").pid != old.pid
     assert not list(SHM_ROOT.glob(old_prefix + "*")), "the killed server's shared-memory regions were left behind"
     assert counted_faults(served) == dict(served.expected), served.tail()

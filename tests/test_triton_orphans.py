@@ -17,7 +17,7 @@ import pytest
 
 from specbuild.triton import procfs
 from specbuild.triton.server import SHM_ROOT, free_port
-from triton_helpers import make_deployment
+from triton_helpers import make_deployment, read_ready_document
 
 pytestmark = [pytest.mark.fault, pytest.mark.server, pytest.mark.slow]
 EXIT_TIMEOUT_S = 10
@@ -34,18 +34,6 @@ def _serve(deployment, ports: tuple[int, int, int], *extra: str) -> subprocess.P
             "--exit-timeout", str(EXIT_TIMEOUT_S), "--json", *extra]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=deployment.root,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def _ready(process: subprocess.Popen) -> dict:
-    out, deadline = [], time.monotonic() + 400
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            raise AssertionError(f"serve exited ({process.wait()}): {process.stderr.read()[-3000:]}")
-        out.append(line)
-        if line.rstrip() == "}":
-            return json.loads("".join(out))
-    raise AssertionError("serve was not ready in time")
 
 
 def _gone(pids: list[int], limit: float) -> float:
@@ -65,7 +53,7 @@ def test_the_server_dies_with_serve_and_the_next_start_gets_the_ports(deployment
     ports = (free_port(), free_port(), free_port())
     first = _serve(deployment, ports)
     try:
-        server = _ready(first)["pid"]
+        server = read_ready_document(first)["pid"]
         pids = [server, *procfs.descendants(server)]
         first.kill()  # kill -9: no chance to stop anything
         first.wait(10)
@@ -94,7 +82,7 @@ def test_a_second_serve_on_the_same_ports_is_refused_with_the_pid(deployment):
     first = _serve(deployment, ports)
     client = None
     try:
-        server = _ready(first)["pid"]
+        server = read_ready_document(first)["pid"]
         started = time.monotonic()
         second = _serve(deployment, ports)
         _, err = second.communicate(timeout=60)
@@ -122,7 +110,7 @@ def test_a_second_serve_on_the_same_ports_is_refused_with_the_pid(deployment):
 def test_regions_of_a_server_killed_outright_are_removed_by_the_next_start(deployment):
     first = _serve(deployment, (0, 0, 0))
     try:
-        server = _ready(first)["pid"]
+        server = read_ready_document(first)["pid"]
         prefix = _prefix(server)
         regions = list(SHM_ROOT.glob(prefix + "*"))
         assert len(regions) == 5  # one per Python backend stub

@@ -4,7 +4,6 @@ server's own exit timeout, no process or shared-memory region left."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,8 +15,8 @@ import pytest
 from specbuild.errors import ClientError
 from specbuild.triton.client import SpecbuildClient
 from specbuild.triton import procfs
-from specbuild.triton.server import SHM_ROOT, _children
-from triton_helpers import alive, make_deployment
+from specbuild.triton.server import SHM_ROOT
+from triton_helpers import alive, make_deployment, read_ready_document
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -29,28 +28,16 @@ def served(tmp_path_factory, example_tiny):
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--json"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                cwd=deployment.root, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    document = json.loads(_read_json(process, deadline=time.monotonic() + 400))
+    document = read_ready_document(process)
     server_pid = document["pid"]
     yield process, document
-    pids = [server_pid, *_children(server_pid)]
+    pids = [server_pid, *procfs.descendants(server_pid)]
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         process.wait(90)
     for pid in pids:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
-
-
-def _read_json(process: subprocess.Popen, deadline: float) -> str:
-    lines = []
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            raise AssertionError(f"serve exited ({process.wait()}): {process.stderr.read()[-3000:]}")
-        lines.append(line)
-        if line.rstrip() == "}":
-            return "".join(lines)
-    raise AssertionError("serve did not print its endpoints in time")
 
 
 def test_serve_reports_ready_endpoints_and_the_canary(served):
@@ -102,7 +89,7 @@ def test_bad_bls_requests_get_the_servers_message(served, protocol):
 
 def test_sigterm_stops_the_server_and_leaves_no_process(served):
     process, document = served
-    pids = [document["pid"], *_children(document["pid"])]
+    pids = [document["pid"], *procfs.descendants(document["pid"])]
     assert len(pids) >= 2  # tritonserver and its Python backend stubs
     prefix = next(a.split("=", 2)[2] for a in procfs.cmdline(document["pid"]) if "shm-region-prefix-name=" in a)
     process.send_signal(signal.SIGTERM)

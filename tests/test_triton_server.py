@@ -9,15 +9,15 @@ shutdown leaves no process.
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
 
 from specbuild.errors import ClientError, ServeError
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton.server import SHM_ROOT, ServerHandle, ServerOptions, _children
-from triton_helpers import PYTHON_MODELS, alive, make_deployment
+from specbuild.triton import procfs
+from specbuild.triton.server import SHM_ROOT, ServerHandle, ServerOptions
+from triton_helpers import PYTHON_MODELS, alive, make_deployment, run_concurrently
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ']  # the tiny target's greedy text is mostly "....."
@@ -33,7 +33,7 @@ def server(deployment):
     handle = ServerHandle(ServerOptions(repo=deployment.repo, models=PYTHON_MODELS),
                           log_path=deployment.root / "server.log")
     handle.start(timeout=300)
-    pids = [handle.process.pid, *_children(handle.process.pid)]
+    pids = [handle.process.pid, *procfs.descendants(handle.process.pid)]
     yield handle
     prefix = handle.shm_prefix
     result = handle.stop()
@@ -224,20 +224,12 @@ def test_tensorrt_llm_verifies_drafts_like_the_contract(server, deployment):
 
 def test_concurrent_requests_all_succeed_with_the_sequential_answers(server, local_greedy):
     answers: dict[int, str] = {}
-    errors: list[Exception] = []
 
     def ask(i: int) -> None:
-        try:
-            with SpecbuildClient(server.grpc_url, model="ensemble") as client:
-                answers[i] = client.complete(PROMPTS[i % len(PROMPTS)], max_tokens=8, stream=False)[0]
-        except Exception as err:  # noqa: BLE001 - collected and asserted below
-            errors.append(err)
+        with SpecbuildClient(server.grpc_url, model="ensemble") as client:
+            answers[i] = client.complete(PROMPTS[i % len(PROMPTS)], max_tokens=8, stream=False)[0]
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    errors = run_concurrently(ask, 6, timeout=120)
     assert not errors
     assert all(answers[i] == local_greedy(PROMPTS[i % len(PROMPTS)], 8) for i in range(6))
     # Triton's dynamic batcher handed the reference model several requests in one execute()

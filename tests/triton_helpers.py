@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "ensemble")
 
@@ -37,11 +42,43 @@ def make_deployment(root: Path, example_tiny) -> TinyDeployment:
 
 def alive(pid: int) -> bool:
     """True while pid exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    from specbuild.triton import procfs
+
+    return procfs.alive(pid)
+
+
+def read_ready_document(process: subprocess.Popen, timeout: float = 400.0,
+                        stderr_tail: Callable[[], str] | None = None) -> dict:
+    """`specbuild serve --json`'s ready document: its stdout up to the line that closes it. If serve exits first,
+    an AssertionError with the end of its stderr (stderr_tail() where another reader consumes the stream)."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            tail = stderr_tail() if stderr_tail is not None else process.stderr.read()[-3000:]
+            raise AssertionError(f"serve exited ({process.wait()}): {tail}")
+        lines.append(line)
+        if line.rstrip() == "}":
+            return json.loads("".join(lines))
+    raise AssertionError(f"serve did not print its ready document within {timeout:.0f} s")
+
+
+def run_concurrently(work: Callable[[int], None], count: int, timeout: float) -> list[Exception]:
+    """work(0) .. work(count - 1), each on a thread of its own; the exceptions they raised (joined within timeout)."""
+    errors: list[Exception] = []
+
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except Exception as err:  # noqa: BLE001 - returned to the caller, who asserts on them
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return errors
 
 
 def limit_threads() -> None:

@@ -131,11 +131,6 @@ def build_argv(install: TritonInstall, opts: ServerOptions, admin_key: str,
     return ["mpirun", "--allow-run-as-root", "-n", "1", *server, ":"], env
 
 
-def _children(pid: int) -> list[int]:
-    """Every descendant of pid (zombies included), e.g. the Python backend stubs."""
-    return procfs.descendants(pid)
-
-
 @dataclass
 class StopResult:
     code: int | None  # the server's exit code (negative: killed by that signal)
