@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from specbuild.cli.common import emit_json, log, progress_enabled
+from specbuild.cli.common import emit_json, log, progress_enabled, report_repo_plan, report_repo_result
 
 
 def convert(spec, roles: list[str], options, force: bool, verify: bool, dry_run: bool, as_json: bool) -> None:
@@ -70,25 +70,11 @@ def repo(spec, out_dir: Path, runtime: str, checkpoints_dir, force: bool, dry_ru
 
     if dry_run:
         resolved, _, files, settings, warnings = repository.plan(spec, runtime, checkpoints_dir)
-        for warning in warnings:
-            log(f"warning: {warning}")
-        if as_json:
-            emit_json({"stage": "repo", "dry_run": True, "backend": "llmapi", "runtime": resolved,
-                       "out_dir": str(out_dir.resolve()), "files": [*files, "manifest.json"], "settings": settings,
-                       "warnings": warnings})
-            return
-        click.echo(f"# would write {out_dir.resolve()} (llmapi, runtime {resolved}):")
-        for rel in [*files, "manifest.json"]:
-            click.echo(f"  {rel}")
+        report_repo_plan(out_dir, f"llmapi, runtime {resolved}", files, warnings, as_json, backend="llmapi",
+                         runtime=resolved, settings=settings)
         return
     result = repository.write_repository(spec, out_dir, runtime, checkpoints_dir, force=force)
-    for warning in result.warnings:
-        log(f"warning: {warning}")
-    if as_json:
-        emit_json({"stage": "repo", **result.to_dict()})
-        return
-    state = "up to date (unchanged inputs; --force rewrites)" if result.skipped else "written"
-    click.echo(f"{result.out_dir}: {state}, backend llmapi, runtime {result.runtime}, model: tensorrt_llm")
+    report_repo_result(result, as_json, f"backend llmapi, runtime {result.runtime}, model: tensorrt_llm")
 
 
 def serve_trtllm(spec, host: str | None, port: int | None, binary: str | None, nodes: int, launcher: str,

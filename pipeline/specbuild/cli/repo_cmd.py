@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from specbuild.cli.common import dry_run_option, emit_json, force_option, get_spec, json_option, log, spec_option
+from specbuild.cli.common import (dry_run_option, force_option, get_spec, json_option, report_repo_plan,
+                                  report_repo_result, spec_option)
 
 
 def detect_backend(spec) -> str:
@@ -69,25 +70,12 @@ def command(spec_path, backend, runtime, checkpoints_dir, out_dir, engines_dir, 
         llmapi_repo(spec, out_dir, runtime, checkpoints_dir, force=force, dry_run=dry_run, as_json=as_json)
         return
     if dry_run:
+        from dataclasses import asdict
+
         settings, warnings = repository.plan_settings(spec, backend, out_dir, engines_dir, tokenizer_dir)
         files = repository.render(settings)
-        for warning in warnings:
-            log(f"warning: {warning}")
-        if as_json:
-            from dataclasses import asdict
-
-            emit_json({"stage": "repo", "dry_run": True, "backend": backend, "out_dir": str(out_dir.resolve()),
-                       "files": [*files, "manifest.json"], "settings": asdict(settings), "warnings": warnings})
-            return
-        click.echo(f"# would write {out_dir.resolve()} ({backend}):")
-        for rel in [*files, "manifest.json"]:
-            click.echo(f"  {rel}")
+        report_repo_plan(out_dir, backend, files, warnings, as_json, backend=backend, settings=asdict(settings))
         return
     result = repository.write_repository(spec, backend, out_dir, engines_dir, tokenizer_dir, force=force)
-    for warning in result.warnings:
-        log(f"warning: {warning}")
-    if as_json:
-        emit_json({"stage": "repo", **result.to_dict()})
-        return
-    state = "up to date (unchanged inputs; --force rewrites)" if result.skipped else "written"
-    click.echo(f"{result.out_dir}: {state}, backend {backend}, models: {', '.join(sorted({f.split('/')[0] for f in result.files}))}")
+    models = ", ".join(sorted({f.split("/")[0] for f in result.files}))
+    report_repo_result(result, as_json, f"backend {backend}, models: {models}")
