@@ -119,7 +119,6 @@ class TritonPythonModel:
         self.overlap, reason = resolve_auto(parse_setting(_param(config, "overlap", "false"), "parameter 'overlap'"),
                                             self.cores, AUTO_CORES, AUTO_WHAT)
         pb_utils.Logger.log_info(f"{self.model_name}: overlapped schedule {self.overlap} ({reason})")
-        self.in_flight, self.in_flight_lock = 0, threading.Lock()
         workers = int(_param(config, "max_concurrent_requests", "16"))
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         self.slots = threading.BoundedSemaphore(workers)  # held by each running request
@@ -230,21 +229,12 @@ class TritonPythonModel:
                 raise RequestError(str(err)) from None
             if overlap == "auto":
                 overlap, _ = resolve_auto(overlap, self.cores, AUTO_CORES, AUTO_WHAT)
-        if overlap == "auto" and 2 * self.in_flight > self.cores:
+        if overlap == "auto" and 2 * self.queue_metrics.active > self.cores:  # requests running now, this one included
             return False
         return overlap
 
     def _run(self, request, req: BlsRequest, send) -> object:
         """Serve one request: stream text pieces through `send` (when req.stream), return the final response."""
-        with self.in_flight_lock:
-            self.in_flight += 1
-        try:
-            return self._run_counted(request, req, send)
-        finally:
-            with self.in_flight_lock:
-                self.in_flight -= 1
-
-    def _run_counted(self, request, req: BlsRequest, send) -> object:
         k = resolve_k(req.num_draft_tokens, self.max_draft_len, default=self.default_k)
         prompt = self.pre.encode(req.text, "text_input")
         if len(prompt) > self.max_input_len:
