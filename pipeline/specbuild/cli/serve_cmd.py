@@ -34,8 +34,9 @@ DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuil
 @click.option("--timeout", type=float, default=DEFAULTS.start_timeout_s, show_default=True,
               help="Seconds to wait for readiness.")
 @click.option("--exit-timeout", type=click.IntRange(1, 3600), default=ServerOptions.exit_timeout_s, show_default=True,
-              help="Seconds tritonserver may take to stop (its --exit-timeout-secs); killed 5 s after that. "
-                   "With --server trtllm-serve: killed after this many seconds if given, else after 60.")
+              help="On SIGINT/SIGTERM the drain waits this long for running requests to finish (then cuts "
+                   "them: exit 1); tritonserver then gets as long to stop (its --exit-timeout-secs; killed 5 s "
+                   "after that). With --server trtllm-serve: killed after this many seconds if given, else after 60.")
 @click.option("--no-supervise", is_flag=True, help="Do not watch the models or recover them (see docs/triton.md).")
 @click.option("--canary-interval", type=click.FloatRange(min=0), default=DEFAULTS.canary_interval_s, show_default=True,
               help="Seconds between the supervisor's canary requests through the BLS (llmapi: tensorrt_llm; 0 = none).")
@@ -71,9 +72,18 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
     multi-node command.
 
     \b
-    While serving, a supervisor reloads a model whose process died, or restarts tritonserver when
-    a reload cannot help (a decoupled model such as the BLS, the server itself, failed canaries);
-    each event is logged and counted in .<repo>.supervisor.prom beside the repository.
+    While serving, a supervisor reloads a model whose process died or hung (frozen, or "not
+    healthy" to Triton while its process lives: killed first), or restarts tritonserver when a
+    reload cannot help (a decoupled model such as the BLS, the server itself dead or frozen,
+    failed canaries); each event is logged and counted in .<repo>.supervisor.prom beside the
+    repository.
+
+    \b
+    SIGINT/SIGTERM drains first: the entry models (BLS, ensemble; llmapi: tensorrt_llm) are
+    unloaded, so readiness turns false at once and new requests are refused at once, while every
+    running request finishes through the models it calls; then tritonserver stops. The drain
+    waits up to --exit-timeout, then cuts what is left (exit 1, the count said); a second
+    SIGINT/SIGTERM stops at once.
 
     \b
     Exit codes: 0 stopped by a signal (or --once done), 1 error (a failed stop included), 2 usage error.
@@ -126,7 +136,8 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
             log("serving; press Ctrl-C (or send SIGTERM) to stop")
 
     outcome = supervisor.serve(announce, once=once, canary_models=not no_canary)
-    log(f"tritonserver stopped ({outcome['stop']['seconds']} s)" if "stop" in outcome else "tritonserver stopped")
+    took = f" ({outcome['stop']['seconds']} s)" if "stop" in outcome else ""
+    log(f"tritonserver stopped{took}: the endpoints above no longer answer")
 
 
 def _given(name: str) -> bool:

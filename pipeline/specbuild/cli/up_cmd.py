@@ -233,8 +233,8 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
             else:
                 click.echo(f"{row['stage']:<8} {row['status']:<8} {row['seconds']:7.1f} s")
             if row["stage"] == "serve" and row.get("endpoints"):
-                for name, url in row["endpoints"].items():
-                    click.echo(f"  {name:8s} {url}")
+                urls = ", ".join(row["endpoints"].values())
+                click.echo(f"  stopped; it served {urls}" if row.get("stopped") else f"  serving {urls}")
             if row["status"] == "planned" and row["stage"] == "build" and "engines" in row["detail"]:
                 for engine in row["detail"]["engines"]:
                     click.echo(f"  {engine['role']}: " + (engine["argv_text"] or f"reference engine -> {engine['engine_dir']}"))

@@ -76,8 +76,10 @@ def run_serve_stage(ctx) -> dict[str, Any]:
             ctx.log("serving; press Ctrl-C (or send SIGTERM) to stop")
 
     outcome = supervisor.serve(on_ready, once=ctx.once)
-    ctx.log("tritonserver stopped")
+    ctx.log("tritonserver stopped: the endpoints above no longer answer")
     document.update(stopped=True, stopped_by=outcome["stopped_by"], restarts=outcome["restarts"])
+    if "drain" in outcome:
+        document["drain"] = outcome["drain"]
     if ctx.once and "demo" in document:
         for line in next_steps(ctx.spec, handle.grpc_url, serving=False):
             ctx.log(line)

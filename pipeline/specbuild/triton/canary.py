@@ -26,13 +26,19 @@ def repo_backend(repo: Path) -> str | None:
         return None
 
 
-def entry_model(repo: Path) -> str:
-    """The model a periodic canary goes through: the BLS, else the ensemble; an llmapi repository's one model."""
+def entry_models(repo: Path) -> list[str]:
+    """The models clients call: the BLS and the ensemble (those the repository has); an llmapi repository's
+    one model. The periodic canary goes through the first; a drain unloads them all."""
     if repo_backend(repo) == "llmapi":
         from specbuild.llmapi.contract import MODEL_NAME
 
-        return MODEL_NAME
-    return "tensorrt_llm_bls" if (Path(repo) / "tensorrt_llm_bls").is_dir() else "ensemble"
+        return [MODEL_NAME]
+    return [model for model in ("tensorrt_llm_bls", "ensemble") if (Path(repo) / model).is_dir()]
+
+
+def entry_model(repo: Path) -> str:
+    """The model a periodic canary goes through: the BLS, else the ensemble; an llmapi repository's one model."""
+    return (entry_models(repo) or ["ensemble"])[0]
 
 
 def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[str, str]:

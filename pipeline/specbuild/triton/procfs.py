@@ -35,6 +35,12 @@ def alive(pid: int) -> bool:
     return state(pid) not in (None, "Z", "X")
 
 
+def stopped(pid: int) -> bool:
+    """True while pid is stopped (SIGSTOP, state T) or stopped by a tracer (t): it runs no code until continued,
+    so it answers nothing, yet it is alive."""
+    return state(pid) in ("T", "t")
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         raw = (PROC / str(pid) / "cmdline").read_bytes()

@@ -314,11 +314,15 @@ class ServerHandle:
             time.sleep(0.25)
         raise self._failure(f"tritonserver was not ready after {timeout:.0f} s")
 
+    def admin_headers(self) -> dict[str, str]:
+        """The header that opens the model-repository API to this process (none when it is open to all)."""
+        return {ADMIN_HEADER: self.admin_key} if "model-repository" in self.opts.restricted_apis() else {}
+
     def model_control(self, action: str, model: str, timeout: float = 600.0) -> None:
-        """Load (reload) or unload one model through the model-repository API; blocks until done."""
-        headers = {ADMIN_HEADER: self.admin_key} if "model-repository" in self.opts.restricted_apis() else {}
+        """Load (reload) or unload one model through the model-repository API. A load blocks until the model
+        is loaded; an unload returns once it has begun (Triton finishes it when the model's requests end)."""
         request = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{model}/{action}",
-                                         data=b"{}", method="POST", headers=headers)
+                                         data=b"{}", method="POST", headers=self.admin_headers())
         try:
             with urllib.request.urlopen(request, timeout=timeout):
                 return

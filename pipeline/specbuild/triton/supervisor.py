@@ -34,13 +34,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specbuild.errors import ServeError
-from specbuild.triton import procfs
-from specbuild.triton.canary import CanaryProbe, canary, entry_model
+from specbuild.triton import drain, procfs
+from specbuild.triton.canary import CanaryProbe, canary, entry_model, entry_models
+from specbuild.triton.drain import DrainResult
 from specbuild.triton.server import ServerHandle, ServerOptions, StopRequested, TritonInstall
 
 # Triton's answer when a model's queue is full (core src/scheduler_utils.cc, PolicyQueue::Enqueue): the server is
 # busy, not broken, so a canary that gets it is neither a success nor a failure.
 QUEUE_FULL = "Exceeds maximum queue size"
+# Triton's answer for a model whose stub fails its health check (python_backend r24.10 src/python_be.cc: "Stub
+# process '<instance>' is not healthy."): dead, or alive but not answering (frozen, hung).
+UNHEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,8 @@ class Supervisor:
         self._python_models = python_models(options.repo, options.models)
         self._restarts: list[float] = []
         self._canary_failed = 0
+        self._serving = False  # the server is up and has been ready since its last start
+        self._log_offset = 0  # how far the server log has been read for unhealthy stubs
 
     @classmethod
     def for_repo(cls, options: ServerOptions, install: TritonInstall, settings: SupervisorSettings | None = None,
@@ -154,10 +160,13 @@ class Supervisor:
     def serve(self, on_ready: Callable[[dict[str, str]], None], once: bool = False, canary_models: bool = True,
               timeout: float | None = None) -> dict[str, Any]:
         """Start, canary, call on_ready(canary answers), watch until SIGINT/SIGTERM (or return at once
-        with `once`), then stop. Raises ServeError when starting failed or the stop was not clean."""
+        with `once`), then stop. A signal while serving drains first (specbuild.triton.drain): the running
+        requests finish, new ones are refused, within the server's exit timeout; a second signal stops at
+        once. Raises ServeError when starting failed, the drain cut requests, or the stop was not clean."""
         outcome: dict[str, Any] = {"stopped_by": "once" if once else "signal", "ready": False}
         previous = self._install_signals()
         failure: BaseException | None = None
+        drained: DrainResult | None = None
         try:
             self._interruptible = True  # from here a signal raises StopRequested, except in _uninterrupted()
             self._start(timeout or self.settings.start_timeout_s)
@@ -168,20 +177,24 @@ class Supervisor:
                 if self.settings.enabled:
                     self.watch()
                 else:
-                    while not self._stop.wait(1.0):
-                        pass
+                    self._wait_unsupervised()
         except StopRequested:
             outcome["stopped_by"] = "signal"
+            if self._serving and self.handle.process is not None and self.handle.process.poll() is None:
+                drained = self.drain()
         except BaseException as err:  # re-raised below, after the server is stopped
             failure = err
         finally:
             self._interruptible = False
-            result = self.handle.stop()
+            result = self.handle.stop(graceful=drained is None or not drained.cut_short)
+            self._serving = False
             self.metrics.set("specbuild_supervisor_serving", 0)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         outcome["restarts"] = len(self._restarts)
         outcome["events"] = self.events
+        if drained is not None:
+            outcome["drain"] = drained.to_dict()
         if result is not None:
             outcome["stop"] = {"exit_code": result.code, "seconds": round(result.seconds, 2), "killed": result.killed,
                                "removed_shm_regions": len(result.removed_regions)}
@@ -189,12 +202,37 @@ class Supervisor:
             if result is not None and not result.clean:
                 self.log(f"tritonserver {result.describe()} while stopping after the failure.")
             raise failure
-        if result is not None and not result.clean:
-            why = self.handle.stop_diagnosis()
+        if drained is not None and drained.cut_short and drained.cut != 0:
+            raise ServeError(f"{drained.describe()}; tritonserver was then killed. Clients of the cut requests got "
+                             f"an error (their stream ended). See the server log: {self.handle.log_path}")
+        if result is not None and not result.clean and (drained is None or not drained.cut_short):
+            why = self.handle.stop_diagnosis() or (drained.describe() if drained and drained.error else "")
             raise ServeError(f"tritonserver did not stop cleanly: it {result.describe()} "
                              f"(--exit-timeout-secs={self.handle.opts.exit_timeout_s}). " + (f"{why}. " if why else "")
                              + f"See the server log: {self.handle.log_path}")
         return outcome
+
+    def drain(self) -> DrainResult:
+        """Unload the entry models and wait for their requests (specbuild.triton.drain), within the server's
+        exit timeout; a second signal ends the wait. Logs and records the result."""
+        models = [m for m in entry_models(self.handle.opts.repo) if self.handle.opts.models is None
+                  or m in self.handle.opts.models]
+        self._interruptible = True  # a second signal raises StopRequested inside the drain
+        try:
+            result = drain.drain(self.handle, models, self.handle.opts.exit_timeout_s, self.log,
+                                 server_alive=lambda: self.handle.process is not None
+                                 and self.handle.process.poll() is None)
+        finally:
+            self._interruptible = False
+        self._event(result.describe(), kind="drain", **{k: v for k, v in result.to_dict().items() if k != "models"})
+        return result
+
+    def _wait_unsupervised(self) -> None:
+        """Until a signal, or until the server exits (nobody restarts it without the supervisor)."""
+        while not self._stop.wait(1.0):
+            process = self.handle.process
+            if process is None or process.poll() is not None:
+                raise ServeError(f"{self._exit_message(process)}\n(--no-supervise: not restarted)")
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -227,6 +265,7 @@ class Supervisor:
         self.metrics.add("specbuild_supervisor_server_starts_total")
         self.metrics.set("specbuild_supervisor_serving", 1)
         self._expected = self._live_instances()
+        self._serving, self._log_offset = True, 0
 
     # ---- watching --------------------------------------------------------------------------------
     def watch(self) -> None:
@@ -240,6 +279,12 @@ class Supervisor:
             if process is None or process.poll() is not None:
                 self._failed("tritonserver", "server_exited", self._exit_message(process))
                 self._restart("tritonserver", time.monotonic())
+            elif procfs.stopped(process.pid):
+                self._failed("tritonserver", "server_hung", f"tritonserver (pid {process.pid}) is frozen (stopped, "
+                                                            f"state {procfs.state(process.pid)}): killing it")
+                self._restart("tritonserver", time.monotonic())
+            elif hung := self.hung_stubs():
+                self._recover_hung(hung)
             elif dead := self.dead_models():
                 self._recover(dead)
             elif probe is not None and probe.done.is_set():
@@ -260,6 +305,42 @@ class Supervisor:
                 text += f" ({signal.Signals(-code).name})"
         tail = self.handle.log_tail(5).strip()
         return text + (f"; last lines of its log:\n{tail}" if tail else "")
+
+    def hung_stubs(self, unhealthy: set[str] = frozenset()) -> dict[procfs.Stub, str]:
+        """Live stubs that cannot answer -> why: frozen (stopped, /proc state T), or named "not healthy" by
+        Triton (its health check of the stub failed; python_backend src/python_be.cc) in the server log since
+        the last look (the BLS logs its steps' failures there) or in `unhealthy` (the canary's error). A dead
+        stub is not hung: dead_models() handles it."""
+        process = self.handle.process
+        if process is None:
+            return {}
+        named = set(unhealthy) | self._unhealthy_in_log()
+        found = {}
+        for stub in procfs.python_stubs(process.pid):
+            if procfs.stopped(stub.pid):
+                found[stub] = f"is frozen (stopped, state {procfs.state(stub.pid)})"
+            elif stub.instance in named:
+                found[stub] = "does not answer: Triton reports it \"not healthy\""
+        return found
+
+    def _unhealthy_in_log(self) -> set[str]:
+        """Instances Triton called "not healthy" in the server log lines written since the last look."""
+        try:
+            with open(self.handle.log_path, "rb") as log:
+                end = log.seek(0, os.SEEK_END)
+                if end < self._log_offset:  # a new log (a restart rotated it)
+                    self._log_offset = 0
+                log.seek(max(self._log_offset, end - (1 << 20)))
+                text = log.read(end - log.tell()).decode(errors="replace")
+                self._log_offset = end
+        except OSError:
+            return set()
+        return set(UNHEALTHY.findall(text))
+
+    def _skip_log(self) -> None:
+        """What the log says up to now is about processes already dealt with."""
+        with contextlib.suppress(OSError):
+            self._log_offset = self.handle.log_path.stat().st_size
 
     def _live_instances(self) -> dict[str, str]:
         process = self.handle.process
@@ -303,10 +384,28 @@ class Supervisor:
         self.metrics.add("specbuild_supervisor_failures_total", model=model, kind=kind)
         self._event(message, model=model, kind=kind)
 
-    def _recover(self, dead: dict[str, list[str]]) -> None:
+    def _recover_hung(self, hung: dict[procfs.Stub, str]) -> None:
+        """Kill each hung stub at once (SIGKILL ends a stopped process too), then recover its model as for a
+        dead stub: a reload, or a server restart for a decoupled model."""
         detected = time.monotonic()
+        dead: dict[str, list[str]] = {}
+        for stub, why in hung.items():
+            self._failed(stub.model, "stub_hung", f"the Python backend stub of {stub.model} ({stub.instance}, pid "
+                                                  f"{stub.pid}) {why}: killing it")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(stub.pid, signal.SIGKILL)
+            dead.setdefault(stub.model, []).append(stub.instance)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(procfs.alive(stub.pid) for stub in hung):
+            time.sleep(0.05)
+        self._recover(dead, detected, reported=True)
+        self._skip_log()
+
+    def _recover(self, dead: dict[str, list[str]], detected: float | None = None, reported: bool = False) -> None:
+        detected = time.monotonic() if detected is None else detected
         for model, instances in dead.items():
-            self._failed(model, "stub_died", f"the Python backend stub of {model} ({', '.join(instances)}) died")
+            if not reported:
+                self._failed(model, "stub_died", f"the Python backend stub of {model} ({', '.join(instances)}) died")
         decoupled = [m for m in dead if is_decoupled(self.handle.opts.repo, m)]
         if decoupled:  # its open streams hang until the server goes away
             self._restart(decoupled[0], detected)
@@ -353,6 +452,7 @@ class Supervisor:
             raise ServeError(f"tritonserver needed {len(self._restarts) - 1} restarts within "
                              f"{self.settings.restart_window_s:.0f} s; giving up. See the server log: {self.handle.log_path}")
         self.metrics.set("specbuild_supervisor_serving", 0)
+        self._serving = False
         with self._uninterrupted():
             result = self.handle.stop(graceful=False)  # SIGKILL: a graceful stop would wait for hung streams
         removed = len(result.removed_regions) if result else 0
@@ -375,6 +475,10 @@ class Supervisor:
             return
         if QUEUE_FULL in probe.error:
             self.metrics.add("specbuild_supervisor_canary_total", result="busy")
+            return
+        if hung := self.hung_stubs(set(UNHEALTHY.findall(probe.error))):  # at once, not after canary_failures
+            self.metrics.add("specbuild_supervisor_canary_total", result="failed")
+            self._recover_hung(hung)
             return
         self._canary_failed += 1
         self.metrics.add("specbuild_supervisor_canary_total", result="failed")

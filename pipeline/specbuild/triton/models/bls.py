@@ -205,7 +205,8 @@ class TritonPythonModel:
             return TritonError(str(err), TritonError.INVALID_ARG)
         if isinstance(err, Cancelled):
             return TritonError(str(err), getattr(TritonError, "CANCELLED", TritonError.UNKNOWN))
-        if isinstance(err, ModelCallError):
+        if isinstance(err, ModelCallError):  # logged: the supervisor reads "Stub process ... is not healthy" there
+            self.pb.Logger.log_error(f"{self.model_name}: {err}")
             return TritonError(str(err))
         self.pb.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
         return TritonError(f"internal error in {self.model_name}: {type(err).__name__}: {err}")

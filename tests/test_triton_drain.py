@@ -1,0 +1,319 @@
+"""SIGTERM/SIGINT drain `specbuild serve` and `specbuild up` on the real tritonserver, for the engine path's
+repository (the BLS, whose every step is a new request to the draft and target models) and the llmapi one.
+
+Asserted on each: streams in flight when the signal comes all get their final response, token for token
+those of an undisturbed run; readiness is false during the drain; a request that arrives during the drain is
+refused at once (Triton's answer for a model being unloaded), not left hanging; serve's exit code and its log
+line say what happened. The bound (--exit-timeout) cuts the rest and says how many; a second signal stops at
+once. Durations are printed (pytest -s), never compared with a speed: a stream is long enough to be running
+when the signal comes because it is checked to be, not because the machine is assumed slow or fast.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from specbuild.triton import procfs
+from triton_helpers import make_deployment, read_ready_document
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+PROMPT = "def add(a, b):"
+STREAMS = 3  # streams in flight at the signal (the tiny pair's max_batch_size is 4)
+MAX_TOKENS = 256  # the longest greedy generation the tiny deployment allows: in flight at the signal on any
+# machine this runs on, which each test checks rather than assumes
+HANG_S = 120.0  # no stream or process may take longer than this: a deadline against hanging, not an aim
+REFUSED = "has no available versions"  # Triton's refusal of a model being unloaded (gRPC NOT_FOUND, HTTP 404)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, example_tiny):
+    return make_deployment(tmp_path_factory.mktemp("drain"), example_tiny)
+
+
+@pytest.fixture(scope="module")
+def llmapi_deployment(tmp_path_factory, example_tiny):
+    from specbuild.config import load_spec
+    from specbuild.example import specfile
+    from specbuild.llmapi import build
+    from specbuild.llmapi.checkpoint import convert_pair
+    from specbuild.llmapi.repository import write_repository
+
+    root = tmp_path_factory.mktemp("drain-llmapi")
+    text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="llmapi drain tests")
+    spec_path = specfile.write_spec(root / "specbuild.toml", text, force=True)
+    spec = load_spec(spec_path)
+    convert_pair(spec, ["target", "draft"], log=lambda m: None)
+    build.build(spec, log=lambda m: None)
+    write_repository(spec, root / "llmapi_repo", runtime="reference")
+    return root, spec_path, root / "llmapi_repo"
+
+
+class Serving:
+    """`specbuild serve --json` (or any argv that logs the same lines) as a subprocess: its stderr lines as they
+    come, its ready document, and every process under it (killed at the end whatever happened)."""
+
+    def __init__(self, argv: list[str], cwd):
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                                        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in iter(self.process.stderr.readline, ""):
+            self.lines.append(line)
+
+    def ready_document(self) -> dict:
+        return read_ready_document(self.process, stderr_tail=lambda: "".join(self.lines)[-3000:])
+
+    def wait_line(self, text: str, timeout: float = HANG_S) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [line for line in self.lines if text in line]
+            if found:
+                return found[0]
+            if self.process.poll() is not None and not any(text in line for line in self.lines):
+                time.sleep(0.2)  # the reader may still be behind the exit
+                if not any(text in line for line in self.lines):
+                    raise AssertionError(f"exited ({self.process.returncode}) without {text!r}:\n{self.log()}")
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} within {timeout:.0f} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return "".join(self.lines[-30:])
+
+    def close(self) -> None:
+        left = [self.process.pid, *procfs.descendants(self.process.pid)]
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
+        for pid in left:
+            if procfs.alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def serve(spec_path, repo, *extra: str) -> tuple[Serving, dict]:
+    argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(spec_path), "--repo", str(repo), "--http-port", "0",
+            "--grpc-port", "0", "--metrics-port", "0", "--json", "--canary-interval", "0", *extra]
+    serving = Serving(argv, spec_path.parent)
+    try:
+        return serving, serving.ready_document()
+    except BaseException:
+        serving.close()
+        raise
+
+
+class Streams:
+    """`count` greedy streams through `model` over gRPC, each in a thread: its text, finish reason and token ids
+    (the BLS sends them; the llmapi model sends none), the error it ended with, when it got its first and last
+    response."""
+
+    def __init__(self, grpc_url: str, count: int, max_tokens: int, model: str = "tensorrt_llm_bls"):
+        self.results: dict[int, dict] = {}
+        self.first = [threading.Event() for _ in range(count)]
+        self.threads = [threading.Thread(target=self._run, args=(grpc_url, i, max_tokens, model), daemon=True)
+                        for i in range(count)]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, url: str, i: int, max_tokens: int, model: str) -> None:
+        from specbuild.triton.client import SpecbuildClient
+
+        text, stats, result = "", {}, {}
+        try:
+            with SpecbuildClient(url, protocol="grpc", model=model, timeout=HANG_S) as client:
+                for chunk in client.generate(PROMPT, max_tokens=max_tokens, temperature=0.0):
+                    self.first[i].set()
+                    text += chunk.text
+                    stats = chunk.stats or stats
+            result = {"text": text, "finish_reason": stats.get("finish_reason"), "output_ids": stats.get("output_ids")}
+        except Exception as err:  # noqa: BLE001 - asserted on by the test
+            result = {"error": str(err), "text": text}
+        finally:
+            self.first[i].set()
+            result["ended"] = time.monotonic()
+            self.results[i] = result
+
+    def started(self) -> None:
+        for event in self.first:
+            assert event.wait(HANG_S), "a stream got no first response"
+        failed = {i: result for i, result in self.results.items() if "error" in result}
+        assert not failed, f"streams failed before the signal: {failed}"
+
+    def running(self) -> int:
+        return sum(thread.is_alive() for thread in self.threads)
+
+    def join(self) -> dict[int, dict]:
+        for thread in self.threads:
+            thread.join(HANG_S)
+        assert not any(thread.is_alive() for thread in self.threads), "a stream still hangs"
+        return self.results
+
+
+def undisturbed(grpc_url: str, max_tokens: int, model: str = "tensorrt_llm_bls") -> dict:
+    run = Streams(grpc_url, 1, max_tokens, model).join()[0]
+    assert "error" not in run, run
+    return run
+
+
+def ready_status(http_url: str) -> int | str:
+    try:
+        with urllib.request.urlopen(f"{http_url}/v2/health/ready", timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError as err:
+        return f"no answer ({err})"
+
+
+def new_request_error(grpc_url: str, model: str) -> str:
+    """A request sent during the drain: the error it got (it must get one, and at once: no hang)."""
+    from specbuild.errors import ClientError
+    from specbuild.triton.client import SpecbuildClient
+
+    try:
+        with SpecbuildClient(grpc_url, protocol="grpc", model=model, timeout=30) as client:
+            text, _ = client.complete(PROMPT, max_tokens=2, stream=False)
+    except ClientError as err:
+        return str(err)
+    raise AssertionError(f"a request during the drain was served: {text!r}")
+
+
+def signal_during_streams(serving: Serving, document: dict, max_tokens: int, model: str = "tensorrt_llm_bls"):
+    """Open STREAMS streams, SIGTERM serve once each has its first response, check what a client sees during
+    the drain; returns (the streams' results, serve's exit code, how many were still running at the signal)."""
+    grpc, http = document["endpoints"]["grpc"], document["endpoints"]["http"]
+    streams = Streams(grpc, STREAMS, max_tokens, model)
+    streams.started()
+    serving.process.send_signal(signal.SIGTERM)
+    running_at_signal = streams.running()
+    serving.wait_line("draining: ")
+    during = ready_status(http), new_request_error(grpc, model), streams.running()
+    results = streams.join()
+    code = serving.process.wait(HANG_S)
+    return results, code, running_at_signal, during
+
+
+def assert_drained(serving: Serving, results: dict, expected: dict, running_at_signal: int, during,
+                   counted: bool = True) -> None:
+    """counted: the entry model exports its running requests (the BLS does; an llmapi model does not), so the log
+    line says how many ran to their end."""
+    readiness, refusal, running_during = during
+    print(f"\nat the signal {running_at_signal} of {STREAMS} streams ran; during the drain: ready {readiness}, a new "
+          f"request got {refusal!r}\n" + "".join(line for line in serving.lines if "drain" in line))
+    assert running_at_signal > 0 and running_during > 0, "no stream was in flight during the drain"
+    assert readiness == 400, readiness
+    assert REFUSED in refusal, refusal
+    for i, result in results.items():
+        assert "error" not in result, f"stream {i}: {result}\n{serving.log()}"
+        assert result["text"] == expected["text"] and result["finish_reason"] == expected["finish_reason"], i
+        assert result["output_ids"] == expected["output_ids"], i
+    drained = serving.wait_line("supervisor: drained in ").strip()
+    if counted:
+        assert drained.endswith(f"; {running_at_signal} requests ran to their end"), drained
+
+
+def long_enough(grpc_url: str, model: str = "tensorrt_llm_bls") -> tuple[int, dict]:
+    """MAX_TOKENS and an undisturbed run of that length, the reference for the drained streams."""
+    return MAX_TOKENS, undisturbed(grpc_url, MAX_TOKENS, model)
+
+
+def test_sigterm_drains_the_bls_streams_in_flight(deployment):
+    serving, document = serve(deployment.spec_path, deployment.repo)
+    try:
+        max_tokens, expected = long_enough(document["endpoints"]["grpc"])
+        results, code, running, during = signal_during_streams(serving, document, max_tokens)
+        assert code == 0, serving.log()
+        assert_drained(serving, results, expected, running, during)
+        assert serving.wait_line("tritonserver stopped").strip().endswith("the endpoints above no longer answer")
+    finally:
+        serving.close()
+
+
+def test_sigterm_drains_the_llmapi_model_streams_in_flight(llmapi_deployment):
+    root, spec_path, repo = llmapi_deployment
+    serving, document = serve(spec_path, repo)
+    try:
+        max_tokens, expected = long_enough(document["endpoints"]["grpc"], "tensorrt_llm")
+        results, code, running, during = signal_during_streams(serving, document, max_tokens, "tensorrt_llm")
+        assert code == 0, serving.log()
+        assert "draining: tensorrt_llm unloading" in serving.wait_line("draining: ")
+        assert_drained(serving, results, expected, running, during, counted=False)
+    finally:
+        serving.close()
+
+
+def test_the_drain_gives_up_after_exit_timeout_and_says_how_many_it_cut(deployment):
+    """--exit-timeout 1: the streams outlast it (each is checked to be running when the drain gives up)."""
+    serving, document = serve(deployment.spec_path, deployment.repo, "--exit-timeout", "1")
+    try:
+        streams = Streams(document["endpoints"]["grpc"], STREAMS, MAX_TOKENS)
+        streams.started()
+        serving.process.send_signal(signal.SIGTERM)
+        gave_up = serving.wait_line("supervisor: the drain gave up after")
+        code = serving.process.wait(HANG_S)
+        results = streams.join()
+        cut = [i for i, result in results.items() if "error" in result]
+        print(f"\n{gave_up.strip()}; {len(cut)} streams ended with an error")
+        assert code == 1
+        if len(cut) < STREAMS:  # a stream that finished within the second was not cut, and not counted
+            assert any(result.get("finish_reason") for result in results.values())
+        assert f"cut {len(cut)} requests" in gave_up, (gave_up, results)
+        assert serving.wait_line("Error: the drain gave up after")
+    finally:
+        serving.close()
+
+
+def test_a_second_signal_stops_at_once(deployment):
+    serving, document = serve(deployment.spec_path, deployment.repo, "--exit-timeout", "300")
+    try:
+        streams = Streams(document["endpoints"]["grpc"], STREAMS, MAX_TOKENS)
+        streams.started()
+        serving.process.send_signal(signal.SIGINT)
+        serving.wait_line("draining: ")
+        running = streams.running()
+        serving.process.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        code = serving.process.wait(HANG_S)
+        seconds = time.monotonic() - sent
+        stopped = serving.wait_line("supervisor: the drain was stopped by a second signal")
+        results = streams.join()
+        print(f"\nsecond SIGINT: serve exited {code} after {seconds:.1f} s; {stopped.strip()}")
+        assert running > 0
+        cut = [i for i, result in results.items() if "error" in result]
+        assert f"cut {len(cut)} requests" in stopped
+        assert code == (1 if cut else 0)
+        assert seconds < 300  # far from the drain's own bound: it did not wait for the streams
+    finally:
+        serving.close()
+
+
+def test_up_drains_its_server_on_sigterm(deployment, tmp_path):
+    """`up` (no --once) serves under the same supervisor: SIGTERM while streams run drains them too."""
+    import json
+
+    argv = [sys.executable, "-m", "specbuild", "up", "-c", str(deployment.spec_path), "--repo", str(deployment.repo),
+            "--json"]
+    serving = Serving(argv, deployment.root)
+    try:
+        serving.wait_line("serving; press Ctrl-C", timeout=600)
+        grpc = serving.wait_line("grpc     ").split()[-1]  # up logs each endpoint as "<name padded to 8> <url>"
+        http = serving.wait_line("http     ").split()[-1]
+        document = {"endpoints": {"grpc": grpc, "http": http}}
+        max_tokens, expected = long_enough(grpc)
+        results, code, running, during = signal_during_streams(serving, document, max_tokens)
+        out = serving.process.stdout.read()
+        assert code == 0, serving.log()
+        assert_drained(serving, results, expected, running, during)
+        stage = json.loads(out)["stages"][-1]
+        assert stage["stopped_by"] == "signal" and stage["drain"]["complete"], stage
+    finally:
+        serving.close()
