@@ -1,0 +1,52 @@
+"""The parts of the drain and the hung-stub watch that need no server: reading Triton's metrics for the requests
+an entry model holds, the drain's one-line verdicts, and reading the server log for "not healthy" stubs once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specbuild.triton.drain import DrainResult, running_requests
+from specbuild.triton.server import ServerOptions
+from specbuild.triton.supervisor import Supervisor
+
+METRICS = """# HELP specbuild_bls_active_requests Requests the BLS is running now
+# TYPE specbuild_bls_active_requests gauge
+specbuild_bls_active_requests{model="tensorrt_llm_bls"} 2
+specbuild_bls_queue_depth{model="tensorrt_llm_bls"} 1
+nv_inference_pending_request_count{model="tensorrt_llm_bls",version="1"} 3
+nv_inference_pending_request_count{model="ensemble",version="1"} 0
+nv_inference_pending_request_count{model="tensorrt_llm",version="1"} 5
+"""
+
+
+def test_running_requests_counts_the_bls_gauges_and_tritons_queue_of_the_entry_models_only():
+    assert running_requests(METRICS, ["tensorrt_llm_bls"]) == 2 + 1 + 3
+    # the ensemble exports no running count: with nothing queued either, the count is unknown, not 0
+    assert running_requests(METRICS, ["tensorrt_llm_bls", "ensemble"]) == 6
+    assert running_requests(METRICS, ["ensemble"]) is None
+    assert running_requests(METRICS, ["tensorrt_llm"]) == 5  # queued requests are at least known
+
+
+def test_the_drains_verdicts_name_what_happened():
+    assert DrainResult(["m"], 3.04, 4).describe() == "drained in 3.0 s; 4 requests ran to their end"
+    assert DrainResult(["m"], 1.0, 4, 3, "timeout").describe() == \
+        "the drain gave up after 1.0 s (--exit-timeout): cut 3 requests"
+    assert DrainResult(["m"], 0.1, None, None, "second signal").describe() == \
+        "the drain was stopped by a second signal after 0.1 s: cut the requests still running"
+    assert DrainResult(["m"], 1.0, 4, 3, "timeout").cut_short and not DrainResult(["m"], 1.0, 4).cut_short
+    assert not DrainResult(["m"], 0.0, None, None, "error", "frozen").cut_short  # the server's own stop then
+
+
+def test_the_server_log_is_read_once_for_unhealthy_stubs(tmp_path: Path):
+    (tmp_path / "repo").mkdir()
+    supervisor = Supervisor(ServerOptions(repo=tmp_path / "repo"), install=object(), log_path=tmp_path / "server.log")
+    log = tmp_path / "server.log"
+    log.write_text("I1203 model loaded\nE1203 tensorrt_llm_bls: model 'tensorrt_llm' failed: Stub process "
+                   "'tensorrt_llm_0_0' is not healthy.\n")
+    assert supervisor._unhealthy_in_log() == {"tensorrt_llm_0_0"}
+    assert supervisor._unhealthy_in_log() == set()  # the same line is not read twice
+    with log.open("a") as f:
+        f.write("E1203 x: Stub process 'tensorrt_llm_draft_0_0' is not healthy.\n")
+    assert supervisor._unhealthy_in_log() == {"tensorrt_llm_draft_0_0"}
+    log.write_text("I1203 a new, shorter log after a restart\n")  # rotated: read from its start
+    assert supervisor._unhealthy_in_log() == set()
