@@ -41,6 +41,16 @@ def stopped(pid: int) -> bool:
     return state(pid) in ("T", "t")
 
 
+def age_seconds(pid: int) -> float | None:
+    """Seconds since pid started (/proc/<pid>/stat field 22, starttime, against /proc/uptime); None if gone."""
+    try:
+        started = int(_stat_fields(PROC / str(pid))[19]) / os.sysconf("SC_CLK_TCK")
+        uptime = float((PROC / "uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return max(0.0, uptime - started)
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         raw = (PROC / str(pid) / "cmdline").read_bytes()

@@ -45,6 +45,9 @@ QUEUE_FULL = "Exceeds maximum queue size"
 # Triton's answer for a model whose stub fails its health check (python_backend r24.10 src/python_be.cc: "Stub
 # process '<instance>' is not healthy."): dead, or alive but not answering (frozen, hung).
 UNHEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
+# A stub this young was started after the failure that named its instance (a reload or restart just made it): a
+# "not healthy" line read now is about its predecessor.
+FRESH_STUB_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -319,7 +322,7 @@ class Supervisor:
         for stub in procfs.python_stubs(process.pid):
             if procfs.stopped(stub.pid):
                 found[stub] = f"is frozen (stopped, state {procfs.state(stub.pid)})"
-            elif stub.instance in named:
+            elif stub.instance in named and (procfs.age_seconds(stub.pid) or 0.0) >= FRESH_STUB_S:
                 found[stub] = "does not answer: Triton reports it \"not healthy\""
         return found
 
@@ -417,6 +420,7 @@ class Supervisor:
                 self._event(f"reloading {model} did not help ({err})", model=model)
                 self._restart(model, detected)
                 return
+            self._skip_log()  # its requests' failures while it was down are about the old stub
             seconds = time.monotonic() - detected
             self.metrics.add("specbuild_supervisor_recoveries_total", model=model, action="reload")
             self.metrics.set("specbuild_supervisor_recovery_seconds", round(seconds, 3), model=model)
