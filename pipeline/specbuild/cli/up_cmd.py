@@ -195,7 +195,9 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
     acceptance figures.
 
     \b
-    The server keeps running until Ctrl-C (SIGINT) or SIGTERM; --once stops it after the prompts.
+    The server keeps running until Ctrl-C (SIGINT) or SIGTERM, which drain it first (running
+    requests finish, new ones are refused; see `specbuild serve --help`); --once stops it after
+    the prompts.
     --until STAGE stops earlier (e.g. --until build in a CI job). --force redoes every stage.
     With --json, one document lists each stage as ran / skipped / failed with its time in
     seconds (the serve stage adds the endpoints and the prompts' figures); exit 1 when a stage failed.
