@@ -27,19 +27,24 @@ def served(tmp_path_factory, example_tiny):
     yield from serve(deployment.root, deployment.spec_path, deployment.repo)
 
 
+def freeze(served, pid: int, seen: str) -> float:
+    """SIGSTOP pid; wait for the supervisor's line `seen` and for serving again: the seconds from the freeze."""
+    os.kill(pid, signal.SIGSTOP)
+    at = time.monotonic()
+    try:
+        assert served.saw(seen, timeout=HANG_S), served.tail()
+        return served.serving_again(at, limit=HANG_S)
+    finally:
+        _kill(pid)
+
+
 @pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_draft", "preprocessing", "postprocessing"])
 def test_a_frozen_stub_is_killed_and_its_model_reloaded(served, model):
     served.settle()
     server = served.server_pid()
     frozen = served.stub(model)
-    os.kill(frozen.pid, signal.SIGSTOP)
-    at = time.monotonic()
-    try:
-        assert served.saw(f"supervisor: the Python backend stub of {model} ({model}_0_0, pid {frozen.pid}) is frozen",
-                          timeout=HANG_S), served.tail()
-        again = served.serving_again(at, limit=HANG_S)
-    finally:
-        _kill(frozen.pid)
+    again = freeze(served, frozen.pid, f"supervisor: the Python backend stub of {model} ({model}_0_0, pid {frozen.pid}) "
+                                       "is frozen")
     print(f"\n{model} stub frozen: serving again after {again:.1f} s")
     served.settle()
     assert served.server_pid() == server  # a reload, not a restart
@@ -53,14 +58,8 @@ def test_a_frozen_bls_stub_restarts_the_server(served):
     served.settle()
     server = served.server_pid()
     frozen = served.stub("tensorrt_llm_bls")
-    os.kill(frozen.pid, signal.SIGSTOP)
-    at = time.monotonic()
-    try:
-        assert served.saw("supervisor: the Python backend stub of tensorrt_llm_bls (tensorrt_llm_bls_0_0, pid "
-                          f"{frozen.pid}) is frozen", timeout=HANG_S), served.tail()
-        again = served.serving_again(at, limit=HANG_S)
-    finally:
-        _kill(frozen.pid)
+    again = freeze(served, frozen.pid, "supervisor: the Python backend stub of tensorrt_llm_bls (tensorrt_llm_bls_0_0, "
+                                       f"pid {frozen.pid}) is frozen")
     print(f"\nBLS stub frozen: serving again after {again:.1f} s (first start {served.startup_s:.1f} s)")
     served.settle()
     assert served.server_pid() != server
@@ -72,13 +71,7 @@ def test_a_frozen_bls_stub_restarts_the_server(served):
 def test_a_frozen_server_is_killed_and_restarted(served):
     served.settle()
     server = served.server_pid()
-    os.kill(server, signal.SIGSTOP)
-    at = time.monotonic()
-    try:
-        assert served.saw(f"supervisor: tritonserver (pid {server}) is frozen", timeout=HANG_S), served.tail()
-        again = served.serving_again(at, limit=HANG_S)
-    finally:
-        _kill(server)
+    again = freeze(served, server, f"supervisor: tritonserver (pid {server}) is frozen")
     print(f"\ntritonserver frozen: serving again after {again:.1f} s (first start {served.startup_s:.1f} s)")
     served.settle()
     assert served.server_pid() != server
