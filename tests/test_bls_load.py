@@ -4,6 +4,9 @@ hold the small ones up, and past its queue bound the BLS is refused by Triton it
 Bounded in count and time: a few dozen requests, each with a timeout. The load test runs on the default queue
 (16 waiting requests); the queue test on a queue of 4 (serve.max_queue_size, the least allowed for max_batch_size
 4), so the bound is reached with few requests.
+
+No assertion here is on a latency: how long the small streams take beside the big prompts is the machine's (a
+shared 2-core machine measured 0.08 s and, once, 0.58 s). `scripts/bls_load_probe.py` measures and prints it.
 """
 
 from __future__ import annotations
@@ -29,10 +32,6 @@ PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "import os\nimport sys\
 QUEUE = 4
 SLOTS = 4  # the tiny example's max_batch_size: requests the BLS runs at once
 BIG_PROMPT = "x = 1\n" * (4 * 2**20 // 6)  # 4 MiB, as in the report: 2.8 M tokens before the fix
-# Small requests under load keep their median latency within this factor of the same requests unloaded (measured
-# just before and just after, the larger of the two). Before the fix each big prompt was tokenized in full, holding
-# one of the BLS's 4 slots for about 14 s, and the small requests' median went from 0.08 s to 14 s.
-LATENCY_FACTOR = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +108,13 @@ def _small_streams(server, clients: int, per_client: int):
 
 
 def test_big_prompts_do_not_hold_up_small_streams(server):
+    """The BLS's slots are what one request can hold up another by (everything else a request needs is Triton's
+    or the machine's): a big prompt must be refused before it takes one. Before the size check each big prompt
+    was tokenized in full inside a slot, about 14 s each, and four clients sending them held all four slots.
+    So this counts slots taken (specbuild_bls_started_requests_total, one per request that got a slot), not
+    seconds: with the big prompts refused first it grows by the small requests alone, and the small requests
+    all get their right text while the big ones are sent. A big prompt that took a slot, however briefly,
+    would add to the count on any machine."""
     baseline, errors = _small_streams(server, clients=3, per_client=4)
     assert not errors, errors[:3]
     expected = {prompt: ids for prompt, ids, _ in baseline}
@@ -124,25 +130,26 @@ def test_big_prompts_do_not_hold_up_small_streams(server):
             with lock:
                 refusals.append((code, text, time.monotonic() - started))
 
+    before = _metrics(server)
     bigs = [threading.Thread(target=big_client) for _ in range(SLOTS)]
     for t in bigs:
         t.start()
-    time.sleep(0.2)  # the big prompts are on their way first
+    time.sleep(0.2)  # the big prompts are on their way first (not needed by any assertion below)
     loaded, errors = _small_streams(server, clients=3, per_client=4)
     for t in bigs:
         t.join(300)
+    after = _metrics(server)
+    started = after["specbuild_bls_started_requests_total"] - before["specbuild_bls_started_requests_total"]
+    assert started == len(loaded) == 12, (started, len(loaded), errors[:1])  # the 16 big prompts took no slot
     assert not errors, errors[:3]
-    assert len(loaded) == 12 and all(ids == expected[prompt] for prompt, ids, _ in loaded)
-    after, errors = _small_streams(server, clients=3, per_client=4)  # unloaded again: the machine may have changed
-    assert not errors, errors[:3]
-    unloaded = max(statistics.median(s for _, _, s in phase) for phase in (baseline, after))
-    under_load = statistics.median(s for _, _, s in loaded)
-    print(f"\nsmall requests: median {unloaded:.3f} s unloaded, {under_load:.3f} s with big prompts; "
-          f"big prompts refused in median {statistics.median(s for *_, s in refusals):.3f} s")
-    assert under_load <= LATENCY_FACTOR * unloaded, (under_load, unloaded)
+    assert all(ids == expected[prompt] for prompt, ids, _ in loaded)
     assert len(refusals) == 4 * SLOTS
     for code, text, _ in refusals:  # each refused by its size, with the numbers
         assert code == 400 and "'text_input' is 4194300 bytes, above the 5120 bytes that can fit" in text, text[:300]
+    # The figures, printed for reading (pytest -s), asserted nowhere: they are this machine's at this moment.
+    print(f"\nsmall requests: median {statistics.median(s for *_, s in baseline):.3f} s alone, "
+          f"{statistics.median(s for *_, s in loaded):.3f} s beside big prompts; big prompts refused in median "
+          f"{statistics.median(s for *_, s in refusals):.3f} s")
 
 
 def test_past_its_queue_bound_the_bls_is_refused_by_triton_and_the_queue_is_visible(small_queue_server):
@@ -185,7 +192,15 @@ def test_past_its_queue_bound_the_bls_is_refused_by_triton_and_the_queue_is_visi
         t.join(400)
     finished.set()
     watcher.join(30)
-    after = _metrics(server)
+    # A client has its last response before the BLS thread that sent it marks its slot free: wait for that (a
+    # deadline, not a figure), so a busy machine cannot catch the gauges a moment early.
+    deadline = time.monotonic() + 60
+    while True:
+        after = _metrics(server)
+        idle = after.get("specbuild_bls_queue_depth") == 0 and after.get("specbuild_bls_active_requests") == 0
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
 
     refused = [text for kind, text in outcomes if kind == "refused"]
     served = [value for kind, value in outcomes if kind == "ok"]

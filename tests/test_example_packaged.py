@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import time
 
 import pytest
 import torch
@@ -47,9 +46,7 @@ def test_the_full_pair_is_unpacked_not_trained(monkeypatch, tmp_path):
 
     monkeypatch.setattr(train, "train_pair", no_training)
     monkeypatch.setenv("SPECBUILD_CACHE_DIR", str(tmp_path))
-    start = time.perf_counter()
-    pair = ensure_example("full", progress=False)
-    assert time.perf_counter() - start < 60
+    pair = ensure_example("full", progress=False)  # no_training above fails it if it trains; no timing asserted
     committed = packaged.find("full")
     assert pair.root == tmp_path / f"example-full-{committed.key}" and recipe_key("full") == committed.key
     assert json.loads((pair.root / "manifest.json").read_text())["source"] == "package"

@@ -362,17 +362,46 @@ def test_overlap_bound_limits_and_simulation():
 
 def test_a_missed_early_draft_that_has_started_is_waited_for_one_not_started_is_dropped():
     """The drafter is busy with a started early draft, so the step's own draft is sent only when it is done (sent
-    beside it to a one-instance Triton model it would queue behind it, where Triton's batcher can hold it 500 ms)."""
+    beside it to a one-instance Triton model it would queue behind it, where Triton's batcher can hold it 500 ms).
+    Events order the two threads (running, then take() asked to drop it, then 0.1 s, then done), so `waited` is at
+    least 0.1 s however busy the machine: no sleep has to outlast a thread's start."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    release = threading.Event()
+    running, asked, release = threading.Event(), threading.Event(), threading.Event()
+
+    class Watched:  # the pending early draft, noting when take() tries to drop it
+        def __init__(self, future):
+            self.future = future
+
+        def cancel(self):
+            asked.set()
+            return self.future.cancel()
+
+        def result(self, timeout=None):
+            return self.future.result(timeout)
+
+    def draft():
+        running.set()
+        assert release.wait(60)  # a deadline, not a figure
+        return Ahead(draft=Draft(tokens=[1, 2]), guess=7)
+
+    def release_later():
+        if asked.wait(60):
+            time.sleep(0.1)  # take() has begun by now and must still be waiting when this ends
+        release.set()
+
     with ThreadPoolExecutor(max_workers=1) as pool:
-        started = pool.submit(lambda: release.wait(5) and Ahead(draft=Draft(tokens=[1, 2]), guess=7))
-        time.sleep(0.05)  # it is running now: cancel() cannot stop it
-        threading.Timer(0.2, release.set).start()
-        early = overlap_module.EarlyDraft(tokens=[5, 6], k=2, handle=started)
+        started = pool.submit(draft)
+        assert running.wait(60)  # it is running now: cancel() cannot stop it
+        releaser = threading.Thread(target=release_later)
+        releaser.start()
+        early = overlap_module.EarlyDraft(tokens=[5, 6], k=2, handle=Watched(started))
         taken, waited = early.take([5, 9, 3], 2)  # a rejected draft token: a clear miss
-        assert taken is None and started.done() and waited >= 0.1
-    pending = Future()  # not started: dropped at once
+        releaser.join(60)
+        assert taken is None and started.done() and not started.cancelled() and waited >= 0.1
+    pending = Future()  # not started: dropped, not waited for
+    guard = threading.Timer(30, lambda: pending.done() or pending.set_result(None))  # ends a wait that would hang
+    guard.start()
     taken, waited = overlap_module.EarlyDraft(tokens=[5, 6], k=2, handle=pending).take([5, 9, 3], 2)
-    assert taken is None and pending.cancelled() and waited < 0.1
+    guard.cancel()
+    assert taken is None and pending.cancelled()

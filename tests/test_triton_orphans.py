@@ -21,6 +21,9 @@ from triton_helpers import make_deployment, read_ready_document
 
 pytestmark = [pytest.mark.fault, pytest.mark.server, pytest.mark.slow]
 EXIT_TIMEOUT_S = 10
+# A deadline, not an aim: a server left without its serve was gone 4.6-8.7 s later on 2 shared cores (it stops
+# within its exit timeout); one still running this long after is an orphan. 90 s is over 10 times the slowest.
+ORPHAN_GONE_S = 90
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,7 @@ def test_the_server_dies_with_serve_and_the_next_start_gets_the_ports(deployment
         pids = [server, *procfs.descendants(server)]
         first.kill()  # kill -9: no chance to stop anything
         first.wait(10)
-        seconds = _gone(pids, EXIT_TIMEOUT_S + 10)
+        seconds = _gone(pids, ORPHAN_GONE_S)
         print(f"\nserve killed: tritonserver and its stubs gone after {seconds:.1f} s")
         assert not any(procfs.port_holders("127.0.0.1", port)[0] for port in ports)
     finally:
@@ -83,21 +86,26 @@ def test_a_second_serve_on_the_same_ports_is_refused_with_the_pid(deployment):
     client = None
     try:
         server = read_ready_document(first)["pid"]
-        started = time.monotonic()
+        log = deployment.root / ".triton_repo.tritonserver.log"
+        first_log = log.stat().st_ino
         second = _serve(deployment, ports)
-        _, err = second.communicate(timeout=60)
-        assert second.returncode == 1 and time.monotonic() - started < 30  # refused before loading anything
+        _, err = second.communicate(timeout=180)  # a deadline: refused in under 1 s when measured
+        assert second.returncode == 1
         assert f"HTTP port 127.0.0.1:{ports[0]} is already in use by PID {server} (" in err
+        # refused before starting anything: a start would have moved the first server's log aside for its own
+        assert log.stat().st_ino == first_log and f" {server} " in log.read_text()
         assert "--http-port 0" in err
         client = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
         assert client.is_server_ready()  # the connection stays open (keep-alive)
         first.send_signal(signal.SIGTERM)
         started = time.monotonic()
-        code = first.wait(EXIT_TIMEOUT_S + 30)
+        code = first.wait(EXIT_TIMEOUT_S + 5 + 120)  # a deadline: measured 10.7-11.1 s
         seconds = time.monotonic() - started
         print(f"\nSIGTERM with an idle HTTP client connected: serve exited {code} after {seconds:.1f} s")
-        assert code == 1 and seconds < EXIT_TIMEOUT_S + 5
+        assert code == 1
         err = first.stderr.read()
+        # tritonserver gave up by itself ("exited with code 1"), not killed by serve after EXIT_TIMEOUT_S + 5 s
+        # ("did not stop within ... and was killed"): what the elapsed time once told, told by serve's words
         assert "Error: tritonserver did not stop cleanly: it exited with code 1" in err
         assert "waiting for open HTTP connections (1 HTTP service connections)" in err
     finally:

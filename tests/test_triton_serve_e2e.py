@@ -97,7 +97,8 @@ def test_sigterm_stops_the_server_and_leaves_no_process(served):
     assert process.wait(90) == 0
     seconds = time.monotonic() - started
     print(f"\nSIGTERM: serve stopped cleanly after {seconds:.1f} s")
-    assert seconds < 30  # within tritonserver's own --exit-timeout-secs (30 by default)
+    # Exit 0 is the clean stop within tritonserver's own --exit-timeout-secs (30 by default): one past it exits 1
+    # ("did not stop cleanly"), so no timing is asserted; wait(90) is a deadline (measured 4.5-9.6 s).
     assert "tritonserver stopped" in process.stderr.read()
     assert not list(SHM_ROOT.glob(prefix + "*"))
     deadline = time.monotonic() + 10
