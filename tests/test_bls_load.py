@@ -147,7 +147,10 @@ def test_big_prompts_do_not_hold_up_small_streams(server):
 
 def test_past_its_queue_bound_the_bls_refuses_and_the_queue_is_visible(small_queue_server):
     """The bound is the BLS's own (no Triton queue bound: specbuild.triton.configs), refused with Triton's words
-    for a full queue and its status (gRPC UNAVAILABLE, HTTP 503)."""
+    for a full queue and status UNAVAILABLE. Over HTTP's generate endpoint the status is not the BLS's to give:
+    tritonserver 2.51 reads the error's code after freeing it (server v2.51.0 src/http_server.cc,
+    GenerateRequestClass::InferResponseComplete: AddErrorJson deletes the error, then HttpCodeFromError reads it),
+    so it may be 503 or, as seen here, 400; the body carries the words."""
     server = small_queue_server
     before = _metrics(server)
     peaks = {"specbuild_bls_active_requests": 0.0, "specbuild_bls_queue_depth": 0.0}
@@ -192,9 +195,9 @@ def test_past_its_queue_bound_the_bls_refuses_and_the_queue_is_visible(small_que
     served = [value for kind, value in outcomes if kind == "ok"]
     print(f"\n{len(served)} served, {len(refused)} refused; peaks {peaks}")
     assert len(outcomes) == 20 and refused and served, outcomes
-    for text in refused:  # Triton's words for a full queue; over HTTP, 503
+    for text in refused:  # Triton's words for a full queue; over HTTP an error status (see above)
         assert "Exceeds maximum queue size" in text, text
-        assert not text.startswith("HTTP") or text.startswith("HTTP 503"), text
+        assert not text.startswith("HTTP") or text.startswith(("HTTP 503", "HTTP 400")), text
     assert all(value in ("length", "stop", 200) for value in served), served
     # the requests waiting were visible in the BLS, at most QUEUE of them, and at most SLOTS running
     assert 1 <= peaks["specbuild_bls_queue_depth"] <= QUEUE, peaks

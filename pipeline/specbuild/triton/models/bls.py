@@ -27,7 +27,8 @@ NVIDIA's BLS follows the target's setting); draft logits reach the target in the
 The queue: at most `max_concurrent_requests` requests run at once (a slot each) and at most `max_queue_size`
 more wait for a slot, in the BLS (0 = no bound). `execute` never waits: it reads and checks each request (a bad
 or oversized one is answered at once), then hands it to the pool of slots, or answers UNAVAILABLE "Exceeds maximum
-queue size" (HTTP 503), Triton's own words for a full queue, when max_queue_size are already waiting. The bound
+queue size", Triton's own words for a full queue, when max_queue_size are already waiting (HTTP: 503 from /infer;
+/generate's status is unreliable in tritonserver 2.51, docs/triton.md "The queue"). The bound
 is the BLS's and not Triton's queue policy because any Triton bound puts the dynamic batcher on a path where a
 request can wait 0.5 s beside an idle instance (specbuild.triton.configs, from core r24.10's source). Every
 response goes through the request's response sender, non-decoupled ones included (Python backend >= 24.06), so
