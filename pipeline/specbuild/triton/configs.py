@@ -108,9 +108,9 @@ def _add_tensors(pb, repeated, table: tuple[T.Tensor, ...], logits_datatype: str
 #   PriorityQueue::PriorityQueue sets support_prefetching_ only for the defaults). With them it prefetches: it queues
 #   a batch at the rate limiter while the instances are busy, up to two per instance (src/rate_limiter.cc,
 #   RateLimiter::PayloadSlotAvailable), and a freed instance takes it under the rate limiter's own lock and
-#   condition variable (RateLimiter::DequeuePayload). Enqueue wakes the batcher under its lock whenever fewer
-#   batches wait, so no request waits for a wake-up beside an idle instance. (The batcher waits only once two batches
-#   per instance already wait; each one taken or run then wakes it.)
+#   condition variable (RateLimiter::DequeuePayload). Enqueue queues the request under the batcher's lock and wakes
+#   it whenever fewer batches wait, so no request waits for a wake-up beside an idle instance. (The batcher waits
+#   only once two batches per instance already wait; each one taken or run then wakes it.)
 # - With a bound (or a timeout, or priorities) it does not prefetch: it builds a batch only when an instance is
 #   already waiting for one (PayloadSlotAvailable: WaitingConsumerCount > 0), otherwise it sleeps on its own
 #   condition variable for up to 500 ms (src/dynamic_batch_scheduler.cc, BatcherThread ->
