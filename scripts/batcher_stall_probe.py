@@ -1,16 +1,22 @@
-"""Measure Triton's dynamic-batcher stall that the generated Python models' queue-delay floor is for.
+"""Measure Triton's dynamic-batcher stall: a request left waiting 500 ms beside an idle instance.
 
-    python scripts/batcher_stall_probe.py [--pairs 200] [--delays 0,100]
+    python scripts/batcher_stall_probe.py [--pairs 1000] [--configs generated,bounded] [--delays 0,100]
+                                          [--callers 2] [--distinct-shapes]
 
-A repository of three Python models on the real tritonserver (from nvidia-pytriton): `pairs`, whose one request
-makes two threads call one model `--pairs` times at once (as the overlapped BLS's early draft meets the loop's
-next draft, or two streams meet at one model), and a model that holds its one instance 2 ms per call, with a
-bounded queue (default_queue_policy.max_queue_size 16) and each queue delay of `--delays`. For each delay it prints
-the longest calls and how many took over 0.25 s. With a bounded queue and no delay, Triton's batcher can leave the
-second request waiting for its idle wait of 500 ms (triton-inference-server/core src/dynamic_batch_scheduler.cc,
-`default_wait_microseconds`); on tritonserver 2.51 here 5-19 of 400 calls did so with delay 0, 0-1 of 300 with
-100 us (specbuild.triton.configs.PYTHON_MODEL_MIN_QUEUE_DELAY_US). A measurement, not a test: how often the race
-shows is the machine's.
+A repository on the real tritonserver (from nvidia-pytriton): `callers`, whose one request makes `--callers`
+threads call one model at once, `--pairs` rounds (as the overlapped BLS's early draft meets the loop's next draft,
+or concurrent streams meet at one model), and, per configuration and delay, a Python model that holds its one
+instance 2 ms per call. Configurations:
+
+- `generated`: the dynamic batcher every model of a generated repository gets, built by
+  `specbuild.triton.configs.add_dynamic_batching` (no queue policy, so Triton's batcher prefetches);
+- `bounded`: the same plus `default_queue_policy { max_queue_size: 16 }`, the configuration generated before
+  (with `--delays 100`, the 100 us floor it had), which does not prefetch.
+
+For each it prints how many calls took over 0.25 s (a 2 ms call that waited the batcher's idle wait of 500 ms:
+triton-inference-server/core r24.10 src/dynamic_batch_scheduler.cc, `default_wait_microseconds`), the longest
+calls and the median. Why the bounded one stalls and the generated one cannot: specbuild.triton.configs, the
+comment above `prefetches`. A measurement, not a test: how often the race shows is the machine's.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-PAIRS = '''
+CALLERS = '''
 import json
 import threading
 import time
@@ -30,9 +36,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
-def call(model, times):
+def call(model, length, times):
     t0 = time.perf_counter()
-    x = pb_utils.Tensor("X", np.zeros((1, 1), np.float32))
+    x = pb_utils.Tensor("X", np.zeros((1, length), np.float32))
     response = pb_utils.InferenceRequest(model_name=model, inputs=[x], requested_output_names=["Y"]).exec()
     assert not response.has_error(), response.error().message()
     times.append(time.perf_counter() - t0)
@@ -43,12 +49,15 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             asked = json.loads(request.parameters())
+            lengths = [i + 1 if asked["distinct"] else 1 for i in range(asked["callers"])]
             times = []
             for _ in range(asked["n"]):
-                worker = threading.Thread(target=call, args=(asked["model"], times))
-                worker.start()
-                call(asked["model"], times)
-                worker.join()
+                workers = [threading.Thread(target=call, args=(asked["model"], n, times)) for n in lengths[1:]]
+                for worker in workers:
+                    worker.start()
+                call(asked["model"], lengths[0], times)
+                for worker in workers:
+                    worker.join()
             out = np.array(sorted(times, reverse=True), np.float32)
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("TIMES", out)]))
         return responses
@@ -68,29 +77,60 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", x + 1)]))
         return responses
 '''
+CONFIGS = ("generated", "bounded")
+BOUNDED_QUEUE = 16  # the bound generated before (4 x the example's max_batch_size of 4)
+STALL_S = 0.25  # a 2 ms call past this waited the batcher's 500 ms
 
 
-def write_repo(repo: Path, delays: list[int]) -> None:
-    models = {"pairs": (PAIRS, 'max_batch_size: 0\ninput { name: "X" data_type: TYPE_FP32 dims: 1 }\n'
-                                'output { name: "TIMES" data_type: TYPE_FP32 dims: -1 }\n')}
-    for delay in delays:
-        models[f"busy_{delay}"] = (BUSY, 'max_batch_size: 4\ninput { name: "X" data_type: TYPE_FP32 dims: -1 }\n'
-                                         'output { name: "Y" data_type: TYPE_FP32 dims: -1 }\n'
-                                         f'dynamic_batching {{ max_queue_delay_microseconds: {delay} '
-                                         'default_queue_policy { max_queue_size: 16 } }\n')
-    for name, (code, io) in models.items():
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(code)
-        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n{io}'
-                                                  'instance_group { count: 1 kind: KIND_CPU }\n')
+def busy_config(name: str, kind: str, delay_us: int):
+    """The busy model's config: the generated dynamic batcher (configs.add_dynamic_batching), bounded or not."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    from specbuild.triton import configs
+
+    c = pb.ModelConfig(name=name, backend="python", max_batch_size=4)
+    c.input.add(name="X", data_type=pb.TYPE_FP32, dims=[-1])
+    c.output.add(name="Y", data_type=pb.TYPE_FP32, dims=[-1])
+    c.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_CPU)
+    configs.add_dynamic_batching(c, delay_us, preferred_batch_size=4)
+    if kind == "bounded":
+        c.dynamic_batching.default_queue_policy.max_queue_size = BOUNDED_QUEUE
+    return c
+
+
+def write_repo(repo: Path, cases: list[tuple[str, int]]) -> dict[tuple[str, int], bool]:
+    """The repository; returns whether each case's batcher prefetches (configs.prefetches)."""
+    from specbuild.triton import configs
+
+    callers = repo / "callers"
+    (callers / "1").mkdir(parents=True)
+    (callers / "1" / "model.py").write_text(CALLERS)
+    (callers / "config.pbtxt").write_text(
+        'name: "callers"\nbackend: "python"\nmax_batch_size: 0\ninput { name: "X" data_type: TYPE_FP32 dims: 1 }\n'
+        'output { name: "TIMES" data_type: TYPE_FP32 dims: -1 }\ninstance_group { count: 1 kind: KIND_CPU }\n')
+    prefetching = {}
+    for kind, delay in cases:
+        config = busy_config(f"busy_{kind}_{delay}", kind, delay)
+        (repo / config.name / "1").mkdir(parents=True)
+        (repo / config.name / "1" / "model.py").write_text(BUSY)
+        (repo / config.name / "config.pbtxt").write_text(configs.to_pbtxt(config))
+        prefetching[kind, delay] = configs.prefetches(config.dynamic_batching)
+    return prefetching
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=200, help="calls per thread and delay")
-    parser.add_argument("--delays", default="0,100", help="queue delays to measure, microseconds")
+    parser.add_argument("--pairs", type=int, default=200, help="rounds of calls at once, per configuration and delay")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"configurations to measure: {', '.join(CONFIGS)}")
+    parser.add_argument("--delays", default="0", help="queue delays to measure, microseconds")
+    parser.add_argument("--callers", type=int, default=2, help="threads that call the busy model at once")
+    parser.add_argument("--distinct-shapes", action="store_true",
+                        help="each caller sends its own input length, so no two calls can share a batch")
     args = parser.parse_args()
-    delays = [int(d) for d in args.delays.split(",")]
+    kinds = [k for k in args.configs.split(",") if k]
+    if not set(kinds) <= set(CONFIGS) or args.callers < 1:
+        parser.error(f"--configs takes {', '.join(CONFIGS)}; --callers at least 1")
+    cases = [(kind, int(d)) for kind in kinds for d in args.delays.split(",")]
 
     import tritonclient.grpc as grpcclient
 
@@ -98,17 +138,21 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="batcher-stall-") as tmp:
         repo = Path(tmp) / "repo"
-        write_repo(repo, delays)
+        prefetching = write_repo(repo, cases)
         server = ServerHandle(ServerOptions(repo=repo), log_path=Path(tmp) / "server.log").start(timeout=300)
         try:
             with grpcclient.InferenceServerClient(server.grpc_url) as client:
-                for delay in delays:
+                for kind, delay in cases:
                     x = grpcclient.InferInput("X", [1], "FP32")
                     x.set_data_from_numpy(np.array([0.0], np.float32))
-                    times = client.infer("pairs", [x], parameters={"model": f"busy_{delay}", "n": args.pairs},
-                                         client_timeout=600).as_numpy("TIMES")
-                    print(f"queue delay {delay:>6} us: longest calls {', '.join(f'{t:.3f}' for t in times[:3])} s; "
-                          f"{int((times > 0.25).sum())} of {len(times)} over 0.25 s; median {np.median(times):.4f} s")
+                    asked = {"model": f"busy_{kind}_{delay}", "n": args.pairs, "callers": args.callers,
+                             "distinct": args.distinct_shapes}
+                    times = client.infer("callers", [x], parameters=asked, client_timeout=3600).as_numpy("TIMES")
+                    stalls = int((times > STALL_S).sum())
+                    print(f"{kind:>9} (prefetches: {'yes' if prefetching[kind, delay] else 'no'}), queue delay "
+                          f"{delay:>4} us, {args.callers} callers: {stalls} of {len(times)} calls over {STALL_S} s; "
+                          f"longest {', '.join(f'{t:.3f}' for t in times[:3])} s; median {np.median(times):.4f} s",
+                          flush=True)
         finally:
             server.stop()
 

@@ -21,8 +21,8 @@ def test_distribution_of_values():
     d = Distribution.of([1.0, 2.0, 3.0, 4.0, 100.0])
     assert d.median == 3.0
     assert d.mean == pytest.approx(22.0)
-    assert 4.0 < d.p90 < d.p99 < 100.0
-    assert Distribution.of([]).to_dict() == {"median": None, "p90": None, "p99": None, "mean": None}
+    assert 4.0 < d.p90 < d.p99 < d.max == 100.0
+    assert Distribution.of([]).to_dict() == {"median": None, "p90": None, "p99": None, "mean": None, "max": None}
 
 
 def test_per_token_alpha_counts_only_tried_positions():

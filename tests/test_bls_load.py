@@ -1,9 +1,9 @@
 """The BLS under load on a real CPU tritonserver (tiny example pair): big prompts mixed into small streams do not
-hold the small ones up, and past its queue bound the BLS is refused by Triton itself, visibly.
+hold the small ones up, and past its queue bound the BLS refuses requests itself, in Triton's words, visibly.
 
 Bounded in count and time: a few dozen requests, each with a timeout. The load test runs on the default queue
-(16 waiting requests); the queue test on a queue of 4 (serve.max_queue_size, the least allowed for max_batch_size
-4), so the bound is reached with few requests.
+(16 waiting requests); the queue test on a queue of 4 (serve.max_queue_size) beside the 4 requests the BLS runs at
+once, so the bound is reached with few requests.
 
 No assertion here is on a latency: how long the small streams take beside the big prompts is the machine's (a
 shared 2-core machine measured 0.08 s and, once, 0.58 s). `scripts/bls_load_probe.py` measures and prints it.
@@ -152,11 +152,15 @@ def test_big_prompts_do_not_hold_up_small_streams(server):
           f"{statistics.median(s for *_, s in refusals):.3f} s")
 
 
-def test_past_its_queue_bound_the_bls_is_refused_by_triton_and_the_queue_is_visible(small_queue_server):
+def test_past_its_queue_bound_the_bls_refuses_and_the_queue_is_visible(small_queue_server):
+    """The bound is the BLS's own (no Triton queue bound: specbuild.triton.configs), refused with Triton's words
+    for a full queue and status UNAVAILABLE. Over HTTP's generate endpoint the status is not the BLS's to give:
+    tritonserver 2.51 reads the error's code after freeing it (server v2.51.0 src/http_server.cc,
+    GenerateRequestClass::InferResponseComplete: AddErrorJson deletes the error, then HttpCodeFromError reads it),
+    so it may be 503 or, as seen here, 400; the body carries the words."""
     server = small_queue_server
     before = _metrics(server)
-    peaks = {"nv_inference_pending_request_count": 0.0, "specbuild_bls_active_requests": 0.0,
-             "specbuild_bls_queue_depth": 0.0}
+    peaks = {"specbuild_bls_active_requests": 0.0, "specbuild_bls_queue_depth": 0.0}
     finished = threading.Event()
 
     def watch() -> None:
@@ -206,15 +210,16 @@ def test_past_its_queue_bound_the_bls_is_refused_by_triton_and_the_queue_is_visi
     served = [value for kind, value in outcomes if kind == "ok"]
     print(f"\n{len(served)} served, {len(refused)} refused; peaks {peaks}")
     assert len(outcomes) == 20 and refused and served, outcomes
-    for text in refused:  # Triton's own words; over HTTP, 503
+    for text in refused:  # Triton's words for a full queue; over HTTP an error status (see above)
         assert "Exceeds maximum queue size" in text, text
-        assert not text.startswith("HTTP") or text.startswith("HTTP 503"), text
+        assert not text.startswith("HTTP") or text.startswith(("HTTP 503", "HTTP 400")), text
     assert all(value in ("length", "stop", 200) for value in served), served
-    # the requests waiting were visible: in Triton's queue, and at most SLOTS running in the BLS
-    assert peaks["nv_inference_pending_request_count"] >= 1, peaks
+    # the requests waiting were visible in the BLS, at most QUEUE of them, and at most SLOTS running
+    assert 1 <= peaks["specbuild_bls_queue_depth"] <= QUEUE, peaks
     assert peaks["specbuild_bls_active_requests"] == SLOTS, peaks
     delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
     assert delta["specbuild_bls_started_requests_total"] == len(served), delta
-    assert delta["nv_inference_queue_duration_us"] > 0 and delta["specbuild_bls_queue_seconds_total"] >= 0
+    assert delta["specbuild_bls_refused_requests_total"] == len(refused), delta
+    assert delta["specbuild_bls_queue_seconds_total"] > 0, delta
     assert after["specbuild_bls_queue_depth"] == 0 and after["specbuild_bls_active_requests"] == 0
     assert server.ready()

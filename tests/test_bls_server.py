@@ -5,7 +5,7 @@ in-process; the final response says why it ended (finish_reason, stop_reason); s
 reproducible; /metrics agrees with the responses; bad requests (token ids outside the vocabulary, prompts too
 long by their bytes, stop words that are not UTF-8 included) get INVALID_ARG with nothing in the log, and the
 server stays ready; integer inputs are INT32, as NVIDIA's clients send them; 8 concurrent streaming clients lose
-nothing.
+nothing; every model's dynamic batcher prefetches, as loaded.
 """
 
 from __future__ import annotations
@@ -439,3 +439,18 @@ def test_eight_concurrent_overlapped_streams_give_the_target_only_text(server, t
     schedules = {schedule for _, _, schedule in results}
     # True is kept under load; "auto" stops drafting ahead while more requests are in flight than cores / 2
     assert schedules == {True} if overlap is True else False in schedules
+
+
+def test_every_served_model_keeps_the_batcher_on_its_prefetching_path(server):
+    """As the server loaded them (its defaults filled in), no model has a queue policy that takes Triton's dynamic
+    batcher off prefetching, the only path on which a request cannot wait 500 ms beside a freed instance
+    (specbuild.triton.configs, from core r24.10's source). A check of structure, not of timing."""
+    import tritonclient.grpc as grpcclient
+
+    from specbuild.triton import configs
+
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        for model in ("tensorrt_llm_bls", "tensorrt_llm", "tensorrt_llm_draft", "preprocessing", "postprocessing"):
+            config = client.get_model_config(model).config
+            assert config.HasField("dynamic_batching"), model
+            assert configs.prefetches(config.dynamic_batching), (model, config.dynamic_batching)

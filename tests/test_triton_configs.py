@@ -160,42 +160,42 @@ def test_bls_config(tmp_path):
     assert configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]).model_transaction_policy.decoupled is False
 
 
-def test_every_queue_is_bounded_by_default_the_bls_included(tmp_path):
-    """The BLS keeps waiting requests in Triton's queue, which only a dynamic batcher has, bounded by its queue
-    policy: by default 4 per request the BLS runs at once (max_batch_size 6 x 2 instances here)."""
-    _, files = rendered(tmp_path, "reference", serve={"bls_instance_count": 2})
-    for model in ("tensorrt_llm_bls", "tensorrt_llm", "tensorrt_llm_draft", "preprocessing", "postprocessing"):
-        config = configs.parse_pbtxt(files[f"{model}/config.pbtxt"])
-        assert config.HasField("dynamic_batching"), model
-        assert config.dynamic_batching.default_queue_policy.max_queue_size == 4 * 6 * 2, model
-    bls = configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
-    batching = bls.dynamic_batching
-    assert list(batching.preferred_batch_size) == []
-    assert batching.max_queue_delay_microseconds == configs.PYTHON_MODEL_MIN_QUEUE_DELAY_US  # a Python model
-    _, files = rendered(tmp_path, "reference", serve={"max_queue_size": 0})  # 0: Triton's "no bound", as asked
-    assert configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]).dynamic_batching.default_queue_policy \
-        .max_queue_size == 0
-
-
 @pytest.mark.parametrize("backend", ["trtllm", "reference"])
-def test_python_models_get_a_queue_delay_floor_the_cpp_backend_keeps_the_specs(tmp_path, backend):
-    """A Python model holds its instance through execute; with a bounded queue and no delay Triton's batcher
-    can leave the next request waiting 500 ms (scripts/batcher_stall_probe.py measures it on the real
-    server). The C++ backend's models keep the spec's delay, as NVIDIA's template writes it."""
-    python_models = ["preprocessing", "postprocessing", "tensorrt_llm_bls"] + (["tensorrt_llm", "tensorrt_llm_draft"]
-                                                           if backend == "reference" else [])
-    for delay, floor in ((0, configs.PYTHON_MODEL_MIN_QUEUE_DELAY_US), (500, 500)):
-        _, files = rendered(tmp_path, backend, serve={"max_queue_delay_microseconds": delay})
+def test_no_model_has_a_triton_queue_bound_so_the_batcher_prefetches(tmp_path, backend):
+    """Any Triton queue bound (or timeout, or priority levels) puts the dynamic batcher on the path where a request
+    that met a busy instance can wait 500 ms beside the freed one (core r24.10 src/scheduler_utils.cc:
+    support_prefetching_ only for the policy's defaults; specbuild.triton.configs has the whole cause). So every
+    model keeps the defaults, whatever the spec's bound and delay, and the spec's delay is kept as given."""
+    for serve in ({}, {"max_queue_size": 64, "max_queue_delay_microseconds": 500}, {"max_queue_size": 0}):
+        _, files = rendered(tmp_path, backend, serve=serve)
         for model in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"):
-            batching = configs.parse_pbtxt(files[f"{model}/config.pbtxt"]).dynamic_batching
-            assert batching.default_queue_policy.max_queue_size == 24, model
-            assert batching.max_queue_delay_microseconds == (floor if model in python_models else delay), model
+            config = configs.parse_pbtxt(files[f"{model}/config.pbtxt"])
+            assert config.HasField("dynamic_batching"), model
+            batching = config.dynamic_batching
+            assert configs.prefetches(batching), (model, serve)
+            assert not batching.HasField("default_queue_policy") and not batching.priority_queue_policy, model
+            assert batching.max_queue_delay_microseconds == serve.get("max_queue_delay_microseconds", 0), model
+    batching = pb.ModelConfig().dynamic_batching
+    batching.default_queue_policy.max_queue_size = 16
+    assert not configs.prefetches(batching)  # the configuration that stalled (scripts/batcher_stall_probe.py)
 
 
-def test_a_queue_smaller_than_what_the_bls_runs_at_once_is_refused(tmp_path):
-    with pytest.raises(SpecError, match=r"serve.max_queue_size = 5 is below the 6 requests the BLS runs at once"):
-        make_spec(tmp_path, serve={"max_queue_size": 5})
-    assert make_spec(tmp_path, serve={"max_queue_size": 6}).serve.queue_size(6) == 6
+def test_the_bls_bounds_its_own_queue_split_over_its_instances(tmp_path):
+    """By default 4 waiting requests per request the BLS runs at once (max_batch_size 6 x 2 instances here), all
+    instances together; each instance refuses past its share (rounded up). 0 = no bound."""
+    for serve, per_instance in (({"bls_instance_count": 2}, "24"), ({}, "24"), ({"max_queue_size": 0}, "0"),
+                                ({"bls_instance_count": 2, "max_queue_size": 5}, "3")):
+        _, files = rendered(tmp_path, "reference", serve=serve)
+        bls = configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
+        assert (params(bls)["max_queue_size"], params(bls)["max_concurrent_requests"]) == (per_instance, "6"), serve
+        assert list(bls.dynamic_batching.preferred_batch_size) == []
+
+
+def test_a_queue_smaller_than_what_the_bls_runs_at_once_is_allowed(tmp_path):
+    """The bound is the BLS's alone, so it no longer has to hold the BLS's own calls to the draft and target."""
+    assert make_spec(tmp_path, serve={"max_queue_size": 1}).serve.queue_size(6) == 1
+    with pytest.raises(SpecError, match="serve.max_queue_size"):
+        make_spec(tmp_path, serve={"max_queue_size": -1})
 
 
 def test_ensemble_wiring_is_consistent(tmp_path):

@@ -129,7 +129,7 @@ def test_decoupled_models_are_read_from_their_config(tmp_path):
 
 
 def test_a_canary_answered_with_a_full_queue_is_busy_not_a_failure(tmp_path):
-    """Under load the BLS's queue may be full: Triton answers the canary UNAVAILABLE "Exceeds maximum queue size".
+    """Under load the BLS's queue may be full: it answers the canary UNAVAILABLE "Exceeds maximum queue size".
     The server answered, so that never counts toward a restart; real failures still do."""
     from types import SimpleNamespace
 
@@ -142,7 +142,8 @@ def test_a_canary_answered_with_a_full_queue_is_busy_not_a_failure(tmp_path):
     restarts = []
     supervisor._restart = lambda model, detected: restarts.append(model)
     busy = SimpleNamespace(model="tensorrt_llm_bls",
-                           error="tensorrt_llm_bls: [request id: 7f] Exceeds maximum queue size")
+                           error="tensorrt_llm_bls: Exceeds maximum queue size: 16 requests wait for the 4 this BLS "
+                                 "runs at once; retry later")
     for _ in range(5):
         supervisor._canary_result(busy)
     assert restarts == [] and supervisor.metrics.get("specbuild_supervisor_canary_total", result="busy") == 5

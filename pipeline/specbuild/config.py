@@ -113,14 +113,15 @@ class ServeSpec:
     preprocessing_instance_count: int = 1
     postprocessing_instance_count: int = 1
     max_queue_delay_microseconds: int = 0
-    # requests waiting in each model's queue (the BLS's included) before Triton refuses more with UNAVAILABLE
-    # "Exceeds maximum queue size"; None = QUEUE_PER_SLOT x the requests the BLS runs at once; 0 = unbounded
+    # requests waiting for a slot in the BLS (all instances together) before it refuses more with UNAVAILABLE
+    # "Exceeds maximum queue size"; None = QUEUE_PER_SLOT x the requests the BLS runs at once; 0 = unbounded.
+    # The BLS's own bound: no model has a Triton queue bound (specbuild.triton.configs says why).
     max_queue_size: int | None = None
     decoupled: bool = True  # stream accepted tokens as they are verified
 
     def queue_size(self, max_batch_size: int) -> int:
-        """The queue bound every model gets: the setting, or the default for a BLS running max_batch_size requests
-        at once per instance."""
+        """The BLS's queue bound: the setting, or the default for a BLS running max_batch_size requests at once per
+        instance."""
         if self.max_queue_size is not None:
             return self.max_queue_size
         return QUEUE_PER_SLOT * max_batch_size * self.bls_instance_count
@@ -321,14 +322,6 @@ def validate(spec: Spec) -> Spec:
     _positive("serve.max_queue_delay_microseconds", s.max_queue_delay_microseconds, 0)
     if s.max_queue_size is not None:
         _positive("serve.max_queue_size", s.max_queue_size, 0)
-        running = b.max_batch_size * s.bls_instance_count  # the BLS's own calls waiting at one model, at most
-        if 0 < s.max_queue_size < running:
-            raise SpecError(
-                f"serve.max_queue_size = {s.max_queue_size} is below the {running} requests the BLS runs at once "
-                f"(build.max_batch_size {b.max_batch_size} x serve.bls_instance_count {s.bls_instance_count}): its "
-                f"own calls to the draft and target could be refused. Use at least {running}, 0 for no bound, or "
-                "leave it unset for the default."
-            )
     return spec
 
 

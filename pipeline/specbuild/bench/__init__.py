@@ -6,7 +6,7 @@ behind `check --measure`, `specbuild.check.measure`).
     local       transport: the in-process session (`session.local`); --vs-plain's 1-row target
     remote      transport: a Triton server (the `tensorrt_llm_bls` model) through `session.served`
     hf_peer     transport: Hugging Face `generate(assistant_model=...)`, the peer to beat
-    stats       per-request results, aggregated to median / p90 / p99
+    stats       per-request results, aggregated to median / p90 / p99 / mean / max
     theory      the closed-form bound from measured alpha and c, and c estimated for a GPU
     report      the JSON document and the terminal table
     plots       PNGs (matplotlib, imported lazily)

@@ -1,4 +1,4 @@
-"""Per-request measurements and their aggregation (median, p90, p99 over requests).
+"""Per-request measurements and their aggregation (median, p90, p99, mean, max over requests).
 
 One `RequestResult` per request, whatever the transport (in-process, Triton, Hugging Face).
 One `RunSummary` per (K, concurrency) cell of a benchmark, built by `summarize`.
@@ -86,13 +86,15 @@ class Distribution:
     p90: float
     p99: float
     mean: float
+    max: float  # the longest (e.g. a stall that one request of a cell met)
 
     @classmethod
     def of(cls, values: Sequence[float]) -> "Distribution":
         values = [v for v in values if v is not None]
         if not values:
-            return cls(math.nan, math.nan, math.nan, math.nan)
-        return cls(percentile(values, 50), percentile(values, 90), percentile(values, 99), sum(values) / len(values))
+            return cls(math.nan, math.nan, math.nan, math.nan, math.nan)
+        return cls(percentile(values, 50), percentile(values, 90), percentile(values, 99), sum(values) / len(values),
+                   max(values))
 
     def to_dict(self, digits: int = 6) -> dict[str, float | None]:
         return {k: (None if math.isnan(v) else round(v, digits)) for k, v in vars(self).items()}

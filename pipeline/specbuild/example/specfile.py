@@ -72,8 +72,8 @@ REASONS: dict[str, str] = {
     "serve.preprocessing_instance_count": "instances of the tokenizer (preprocessing) model",
     "serve.postprocessing_instance_count": "instances of the detokenizer (postprocessing) model",
     "serve.max_queue_delay_microseconds": "dynamic batching delay (0 = send at once)",
-    "serve.max_queue_size": "requests waiting per model before Triton refuses more (UNAVAILABLE); unset = 4 x the "
-                            "requests the BLS runs at once (build.max_batch_size x bls_instance_count); 0 = unbounded",
+    "serve.max_queue_size": "requests waiting for the BLS before it refuses more (UNAVAILABLE); unset = 4 x the "
+                            "requests it runs at once (build.max_batch_size x bls_instance_count); 0 = unbounded",
     "serve.decoupled": "stream accepted tokens as they are verified",
     "llmapi.free_gpu_memory_fraction": "KV cache of target + draft as a share of free GPU memory; TensorRT-LLM's "
                                        "default is 0.9 (`specbuild check --backend llmapi` shows what it holds)",

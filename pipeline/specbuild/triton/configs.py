@@ -61,7 +61,7 @@ class RepoSettings:
     logits_datatype: str  # "TYPE_FP32" | "TYPE_FP16": the engines' logits dtype (specbuild.contract.logits)
     bls_decoupled: bool  # the BLS streams accepted tokens (decoupled transaction policy)
     max_queue_delay_microseconds: int
-    max_queue_size: int  # every model's queue (the BLS's included); 0 = unbounded
+    max_queue_size: int  # requests waiting for a BLS slot, all instances together (bls_queue_size); 0 = unbounded
     preprocessing_instance_count: int
     postprocessing_instance_count: int
     bls_instance_count: int
@@ -102,27 +102,55 @@ def _add_tensors(pb, repeated, table: tuple[T.Tensor, ...], logits_datatype: str
             entry.reshape.SetInParent()  # shape [] : the batch dimension only
 
 
-# Triton's dynamic batcher, with a bounded queue (default_queue_policy.max_queue_size > 0) and no queue delay, can
-# leave a request queued behind a busy instance for its idle wait of 500 ms (triton-inference-server/core
-# src/dynamic_batch_scheduler.cc, BatcherThread: `default_wait_microseconds = 500 * 1000`) instead of starting it when
-# the instance frees. Measured on tritonserver 2.51 (scripts/batcher_stall_probe.py: two threads of one BLS request
-# calling one Python model of 2 ms 200 times each): 5 to 19 of 400 calls took 0.5 s with max_queue_size 16 and no
-# delay, 0 or 1 with a delay of 100 us (median call +0.2 ms), none with 1000 us (median +1 ms) or with no queue
-# bound. A Python model holds its instance for the whole of `execute` (the BLS while it waits for a slot), so it
-# meets this whenever two requests meet at it (concurrent streams; the overlapped schedule waits for a missed early
-# draft before it drafts again, specbuild.speculative.overlap.EarlyDraft.take). Python models get this floor when
-# the spec leaves the delay at 0; the C++ `tensorrtllm` backend returns from execute at once and keeps the spec's
-# value, as NVIDIA's template writes it.
-PYTHON_MODEL_MIN_QUEUE_DELAY_US = 100
+# Every model's dynamic batcher keeps the queue policy's defaults: no max_queue_size, no timeout, no priority
+# levels. The source of the bundled tritonserver 2.51 (triton-inference-server/core, branch r24.10) shows why:
+# - The policy alone picks how the batcher hands a batch to an instance (src/scheduler_utils.cc,
+#   PriorityQueue::PriorityQueue sets support_prefetching_ only for the defaults). With them it prefetches: it queues
+#   a batch at the rate limiter while the instances are busy, up to two per instance (src/rate_limiter.cc,
+#   RateLimiter::PayloadSlotAvailable), and a freed instance takes it under the rate limiter's own lock and
+#   condition variable (RateLimiter::DequeuePayload). Enqueue queues the request under the batcher's lock and wakes
+#   it whenever fewer batches wait, so no request waits for a wake-up beside an idle instance. (The batcher waits
+#   only once two batches per instance already wait; each one taken or run then wakes it.)
+# - With a bound (or a timeout, or priorities) it does not prefetch: it builds a batch only when an instance is
+#   already waiting for one (PayloadSlotAvailable: WaitingConsumerCount > 0), otherwise it sleeps on its own
+#   condition variable for up to 500 ms (src/dynamic_batch_scheduler.cc, BatcherThread ->
+#   WaitForPayloadSlotAvailable(default_wait_microseconds = 500 * 1000)); Enqueue wakes it only if an instance
+#   waits right then. A freed instance wakes it too early: the instance's thread signals the batcher when the batch
+#   has run (src/payload.cc, Payload::Execute -> Callback), and only afterwards waits for work again
+#   (src/backend_model_instance.cc, TritonBackendThread::BackendThread -> RateLimiter::DequeuePayload ->
+#   src/instance_queue.cc InstanceQueue::IncrementConsumerCount, which signals nothing the batcher waits on). A
+#   batcher that looks in between finds no waiting instance and sleeps the 500 ms: a request that arrived while the
+#   model's instance was busy (two requests meeting at one model) waits 0.5 s beside an idle instance.
+# No max_queue_delay closes that window (the batcher waits for the instance before it looks at the delay) and more
+# instances only make it rarer (a floor of 100 us on the delay, used before, lowered the rate, measured, and did not
+# remove it). So no model gets a policy (the C++ tensorrtllm models included: the batcher is the same; NVIDIA's
+# template writes a max_queue_size), and the bound on waiting requests is the BLS's own (its `max_queue_size`
+# parameter, specbuild.triton.models.bls). Measured with scripts/batcher_stall_probe.py.
 
 
-def _dynamic_batching(config, s: RepoSettings, python_model: bool) -> None:
-    delay = s.max_queue_delay_microseconds
-    config.dynamic_batching.preferred_batch_size.append(s.max_batch_size)
-    config.dynamic_batching.max_queue_delay_microseconds = max(delay, PYTHON_MODEL_MIN_QUEUE_DELAY_US) \
-        if python_model else delay
-    config.dynamic_batching.default_queue_policy.SetInParent()
-    config.dynamic_batching.default_queue_policy.max_queue_size = s.max_queue_size
+def prefetches(batching) -> bool:
+    """Whether a `dynamic_batching` message keeps Triton's batcher on the prefetching path (the queue policy's
+    defaults, core r24.10 src/scheduler_utils.cc PriorityQueue::PriorityQueue), where it never waits for a free
+    instance to wake it (see the comment above)."""
+    policy = batching.default_queue_policy
+    return (batching.priority_levels == 0 and policy.max_queue_size == 0 and policy.default_timeout_microseconds == 0
+            and not policy.allow_timeout_override)
+
+
+def add_dynamic_batching(config, max_queue_delay_us: int, preferred_batch_size: int | None) -> None:
+    """The dynamic batcher every model of the repository gets (and scripts/batcher_stall_probe.py measures): the
+    spec's delay, the preferred batch size if any, and no queue policy (see the comment above)."""
+    batching = config.dynamic_batching
+    batching.SetInParent()
+    if preferred_batch_size is not None:
+        batching.preferred_batch_size.append(preferred_batch_size)
+    batching.max_queue_delay_microseconds = max_queue_delay_us
+
+
+def bls_queue_size(s: RepoSettings) -> int:
+    """Requests each BLS instance keeps waiting for a slot before it refuses more (the spec's bound split over the
+    instances, rounded up); 0 = no bound."""
+    return -(-s.max_queue_size // s.bls_instance_count)
 
 
 def _params(config, values: dict[str, str], may_be_empty: tuple[str, ...] = ()) -> None:
@@ -143,7 +171,7 @@ def _bool(value: bool) -> str:
 def preprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     pb = _pb()
     c = pb.ModelConfig(name="preprocessing", backend="python", max_batch_size=s.max_batch_size)
-    _dynamic_batching(c, s, python_model=True)
+    add_dynamic_batching(c, s.max_queue_delay_microseconds, s.max_batch_size)
     _add_tensors(pb, c.input, T.PRE_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.PRE_OUTPUTS, s.logits_datatype)
     _params(c, {"tokenizer_dir": s.tokenizer_dir, "add_special_tokens": "true"})
@@ -154,7 +182,7 @@ def preprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
 def postprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     pb = _pb()
     c = pb.ModelConfig(name="postprocessing", backend="python", max_batch_size=s.max_batch_size)
-    _dynamic_batching(c, s, python_model=True)
+    add_dynamic_batching(c, s.max_queue_delay_microseconds, s.max_batch_size)
     _add_tensors(pb, c.input, T.POST_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.POST_OUTPUTS, s.logits_datatype)
     _params(c, {"tokenizer_dir": s.tokenizer_dir, "skip_special_tokens": "true"})
@@ -204,7 +232,7 @@ def llm(s: RepoSettings, role: str) -> "model_config_pb2.ModelConfig":
     # Not decoupled: the BLS calls each model once per draft or verify step and waits for the result.
     c.model_transaction_policy.SetInParent()
     c.model_transaction_policy.decoupled = False
-    _dynamic_batching(c, s, python_model=backend == "python")
+    add_dynamic_batching(c, s.max_queue_delay_microseconds, s.max_batch_size)
     _add_tensors(pb, c.input, T.LLM_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.LLM_OUTPUTS, s.logits_datatype)
     _cpu_instances(pb, c, 1)
@@ -229,12 +257,10 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     c = pb.ModelConfig(name="tensorrt_llm_bls", backend="python", max_batch_size=s.max_batch_size)
     c.model_transaction_policy.SetInParent()
     c.model_transaction_policy.decoupled = s.bls_decoupled
-    # Its queue: the BLS runs max_concurrent_requests at once and keeps the rest waiting in Triton's queue, which
-    # only a dynamic batcher has, bounded by this policy (decoupled models included; specbuild.triton.models.bls).
-    c.dynamic_batching.default_queue_policy.SetInParent()
-    c.dynamic_batching.default_queue_policy.max_queue_size = s.max_queue_size
-    c.dynamic_batching.max_queue_delay_microseconds = max(s.max_queue_delay_microseconds,
-                                                          PYTHON_MODEL_MIN_QUEUE_DELAY_US)
+    # Its queue is its own: execute never waits, the BLS runs max_concurrent_requests at once, keeps up to
+    # max_queue_size more waiting and refuses the rest (specbuild.triton.models.bls); Triton's batcher in front has
+    # no bound (see dynamic_batching above).
+    add_dynamic_batching(c, s.max_queue_delay_microseconds, None)
     _add_tensors(pb, c.input, T.BLS_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.BLS_OUTPUTS, s.logits_datatype)
     _params(c, {
@@ -252,8 +278,10 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
         "overlap": s.overlap,
         "tokenizer_dir": s.tokenizer_dir,  # the BLS tokenizes and detokenizes in-process, by pre/postprocessing's rules
         "add_special_tokens": "true",  # as preprocessing's
-        # requests served at once (a thread each); more wait in Triton's queue. The engines batch up to this many.
+        # requests served at once (a thread each); the engines batch up to this many. Up to max_queue_size more wait
+        # in the BLS for a slot; past that it answers UNAVAILABLE "Exceeds maximum queue size" (0 = no bound).
         "max_concurrent_requests": str(s.max_batch_size),
+        "max_queue_size": str(bls_queue_size(s)),
     })
     _cpu_instances(pb, c, s.bls_instance_count)
     return c

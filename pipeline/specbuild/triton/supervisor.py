@@ -39,8 +39,9 @@ from specbuild.triton.canary import CanaryProbe, canary, entry_model, entry_mode
 from specbuild.triton.drain import DrainResult
 from specbuild.triton.server import ServerHandle, ServerOptions, StopRequested, TritonInstall
 
-# Triton's answer when a model's queue is full (core src/scheduler_utils.cc, PolicyQueue::Enqueue): the server is
-# busy, not broken, so a canary that gets it is neither a success nor a failure.
+# The answer to a request past a full queue: the BLS's (specbuild.triton.models.bls), in the words of Triton's own
+# (core src/scheduler_utils.cc, PolicyQueue::Enqueue). The server is busy, not broken, so a canary that gets it is
+# neither a success nor a failure.
 QUEUE_FULL = "Exceeds maximum queue size"
 # Triton's answer for a model whose stub fails its health check (python_backend r24.10 src/python_be.cc: "Stub
 # process '<instance>' is not healthy."): dead, or alive but not answering (frozen, hung).

@@ -24,13 +24,15 @@ non-streamed text is postprocessing's decoding of the target's output_ids, which
 unless exclude_input_in_output says otherwise (the generated tensorrt_llm models keep the input, and
 NVIDIA's BLS follows the target's setting); draft logits reach the target in the declared logits dtype.
 
-The queue: at most `max_concurrent_requests` requests run at once (a slot each). `execute` reads and checks
-each request first (a bad or oversized one is answered at once, before it waits for anything), then blocks
-until a slot is free, so the requests behind it wait in Triton's own queue, where they are counted
-(nv_inference_pending_request_count) and bounded by the config's dynamic_batching default_queue_policy
-max_queue_size: past it Triton answers UNAVAILABLE "Exceeds maximum queue size" (HTTP 503) itself, for a
-decoupled Python model too (core src/scheduler_utils.cc, `PolicyQueue::Enqueue`; only a model with a dynamic
-batcher has such a queue, core src/backend_model.cc). The BLS's own part of the wait is in `QueueMetrics`.
+The queue: at most `max_concurrent_requests` requests run at once (a slot each) and at most `max_queue_size`
+more wait for a slot, in the BLS (0 = no bound). `execute` never waits: it reads and checks each request (a bad
+or oversized one is answered at once), then hands it to the pool of slots, or answers UNAVAILABLE "Exceeds maximum
+queue size", Triton's own words for a full queue, when max_queue_size are already waiting (HTTP: 503 from /infer;
+/generate's status is unreliable in tritonserver 2.51, docs/triton.md "The queue"). The bound
+is the BLS's and not Triton's queue policy because any Triton bound puts the dynamic batcher on a path where a
+request can wait 0.5 s beside an idle instance (specbuild.triton.configs, from core r24.10's source). Every
+response goes through the request's response sender, non-decoupled ones included (Python backend >= 24.06), so
+`execute` returns None. `QueueMetrics` counts the waiting, running and refused requests.
 """
 
 from __future__ import annotations
@@ -119,9 +121,10 @@ class TritonPythonModel:
         self.overlap, reason = resolve_auto(parse_setting(_param(config, "overlap", "false"), "parameter 'overlap'"),
                                             self.cores, AUTO_CORES, AUTO_WHAT)
         pb_utils.Logger.log_info(f"{self.model_name}: overlapped schedule {self.overlap} ({reason})")
-        workers = int(_param(config, "max_concurrent_requests", "16"))
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
-        self.slots = threading.BoundedSemaphore(workers)  # held by each running request
+        self.slots = int(_param(config, "max_concurrent_requests", "16"))
+        self.max_waiting = int(_param(config, "max_queue_size", "0"))  # absent (an older repository): no bound
+        self.pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="bls")  # its queue is FIFO
+        self.closing = False
         self.metrics = SpeculationMetrics(pb_utils, self.model_name, self.max_draft_len)
         self.metrics_lock = threading.Lock()
         self.queue_metrics = QueueMetrics(pb_utils, self.model_name)
@@ -137,43 +140,48 @@ class TritonPythonModel:
                                     max_input_len=self.max_input_len, longest_token_bytes=token_bytes.longest)
 
     # ---- Triton entry points -------------------------------------------------------------------
-    def execute(self, requests: list) -> list | None:
-        """Check each request, then start it in a free slot, waiting here for one (see the module docstring)."""
-        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        pending = []  # non-decoupled: (index, future) of the requests started
-        responses: list = [None] * len(requests)
-        for index, request in enumerate(requests):
+    def execute(self, requests: list) -> None:
+        """Check each request, then queue it for a slot or refuse it (see the module docstring); never waits."""
+        for request in requests:
             try:
                 req = self._parse(request)
             except Exception as err:  # a bad request is answered before it waits for a slot
-                if self.decoupled:
-                    request.get_response_sender().send(self.pb.InferenceResponse(error=self._error(err)), flags=final)
-                else:
-                    responses[index] = self.pb.InferenceResponse(error=self._error(err))
+                self._answer(request, self.pb.InferenceResponse(error=self._error(err)))
                 continue
-            received = time.monotonic()
-            self.queue_metrics.received()
-            self.slots.acquire()  # Triton keeps the requests behind this one in its queue meanwhile
-            serve = self._serve_streaming if self.decoupled else self._serve_one_response
-            future = self.pool.submit(self._in_slot, serve, request, req, received)
-            pending.append((index, future))
-        if self.decoupled:
-            return None
-        for index, future in pending:
-            responses[index] = future.result()
-        return responses
+            if self.closing or not self.queue_metrics.admit(self.slots, self.max_waiting):
+                self._answer(request, self.pb.InferenceResponse(error=self._unavailable(
+                    f"{self.model_name} is unloading" if self.closing else
+                    f"Exceeds maximum queue size: {self.max_waiting} requests wait for the {self.slots} this BLS "
+                    "runs at once; retry later")))
+                continue
+            self.pool.submit(self._in_slot, request, req, time.monotonic())
+        return None
 
     def finalize(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.closing = True  # the requests still waiting are answered UNAVAILABLE, none is left without an answer
+        self.pool.shutdown(wait=True)
 
     # ---- one request -----------------------------------------------------------------------------
-    def _in_slot(self, serve, request, req: BlsRequest, received: float):
+    def _in_slot(self, request, req: BlsRequest, received: float) -> None:
         self.queue_metrics.started(time.monotonic() - received)
         try:
-            return serve(request, req)
+            if self.closing:
+                self._answer(request, self.pb.InferenceResponse(error=self._unavailable(
+                    f"{self.model_name} is unloading")))
+            elif self.decoupled:
+                self._serve_streaming(request, req)
+            else:
+                self._answer(request, self._serve_one_response(request, req))
         finally:
             self.queue_metrics.finished()
-            self.slots.release()
+
+    def _answer(self, request, response) -> None:
+        """The request's one (final) response."""
+        request.get_response_sender().send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _unavailable(self, message: str):
+        TritonError = self.pb.TritonError
+        return TritonError(message, getattr(TritonError, "UNAVAILABLE", TritonError.UNKNOWN))
 
     def _serve_streaming(self, request, req: BlsRequest) -> None:
         sender = request.get_response_sender()

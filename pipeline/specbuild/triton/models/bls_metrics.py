@@ -6,9 +6,10 @@ Counters are cumulative, so rates and ratios come from PromQL, e.g.
     acceptance at position i = specbuild_position_accepted_total{position="i"} / specbuild_position_drafted_total{position="i"}
 Two gauges give the same running figures directly for dashboards without PromQL.
 
-`QueueMetrics` is the BLS's own queue (requests received and waiting for a slot, requests running, time
-waited); Triton's queue in front of it has Triton's metrics (nv_inference_pending_request_count,
-nv_inference_queue_duration_us), which count the BLS's requests because it has a dynamic batcher.
+`QueueMetrics` is the BLS's queue, which it bounds itself (requests received and waiting for a slot, requests
+running, time waited, requests refused); Triton's queue in front of it (nv_inference_pending_request_count,
+nv_inference_queue_duration_us) is unbounded and holds a request only until `execute` takes it, which never waits
+(specbuild.triton.configs: why no model has a Triton queue bound).
 
 `pb_utils` is passed in (the module only exists inside the Triton stub), which keeps this testable.
 A MetricFamily must outlive its Metric objects (else incrementing fails with "the corresponding
@@ -88,14 +89,15 @@ class SpeculationMetrics:
 
 QUEUE_GAUGES = {
     "specbuild_bls_queue_depth": "Requests the BLS has received and not yet started: each waits for one of its "
-                                 "max_concurrent_requests slots (Triton's own queue in front of it: "
-                                 "nv_inference_pending_request_count)",
+                                 "max_concurrent_requests slots, at most max_queue_size per instance",
     "specbuild_bls_active_requests": "Requests the BLS is running now (at most max_concurrent_requests per instance)",
 }
 QUEUE_COUNTERS = {
     "specbuild_bls_queue_seconds_total": "Seconds requests waited in the BLS for a slot, from execute to start "
                                          "(Triton's queue before that: nv_inference_queue_duration_us)",
     "specbuild_bls_started_requests_total": "Requests the BLS started running",
+    "specbuild_bls_refused_requests_total": "Requests the BLS refused with UNAVAILABLE \"Exceeds maximum queue size\": "
+                                            "max_queue_size were already waiting",
 }
 
 
@@ -114,10 +116,16 @@ class QueueMetrics:
         self.waiting = 0
         self.active = 0
 
-    def received(self) -> None:
+    def admit(self, slots: int, max_waiting: int) -> bool:
+        """Count a request received, or refuse it (False, counted) when it would wait behind `max_waiting` others
+        for one of `slots` (0 = no bound)."""
         with self._lock:
+            if max_waiting and self.waiting + self.active >= slots + max_waiting:
+                self._metrics["specbuild_bls_refused_requests_total"].increment(1)
+                return False
             self.waiting += 1
             self._metrics["specbuild_bls_queue_depth"].set(self.waiting)
+            return True
 
     def started(self, waited_s: float) -> None:
         with self._lock:
