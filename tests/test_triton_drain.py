@@ -142,9 +142,13 @@ class Streams:
             result["ended"] = time.monotonic()
             self.results[i] = result
 
-    def started(self) -> None:
-        for event in self.first:
-            assert event.wait(HANG_S), "a stream got no first response"
+    def started(self, at_least: int | None = None) -> None:
+        """Until `at_least` streams (all by default) have their first response; none may have failed."""
+        at_least = len(self.first) if at_least is None else at_least
+        deadline = time.monotonic() + HANG_S
+        while sum(event.is_set() for event in self.first) < at_least:
+            assert time.monotonic() < deadline, "streams got no first response"
+            time.sleep(0.01)
         failed = {i: result for i, result in self.results.items() if "error" in result}
         assert not failed, f"streams failed before the signal: {failed}"
 
@@ -187,12 +191,14 @@ def new_request_error(grpc_url: str, model: str) -> str:
     raise AssertionError(f"a request during the drain was served: {text!r}")
 
 
-def signal_during_streams(serving: Serving, document: dict, max_tokens: int, model: str = "tensorrt_llm_bls"):
-    """Open STREAMS streams, SIGTERM serve once each has its first response, check what a client sees during
-    the drain; returns (the streams' results, serve's exit code, how many were still running at the signal)."""
+def signal_during_streams(serving: Serving, document: dict, max_tokens: int, model: str = "tensorrt_llm_bls",
+                          count: int = STREAMS):
+    """Open `count` streams, SIGTERM serve once STREAMS of them have their first response (any more wait in the
+    model's queue for a slot), check what a client sees during the drain; returns (the streams' results, serve's
+    exit code, how many were still running at the signal, what a client saw during the drain)."""
     grpc, http = document["endpoints"]["grpc"], document["endpoints"]["http"]
-    streams = Streams(grpc, STREAMS, max_tokens, model)
-    streams.started()
+    streams = Streams(grpc, count, max_tokens, model)
+    streams.started(at_least=STREAMS)
     serving.process.send_signal(signal.SIGTERM)
     running_at_signal = streams.running()
     serving.wait_line("draining: ")
@@ -207,7 +213,7 @@ def assert_drained(serving: Serving, results: dict, expected: dict, running_at_s
     """counted: the entry model exports its running requests (the BLS does; an llmapi model does not), so the log
     line says how many ran to their end."""
     readiness, refusal, running_during = during
-    print(f"\nat the signal {running_at_signal} of {STREAMS} streams ran; during the drain: ready {readiness}, a new "
+    print(f"\nat the signal {running_at_signal} of {len(results)} streams ran; during the drain: ready {readiness}, a new "
           f"request got {refusal!r}\n" + "".join(line for line in serving.lines if "drain" in line))
     assert running_at_signal > 0 and running_during > 0, "no stream was in flight during the drain"
     assert readiness == 400, readiness
@@ -227,10 +233,13 @@ def long_enough(grpc_url: str, model: str = "tensorrt_llm_bls") -> tuple[int, di
 
 
 def test_sigterm_drains_the_bls_streams_in_flight(deployment):
+    """STREAMS + 3 streams: the BLS runs 4 at once (the tiny pair's max_batch_size), so at the signal some wait in
+    its queue for a slot; those were accepted before the drain, and finish too."""
     serving, document = serve(deployment.spec_path, deployment.repo)
     try:
         max_tokens, expected = long_enough(document["endpoints"]["grpc"])
-        results, code, running, during = signal_during_streams(serving, document, max_tokens)
+        results, code, running, during = signal_during_streams(serving, document, max_tokens, count=STREAMS + 3)
+        assert len(results) == STREAMS + 3
         assert code == 0, serving.log()
         assert_drained(serving, results, expected, running, during)
         assert serving.wait_line("tritonserver stopped").strip().endswith("the endpoints above no longer answer")
