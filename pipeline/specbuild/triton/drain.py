@@ -16,7 +16,8 @@ keep answering its steps. Meanwhile:
 - a new request for an entry model is refused at once, never queued: Triton answers "Request for unknown
   model: '<model>' has no available versions" (gRPC NOT_FOUND, HTTP 404: the code Triton itself gives a
   model that is being unloaded, and every model during its own shutdown; measured on 2.51);
-- requests already in Triton's queue for the BLS, and every running stream, run to their final response.
+- requests already waiting for one of the BLS's slots (its own queue), and every running stream, run to their
+  final response.
 The drain is over when every entry model has left UNLOADING; then tritonserver is stopped as before (its own
 graceful stop, for requests clients sent straight to the other models). A bound: `timeout_s` (serve's
 --exit-timeout); after it, or on a second SIGINT/SIGTERM, the drain gives up and says how many requests it cut.
