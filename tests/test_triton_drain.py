@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 
 from specbuild.triton import procfs
-from triton_helpers import make_deployment, read_ready_document
+from triton_helpers import make_deployment, make_llmapi_deployment, read_ready_document
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPT = "def add(a, b):"
@@ -41,20 +41,7 @@ def deployment(tmp_path_factory, example_tiny):
 
 @pytest.fixture(scope="module")
 def llmapi_deployment(tmp_path_factory, example_tiny):
-    from specbuild.config import load_spec
-    from specbuild.example import specfile
-    from specbuild.llmapi import build
-    from specbuild.llmapi.checkpoint import convert_pair
-    from specbuild.llmapi.repository import write_repository
-
-    root = tmp_path_factory.mktemp("drain-llmapi")
-    text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="llmapi drain tests")
-    spec_path = specfile.write_spec(root / "specbuild.toml", text, force=True)
-    spec = load_spec(spec_path)
-    convert_pair(spec, ["target", "draft"], log=lambda m: None)
-    build.build(spec, log=lambda m: None)
-    write_repository(spec, root / "llmapi_repo", runtime="reference")
-    return root, spec_path, root / "llmapi_repo"
+    return make_llmapi_deployment(tmp_path_factory.mktemp("drain-llmapi"), example_tiny)
 
 
 class Serving:
@@ -213,8 +200,8 @@ def assert_drained(serving: Serving, results: dict, expected: dict, running_at_s
     """counted: the entry model exports its running requests (the BLS does; an llmapi model does not), so the log
     line says how many ran to their end."""
     readiness, refusal, running_during = during
-    print(f"\nat the signal {running_at_signal} of {len(results)} streams ran; during the drain: ready {readiness}, a new "
-          f"request got {refusal!r}\n" + "".join(line for line in serving.lines if "drain" in line))
+    print(f"\nat the signal {running_at_signal} of {len(results)} streams ran; during the drain: ready {readiness}, "
+          f"a new request got {refusal!r}\n" + "".join(line for line in serving.lines if "drain" in line))
     assert running_at_signal > 0 and running_during > 0, "no stream was in flight during the drain"
     assert readiness == 400, readiness
     assert REFUSED in refusal, refusal
@@ -248,8 +235,7 @@ def test_sigterm_drains_the_bls_streams_in_flight(deployment):
 
 
 def test_sigterm_drains_the_llmapi_model_streams_in_flight(llmapi_deployment):
-    root, spec_path, repo = llmapi_deployment
-    serving, document = serve(spec_path, repo)
+    serving, document = serve(llmapi_deployment.spec_path, llmapi_deployment.repo)
     try:
         max_tokens, expected = long_enough(document["endpoints"]["grpc"], "tensorrt_llm")
         results, code, running, during = signal_during_streams(serving, document, max_tokens, "tensorrt_llm")

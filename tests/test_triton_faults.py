@@ -34,7 +34,7 @@ import pytest
 
 from specbuild.triton import procfs
 from specbuild.triton.server import SHM_ROOT
-from triton_helpers import make_deployment, read_ready_document
+from triton_helpers import make_deployment, make_llmapi_deployment, read_ready_document
 
 pytestmark = [pytest.mark.fault, pytest.mark.server, pytest.mark.slow]
 # Deadlines, not aims (those are 10 s and 30 s, docs/triton.md). A stream ended 0.1-1.1 s after the kill on
@@ -213,20 +213,8 @@ def served(tmp_path_factory, example_tiny):
 @pytest.fixture(scope="module")
 def llmapi_served(tmp_path_factory, example_tiny):
     """The tiny pair's llmapi repository (Hugging Face checkpoints, LLM arguments, the CPU stand-in)."""
-    from specbuild.config import load_spec
-    from specbuild.example import specfile
-    from specbuild.llmapi import build
-    from specbuild.llmapi.checkpoint import convert_pair
-    from specbuild.llmapi.repository import write_repository
-
-    root = tmp_path_factory.mktemp("faults-llmapi")
-    text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="llmapi fault tests")
-    spec_path = specfile.write_spec(root / "specbuild.toml", text, force=True)
-    spec = load_spec(spec_path)
-    convert_pair(spec, ["target", "draft"], log=lambda m: None)
-    build.build(spec, log=lambda m: None)
-    write_repository(spec, root / "llmapi_repo", runtime="reference")
-    yield from serve(root, spec_path, root / "llmapi_repo", entry_models=("tensorrt_llm",))
+    d = make_llmapi_deployment(tmp_path_factory.mktemp("faults-llmapi"), example_tiny)
+    yield from serve(d.root, d.spec_path, d.repo, entry_models=("tensorrt_llm",))
 
 
 class Stream:

@@ -43,8 +43,8 @@ def test_a_frozen_stub_is_killed_and_its_model_reloaded(served, model):
     served.settle()
     server = served.server_pid()
     frozen = served.stub(model)
-    again = freeze(served, frozen.pid, f"supervisor: the Python backend stub of {model} ({model}_0_0, pid {frozen.pid}) "
-                                       "is frozen")
+    seen = f"supervisor: the Python backend stub of {model} ({model}_0_0, pid {frozen.pid}) is frozen"
+    again = freeze(served, frozen.pid, seen)
     print(f"\n{model} stub frozen: serving again after {again:.1f} s")
     served.settle()
     assert served.server_pid() == server  # a reload, not a restart

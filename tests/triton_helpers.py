@@ -40,6 +40,25 @@ def make_deployment(root: Path, example_tiny) -> TinyDeployment:
     return TinyDeployment(root, spec_path, spec, repo)
 
 
+def make_llmapi_deployment(root: Path, example_tiny) -> TinyDeployment:
+    """Spec for the tiny example pair -> Hugging Face checkpoints -> LLM arguments -> the llmapi repository (the
+    CPU stand-in of Triton's llmapi model) in root/llmapi_repo."""
+    from specbuild.config import load_spec
+    from specbuild.example import specfile
+    from specbuild.llmapi import build
+    from specbuild.llmapi.checkpoint import convert_pair
+    from specbuild.llmapi.repository import write_repository
+
+    text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="llmapi triton tests")
+    spec_path = specfile.write_spec(root / "specbuild.toml", text, force=True)
+    spec = load_spec(spec_path)
+    convert_pair(spec, ["target", "draft"], log=lambda m: None)
+    build.build(spec, log=lambda m: None)
+    repo = root / "llmapi_repo"
+    write_repository(spec, repo, runtime="reference")
+    return TinyDeployment(root, spec_path, spec, repo)
+
+
 def alive(pid: int) -> bool:
     """True while pid exists and is not a zombie."""
     from specbuild.triton import procfs
