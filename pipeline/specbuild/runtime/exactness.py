@@ -110,9 +110,25 @@ def attention_ends(max_len: int) -> list[int]:
     return ends if ends[-1] == last else [*ends, last]
 
 
+# Random rows the probe tries, one draw per seed. One draw is not enough: under ATen's scalar kernels
+# (ATEN_CPU_CAPABILITY=default) on an Intel Xeon, the 64 x 211 lm_head of a test model depended on its place in a
+# 2-row block for the rows of seeds 1-5 and not for seed 0's. A probe costs about 0.05 s per draw for the example
+# pair's target.
+PROBE_SEEDS = (0, 1, 2, 3)
+
+
 @torch.inference_mode()
-def probe(model, block: int, seed: int = 0) -> list[str]:
-    """What makes a row's result depend on its place, its neighbours or the call at `block` rows; [] = nothing."""
+def probe(model, block: int, seeds: tuple[int, ...] = PROBE_SEEDS) -> list[str]:
+    """What makes a row's result depend on its place, its neighbours or the call at `block` rows, with the random
+    rows of each seed; [] = nothing."""
+    for seed in seeds:
+        failures = _probe_once(model, block, seed)
+        if failures:
+            return failures
+    return []
+
+
+def _probe_once(model, block: int, seed: int) -> list[str]:
     g = torch.Generator().manual_seed(seed)
     failures = []
     for name, fn, widths in model.row_parts():
