@@ -12,6 +12,7 @@ when the signal comes because it is checked to be, not because the machine is as
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from triton_helpers import make_deployment, make_llmapi_deployment, read_ready_d
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPT = "def add(a, b):"
 STREAMS = 3  # streams in flight at the signal (the tiny pair's max_batch_size is 4)
+MANY = 12  # streams for the tests that cut: 4 run, 8 wait for a BLS slot (its queue holds 16)
 MAX_TOKENS = 256  # the longest greedy generation the tiny deployment allows: in flight at the signal on any
 # machine this runs on, which each test checks rather than assumes
 HANG_S = 120.0  # no stream or process may take longer than this: a deadline against hanging, not an aim
@@ -247,45 +249,48 @@ def test_sigterm_drains_the_llmapi_model_streams_in_flight(llmapi_deployment):
 
 
 def test_the_drain_gives_up_after_exit_timeout_and_says_how_many_it_cut(deployment):
-    """--exit-timeout 1: the streams outlast it (each is checked to be running when the drain gives up)."""
+    """--exit-timeout 1 against MANY streams (4 running, the rest waiting for a BLS slot): more work than a second
+    holds here. Whether each one was cut is the machine's; the test holds what serve says to what clients saw."""
     serving, document = serve(deployment.spec_path, deployment.repo, "--exit-timeout", "1")
     try:
-        streams = Streams(document["endpoints"]["grpc"], STREAMS, MAX_TOKENS)
-        streams.started()
+        streams = Streams(document["endpoints"]["grpc"], MANY, MAX_TOKENS)
+        streams.started(at_least=STREAMS)
         serving.process.send_signal(signal.SIGTERM)
-        gave_up = serving.wait_line("supervisor: the drain gave up after")
         code = serving.process.wait(HANG_S)
         results = streams.join()
-        cut = [i for i, result in results.items() if "error" in result]
-        print(f"\n{gave_up.strip()}; {len(cut)} streams ended with an error")
-        assert code == 1
-        if len(cut) < STREAMS:  # a stream that finished within the second was not cut, and not counted
-            assert any(result.get("finish_reason") for result in results.values())
-        assert f"cut {len(cut)} requests" in gave_up, (gave_up, results)
-        assert serving.wait_line("Error: the drain gave up after")
+        assert_cut_as_said(serving, results, code, "supervisor: the drain gave up after 1.0 s (--exit-timeout)")
     finally:
         serving.close()
+
+
+def assert_cut_as_said(serving: Serving, results: dict, code: int, verdict: str) -> None:
+    """The streams that ended with an error are the cut ones: serve's verdict counts them (it counts just before
+    the kill, so a stream that ends in between counts as cut too) and its exit code is 1 when any was cut."""
+    cut = [i for i, result in results.items() if "error" in result]
+    line = serving.wait_line(verdict)
+    said = int(re.search(r"cut (\d+) requests", line).group(1))
+    print(f"\n{line.strip()}; {len(cut)} of {len(results)} streams ended with an error")
+    assert len(cut) <= said <= len(results), (line, results)
+    assert code == (1 if said else 0), serving.log()
+    assert cut, "no stream was cut: the streams did not outlast the bound, so it was not tested"
+    for i in cut:
+        assert any(text in results[i]["error"] for text in ("Socket closed", "UNAVAILABLE")), results[i]
 
 
 def test_a_second_signal_stops_at_once(deployment):
     serving, document = serve(deployment.spec_path, deployment.repo, "--exit-timeout", "300")
     try:
-        streams = Streams(document["endpoints"]["grpc"], STREAMS, MAX_TOKENS)
-        streams.started()
+        streams = Streams(document["endpoints"]["grpc"], MANY, MAX_TOKENS)
+        streams.started(at_least=STREAMS)
         serving.process.send_signal(signal.SIGINT)
         serving.wait_line("draining: ")
-        running = streams.running()
         serving.process.send_signal(signal.SIGINT)
         sent = time.monotonic()
         code = serving.process.wait(HANG_S)
         seconds = time.monotonic() - sent
-        stopped = serving.wait_line("supervisor: the drain was stopped by a second signal")
         results = streams.join()
-        print(f"\nsecond SIGINT: serve exited {code} after {seconds:.1f} s; {stopped.strip()}")
-        assert running > 0
-        cut = [i for i, result in results.items() if "error" in result]
-        assert f"cut {len(cut)} requests" in stopped
-        assert code == (1 if cut else 0)
+        print(f"\nsecond SIGINT: serve exited {code} after {seconds:.1f} s")
+        assert_cut_as_said(serving, results, code, "supervisor: the drain was stopped by a second signal")
         assert seconds < 300  # far from the drain's own bound: it did not wait for the streams
     finally:
         serving.close()

@@ -25,6 +25,9 @@ def test_running_requests_counts_the_bls_gauges_and_tritons_queue_of_the_entry_m
     assert running_requests(METRICS, ["tensorrt_llm_bls", "ensemble"]) == 6
     assert running_requests(METRICS, ["ensemble"]) is None
     assert running_requests(METRICS, ["tensorrt_llm"]) == 5  # queued requests are at least known
+    # a model that exported its count at the drain's start and has none now has ended (its stub finalized)
+    assert running_requests("", ["tensorrt_llm_bls"], counting={"tensorrt_llm_bls"}) == 0
+    assert running_requests("", ["tensorrt_llm_bls"]) is None
 
 
 def test_the_drains_verdicts_name_what_happened():

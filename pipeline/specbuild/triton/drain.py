@@ -97,9 +97,16 @@ def parse_metrics(text: str) -> dict[tuple[str, str], float]:
     return values
 
 
-def running_requests(metrics_text: str, models: list[str]) -> int | None:
+def counting_models(metrics_text: str, models: list[str]) -> set[str]:
+    """The models that export a running count (the BLS's gauges)."""
+    values = parse_metrics(metrics_text)
+    return {model for model in models if any((name, model) in values for name in RUNNING_GAUGES)}
+
+
+def running_requests(metrics_text: str, models: list[str], counting: set[str] | None = None) -> int | None:
     """Requests the models hold now (queued in Triton, waiting in the BLS, running); None when one of them
-    exports no running count and no other sign of a request is seen either."""
+    exports no running count and no other sign of a request is seen either. A model in `counting` (it exported
+    its count before) whose gauges are gone has ended: its stub is finalized, so it holds nothing."""
     values = parse_metrics(metrics_text)
     total, known = 0, True
     for model in models:
@@ -107,7 +114,7 @@ def running_requests(metrics_text: str, models: list[str]) -> int | None:
         running = [values[(name, model)] for name in RUNNING_GAUGES if (name, model) in values]
         if running:
             total += int(sum(running))
-        else:
+        elif counting is None or model not in counting:
             known = False
     return total if known or total else None
 
@@ -140,7 +147,8 @@ def drain(handle, models: list[str], timeout_s: float, log: Callable[[str], None
     if procfs.stopped(handle.process.pid):  # it would answer nothing: its own stop (then SIGKILL) is all there is
         return DrainResult(models, 0.0, None, None, "error", "tritonserver is frozen (stopped)")
     metrics = lambda: read_metrics(handle.metrics_url)  # noqa: E731
-    at_start = running_requests(metrics(), models)
+    first = metrics()
+    at_start, counting = running_requests(first, models), counting_models(first, models)
     result = DrainResult(models, 0.0, at_start)
     try:
         for model in models:
@@ -165,5 +173,5 @@ def drain(handle, models: list[str], timeout_s: float, log: Callable[[str], None
         result.reason, result.error = ("server exited", "") if not server_alive() else ("error", f"{err}")
     result.seconds = time.monotonic() - started
     if not result.complete:
-        result.cut = running_requests(metrics(), models) if server_alive() else None
+        result.cut = running_requests(metrics(), models, counting) if server_alive() else None
     return result
