@@ -173,5 +173,8 @@ def drain(handle, models: list[str], timeout_s: float, log: Callable[[str], None
         result.reason, result.error = ("server exited", "") if not server_alive() else ("error", f"{err}")
     result.seconds = time.monotonic() - started
     if not result.complete:
-        result.cut = running_requests(metrics(), models, counting) if server_alive() else None
+        try:
+            result.cut = running_requests(metrics(), models, counting) if server_alive() else None
+        except StopRequested:  # a further signal while counting: the count is unknown, the stop goes on
+            result.cut, result.reason = None, "second signal"
     return result
