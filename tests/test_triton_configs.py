@@ -56,7 +56,7 @@ def test_every_config_parses_back_and_has_no_placeholder(tmp_path, backend):
         parsed = configs.parse_pbtxt(text)
         assert parsed == built[rel.split("/")[0]]
         assert parsed.name == rel.split("/")[0]
-        assert parsed.max_batch_size == 6
+        assert parsed.max_batch_size == (0 if parsed.name == "serving_gate" else 6)  # the gate batches nothing
 
 
 def test_draft_has_exactly_the_target_tensors(tmp_path):
@@ -353,3 +353,19 @@ def test_logits_dtype_comes_from_the_checkpoint_then_the_built_engine(tmp_path):
     (spec.pair_dir / "draft" / "engine" / "engine.json").write_text(json.dumps({"logits_dtype": "float32"}))
     with pytest.raises(SpecError, match="the target's logits are float16 .* but the draft's are float32"):
         repository.plan_settings(spec, "reference", tmp_path / "r")
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "reference"])
+def test_the_entry_points_name_the_serving_gate_the_repository_has(tmp_path, backend):
+    """The drain closes `serving_gate`; the BLS and preprocessing (the ensemble's first step) refuse new requests
+    while it is closed, so both must name that model, and it must be a model of the repository."""
+    from specbuild.triton.models import serving_gate
+
+    settings, files = rendered(tmp_path, backend)
+    built = configs.build_all(settings)
+    gate = built[serving_gate.MODEL_NAME]
+    assert gate.backend == "python" and gate.max_batch_size == 0 and f"{gate.name}/1/model.py" in files
+    assert [o.name for o in gate.output] == [serving_gate.OUTPUT] and not gate.HasField("dynamic_batching")
+    for entry in ("tensorrt_llm_bls", "preprocessing"):
+        assert params(built[entry])[serving_gate.GATE_PARAMETER] == gate.name, entry
+    assert "serving_gate" not in params(built["postprocessing"])  # called for running ensemble requests' responses

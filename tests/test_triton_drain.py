@@ -3,8 +3,9 @@ repository (the BLS, whose every step is a new request to the draft and target m
 
 Asserted on each: streams in flight when the signal comes all get their final response, token for token
 those of an undisturbed run; readiness is false during the drain; a request that arrives during the drain is
-refused at once (Triton's answer for a model being unloaded), not left hanging; serve's exit code and its log
-line say what happened. The bound (--exit-timeout) cuts the rest and says how many; a second signal stops at
+refused at once, not left hanging: UNAVAILABLE from the BLS and the ensemble (the serving gate is closed), Triton's
+NOT_FOUND for an llmapi model being unloaded (NVIDIA's model has no gate); serve's exit code and its log line say
+what happened. The bound (--exit-timeout) cuts the rest and says how many; a second signal stops at
 once. Durations are printed (pytest -s), never compared with a speed: a stream is long enough to be running
 when the signal comes because it is checked to be, not because the machine is assumed slow or fast.
 """
@@ -24,6 +25,7 @@ import urllib.request
 import pytest
 
 from specbuild.triton import procfs
+from specbuild.triton.models.serving_gate import REFUSAL
 from triton_helpers import make_deployment, make_llmapi_deployment, read_ready_document
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -33,9 +35,10 @@ MANY = 12  # streams for the tests that cut: 4 run, 8 wait for a BLS slot (its q
 MAX_TOKENS = 256  # the longest greedy generation the tiny deployment allows: in flight at the signal on any
 # machine this runs on, which each test checks rather than assumes
 HANG_S = 120.0  # no stream or process may take longer than this: a deadline against hanging, not an aim
-REFUSED = "has no available versions"
+UNLOADING = "has no available versions"  # Triton's refusal of a model being unloaded (gRPC NOT_FOUND, HTTP 404)
+REFUSED = (REFUSAL, UNLOADING)  # a request that came after the drain began: refused, not cut
 # How gRPC ends a stream whose server was killed (seen here: each of them, from run to run)
-TRANSPORT_ERRORS = ("Socket closed", "UNAVAILABLE", "Stream removed", "Connection reset")  # Triton's refusal of a model being unloaded (gRPC NOT_FOUND, HTTP 404)
+TRANSPORT_ERRORS = ("Socket closed", "UNAVAILABLE", "Stream removed", "Connection reset")
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +185,21 @@ def new_request_error(grpc_url: str, model: str) -> str:
     raise AssertionError(f"a request during the drain was served: {text!r}")
 
 
+def ensemble_request(http_url: str) -> tuple[int | str, str]:
+    """An ensemble request over HTTP /infer during the drain: its status and body (it must be answered at once)."""
+    import json
+
+    body = {"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": [PROMPT]},
+                       {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [2]}]}
+    request = urllib.request.Request(f"{http_url}/v2/models/ensemble/infer", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+
+
 def signal_during_streams(serving: Serving, document: dict, max_tokens: int, model: str = "tensorrt_llm_bls",
                           count: int = STREAMS):
     """Open `count` streams, SIGTERM serve once STREAMS of them have their first response (any more wait in the
@@ -193,7 +211,9 @@ def signal_during_streams(serving: Serving, document: dict, max_tokens: int, mod
     serving.process.send_signal(signal.SIGTERM)
     running_at_signal = streams.running()
     serving.wait_line("draining: ")
-    during = ready_status(http), new_request_error(grpc, model), streams.running()
+    running = streams.running()
+    during = (ready_status(http), new_request_error(grpc, model), running,
+              ensemble_request(http) if model == "tensorrt_llm_bls" else None)
     results = streams.join()
     code = serving.process.wait(HANG_S)
     return results, code, running_at_signal, during
@@ -202,13 +222,19 @@ def signal_during_streams(serving: Serving, document: dict, max_tokens: int, mod
 def assert_drained(serving: Serving, results: dict, expected: dict, running_at_signal: int, during,
                    counted: bool = True) -> None:
     """counted: the entry model exports its running requests (the BLS does; an llmapi model does not), so the log
-    line says how many ran to their end."""
-    readiness, refusal, running_during = during
+    line says how many ran to their end, and the repository has a serving gate, so new requests are refused
+    UNAVAILABLE (an llmapi model: NOT_FOUND, as Triton unloads it)."""
+    readiness, refusal, running_during, ensemble = during
     print(f"\nat the signal {running_at_signal} of {len(results)} streams ran; during the drain: ready {readiness}, "
-          f"a new request got {refusal!r}\n" + "".join(line for line in serving.lines if "drain" in line))
+          f"a new request got {refusal!r}, the ensemble {ensemble}\n"
+          + "".join(line for line in serving.lines if "drain" in line))
     assert running_at_signal > 0 and running_during > 0, "no stream was in flight during the drain"
     assert readiness == 400, readiness
-    assert REFUSED in refusal, refusal
+    if counted:
+        assert REFUSAL in refusal, refusal
+        assert ensemble[0] == 503 and REFUSAL in ensemble[1], ensemble  # UNAVAILABLE over HTTP
+    else:
+        assert UNLOADING in refusal, refusal
     for i, result in results.items():
         assert "error" not in result, f"stream {i}: {result}\n{serving.log()}"
         assert result["text"] == expected["text"] and result["finish_reason"] == expected["finish_reason"], i
@@ -260,7 +286,9 @@ def test_the_drain_gives_up_after_exit_timeout_and_says_how_many_it_cut(deployme
         serving.process.send_signal(signal.SIGTERM)
         code = serving.process.wait(HANG_S)
         results = streams.join()
-        assert_cut_as_said(serving, results, code, "supervisor: the drain gave up after 1.0 s (--exit-timeout)")
+        # (the bound starts at the signal; closing the gate starts a Python process, so it may end a little later)
+        assert_cut_as_said(serving, results, code, "supervisor: the drain gave up after ")
+        assert "(--exit-timeout)" in serving.wait_line("supervisor: the drain gave up after ")
     finally:
         serving.close()
 
@@ -269,7 +297,7 @@ def assert_cut_as_said(serving: Serving, results: dict, code: int, verdict: str)
     """The streams that ended with an error are the cut ones: serve's verdict counts them (it counts just before
     the kill, so a stream that ends in between counts as cut too) and its exit code is 1 when any was cut."""
     errors = {i: result["error"] for i, result in results.items() if "error" in result}
-    refused = [i for i, error in errors.items() if REFUSED in error]  # sent after the drain began: not cut
+    refused = [i for i, error in errors.items() if any(text in error for text in REFUSED)]  # sent after the drain began
     cut = [i for i in errors if i not in refused]
     line = serving.wait_line(verdict)
     said = int(re.search(r"cut (\d+) requests", line).group(1))
@@ -313,7 +341,7 @@ def test_up_drains_its_server_on_sigterm(deployment, tmp_path):
         http = serving.wait_line("http     ").split()[-1]
         document = {"endpoints": {"grpc": grpc, "http": http}}
         max_tokens, expected = long_enough(grpc)
-        results, code, running, during = signal_during_streams(serving, document, max_tokens)
+        results, code, running, during = signal_during_streams(serving, document, max_tokens, count=STREAMS + 3)
         out = serving.process.stdout.read()
         assert code == 0, serving.log()
         assert_drained(serving, results, expected, running, during)

@@ -295,7 +295,7 @@ def test_a_killed_draft_stub_ends_the_stream_with_an_error_and_the_model_is_relo
     assert served.stub("tensorrt_llm_draft").pid != old.pid
 
 
-@pytest.mark.parametrize("model", ["tensorrt_llm", "preprocessing", "postprocessing"])
+@pytest.mark.parametrize("model", ["tensorrt_llm", "preprocessing", "postprocessing", "serving_gate"])
 def test_a_killed_stub_is_reloaded(served, model):
     served.settle()
     old, server = served.stub(model), served.server_pid()

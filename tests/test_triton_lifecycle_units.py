@@ -53,3 +53,43 @@ def test_the_server_log_is_read_once_for_unhealthy_stubs(tmp_path: Path):
     assert supervisor._unhealthy_in_log() == {"tensorrt_llm_draft_0_0"}
     log.write_text("I1203 a new, shorter log after a restart\n")  # rotated: read from its start
     assert supervisor._unhealthy_in_log() == set()
+
+
+class FakeBackendUtils:
+    """What the gate check uses of triton_python_backend_utils: is_model_ready and TritonError's codes."""
+
+    class TritonError:
+        UNKNOWN, UNAVAILABLE = "UNKNOWN", "UNAVAILABLE"
+
+        def __init__(self, message: str, code: str = "UNKNOWN"):
+            self.message, self.code = message, code
+
+    def __init__(self, ready: dict[str, bool]):
+        self.ready, self.asked = ready, []
+
+    def is_model_ready(self, name: str) -> bool:
+        self.asked.append(name)
+        return self.ready.get(name, False)
+
+
+def test_the_gate_refuses_with_unavailable_only_while_it_is_closed():
+    from specbuild.triton.models.serving_gate import GATE_PARAMETER, MODEL_NAME, REFUSAL, Gate
+
+    utils = FakeBackendUtils({MODEL_NAME: True})
+    gate = Gate(utils, {GATE_PARAMETER: MODEL_NAME})
+    assert gate.refusal() is None and utils.asked == [MODEL_NAME]
+    utils.ready[MODEL_NAME] = False  # the drain unloaded it
+    error = gate.refusal("preprocessing: ")
+    assert error.code == "UNAVAILABLE" and error.message == "preprocessing: " + REFUSAL
+    # a repository written before the gate (no parameter) never refuses for it, nor asks
+    utils.asked.clear()
+    assert Gate(utils, {}).refusal() is None and utils.asked == []
+
+
+def test_a_python_backend_without_the_model_loading_api_has_no_gate():
+    from specbuild.triton.models.serving_gate import GATE_PARAMETER, Gate
+
+    class Old:
+        TritonError = FakeBackendUtils.TritonError
+
+    assert Gate(Old(), {GATE_PARAMETER: "serving_gate"}).refusal() is None

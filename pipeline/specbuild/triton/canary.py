@@ -36,6 +36,14 @@ def entry_models(repo: Path) -> list[str]:
     return [model for model in ("tensorrt_llm_bls", "ensemble") if (Path(repo) / model).is_dir()]
 
 
+def gate_model(repo: Path) -> str | None:
+    """The repository's serving gate, which the drain closes (specbuild.triton.models.serving_gate); None where
+    it has none (an llmapi repository, whose model is NVIDIA's; one written before the gate existed)."""
+    from specbuild.triton.models.serving_gate import MODEL_NAME
+
+    return MODEL_NAME if (Path(repo) / MODEL_NAME / "config.pbtxt").is_file() else None
+
+
 def entry_model(repo: Path) -> str:
     """The model a periodic canary goes through: the BLS, else the ensemble; an llmapi repository's one model."""
     return (entry_models(repo) or ["ensemble"])[0]

@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING
 
 from specbuild.errors import SpecError
 from specbuild.contract import tensors as T
+from specbuild.triton.models import serving_gate as gate
 
 if TYPE_CHECKING:  # tritonclient is imported lazily: `specbuild repo --help` must not need it
     from tritonclient.grpc import model_config_pb2
 
 BACKENDS = ("trtllm", "reference")
-MODEL_NAMES = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble")
+MODEL_NAMES = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble",
+               gate.MODEL_NAME)
 LLM_MODEL = {"target": "tensorrt_llm", "draft": "tensorrt_llm_draft"}
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"  # the template's fixed value
 # Read with no fallback by the C++ backend; empty = not set (guided decoding off). Allowed empty, nowhere else.
@@ -174,7 +176,7 @@ def preprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     add_dynamic_batching(c, s.max_queue_delay_microseconds, s.max_batch_size)
     _add_tensors(pb, c.input, T.PRE_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.PRE_OUTPUTS, s.logits_datatype)
-    _params(c, {"tokenizer_dir": s.tokenizer_dir, "add_special_tokens": "true"})
+    _params(c, {"tokenizer_dir": s.tokenizer_dir, "add_special_tokens": "true", gate.GATE_PARAMETER: gate.MODEL_NAME})
     _cpu_instances(pb, c, s.preprocessing_instance_count)
     return c
 
@@ -282,6 +284,7 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
         # in the BLS for a slot; past that it answers UNAVAILABLE "Exceeds maximum queue size" (0 = no bound).
         "max_concurrent_requests": str(s.max_batch_size),
         "max_queue_size": str(bls_queue_size(s)),
+        gate.GATE_PARAMETER: gate.MODEL_NAME,  # closed by the drain: new requests are then refused UNAVAILABLE
     })
     _cpu_instances(pb, c, s.bls_instance_count)
     return c
@@ -337,6 +340,15 @@ def ensemble(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     return c
 
 
+def serving_gate(s: RepoSettings) -> "model_config_pb2.ModelConfig":
+    """READY while the deployment takes new requests; the drain closes it (specbuild.triton.models.serving_gate)."""
+    pb = _pb()
+    c = pb.ModelConfig(name=gate.MODEL_NAME, backend="python", max_batch_size=0)
+    c.output.add(name=gate.OUTPUT, data_type=pb.TYPE_BOOL, dims=[1])
+    _cpu_instances(pb, c, 1)
+    return c
+
+
 def build_all(s: RepoSettings) -> dict[str, "model_config_pb2.ModelConfig"]:
     if s.backend not in BACKENDS:
         raise SpecError(f"backend = {s.backend!r} is not supported. Choose one of: {', '.join(BACKENDS)}.")
@@ -348,6 +360,7 @@ def build_all(s: RepoSettings) -> dict[str, "model_config_pb2.ModelConfig"]:
         "tensorrt_llm_draft": llm(s, "draft"),
         "tensorrt_llm_bls": bls(s),
         "ensemble": ensemble(s),
+        gate.MODEL_NAME: serving_gate(s),
     }
 
 

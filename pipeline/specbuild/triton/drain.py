@@ -5,19 +5,20 @@ requests it holds finish, but from the moment it starts it refuses every new inf
 inference: each step of the speculative BLS sends one request to `tensorrt_llm_draft` and one to `tensorrt_llm`,
 which then fail with "Server not ready" (measured on tritonserver 2.51: streams in flight at SIGTERM were cut).
 
-What is done instead, with Triton's own model lifecycle: the entry models (the BLS and the ensemble; an llmapi
-repository's one model) are unloaded through the model-repository API. A model being unloaded stays in state
-UNLOADING until the last request that holds it has ended (core src/model_lifecycle.cc: a request holds the
-model, and the model is destroyed when the last holder lets go), while the models it calls stay loaded and
-keep answering its steps. Meanwhile:
-- `/v2/health/ready` answers 400 at once: with --strict-readiness a model that is neither READY nor unloaded
-  makes the server not ready (core src/server.cc, IsReady), so a load balancer or a Kubernetes readiness
-  probe stops routing here;
-- a new request for an entry model is refused at once, never queued: Triton answers "Request for unknown
-  model: '<model>' has no available versions" (gRPC NOT_FOUND, HTTP 404: the code Triton itself gives a
-  model that is being unloaded, and every model during its own shutdown; measured on 2.51);
-- requests already waiting for one of the BLS's slots (its own queue), and every running stream, run to their
-  final response.
+What is done instead, with Triton's own model lifecycle, in two phases:
+1. The serving gate closes (specbuild.triton.models.serving_gate; a repository of the engine path has one):
+   `/v2/health/ready` answers 400 at once, so a load balancer or a Kubernetes readiness probe stops routing here,
+   and the BLS and preprocessing (the ensemble's first step) refuse each new request with UNAVAILABLE, the code
+   clients and proxies retry elsewhere (HTTP 503). Requests already running, and those already waiting for one of
+   the BLS's slots (its own queue), run to their final response; the BLS's gauges count them, and this phase ends
+   when they read zero.
+2. The entry models (the BLS and the ensemble; an llmapi repository's one model, which is NVIDIA's and has no
+   gate, so its drain starts here) are unloaded through the model-repository API. A model being unloaded stays
+   in state UNLOADING until the last request that holds it has ended (core src/model_lifecycle.cc: a request
+   holds the model, and the model is destroyed when the last holder lets go), while the models it calls stay
+   loaded and keep answering its steps; this covers the ensemble's running requests, which export no count.
+   A new request for a model being unloaded is refused by Triton itself: "Request for unknown model: '<model>'
+   has no available versions" (gRPC NOT_FOUND, HTTP 404; measured on 2.51), and readiness stays false.
 The drain is over when every entry model has left UNLOADING; then tritonserver is stopped as before (its own
 graceful stop, for requests clients sent straight to the other models). A bound: `timeout_s` (serve's
 --exit-timeout); after it, or on a second SIGINT/SIGTERM, the drain gives up and says how many requests it cut.
@@ -54,6 +55,8 @@ class DrainResult:
     cut: int | None = 0  # requests still running when it gave up (None: some, count not exported)
     reason: str = "drained"  # drained | timeout | second signal | server exited | error
     error: str = ""  # what went wrong, for reason "error"
+    refused_with: str = "NOT_FOUND"  # what a new request got: UNAVAILABLE (the gate closed), else Triton's answer
+    # for a model being unloaded
 
     @property
     def complete(self) -> bool:
@@ -136,10 +139,43 @@ def model_states(http_url: str, headers: dict[str, str], timeout: float = 5.0) -
     return {row["name"]: row.get("state", "") for row in rows}
 
 
+def close_gate(handle, gate: str) -> None:
+    """Close the serving gate (specbuild.triton.models.serving_gate): unload it and at once load it with a backend
+    that does not exist, a load that fails on purpose. Readiness is false from the unload on. Raises ServeError if
+    the gate is not closed."""
+    from specbuild.errors import ServeError
+    from specbuild.triton.models import serving_gate
+
+    headers = handle.admin_headers()
+    request = urllib.request.Request(f"http://{handle.http_url}/v2/models/{gate}/config", headers=headers)
+    with urllib.request.urlopen(request, timeout=CALL_TIMEOUT_S) as response:
+        config = json.loads(response.read())
+    config["backend"] = serving_gate.CLOSED_BACKEND
+    handle.model_control("unload", gate, timeout=CALL_TIMEOUT_S)  # the gate is UNLOADING: closed from now on
+    try:
+        handle.model_control("load", gate, timeout=CALL_TIMEOUT_S, config=config)
+    except ServeError as err:
+        if serving_gate.CLOSED_BACKEND in str(err):
+            return  # refused to load, as asked
+        raise
+    raise ServeError(f"{gate} loaded with backend {serving_gate.CLOSED_BACKEND!r}: is there such a backend?")
+
+
+def _ended(started: float, timeout_s: float, server_alive: Callable[[], bool]) -> str | None:
+    """Why the drain must stop waiting now, if it must."""
+    if not server_alive():
+        return "server exited"
+    if time.monotonic() - started >= timeout_s:
+        return "timeout"
+    return None
+
+
 def drain(handle, models: list[str], timeout_s: float, log: Callable[[str], None],
-          server_alive: Callable[[], bool], poll_s: float = 0.1) -> DrainResult:
-    """Unload `models` (the entry models) and wait until none is UNLOADING, within timeout_s. A second
-    signal reaches here as StopRequested from the caller's handler; it is turned into a result."""
+          server_alive: Callable[[], bool], gate: str | None = None, poll_s: float = 0.1) -> DrainResult:
+    """Close the serving gate `gate` (when the repository has one) and wait until the models that count their
+    requests (the BLS) hold none, then unload `models` (the entry models) and wait until none is UNLOADING, all
+    within timeout_s. A second signal reaches here as StopRequested from the caller's handler; it is turned into
+    a result."""
     from specbuild.errors import ServeError
     from specbuild.triton.server import StopRequested
 
@@ -150,23 +186,39 @@ def drain(handle, models: list[str], timeout_s: float, log: Callable[[str], None
     first = metrics()
     at_start, counting = running_requests(first, models), counting_models(first, models)
     result = DrainResult(models, 0.0, at_start)
+    held = "" if at_start is None else f"{at_start} requests running; "
+    wait = f"waiting up to {timeout_s:.0f} s for running requests to finish (a second Ctrl-C stops at once)"
     try:
-        for model in models:
-            handle.model_control("unload", model, timeout=CALL_TIMEOUT_S)  # returns at once; Triton goes on
-        held = "" if at_start is None else f"{at_start} requests running; "
-        log(f"draining: {', '.join(models)} unloading ({held}readiness is false, new requests are refused); "
-            f"waiting up to {timeout_s:.0f} s for running requests to finish (a second Ctrl-C stops at once)")
-        while True:
-            if not server_alive():
-                result.reason = "server exited"
-                break
-            states = model_states(handle.http_url, handle.admin_headers(), timeout=CALL_TIMEOUT_S)
-            if all(states.get(model, "UNAVAILABLE") in GONE for model in models):
-                break
-            if time.monotonic() - started >= timeout_s:
-                result.reason = "timeout"
-                break
-            time.sleep(poll_s)
+        if gate:
+            try:
+                close_gate(handle, gate)
+                result.refused_with = "UNAVAILABLE"
+            except (ServeError, OSError, ValueError) as err:
+                log(f"draining: the serving gate did not close ({err}); new requests are refused as their models "
+                    "unload")
+        if result.refused_with == "UNAVAILABLE":
+            log(f"draining: readiness is false, new requests are refused (UNAVAILABLE); {held}{wait}")
+            # Phase 1: the gate refuses, the BLS finishes what it holds (its gauges count it exactly).
+            while counting and running_requests(metrics(), sorted(counting), counting) != 0:
+                result.reason = _ended(started, timeout_s, server_alive) or result.reason
+                if not result.complete:
+                    break
+                time.sleep(poll_s)
+        if result.complete:
+            # Phase 2 (the only one without a gate): Triton unloads each entry model once its last request ends.
+            for model in models:
+                handle.model_control("unload", model, timeout=CALL_TIMEOUT_S)  # returns at once; Triton goes on
+            if result.refused_with != "UNAVAILABLE":
+                log(f"draining: {', '.join(models)} unloading ({held}readiness is false, new requests are refused); "
+                    + wait)
+            while True:
+                states = model_states(handle.http_url, handle.admin_headers(), timeout=CALL_TIMEOUT_S)
+                if all(states.get(model, "UNAVAILABLE") in GONE for model in models):
+                    break
+                result.reason = _ended(started, timeout_s, server_alive) or result.reason
+                if not result.complete:
+                    break
+                time.sleep(poll_s)
     except StopRequested:
         result.reason = "second signal"
     except (ServeError, OSError, ValueError) as err:  # the server stops either way; say why the drain ended early

@@ -40,6 +40,7 @@ SHIMS = {
     "postprocessing": "specbuild.triton.models.postprocessing",
     "tensorrt_llm_bls": "specbuild.triton.models.bls",
     "reference_llm": "specbuild.triton.models.reference_llm",
+    "serving_gate": "specbuild.triton.models.serving_gate",
 }
 
 
@@ -212,6 +213,7 @@ def render(settings: RepoSettings) -> dict[str, str]:
     files["preprocessing/1/model.py"] = shim_source(SHIMS["preprocessing"])
     files["postprocessing/1/model.py"] = shim_source(SHIMS["postprocessing"])
     files["tensorrt_llm_bls/1/model.py"] = shim_source(SHIMS["tensorrt_llm_bls"])
+    files["serving_gate/1/model.py"] = shim_source(SHIMS["serving_gate"])
     for name in ("tensorrt_llm", "tensorrt_llm_draft"):
         if settings.backend == "reference":
             files[f"{name}/1/model.py"] = shim_source(SHIMS["reference_llm"])

@@ -318,11 +318,13 @@ class ServerHandle:
         """The header that opens the model-repository API to this process (none when it is open to all)."""
         return {ADMIN_HEADER: self.admin_key} if "model-repository" in self.opts.restricted_apis() else {}
 
-    def model_control(self, action: str, model: str, timeout: float = 600.0) -> None:
+    def model_control(self, action: str, model: str, timeout: float = 600.0, config: dict | None = None) -> None:
         """Load (reload) or unload one model through the model-repository API. A load blocks until the model
-        is loaded; an unload returns once it has begun (Triton finishes it when the model's requests end)."""
+        is loaded (with `config`, Triton's JSON model config, in place of its config.pbtxt); an unload returns
+        once it has begun (Triton finishes it when the model's requests end)."""
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
         request = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{model}/{action}",
-                                         data=b"{}", method="POST", headers=self.admin_headers())
+                                         data=json.dumps(body).encode(), method="POST", headers=self.admin_headers())
         try:
             with urllib.request.urlopen(request, timeout=timeout):
                 return

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from specbuild.errors import ServeError
 from specbuild.triton import drain, procfs
-from specbuild.triton.canary import CanaryProbe, canary, entry_model, entry_models
+from specbuild.triton.canary import CanaryProbe, canary, entry_model, entry_models, gate_model
 from specbuild.triton.drain import DrainResult
 from specbuild.triton.server import ServerHandle, ServerOptions, StopRequested, TritonInstall
 
@@ -217,15 +217,17 @@ class Supervisor:
         return outcome
 
     def drain(self) -> DrainResult:
-        """Unload the entry models and wait for their requests (specbuild.triton.drain), within the server's
-        exit timeout; a second signal ends the wait. Logs and records the result."""
-        models = [m for m in entry_models(self.handle.opts.repo) if self.handle.opts.models is None
-                  or m in self.handle.opts.models]
+        """Close the serving gate, unload the entry models and wait for their requests (specbuild.triton.drain),
+        within the server's exit timeout; a second signal ends the wait. Logs and records the result."""
+        loaded = lambda model: self.handle.opts.models is None or model in self.handle.opts.models  # noqa: E731
+        models = [m for m in entry_models(self.handle.opts.repo) if loaded(m)]
+        gate = gate_model(self.handle.opts.repo)
+        gate = gate if gate and loaded(gate) else None
         self._interruptible = True  # a second signal raises StopRequested inside the drain
         try:
             result = drain.drain(self.handle, models, self.handle.opts.exit_timeout_s, self.log,
                                  server_alive=lambda: self.handle.process is not None
-                                 and self.handle.process.poll() is None)
+                                 and self.handle.process.poll() is None, gate=gate)
         finally:
             self._interruptible = False
         self._event(result.describe(), kind="drain", **{k: v for k, v in result.to_dict().items() if k != "models"})

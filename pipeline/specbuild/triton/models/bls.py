@@ -61,6 +61,7 @@ from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse
 from specbuild.triton.models.common import resolve_path
 from specbuild.triton.models.postprocessing import decode_ids
 from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
+from specbuild.triton.models.serving_gate import GATE_PARAMETER, Gate
 from specbuild.triton.models.token_bytes import max_token_bytes
 
 TARGET_EXCLUDES_INPUT = False  # the generated tensorrt_llm models' exclude_input_in_output
@@ -128,6 +129,7 @@ class TritonPythonModel:
         self.metrics = SpeculationMetrics(pb_utils, self.model_name, self.max_draft_len)
         self.metrics_lock = threading.Lock()
         self.queue_metrics = QueueMetrics(pb_utils, self.model_name)
+        self.gate = Gate(pb_utils, {GATE_PARAMETER: _param(config, GATE_PARAMETER, "")})  # closed by the drain
         # Tokenizes and detokenizes in-process, by preprocessing's and postprocessing's rules: a BLS call to
         # either model per request (or per streamed step) would cost a round trip.
         self.tokenizer = load_tokenizer(resolve_path(_param(config, "tokenizer_dir"), args))
@@ -142,7 +144,11 @@ class TritonPythonModel:
     # ---- Triton entry points -------------------------------------------------------------------
     def execute(self, requests: list) -> None:
         """Check each request, then queue it for a slot or refuse it (see the module docstring); never waits."""
+        draining = self.gate.refusal()  # the drain has begun: new requests go elsewhere
         for request in requests:
+            if draining is not None:
+                self._answer(request, self.pb.InferenceResponse(error=draining))
+                continue
             try:
                 req = self._parse(request)
             except Exception as err:  # a bad request is answered before it waits for a slot

@@ -26,6 +26,7 @@ from specbuild.contract import tensors
 from specbuild.contract.words import to_word_list
 from specbuild.errors import RequestError
 from specbuild.triton.models.common import as_text, flag, parameters, required, resolve_path, serve_each
+from specbuild.triton.models.serving_gate import Gate
 
 
 def load_tokenizer(path: Path):
@@ -115,6 +116,10 @@ class TritonPythonModel:
         path = resolve_path(required(params, "tokenizer_dir", "preprocessing"), args)
         self.run = Preprocessor(load_tokenizer(path), flag(params, "add_special_tokens", True))
         self.names = [t.name for t in tensors.PRE_INPUTS]
+        self.gate = Gate(pb_utils, params)
 
     def execute(self, requests: list) -> list:
+        draining = self.gate.refusal("preprocessing: ")  # the ensemble's first step: new ensemble requests refused
+        if draining is not None:
+            return [self.pb.InferenceResponse(error=draining) for _ in requests]
         return serve_each(self.pb, requests, self.names, self.run, "preprocessing")
