@@ -79,11 +79,12 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
     repository.
 
     \b
-    SIGINT/SIGTERM drains first: the entry models (BLS, ensemble; llmapi: tensorrt_llm) are
-    unloaded, so readiness turns false at once and new requests are refused at once, while every
-    running request finishes through the models it calls; then tritonserver stops. The drain
-    waits up to --exit-timeout, then cuts what is left (exit 1, the count said); a second
-    SIGINT/SIGTERM stops at once.
+    SIGINT/SIGTERM drains first: the serving gate closes, so readiness turns false at once and
+    new requests are refused at once with UNAVAILABLE (clients retry elsewhere), while every
+    running request finishes through the models it calls; then the entry models unload (an
+    llmapi repository has no gate: its model unloads at once, new requests get NOT_FOUND) and
+    tritonserver stops. The drain waits up to --exit-timeout, then cuts what is left (exit 1,
+    the count said); a second SIGINT/SIGTERM stops at once.
 
     \b
     Exit codes: 0 stopped by a signal (or --once done), 1 error (a failed stop included), 2 usage error.
