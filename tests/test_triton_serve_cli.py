@@ -214,3 +214,25 @@ def test_pytriton_server_is_set_up_with_its_libraries_and_stub(monkeypatch, tmp_
     assert {"libtriton_python.so", "triton_python_backend_utils.py", "triton_python_backend_stub"} <= names
     assert os.access(found.backend_dir / "python" / "triton_python_backend_stub", os.X_OK)
     assert found.env["PATH"].split(os.pathsep)[0] == str(Path(os.sys.executable).parent)
+
+
+def test_repo_and_serve_find_the_repository_in_one_default_folder(tmp_path, monkeypatch):
+    """Run from elsewhere with a spec in its own folder (as after `make demo`: `serve -c .demo/specbuild.toml`),
+    `repo` writes triton_repo beside the spec's output_dir, and `serve` looks there (as `up` does: the same
+    specbuild.artifacts.default_repo_dir), not in the current folder, which may hold another repository (the
+    checkout's committed one)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    spec = write_spec(project)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "triton_repo").mkdir(parents=True)  # someone else's folder: never used by default
+    monkeypatch.chdir(elsewhere)
+    expected = (project / "triton_repo").resolve()
+    planned = run("repo", "-c", str(spec), "--backend", "reference", "--dry-run", "--json")
+    assert planned.exit_code == 0, planned.output
+    assert json.loads(planned.stdout)["out_dir"] == str(expected)
+    assert run("repo", "-c", str(spec), "--backend", "reference").exit_code == 0
+    assert (expected / "manifest.json").is_file() and not any((elsewhere / "triton_repo").iterdir())
+    served = run("serve", "-c", str(spec), "--dry-run", "--json")
+    assert served.exit_code == 0, served.output
+    assert f"--model-repository={expected}" in json.loads(served.stdout)["argv"]

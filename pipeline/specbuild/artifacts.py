@@ -50,6 +50,15 @@ STAGE_OUTPUTS = {  # stage -> what its folder holds, for messages
     "build-llmapi": "LLM API configuration",
 }
 
+REPO_FOLDER = "triton_repo"
+
+
+def default_repo_dir(output_dir: Path | str) -> Path:
+    """Where `repo` writes and `serve` and `up` look for the model repository unless told: `triton_repo` beside
+    the spec's output_dir (the engines' folder), one rule for every command, so the relative engine paths of a
+    reference repository resolve and `serve -c <spec>` finds what `up -c <spec>` wrote."""
+    return Path(output_dir).parent / REPO_FOLDER
+
 
 def hash_file(path: Path, h: "hashlib._Hash | None" = None) -> str:
     h = h or hashlib.sha256()

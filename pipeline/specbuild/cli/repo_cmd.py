@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from specbuild.artifacts import default_repo_dir
 from specbuild.cli.common import (dry_run_option, force_option, get_spec, json_option, report_repo_plan,
                                   report_repo_result, spec_option)
 
@@ -34,8 +35,9 @@ def detect_backend(spec) -> str:
 @click.option("--checkpoints-dir", default=None,
               help="llmapi: the output folder as the server sees it (model.yaml names <dir>/<name>/<role>/hf_checkpoint). "
                    "Default: /engines for runtime tensorrt_llm, the spec's output_dir for reference.")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("triton_repo"),
-              show_default=True, help="The model repository folder to write.")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The model repository folder to write (default: triton_repo beside the spec's output_dir, where "
+                   "`serve` and `up` look for it).")
 @click.option("--engines-dir", default=None,
               help="The engines folder as the server will see it. trtllm default: /engines (the GPU image's mount); "
                    "reference default: the spec's output_dir, written relative to --out-dir.")
@@ -47,7 +49,8 @@ def detect_backend(spec) -> str:
 @json_option
 def command(spec_path, backend, runtime, checkpoints_dir, out_dir, engines_dir, tokenizer_dir, force, dry_run, as_json):
     """Write the Triton model repository: preprocessing, postprocessing, tensorrt_llm (target),
-    tensorrt_llm_draft, tensorrt_llm_bls (speculative decoding) and ensemble (target only).
+    tensorrt_llm_draft, tensorrt_llm_bls (speculative decoding), ensemble (target only) and
+    serving_gate (closed by serve's drain on SIGTERM: new requests are then refused UNAVAILABLE).
 
     \b
     Model and tensor names are NVIDIA's inflight_batcher_llm ones, so existing clients work.
@@ -63,6 +66,7 @@ def command(spec_path, backend, runtime, checkpoints_dir, out_dir, engines_dir, 
     from specbuild.triton import repository
 
     spec = get_spec(spec_path)
+    out_dir = out_dir or default_repo_dir(spec.output_dir)
     backend = backend or spec.build.backend or detect_backend(spec)
     if backend == "llmapi":
         from specbuild.cli.llmapi_cmds import repo as llmapi_repo

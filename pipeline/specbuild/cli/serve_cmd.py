@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from specbuild.artifacts import default_repo_dir
 from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, spec_option
 from specbuild.triton.server import RESTRICTED_APIS, ServerOptions
 from specbuild.triton.supervisor import SupervisorSettings
@@ -15,8 +16,9 @@ DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuil
 
 @click.command("serve")
 @spec_option
-@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=Path("triton_repo"),
-              show_default=True, help="The model repository written by `specbuild repo`.")
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The model repository written by `specbuild repo` or `up` (default: triton_repo beside the "
+                   "spec's output_dir, where they write it).")
 @click.option("--host", default=None, help="Address to bind (default: the spec's serve.host, loopback).")
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="HTTP port (0 = a free one).")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="gRPC port (0 = a free one).")
@@ -93,6 +95,7 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
     from specbuild.triton.supervisor import Supervisor
 
     spec = get_spec(spec_path)
+    repo = repo or default_repo_dir(spec.output_dir)
     if server == "trtllm-serve":
         if (backend or "llmapi") != "llmapi":
             raise click.UsageError("--server trtllm-serve serves the LLM API path: use --backend llmapi.")

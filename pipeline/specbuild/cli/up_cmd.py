@@ -56,11 +56,11 @@ def claim_outputs(ctx: UpContext) -> None:
     """Refuse now, not after convert and build, an output folder that a later stage may not replace
     (someone else's folder, a file, specbuild's output of another stage): see specbuild.artifacts."""
     from specbuild.artifacts import claim_output, resolve_output
-    from specbuild.cli.up_serving import default_repo_dir
+    from specbuild.artifacts import default_repo_dir
 
     folders = [(ctx.spec.pair_dir / role / name, stage) for role in ("target", "draft")
                for name, stage in (("checkpoint", "convert"), ("engine", "build"))]
-    folders.append((ctx.repo or default_repo_dir(ctx.spec), "repo"))
+    folders.append((ctx.repo or default_repo_dir(ctx.spec.output_dir), "repo"))
     for path, stage in folders:
         if stage in ctx.stages:
             claim_output(resolve_output(path, stage), stage)

@@ -18,14 +18,14 @@ from specbuild.errors import PairError
 def _claim(ctx) -> None:
     """Refuse now, not after convert, a folder a later stage may not replace (specbuild.artifacts)."""
     from specbuild.artifacts import claim_output, resolve_output
-    from specbuild.cli.up_serving import default_repo_dir
+    from specbuild.artifacts import default_repo_dir
     from specbuild.llmapi.build import STAGE as BUILD_STAGE
     from specbuild.llmapi.build import config_dir
     from specbuild.llmapi.checkpoint import STAGE as CONVERT_STAGE
     from specbuild.llmapi.checkpoint import checkpoint_dir
 
     folders = [(checkpoint_dir(ctx.spec, role), CONVERT_STAGE, "convert") for role in ("target", "draft")]
-    folders += [(config_dir(ctx.spec), BUILD_STAGE, "build"), (ctx.repo or default_repo_dir(ctx.spec), "repo", "repo")]
+    folders += [(config_dir(ctx.spec), BUILD_STAGE, "build"), (ctx.repo or default_repo_dir(ctx.spec.output_dir), "repo", "repo")]
     for path, stage, step in folders:
         if step in ctx.stages:
             claim_output(resolve_output(path, stage), stage)
@@ -79,9 +79,9 @@ def run_build_stage(ctx) -> dict[str, Any]:
 
 
 def run_repo_stage(ctx) -> dict[str, Any]:
-    from specbuild.cli.up_serving import default_repo_dir
+    from specbuild.artifacts import default_repo_dir
 
-    repo = ctx.repo or default_repo_dir(ctx.spec)
+    repo = ctx.repo or default_repo_dir(ctx.spec.output_dir)
     if ctx.dry_run:
         return {"status": "planned", "detail": f"write the llmapi model repository to {repo}"}
     from specbuild.llmapi.repository import write_repository

@@ -14,12 +14,8 @@ from typing import Any
 
 import click
 
+from specbuild.artifacts import default_repo_dir
 from specbuild.example.demo import DEMO_MAX_TOKENS, DEMO_PROMPTS, MAX_TOP_TOKEN_SHARE
-
-
-def default_repo_dir(spec) -> Path:
-    """The repository sits beside the engines folder, so its relative engine paths resolve."""
-    return Path(spec.output_dir).parent / "triton_repo"
 
 
 def demo_prompts() -> list[tuple[str, str]]:
@@ -28,7 +24,7 @@ def demo_prompts() -> list[tuple[str, str]]:
 
 
 def run_repo_stage(ctx) -> dict[str, Any]:
-    repo = ctx.repo or default_repo_dir(ctx.spec)
+    repo = ctx.repo or default_repo_dir(ctx.spec.output_dir)
     if ctx.dry_run:
         from dataclasses import asdict
 
@@ -52,7 +48,7 @@ def run_repo_stage(ctx) -> dict[str, Any]:
 def run_serve_stage(ctx) -> dict[str, Any]:
     from specbuild.triton import deploy
 
-    repo = Path(ctx.results.get("repo", {}).get("repo") or ctx.repo or default_repo_dir(ctx.spec))
+    repo = Path(ctx.results.get("repo", {}).get("repo") or ctx.repo or default_repo_dir(ctx.spec.output_dir))
     if ctx.dry_run:
         return {"status": "planned", "detail": f"tritonserver on {repo}, then {len(demo_prompts())} demo prompts"}
     from specbuild.triton.supervisor import Supervisor
