@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specbuild import quantization
 from specbuild.errors import SpecError
 
-QUANTIZATIONS = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo")
+QUANTIZATIONS = quantization.NAMES  # specbuild.quantization: one record per format
 KV_CACHE_DTYPES = ("none", "fp8")  # int8 is refused: it disables paged context FMHA (KV reuse)
 DTYPES = ("float16", "bfloat16", "float32")
 # trtllm: TensorRT engines (trtllm-build, GPU); reference: PyTorch reference engines (any machine);

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from specbuild.config import ModelSpec, Spec
+from specbuild.quantization import FORMATS
 
 # Peak HBM/GDDR bandwidth in GB/s (vendor data sheets), keyed like specbuild.config.GPUS.
 GPU_BANDWIDTH_GBS: dict[str, float] = {
@@ -38,8 +39,7 @@ GPU_BANDWIDTH_GBS: dict[str, float] = {
 ACHIEVED_BANDWIDTH_FRACTION = 0.7  # decode kernels reach roughly this share of peak bandwidth
 LAUNCH_SECONDS_PER_LAYER = 5e-6  # fixed cost per decoder layer per step (kernel launches), an assumption
 
-BYTES_PER_WEIGHT = {"none": None, "fp8": 1.0, "int8_sq": 1.0, "int8_wo": 1.0,
-                     "int4_awq": 0.5, "w4a8_awq": 0.5, "int4_wo": 0.5}
+BYTES_PER_WEIGHT = {name: fmt.weight_bytes for name, fmt in FORMATS.items()}  # specbuild.quantization; None: dtype
 BYTES_PER_DTYPE = {"float16": 2.0, "bfloat16": 2.0, "float32": 4.0}
 
 

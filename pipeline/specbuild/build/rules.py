@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from specbuild.quantization import BLACKWELL_SM, FORMATS, FP8_MIN_SM  # noqa: F401 (the formats' GPU gates)
+
 MIN_SM = 80  # draft/target speculative decoding support matrix (draft_target_model README): SM >= 80
-FP8_MIN_SM = 89  # FP8 weights, W4A8 (FP8 activations), FP8 context FMHA
-BLACKWELL_SM = range(100, 120)  # builder.py raises for INT8/INT4 weight-only, INT8 KV and SmoothQuant here
-BLACKWELL_REJECTED = ("int8_sq", "int8_wo", "int4_wo", "int4_awq")  # spec quantizations refused on BLACKWELL_SM
+# spec quantizations trtllm-build refuses on BLACKWELL_SM (specbuild.quantization, with its source)
+BLACKWELL_REJECTED = tuple(name for name, fmt in FORMATS.items() if fmt.blackwell == "refused")
 FP8_CONTEXT_FMHA_ALGOS = ("FP8", "W4A8_AWQ", "NVFP4")  # quant_algos that keep paged context FMHA with an FP8 KV cache
 TOKENS_PER_BLOCK = 32  # PluginConfig.tokens_per_block default (1.x)
 INT32_MAX = 2**31 - 1  # the backend parses integer parameters with std::stoi
@@ -62,12 +63,8 @@ def paged_context_fmha_loss(quant_algo: Any, kv_cache_quant_algo: Any, sm: int |
     return None
 
 
-# The TensorRT-LLM QuantAlgo convert writes for each spec `quantization` name (specbuild.convert.formats
-# builds its table from this one; mirrors TensorRT-LLM's examples/quantization/quantize.py qformats).
-QUANT_ALGO: dict[str, str | None] = {
-    "none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ",
-    "int8_wo": "W8A16", "int4_wo": "W4A16",
-}
+# The TensorRT-LLM QuantAlgo convert writes for each spec `quantization` name (specbuild.quantization)
+QUANT_ALGO: dict[str, str | None] = {name: fmt.quant_algo for name, fmt in FORMATS.items()}
 
 
 def spec_paged_context_fmha_loss(quantization: str, kv_cache: str, sm: int | None) -> str | None:

@@ -9,7 +9,6 @@ import dataclasses
 from typing import Any
 
 from specbuild.build.rules import (
-    BLACKWELL_REJECTED,
     BLACKWELL_SM,
     FP8_MIN_SM,
     MIN_SM,
@@ -22,6 +21,7 @@ from specbuild.check.memory import DTYPE_BYTES, GIB, WEIGHT_BYTES, MemoryPlan, c
 from specbuild.check.report import Finding
 from specbuild.config import GPUS, Spec
 from specbuild.hfmodel import ModelInfo, read_model_info
+from specbuild.quantization import FORMATS, one_of, usable_on
 
 
 def paged_context_fmha_findings(spec: Spec) -> list[Finding]:
@@ -64,33 +64,24 @@ def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
     for role in ("target", "draft"):
         model = spec.role(role)
         q = model.quantization
-        if q in ("fp8", "w4a8_awq") and sm < FP8_MIN_SM:
+        refused = FORMATS[q].refused_on(sm)  # the same record and rule convert refuses with
+        if refused is not None:
             problems.append(Finding("quantization_unsupported_on_gpu",
-                                    f"{role}.quantization = {q!r} needs FP8 (SM89+), but {spec.gpu.name} is SM{sm}.",
-                                    f"Use {role}.quantization = \"int4_awq\" or \"int8_sq\", or an SM89+ GPU."))
+                                    f"{role}.quantization = {q!r} on {spec.gpu.name} (SM{sm}): {refused}.",
+                                    f"Use {role}.quantization = {one_of(usable_on(sm))} on this GPU."))
         if model.kv_cache == "fp8" and sm < FP8_MIN_SM:
             problems.append(Finding("kv_cache_unsupported_on_gpu",
                                     f"{role}.kv_cache = 'fp8' needs SM89+, but {spec.gpu.name} is SM{sm}.",
                                     f"Set {role}.kv_cache = \"none\"."))
-        if sm in BLACKWELL_SM and q in BLACKWELL_REJECTED:
-            problems.append(Finding("quantization_unsupported_on_gpu",
-                                    f"{role}.quantization = {q!r}: trtllm-build rejects INT8/INT4 weight-only and "
-                                    f"SmoothQuant on SM100-119 ({spec.gpu.name} is SM{sm}).",
-                                    f"Use {role}.quantization = \"fp8\" on this GPU."))
-        if sm in BLACKWELL_SM and q == "w4a8_awq":
+        if sm in BLACKWELL_SM and FORMATS[q].blackwell == "unverified":
             warnings.append(Finding("quantization_unverified_on_gpu",
-                                    f"{role}.quantization = 'w4a8_awq' on SM{sm} is not verified: trtllm-build rejects "
+                                    f"{role}.quantization = {q!r} on SM{sm} is not verified: trtllm-build rejects "
                                     "several INT4 modes on SM100-119.", f"Prefer {role}.quantization = \"fp8\"."))
     return problems, warnings
 
 
 def _supported(spec: Spec, quantization: str) -> bool:
-    sm = spec.gpu.sm
-    if sm is None:
-        return True
-    if quantization in ("fp8", "w4a8_awq") and sm < FP8_MIN_SM:
-        return False
-    return not (sm in BLACKWELL_SM and quantization in BLACKWELL_REJECTED)
+    return FORMATS[quantization].refused_on(spec.gpu.sm) is None
 
 
 def _keeps_paged_context_fmha(spec: Spec) -> bool:

@@ -42,6 +42,7 @@ from specbuild.build.rules import BLACKWELL_REJECTED, FP8_MIN_SM, MIN_SM, TOKENS
 from specbuild.check.report import Finding
 from specbuild.config import Spec
 from specbuild.hfmodel import ModelInfo
+from specbuild.quantization import FORMATS
 
 GIB = 1024**3
 
@@ -71,15 +72,8 @@ MIN_SAFETY_BYTES = int(0.5 * GIB)
 MAX_FRACTION = 0.95
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-# Bytes per transformer-block weight. AWQ keeps one fp16 scale per group of 128 weights.
-WEIGHT_BYTES = {
-    "fp8": 1.0,
-    "int8_sq": 1.0,
-    "int8_wo": 1.0,
-    "int4_wo": 0.5,
-    "int4_awq": 0.5 + 2 / 128,
-    "w4a8_awq": 0.5 + 2 / 128,
-}
+# Bytes per transformer-block weight of each quantized format (specbuild.quantization; AWQ's scales included)
+WEIGHT_BYTES = {name: fmt.weight_bytes for name, fmt in FORMATS.items() if fmt.weight_bytes is not None}
 # GPU feature gates and the KV-cache block size come from specbuild.build.rules (trtllm-build's own rules).
 
 

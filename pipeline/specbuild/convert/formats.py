@@ -1,44 +1,16 @@
-"""Quantization formats: what each `quantization` name means for modelopt and for TensorRT-LLM.
+"""Quantization formats at convert time: the registry's record for a name, and the checks convert makes with it.
 
-Mirrors TensorRT-LLM's `examples/quantization/quantize.py` and `tensorrt_llm/quantization/quantize_by_modelopt.py`
-(NVIDIA/TensorRT-LLM, read at 042c510: the qformat -> modelopt config table and the quant_algo patches):
-- fp8 / int8_sq / int4_awq / w4a8_awq quantize with a modelopt config and calibration data;
-- int8_wo / int4_wo export unquantized weights and set quant_algo W8A16 / W4A16, so that
-  trtllm-build quantizes the weights (per output channel) at build time;
-- none exports float16/bfloat16 weights with quant_algo null.
-No torch import here: the CLI's --dry-run uses this module.
+The formats themselves (modelopt config, QuantAlgo, GPU gates, bytes, verify bounds) are
+`specbuild.quantization`'s records, with their sources. Here: the refusals convert makes before any work (a GPU
+trtllm-build refuses the format on, a KV cache it would build without paged context FMHA) and the AWQ block
+size. No torch import here: the CLI's --dry-run uses this module.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from specbuild.build import rules
 from specbuild.errors import SpecError
-
-
-@dataclass(frozen=True)
-class QuantFormat:
-    name: str  # the spec's quantization value
-    mtq_config: str | None  # attribute of modelopt.torch.quantization; None = no modelopt quantization
-    quant_algo: str | None  # the TensorRT-LLM QuantAlgo written to config.json
-    calibrated: bool  # needs calibration data (forward passes)
-    awq: bool = False  # block-wise int4 weights: the block size must divide every input width per rank
-    min_sm: int = 80  # the lowest GPU generation TensorRT-LLM runs it on (the DTM flow needs SM80+)
-    blackwell_ok: bool = True  # False: trtllm-build raises on SM100-119 (INT8/INT4 weight-only, SmoothQuant)
-
-
-FORMATS: dict[str, QuantFormat] = {
-    "none": QuantFormat("none", None, rules.QUANT_ALGO["none"], calibrated=False),
-    "fp8": QuantFormat("fp8", "FP8_DEFAULT_CFG", rules.QUANT_ALGO["fp8"], calibrated=True, min_sm=rules.FP8_MIN_SM),
-    "int8_sq": QuantFormat("int8_sq", "INT8_SMOOTHQUANT_CFG", rules.QUANT_ALGO["int8_sq"], calibrated=True,
-                           blackwell_ok=False),
-    "int4_awq": QuantFormat("int4_awq", "INT4_AWQ_CFG", rules.QUANT_ALGO["int4_awq"], calibrated=True, awq=True),
-    "w4a8_awq": QuantFormat("w4a8_awq", "W4A8_AWQ_BETA_CFG", rules.QUANT_ALGO["w4a8_awq"], calibrated=True, awq=True,
-                            min_sm=rules.FP8_MIN_SM),
-    "int8_wo": QuantFormat("int8_wo", None, rules.QUANT_ALGO["int8_wo"], calibrated=False, blackwell_ok=False),
-    "int4_wo": QuantFormat("int4_wo", None, rules.QUANT_ALGO["int4_wo"], calibrated=False, blackwell_ok=False),
-}
+from specbuild.quantization import FORMATS, QuantFormat, one_of, usable_on
 
 KV_CACHE_QUANT_ALGO = {"none": None, "fp8": "FP8"}
 AWQ_BLOCK_SIZES = (128, 64)  # the group sizes TensorRT-LLM's W4A16/W4A8 AWQ kernels take, preferred first
@@ -61,17 +33,14 @@ def check_gpu(fmt: QuantFormat, kv_cache: str, sm: int | None, gpu: str | None, 
                             + rules.paged_context_fmha_fix(where, sm))
     if sm is None:
         return
-    if sm < fmt.min_sm or (kv_cache == "fp8" and sm < rules.FP8_MIN_SM):
-        what = f"quantization = {fmt.name!r}" if sm < fmt.min_sm else "kv_cache = 'fp8'"
-        raise SpecError(
-            f"{where}.{what} needs an SM89+ GPU (Ada/Hopper or newer), but gpu.name = {gpu!r} is SM{sm}. "
-            "Use 'int8_sq', 'int4_awq', 'int8_wo', 'int4_wo' or 'none' (and kv_cache = 'none') on this GPU."
-        )
-    if sm in rules.BLACKWELL_SM and not fmt.blackwell_ok:
-        raise SpecError(
-            f"{where}.quantization = {fmt.name!r}: trtllm-build refuses INT8/INT4 weight-only and SmoothQuant on "
-            f"SM{sm} ({gpu}). Use 'fp8', 'int4_awq', 'w4a8_awq' or 'none'."
-        )
+    usable = one_of(usable_on(sm))
+    if kv_cache == "fp8" and sm < rules.FP8_MIN_SM:
+        raise SpecError(f"{where}.kv_cache = 'fp8' needs an SM{rules.FP8_MIN_SM}+ GPU (Ada/Hopper or newer), but "
+                        f"gpu.name = {gpu!r} is SM{sm}. Set kv_cache = 'none' on this GPU.")
+    why = fmt.refused_on(sm)
+    if why is not None:
+        raise SpecError(f"{where}.quantization = {fmt.name!r} on gpu.name = {gpu!r} (SM{sm}): {why}. "
+                        f"Use {usable} on this GPU.")
 
 
 def check_kv_cache(kv_cache: str, where: str) -> str | None:

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.errors import CheckpointError
+from specbuild.quantization import FORMATS
 
 LOADER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-QUANT_ALGOS = (None, "FP8", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ", "W8A16", "W4A16")
+QUANT_ALGOS = tuple(fmt.quant_algo for fmt in FORMATS.values())  # specbuild.quantization's, each read below
 REQUIRED_KEYS = ("architecture", "dtype", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "hidden_act")
 _COLUMN = ("attention.qkv", "mlp.fc", "mlp.gate")  # split along the output dim across TP ranks

@@ -14,17 +14,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild.quantization import FORMATS
+
 # quantization -> (minimum top-1 agreement, maximum mean |logit error| relative to the logits' std).
 # Loose on purpose: they catch a broken loader or export (wrong layout, scale or shard order gives
 # near-random logits), not small accuracy differences.
-QUANT_BOUNDS: dict[str, tuple[float, float]] = {
-    "fp8": (0.80, 0.25),
-    "int8_sq": (0.80, 0.25),
-    "int8_wo": (0.90, 0.10),
-    "int4_awq": (0.60, 0.50),
-    "w4a8_awq": (0.60, 0.50),
-    "int4_wo": (0.50, 0.60),
-}
+# (specbuild.quantization's records, where the figures live)
+QUANT_BOUNDS: dict[str, tuple[float, float]] = {name: fmt.verify_bounds for name, fmt in FORMATS.items()
+                                                if fmt.verify_bounds is not None}
 EXACT_RTOL = 1e-4  # unquantized: max |error| <= EXACT_RTOL * max |logit| (float32 summation-order noise)
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specbuild.quantization import FORMATS
+
 RELEASE = "1.2.1"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"  # compatibility.md @e1db8a6: 26.04 -> 1.2.1
 RELEASE_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"  # containers.md names release:x.y.z; 1.2.1 tag unread
@@ -225,7 +227,7 @@ LAUNCHER = "trtllm-llmapi-launch"  # LAUNCH: rank from SLURM_PROCID / OMPI_COMM_
 HF_QUANT_CONFIG = "hf_quant_config.json"
 # Quantizations the PyTorch backend documents for pre-quantized modelopt checkpoints that specbuild exports
 # and verifies (nvidia.github.io/TensorRT-LLM/1.0.0/features/quantization.html: FP8 on Hopper and newer).
-QUANTIZATIONS = ("none", "fp8")
+QUANTIZATIONS = tuple(name for name, fmt in FORMATS.items() if fmt.llmapi)  # specbuild.quantization
 KV_CACHE_DTYPES = ("none", "fp8")
 
 

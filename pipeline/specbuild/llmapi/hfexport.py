@@ -21,8 +21,9 @@ from typing import Any
 
 from specbuild.errors import CheckpointError
 from specbuild.llmapi import contract
+from specbuild.quantization import FORMATS
 
-SUPPORTED_ALGOS = (None, "FP8")
+SUPPORTED_ALGOS = tuple(fmt.quant_algo for fmt in FORMATS.values() if fmt.llmapi)  # specbuild.quantization
 
 
 def quant_algo(folder: Path) -> tuple[str | None, str | None]:
