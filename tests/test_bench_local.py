@@ -9,7 +9,7 @@ from specbuild.bench.local import LocalTransport
 from specbuild.bench.workloads import Prompt, Workload
 from specbuild.config import spec_from_dict
 from specbuild.session.local import LocalSession
-from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 VOCAB = 24
 

@@ -19,7 +19,7 @@ from specbuild.session.served import Deployment, ServedSession, read_stream, ser
 from specbuild.speculative.draft_len import resolve_fixed_k, resolve_k, resolve_ks
 from specbuild.speculative.loop import GenerationRequest
 from specbuild.speculative.stats import SpeculationStats
-from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 from specbuild.triton.client import Chunk
 
 VOCAB = 24

@@ -7,7 +7,7 @@ import pytest
 
 from specbuild.speculative.adaptive import AdaptiveK, best_k, expected_tokens_per_step, predicted_speedup
 from specbuild.speculative.loop import GenerationRequest, generate
-from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.6, 0.9])

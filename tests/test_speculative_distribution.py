@@ -25,7 +25,7 @@ from specbuild.speculative.acceptance import accept_sampling_batch
 from specbuild.speculative.interfaces import SamplingParams, Verification
 from specbuild.speculative.loop import GenerationRequest, run
 from specbuild.speculative.sampling import process_logits, sample_rows
-from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 PROMPT = [2, 3]
 P_CORRECT, P_WRONG = 1e-3, 1e-6

@@ -9,7 +9,7 @@ from specbuild.errors import GenerationError, RequestError
 from specbuild.speculative.acceptance import accept_greedy
 from specbuild.speculative.interfaces import Draft, SamplingParams, Verification
 from specbuild.speculative.loop import DRAFTER, VERIFIER, GenerationRequest, derive_seed, generate, run
-from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 V = 12
 EOS = 11
@@ -348,7 +348,7 @@ def test_seeded_adaptive_sampling_ignores_wall_clock(monkeypatch):
     """Same seed -> same text even when step timings differ (adaptive K must not read the clock)."""
     from specbuild.speculative import loop as loop_module
     from specbuild.speculative.interfaces import SamplingParams
-    from specbuild.speculative.toy import ToyDrafter, ToyVerifier, random_model
+    from toy_model import ToyDrafter, ToyVerifier, random_model
 
     target, draft = random_model(12, seed=1), random_model(12, seed=2)
     request = loop_module.GenerationRequest(max_tokens=40, num_draft_tokens=4, adaptive=True,

@@ -21,7 +21,7 @@ from specbuild.speculative.adaptive import expected_hit_rate, predicted_overlap_
 from specbuild.speculative.interfaces import Ahead, AheadDrafter, Draft, SamplingParams
 from specbuild.speculative.loop import GenerationRequest, generate, run
 from specbuild.speculative.overlap import OverlapGate, ThreadedAhead, propose_ahead
-from specbuild.speculative.toy import NGramModel, ToyDrafter, ToyVerifier, random_model
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 from test_speculative_distribution import PROMPT as DIST_PROMPT
 from test_speculative_distribution import P_CORRECT, P_WRONG, chi_square_pvalue, exact_joint
 from test_speculative_distribution import pair as dist_pair

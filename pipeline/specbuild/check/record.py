@@ -64,3 +64,32 @@ def record_pass(spec: Spec, warnings: list[dict[str, Any]], backend: str | None 
 def forget(spec: Spec) -> None:
     """After a failing check: the next run checks again."""
     record_path(spec).unlink(missing_ok=True)
+
+
+def run_stage(spec: Spec, backend: str | None, force: bool, dry_run: bool, log, progress: bool) -> dict[str, Any]:
+    """`up`'s check stage, for either path (backend "llmapi": the LLM API path's check and record): skipped while
+    the last passing check saw these inputs, planned on a dry run, else run; a failing check raises PairError with
+    its first problem and forgets the record."""
+    from specbuild.artifacts import UP_TO_DATE
+    from specbuild.errors import PairError
+
+    fresh = not force and passed_unchanged(spec, backend)
+    if dry_run:
+        plan = "LLM API memory plan" if backend == "llmapi" else "memory plan"
+        return ({"status": "skipped", "detail": UP_TO_DATE} if fresh else
+                {"status": "planned", "detail": f"read both checkpoints' configs and tokenizers; {plan}"})
+    if fresh:
+        log(f"check: inputs unchanged since the last passing check ({record_path(spec)}), skipped.")
+        return {"status": "skipped"}
+    from specbuild.check.pair import run_check
+
+    report = run_check(spec, progress=progress, backend=backend or "trtllm")
+    for warning in report.warnings:
+        log(f"check warning: {warning.message}")
+    if not report.ok:
+        forget(spec)
+        first = report.problems[0]
+        more = f" (and {len(report.problems) - 1} more; run `specbuild check`)" if len(report.problems) > 1 else ""
+        raise PairError(f"check failed: {first.message} {first.fix}".strip() + more)
+    record_pass(spec, [w.to_dict() for w in report.warnings], backend)
+    return {"status": "ran", "warnings": len(report.warnings)}

@@ -18,7 +18,7 @@ import click
 from specbuild.artifacts import UP_TO_DATE, recorded_hash
 from specbuild.cli.common import dry_run_option, emit_json, force_option, get_spec, json_option, log, spec_option
 from specbuild.config import Spec
-from specbuild.errors import PairError, SpecbuildError
+from specbuild.errors import SpecbuildError
 
 
 @dataclass
@@ -68,28 +68,10 @@ def claim_outputs(ctx: UpContext) -> None:
 
 def run_check_stage(ctx: UpContext) -> dict[str, Any]:
     from specbuild.check import record
-
-    claim_outputs(ctx)
-    fresh = not ctx.force and record.passed_unchanged(ctx.spec)
-    if ctx.dry_run:
-        return ({"status": "skipped", "detail": UP_TO_DATE} if fresh else
-                {"status": "planned", "detail": "read both checkpoints' configs and tokenizers; memory plan"})
-    if fresh:
-        ctx.log(f"check: inputs unchanged since the last passing check ({record.record_path(ctx.spec)}), skipped.")
-        return {"status": "skipped"}
-    from specbuild.check import run_check
     from specbuild.cli.common import progress_enabled
 
-    report = run_check(ctx.spec, progress=progress_enabled())
-    for warning in report.warnings:
-        ctx.log(f"check warning: {warning.message}")
-    if not report.ok:
-        record.forget(ctx.spec)
-        first = report.problems[0]
-        more = f" (and {len(report.problems) - 1} more; run `specbuild check`)" if len(report.problems) > 1 else ""
-        raise PairError(f"check failed: {first.message} {first.fix}".strip() + more)
-    record.record_pass(ctx.spec, [w.to_dict() for w in report.warnings])
-    return {"status": "ran", "warnings": len(report.warnings)}
+    claim_outputs(ctx)
+    return record.run_stage(ctx.spec, None, ctx.force, ctx.dry_run, ctx.log, progress_enabled())
 
 
 def run_convert_stage(ctx: UpContext) -> dict[str, Any]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbuild.errors import PairError
 
 
 def _claim(ctx) -> None:
@@ -33,25 +32,10 @@ def _claim(ctx) -> None:
 
 def run_check_stage(ctx) -> dict[str, Any]:
     from specbuild.check import record
-
-    _claim(ctx)
-    if ctx.dry_run:
-        return {"status": "planned", "detail": "read both checkpoints' configs and tokenizers; LLM API memory plan"}
-    if not ctx.force and record.passed_unchanged(ctx.spec, "llmapi"):
-        ctx.log(f"check: inputs unchanged since the last passing check ({record.record_path(ctx.spec)}), skipped.")
-        return {"status": "skipped"}
-    from specbuild.check import run_check
     from specbuild.cli.common import progress_enabled
 
-    report = run_check(ctx.spec, progress=progress_enabled(), backend="llmapi")
-    for warning in report.warnings:
-        ctx.log(f"check warning: {warning.message}")
-    if not report.ok:
-        record.forget(ctx.spec)
-        first = report.problems[0]
-        raise PairError(f"check failed: {first.message} {first.fix}".strip())
-    record.record_pass(ctx.spec, [w.to_dict() for w in report.warnings], "llmapi")
-    return {"status": "ran", "warnings": len(report.warnings)}
+    _claim(ctx)
+    return record.run_stage(ctx.spec, "llmapi", ctx.force, ctx.dry_run, ctx.log, progress_enabled())
 
 
 def run_convert_stage(ctx) -> dict[str, Any]:

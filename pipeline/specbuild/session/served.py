@@ -184,10 +184,12 @@ class ServedSession:
     def generate(self, prompt: str, options: Options, on_text: Callable[[str], None] | None = None,
                  stream: bool = True) -> Generation:
         """One request, its text streamed to on_text; ClientError with the server's message on failure."""
-        k = self.resolve_k(options.num_draft_tokens)
+        # The BLS applies the K rule itself and says which K it used; the llmapi model drafts a fixed K it does not say
+        k = self.resolve_k(options.num_draft_tokens) if self.deployment().llmapi else None
+        asked = k.k if k else options.num_draft_tokens
         started = time.perf_counter()
         try:
-            chunks = self.client.generate(prompt, max_tokens=options.max_tokens, num_draft_tokens=k.k if k else None,
+            chunks = self.client.generate(prompt, max_tokens=options.max_tokens, num_draft_tokens=asked,
                                           temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
                                           seed=options.seed, stream=stream, overlap=options.overlap)
             streamed = read_stream(chunks, on_text, started)
@@ -202,6 +204,10 @@ class ServedSession:
         stats = (SpeculationStats.from_dict(figures) if isinstance(figures, dict)
                  else SpeculationStats(drafted=int(out.get("total_draft_tokens") or 0),
                                        accepted=int(out.get("total_accepted_draft_tokens") or 0)))
+        if isinstance(figures, dict) and "k" in figures:
+            k = ResolvedK.from_dict(figures["k"])  # the K the BLS used
+        elif not self.deployment().llmapi:
+            k = self.resolve_k(options.num_draft_tokens)  # a BLS from before it said: its config's rule
         # the schedule the BLS ran (it sends it with the figures), else what was asked, else the deployment's
         overlap = figures.get("overlap") if isinstance(figures, dict) and "overlap" in figures else (
             options.overlap if options.overlap is not None else self.deployment().overlap)

@@ -36,6 +36,15 @@ class ResolvedK:
     def clamped(self) -> bool:
         return self.k != self.requested
 
+    def to_dict(self) -> dict[str, int]:
+        """As the BLS reports it in its final response's speculation_stats ("k"), so a client reads the K the
+        server used rather than applying the rule again."""
+        return {"k": self.k, "requested": self.requested, "max_draft_len": self.max_draft_len}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ResolvedK":
+        return cls(int(data["k"]), int(data["requested"]), int(data["max_draft_len"]))
+
     def note(self) -> str | None:
         """What a caller tells the user when K was clamped, else None."""
         if not self.clamped:

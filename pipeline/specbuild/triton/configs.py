@@ -268,7 +268,6 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     _params(c, {
         "tensorrt_llm_model_name": LLM_MODEL["target"],
         "tensorrt_llm_draft_model_name": LLM_MODEL["draft"],
-        "accumulate_tokens": "false",
         "max_draft_len": str(s.max_draft_len),
         "num_draft_tokens": str(s.num_draft_tokens),
         "max_input_len": str(s.max_input_len),

@@ -16,7 +16,7 @@ INVALID_ARG errors instead of tracebacks, cancellation, Prometheus metrics, a bo
 by their size before tokenizing (`bls_request`), and on the final response `finish_reason` / `stop_reason`
 (NVIDIA's LLM API names and values, `specbuild.session.generation`) with the acceptance outputs
 (`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`, always sent) and specbuild's
-`output_ids`, `num_output_tokens`, `mean_accepted_len`, `speculation_stats`.
+`output_ids`, `num_input_tokens`, `num_output_tokens`, `mean_accepted_len`, `speculation_stats` (with the K used).
 
 Like NVIDIA's BLS (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/`):
 `text_output` is one string per sequence ([1] for one request, as postprocessing's OUTPUT); a final,
@@ -313,9 +313,10 @@ class TritonPythonModel:
                 self.pb.Tensor("total_draft_tokens", np.array([[stats.drafted]], dtype=np.int32)),
                 self.pb.Tensor("mean_accepted_len", np.array([[stats.mean_accepted_len]], dtype=np.float32)),
                 self.pb.Tensor("num_output_tokens", np.array([[len(result.output_ids)]], dtype=np.int32)),
+                self.pb.Tensor("num_input_tokens", np.array([[len(result.prompt_ids or ())]], dtype=np.int32)),
                 self.pb.Tensor("output_ids", np.array([result.output_ids], dtype=np.int32).reshape(1, -1)),
-                self.pb.Tensor("speculation_stats", np.array(
-                    [[json.dumps({**stats.to_dict(), "overlap": result.overlap}).encode()]], dtype=object)),
+                self.pb.Tensor("speculation_stats", np.array([[json.dumps(
+                    {**stats.to_dict(), "overlap": result.overlap, **({"k": result.k.to_dict()} if result.k else {})}).encode()]], dtype=object)),
             ]
             if result.stop_reason is not None:
                 reason = result.stop_reason if isinstance(result.stop_reason, str) else json.dumps(result.stop_reason)
