@@ -75,9 +75,11 @@ class FakeBackendUtils:
 def test_the_gate_refuses_with_unavailable_only_while_it_is_closed():
     from specbuild.triton.models.serving_gate import GATE_PARAMETER, MODEL_NAME, REFUSAL, Gate
 
-    utils = FakeBackendUtils({MODEL_NAME: True})
+    utils = FakeBackendUtils({MODEL_NAME: False})
     gate = Gate(utils, {GATE_PARAMETER: MODEL_NAME})
-    assert gate.refusal() is None and utils.asked == [MODEL_NAME]
+    assert gate.refusal() is None  # never seen open: a server started without the gate (--load-model) serves
+    utils.ready[MODEL_NAME] = True
+    assert gate.refusal() is None and utils.asked == [MODEL_NAME] * 2
     utils.ready[MODEL_NAME] = False  # the drain unloaded it
     error = gate.refusal("preprocessing: ")
     assert error.code == "UNAVAILABLE" and error.message == "preprocessing: " + REFUSAL

@@ -121,7 +121,8 @@ def test_regions_of_a_server_killed_outright_are_removed_by_the_next_start(deplo
         server = read_ready_document(first)["pid"]
         prefix = _prefix(server)
         regions = list(SHM_ROOT.glob(prefix + "*"))
-        assert len(regions) == 5  # one per Python backend stub
+        stubs = [c for c in deployment.repo.glob("*/config.pbtxt") if 'backend: "python"' in c.read_text()]
+        assert len(regions) == len(stubs) == 6  # one per Python backend stub (the serving gate's included)
         first.send_signal(signal.SIGSTOP)  # serve cannot react ...
         os.killpg(server, signal.SIGKILL)  # ... while its server and stubs are killed outright
         _gone([p for p in procfs.group_members(server)], 10)

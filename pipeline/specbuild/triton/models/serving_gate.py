@@ -38,18 +38,26 @@ REFUSAL = ("the server takes no new requests: it is draining before it stops (or
 
 
 class Gate:
-    """The check an entry model makes for each batch of new requests."""
+    """The check an entry model makes for each batch of new requests. It arms once it has seen the gate open: a
+    server started with only some of the repository's models (`--load-model`), the gate not among them, never
+    refuses for it; once armed, a gate that is not ready is a closed one."""
 
     def __init__(self, pb_utils: Any, params: dict[str, str]):
         self.pb = pb_utils
         self.model = params.get(GATE_PARAMETER, "")
+        self.armed = False
         if not hasattr(pb_utils, "is_model_ready"):  # a Python backend older than its model-loading API
             self.model = ""
 
     def refusal(self, prefix: str = ""):
         """The UNAVAILABLE error for new requests while the gate is closed (its message after `prefix`); None while
-        it is open."""
-        if not self.model or self.pb.is_model_ready(self.model):
+        it is open, or before it was ever seen open."""
+        if not self.model:
+            return None
+        if self.pb.is_model_ready(self.model):
+            self.armed = True
+            return None
+        if not self.armed:
             return None
         TritonError = self.pb.TritonError
         return TritonError(prefix + REFUSAL, getattr(TritonError, "UNAVAILABLE", TritonError.UNKNOWN))
