@@ -199,3 +199,19 @@ def test_summary_is_json_ready(tmp_path):
     summary = json.loads(json.dumps(info.summary()))
     assert summary["path"] == str(Path(tmp_path / "m").resolve())
     assert summary["weight_format"] == "safetensors" and summary["trtllm_model_type"] == "llama"
+
+
+def test_end_ids_are_read_once_for_every_path(tmp_path):
+    """generation_config.json's eos_token_id, an id or a list (kept in order, each once), else config.json's; the
+    tokenizer's eos joins them; the first is what the models get as end_id."""
+    from specbuild.hfmodel import end_ids, listed_end_ids
+
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    assert listed_end_ids(tmp_path) == [2]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128008, 128009, 128001]}))
+    assert listed_end_ids(tmp_path) == [128001, 128008, 128009]
+    assert end_ids(128001, [128008, 128009, 128009]) == (128001, 128008, 128009)
+    assert end_ids(None, [None, 5]) == (5,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": ["x", True]}))
+    assert listed_end_ids(tmp_path) == [2]  # nothing usable there: config.json's
+    assert listed_end_ids(tmp_path / "absent") == []

@@ -359,3 +359,16 @@ def test_seeded_adaptive_sampling_ignores_wall_clock(monkeypatch):
     monkeypatch.setattr(loop_module.time, "perf_counter", lambda: float(next(clock)) * 0.001)
     second = loop_module.run([1, 2], ToyDrafter(draft), ToyVerifier(target, max_draft_len=4), request).tokens
     assert first == second
+
+
+def test_any_of_several_end_ids_ends_the_request_and_is_not_emitted():
+    """A checkpoint may list several end ids (Llama 3.x instruct: three): each ends the request as end_id does, at
+    any position of a step, and K does not change where."""
+    target = [1, 2, 9, 4, 5, 6, 7, 8]  # 9 is an end id other than EOS
+    for k in (0, 1, 3, 5):
+        drafter = ScriptDrafter(target, len(PROMPT), EOS)
+        request = GenerationRequest(max_tokens=20, num_draft_tokens=k, end_id=EOS, other_end_ids=(9,))
+        result = run(PROMPT, drafter, ScriptVerifier(target, len(PROMPT)), request)
+        assert result.tokens == [1, 2] and result.finish_reason == "eos", k
+    with pytest.raises(RequestError, match="end_id = -3 is invalid"):
+        GenerationRequest(max_tokens=2, end_id=EOS, other_end_ids=(-3,)).validate()

@@ -17,7 +17,7 @@ import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from specbuild.errors import CheckpointError
 
@@ -328,3 +328,25 @@ def _replace(info: ModelInfo, files: list[Path], num_params: int, source: str, s
         num_params_source=source,
         has_safetensors=safetensors,
     )
+
+
+def listed_end_ids(folder: str | Path) -> list[int]:
+    """The end-of-sequence ids a checkpoint lists (a reference engine copies its generation_config.json):
+    generation_config.json's eos_token_id, one id or a list (Llama 3.x instruct models list three, their tokenizer's
+    eos among them), else config.json's; [] when neither says. The one reader of them, for every path."""
+    for name in ("generation_config.json", "config.json"):
+        try:
+            value = json.loads((Path(folder) / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        ids = [v for v in (value if isinstance(value, list) else [value])
+               if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+        if ids:
+            return list(dict.fromkeys(ids))
+    return []
+
+
+def end_ids(first: int | None, others: Iterable[int | None]) -> tuple[int, ...]:
+    """Every id that ends a generation, each once: `first` (the one sent to the models as end_id), then the others
+    (the tokenizer's eos, the checkpoint's listed ones)."""
+    return tuple(dict.fromkeys(i for i in (first, *others) if i is not None))

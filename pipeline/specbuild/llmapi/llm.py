@@ -19,7 +19,6 @@ report (blocks of 32 tokens for the prompt and output), and say so in docs/llmap
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.errors import RequestError
+from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.llmapi import contract
 from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
 
@@ -63,18 +63,6 @@ def validate_args(args: dict[str, Any]) -> dict[str, Any]:
     if fraction is not None and not 0.0 <= float(fraction) <= 1.0:
         raise LlmArgsError("free_gpu_memory_fraction must be a float between 0 and 1")
     return {**args, "backend": backend, "speculative_config": spec}
-
-
-def _eos(folder: Path) -> int | None:
-    for name in ("generation_config.json", "config.json"):
-        try:
-            value = json.loads((folder / name).read_text()).get("eos_token_id")
-        except (OSError, ValueError):
-            continue
-        value = value[0] if isinstance(value, list) and value else value
-        if isinstance(value, int):
-            return value
-    return None
 
 
 def load_model(folder: Path, limits: dict[str, int], device: str = "cpu"):
@@ -148,7 +136,10 @@ class StandInLLM:
         self.draft = load_model(Path(spec[contract.DRAFT_MODEL_KEY]), {"max_batch_size": batch, "max_seq_len": seq,
                                                                        "max_draft_len": 0}, device) if spec else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.target_dir), local_files_only=True)
-        self.end_id = _eos(self.target_dir)
+        listed = listed_end_ids(self.target_dir)
+        self.end_id = listed[0] if listed else None
+        # every other id that ends a request, as on the engine path (specbuild.hfmodel.end_ids)
+        self.other_end_ids = end_ids(self.end_id, (*listed, self.tokenizer.eos_token_id))[1:]
         self.max_batch_size = batch
 
     def _decode(self, ids: list[int]) -> str:
@@ -184,6 +175,7 @@ class StandInLLM:
         k = resolve_k(None, self.k, default=self.k)  # the LLM API drafts max_draft_len at every step (0: target only)
         request = GenerationRequest(
             max_tokens=max_tokens, num_draft_tokens=k.k if drafter else 0, end_id=self.end_id,
+            other_end_ids=self.other_end_ids,
             sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed),
             stop_sequences=[ids for ids in stops.values() if ids], adaptive=False)
         counts = [0, 0]  # drafted, accepted so far

@@ -15,6 +15,7 @@ from typing import Any
 
 from specbuild.config import Spec
 from specbuild.errors import CheckpointError
+from specbuild.hfmodel import listed_end_ids
 from specbuild.speculative.overlap import available_cores, resolve_auto
 
 REFERENCE_ENGINE = "reference-engine"
@@ -108,11 +109,12 @@ class LocalPair:
     drafter: Any  # ContractDrafter
     verifier: Any  # ContractVerifier
     tokenizer_dir: Path
-    end_id: int | None
+    end_id: int | None  # the checkpoint's first listed end id, the one the models get
     max_draft_len: int
     overlap: bool | str = False  # the schedule requests get (resolve_overlap): False, True or "auto"
     overlap_reason: str = "overlap off"
     ahead_drafter: Any = None  # the draft model in a child process (draftproc.DraftProcess), when drafting ahead
+    other_end_ids: tuple[int, ...] = ()  # the checkpoint's other listed end ids: they end a request too
 
     @property
     def engine_source(self) -> str:
@@ -127,19 +129,6 @@ class LocalPair:
         if self.ahead_drafter is not None:
             self.ahead_drafter.close()
             self.ahead_drafter = None
-
-
-def _eos_id(folder: Path) -> int | None:
-    for name in ("generation_config.json", "config.json"):
-        try:
-            value = json.loads((folder / name).read_text()).get("eos_token_id")
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if isinstance(value, int):
-            return value
-    return None
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -198,7 +187,8 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
     device = resolve_device(device)
     configure_threads(threads, target, device)
     schedule, overlap_reason = resolve_overlap(overlap, device)
-    end_id = _eos_id(spec.target.checkpoint) if target.kind == HF_CHECKPOINT else _eos_id(target.path)
+    listed = listed_end_ids(spec.target.checkpoint if target.kind == HF_CHECKPOINT else target.path)
+    end_id = listed[0] if listed else None
     use_logits = spec.speculative.use_draft_logits
     process = None
     if schedule:  # loads while this process loads its own models
@@ -235,4 +225,5 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
         overlap=schedule,
         overlap_reason=overlap_reason,
         ahead_drafter=process,
+        other_end_ids=tuple(listed[1:]),
     )

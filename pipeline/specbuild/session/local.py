@@ -23,6 +23,7 @@ from typing import Any
 
 from specbuild.config import Spec
 from specbuild.errors import RequestError
+from specbuild.hfmodel import end_ids
 from specbuild.session.driver import drive
 from specbuild.session.generation import Generation, Options
 from specbuild.session.textstream import TextStream
@@ -38,13 +39,15 @@ class LocalSession:
     several threads (each with its own `pair`, e.g. batched)."""
 
     def __init__(self, drafter: Drafter, verifier: Verifier, encode: Callable[[str], list[int]], *,
-                 tokenizer: Any = None, end_id: int | None = None, default_k: int = 4, adaptive: bool = False,
+                 tokenizer: Any = None, end_id: int | None = None, other_end_ids: tuple[int, ...] = (),
+                 default_k: int = 4, adaptive: bool = False,
                  max_seq_len: int | None = None, pair: Any = None, overlap: bool | str = False,
                  overlap_reason: str | None = None, ahead_drafter: Drafter | None = None):
         self.drafter, self.verifier = drafter, verifier
         self._encode = encode  # prompt text -> token ids
         self.tokenizer = tokenizer  # detokenizes streamed text (None: token ids only)
         self.end_id = end_id
+        self.other_end_ids = other_end_ids  # they end a request as end_id does (specbuild.hfmodel.end_ids)
         self.default_k = default_k  # K when a request asks for none
         self.adaptive = adaptive  # adaptive K when a request does not say
         self.max_seq_len = max_seq_len  # prompt + generated tokens the engines take (None: no limit known)
@@ -69,7 +72,8 @@ class LocalSession:
         tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
         limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
         return cls(pair.drafter, pair.verifier, lambda text: tokenizer(text)["input_ids"], tokenizer=tokenizer,
-                   end_id=pair.end_id, default_k=spec.speculative.num_draft_tokens, adaptive=spec.speculative.adaptive,
+                   end_id=pair.end_id, other_end_ids=end_ids(pair.end_id, (*pair.other_end_ids, tokenizer.eos_token_id))[1:],
+                   default_k=spec.speculative.num_draft_tokens, adaptive=spec.speculative.adaptive,
                    max_seq_len=limit, pair=pair, overlap=pair.overlap, overlap_reason=pair.overlap_reason,
                    ahead_drafter=pair.ahead_drafter)
 
@@ -126,6 +130,7 @@ class LocalSession:
             num_draft_tokens=k.k,
             sampling=SamplingParams(options.temperature, options.top_k, options.top_p, options.seed),
             end_id=self.end_id,
+            other_end_ids=self.other_end_ids,
             adaptive=self.adaptive if options.adaptive is None else options.adaptive,
             overlap=overlap,
         )

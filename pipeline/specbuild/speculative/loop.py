@@ -18,8 +18,9 @@ the early draft is used only when its context, K and seed are exactly those of t
 Rules this module owns:
 - K per step = min(K, remaining budget - 1), K clamped to verifier.max_draft_len (draft_len.resolve_k),
   so a step never overshoots max_tokens; exactly max_tokens tokens come out unless EOS or a stop sequence ends it first.
-- EOS: the first end_id (accepted or recovered/bonus) ends the request at once and is NOT part of
-  the output, like TensorRT-LLM, whose sequence_length excludes end_id. Tokens after it are dropped.
+- EOS: the first end_id, or any of other_end_ids (a checkpoint that lists several), accepted or recovered/bonus,
+  ends the request at once and is NOT part of the output, like TensorRT-LLM, whose sequence_length excludes
+  end_id. Tokens after it are dropped.
 - Stop sequences: matched against the generated tokens only (never the prompt), after every
   token, so a match may span steps. The output ends with the matched stop sequence (TensorRT-LLM
   and Hugging Face keep it too); callers that want it stripped drop the last len(seq) tokens.
@@ -78,6 +79,7 @@ class GenerationRequest:
     num_draft_tokens: int = 4  # K; 0 = target only (same code path); clamped to verifier.max_draft_len
     sampling: SamplingParams = field(default_factory=SamplingParams)
     end_id: int | None = None  # EOS token id; None = never stop on a token
+    other_end_ids: Sequence[int] = ()  # more ids that end the request as end_id does (specbuild.hfmodel.end_ids)
     stop_sequences: Sequence[Sequence[int]] = ()  # each a non-empty token id sequence
     adaptive: bool = False  # choose K per step from the running acceptance (adaptive.AdaptiveK)
     cost_ratio: float | None = None  # c for the adaptive controller; None = measure it from step timings
@@ -92,8 +94,9 @@ class GenerationRequest:
                 f"num_draft_tokens = {self.num_draft_tokens!r} is invalid: use 0 (target only) or a positive integer."
             )
         validate_sampling(self.sampling)
-        if self.end_id is not None and (not _is_int(self.end_id) or self.end_id < 0):
-            raise RequestError(f"end_id = {self.end_id!r} is invalid: use a token id >= 0, or leave it unset.")
+        for end in (self.end_id, *self.other_end_ids):
+            if end is not None and (not _is_int(end) or end < 0):
+                raise RequestError(f"end_id = {end!r} is invalid: use a token id >= 0, or leave it unset.")
         for seq in self.stop_sequences:
             if isinstance(seq, (str, bytes)) or len(seq) == 0 or not all(_is_int(t) and t >= 0 for t in seq):
                 raise RequestError(
@@ -250,7 +253,7 @@ def _emit(tokens: Sequence[int], output: list[int], request: GenerationRequest,
     """Append verified tokens to output until a stop rule fires: (the tokens appended, finish reason or None)."""
     new: list[int] = []
     for token in map(int, tokens):
-        if request.end_id is not None and token == request.end_id:
+        if (request.end_id is not None and token == request.end_id) or token in request.other_end_ids:
             return new, "eos"  # EOS ends the request at once and is not emitted
         output.append(token)
         new.append(token)

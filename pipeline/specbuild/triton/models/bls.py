@@ -50,6 +50,7 @@ from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.contract.logits import NUMPY_NAMES
 from specbuild.contract.words import to_word_list, word_sequences
 from specbuild.errors import RequestError
+from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.session.driver import drive
 from specbuild.session.generation import Generation
 from specbuild.session.textstream import TextStream
@@ -132,7 +133,9 @@ class TritonPythonModel:
         self.gate = Gate(pb_utils, {GATE_PARAMETER: _param(config, GATE_PARAMETER, "")})  # closed by the drain
         # Tokenizes and detokenizes in-process, by preprocessing's and postprocessing's rules: a BLS call to
         # either model per request (or per streamed step) would cost a round trip.
-        self.tokenizer = load_tokenizer(resolve_path(_param(config, "tokenizer_dir"), args))
+        tokenizer_dir = resolve_path(_param(config, "tokenizer_dir"), args)
+        self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.listed_end_ids = listed_end_ids(tokenizer_dir)  # the checkpoint's end ids, as the local path reads them
         self.pre = Preprocessor(self.tokenizer, _flag(config, "add_special_tokens", "true"))
         token_bytes = max_token_bytes(self.tokenizer)
         if token_bytes.longest is None:
@@ -259,6 +262,8 @@ class TritonPythonModel:
             )
         model_end_id = self.pre.end_id if req.end_id is None else req.end_id  # sent to the models as is
         end_id = None if model_end_id == -1 else model_end_id  # TensorRT-LLM's -1: no end id
+        # a request that names no end id ends at any of the deployment's (the tokenizer's eos, the checkpoint's list)
+        others = end_ids(end_id, self.listed_end_ids)[1:] if req.end_id is None else ()
         pad_id = self.pre.pad_id if req.pad_id is None else req.pad_id
         # Stop words in TensorRT-LLM's [2, n] word-list format, as preprocessing builds it, then as sequences.
         stop_sequences = word_sequences(to_word_list(self.tokenizer, [req.stop_words]))
@@ -270,7 +275,8 @@ class TritonPythonModel:
                                     max_draft_len=self.max_draft_len, end_id=model_end_id, pad_id=pad_id,
                                     logits_dtype=self.logits_dtype)
         gen = GenerationRequest(max_tokens=req.max_tokens, num_draft_tokens=k.k, sampling=req.sampling,
-                                end_id=end_id, stop_sequences=stop_sequences, adaptive=self.adaptive and k.k > 0,
+                                end_id=end_id, other_end_ids=others, stop_sequences=stop_sequences,
+                                adaptive=self.adaptive and k.k > 0,
                                 overlap=self._schedule(request))
         stream = TextStream(self.tokenizer, prompt) if req.stream else None
         result = drive(prompt, drafter, verifier, gen, k=k, text=stream,

@@ -1,0 +1,48 @@
+"""Several end ids (a generation_config.json that lists them, as Llama 3.x instruct models ship) end a generation
+at the same token in-process and through the BLS: both read them with specbuild.hfmodel.listed_end_ids, from the
+same files (the reference engine copies the checkpoint's generation_config.json beside its tokenizer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specbuild.session.generation import Options
+from specbuild.triton.client import SpecbuildClient
+from specbuild.triton.server import ServerHandle, ServerOptions
+from triton_helpers import make_deployment
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+PROMPT = "def add(a, b):"
+
+
+def test_a_listed_end_id_ends_the_local_and_the_served_generation_at_the_same_token(tmp_path, example_tiny):
+    from specbuild.session.local import LocalSession
+
+    deployment = make_deployment(tmp_path, example_tiny)
+    engine = deployment.spec.output_dir / deployment.spec.name / "target" / "engine"
+    before = LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
+    try:
+        undisturbed = before.generate(PROMPT, Options(max_tokens=24, num_draft_tokens=2, adaptive=False)).output_ids
+        eos = before.end_id
+    finally:
+        before.close()
+    # an id the greedy text reaches at its fourth token or later, not before
+    cut = next(i for i in range(3, len(undisturbed)) if undisturbed[i] not in undisturbed[:i] and undisturbed[i] != eos)
+    (engine / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, undisturbed[cut]]}))
+
+    local = LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
+    try:
+        here = local.generate(PROMPT, Options(max_tokens=24, num_draft_tokens=2, adaptive=False))
+    finally:
+        local.close()
+    assert here.output_ids == undisturbed[:cut] and here.finish_reason == "stop"
+
+    with ServerHandle(ServerOptions(repo=deployment.repo), log_path=tmp_path / "server.log") as server:
+        with SpecbuildClient(server.grpc_url) as client:
+            for k in (0, 2):
+                chunks = list(client.generate(PROMPT, max_tokens=24, num_draft_tokens=k))
+                stats = chunks[-1].stats
+                assert stats["output_ids"] == undisturbed[:cut], k
+                assert stats["finish_reason"] == "stop", k
