@@ -369,3 +369,24 @@ def test_the_entry_points_name_the_serving_gate_the_repository_has(tmp_path, bac
     for entry in ("tensorrt_llm_bls", "preprocessing"):
         assert params(built[entry])[serving_gate.GATE_PARAMETER] == gate.name, entry
     assert "serving_gate" not in params(built["postprocessing"])  # called for running ensemble requests' responses
+
+
+def test_the_bls_final_response_is_one_table_sent_and_read():
+    """contract.tensors.BLS_FINAL_OUTPUTS: the BLS builds its final response from it (final_values refuses a name
+    missing or unknown), its config declares each with BLS_OUTPUTS' type, and the client reads the same names."""
+    import numpy as np
+
+    from specbuild.triton import client
+
+    declared = {t.name: t for t in tensors.BLS_OUTPUTS}
+    assert set(tensors.BLS_FINAL_OUTPUTS) <= set(declared)
+    assert client.STAT_OUTPUTS == tensors.BLS_FINAL_OUTPUTS and set(client.TEXT_OUTPUTS) == {"finish_reason", "stop_reason"}
+    values = {name: None for name in tensors.BLS_FINAL_OUTPUTS}
+    values.update(finish_reason="stop", output_ids=[5, 6], num_output_tokens=2, speculation_stats={"k": {"k": 2}})
+    arrays = tensors.final_values(values)
+    assert set(arrays) == {"finish_reason", "output_ids", "num_output_tokens", "speculation_stats"}
+    assert arrays["output_ids"].dtype == np.int32 and arrays["output_ids"].shape == (1, 2)
+    assert arrays["finish_reason"].tolist() == [[b"stop"]] and arrays["num_output_tokens"].shape == (1, 1)
+    assert client._stats({name: array for name, array in arrays.items()})["speculation_stats"] == {"k": {"k": 2}}
+    with pytest.raises(ValueError, match="missing"):
+        tensors.final_values({"finish_reason": "stop"})

@@ -48,12 +48,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from specbuild.contract import tensors
 from specbuild.errors import ClientError
 from specbuild.llmapi import contract as llmapi
 
-STAT_OUTPUTS = ("finish_reason", "stop_reason", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
-                "mean_accepted_len", "num_output_tokens", "num_input_tokens", "output_ids", "speculation_stats")
-TEXT_OUTPUTS = ("finish_reason", "stop_reason")  # strings (BYTES)
+STAT_OUTPUTS = tensors.BLS_FINAL_OUTPUTS  # what the BLS sends on its final response (the contract's one table)
+TEXT_OUTPUTS = tuple(name for name in STAT_OUTPUTS  # strings (BYTES) that are not JSON documents
+                     if tensors.bls_output(name).dtype == "TYPE_STRING" and name not in tensors.JSON_OUTPUTS)
 LLMAPI_FIELDS = {  # request field -> (llmapi input, Triton datatype, numpy dtype)
     "max_tokens": ("sampling_param_max_tokens", "INT32", np.int32),
     "temperature": ("sampling_param_temperature", "FP32", np.float32),
@@ -88,11 +89,11 @@ def _stats(outputs: dict[str, Any]) -> dict[str, Any]:
         if name not in outputs or outputs[name] is None:
             continue
         value = np.asarray(outputs[name]).reshape(-1)
-        if name == "output_ids":
+        if tensors.bls_output(name).dims == (-1,):  # token ids
             stats[name] = [int(v) for v in value]
         elif name in TEXT_OUTPUTS:
             stats[name] = _text(value)
-        elif name == "speculation_stats":
+        elif name in tensors.JSON_OUTPUTS:
             raw = value[0] if value.size else b"{}"
             try:
                 stats[name] = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))

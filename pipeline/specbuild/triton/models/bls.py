@@ -48,6 +48,7 @@ import numpy as np
 
 from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.contract.logits import NUMPY_NAMES
+from specbuild.contract.tensors import final_values
 from specbuild.contract.words import to_word_list, word_sequences
 from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids, listed_end_ids
@@ -311,20 +312,18 @@ class TritonPythonModel:
         """One response; every tensor carries the batch dimension of 1 (max_batch_size > 0)."""
         tensors = [self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object))]  # [1], as NVIDIA's
         if result is not None:
-            stats = result.stats
-            tensors += [
-                self.pb.Tensor("finish_reason", np.array([[str(result.finish_reason).encode()]], dtype=object)),
-                self.pb.Tensor("acceptance_rate", np.array([[stats.acceptance_rate]], dtype=np.float32)),
-                self.pb.Tensor("total_accepted_draft_tokens", np.array([[stats.accepted]], dtype=np.int32)),
-                self.pb.Tensor("total_draft_tokens", np.array([[stats.drafted]], dtype=np.int32)),
-                self.pb.Tensor("mean_accepted_len", np.array([[stats.mean_accepted_len]], dtype=np.float32)),
-                self.pb.Tensor("num_output_tokens", np.array([[len(result.output_ids)]], dtype=np.int32)),
-                self.pb.Tensor("num_input_tokens", np.array([[len(result.prompt_ids or ())]], dtype=np.int32)),
-                self.pb.Tensor("output_ids", np.array([result.output_ids], dtype=np.int32).reshape(1, -1)),
-                self.pb.Tensor("speculation_stats", np.array([[json.dumps(
-                    {**stats.to_dict(), "overlap": result.overlap, **({"k": result.k.to_dict()} if result.k else {})}).encode()]], dtype=object)),
-            ]
-            if result.stop_reason is not None:
-                reason = result.stop_reason if isinstance(result.stop_reason, str) else json.dumps(result.stop_reason)
-                tensors.append(self.pb.Tensor("stop_reason", np.array([[reason.encode("utf-8")]], dtype=object)))
+            stats, reason = result.stats, result.stop_reason
+            tensors += [self.pb.Tensor(name, array) for name, array in final_values({
+                "finish_reason": str(result.finish_reason),
+                "stop_reason": reason if reason is None or isinstance(reason, str) else json.dumps(reason),
+                "acceptance_rate": stats.acceptance_rate,
+                "total_accepted_draft_tokens": stats.accepted,
+                "total_draft_tokens": stats.drafted,
+                "mean_accepted_len": stats.mean_accepted_len,
+                "num_input_tokens": len(result.prompt_ids or ()),
+                "num_output_tokens": len(result.output_ids),
+                "output_ids": list(result.output_ids),
+                "speculation_stats": {**stats.to_dict(), "overlap": result.overlap,
+                                      **({"k": result.k.to_dict()} if result.k else {})},
+            }).items()]
         return self.pb.InferenceResponse(output_tensors=tensors)
