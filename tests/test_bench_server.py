@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from triton_helpers import make_deployment
+from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -20,12 +20,8 @@ def deployment(tmp_path_factory, example_tiny):
 
 @pytest.fixture(scope="module")
 def server(deployment):
-    from specbuild.triton.server import ServerHandle, ServerOptions
-
-    handle = ServerHandle(ServerOptions(repo=deployment.repo), log_path=deployment.root / "server.log")
-    handle.start(timeout=300)
-    yield handle
-    handle.stop()
+    with serving(deployment.repo, deployment.root / "server.log") as handle:
+        yield handle
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -24,8 +24,7 @@ import pytest
 
 from specbuild.errors import ClientError
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton.server import ServerHandle, ServerOptions
-from triton_helpers import make_deployment
+from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "import os\nimport sys\n"]
@@ -45,22 +44,20 @@ def _serve(deployment, repo_name: str, **serve):
     spec = dataclasses.replace(deployment.spec, serve=dataclasses.replace(deployment.spec.serve, **serve))
     repo = deployment.root / repo_name  # beside engines/, which the reference repository names relatively
     write_repository(spec, "reference", repo, force=True)
-    return ServerHandle(ServerOptions(repo=repo), log_path=deployment.root / f"{repo_name}.log").start(timeout=300)
+    return serving(repo, deployment.root / f"{repo_name}.log")
 
 
 @pytest.fixture
 def server(deployment):
     """The default queue: serve.max_queue_size unset, 4 x max_batch_size = 16 waiting requests."""
-    handle = _serve(deployment, "triton_repo")
-    yield handle
-    handle.stop()
+    with _serve(deployment, "triton_repo") as handle:
+        yield handle
 
 
 @pytest.fixture
 def small_queue_server(deployment):
-    handle = _serve(deployment, "triton_repo_q4", max_queue_size=QUEUE)
-    yield handle
-    handle.stop()
+    with _serve(deployment, "triton_repo_q4", max_queue_size=QUEUE) as handle:
+        yield handle
 
 
 def _post(url: str, body: bytes, timeout: float = 60) -> tuple[int, str]:

@@ -21,9 +21,7 @@ import pytest
 
 from specbuild.errors import ClientError
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton import procfs
-from specbuild.triton.server import ServerHandle, ServerOptions
-from triton_helpers import alive, make_deployment, run_concurrently
+from triton_helpers import make_deployment, run_concurrently, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "import os\nimport sys\n", "class Parser:"]
@@ -36,12 +34,8 @@ def deployment(tmp_path_factory, example_tiny):
 
 @pytest.fixture(scope="module")
 def server(deployment):
-    handle = ServerHandle(ServerOptions(repo=deployment.repo), log_path=deployment.root / "server.log")
-    handle.start(timeout=300)
-    pids = [handle.process.pid, *procfs.descendants(handle.process.pid)]
-    yield handle
-    handle.stop()
-    assert not [pid for pid in pids if alive(pid)], "processes left behind after stop"
+    with serving(deployment.repo, deployment.root / "server.log") as handle:
+        yield handle
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,7 @@ import pytest
 
 from specbuild.session.generation import Options
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton.server import ServerHandle, ServerOptions
-from triton_helpers import make_deployment
+from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPT = "def add(a, b):"
@@ -39,7 +38,7 @@ def test_a_listed_end_id_ends_the_local_and_the_served_generation_at_the_same_to
         local.close()
     assert here.output_ids == undisturbed[:cut] and here.finish_reason == "stop"
 
-    with ServerHandle(ServerOptions(repo=deployment.repo), log_path=tmp_path / "server.log") as server:
+    with serving(deployment.repo, tmp_path / "server.log") as server:
         with SpecbuildClient(server.grpc_url) as client:
             for k in (0, 2):
                 chunks = list(client.generate(PROMPT, max_tokens=24, num_draft_tokens=k))

@@ -21,9 +21,7 @@ import pytest
 
 from specbuild.errors import ClientError
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton import procfs
-from specbuild.triton.server import ServerHandle, ServerOptions
-from triton_helpers import alive, make_deployment
+from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "class Parser:"]
@@ -43,24 +41,11 @@ def deployment(tmp_path_factory, example_tiny):
     return d
 
 
-def _start(repo, log):
-    handle = ServerHandle(ServerOptions(repo=repo), log_path=log)
-    handle.start(timeout=300)
-    return handle, [handle.process.pid, *procfs.descendants(handle.process.pid)]
-
-
 @pytest.fixture(scope="module")
 def servers(deployment):
-    llmapi, llmapi_pids = _start(deployment.llmapi_repo, deployment.root / "llmapi.log")
-    try:
-        engines, engine_pids = _start(deployment.repo, deployment.root / "bls.log")
-    except BaseException:
-        llmapi.stop()
-        raise
-    yield llmapi, engines
-    llmapi.stop()
-    engines.stop()
-    assert not [pid for pid in llmapi_pids + engine_pids if alive(pid)], "processes left behind after stop"
+    with serving(deployment.llmapi_repo, deployment.root / "llmapi.log") as llmapi, \
+            serving(deployment.repo, deployment.root / "bls.log") as engines:
+        yield llmapi, engines
 
 
 @pytest.fixture(scope="module")
@@ -351,8 +336,7 @@ def test_a_non_decoupled_target_only_deployment(deployment, target_only):
                                speculative=dataclasses.replace(deployment.spec.speculative, num_draft_tokens=0))
     repo = deployment.root / "llmapi_repo_plain"
     write_repository(spec, repo, runtime="reference")
-    handle, pids = _start(repo, deployment.root / "plain.log")
-    try:
+    with serving(repo, deployment.root / "plain.log") as handle:
         status, body = _generate_http(handle.http_url, {"text_input": "def add(a, b):", "sampling_param_max_tokens": 12,
                                                         "sampling_param_exclude_input_from_output": True,
                                                         "sampling_param_return_perf_metrics": True})
@@ -361,6 +345,3 @@ def test_a_non_decoupled_target_only_deployment(deployment, target_only):
         assert doc["total_draft_tokens"] == "0" and doc["acceptance_rate"] == "0.0"
         status, body = _generate_http(handle.http_url, {"text_input": "hi", "streaming": True}, "generate_stream")
         assert "Error generating request: Streaming is only supported in decoupled mode." in body
-    finally:
-        handle.stop()
-    assert not [pid for pid in pids if alive(pid)]

@@ -21,7 +21,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from specbuild.triton.server import ServerHandle, ServerOptions
+from triton_helpers import serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 SLEEP = 1.0
@@ -110,10 +110,8 @@ def server(tmp_path_factory):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(code)
         (repo / name / "config.pbtxt").write_text(_config(name, "", io))
-    handle = ServerHandle(ServerOptions(repo=repo), log_path=repo.parent / "server.log")
-    handle.start(timeout=300)
-    yield handle
-    handle.stop()
+    with serving(repo, repo.parent / "server.log") as handle:
+        yield handle
 
 
 def test_two_threads_of_one_bls_request_run_their_calls_at_once_and_parameters_arrive(server):

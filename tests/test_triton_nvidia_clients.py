@@ -25,7 +25,7 @@ import pytest
 
 from specbuild.errors import ServeError
 from specbuild.triton.server import ServerHandle, ServerOptions
-from triton_helpers import make_deployment
+from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["def add(a, b):", '{"name": ', "import os\nimport sys\n"]
@@ -59,10 +59,8 @@ def deployment(tmp_path_factory, example_tiny):
 
 @pytest.fixture(scope="module")
 def server(deployment):
-    handle = ServerHandle(ServerOptions(repo=deployment.repo), log_path=deployment.root / "server.log")
-    handle.start(timeout=300)
-    yield handle
-    handle.stop()
+    with serving(deployment.repo, deployment.root / "server.log") as handle:
+        yield handle
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,8 @@ import pytest
 
 from specbuild.errors import ClientError, ServeError
 from specbuild.triton.client import SpecbuildClient
-from specbuild.triton import procfs
-from specbuild.triton.server import SHM_ROOT, ServerHandle, ServerOptions
-from triton_helpers import PYTHON_MODELS, alive, make_deployment, run_concurrently
+from specbuild.triton.server import ServerHandle, ServerOptions
+from triton_helpers import PYTHON_MODELS, make_deployment, run_concurrently, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ']  # the tiny target's greedy text is mostly "....."
@@ -30,17 +29,8 @@ def deployment(tmp_path_factory, example_tiny):
 
 @pytest.fixture(scope="module")
 def server(deployment):
-    handle = ServerHandle(ServerOptions(repo=deployment.repo, models=PYTHON_MODELS),
-                          log_path=deployment.root / "server.log")
-    handle.start(timeout=300)
-    pids = [handle.process.pid, *procfs.descendants(handle.process.pid)]
-    yield handle
-    prefix = handle.shm_prefix
-    result = handle.stop()
-    assert result.clean, f"tritonserver {result.describe()}"
-    left = [pid for pid in pids if alive(pid)]
-    assert not left, f"processes left behind after stop: {left}"
-    assert not list(SHM_ROOT.glob(prefix + "*")), "shared-memory regions left behind"
+    with serving(deployment.repo, deployment.root / "server.log", clean=True, models=PYTHON_MODELS) as handle:
+        yield handle
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,10 @@ import os
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "ensemble")
 
@@ -102,3 +103,26 @@ def run_concurrently(work: Callable[[int], None], count: int, timeout: float) ->
 
 def limit_threads() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@contextmanager
+def serving(repo: Path, log_path: Path, clean: bool = False, **options) -> Iterator:
+    """tritonserver on `repo` for a test (ServerOptions `options`; free ports, loopback): started within 300 s,
+    stopped whatever the test did, and then no process of it may be left. clean: the stop must also be clean
+    (exit within the server's timeout) and leave no shared-memory region. The one way the tests start a server."""
+    from specbuild.triton import procfs
+    from specbuild.triton.server import SHM_ROOT, ServerHandle, ServerOptions
+
+    handle = ServerHandle(ServerOptions(repo=repo, **options), log_path=log_path)
+    handle.start(timeout=300)
+    pids = [handle.process.pid, *procfs.descendants(handle.process.pid)]
+    prefix = handle.shm_prefix
+    try:
+        yield handle
+    finally:
+        result = handle.stop()
+    if clean:
+        assert result.clean, f"tritonserver {result.describe()}"
+        assert not list(SHM_ROOT.glob(prefix + "*")), "shared-memory regions left behind"
+    left = [pid for pid in pids if alive(pid)]
+    assert not left, f"processes left behind after stop: {left}"
