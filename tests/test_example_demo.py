@@ -55,7 +55,7 @@ def test_each_demo_prompt_gives_varied_visible_text(demo_outputs, kind):
 
 
 def test_the_next_commands_work_from_the_repository_root(demo_root, monkeypatch):
-    from specbuild.cli.up_serving import next_steps
+    from specbuild.cli.up_cmd import next_steps
     from specbuild.config import load_spec
     from specbuild.session.served import server_url
 

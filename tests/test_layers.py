@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specbuild.session",),
     ("specbuild.example", "specbuild.bench"),
     ("specbuild.build", "specbuild.convert", "specbuild.check", "specbuild.triton", "specbuild.llmapi"),
+    ("specbuild.up",),
     ("specbuild.cli", "specbuild.__main__"),
 )
 

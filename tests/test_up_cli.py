@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.cli.up_cmd import STAGES, Stage, UpContext, run_stages
+from specbuild.up.stages import STAGE_NAMES, Stage, UpContext, run_stages, stages_for
 from specbuild.errors import BuildError
 
 
@@ -24,7 +24,8 @@ def stage(name, status=None, error=None, calls=None):
 
 
 def test_stage_list_is_the_pipeline_in_order():
-    assert [s.name for s in STAGES] == ["check", "convert", "build", "repo", "serve"]
+    for backend in ("reference", "trtllm", "llmapi"):  # one stage list per path, the same names
+        assert [s.name for s in stages_for(backend)] == list(STAGE_NAMES) == ["check", "convert", "build", "repo", "serve"]
 
 
 def test_run_stages_stops_at_the_first_failure(tmp_path):

@@ -1,156 +1,65 @@
 """`specbuild up`: every stage for the spec, in order, skipping what is up to date.
 
-The stage list is data (`STAGES`): each entry names a stage and a function that runs it and
-reports `ran` or `skipped`. Later stages (repo, serve) are added by appending to it.
+The stages and their order are the library's (`specbuild.up.stages`): this module parses the options, builds the
+context (how to log, where the streamed demo text goes, the next commands to suggest), calls `run_up` and prints
+its document.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 import click
 
-from specbuild.artifacts import UP_TO_DATE, recorded_hash
-from specbuild.cli.common import dry_run_option, emit_json, force_option, get_spec, json_option, log, spec_option
-from specbuild.config import Spec
-from specbuild.errors import SpecbuildError
+from specbuild.cli.common import (dry_run_option, emit_json, force_option, get_spec, json_option, log,
+                                  progress_enabled, spec_option)
+from specbuild.up.stages import STAGE_NAMES, UpContext, run_up
 
 
-@dataclass
-class UpContext:
-    spec: Spec
-    backend: str  # "reference" | "trtllm" | "llmapi"
-    force: bool
-    dry_run: bool
-    once: bool  # for the serve stage: start, answer a canary request, stop
-    trtllm_build: str | None = None
-    repo: Path | None = None  # model repository folder (default: beside the engines folder)
-    as_json: bool = False  # the serve stage prints streamed text to stdout only without --json
-    log: Callable[[str], None] = log
-    results: dict[str, Any] = field(default_factory=dict)  # stage name -> what it returned, for later stages
-    stages: tuple[str, ...] = ("check", "convert", "build", "repo", "serve")  # the stages this run goes through
+NEXT_PROMPT = '"def parse_args(argv):"'
 
 
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    run: Callable[[UpContext], dict[str, Any]]  # returns {"status": "ran" | "skipped" | "planned", ...}
+def program() -> tuple[str, str | None]:
+    """How to run specbuild again from this folder, and the venv's activate script when that makes plain
+    `specbuild` work: (".venv/bin/specbuild", ".venv/bin/activate") under `make demo`."""
+    import shutil
+    import sys
+
+    from specbuild.cli.common import shown_path
+
+    exe = Path(sys.argv[0])
+    if exe.name != "specbuild":
+        return "specbuild", None  # python -m specbuild, or embedded
+    on_path = shutil.which("specbuild")
+    if on_path and Path(on_path).resolve() == exe.resolve():
+        return "specbuild", None
+    activate = exe.parent / "activate"
+    return shown_path(exe), (shown_path(activate) if activate.is_file() else None)
 
 
-def _statuses(items: list[dict[str, Any]]) -> str:
-    states = {item.get("status") for item in items}
-    return "skipped" if states == {"skipped"} else "ran"
+def next_steps(spec, grpc_url: str, serving: bool) -> list[str]:
+    """What to run after `specbuild up`: exact commands for this spec, from the current folder."""
+    from specbuild.cli.common import shown_path
+    from specbuild.session.served import server_url
 
-
-def _earlier_will_run(ctx: UpContext, *stages: str) -> bool:
-    """In a dry run: will one of these earlier stages run (so its outputs, this stage's inputs, change)?"""
-    return any(ctx.results.get(name, {}).get("status") == "planned" for name in stages)
-
-
-def claim_outputs(ctx: UpContext) -> None:
-    """Refuse now, not after convert and build, an output folder that a later stage may not replace
-    (someone else's folder, a file, specbuild's output of another stage): see specbuild.artifacts."""
-    from specbuild.artifacts import claim_output, resolve_output
-    from specbuild.artifacts import default_repo_dir
-
-    folders = [(ctx.spec.pair_dir / role / name, stage) for role in ("target", "draft")
-               for name, stage in (("checkpoint", "convert"), ("engine", "build"))]
-    folders.append((ctx.repo or default_repo_dir(ctx.spec.output_dir), "repo"))
-    for path, stage in folders:
-        if stage in ctx.stages:
-            claim_output(resolve_output(path, stage), stage)
-
-
-def run_check_stage(ctx: UpContext) -> dict[str, Any]:
-    from specbuild.check import record
-    from specbuild.cli.common import progress_enabled
-
-    claim_outputs(ctx)
-    return record.run_stage(ctx.spec, None, ctx.force, ctx.dry_run, ctx.log, progress_enabled())
-
-
-def run_convert_stage(ctx: UpContext) -> dict[str, Any]:
-    from specbuild.cli.common import progress_enabled
-    from specbuild.convert.plan import ConvertOptions, describe, plan_roles
-
-    options = ConvertOptions()
-    plans = plan_roles(ctx.spec, ["target", "draft"], options)
-    if ctx.dry_run:
-        from specbuild.artifacts import tool_versions
-        from specbuild.convert.export import input_hash, source_hashes
-        from specbuild.convert.plan import TOOLS
-
-        versions = tool_versions(*TOOLS)
-        roles = {plan.role: "skipped" if not ctx.force and recorded_hash(plan.out_dir) == input_hash(
-                     plan, source_hashes(plan), versions) else "planned" for plan in plans}
-        return _dry_status(roles, [describe(plan) for plan in plans])
-    from specbuild.convert.export import convert_role
-
-    results = [convert_role(plan, options, force=ctx.force, log=ctx.log, progress=progress_enabled())
-               for plan in plans]
-    return {"status": _statuses(results), "roles": {r["role"]: r["status"] for r in results}}
-
-
-def _dry_status(roles: dict[str, str], detail: Any) -> dict[str, Any]:
-    """A dry run's stage entry: skipped (up to date) only when every role would be skipped."""
-    skipped = set(roles.values()) == {"skipped"}
-    return {"status": "skipped" if skipped else "planned", "roles": roles,
-            "detail": detail if not skipped else UP_TO_DATE}
-
-
-def run_build_stage(ctx: UpContext) -> dict[str, Any]:
-    from specbuild.build.engines import build_engines, dry_run
-
-    if ctx.dry_run:
-        detail = dry_run(ctx.spec, ["target", "draft"], ctx.backend, ctx.trtllm_build)
-        rerun = ctx.force or _earlier_will_run(ctx, "convert")  # new checkpoints: new engines
-        roles = {e["role"]: "skipped" if not rerun and e["input_hash"] is not None
-                 and recorded_hash(Path(e["engine_dir"])) == e["input_hash"] else "planned" for e in detail["engines"]}
-        return _dry_status(roles, detail)
-    results = build_engines(ctx.spec, ["target", "draft"], ctx.backend, force=ctx.force,
-                            trtllm_build=ctx.trtllm_build, log=ctx.log)
-    return {"status": _statuses(results), "backend": ctx.backend,
-            "roles": {r["role"]: r["status"] for r in results},
-            "engines": {r["role"]: r["engine_dir"] for r in results}}
-
-
-from specbuild.cli.up_serving import run_repo_stage, run_serve_stage  # noqa: E402  (after the stages above)
-
-STAGES: list[Stage] = [
-    Stage("check", run_check_stage),
-    Stage("convert", run_convert_stage),
-    Stage("build", run_build_stage),
-    Stage("repo", run_repo_stage),
-    Stage("serve", run_serve_stage),
-]
-
-
-def run_stages(ctx: UpContext, stages: list[Stage] | None = None) -> tuple[list[dict[str, Any]], SpecbuildError | None]:
-    """Run stages in order; stop at the first failure. Returns (one summary per stage reached, the error)."""
-    summary = []
-    for stage in stages or STAGES:
-        started = time.monotonic()
-        if not ctx.dry_run:
-            ctx.log(f"== {stage.name}")
-        try:
-            # Libraries that print (modelopt) must not break --json; without it stdout carries the demo text.
-            redirect = contextlib.redirect_stdout(sys.stderr) if ctx.as_json else contextlib.nullcontext()
-            with redirect:
-                result = stage.run(ctx)
-        except SpecbuildError as err:
-            summary.append({"stage": stage.name, "status": "failed", "error": str(err),
-                            "seconds": round(time.monotonic() - started, 3)})
-            return summary, err
-        ctx.results[stage.name] = result
-        summary.append({"stage": stage.name, **result, "seconds": round(time.monotonic() - started, 3)})
-        if not ctx.dry_run:
-            ctx.log(f"== {stage.name}: {result['status']} ({summary[-1]['seconds']:.1f} s)")
-    return summary, None
+    cmd, activate = program()
+    c = f" -c {shown_path(spec.path)}" if spec.path else ""
+    url = "" if grpc_url == server_url(spec, "grpc") else f" --url {grpc_url}"
+    rows: list[tuple[str, str]] = []
+    if activate:
+        rows.append((f"source {activate}", f"then plain `specbuild ...` works (or type {cmd} as below)"))
+    if serving:
+        rows += [(f"{cmd} generate{c}{url} {NEXT_PROMPT}", "through this server"),
+                 (f"{cmd} bench{c} --url {grpc_url} --protocol grpc", "speed with and without speculation")]
+    else:
+        rows += [(f"{cmd} generate{c} --local {NEXT_PROMPT}", "in-process, no server"),
+                 (f"{cmd} serve{c}", "serve again (Ctrl-C stops it) ..."),
+                 (f"{cmd} generate{c} {NEXT_PROMPT}", "... and ask it, from another terminal"),
+                 (f"{cmd} bench{c} --local", "speed with and without speculation")]
+    rows.append((f"{cmd} check{c}", f"the pair report; every command: {cmd} --help"))
+    width = max(len(command) for command, _ in rows)
+    where = "in another terminal while this one serves" if serving else "from this folder"
+    return ["", f"next ({where}):"] + [f"  {command:<{width}}  # {why}" for command, why in rows]
 
 
 @click.command("up")
@@ -161,7 +70,7 @@ def run_stages(ctx: UpContext, stages: list[Stage] | None = None) -> tuple[list[
                    "docs/llmapi.md). Default: the spec's build.backend, else reference.")
 @click.option("--trtllm-build", "trtllm_build", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Path of trtllm-build (trtllm backend; default: found on PATH).")
-@click.option("--until", "until", type=click.Choice([stage.name for stage in STAGES]), default=None,
+@click.option("--until", "until", type=click.Choice(STAGE_NAMES), default=None,
               help="Stop after this stage (e.g. --until build in a CI job that must not serve).")
 @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Model repository folder (default: triton_repo beside the spec's output_dir).")
@@ -188,20 +97,12 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
     spec = get_spec(spec_path)
     backend = backend or spec.build.backend or "reference"
     ctx = UpContext(spec=spec, backend=backend, force=force, dry_run=dry_run, once=once,
-                    trtllm_build=str(trtllm_build) if trtllm_build else None, repo=repo, as_json=as_json)
-    started = time.monotonic()
-    if backend == "llmapi":
-        from specbuild.cli.up_llmapi import stages as llmapi_stages
-
-        path_stages = [Stage(name, run) for name, run in llmapi_stages()]
-    else:
-        path_stages = STAGES
-    names = [stage.name for stage in path_stages]
-    stages = path_stages[: names.index(until) + 1] if until else path_stages
-    ctx.stages = tuple(stage.name for stage in stages)
-    summary, error = run_stages(ctx, stages)
-    document = {"pair": spec.name, "backend": backend, "dry_run": dry_run, "ok": error is None,
-                "stages": summary, "seconds": round(time.monotonic() - started, 3)}
+                    trtllm_build=str(trtllm_build) if trtllm_build else None, repo=repo, as_json=as_json, log=log,
+                    echo=None if as_json else (lambda text: click.echo(text, nl=False)),
+                    next_steps=lambda grpc_url, serving: next_steps(spec, grpc_url, serving),
+                    progress=progress_enabled())
+    document, error = run_up(ctx, until)
+    summary = document["stages"]
     if as_json:
         emit_json(document)
     else:

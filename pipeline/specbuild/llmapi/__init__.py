@@ -14,5 +14,5 @@ in the contract layer, so the client speaks the llmapi model's format: docs/arch
 `standin` / `protocol` / `llm` (the CPU stand-in for Triton's llmapi model, its loop driven by
 `session.driver.drive`), `trtllm_serve`. Elsewhere: the wire format in `triton.client`, a generation's K
 and token counts in `session.served`, the memory plan in `check.llmapi_memory`, the commands in
-`cli.llmapi_cmds` and `cli.up_llmapi`.
+`cli.llmapi_cmds` and `up.llmapi_path`.
 """

@@ -1,10 +1,10 @@
-"""`specbuild up --backend llmapi`: the same five stages as the engine path, for the LLM API.
+"""`specbuild up --backend llmapi`: the same five stages as the engine path (`up.stages.stages_for`), for the LLM API.
 
     check    the pair checks with this path's memory plan (`run_check(backend="llmapi")`)
     convert  Hugging Face checkpoints per role (`llmapi.checkpoint`)
     build    the LLM arguments, validated and written (`llmapi.build`)
     repo     Triton's llmapi repository (`llmapi.repository`; the CPU stand-in unless tensorrt_llm is importable)
-    serve    the engine path's stage (`cli.up_serving`): tritonserver under the supervisor, the canary, the demo
+    serve    the engine path's stage (`up.serving`): tritonserver under the supervisor, the canary, the demo
              prompts streamed through `session.served`, then stop (--once) or serve until SIGINT/SIGTERM
 """
 
@@ -32,14 +32,12 @@ def _claim(ctx) -> None:
 
 def run_check_stage(ctx) -> dict[str, Any]:
     from specbuild.check import record
-    from specbuild.cli.common import progress_enabled
 
     _claim(ctx)
-    return record.run_stage(ctx.spec, "llmapi", ctx.force, ctx.dry_run, ctx.log, progress_enabled())
+    return record.run_stage(ctx.spec, "llmapi", ctx.force, ctx.dry_run, ctx.log, ctx.progress)
 
 
 def run_convert_stage(ctx) -> dict[str, Any]:
-    from specbuild.cli.common import progress_enabled
     from specbuild.convert.plan import ConvertOptions
     from specbuild.llmapi import checkpoint
 
@@ -47,7 +45,7 @@ def run_convert_stage(ctx) -> dict[str, Any]:
     plans = checkpoint.plan_roles(ctx.spec, ["target", "draft"], options)
     if ctx.dry_run:
         return {"status": "planned", "detail": [checkpoint.describe(plan) for plan in plans]}
-    results = [checkpoint.convert_role(plan, options, force=ctx.force, log=ctx.log, progress=progress_enabled())
+    results = [checkpoint.convert_role(plan, options, force=ctx.force, log=ctx.log, progress=ctx.progress)
                for plan in plans]
     states = {r["status"] for r in results}
     return {"status": "skipped" if states == {"skipped"} else "ran", "roles": {r["role"]: r["status"] for r in results}}
@@ -75,11 +73,3 @@ def run_repo_stage(ctx) -> dict[str, Any]:
         ctx.log(f"repo warning: {warning}")
     return {"status": "skipped" if result.skipped else "ran", "repo": str(result.out_dir), "backend": "llmapi",
             "runtime": result.runtime}
-
-
-def stages() -> list[tuple[str, Any]]:
-    """(name, run) per stage, in order; `up` makes them its Stage entries."""
-    from specbuild.cli.up_serving import run_serve_stage  # the supervisor serves either repository kind
-
-    return [("check", run_check_stage), ("convert", run_convert_stage), ("build", run_build_stage),
-            ("repo", run_repo_stage), ("serve", run_serve_stage)]

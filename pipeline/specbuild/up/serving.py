@@ -1,0 +1,96 @@
+"""The serve stage of `specbuild up`, for either path: start tritonserver on the repository under the supervisor,
+stream a few prompts through the speculative BLS (or, on the LLM API path, Triton's llmapi model) over gRPC with
+`session.served`, hand the text to ctx.echo as it is accepted and log each request's acceptance figures, then
+either stop (`--once`) or keep serving until Ctrl-C / SIGTERM (the drain)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from specbuild.artifacts import default_repo_dir
+from specbuild.example.demo import DEMO_MAX_TOKENS, DEMO_PROMPTS, MAX_TOP_TOKEN_SHARE
+
+
+def demo_prompts() -> list[tuple[str, str]]:
+    """(kind, prompt) for code, JSON and prose: fixed text the example pair never trained on."""
+    return list(DEMO_PROMPTS)
+
+
+def run_serve_stage(ctx) -> dict[str, Any]:
+    from specbuild.triton import deploy
+
+    repo = Path(ctx.results.get("repo", {}).get("repo") or ctx.repo or default_repo_dir(ctx.spec.output_dir))
+    if ctx.dry_run:
+        return {"status": "planned", "detail": f"tritonserver on {repo}, then {len(demo_prompts())} demo prompts"}
+    from specbuild.triton.supervisor import Supervisor
+
+    plan = deploy.plan_serve(ctx.spec, repo)
+    deploy.check_engines(plan.backend, plan.engines)
+    supervisor = Supervisor.for_repo(plan.options, plan.install, log=ctx.log)
+    handle = supervisor.handle
+    ctx.log(f"starting tritonserver ({plan.install.kind}) on {plan.repo} ({plan.backend}); log: {handle.log_path}")
+    started = time.monotonic()
+    document: dict[str, Any] = {"status": "ran"}
+
+    def on_ready(canary: dict[str, str]) -> None:
+        document.update(endpoints=handle.endpoints(), ready_seconds=round(time.monotonic() - started, 1))
+        document["demo"] = _demo(ctx, handle)
+        if not ctx.once:
+            for name, url in handle.endpoints().items():
+                ctx.log(f"{name:8s} {url}")
+            for line in ctx.next_steps(handle.grpc_url, True) if ctx.next_steps else ():
+                ctx.log(line)
+            ctx.log("serving; press Ctrl-C (or send SIGTERM) to stop")
+
+    outcome = supervisor.serve(on_ready, once=ctx.once)
+    ctx.log("tritonserver stopped: the endpoints above no longer answer")
+    document.update(stopped=True, stopped_by=outcome["stopped_by"], restarts=outcome["restarts"])
+    if "drain" in outcome:
+        document["drain"] = outcome["drain"]
+    if ctx.once and "demo" in document:
+        for line in ctx.next_steps(handle.grpc_url, False) if ctx.next_steps else ():
+            ctx.log(line)
+    return document
+
+
+def _demo(ctx, handle) -> list[dict[str, Any]]:
+    """Stream each demo prompt through the BLS (or the llmapi model); print text as it arrives (stderr under
+    --json)."""
+    from specbuild.bench.stats import top_token_share
+    from specbuild.session.generation import Options
+    from specbuild.session.served import ServedSession
+
+    out = []
+    k = ctx.spec.speculative.num_draft_tokens
+    echo = ctx.echo  # the streamed text (the CLI's stdout, unless --json)
+    with ServedSession.for_spec(ctx.spec, "grpc", handle.grpc_url) as session:
+        for kind, prompt in demo_prompts():
+            ctx.log(f"\n--- {kind} prompt ({len(prompt)} chars), K = {k}:")
+            ctx.log(prompt.rstrip()[-160:])
+            ctx.log("--- streamed continuation:")
+            gen = session.generate(prompt, Options(max_tokens=DEMO_MAX_TOKENS, num_draft_tokens=k), on_text=echo)
+            if echo is not None:
+                echo("\n")
+            share = top_token_share(gen.output_ids)
+            row = {
+                "kind": kind,
+                "text": gen.text,
+                "num_output_tokens": gen.output_tokens,
+                "finish_reason": gen.finish_reason,
+                "acceptance_rate": round(gen.stats.acceptance_rate, 4),
+                "mean_accepted_len": round(gen.stats.mean_accepted_len, 4),
+                "total_draft_tokens": gen.stats.drafted,
+                "total_accepted_draft_tokens": gen.stats.accepted,
+                "time_to_first_token_s": round(gen.ttft_seconds or gen.seconds, 4),
+                "tokens_per_s": round(gen.tokens_per_s, 2) if gen.seconds > 0 else None,
+                "top_token_share": None if share is None else round(share, 4),
+            }
+            ctx.log(f"--- {gen.output_tokens} tokens, acceptance_rate {row['acceptance_rate']:.2f}, "
+                    f"mean_accepted_len {row['mean_accepted_len']:.2f}, {row['tokens_per_s']} tokens/s")
+            if share is not None and share >= MAX_TOP_TOKEN_SHARE:
+                ctx.log(f"--- note: one token is {share:.0%} of this output (repetitive text): acceptance on "
+                        "repeated tokens says little about real text")
+            out.append(row)
+    return out
