@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild import quantization
+from specbuild import backends
 from specbuild.errors import SpecError
 
 QUANTIZATIONS = quantization.NAMES  # specbuild.quantization: one record per format
@@ -22,7 +23,7 @@ KV_CACHE_DTYPES = ("none", "fp8")  # int8 is refused: it disables paged context 
 DTYPES = ("float16", "bfloat16", "float32")
 # trtllm: TensorRT engines (trtllm-build, GPU); reference: PyTorch reference engines (any machine);
 # llmapi: TensorRT-LLM's LLM API / PyTorch backend, no engines (GPU), served on CPU by a stand-in.
-BACKENDS = ("trtllm", "reference", "llmapi")
+BACKENDS = backends.NAMES  # specbuild.backends: one record each
 
 # Known GPUs: usable memory in GiB as reported by the driver, and the SM version.
 GPUS: dict[str, tuple[float, int]] = {

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from specbuild import backends
 from specbuild.artifacts import MANIFEST
 from specbuild.build.flags import FLAGS, TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv
 from specbuild.build.plan import RolePlan, check_consistent, plan_build, plan_role
@@ -24,7 +25,7 @@ from specbuild.build.versions import runtime_versions, versions_mismatch
 from specbuild.config import Spec
 from specbuild.errors import BuildError, SpecbuildError
 
-BACKENDS = ("trtllm", "reference")
+BACKENDS = backends.ENGINE_BACKENDS
 
 __all__ = [
     "BACKENDS", "FLAGS", "TRTLLM_VERSION_CHECKED", "RolePlan", "build_engines", "dry_run", "plan_build",
@@ -41,7 +42,7 @@ def _planned_input_hash(spec: Spec, plan: RolePlan, backend: str, executable: st
     """The input hash a build would record (CI cache key); None until the checkpoint (and trtllm-build) exist."""
     if plan.checkpoint_manifest is None:
         return None
-    if backend == "trtllm":
+    if backends.get(backend).builder == "trtllm-build":
         if executable is None:
             return None
         from specbuild.build.trtllm import trtllm_input_hash
@@ -72,7 +73,7 @@ def dry_run(spec: Spec, roles: list[str], backend: str, trtllm_build: str | None
             "notes": list(plan.notes),
         }
         entry["input_hash"] = _planned_input_hash(spec, plan, backend, found)
-        if backend == "trtllm":
+        if backends.get(backend).builder == "trtllm-build":
             argv = trtllm_argv(plan, executable, str(plan.engine_dir))
             entry.update(argv=argv, argv_text=argv_text(argv),
                          writes=[f"{plan.engine_dir}/{name}" for name in
@@ -114,7 +115,7 @@ def build_engines(spec: Spec, roles: list[str], backend: str, force: bool = Fals
     plans = plan_build(spec, roles, require_checkpoint=True)
     _check_against_existing(plans)
     results = []
-    if backend == "trtllm":
+    if backends.get(backend).builder == "trtllm-build":
         from specbuild.build.trtllm import build_trtllm_role, find_trtllm_build
 
         executable = find_trtllm_build(trtllm_build)

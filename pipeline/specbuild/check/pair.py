@@ -8,6 +8,7 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 
 from __future__ import annotations
 
+from specbuild.backends import is_llm_api
 from specbuild.build import rules
 from specbuild.check.advice import plan_memory
 from specbuild.check.llmapi_memory import plan_memory as plan_llmapi_memory
@@ -54,11 +55,11 @@ def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True,
                 "--allow-pickle. Its parameter count is estimated from config.json.",
                 "Convert it to safetensors (save_pretrained(dir, safe_serialization=True)).",
             )
-    if backend != "llmapi":
+    if not is_llm_api(backend):
         check_max_num_tokens(report, spec)
     tokenizer_size = check_tokenizers(report, spec)
     check_vocab(report, infos["target"], infos["draft"], tokenizer_size)
-    if backend == "llmapi":
+    if is_llm_api(backend):
         plan = plan_llmapi_memory(spec, infos["target"], infos["draft"])
     else:
         plan = plan_memory(spec, infos["target"], infos["draft"])

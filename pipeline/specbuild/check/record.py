@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.artifacts import combined_hash, hash_file, write_json
+from specbuild.backends import is_llm_api
 from specbuild.config import Spec
 
 CHECK_RECORD = "check.json"  # in the pair folder
@@ -44,7 +45,7 @@ def record_path(spec: Spec) -> Path:
 
 
 def _key(spec: Spec, backend: str | None) -> str:
-    return check_inputs_hash(spec) + (":llmapi" if backend == "llmapi" else "")
+    return check_inputs_hash(spec) + (":llmapi" if is_llm_api(backend) else "")
 
 
 def passed_unchanged(spec: Spec, backend: str | None = None) -> bool:
@@ -75,7 +76,7 @@ def run_stage(spec: Spec, backend: str | None, force: bool, dry_run: bool, log, 
 
     fresh = not force and passed_unchanged(spec, backend)
     if dry_run:
-        plan = "LLM API memory plan" if backend == "llmapi" else "memory plan"
+        plan = "LLM API memory plan" if is_llm_api(backend) else "memory plan"
         return ({"status": "skipped", "detail": UP_TO_DATE} if fresh else
                 {"status": "planned", "detail": f"read both checkpoints' configs and tokenizers; {plan}"})
     if fresh:

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import click
 
+from specbuild import backends
 from specbuild.cli.common import (dry_run_option, emit_json, force_option, get_spec, json_option, log, role_option,
                                   roles, spec_option)
 
 backend_option = click.option(
     "--backend",
-    type=click.Choice(["trtllm", "reference", "llmapi"]),
+    type=click.Choice(backends.NAMES),
     default=None,
     help="trtllm: TensorRT engines with trtllm-build (GPU image). reference: float32 PyTorch engines (any machine). "
          "llmapi: the LLM API's arguments, validated and written (nothing to compile). Default: the spec's "
@@ -66,7 +67,7 @@ def command(spec_path, backend, trtllm_build, role, force, dry_run, as_json):
 
     spec = get_spec(spec_path)
     backend = backend or spec.build.backend or "trtllm"
-    if backend == "llmapi":
+    if backends.is_llm_api(backend):
         from specbuild.cli.llmapi_cmds import build as llmapi_build
 
         llmapi_build(spec, force=force, dry_run=dry_run, as_json=as_json)

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from specbuild import backends
 from specbuild.cli.common import emit_json, get_spec, json_option, spec_option
 
 GIB = 1024**3
@@ -121,7 +122,7 @@ def format_report(doc: dict[str, Any]) -> str:
               "the speedup per K and the best max_draft_len (loads both models; see docs/bench.md).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSONL prompts for --measure (one {\"prompt\": ...} per line; default: built-in code/prose/json).")
-@click.option("--backend", type=click.Choice(["trtllm", "reference", "llmapi"]), default=None,
+@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
               help="Whose memory plan and limits: the engines' (trtllm, reference) or the LLM API's (llmapi: one "
                    "process, one KV pool, one fraction). Default: the spec's build.backend, else trtllm.")
 @click.pass_context

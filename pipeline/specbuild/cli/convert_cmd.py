@@ -6,14 +6,15 @@ from pathlib import Path
 
 import click
 
+from specbuild import backends
 from specbuild.cli.common import (dry_run_option, emit_json, force_option, get_spec, json_option, log,
                                   progress_enabled, role_option, roles, spec_option)
-from specbuild.config import BACKENDS, KV_CACHE_DTYPES, QUANTIZATIONS, replace
+from specbuild.config import KV_CACHE_DTYPES, QUANTIZATIONS, replace
 
 
 @click.command("convert")
 @spec_option
-@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
               help="trtllm / reference: TensorRT-LLM checkpoints for engines. llmapi: Hugging Face checkpoints for "
                    "the LLM API (docs/llmapi.md). Default: the spec's build.backend, else trtllm.")
 @role_option
@@ -62,7 +63,7 @@ def command(spec_path: Path, backend: str | None, role: str, quantization: str |
             spec = replace(spec, name, **changes)
     options = ConvertOptions(device=device, calib_file=calib_file, calib_size=calib_size,
                              calib_seq_len=calib_seq_len, awq_block_size=int(awq_block_size) if awq_block_size else None)
-    if (backend or spec.build.backend) == "llmapi":
+    if backends.is_llm_api(backend or spec.build.backend):
         from specbuild.cli.llmapi_cmds import convert as llmapi_convert
 
         llmapi_convert(spec, selected, options, force=force, verify=verify, dry_run=dry_run, as_json=as_json)

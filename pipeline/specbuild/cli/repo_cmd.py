@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from specbuild import backends
 from specbuild.artifacts import default_repo_dir
 from specbuild.cli.common import (dry_run_option, force_option, get_spec, json_option, report_repo_plan,
                                   report_repo_result, spec_option)
@@ -19,12 +20,12 @@ def detect_backend(spec) -> str:
         backend = json.loads(manifest.read_text()).get("backend")
     except (OSError, ValueError):
         return "trtllm"
-    return backend if backend in ("trtllm", "reference") else "trtllm"
+    return backend if backend in backends.ENGINE_BACKENDS else "trtllm"
 
 
 @click.command("repo")
 @spec_option
-@click.option("--backend", type=click.Choice(["trtllm", "reference", "llmapi"]), default=None,
+@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
               help="trtllm: the tensorrtllm C++ backend (GPU image). reference: Python models serving the PyTorch "
                    "reference engines (any machine). llmapi: Triton's llmapi model (TensorRT-LLM LLM API; "
                    "docs/llmapi.md). Default: the spec's build.backend, else the target engine's backend if built, "
@@ -68,7 +69,7 @@ def command(spec_path, backend, runtime, checkpoints_dir, out_dir, engines_dir, 
     spec = get_spec(spec_path)
     out_dir = out_dir or default_repo_dir(spec.output_dir)
     backend = backend or spec.build.backend or detect_backend(spec)
-    if backend == "llmapi":
+    if backends.is_llm_api(backend):
         from specbuild.cli.llmapi_cmds import repo as llmapi_repo
 
         llmapi_repo(spec, out_dir, runtime, checkpoints_dir, force=force, dry_run=dry_run, as_json=as_json)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from specbuild import backends
 from specbuild.artifacts import default_repo_dir
 from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, spec_option
 from specbuild.triton.server import RESTRICTED_APIS, ServerOptions
@@ -45,7 +46,7 @@ DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuil
 @click.option("--max-restarts", type=click.IntRange(min=0), default=DEFAULTS.max_restarts, show_default=True,
               help="Server restarts the supervisor may make within 10 minutes; one more and serve gives up "
                    "(exit 1, the server log named).")
-@click.option("--backend", type=click.Choice(["trtllm", "reference", "llmapi"]), default=None,
+@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
               help="The repository's backend, checked against its manifest (default: the manifest's).")
 @click.option("--server", type=click.Choice(["tritonserver", "trtllm-serve"]), default="tritonserver", show_default=True,
               help="trtllm-serve: TensorRT-LLM's OpenAI-compatible server on `build --backend llmapi`'s arguments "
@@ -97,7 +98,7 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
     spec = get_spec(spec_path)
     repo = repo or default_repo_dir(spec.output_dir)
     if server == "trtllm-serve":
-        if (backend or "llmapi") != "llmapi":
+        if backend is not None and not backends.is_llm_api(backend):
             raise click.UsageError("--server trtllm-serve serves the LLM API path: use --backend llmapi.")
         _refuse_tritonserver_only_options()
         from specbuild.cli.llmapi_cmds import serve_trtllm

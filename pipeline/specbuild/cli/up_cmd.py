@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from specbuild import backends
 from specbuild.cli.common import (dry_run_option, emit_json, force_option, get_spec, json_option, log,
                                   progress_enabled, spec_option)
 from specbuild.up.stages import STAGE_NAMES, UpContext, run_up
@@ -64,7 +65,7 @@ def next_steps(spec, grpc_url: str, serving: bool) -> list[str]:
 
 @click.command("up")
 @spec_option
-@click.option("--backend", type=click.Choice(["reference", "trtllm", "llmapi"]), default=None,
+@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
               help="reference: reference engines (any machine); trtllm: TensorRT engines (GPU image); llmapi: "
                    "TensorRT-LLM's LLM API, no engines (GPU image; on CPU a stand-in serves the same contract, "
                    "docs/llmapi.md). Default: the spec's build.backend, else reference.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from specbuild import backends
 from specbuild.artifacts import read_manifest
 from specbuild.errors import ArtifactError, ClientError, ServeError
 from specbuild.triton.server import ServerHandle
@@ -29,7 +30,7 @@ def repo_backend(repo: Path) -> str | None:
 def entry_models(repo: Path) -> list[str]:
     """The models clients call: the BLS and the ensemble (those the repository has); an llmapi repository's
     one model. The periodic canary goes through the first; a drain unloads them all."""
-    if repo_backend(repo) == "llmapi":
+    if backends.is_llm_api(repo_backend(repo)):
         from specbuild.llmapi.contract import MODEL_NAME
 
         return [MODEL_NAME]
@@ -54,7 +55,7 @@ def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[
     model over both); raises on failure."""
     from specbuild.triton.client import SpecbuildClient
 
-    if models is None and repo_backend(handle.opts.repo) == "llmapi":
+    if models is None and backends.is_llm_api(repo_backend(handle.opts.repo)):
         return llmapi_canary(handle)
     loaded = models or ("tensorrt_llm_bls", "ensemble")
     answers = {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from specbuild import backends
 from specbuild.errors import SpecError
 from specbuild.contract import tensors as T
 from specbuild.triton.models import serving_gate as gate
@@ -30,7 +31,7 @@ from specbuild.triton.models import serving_gate as gate
 if TYPE_CHECKING:  # tritonclient is imported lazily: `specbuild repo --help` must not need it
     from tritonclient.grpc import model_config_pb2
 
-BACKENDS = ("trtllm", "reference")
+BACKENDS = backends.ENGINE_BACKENDS  # the two flavours of the BLS repository
 MODEL_NAMES = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble",
                gate.MODEL_NAME)
 LLM_MODEL = {"target": "tensorrt_llm", "draft": "tensorrt_llm_draft"}
@@ -229,7 +230,7 @@ def llm(s: RepoSettings, role: str) -> "model_config_pb2.ModelConfig":
         raise SpecError(f"unknown role {role!r}: use 'target' or 'draft'.")
     llm_settings = s.llm(role)
     _require(f"{role} engine_dir", llm_settings.engine_dir)
-    backend = "tensorrtllm" if s.backend == "trtllm" else "python"
+    backend = backends.get(s.backend).triton_backend
     c = pb.ModelConfig(name=LLM_MODEL[role], backend=backend, max_batch_size=s.max_batch_size)
     # Not decoupled: the BLS calls each model once per draft or verify step and waits for the result.
     c.model_transaction_policy.SetInParent()
@@ -238,7 +239,7 @@ def llm(s: RepoSettings, role: str) -> "model_config_pb2.ModelConfig":
     _add_tensors(pb, c.input, T.LLM_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.LLM_OUTPUTS, s.logits_datatype)
     _cpu_instances(pb, c, 1)
-    if s.backend == "trtllm":
+    if backend == "tensorrtllm":
         _params(c, trtllm_parameters(s, role), may_be_empty=tuple(UNSET_LLM_PARAMS))
     else:  # the keys the reference model reads, by the C++ backend's rules (specbuild.contract.backend_params)
         _params(c, {

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild import backends
 from specbuild.artifacts import read_manifest
 from specbuild.config import Spec
 from specbuild.errors import ArtifactError, ServeError
@@ -49,7 +50,7 @@ def check_engines(backend: str, engines: dict[str, Path], python: str | None = N
     """Every engine must be built, for this backend, with the versions this runtime has."""
     from specbuild.build.versions import runtime_versions, versions_mismatch
 
-    if backend == "llmapi":  # no engines: the Hugging Face checkpoints written for the LLM API
+    if backends.is_llm_api(backend):  # no engines: the Hugging Face checkpoints written for the LLM API
         from specbuild.llmapi.repository import check_checkpoint_dirs
 
         return check_checkpoint_dirs(engines)
@@ -79,7 +80,7 @@ def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int |
         raise ArtifactError(f"model repository {repo} does not exist: write it with `specbuild repo --out-dir {repo}`.")
     manifest = read_manifest(repo)
     backend = manifest.get("backend")
-    if backend not in ("trtllm", "reference", "llmapi"):
+    if backend not in backends.NAMES:
         raise ArtifactError(f"{repo}/manifest.json has backend {backend!r}: regenerate it with `specbuild repo`.")
     if manifest.get("pair") not in (None, spec.name):
         raise ArtifactError(f"{repo} was written for pair {manifest.get('pair')!r}, the spec is {spec.name!r}. "
@@ -90,11 +91,11 @@ def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int |
         http_port=s.http_port if http_port is None else http_port,
         grpc_port=s.grpc_port if grpc_port is None else grpc_port,
         metrics_port=s.metrics_port if metrics_port is None else metrics_port,
-        allow_model_control=allow_model_control, open_apis=tuple(allow_apis), gpu=backend == "trtllm",
+        allow_model_control=allow_model_control, open_apis=tuple(allow_apis), gpu=backends.get(backend).triton_backend == "tensorrtllm",
         gpu_count=spec.gpu.count, exit_timeout_s=exit_timeout_s,
     )
     options.restricted_apis()  # an unknown API name fails here, before anything starts
-    if backend == "llmapi":
+    if backends.is_llm_api(backend):
         from specbuild.llmapi.repository import checkpoint_dirs
 
         return ServePlan(repo, backend, options, find_tritonserver(tritonserver), checkpoint_dirs(repo, manifest))

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild import backends
 from specbuild.artifacts import combined_hash, read_manifest, stage_output, tool_versions
 from specbuild.config import Spec
 from specbuild.errors import ArtifactError, SpecbuildError, SpecError
@@ -114,14 +115,15 @@ def plan_settings(
         raise SpecError(f"--backend {backend!r} is not supported. Choose one of: {', '.join(configs.BACKENDS)}.")
     warnings: list[str] = []
     out_dir = Path(out_dir).resolve()
-    split = kv_cache_split(spec) if backend == "trtllm" else KvSplit(dict(zip(("target", "draft"), DEFAULT_KV_FRACTIONS)),
+    on_gpu = backends.get(backend).gpu  # engines inside the GPU image (trtllm), or beside the repository here
+    split = kv_cache_split(spec) if on_gpu else KvSplit(dict(zip(("target", "draft"), DEFAULT_KV_FRACTIONS)),
                                                                      None, "unused by the reference models")
-    if backend == "trtllm" and split.source != "memory plan":
+    if on_gpu and split.source != "memory plan":
         warnings.append(f"kv_cache_free_gpu_mem_fraction = {split.fraction['target']}/{split.fraction['draft']} "
                         f"(target/draft): {split.source}.")
 
     def engine_path(role: str) -> str:
-        if backend == "trtllm":
+        if on_gpu:
             root = str(engines_dir) if engines_dir is not None else GPU_ENGINES_DIR
             return f"{root.rstrip('/')}/{spec.name}/{role}/engine"
         root = Path(engines_dir).resolve() if engines_dir is not None else spec.output_dir
@@ -129,7 +131,7 @@ def plan_settings(
 
     if tokenizer_dir is not None:
         tok = str(tokenizer_dir)
-    elif backend == "reference":
+    elif not on_gpu:
         tok = engine_path("target")  # the reference engine folder carries the tokenizer files
     else:
         tok = str(spec.target.checkpoint)
@@ -143,7 +145,7 @@ def plan_settings(
         for role in ("target", "draft")
     }
     def local_engine(role: str) -> Path:  # where this machine has (or will have) the role's engine
-        if backend == "reference":
+        if not on_gpu:
             return (out_dir / engine_path(role)).resolve()
         return spec.pair_dir / role / "engine"
 
@@ -181,10 +183,10 @@ def _check_engines(spec: Spec, out_dir: Path, settings: RepoSettings) -> list[st
     for role in ("target", "draft"):
         engine = Path(settings.llm(role).engine_dir)
         engine = engine if engine.is_absolute() else (out_dir / engine).resolve()
-        if settings.backend == "trtllm" and not engine.is_dir():
+        if backends.get(settings.backend).gpu and not engine.is_dir():
             engine = spec.pair_dir / role / "engine"  # built here, mounted at the GPU path later
         if not (engine / "manifest.json").is_file():
-            if settings.backend == "reference":
+            if not backends.get(settings.backend).gpu:
                 warnings.append(f"the {role} engine {engine} is not built yet: run `specbuild build --backend "
                                 "reference` before `specbuild serve`.")
             continue
@@ -215,7 +217,7 @@ def render(settings: RepoSettings) -> dict[str, str]:
     files["tensorrt_llm_bls/1/model.py"] = shim_source(SHIMS["tensorrt_llm_bls"])
     files["serving_gate/1/model.py"] = shim_source(SHIMS["serving_gate"])
     for name in ("tensorrt_llm", "tensorrt_llm_draft"):
-        if settings.backend == "reference":
+        if backends.get(settings.backend).triton_backend == "python":
             files[f"{name}/1/model.py"] = shim_source(SHIMS["reference_llm"])
         else:
             files[f"{name}/1/.gitkeep"] = ""  # the C++ backend reads the engine from gpt_model_path

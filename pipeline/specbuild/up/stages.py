@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from specbuild.errors import SpecbuildError
+from specbuild import backends
 from specbuild.up.context import STAGE_NAMES, Stage, UpContext  # noqa: F401 (UpContext: callers build one)
 
 
@@ -18,7 +19,7 @@ def stages_for(backend: str) -> list[Stage]:
     """The one stage list of a path, in order."""
     from specbuild.up.serving import run_serve_stage  # the supervisor serves either repository kind
 
-    if backend == "llmapi":
+    if backends.is_llm_api(backend):
         from specbuild.up import llmapi_path as path
     else:
         from specbuild.up import engine_path as path

@@ -1,0 +1,46 @@
+"""The backends a pair is built and served with: one record each, read by every stage and command.
+
+A backend's name is what the spec (`build.backend`) and every `--backend` option take; its record says what
+the name means everywhere else (whether `build` makes engines, whether it needs an NVIDIA GPU, which repository
+`repo` writes and which model Triton serves it with), so the stages ask the record rather than compare names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specbuild.errors import SpecError
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    engines: bool  # `build` makes engines from TensorRT-LLM checkpoints
+    builder: str | None  # what makes them: "trtllm-build", or specbuild's "reference" builder; None: no engines
+    gpu: bool  # served only on an NVIDIA GPU, in NVIDIA's TensorRT-LLM image
+    llm_api: bool  # TensorRT-LLM's LLM API: Hugging Face checkpoints, Triton's llmapi model (no BLS, no engines)
+    triton_backend: str  # the Triton backend of the served tensorrt_llm model(s)
+    summary: str  # one line for help texts
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("trtllm", engines=True, builder="trtllm-build", gpu=True, llm_api=False, triton_backend="tensorrtllm",
+            summary="TensorRT engines served by the tensorrtllm C++ backend (GPU image)"),
+    Backend("reference", engines=True, builder="reference", gpu=False, llm_api=False, triton_backend="python",
+            summary="specbuild's PyTorch reference engines behind the same tensors (any machine)"),
+    Backend("llmapi", engines=False, builder=None, gpu=True, llm_api=True, triton_backend="python",
+            summary="TensorRT-LLM's LLM API, Triton's llmapi model (GPU image; a CPU stand-in elsewhere)"),
+)}
+NAMES = tuple(BACKENDS)
+ENGINE_BACKENDS = tuple(name for name, backend in BACKENDS.items() if backend.engines)
+
+
+def get(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise SpecError(f"backend {name!r} is not supported. Choose one of: {', '.join(NAMES)}.")
+    return BACKENDS[name]
+
+
+def is_llm_api(name: str | None) -> bool:
+    """The LLM API path (an unknown or absent name is not)."""
+    return name in BACKENDS and BACKENDS[name].llm_api
