@@ -347,5 +347,6 @@ def test_up_drains_its_server_on_sigterm(deployment, tmp_path):
         assert_drained(serving, results, expected, running, during)
         stage = json.loads(out)["stages"][-1]
         assert stage["stopped_by"] == "signal" and stage["drain"]["complete"], stage
+        assert stage["drain"]["refused_with"] == "UNAVAILABLE", stage  # the serving gate closed
     finally:
         serving.close()
