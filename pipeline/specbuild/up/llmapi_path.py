@@ -10,7 +10,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
+
+from specbuild.artifacts import UP_TO_DATE, recorded_hash
+from specbuild.errors import ArtifactError
+from specbuild.up.context import earlier_will_run
+from specbuild.up.engine_path import dry_status
+
+
+def _recorded(folder: Path, digest: Callable[[], str]) -> bool:
+    """The folder's manifest records this input hash (a dry run's "up to date"); False when the inputs are not there
+    yet to hash."""
+    try:
+        return recorded_hash(Path(folder)) == digest()
+    except ArtifactError:
+        return False
 
 
 
@@ -44,7 +59,9 @@ def run_convert_stage(ctx) -> dict[str, Any]:
     options = ConvertOptions()
     plans = checkpoint.plan_roles(ctx.spec, ["target", "draft"], options)
     if ctx.dry_run:
-        return {"status": "planned", "detail": [checkpoint.describe(plan) for plan in plans]}
+        roles = {plan.role: "skipped" if not ctx.force and recorded_hash(plan.out_dir) == checkpoint.input_hash(plan)
+                 else "planned" for plan in plans}
+        return dry_status(roles, [checkpoint.describe(plan) for plan in plans])
     results = [checkpoint.convert_role(plan, options, force=ctx.force, log=ctx.log, progress=ctx.progress)
                for plan in plans]
     states = {r["status"] for r in results}
@@ -55,7 +72,10 @@ def run_build_stage(ctx) -> dict[str, Any]:
     from specbuild.llmapi import build
 
     if ctx.dry_run:
-        return {"status": "planned", "detail": build.dry_run(ctx.spec)}
+        fresh = not ctx.force and not earlier_will_run(ctx, "convert") and _recorded(build.config_dir(ctx.spec),
+                                                                                      lambda: build.input_hash(ctx.spec))
+        return {"status": "skipped", "detail": UP_TO_DATE} if fresh else {"status": "planned",
+                                                                           "detail": build.dry_run(ctx.spec)}
     result = build.build(ctx.spec, force=ctx.force, log=ctx.log)
     return {"status": result["status"], "backend": "llmapi", "out_dir": result["out_dir"]}
 
@@ -64,9 +84,12 @@ def run_repo_stage(ctx) -> dict[str, Any]:
     from specbuild.artifacts import default_repo_dir
 
     repo = ctx.repo or default_repo_dir(ctx.spec.output_dir)
+    from specbuild.llmapi.repository import input_hash, write_repository
+
     if ctx.dry_run:
-        return {"status": "planned", "detail": f"write the llmapi model repository to {repo}"}
-    from specbuild.llmapi.repository import write_repository
+        fresh = not ctx.force and not earlier_will_run(ctx, "build") and _recorded(repo, lambda: input_hash(ctx.spec))
+        return {"status": "skipped", "detail": UP_TO_DATE} if fresh else {
+            "status": "planned", "detail": f"write the llmapi model repository to {repo}"}
 
     result = write_repository(ctx.spec, repo, force=ctx.force)
     for warning in result.warnings:
