@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from specbuild.artifacts import UP_TO_DATE
 from specbuild.config import Spec
 
 STAGE_NAMES = ("check", "convert", "build", "repo", "serve")
@@ -45,3 +46,10 @@ def statuses(items: list[dict[str, Any]]) -> str:
 def earlier_will_run(ctx: UpContext, *stages: str) -> bool:
     """In a dry run: will one of these earlier stages run (so its outputs, this stage's inputs, change)?"""
     return any(ctx.results.get(name, {}).get("status") == "planned" for name in stages)
+
+
+def dry_status(roles: dict[str, str], detail: Any) -> dict[str, Any]:
+    """A dry run's stage entry: skipped (up to date) only when every role would be skipped."""
+    skipped = set(roles.values()) == {"skipped"}
+    return {"status": "skipped" if skipped else "planned", "roles": roles,
+            "detail": detail if not skipped else UP_TO_DATE}

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specbuild.artifacts import UP_TO_DATE, default_repo_dir, recorded_hash
-from specbuild.up.context import UpContext, earlier_will_run, statuses
+from specbuild.artifacts import default_repo_dir, recorded_hash
+from specbuild.up.context import UpContext, dry_status, earlier_will_run, statuses
 
 
 def claim_outputs(ctx: UpContext) -> None:
@@ -50,13 +50,6 @@ def run_convert_stage(ctx: UpContext) -> dict[str, Any]:
     results = [convert_role(plan, options, force=ctx.force, log=ctx.log, progress=ctx.progress)
                for plan in plans]
     return {"status": statuses(results), "roles": {r["role"]: r["status"] for r in results}}
-
-
-def dry_status(roles: dict[str, str], detail: Any) -> dict[str, Any]:
-    """A dry run's stage entry: skipped (up to date) only when every role would be skipped."""
-    skipped = set(roles.values()) == {"skipped"}
-    return {"status": "skipped" if skipped else "planned", "roles": roles,
-            "detail": detail if not skipped else UP_TO_DATE}
 
 
 def run_build_stage(ctx: UpContext) -> dict[str, Any]:

@@ -15,8 +15,7 @@ from typing import Any, Callable
 
 from specbuild.artifacts import UP_TO_DATE, recorded_hash
 from specbuild.errors import ArtifactError
-from specbuild.up.context import earlier_will_run
-from specbuild.up.engine_path import dry_status
+from specbuild.up.context import dry_status, earlier_will_run
 
 
 def _recorded(folder: Path, digest: Callable[[], str]) -> bool:
