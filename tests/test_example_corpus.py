@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specbuild.example import corpus
+from specbuild import corpus
 from specbuild.example.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from runtime_models import single_thread  # noqa: F401 (autouse fixture: one torch thread)
-from specbuild.example import corpus, ensure_example
+from specbuild import corpus
+from specbuild.example import ensure_example
 from specbuild.example.recipe import VARIANTS
 
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("specbuild", "specbuild.errors", "specbuild.progress"),  # the package root holds only __version__
     ("specbuild.config", "specbuild.quantization", "specbuild.backends"),
-    ("specbuild.artifacts", "specbuild.hfmodel"),
+    ("specbuild.artifacts", "specbuild.hfmodel", "specbuild.corpus"),
     ("specbuild.speculative",),
     ("specbuild.contract", "specbuild.llmapi.contract"),  # llmapi.contract: the llmapi model's pinned names (data)
     ("specbuild.runtime",),

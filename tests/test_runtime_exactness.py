@@ -94,7 +94,7 @@ def test_speculative_greedy_equals_target_only_on_the_example_pair(tiny_spec_pat
     from transformers import AutoTokenizer
 
     from specbuild.config import load_spec
-    from specbuild.example.corpus import heldout_prompts
+    from specbuild.corpus import heldout_prompts
     from specbuild.runtime.loading import load_pair
 
     pair = load_pair(load_spec(tiny_spec_path), device="cpu")

@@ -28,7 +28,7 @@ MAX_TOKENS = 24
 
 
 def tiny_prompts(tokenizer, n_per_kind):
-    from specbuild.example.corpus import heldout_prompts
+    from specbuild.corpus import heldout_prompts
 
     texts = [t for kind in ("code", "prose", "json") for t in heldout_prompts(kind, n_per_kind, chars=120)]
     return [tokenizer(t)["input_ids"] for t in texts]

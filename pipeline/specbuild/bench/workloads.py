@@ -1,6 +1,6 @@
 """Benchmark prompt sets: the built-in code, prose and JSON sets, or a JSONL file of prompts.
 
-The built-in sets come from `specbuild.example.corpus` (text shipped with the package, the same on
+The built-in sets come from `specbuild.corpus` (text shipped with the package, the same on
 every machine) and are held out from the example pair's training text. A JSONL file has one
 object per line: {"prompt": "...", "max_tokens": 64}; max_tokens is optional.
 """
@@ -31,7 +31,7 @@ class Workload:
 def builtin(kind: str, n: int) -> Workload:
     if kind not in BUILTIN:
         raise BenchError(f"unknown workload {kind!r}: use one of {', '.join(BUILTIN)} or a path to a .jsonl file.")
-    from specbuild.example.corpus import heldout_prompts
+    from specbuild.corpus import heldout_prompts
 
     texts = list(heldout_prompts(kind, n))
     if not texts:

@@ -28,7 +28,7 @@ _FALLBACK = [
 def builtin_texts(n: int, chars: int) -> list[str]:
     """Up to `n` samples of about `chars` characters, interleaving prose, code and JSON."""
     try:
-        from specbuild.example import corpus
+        from specbuild import corpus
     except ImportError:
         corpus = None
     if corpus is None:

@@ -61,7 +61,8 @@ def _recipe(variant: str):
 def recipe_key(variant: str, train: bool = False) -> str:
     """The key of the pair `ensure_example` uses: the committed copy's when it matches the current
     recipe (its own corpus), else the recipe's on this machine's corpus (`train`: always the latter)."""
-    from specbuild.example import corpus, packaged
+    from specbuild import corpus
+    from specbuild.example import packaged
 
     committed = None if train else packaged.find(_recipe(variant).variant)
     return committed.key if committed else _recipe(variant).key(corpus.describe()["fingerprint"])
@@ -166,7 +167,8 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
     """Train tokenizer, target and draft into `out_dir`; write example.json; return its contents."""
     import torch
 
-    from specbuild.example import corpus, train
+    from specbuild import corpus
+    from specbuild.example import train
     from specbuild.example.tokenizer import TOKENIZER_FILES, save_hf_tokenizer, train_tokenizer
     from specbuild.progress import Progress
 

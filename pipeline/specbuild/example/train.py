@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from specbuild.example import corpus
+from specbuild import corpus
 from specbuild.example.recipe import ModelShape, Recipe
 from specbuild.example.tokenizer import BOS_ID, EOS_ID, PAD_ID
 

@@ -44,7 +44,7 @@ def _is_heldout(name: str) -> bool:
 
 def _fallback_dir() -> Path:
     """specbuild's own sources: used only when the interpreter ships no stdlib .py files."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parent
 
 
 @lru_cache(maxsize=4)
