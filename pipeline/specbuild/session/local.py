@@ -72,7 +72,8 @@ class LocalSession:
         tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
         limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
         return cls(pair.drafter, pair.verifier, lambda text: tokenizer(text)["input_ids"], tokenizer=tokenizer,
-                   end_id=pair.end_id, other_end_ids=end_ids(pair.end_id, (*pair.other_end_ids, tokenizer.eos_token_id))[1:],
+                   end_id=pair.end_id,
+                   other_end_ids=end_ids(pair.end_id, (*pair.other_end_ids, tokenizer.eos_token_id))[1:],
                    default_k=spec.speculative.num_draft_tokens, adaptive=spec.speculative.adaptive,
                    max_seq_len=limit, pair=pair, overlap=pair.overlap, overlap_reason=pair.overlap_reason,
                    ahead_drafter=pair.ahead_drafter)

@@ -185,8 +185,9 @@ class ServedSession:
                  stream: bool = True) -> Generation:
         """One request, its text streamed to on_text; ClientError with the server's message on failure."""
         # The BLS applies the K rule itself and says which K it used; the llmapi model drafts a fixed K it does not say
-        k = self.resolve_k(options.num_draft_tokens) if self.deployment().llmapi else None
-        asked = k.k if k else options.num_draft_tokens
+        llmapi = self.deployment().llmapi
+        k = self.resolve_k(options.num_draft_tokens) if llmapi else None
+        asked = (k.k if k else None) if llmapi else options.num_draft_tokens
         started = time.perf_counter()
         try:
             chunks = self.client.generate(prompt, max_tokens=options.max_tokens, num_draft_tokens=asked,
@@ -206,7 +207,7 @@ class ServedSession:
                                        accepted=int(out.get("total_accepted_draft_tokens") or 0)))
         if isinstance(figures, dict) and "k" in figures:
             k = ResolvedK.from_dict(figures["k"])  # the K the BLS used
-        elif not self.deployment().llmapi:
+        elif not llmapi:
             k = self.resolve_k(options.num_draft_tokens)  # a BLS from before it said: its config's rule
         # the schedule the BLS ran (it sends it with the figures), else what was asked, else the deployment's
         overlap = figures.get("overlap") if isinstance(figures, dict) and "overlap" in figures else (
