@@ -2,7 +2,7 @@
 
 The flags are those of NVIDIA/TensorRT-LLM `tensorrt_llm/commands/build.py` (read at 65f1d15 and 008b2b8) and
 the recipe in `examples/draft_target_model/README.md`; the builder's own adjustments are in
-`specbuild.build.rules` (from `tensorrt_llm/builder.py`)."""
+`specbuild.contract.build_rules` (from `tensorrt_llm/builder.py`)."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def test_dry_run_refuses_a_spec_whose_fp8_kv_cache_the_builder_would_drop(tmp_pa
 def test_max_num_tokens_is_raised_to_the_longest_input_the_loop_sends(tmp_path):
     # trtGptModel.h: maxInputLen = min(maxSequenceLen - 1, maxNumTokens) with context FMHA and packed input; the
     # BLS re-sends prompt + generated tokens every step, so inputs reach max_seq_len - 1 tokens.
-    from specbuild.build.rules import runtime_max_input_len
+    from specbuild.contract.build_rules import runtime_max_input_len
 
     spec = make_spec(tmp_path, build={"max_batch_size": 2, "max_input_len": 100, "max_seq_len": 4096,
                                       "max_num_tokens": 1024})

@@ -1,4 +1,4 @@
-"""`check` against trtllm-build's own rules (specbuild.build.rules): plans the builder would quietly change
+"""`check` against trtllm-build's own rules (specbuild.contract.build_rules): plans the builder would quietly change
 are refused, advice never proposes one, max_num_tokens covers the longest input, the KV cap fits an int32."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from check_fixtures import make_pair
-from specbuild.build import rules
+from specbuild.contract import build_rules as rules
 from specbuild.check import memory
 from specbuild.check.advice import plan_memory
 from specbuild.check.pair import check_max_num_tokens

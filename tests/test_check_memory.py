@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.build.rules import TOKENS_PER_BLOCK
+from specbuild.contract.build_rules import TOKENS_PER_BLOCK
 from specbuild.check import advice, memory
 from specbuild.check.advice import plan_memory
 from specbuild.check.memory import GIB, kv_bytes_per_token, weight_bytes

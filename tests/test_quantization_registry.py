@@ -12,7 +12,7 @@ import pytest
 
 from specbuild import quantization
 from specbuild.bench import theory
-from specbuild.build import rules
+from specbuild.contract import build_rules as rules
 from specbuild.check import advice, memory
 from specbuild.config import GPUS, QUANTIZATIONS, GpuSpec, Spec, spec_from_dict
 from specbuild.convert import formats, verify

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.artifacts import MANIFEST
-from specbuild.build import rules
+from specbuild.contract import build_rules as rules
 from specbuild.config import Spec
 from specbuild.errors import ArtifactError, BuildError, SpecError
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specbuild.artifacts import hash_tree, stage_output, tool_versions
-from specbuild.build import rules
+from specbuild.contract import build_rules as rules
 from specbuild.build.flags import TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv, trtllm_version_note
 from specbuild.build.plan import RolePlan
 from specbuild.build.versions import interpreter_for, probe_versions

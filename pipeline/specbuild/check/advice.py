@@ -1,6 +1,6 @@
 """The memory plan with its advice (`plan_memory`): GPU feature gates, "does not fit" with the smallest
 change that would fit, and the batch warning. Every suggestion is checked by re-running the plan, and
-none is a spec that trtllm-build would quietly change (`specbuild.build.rules`).
+none is a spec that trtllm-build would quietly change (`specbuild.contract.build_rules`).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from specbuild.build.rules import (
+from specbuild.contract.build_rules import (
     BLACKWELL_SM,
     FP8_MIN_SM,
     MIN_SM,

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from specbuild.build.rules import FP8_MIN_SM, MIN_SM
+from specbuild.contract.build_rules import FP8_MIN_SM, MIN_SM
 from specbuild.check.memory import CUDA_CONTEXT_BYTES, GIB, kv_bytes_per_token, padded_vocab, runtime_bytes, weight_bytes
 from specbuild.check.report import Finding
 from specbuild.config import Spec

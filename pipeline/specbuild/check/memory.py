@@ -37,8 +37,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from specbuild.build import rules
-from specbuild.build.rules import BLACKWELL_REJECTED, FP8_MIN_SM, MIN_SM, TOKENS_PER_BLOCK  # noqa: F401 (re-exported)
+from specbuild.contract import build_rules as rules
+from specbuild.contract.build_rules import BLACKWELL_REJECTED, FP8_MIN_SM, MIN_SM, TOKENS_PER_BLOCK  # noqa: F401 (re-exported)
 from specbuild.check.report import Finding
 from specbuild.config import Spec
 from specbuild.hfmodel import ModelInfo
@@ -74,7 +74,7 @@ MAX_FRACTION = 0.95
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 # Bytes per transformer-block weight of each quantized format (specbuild.quantization; AWQ's scales included)
 WEIGHT_BYTES = {name: fmt.weight_bytes for name, fmt in FORMATS.items() if fmt.weight_bytes is not None}
-# GPU feature gates and the KV-cache block size come from specbuild.build.rules (trtllm-build's own rules).
+# GPU feature gates and the KV-cache block size come from specbuild.contract.build_rules (trtllm-build's own rules).
 
 
 @dataclass(frozen=True)

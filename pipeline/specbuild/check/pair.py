@@ -9,7 +9,7 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 from __future__ import annotations
 
 from specbuild.backends import is_llm_api
-from specbuild.build import rules
+from specbuild.contract import build_rules as rules
 from specbuild.check.advice import plan_memory
 from specbuild.check.llmapi_memory import plan_memory as plan_llmapi_memory
 from specbuild.check.report import CheckReport
@@ -116,7 +116,7 @@ def check_positions(report: CheckReport, spec: Spec, role: str, info: ModelInfo)
 
 def check_max_num_tokens(report: CheckReport, spec: Spec) -> None:
     """The runtime refuses inputs longer than min(max_seq_len - 1, max_num_tokens); the BLS re-sends prompt +
-    generated tokens every step, so the build raises max_num_tokens to max_seq_len - 1 (specbuild.build.rules)."""
+    generated tokens every step, so the build raises max_num_tokens to max_seq_len - 1 (specbuild.contract.build_rules)."""
     b = spec.build
     planned = rules.planned_max_num_tokens(b.max_batch_size, b.max_seq_len, b.max_num_tokens)[0]
     if planned > b.max_num_tokens:

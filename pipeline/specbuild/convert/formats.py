@@ -8,7 +8,7 @@ size. No torch import here: the CLI's --dry-run uses this module.
 
 from __future__ import annotations
 
-from specbuild.build import rules
+from specbuild.contract import build_rules as rules
 from specbuild.errors import SpecError
 from specbuild.quantization import FORMATS, QuantFormat, one_of, usable_on
 
