@@ -161,13 +161,16 @@ def close_gate(handle, gate: str) -> None:
     raise ServeError(f"{gate} loaded with backend {serving_gate.CLOSED_BACKEND!r}: is there such a backend?")
 
 
-def _ended(started: float, timeout_s: float, server_alive: Callable[[], bool]) -> str | None:
-    """Why the drain must stop waiting now, if it must."""
-    if not server_alive():
-        return "server exited"
-    if time.monotonic() - started >= timeout_s:
-        return "timeout"
-    return None
+def _wait(done: Callable[[], bool], started: float, timeout_s: float, server_alive: Callable[[], bool],
+          poll_s: float) -> str:
+    """Poll `done` until it holds ("drained"), or until the server exits or the bound passes (the reason)."""
+    while not done():
+        if not server_alive():
+            return "server exited"
+        if time.monotonic() - started >= timeout_s:
+            return "timeout"
+        time.sleep(poll_s)
+    return "drained"
 
 
 def drain(handle, models: list[str], timeout_s: float, log: Callable[[str], None],
@@ -188,37 +191,35 @@ def drain(handle, models: list[str], timeout_s: float, log: Callable[[str], None
     result = DrainResult(models, 0.0, at_start)
     held = "" if at_start is None else f"{at_start} requests running; "
     wait = f"waiting up to {timeout_s:.0f} s for running requests to finish (a second Ctrl-C stops at once)"
+
+    def idle() -> bool:  # the models that count their requests hold none
+        return not counting or running_requests(metrics(), sorted(counting), counting) == 0
+
+    def unloaded() -> bool:  # no entry model is UNLOADING any more
+        states = model_states(handle.http_url, handle.admin_headers(), timeout=CALL_TIMEOUT_S)
+        return all(states.get(model, "UNAVAILABLE") in GONE for model in models)
+
     try:
+        closed = False
         if gate:
             try:
                 close_gate(handle, gate)
-                result.refused_with = "UNAVAILABLE"
+                closed, result.refused_with = True, "UNAVAILABLE"
             except (ServeError, OSError, ValueError) as err:
                 log(f"draining: the serving gate did not close ({err}); new requests are refused as their models "
                     "unload")
-        if result.refused_with == "UNAVAILABLE":
+        if closed:
             log(f"draining: readiness is false, new requests are refused (UNAVAILABLE); {held}{wait}")
             # Phase 1: the gate refuses, the BLS finishes what it holds (its gauges count it exactly).
-            while counting and running_requests(metrics(), sorted(counting), counting) != 0:
-                result.reason = _ended(started, timeout_s, server_alive) or result.reason
-                if not result.complete:
-                    break
-                time.sleep(poll_s)
+            result.reason = _wait(idle, started, timeout_s, server_alive, poll_s)
         if result.complete:
             # Phase 2 (the only one without a gate): Triton unloads each entry model once its last request ends.
             for model in models:
                 handle.model_control("unload", model, timeout=CALL_TIMEOUT_S)  # returns at once; Triton goes on
-            if result.refused_with != "UNAVAILABLE":
+            if not closed:
                 log(f"draining: {', '.join(models)} unloading ({held}readiness is false, new requests are refused); "
                     + wait)
-            while True:
-                states = model_states(handle.http_url, handle.admin_headers(), timeout=CALL_TIMEOUT_S)
-                if all(states.get(model, "UNAVAILABLE") in GONE for model in models):
-                    break
-                result.reason = _ended(started, timeout_s, server_alive) or result.reason
-                if not result.complete:
-                    break
-                time.sleep(poll_s)
+            result.reason = _wait(unloaded, started, timeout_s, server_alive, poll_s)
     except StopRequested:
         result.reason = "second signal"
     except (ServeError, OSError, ValueError) as err:  # the server stops either way; say why the drain ended early
