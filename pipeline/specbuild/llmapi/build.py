@@ -75,18 +75,21 @@ def dry_run(spec: Spec) -> dict[str, Any]:
             "notes": ["nothing to compile: TensorRT-LLM's LLM API loads the Hugging Face checkpoints when it starts"]}
 
 
-def input_hash(spec: Spec) -> str:
+def _inputs(spec: Spec) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
     """What the LLM arguments are made from: the arguments, the files, the converted checkpoints' own hashes
     (ArtifactError while a checkpoint is not converted)."""
-    return combined_hash(STAGE, llm_args_mod.llm_args(spec, locations(spec)), render(spec), _checkpoint_hashes(spec))
+    return llm_args_mod.llm_args(spec, locations(spec)), render(spec), _checkpoint_hashes(spec)
+
+
+def input_hash(spec: Spec) -> str:
+    return combined_hash(STAGE, *_inputs(spec))
 
 
 def build(spec: Spec, force: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     from specbuild.llmapi import contract
 
-    files = render(spec)
-    args = llm_args_mod.llm_args(spec, locations(spec))
-    digest = input_hash(spec)
+    args, files, checkpoints = _inputs(spec)
+    digest = combined_hash(STAGE, args, files, checkpoints)
     with stage_output(config_dir(spec), stage=STAGE, force=force) as out:
         if out.up_to_date(digest):
             log(f"llmapi: {out.final} is up to date (inputs unchanged).")
@@ -103,7 +106,7 @@ def build(spec: Spec, force: bool = False, log: Callable[[str], None] = print) -
         manifest = out.commit({
             "stage": STAGE, "backend": "llmapi", "pair": spec.name, "input_hash": digest, "release": contract.RELEASE,
             "llm_args": args, "checkpoints": {role: str(checkpoint_dir(spec, role)) for role in ("target", "draft")},
-            "checkpoint_hashes": _checkpoint_hashes(spec), "kv_fraction_source": llm_args_mod.kv_fraction(spec)[1],
+            "checkpoint_hashes": checkpoints, "kv_fraction_source": llm_args_mod.kv_fraction(spec)[1],
             "memory_plan": plan, "files": list(files), "tool_versions": tool_versions(),
         })
         log(f"llmapi: wrote {out.final} ({', '.join(files)})")

@@ -111,9 +111,10 @@ def check_written(plan: RolePlan, folder: Path) -> tuple[str | None, str | None,
     return algo, kv, edits
 
 
-def input_hash(plan: RolePlan) -> str:
-    """What the role's checkpoint is made from: its settings, the source files, the tools' versions."""
-    return combined_hash(STAGE, plan.settings(), hash_tree(plan.hf_dir), tool_versions(*TOOLS))
+def input_hash(plan: RolePlan, source_hashes: dict[str, str], versions: dict[str, str | None]) -> str:
+    """What the role's checkpoint is made from: its settings, the source files' hashes (hash_tree of plan.hf_dir),
+    the tools' versions (tool_versions(*TOOLS))."""
+    return combined_hash(STAGE, plan.settings(), source_hashes, versions)
 
 
 def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, verify: bool = False,
@@ -121,7 +122,8 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
     from specbuild.convert.export import calibrate, fit_vocab, load_hf_model, resolve_device
     from specbuild.llmapi.hfexport import verify_export
 
-    digest = input_hash(plan)
+    hashes, versions = hash_tree(plan.hf_dir), tool_versions(*TOOLS)  # the weights are read once
+    digest = input_hash(plan, hashes, versions)
     with stage_output(plan.out_dir, stage=STAGE, force=force) as out:
         if out.up_to_date(digest):
             log(f"[{plan.role}] {plan.out_dir} is up to date (inputs unchanged); nothing to do. --force redoes it.")
@@ -152,8 +154,8 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
             "stage": STAGE, "backend": "llmapi", "role": plan.role, "pair": plan.pair, "input_hash": digest,
             "spec": plan.spec_settings, "settings": plan.settings(), "quant_algo": algo, "kv_cache_quant_algo": kv,
             "vocab_size": json.loads((out.tmp / "config.json").read_text()).get("vocab_size"),
-            "source": {"path": str(plan.hf_dir), "files": hash_tree(plan.hf_dir)}, "files": hash_tree(out.tmp),
-            "tokenizer_files": tokenizer_files, "tool_versions": tool_versions(*TOOLS), "calibration": calibration,
+            "source": {"path": str(plan.hf_dir), "files": hashes}, "files": hash_tree(out.tmp),
+            "tokenizer_files": tokenizer_files, "tool_versions": versions, "calibration": calibration,
             "edits": edits, "verification": verification, "device": device,
             "seconds": round(time.perf_counter() - start, 3),
         })

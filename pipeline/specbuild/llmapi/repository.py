@@ -129,15 +129,15 @@ def plan(spec: Spec, runtime: str = "auto", checkpoints_dir: str | Path | None =
     return runtime, where, render(spec, runtime, where), settings, _warnings(spec, runtime, where)
 
 
-def input_hash(spec: Spec, runtime: str = "auto", checkpoints_dir: str | Path | None = None) -> str:
-    _, _, files, settings, _ = plan(spec, runtime, checkpoints_dir)
+def input_hash(settings: dict[str, Any], files: dict[str, str]) -> str:
+    """What the repository is made from: plan()'s settings and files."""
     return combined_hash("llmapi", settings, files)
 
 
 def write_repository(spec: Spec, out_dir: Path, runtime: str = "auto", checkpoints_dir: str | Path | None = None,
                      force: bool = False) -> LlmApiRepoResult:
     runtime, where, files, settings, warnings = plan(spec, runtime, checkpoints_dir)
-    digest = input_hash(spec, runtime, checkpoints_dir)
+    digest = input_hash(settings, files)
     with stage_output(Path(out_dir), stage="repo", force=force) as out:
         if out.up_to_date(digest):
             return LlmApiRepoResult(out.final, runtime, True, list(files), warnings, settings)

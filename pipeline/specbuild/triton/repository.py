@@ -235,6 +235,11 @@ def recorded_spec(spec: Spec) -> dict[str, Any]:
     return data
 
 
+def input_hash(settings: RepoSettings, files: dict[str, str]) -> str:
+    """What the repository is made from: the resolved settings and every rendered file (render(settings))."""
+    return combined_hash(asdict(settings), files)
+
+
 def write_repository(
     spec: Spec,
     backend: str,
@@ -245,9 +250,9 @@ def write_repository(
 ) -> RepoResult:
     settings, warnings = plan_settings(spec, backend, out_dir, engines_dir, tokenizer_dir)
     files = render(settings)
-    input_hash = combined_hash(asdict(settings), files)
+    digest = input_hash(settings, files)
     with stage_output(Path(out_dir), stage="repo", force=force) as out:
-        if out.up_to_date(input_hash):
+        if out.up_to_date(digest):
             return RepoResult(out.final, backend, True, settings, list(files), warnings)
         for rel, text in files.items():
             path = out.tmp / rel
@@ -257,7 +262,7 @@ def write_repository(
             "stage": "repo",
             "pair": spec.name,
             "backend": backend,
-            "input_hash": input_hash,
+            "input_hash": digest,
             "settings": asdict(settings),
             "spec": recorded_spec(spec),
             "files": list(files),

@@ -71,14 +71,11 @@ def run_build_stage(ctx: UpContext) -> dict[str, Any]:
 def run_repo_stage(ctx) -> dict[str, Any]:
     repo = ctx.repo or default_repo_dir(ctx.spec.output_dir)
     if ctx.dry_run:
-        from dataclasses import asdict
-
-        from specbuild.artifacts import UP_TO_DATE, combined_hash, recorded_hash
-        from specbuild.triton.repository import plan_settings, render
+        from specbuild.artifacts import UP_TO_DATE
+        from specbuild.triton.repository import input_hash, plan_settings, render
 
         settings, _ = plan_settings(ctx.spec, ctx.backend, repo, None, None)
-        # The input hash write_repository records: the settings and every rendered file.
-        if not ctx.force and recorded_hash(repo) == combined_hash(asdict(settings), render(settings)):
+        if not ctx.force and recorded_hash(repo) == input_hash(settings, render(settings)):
             return {"status": "skipped", "detail": UP_TO_DATE, "repo": str(repo)}
         return {"status": "planned", "detail": f"write the {ctx.backend} model repository to {repo}"}
     from specbuild.triton.repository import write_repository

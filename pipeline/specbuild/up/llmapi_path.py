@@ -58,8 +58,11 @@ def run_convert_stage(ctx) -> dict[str, Any]:
     options = ConvertOptions()
     plans = checkpoint.plan_roles(ctx.spec, ["target", "draft"], options)
     if ctx.dry_run:
-        roles = {plan.role: "skipped" if not ctx.force and recorded_hash(plan.out_dir) == checkpoint.input_hash(plan)
-                 else "planned" for plan in plans}
+        from specbuild.artifacts import hash_tree, tool_versions
+
+        versions = tool_versions(*checkpoint.TOOLS)
+        roles = {plan.role: "skipped" if not ctx.force and recorded_hash(plan.out_dir) == checkpoint.input_hash(
+                     plan, hash_tree(plan.hf_dir), versions) else "planned" for plan in plans}
         return dry_status(roles, [checkpoint.describe(plan) for plan in plans])
     results = [checkpoint.convert_role(plan, options, force=ctx.force, log=ctx.log, progress=ctx.progress)
                for plan in plans]
@@ -83,10 +86,14 @@ def run_repo_stage(ctx) -> dict[str, Any]:
     from specbuild.artifacts import default_repo_dir
 
     repo = ctx.repo or default_repo_dir(ctx.spec.output_dir)
-    from specbuild.llmapi.repository import input_hash, write_repository
+    from specbuild.llmapi.repository import input_hash, plan, write_repository
 
     if ctx.dry_run:
-        fresh = not ctx.force and not earlier_will_run(ctx, "build") and _recorded(repo, lambda: input_hash(ctx.spec))
+        def planned() -> str:
+            _, _, files, settings, _ = plan(ctx.spec)
+            return input_hash(settings, files)
+
+        fresh = not ctx.force and not earlier_will_run(ctx, "build") and _recorded(repo, planned)
         return {"status": "skipped", "detail": UP_TO_DATE} if fresh else {
             "status": "planned", "detail": f"write the llmapi model repository to {repo}"}
 
