@@ -233,8 +233,7 @@ BLS_FINAL_OUTPUTS = ("finish_reason", "stop_reason", "acceptance_rate", "total_a
 JSON_OUTPUTS = ("speculation_stats",)  # a TYPE_STRING output holding one JSON document
 
 
-def bls_output(name: str) -> Tensor:
-    return next(t for t in BLS_OUTPUTS if t.name == name)
+BLS_OUTPUT = {t.name: t for t in BLS_OUTPUTS}
 
 
 def final_values(values: dict[str, object]) -> dict[str, "object"]:
@@ -254,7 +253,7 @@ def final_values(values: dict[str, object]) -> dict[str, "object"]:
         value = values[name]
         if value is None:
             continue
-        tensor = bls_output(name)
+        tensor = BLS_OUTPUT[name]
         if name in JSON_OUTPUTS:
             value = json.dumps(value)
         if tensor.dtype == "TYPE_STRING":

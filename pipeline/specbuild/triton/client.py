@@ -54,7 +54,8 @@ from specbuild.llmapi import contract as llmapi
 
 STAT_OUTPUTS = tensors.BLS_FINAL_OUTPUTS  # what the BLS sends on its final response (the contract's one table)
 TEXT_OUTPUTS = tuple(name for name in STAT_OUTPUTS  # strings (BYTES) that are not JSON documents
-                     if tensors.bls_output(name).dtype == "TYPE_STRING" and name not in tensors.JSON_OUTPUTS)
+                     if tensors.BLS_OUTPUT[name].dtype == "TYPE_STRING" and name not in tensors.JSON_OUTPUTS)
+ID_OUTPUTS = tuple(name for name in STAT_OUTPUTS if tensors.BLS_OUTPUT[name].dims == (-1,))  # token ids
 LLMAPI_FIELDS = {  # request field -> (llmapi input, Triton datatype, numpy dtype)
     "max_tokens": ("sampling_param_max_tokens", "INT32", np.int32),
     "temperature": ("sampling_param_temperature", "FP32", np.float32),
@@ -89,7 +90,7 @@ def _stats(outputs: dict[str, Any]) -> dict[str, Any]:
         if name not in outputs or outputs[name] is None:
             continue
         value = np.asarray(outputs[name]).reshape(-1)
-        if tensors.bls_output(name).dims == (-1,):  # token ids
+        if name in ID_OUTPUTS:
             stats[name] = [int(v) for v in value]
         elif name in TEXT_OUTPUTS:
             stats[name] = _text(value)

@@ -91,7 +91,8 @@ def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int |
         http_port=s.http_port if http_port is None else http_port,
         grpc_port=s.grpc_port if grpc_port is None else grpc_port,
         metrics_port=s.metrics_port if metrics_port is None else metrics_port,
-        allow_model_control=allow_model_control, open_apis=tuple(allow_apis), gpu=backends.get(backend).triton_backend == "tensorrtllm",
+        allow_model_control=allow_model_control, open_apis=tuple(allow_apis),
+        gpu=backends.get(backend).triton_backend == "tensorrtllm",  # NVIDIA's orchestrator launch of its C++ backend
         gpu_count=spec.gpu.count, exit_timeout_s=exit_timeout_s,
     )
     options.restricted_apis()  # an unknown API name fails here, before anything starts

@@ -60,10 +60,10 @@ from specbuild.speculative.loop import GenerationRequest
 from specbuild.speculative.overlap import available_cores, parse_setting, resolve_auto
 from specbuild.triton.models.bls_metrics import QueueMetrics, SpeculationMetrics
 from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse_request
-from specbuild.triton.models.common import resolve_path
+from specbuild.triton.models.common import parameters, resolve_path
 from specbuild.triton.models.postprocessing import decode_ids
 from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
-from specbuild.triton.models.serving_gate import GATE_PARAMETER, Gate
+from specbuild.triton.models.serving_gate import Gate
 from specbuild.triton.models.token_bytes import max_token_bytes
 
 TARGET_EXCLUDES_INPUT = False  # the generated tensorrt_llm models' exclude_input_in_output
@@ -131,7 +131,7 @@ class TritonPythonModel:
         self.metrics = SpeculationMetrics(pb_utils, self.model_name, self.max_draft_len)
         self.metrics_lock = threading.Lock()
         self.queue_metrics = QueueMetrics(pb_utils, self.model_name)
-        self.gate = Gate(pb_utils, {GATE_PARAMETER: _param(config, GATE_PARAMETER, "")})  # closed by the drain
+        self.gate = Gate(pb_utils, parameters(args))  # closed by the drain
         # Tokenizes and detokenizes in-process, by preprocessing's and postprocessing's rules: a BLS call to
         # either model per request (or per streamed step) would cost a round trip.
         tokenizer_dir = resolve_path(_param(config, "tokenizer_dir"), args)
