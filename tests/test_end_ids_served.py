@@ -1,6 +1,7 @@
-"""Several end ids (a generation_config.json that lists them, as Llama 3.x instruct models ship) end a generation
-at the same token in-process and through the BLS: both read them with specbuild.hfmodel.listed_end_ids, from the
-same files (the reference engine copies the checkpoint's generation_config.json beside its tokenizer)."""
+"""Several end ids (a generation_config.json that lists them, as Llama 3.x instruct models ship) and stop words end a
+generation at the same token in-process and through the BLS: both read the end ids with
+specbuild.hfmodel.listed_end_ids, from the same files (the reference engine copies the checkpoint's
+generation_config.json beside its tokenizer), and both assemble the request with session.request.RequestRules."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPT = "def add(a, b):"
 
 
-def test_a_listed_end_id_ends_the_local_and_the_served_generation_at_the_same_token(tmp_path, example_tiny):
+def test_a_listed_end_id_or_a_stop_word_ends_the_local_and_the_served_generation_at_the_same_token(
+        tmp_path, example_tiny):
     from specbuild.session.local import LocalSession
+    from specbuild.session.served import ServedSession
 
     deployment = make_deployment(tmp_path, example_tiny)
     engine = deployment.spec.output_dir / deployment.spec.name / "target" / "engine"
@@ -34,9 +37,17 @@ def test_a_listed_end_id_ends_the_local_and_the_served_generation_at_the_same_to
     local = LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
     try:
         here = local.generate(PROMPT, Options(max_tokens=24, num_draft_tokens=2, adaptive=False))
+        # a stop word: the text of a token the greedy text reaches before `cut`, which tokenizes back to that token
+        tokenizer = local.tokenizer
+        stop_at, word = next((i, tokenizer.decode([undisturbed[i]])) for i in range(1, cut)
+                             if tokenizer.encode(tokenizer.decode([undisturbed[i]]), add_special_tokens=False)
+                             == [undisturbed[i]] and undisturbed[i] not in undisturbed[:i])
+        stopped = local.generate(PROMPT, Options(max_tokens=24, num_draft_tokens=2, adaptive=False, stop=(word,)))
     finally:
         local.close()
     assert here.output_ids == undisturbed[:cut] and here.finish_reason == "stop"
+    assert stopped.output_ids == undisturbed[:stop_at + 1]  # the stop word is kept, as TensorRT-LLM keeps it
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", word)
 
     with serving(deployment.repo, tmp_path / "server.log") as server:
         with SpecbuildClient(server.grpc_url) as client:
@@ -45,3 +56,7 @@ def test_a_listed_end_id_ends_the_local_and_the_served_generation_at_the_same_to
                 stats = chunks[-1].stats
                 assert stats["output_ids"] == undisturbed[:cut], k
                 assert stats["finish_reason"] == "stop", k
+        with ServedSession(server.grpc_url) as session:
+            served = session.generate(PROMPT, Options(max_tokens=24, num_draft_tokens=2, stop=(word,)))
+        assert served.output_ids == stopped.output_ids
+        assert (served.finish_reason, served.stop_reason) == ("stop", word)

@@ -30,6 +30,10 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Seed for sampling: the same seed gives the same text (adaptive K then ignores step timings).")
+@click.option("--stop", "stop", multiple=True, metavar="TEXT",
+              help="A stop word (repeat for several): the text ends with the first one generated; finish_reason stop, "
+              "stop_reason the word. The engine path keeps the word in the text (as TensorRT-LLM's executor does), "
+              "the LLM API path leaves it out (include_stop_str_in_output false).")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is accepted.")
 @click.option("--adaptive/--no-adaptive", default=None,
               help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.")
@@ -43,7 +47,7 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
               help="--local on CPU: torch threads. Default: 1 for small models, else torch's default.")
 @json_option
 def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
-            stream, adaptive, overlap, device, no_cache, threads, as_json):
+            stop, stream, adaptive, overlap, device, no_cache, threads, as_json):
     """Generate text for PROMPT with speculative decoding.
 
     \b
@@ -51,6 +55,7 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
       specbuild generate --local "def fibonacci(n):"
       specbuild generate --local --num-draft-tokens 0 "def fibonacci(n):"    # target only
       specbuild generate --local --json --temperature 0.8 --seed 1 "Once upon a time"
+      specbuild generate --local --stop return "def add(a, b):"    # ends with the first "return"
 
     Text goes to stdout (streamed unless --no-stream); acceptance figures to stderr, or
     everything as one JSON document with --json.
@@ -61,7 +66,8 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
 
     spec = get_spec(spec_path)
     options = Options(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=seed, adaptive=adaptive, overlap=None if local else overlap)
+                      top_p=top_p, seed=seed, adaptive=adaptive, overlap=None if local else overlap,
+                      stop=tuple(stop))
     echo = None if as_json or not stream else _echo_stdout
     if local:
         from specbuild.session.local import LocalSession

@@ -30,6 +30,7 @@ from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.llmapi import contract
 from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
+from specbuild.session.request import RequestRules
 
 
 class LlmArgsError(ValueError):
@@ -137,9 +138,11 @@ class StandInLLM:
                                                                        "max_draft_len": 0}, device) if spec else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.target_dir), local_files_only=True)
         listed = listed_end_ids(self.target_dir)
-        self.end_id = listed[0] if listed else None
-        # every other id that ends a request, as on the engine path (specbuild.hfmodel.end_ids)
-        self.other_end_ids = end_ids(self.end_id, (*listed, self.tokenizer.eos_token_id))[1:]
+        # the checkpoint's first end id (the models'), then every other that ends a request, as on the engine path;
+        # the LLM API drafts max_draft_len at every step (0: target only), and K does not adapt
+        self.rules = RequestRules(self.tokenizer, end_ids(listed[0] if listed else None,
+                                                          (*listed, self.tokenizer.eos_token_id)),
+                                  self.k if self.draft else 0, self.k if self.draft else 0)
         self.max_batch_size = batch
 
     def _decode(self, ids: list[int]) -> str:
@@ -154,9 +157,7 @@ class StandInLLM:
         call: (role) -> the contract call to use (a shared batcher under concurrency); default the models."""
         from specbuild.contract.adapters import ContractDrafter, ContractVerifier
         from specbuild.session.driver import drive
-        from specbuild.speculative.draft_len import resolve_k
         from specbuild.speculative.interfaces import SamplingParams
-        from specbuild.speculative.loop import GenerationRequest
 
         arrival = time.monotonic_ns()
         prompt_ids = list(self.tokenizer(prompt)["input_ids"])
@@ -168,16 +169,12 @@ class StandInLLM:
             if len(prompt_ids) >= self.max_seq_len:
                 raise ModelException(f"the prompt ({len(prompt_ids)} tokens) does not fit max_seq_len = {self.max_seq_len}")
             max_tokens = min(max_tokens, self.max_seq_len - len(prompt_ids))
-        stops = {s: self.tokenizer(s, add_special_tokens=False)["input_ids"] for s in sampling.stop if s}
+        ready = self.rules.prepare(max_tokens=max_tokens, stop=sampling.stop,
+                                   sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p,
+                                                           sampling.seed))
         target = call("target") if call else self.target
-        verifier = ContractVerifier(target, max_draft_len=self.k, end_id=self.end_id)
-        drafter = ContractDrafter(call("draft") if call else self.draft, end_id=self.end_id) if self.draft else None
-        k = resolve_k(None, self.k, default=self.k)  # the LLM API drafts max_draft_len at every step (0: target only)
-        request = GenerationRequest(
-            max_tokens=max_tokens, num_draft_tokens=k.k if drafter else 0, end_id=self.end_id,
-            other_end_ids=self.other_end_ids,
-            sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed),
-            stop_sequences=[ids for ids in stops.values() if ids], adaptive=False)
+        verifier = ContractVerifier(target, max_draft_len=self.k, end_id=ready.model_end_id)
+        drafter = ContractDrafter(call("draft") if call else self.draft, end_id=ready.model_end_id) if self.draft else None
         counts = [0, 0]  # drafted, accepted so far
         times = {"scheduled": None, "first": None}
 
@@ -191,14 +188,15 @@ class StandInLLM:
                                        self._times(arrival, times)))
 
         try:
-            result = drive(prompt_ids, drafter or _NoDraft(), verifier, request, k=k, cancelled=cancelled,
-                           stop_words={tuple(ids): text for text, ids in stops.items() if ids}, on_step=on_step)
+            result = drive(prompt_ids, drafter or _NoDraft(), verifier, ready.request, k=ready.k, cancelled=cancelled,
+                           stop_words=ready.stop_words, on_step=on_step)
         except RequestError as err:
             raise ModelException(str(err)) from None
         tokens, stop_reason = list(result.output_ids), None
         if isinstance(result.stop_reason, str):  # the stop string is left out (include_stop_str_in_output False)
             stop_reason = result.stop_reason
-            tokens = tokens[: -len(stops[stop_reason])]
+            matched = next(ids for ids, word in ready.stop_words.items() if word == stop_reason)
+            tokens = tokens[: -len(matched)]
         return self._output(prompt_ids, tokens, result.finish_reason, stop_reason, sampling, True, counts,
                             self._times(arrival, times))
 

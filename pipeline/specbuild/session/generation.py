@@ -43,6 +43,7 @@ class Options:
     seed: int | None = None
     adaptive: bool | None = None
     overlap: bool | str | None = None  # draft the next step while the target verifies: True, False, "auto"
+    stop: tuple[str, ...] = ()  # stop words: the generation ends with the first it produces (kept in the text)
 
     def sampling_dict(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}

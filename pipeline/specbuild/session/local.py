@@ -26,10 +26,9 @@ from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids
 from specbuild.session.driver import drive
 from specbuild.session.generation import Generation, Options
+from specbuild.session.request import RequestRules
 from specbuild.session.textstream import TextStream
-from specbuild.speculative.draft_len import resolve_k
 from specbuild.speculative.interfaces import Drafter, SamplingParams, Verifier
-from specbuild.speculative.loop import GenerationRequest
 
 __all__ = ["LocalSession"]
 
@@ -39,17 +38,16 @@ class LocalSession:
     several threads (each with its own `pair`, e.g. batched)."""
 
     def __init__(self, drafter: Drafter, verifier: Verifier, encode: Callable[[str], list[int]], *,
-                 tokenizer: Any = None, end_id: int | None = None, other_end_ids: tuple[int, ...] = (),
+                 tokenizer: Any = None, end_id: int | None = None, other_end_ids: tuple[int | None, ...] = (),
                  default_k: int = 4, adaptive: bool = False,
                  max_seq_len: int | None = None, pair: Any = None, overlap: bool | str = False,
                  overlap_reason: str | None = None, ahead_drafter: Drafter | None = None):
         self.drafter, self.verifier = drafter, verifier
         self._encode = encode  # prompt text -> token ids
         self.tokenizer = tokenizer  # detokenizes streamed text (None: token ids only)
-        self.end_id = end_id
-        self.other_end_ids = other_end_ids  # they end a request as end_id does (specbuild.hfmodel.end_ids)
-        self.default_k = default_k  # K when a request asks for none
-        self.adaptive = adaptive  # adaptive K when a request does not say
+        # K, the end ids (end_id, then the others that end a request as it does) and the stop words, per request
+        self.rules = RequestRules(tokenizer, end_ids(end_id, other_end_ids), verifier.max_draft_len, default_k,
+                                  adaptive)
         self.max_seq_len = max_seq_len  # prompt + generated tokens the engines take (None: no limit known)
         self.pair = pair  # runtime.loading.LocalPair when loaded from a spec
         self.overlap = overlap  # the schedule when a request does not say: False, True or "auto"
@@ -73,7 +71,7 @@ class LocalSession:
         limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
         return cls(pair.drafter, pair.verifier, lambda text: tokenizer(text)["input_ids"], tokenizer=tokenizer,
                    end_id=pair.end_id,
-                   other_end_ids=end_ids(pair.end_id, (*pair.other_end_ids, tokenizer.eos_token_id))[1:],
+                   other_end_ids=(*pair.other_end_ids, tokenizer.eos_token_id),
                    default_k=spec.speculative.num_draft_tokens, adaptive=spec.speculative.adaptive,
                    max_seq_len=limit, pair=pair, overlap=pair.overlap, overlap_reason=pair.overlap_reason,
                    ahead_drafter=pair.ahead_drafter)
@@ -93,6 +91,15 @@ class LocalSession:
     @property
     def max_draft_len(self) -> int:
         return self.verifier.max_draft_len
+
+    @property
+    def end_id(self) -> int | None:
+        """The end id the models get (None: the pair has none)."""
+        return self.rules.end_ids[0] if self.rules.end_ids else None
+
+    @property
+    def default_k(self) -> int:
+        return self.rules.default_k
 
     def encode(self, text: str) -> list[int]:
         with self._lock:
@@ -119,24 +126,21 @@ class LocalSession:
         overlap = self.overlap if options.overlap is None else options.overlap
         drafter, verifier = pair or (self.ahead_drafter if overlap and self.ahead_drafter else self.drafter,
                                      self.verifier)
-        k = resolve_k(options.num_draft_tokens, verifier.max_draft_len, default=self.default_k)
         if self.max_seq_len is not None and len(prompt_ids) + options.max_tokens > self.max_seq_len:
             raise RequestError(
                 f"the prompt ({len(prompt_ids)} tokens) + max_tokens {options.max_tokens} = "
                 f"{len(prompt_ids) + options.max_tokens} tokens exceeds the engines' max_seq_len = {self.max_seq_len}: "
                 "ask for fewer tokens or shorten the prompt (or raise build.max_seq_len and rebuild)."
             )
-        request = GenerationRequest(
-            max_tokens=options.max_tokens,
-            num_draft_tokens=k.k,
-            sampling=SamplingParams(options.temperature, options.top_k, options.top_p, options.seed),
-            end_id=self.end_id,
-            other_end_ids=self.other_end_ids,
-            adaptive=self.adaptive if options.adaptive is None else options.adaptive,
-            overlap=overlap,
-        )
+        with self._lock:  # the stop words are tokenized too
+            ready = self.rules.prepare(
+                max_tokens=options.max_tokens,
+                sampling=SamplingParams(options.temperature, options.top_k, options.top_p, options.seed),
+                num_draft_tokens=options.num_draft_tokens, stop=options.stop, adaptive=options.adaptive,
+                overlap=overlap)
         stream = TextStream(self.tokenizer, prompt_ids) if text and self.tokenizer is not None else None
-        generation = drive(prompt_ids, drafter, verifier, request, k=k, text=stream, on_text=on_text)
+        generation = drive(prompt_ids, drafter, verifier, ready.request, k=ready.k, text=stream, on_text=on_text,
+                           stop_words=ready.stop_words)
         generation.extra = {**self.describe(), "overlap_reason": self.overlap_reason if options.overlap is None
                             else f"overlap {overlap} as asked", "sampling": options.sampling_dict()}
         return generation

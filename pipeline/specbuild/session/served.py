@@ -192,7 +192,8 @@ class ServedSession:
         try:
             chunks = self.client.generate(prompt, max_tokens=options.max_tokens, num_draft_tokens=asked,
                                           temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
-                                          seed=options.seed, stream=stream, overlap=options.overlap)
+                                          seed=options.seed, stream=stream, overlap=options.overlap,
+                                          stop_words=list(options.stop))
             streamed = read_stream(chunks, on_text, started)
         except ClientError:
             grpc_missing = self.protocol == "grpc" and importlib.util.find_spec("tritonclient") is None

@@ -7,7 +7,8 @@ LLM models are TensorRT-LLM engines on GPU or specbuild's reference models on CP
 tensor contract (`specbuild.contract`).
 
 Beyond NVIDIA's BLS: streams accepted text as it is verified (decoupled mode), several requests at
-once (a thread each), EOS and stop words handled at once, K clamped (`resolve_k`) and adapted, the
+once (a thread each), EOS and stop words handled at once, K clamped and adapted (the request assembled by
+`session.request.RequestRules`, as in-process), the
 overlapped (draft-ahead) schedule (`_schedule`: while `tensorrt_llm` verifies a draft, the loop sends the
 next step's early draft to `tensorrt_llm_draft` from a second thread of the request, `overlap.ThreadedAhead`;
 `InferenceRequest.exec()` releases the GIL while it waits, triton-inference-server/python_backend r24.10
@@ -49,14 +50,12 @@ import numpy as np
 from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.contract.logits import NUMPY_NAMES
 from specbuild.contract.tensors import final_values
-from specbuild.contract.words import to_word_list, word_sequences
 from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.session.driver import drive
 from specbuild.session.generation import Generation
+from specbuild.session.request import RequestRules
 from specbuild.session.textstream import TextStream
-from specbuild.speculative.draft_len import resolve_k
-from specbuild.speculative.loop import GenerationRequest
 from specbuild.speculative.overlap import available_cores, parse_setting, resolve_auto
 from specbuild.triton.models.bls_metrics import QueueMetrics, SpeculationMetrics
 from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse_request
@@ -136,8 +135,11 @@ class TritonPythonModel:
         # either model per request (or per streamed step) would cost a round trip.
         tokenizer_dir = resolve_path(_param(config, "tokenizer_dir"), args)
         self.tokenizer = load_tokenizer(tokenizer_dir)
-        self.listed_end_ids = listed_end_ids(tokenizer_dir)  # the checkpoint's end ids, as the local path reads them
         self.pre = Preprocessor(self.tokenizer, _flag(config, "add_special_tokens", "true"))
+        # a request naming no end id ends at any of the deployment's: the tokenizer's eos (preprocessing's end_id,
+        # the one the models get), then the checkpoint's listed ones, as the local path reads them
+        self.rules = RequestRules(self.tokenizer, end_ids(self.pre.end_id, listed_end_ids(tokenizer_dir)),
+                                  self.max_draft_len, self.default_k, self.adaptive)
         token_bytes = max_token_bytes(self.tokenizer)
         if token_bytes.longest is None:
             pb_utils.Logger.log_warn(f"{self.model_name}: prompts are not refused by their size in bytes, only after "
@@ -254,35 +256,26 @@ class TritonPythonModel:
 
     def _run(self, request, req: BlsRequest, send) -> object:
         """Serve one request: stream text pieces through `send` (when req.stream), return the final response."""
-        k = resolve_k(req.num_draft_tokens, self.max_draft_len, default=self.default_k)
         prompt = self.pre.encode(req.text, "text_input")
         if len(prompt) > self.max_input_len:
             raise RequestError(
                 f"the prompt is {len(prompt)} tokens, above this deployment's max_input_len = {self.max_input_len}; "
                 "shorten it."
             )
-        model_end_id = self.pre.end_id if req.end_id is None else req.end_id  # sent to the models as is
-        end_id = None if model_end_id == -1 else model_end_id  # TensorRT-LLM's -1: no end id
-        # a request that names no end id ends at any of the deployment's (the tokenizer's eos, the checkpoint's list)
-        others = end_ids(end_id, self.listed_end_ids)[1:] if req.end_id is None else ()
+        ready = self.rules.prepare(max_tokens=req.max_tokens, sampling=req.sampling,
+                                   num_draft_tokens=req.num_draft_tokens, end_id=req.end_id, stop=req.stop_words,
+                                   overlap=self._schedule(request))
         pad_id = self.pre.pad_id if req.pad_id is None else req.pad_id
-        # Stop words in TensorRT-LLM's [2, n] word-list format, as preprocessing builds it, then as sequences.
-        stop_sequences = word_sequences(to_word_list(self.tokenizer, [req.stop_words]))
-        stop_words = {tuple(self.tokenizer.encode(w, add_special_tokens=False)): w for w in req.stop_words}
         use_logits = self.default_use_draft_logits if req.use_draft_logits is None else req.use_draft_logits
         drafter = ContractDrafter(lambda inputs: self._call(self.draft_model, inputs),
-                                  end_id=model_end_id, pad_id=pad_id, use_logits=use_logits)
+                                  end_id=ready.model_end_id, pad_id=pad_id, use_logits=use_logits)
         verifier = ContractVerifier(lambda inputs: self._call(self.target_model, inputs),
-                                    max_draft_len=self.max_draft_len, end_id=model_end_id, pad_id=pad_id,
+                                    max_draft_len=self.max_draft_len, end_id=ready.model_end_id, pad_id=pad_id,
                                     logits_dtype=self.logits_dtype)
-        gen = GenerationRequest(max_tokens=req.max_tokens, num_draft_tokens=k.k, sampling=req.sampling,
-                                end_id=end_id, other_end_ids=others, stop_sequences=stop_sequences,
-                                adaptive=self.adaptive and k.k > 0,
-                                overlap=self._schedule(request))
         stream = TextStream(self.tokenizer, prompt) if req.stream else None
-        result = drive(prompt, drafter, verifier, gen, k=k, text=stream,
+        result = drive(prompt, drafter, verifier, ready.request, k=ready.k, text=stream,
                        on_text=lambda delta: send(self._response(delta)), cancelled=request.is_cancelled,
-                       stop_words=stop_words)
+                       stop_words=ready.stop_words)
         if result.finish_reason == "cancelled":
             raise Cancelled("request cancelled by the client")
         with self.metrics_lock:

@@ -1,0 +1,83 @@
+"""One request assembled once, for every path that runs the loop in-process.
+
+    rules = RequestRules(tokenizer, end_ids=(2, 32000), max_draft_len=8, default_k=4)
+    ready = rules.prepare(max_tokens=64, sampling=SamplingParams(), stop=["\\n\\n"])
+    drive(prompt_ids, drafter, verifier, ready.request, k=ready.k, stop_words=ready.stop_words)
+
+The Triton BLS (`triton.models.bls`), the local session (`session.local`) and the CPU stand-in for Triton's
+llmapi model (`llmapi.llm`) each hold one `RequestRules`, made when they load, and call `prepare` per
+request. What differs between them stays theirs: how a request arrives (tensors, `Options`, the LLM API's
+sampling params), how the prompt is tokenized (the BLS by preprocessing's rules) and which length limit
+refuses it, with which message.
+
+The rules, each written here only:
+- K: the one K rule (`speculative.draft_len.resolve_k`): the request's, else the deployment's default,
+  clamped to max_draft_len; with K = 0 nothing adapts.
+- End ids: a request that names none ends at any of the deployment's (`end_ids`, read once from the
+  tokenizer and the checkpoint, `specbuild.hfmodel.end_ids`); one that names an id ends at that one only; -1
+  is TensorRT-LLM's "no end id" (its range is [-1, vocab)), which the models get as sent.
+- Stop words: each tokenized without special tokens, the sequences NVIDIA's preprocessing packs into
+  TensorRT-LLM's [2, n] word list for the engines (`contract.words`); a word that tokenizes to nothing is
+  dropped, as there. `stop_words` maps each sequence back to its text, for `stop_reason`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specbuild.errors import RequestError
+from specbuild.speculative.draft_len import ResolvedK, resolve_k
+from specbuild.speculative.interfaces import SamplingParams
+from specbuild.speculative.loop import GenerationRequest
+
+__all__ = ["NO_END_ID", "Prepared", "RequestRules"]
+
+NO_END_ID = -1  # TensorRT-LLM's end_id for "never end on a token"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    request: GenerationRequest  # what the loop runs
+    k: ResolvedK  # how K was chosen, reported with the response
+    model_end_id: int | None  # the end_id the models get (NO_END_ID kept; None: the deployment has none)
+    stop_words: dict[tuple[int, ...], str]  # stop sequence -> its text
+
+
+@dataclass(frozen=True)
+class RequestRules:
+    """What a deployment fixes for all its requests, read once when it loads."""
+
+    tokenizer: Any  # anything with encode(text, add_special_tokens=): the stop words
+    end_ids: tuple[int, ...]  # every id that ends a request naming none; the first is the models' end_id
+    max_draft_len: int
+    default_k: int  # K when a request asks for none
+    adaptive: bool = False  # K adapts when a request does not say
+
+    def prepare(self, *, max_tokens: int, sampling: SamplingParams, num_draft_tokens: int | None = None,
+                end_id: int | None = None, stop: Sequence[str] = (), adaptive: bool | None = None,
+                overlap: bool | str = False) -> Prepared:
+        """One request's GenerationRequest. `end_id`: None = the deployment's; NO_END_ID = none. Values are
+        kept as asked: the loop's `GenerationRequest.validate` refuses a bad one by name."""
+        k = resolve_k(num_draft_tokens, self.max_draft_len, default=self.default_k)
+        if end_id is None:
+            model_end_id = self.end_ids[0] if self.end_ids else None
+            others = self.end_ids[1:]
+        else:
+            model_end_id, others = end_id, ()
+        if any(stop) and self.tokenizer is None:
+            raise RequestError("stop words need a tokenizer, and this deployment has none (token ids only).")
+        encoded = {tuple(self.tokenizer.encode(word, add_special_tokens=False)): word for word in stop if word}
+        stop_words = {ids: word for ids, word in encoded.items() if ids}
+        request = GenerationRequest(
+            max_tokens=max_tokens,
+            num_draft_tokens=k.k,
+            sampling=sampling,
+            end_id=None if model_end_id == NO_END_ID else model_end_id,
+            other_end_ids=others,
+            stop_sequences=[list(ids) for ids in stop_words],
+            adaptive=(self.adaptive if adaptive is None else adaptive) and k.k > 0,
+            overlap=overlap,
+        )
+        return Prepared(request, k, model_end_id, stop_words)
