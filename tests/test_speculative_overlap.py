@@ -14,7 +14,6 @@ import time
 import numpy as np
 import pytest
 
-import specbuild.speculative.loop as loop_module
 import specbuild.speculative.overlap as overlap_module
 from specbuild.errors import RequestError
 from specbuild.speculative.adaptive import expected_hit_rate, predicted_overlap_speedup, predicted_speedup
@@ -182,8 +181,9 @@ def sampled_pairs(n=12):
 
 def test_the_comparison_catches_an_early_draft_drawn_with_the_wrong_seed(monkeypatch):
     """Negative control: the early draft for step i + 1 drawn with step i's drafter seed."""
-    real = loop_module._draft_ahead
-    monkeypatch.setattr(loop_module, "_draft_ahead", lambda *args: real(*args[:-1], args[-1] - 1))
+    real = overlap_module.DraftAhead.start
+    monkeypatch.setattr(overlap_module.DraftAhead, "start", lambda self, context, output, draft, seconds, step, stats:
+                        real(self, context, output, draft, seconds, step - 1, stats))
     assert any(o.tokens != s.tokens for s, o in sampled_pairs())
 
 
@@ -224,8 +224,9 @@ def test_overlapped_output_matches_the_target_distribution_and_a_seed_bug_is_cau
     target, _ = dist_pair(4)
     joint = exact_joint(target, DIST_PROMPT, 5, SamplingParams(temperature=1.0))
     assert chi_square_pvalue(overlapped_samples(12_000), joint) > P_CORRECT
-    real = loop_module._draft_ahead  # negative control: the early draft reuses the current step's drafter seed
-    monkeypatch.setattr(loop_module, "_draft_ahead", lambda *args: real(*args[:-1], args[-1] - 1))
+    real = overlap_module.DraftAhead.start  # negative control: the early draft reuses the current step's drafter seed
+    monkeypatch.setattr(overlap_module.DraftAhead, "start", lambda self, context, output, draft, seconds, step, stats:
+                        real(self, context, output, draft, seconds, step - 1, stats))
     assert chi_square_pvalue(overlapped_samples(6_000), joint) < P_WRONG
 
 

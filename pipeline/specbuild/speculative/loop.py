@@ -52,7 +52,7 @@ from specbuild.errors import GenerationError, RequestError
 from specbuild.speculative.adaptive import AdaptiveK
 from specbuild.speculative.draft_len import resolve_k
 from specbuild.speculative.interfaces import Draft, Drafter, SamplingParams, Verification, Verifier
-from specbuild.speculative.overlap import EarlyDraft, OverlapGate, ThreadedAhead, ahead_proposer
+from specbuild.speculative.overlap import DraftAhead
 from specbuild.speculative.sampling import validate_sampling
 from specbuild.speculative.stats import SpeculationStats
 
@@ -180,12 +180,14 @@ def _steps(
 ) -> Iterator[Step]:
     sampling = request.sampling
     stops = [[int(t) for t in s] for s in request.stop_sequences]
-    ahead = ahead_proposer(drafter) if request.overlap and k_max > 0 else None
-    gate = OverlapGate() if request.overlap == "auto" else None
-
+    ahead = None
+    if request.overlap and k_max > 0:
+        ahead = DraftAhead(drafter, request.overlap == "auto",
+                           lambda output, draft, seconds: _k_after_a_hit(output, draft, seconds, request, stops,
+                                                                         k_max, controller),
+                           lambda step: _seeded(sampling, base_seed, step, DRAFTER))
     output: list[int] = []
     stats = SpeculationStats()
-    early: EarlyDraft | None = None  # proposed while the previous step was verified, for this step
     index = 0
     try:
         while True:
@@ -193,27 +195,16 @@ def _steps(
             k = min(controller.choose() if controller is not None else k_max, k_max, remaining - 1)
             context = prompt + output
 
-            draft, draft_seconds, early_hit = Draft(tokens=[]), 0.0, False
-            if early is not None:
-                taken, waited = early.take(context, k)
-                early, early_hit = None, taken is not None
-                if taken is not None:
-                    draft, draft_seconds = taken.draft, taken.draft.seconds
-                    stats.record_early_hit(max(draft_seconds - waited, 0.0))
-                if gate is not None:
-                    gate.record(early_hit)
-            if k > 0 and not early_hit:
+            early = ahead.take(context, k, stats) if ahead is not None else None
+            draft, draft_seconds = (early, early.seconds) if early is not None else (Draft(tokens=[]), 0.0)
+            if k > 0 and early is None:
                 t0 = time.perf_counter()
                 draft = drafter.propose(list(context), k, _seeded(sampling, base_seed, index, DRAFTER))
                 draft_seconds = draft.seconds or time.perf_counter() - t0
             if k > 0:
                 _check_draft(draft, k)
-
             if ahead is not None:
-                early = _draft_ahead(ahead, gate, context, output, draft, draft_seconds, request, stops, k_max,
-                                     controller, base_seed, index + 1)
-                if early is not None:
-                    stats.record_early_draft()
+                ahead.start(context, output, draft, draft_seconds, index + 1, stats)
 
             t0 = time.perf_counter()
             verification = verifier.verify(list(context), draft, _seeded(sampling, base_seed, index, VERIFIER))
@@ -226,25 +217,14 @@ def _steps(
                 controller.update(drafted, accepted, draft_seconds, target_seconds)
 
             new, finish = _emit(verification.tokens, output, request, stops)
-            yield Step(
-                index=index,
-                tokens=new,
-                k=k,
-                drafted=drafted,
-                accepted=accepted,
-                draft_seconds=draft_seconds,
-                target_seconds=target_seconds,
-                finish_reason=finish,
-                stats=stats if finish else None,
-                early_hit=early_hit,
-            )
+            yield Step(index=index, tokens=new, k=k, drafted=drafted, accepted=accepted, draft_seconds=draft_seconds,
+                       target_seconds=target_seconds, finish_reason=finish, stats=stats if finish else None,
+                       early_hit=early is not None)
             if finish:
                 return
             index += 1
     finally:
-        if early is not None:
-            early.handle.cancel()
-        if isinstance(ahead, ThreadedAhead):
+        if ahead is not None:
             ahead.close()
 
 
@@ -264,25 +244,20 @@ def _emit(tokens: Sequence[int], output: list[int], request: GenerationRequest,
     return new, None
 
 
-def _draft_ahead(ahead: Any, gate: OverlapGate | None, context: list[int], output: list[int], draft: Draft,
-                 draft_seconds: float, request: GenerationRequest, stops: list[list[int]], k_max: int,
-                 controller: AdaptiveK | None, base_seed: int | None, step: int) -> EarlyDraft | None:
-    """Start step `step`'s draft as if this step were a hit (whole draft accepted, bonus token = the guess),
-    with the K and seed that step would use then; None when that step would not draft or would not run."""
+def _k_after_a_hit(output: list[int], draft: Draft, draft_seconds: float, request: GenerationRequest,
+                   stops: list[list[int]], k_max: int, controller: AdaptiveK | None) -> int:
+    """The K of the next step if this one accepts its whole draft and a bonus token; 0 when that step would not
+    draft or would not run (the draft ends the request)."""
     hypothetical = list(output)
     _, finish = _emit(draft.tokens, hypothetical, request, stops)
     if finish:
-        return None
+        return 0
     choice = k_max
     if controller is not None:
         predicted = copy.copy(controller)
         predicted.update(len(draft.tokens), len(draft.tokens), draft_seconds)  # this step's target time is not known yet
         choice = predicted.choose()
-    k = min(choice, k_max, request.max_tokens - len(hypothetical) - 2)  # the budget left after the bonus token, - 1
-    if k <= 0 or (gate is not None and not gate.open()):
-        return None
-    tokens = context + list(draft.tokens)
-    return EarlyDraft(tokens, k, ahead.propose_ahead(tokens, k, _seeded(request.sampling, base_seed, step, DRAFTER)))
+    return max(min(choice, k_max, request.max_tokens - len(hypothetical) - 2), 0)  # the budget after the bonus, - 1
 
 
 def run(

@@ -4,7 +4,8 @@ While the target verifies draft d1..dK, the drafter proposes the next step's dra
 context + d1..dK + g, where g (the guess) is its own top token after dK. If the target accepts the
 whole draft and its bonus token is g, that early draft is exactly the draft the next step would ask
 for, and the step skips its draft call (a hit); otherwise it is discarded (a miss). loop.py owns
-the schedule; this module holds what it runs on (docs/speculative.md has the timeline picture):
+the rules (which K, seed and context an early draft must have) and asks `DraftAhead` at each step; this
+module holds the schedule's state and what it runs on (docs/speculative.md has the timeline picture):
 
 - `propose_ahead(drafter, tokens, k, sampling)`: the reference body of an early draft, built from
   `propose` alone. Greedy: one call for k + 1 tokens, [g, d'1..d'k] (the greedy continuation of
@@ -13,6 +14,8 @@ the schedule; this module holds what it runs on (docs/speculative.md has the tim
 - `ThreadedAhead`: runs `propose_ahead` on one worker thread, for drafters that have only `propose`
   (a drafter may bring its own asynchronous `propose_ahead`, see interfaces.AheadDrafter).
 - `EarlyDraft`: an early draft in flight: the tokens it continues, the K it was asked for, its handle.
+- `DraftAhead`: the schedule's state for one request (the early draft in flight, the gate), which the loop
+  asks at each step for this step's early draft and to start the next.
 - `OverlapGate`: `overlap = "auto"` inside a request: draft ahead while the running hit rate pays
   for it, stop when it does not, and probe again now and then.
 - `resolve_auto`: `overlap = "auto"` for a deployment: kept where the drafter and the target can run at
@@ -27,11 +30,13 @@ import dataclasses
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specbuild.speculative.interfaces import Ahead, AheadDrafter, Draft, Drafter, Pending, SamplingParams
+from specbuild.speculative.stats import SpeculationStats
 
-__all__ = ["MIN_HIT_RATE", "EarlyDraft", "OverlapGate", "ThreadedAhead", "ahead_proposer", "available_cores",
+__all__ = ["MIN_HIT_RATE", "DraftAhead", "EarlyDraft", "OverlapGate", "ThreadedAhead", "ahead_proposer", "available_cores",
            "parse_setting", "propose_ahead", "resolve_auto"]
 
 GREEDY = SamplingParams()
@@ -119,6 +124,52 @@ class EarlyDraft:
         ahead = self.handle.result()
         waited = time.perf_counter() - t0
         return (ahead, waited) if ahead.guess is not None and ahead.guess == context[-1] else (None, waited)
+
+
+class DraftAhead:
+    """The overlapped schedule, one request's: at each step, `take` the early draft proposed during the previous
+    verify when it is exactly this step's draft (a hit), then `start` the next step's early draft before this
+    step's verify. The loop asks; the rules on which K, seed and context an early draft must have are loop.py's.
+
+    `next_k(output, draft, draft_seconds)`: the K the next step would choose if this one accepted the whole
+    draft, or 0 when it would not draft (or not run); `seed_for(step)`: that step's drafter sampling params."""
+
+    def __init__(self, drafter: Drafter, auto: bool, next_k: Callable[[list[int], Draft, float], int],
+                 seed_for: Callable[[int], SamplingParams]):
+        self.proposer = ahead_proposer(drafter)
+        self.gate = OverlapGate() if auto else None  # "auto": draft ahead while it pays
+        self.next_k, self.seed_for = next_k, seed_for
+        self.early: EarlyDraft | None = None  # proposed during the previous verify, for this step
+
+    def take(self, context: list[int], k: int, stats: SpeculationStats) -> Draft | None:
+        """This step's early draft when it continues exactly `context` with K `k`, else None (a miss)."""
+        if self.early is None:
+            return None
+        taken, waited = self.early.take(context, k)
+        self.early = None
+        if taken is not None:
+            stats.record_early_hit(max(taken.draft.seconds - waited, 0.0))  # the drafting the verify hid
+        if self.gate is not None:
+            self.gate.record(taken is not None)
+        return taken.draft if taken is not None else None
+
+    def start(self, context: list[int], output: list[int], draft: Draft, draft_seconds: float, step: int,
+              stats: SpeculationStats) -> None:
+        """Propose step `step`'s draft as if this step were a hit (its draft all accepted, bonus token = the
+        guess), unless that step would not draft or the gate is closed."""
+        k = self.next_k(output, draft, draft_seconds)
+        if k <= 0 or (self.gate is not None and not self.gate.open()):
+            return
+        tokens = context + list(draft.tokens)
+        self.early = EarlyDraft(tokens, k, self.proposer.propose_ahead(tokens, k, self.seed_for(step)))
+        stats.record_early_draft()
+
+    def close(self) -> None:
+        if self.early is not None:
+            self.early.handle.cancel()
+            self.early = None
+        if isinstance(self.proposer, ThreadedAhead):
+            self.proposer.close()
 
 
 @dataclass
