@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from specbuild.cli import main
 from specbuild.errors import RequestError
 from specbuild.session.driver import drive
+from specbuild.contract.bls_params import BlsParameters
 from specbuild.session.generation import Options, finish_reason
 from specbuild.session.local import LocalSession
 from specbuild.session.served import Deployment, ServedSession, read_stream, server_url
@@ -122,12 +123,13 @@ def test_read_stream_joins_text_and_takes_the_final_outputs():
     assert streamed.ttft_seconds is not None and streamed.ttft_seconds >= 0
 
 
-def test_deployment_from_the_bls_config():
-    config = {"parameters": {"max_draft_len": {"string_value": "6"}, "num_draft_tokens": {"string_value": "4"},
-                             "adaptive_draft_len": {"string_value": "false"}}}
-    assert Deployment.from_config(config) == Deployment(6, 4, False)
-    assert Deployment.from_config({}) == Deployment(None, None, None)
-    for word, overlap in (("auto", "auto"), ("true", True), ("false", False), ("", None)):
+def test_deployment_from_the_bls_config_reads_what_the_writer_wrote():
+    written = BlsParameters(max_draft_len=6, num_draft_tokens=4, max_input_len=64, max_output_len=32,
+                            tokenizer_dir="t", adaptive_draft_len=False)
+    config = {"parameters": {key: {"string_value": value} for key, value in written.to_parameters().items()}}
+    assert Deployment.from_config(config) == Deployment(6, 4, False, False)
+    assert Deployment.from_config({}) == Deployment(None, None, None)  # not a BLS's config: nothing known
+    for word, overlap in (("auto", "auto"), ("TRUE", True), ("false", False), ("", False)):  # "": the BLS's default
         config["parameters"]["overlap"] = {"string_value": word}
         assert Deployment.from_config(config).overlap == overlap
 
@@ -170,8 +172,9 @@ class BlsClient:
         return False
 
     def model_config(self):
-        return {"parameters": {"max_draft_len": {"string_value": "4"}, "num_draft_tokens": {"string_value": "3"},
-                               "overlap": {"string_value": "auto"}}}
+        written = BlsParameters(max_draft_len=4, num_draft_tokens=3, max_input_len=64, max_output_len=64,
+                                tokenizer_dir="t", overlap="auto").to_parameters()
+        return {"parameters": {key: {"string_value": value} for key, value in written.items()}}
 
     def close(self):
         pass

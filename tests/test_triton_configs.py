@@ -390,3 +390,35 @@ def test_the_bls_final_response_is_one_table_sent_and_read():
     assert client._stats({name: array for name, array in arrays.items()})["speculation_stats"] == {"k": {"k": 2}}
     with pytest.raises(ValueError, match="missing"):
         tensors.final_values({"finish_reason": "stop"})
+
+
+def test_the_bls_reads_back_the_record_repo_wrote(tmp_path):
+    """contract.bls_params is the one record: the config writer writes it, the BLS and clients read it back."""
+    from specbuild.contract.bls_params import BlsParameters
+    from specbuild.triton.models import serving_gate
+
+    settings, files = rendered(tmp_path, "reference",
+                               speculative={"max_draft_len": 5, "num_draft_tokens": 3, "overlap": "auto",
+                                            "adaptive": False})
+    written = params(configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]))
+    read = BlsParameters.from_parameters(written)
+    assert read.to_parameters() == written  # every parameter the writer writes is a field, and nothing else
+    assert (read.max_draft_len, read.num_draft_tokens, read.overlap, read.adaptive_draft_len) == (5, 3, "auto", False)
+    assert (read.max_input_len, read.max_output_len, read.max_concurrent_requests) == (100, 200, 6)
+    assert read.serving_gate == serving_gate.MODEL_NAME and serving_gate.GATE_PARAMETER in written
+
+
+def test_the_bls_record_refuses_a_missing_or_bad_parameter_by_name():
+    from specbuild.contract.bls_params import BlsParameters
+
+    good = BlsParameters(max_draft_len=4, num_draft_tokens=2, max_input_len=8, max_output_len=8,
+                         tokenizer_dir="t").to_parameters()
+    for key, value, message in (("tokenizer_dir", "", "'tokenizer_dir' is required"),
+                                ("max_input_len", "${max_input_len}", "'max_input_len' is required"),
+                                ("max_draft_len", "four", "'max_draft_len' = 'four' is invalid: use an integer"),
+                                ("use_draft_logits", "maybe", "'use_draft_logits' = 'maybe' is invalid"),
+                                ("overlap", "sometimes", "'overlap' = 'sometimes' is invalid")):
+        with pytest.raises(ValueError, match=message):
+            BlsParameters.from_parameters({**good, key: value})
+    older = {key: value for key, value in good.items() if key not in ("overlap", "max_queue_size", "serving_gate")}
+    assert BlsParameters.from_parameters(older) == BlsParameters.from_parameters(good)  # an older repository

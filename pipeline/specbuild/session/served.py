@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.config import Spec
+from specbuild.contract.bls_params import BlsParameters
 from specbuild.errors import ClientError
 from specbuild.session.generation import Generation, Options
 from specbuild.speculative.draft_len import ResolvedK, resolve_fixed_k, resolve_k
@@ -63,15 +64,13 @@ class Deployment:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Deployment":
+        """The BLS's settings as the BLS reads them (`contract.bls_params`); nothing known from another config."""
         params = {key: (value or {}).get("string_value", "") for key, value in config.get("parameters", {}).items()}
-
-        def number(key: str) -> int | None:
-            return int(params[key]) if params.get(key, "").isdigit() else None
-
-        adaptive = params.get("adaptive_draft_len", "").lower()
-        overlap = {"true": True, "false": False, "auto": "auto"}.get(params.get("overlap", "").lower())
-        return cls(number("max_draft_len"), number("num_draft_tokens"),
-                   {"true": True, "false": False}.get(adaptive), overlap)
+        try:
+            bls = BlsParameters.from_parameters(params)
+        except ValueError:  # not a BLS's config, or one the BLS itself would refuse
+            return cls()
+        return cls(bls.max_draft_len, bls.num_draft_tokens, bls.adaptive_draft_len, bls.overlap)
 
 
 @dataclass

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 from specbuild import backends
 from specbuild.errors import SpecError
 from specbuild.contract import tensors as T
+from specbuild.contract.bls_params import BlsParameters
+from specbuild.speculative.overlap import parse_setting
 from specbuild.triton.models import serving_gate as gate
 
 if TYPE_CHECKING:  # tritonclient is imported lazily: `specbuild repo --help` must not need it
@@ -266,26 +268,26 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     add_dynamic_batching(c, s.max_queue_delay_microseconds, None)
     _add_tensors(pb, c.input, T.BLS_INPUTS, s.logits_datatype)
     _add_tensors(pb, c.output, T.BLS_OUTPUTS, s.logits_datatype)
-    _params(c, {
-        "tensorrt_llm_model_name": LLM_MODEL["target"],
-        "tensorrt_llm_draft_model_name": LLM_MODEL["draft"],
-        "max_draft_len": str(s.max_draft_len),
-        "num_draft_tokens": str(s.num_draft_tokens),
-        "max_input_len": str(s.max_input_len),
-        "max_output_len": str(s.max_output_len),
-        "use_draft_logits": _bool(s.use_draft_logits),
-        "adaptive_draft_len": _bool(s.adaptive),
-        # draft the next step while the target verifies this one; "auto": where the two model processes get a
-        # core each (the BLS decides when it loads, and per request; a request may send its own `overlap`)
-        "overlap": s.overlap,
-        "tokenizer_dir": s.tokenizer_dir,  # the BLS tokenizes and detokenizes in-process, by pre/postprocessing's rules
-        "add_special_tokens": "true",  # as preprocessing's
+    _params(c, BlsParameters(
+        tensorrt_llm_model_name=LLM_MODEL["target"],
+        tensorrt_llm_draft_model_name=LLM_MODEL["draft"],
+        max_draft_len=s.max_draft_len,
+        num_draft_tokens=s.num_draft_tokens,
+        max_input_len=s.max_input_len,
+        max_output_len=s.max_output_len,
+        use_draft_logits=s.use_draft_logits,
+        adaptive_draft_len=s.adaptive,
+        # "auto": where the two model processes get a core each (the BLS decides when it loads, and per request; a
+        # request may send its own `overlap`)
+        overlap=parse_setting(s.overlap, "speculative.overlap"),
+        tokenizer_dir=s.tokenizer_dir,  # the BLS tokenizes and detokenizes in-process, by pre/postprocessing's rules
+        add_special_tokens=True,  # as preprocessing's
         # requests served at once (a thread each); the engines batch up to this many. Up to max_queue_size more wait
         # in the BLS for a slot; past that it answers UNAVAILABLE "Exceeds maximum queue size" (0 = no bound).
-        "max_concurrent_requests": str(s.max_batch_size),
-        "max_queue_size": str(bls_queue_size(s)),
-        gate.GATE_PARAMETER: gate.MODEL_NAME,  # closed by the drain: new requests are then refused UNAVAILABLE
-    })
+        max_concurrent_requests=s.max_batch_size,
+        max_queue_size=bls_queue_size(s),
+        serving_gate=gate.MODEL_NAME,  # closed by the drain: new requests are then refused UNAVAILABLE
+    ).to_parameters())
     _cpu_instances(pb, c, s.bls_instance_count)
     return c
 

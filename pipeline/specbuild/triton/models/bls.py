@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from specbuild.contract.adapters import ContractDrafter, ContractVerifier
+from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.logits import NUMPY_NAMES
 from specbuild.contract.tensors import final_values
 from specbuild.errors import RequestError
@@ -76,20 +77,6 @@ class Cancelled(RuntimeError):
     """The client cancelled the request."""
 
 
-def _param(config: dict, key: str, default: str | None = None) -> str:
-    value = config.get("parameters", {}).get(key, {}).get("string_value")
-    if value is None or value == "" or value.startswith("${"):
-        if default is None:
-            raise ValueError(f"model config parameter '{key}' is required; regenerate the repository with "
-                             "`specbuild repo`.")
-        return default
-    return value
-
-
-def _flag(config: dict, key: str, default: str) -> bool:
-    return _param(config, key, default).lower() in ("1", "true", "yes")
-
-
 # "auto" drafts ahead where the draft and the target model processes can each have a core and the BLS, tritonserver
 # and its clients two more. Measured on 2 cores (docs/bench/results.md, the example pair, JSON, four runs): the
 # overlapped schedule through Triton was 0.72-1.10x the sequential one at K = 2-4 and 1.06-1.35x at K = 6, so on
@@ -105,14 +92,12 @@ class TritonPythonModel:
         self.pb = pb_utils
         config = json.loads(args["model_config"])
         self.model_name = args.get("model_name", "tensorrt_llm_bls")
-        self.target_model = _param(config, "tensorrt_llm_model_name", "tensorrt_llm")
-        self.draft_model = _param(config, "tensorrt_llm_draft_model_name", "tensorrt_llm_draft")
-        self.max_draft_len = int(_param(config, "max_draft_len"))
-        self.default_k = int(_param(config, "num_draft_tokens"))
-        self.max_input_len = int(_param(config, "max_input_len"))
-        self.max_tokens_limit = int(_param(config, "max_output_len"))
-        self.adaptive = _flag(config, "adaptive_draft_len", "true")
-        self.default_use_draft_logits = _flag(config, "use_draft_logits", "false")
+        settings = BlsParameters.from_parameters(parameters(args))
+        self.target_model, self.draft_model = settings.tensorrt_llm_model_name, settings.tensorrt_llm_draft_model_name
+        self.max_draft_len = settings.max_draft_len
+        self.max_input_len = settings.max_input_len
+        self.max_tokens_limit = settings.max_output_len
+        self.default_use_draft_logits = settings.use_draft_logits
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         # the deployment's logits type (the engines' logits dtype), which the target's draft_logits input declares
         declared = {o.get("name"): o.get("data_type") for o in config.get("output", [])}.get("generation_logits")
@@ -120,11 +105,10 @@ class TritonPythonModel:
         # The schedule: the spec's speculative.overlap; "auto" is kept with AUTO_CORES cores (an older repository
         # without the parameter: sequential).
         self.cores = available_cores()
-        self.overlap, reason = resolve_auto(parse_setting(_param(config, "overlap", "false"), "parameter 'overlap'"),
-                                            self.cores, AUTO_CORES, AUTO_WHAT)
+        self.overlap, reason = resolve_auto(settings.overlap, self.cores, AUTO_CORES, AUTO_WHAT)
         pb_utils.Logger.log_info(f"{self.model_name}: overlapped schedule {self.overlap} ({reason})")
-        self.slots = int(_param(config, "max_concurrent_requests", "16"))
-        self.max_waiting = int(_param(config, "max_queue_size", "0"))  # absent (an older repository): no bound
+        self.slots = settings.max_concurrent_requests
+        self.max_waiting = settings.max_queue_size  # absent (an older repository): no bound
         self.pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="bls")  # its queue is FIFO
         self.closing = False
         self.metrics = SpeculationMetrics(pb_utils, self.model_name, self.max_draft_len)
@@ -133,13 +117,13 @@ class TritonPythonModel:
         self.gate = Gate(pb_utils, parameters(args))  # closed by the drain
         # Tokenizes and detokenizes in-process, by preprocessing's and postprocessing's rules: a BLS call to
         # either model per request (or per streamed step) would cost a round trip.
-        tokenizer_dir = resolve_path(_param(config, "tokenizer_dir"), args)
+        tokenizer_dir = resolve_path(settings.tokenizer_dir, args)
         self.tokenizer = load_tokenizer(tokenizer_dir)
-        self.pre = Preprocessor(self.tokenizer, _flag(config, "add_special_tokens", "true"))
+        self.pre = Preprocessor(self.tokenizer, settings.add_special_tokens)
         # a request naming no end id ends at any of the deployment's: the tokenizer's eos (preprocessing's end_id,
         # the one the models get), then the checkpoint's listed ones, as the local path reads them
         self.rules = RequestRules(self.tokenizer, end_ids(self.pre.end_id, listed_end_ids(tokenizer_dir)),
-                                  self.max_draft_len, self.default_k, self.adaptive)
+                                  self.max_draft_len, settings.num_draft_tokens, settings.adaptive_draft_len)
         token_bytes = max_token_bytes(self.tokenizer)
         if token_bytes.longest is None:
             pb_utils.Logger.log_warn(f"{self.model_name}: prompts are not refused by their size in bytes, only after "
