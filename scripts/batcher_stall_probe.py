@@ -100,6 +100,7 @@ def busy_config(name: str, kind: str, delay_us: int):
 
 def write_repo(repo: Path, cases: list[tuple[str, int]]) -> dict[tuple[str, int], bool]:
     """The repository; returns whether each case's batcher prefetches (configs.prefetches)."""
+    from specbuild.contract import pbtxt
     from specbuild.triton import configs
 
     callers = repo / "callers"
@@ -113,7 +114,7 @@ def write_repo(repo: Path, cases: list[tuple[str, int]]) -> dict[tuple[str, int]
         config = busy_config(f"busy_{kind}_{delay}", kind, delay)
         (repo / config.name / "1").mkdir(parents=True)
         (repo / config.name / "1" / "model.py").write_text(BUSY)
-        (repo / config.name / "config.pbtxt").write_text(configs.to_pbtxt(config))
+        (repo / config.name / "config.pbtxt").write_text(pbtxt.to_pbtxt(config))
         prefetching[kind, delay] = configs.prefetches(config.dynamic_batching)
     return prefetching
 

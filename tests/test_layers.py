@@ -29,6 +29,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specbuild.cli", "specbuild.__main__"),
 )
 
+# Inside the stages' band (layer 9), bottom to top: a stage imports only stages before it here. `check` reads
+# checkpoints and plans memory for every stage; `convert` and `build` check what they take; the LLM API path reuses
+# convert's export and verification; `triton` plans serving for either repository kind (`triton.deploy`).
+STAGE_ORDER = ("specbuild.check", "specbuild.convert", "specbuild.build", "specbuild.llmapi", "specbuild.triton")
+
 
 def modules() -> dict[str, Path]:
     found = {}
@@ -110,6 +115,17 @@ def test_no_module_imports_from_a_layer_above_it(module):
     assert not above, f"{module} (layer {layer(module)}) imports from layers above it: {above}"
 
 
+def stage(module: str) -> int | None:
+    return next((i for i, name in enumerate(STAGE_ORDER) if module == name or module.startswith(name + ".")), None)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == layer("specbuild.check")))
+def test_no_stage_imports_a_stage_after_it(module):
+    after = sorted(name for name in GRAPH[module] if layer(name) == layer(module)
+                   and stage(name) is not None and stage(module) is not None and stage(name) > stage(module))
+    assert not after, f"{module} imports stages after it in STAGE_ORDER: {after}"
+
+
 def test_no_import_cycles():
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
     cycles = []
@@ -134,6 +150,9 @@ def test_the_checker_sees_a_violation_and_a_cycle(monkeypatch):
     monkeypatch.setitem(GRAPH, "specbuild.speculative.loop", GRAPH["specbuild.speculative.loop"] | {"specbuild.cli"})
     with pytest.raises(AssertionError, match=r"imports from layers above it: \['specbuild.cli'\]"):
         test_no_module_imports_from_a_layer_above_it("specbuild.speculative.loop")
+    monkeypatch.setitem(GRAPH, "specbuild.check.report", GRAPH["specbuild.check.report"] | {"specbuild.triton.configs"})
+    with pytest.raises(AssertionError, match=r"stages after it in STAGE_ORDER: \['specbuild.triton.configs'\]"):
+        test_no_stage_imports_a_stage_after_it("specbuild.check.report")
     monkeypatch.setitem(GRAPH, "specbuild.errors", GRAPH["specbuild.errors"] | {"specbuild.config"})
     with pytest.raises(AssertionError, match=r"specbuild.config -> (\S+ -> )?specbuild.errors -> specbuild.config"):
         test_no_import_cycles()

@@ -11,7 +11,7 @@ from fakes.build_fixtures import make_spec
 from specbuild.errors import SpecError
 from specbuild.llmapi import args as args_mod
 from specbuild.llmapi import build, contract, repository
-from specbuild.triton.configs import parse_pbtxt
+from specbuild.contract.pbtxt import parse_pbtxt
 
 
 @pytest.fixture

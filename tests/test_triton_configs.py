@@ -9,7 +9,7 @@ import pytest
 
 from specbuild.config import spec_from_dict
 from specbuild.errors import SpecError
-from specbuild.contract import tensors
+from specbuild.contract import pbtxt, tensors
 from specbuild.triton import configs, repository
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -53,7 +53,7 @@ def test_every_config_parses_back_and_has_no_placeholder(tmp_path, backend):
         assert "${" not in text, rel
     built = configs.build_all(settings)
     for rel, text in pbtxts.items():
-        parsed = configs.parse_pbtxt(text)
+        parsed = pbtxt.parse_pbtxt(text)
         assert parsed == built[rel.split("/")[0]]
         assert parsed.name == rel.split("/")[0]
         assert parsed.max_batch_size == (0 if parsed.name == "serving_gate" else 6)  # the gate batches nothing
@@ -71,8 +71,8 @@ def test_draft_has_exactly_the_target_tensors(tmp_path):
 
 def test_trtllm_parameters_are_filled_with_the_dtm_values(tmp_path):
     settings, files = rendered(tmp_path, "trtllm")
-    target = configs.parse_pbtxt(files["tensorrt_llm/config.pbtxt"])
-    draft = configs.parse_pbtxt(files["tensorrt_llm_draft/config.pbtxt"])
+    target = pbtxt.parse_pbtxt(files["tensorrt_llm/config.pbtxt"])
+    draft = pbtxt.parse_pbtxt(files["tensorrt_llm_draft/config.pbtxt"])
     t, d = params(target), params(draft)
     assert t["gpt_model_path"] == "/engines/pair-x/target/engine"
     assert d["gpt_model_path"] == "/engines/pair-x/draft/engine"
@@ -138,7 +138,7 @@ def test_llm_tensor_contract_matches_nvidias_template(tmp_path):
 
 def test_bls_config(tmp_path):
     settings, files = rendered(tmp_path, "reference", serve={"decoupled": True, "bls_instance_count": 2})
-    bls = configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
+    bls = pbtxt.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
     assert bls.backend == "python" and bls.model_transaction_policy.decoupled is True
     p = params(bls)
     assert p["tensorrt_llm_model_name"] == "tensorrt_llm"
@@ -157,7 +157,7 @@ def test_bls_config(tmp_path):
             "mean_accepted_len", "output_ids"} <= outs
     assert bls.instance_group[0].count == 2
     _, files = rendered(tmp_path, "reference", serve={"decoupled": False})
-    assert configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]).model_transaction_policy.decoupled is False
+    assert pbtxt.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]).model_transaction_policy.decoupled is False
 
 
 @pytest.mark.parametrize("backend", ["trtllm", "reference"])
@@ -169,7 +169,7 @@ def test_no_model_has_a_triton_queue_bound_so_the_batcher_prefetches(tmp_path, b
     for serve in ({}, {"max_queue_size": 64, "max_queue_delay_microseconds": 500}, {"max_queue_size": 0}):
         _, files = rendered(tmp_path, backend, serve=serve)
         for model in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"):
-            config = configs.parse_pbtxt(files[f"{model}/config.pbtxt"])
+            config = pbtxt.parse_pbtxt(files[f"{model}/config.pbtxt"])
             assert config.HasField("dynamic_batching"), model
             batching = config.dynamic_batching
             assert configs.prefetches(batching), (model, serve)
@@ -186,7 +186,7 @@ def test_the_bls_bounds_its_own_queue_split_over_its_instances(tmp_path):
     for serve, per_instance in (({"bls_instance_count": 2}, "24"), ({}, "24"), ({"max_queue_size": 0}, "0"),
                                 ({"bls_instance_count": 2, "max_queue_size": 5}, "3")):
         _, files = rendered(tmp_path, "reference", serve=serve)
-        bls = configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
+        bls = pbtxt.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
         assert (params(bls)["max_queue_size"], params(bls)["max_concurrent_requests"]) == (per_instance, "6"), serve
         assert list(bls.dynamic_batching.preferred_batch_size) == []
 
@@ -248,8 +248,8 @@ def test_draft_device_ids_place_the_draft_in_the_generated_config(tmp_path, coun
     gpu = {"name": "H100-80GB", "count": count, "draft_device_ids": ids}
     build = {"max_batch_size": 6, "max_input_len": 100, "max_seq_len": 300, "tp_size": tp}
     _, files = rendered(tmp_path, "trtllm", gpu=gpu, build=build)
-    assert params(configs.parse_pbtxt(files["tensorrt_llm_draft/config.pbtxt"]))["gpu_device_ids"] == draft
-    assert params(configs.parse_pbtxt(files["tensorrt_llm/config.pbtxt"]))["gpu_device_ids"] == \
+    assert params(pbtxt.parse_pbtxt(files["tensorrt_llm_draft/config.pbtxt"]))["gpu_device_ids"] == draft
+    assert params(pbtxt.parse_pbtxt(files["tensorrt_llm/config.pbtxt"]))["gpu_device_ids"] == \
         ",".join(str(i) for i in range(tp))
     assert separate_gpus(make_spec(tmp_path, gpu=gpu, build=build)) is separate
 
@@ -258,7 +258,7 @@ def test_draft_device_ids_place_the_draft_in_the_generated_config(tmp_path, coun
 def test_bls_config_carries_the_overlap_setting(tmp_path, setting, written):
     _, files = rendered(tmp_path, "reference", speculative={"max_draft_len": 5, "num_draft_tokens": 3,
                                                             "overlap": setting})
-    assert params(configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]))["overlap"] == written
+    assert params(pbtxt.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]))["overlap"] == written
 
 
 def test_missing_values_raise_instead_of_writing_placeholders(tmp_path):
@@ -294,7 +294,7 @@ def test_llm_configs_carry_every_parameter_the_backend_reads_without_fallback(tm
 
     settings, files = rendered(tmp_path, backend)
     for name in ("tensorrt_llm", "tensorrt_llm_draft"):
-        p = params(configs.parse_pbtxt(files[f"{name}/config.pbtxt"]))
+        p = params(pbtxt.parse_pbtxt(files[f"{name}/config.pbtxt"]))
         assert set(REQUIRED) <= set(p), name
         assert p["gpt_model_type"] == "inflight_fused_batching" and p["gpt_model_path"]
         assert {k: p[k] for k in ("tokenizer_dir", "guided_decoding_backend", "xgrammar_tokenizer_info_path")} == \
@@ -317,7 +317,7 @@ def test_empty_values_are_allowed_for_exactly_the_unset_llm_parameters(tmp_path)
 def logits_types(files: dict[str, str]) -> dict[str, str]:
     found = {}
     for model in ("tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble"):
-        config = configs.parse_pbtxt(files[f"{model}/config.pbtxt"])
+        config = pbtxt.parse_pbtxt(files[f"{model}/config.pbtxt"])
         for e in [*config.input, *config.output]:
             if e.name in ("generation_logits", "context_logits", "draft_logits"):
                 found[f"{model}.{e.name}"] = pb.DataType.Name(e.data_type)
@@ -400,7 +400,7 @@ def test_the_bls_reads_back_the_record_repo_wrote(tmp_path):
     settings, files = rendered(tmp_path, "reference",
                                speculative={"max_draft_len": 5, "num_draft_tokens": 3, "overlap": "auto",
                                             "adaptive": False})
-    written = params(configs.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]))
+    written = params(pbtxt.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]))
     read = BlsParameters.from_parameters(written)
     assert read.to_parameters() == written  # every parameter the writer writes is a field, and nothing else
     assert (read.max_draft_len, read.num_draft_tokens, read.overlap, read.adaptive_draft_len) == (5, 3, "auto", False)

@@ -34,15 +34,15 @@ FP32_MODEL = "tensorrt_llm_declared_fp32"  # declares TYPE_FP32 logits over a fl
 
 
 def _with_wrong_logits_type(repo: Path) -> None:
-    from specbuild.triton import configs
+    from specbuild.contract import pbtxt
 
-    config = configs.parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
+    config = pbtxt.parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
     config.name = FP32_MODEL
     for entry in [*config.input, *config.output]:
         if entry.name in ("draft_logits", "context_logits", "generation_logits"):
-            entry.data_type = configs._pb().DataType.Value("TYPE_FP32")
+            entry.data_type = pbtxt.config_proto().DataType.Value("TYPE_FP32")
     (repo / FP32_MODEL / "1").mkdir(parents=True)
-    (repo / FP32_MODEL / "config.pbtxt").write_text(configs.to_pbtxt(config))
+    (repo / FP32_MODEL / "config.pbtxt").write_text(pbtxt.to_pbtxt(config))
     shutil.copy(repo / "tensorrt_llm" / "1" / "model.py", repo / FP32_MODEL / "1" / "model.py")
 
 
@@ -227,13 +227,13 @@ def test_a_declared_logits_type_other_than_the_engines_fails_the_response(grpc):
 
 def test_a_config_without_a_required_parameter_does_not_load(deployment):
     """model_instance_state.cc reads tokenizer_dir with no fallback: the model fails to load with its message."""
-    from specbuild.triton import configs
+    from specbuild.contract import pbtxt
 
     broken = deployment.root / "broken_repo"
     shutil.copytree(deployment.repo / "tensorrt_llm", broken / "tensorrt_llm")
-    config = configs.parse_pbtxt((broken / "tensorrt_llm" / "config.pbtxt").read_text())
+    config = pbtxt.parse_pbtxt((broken / "tensorrt_llm" / "config.pbtxt").read_text())
     del config.parameters["tokenizer_dir"]
-    (broken / "tensorrt_llm" / "config.pbtxt").write_text(configs.to_pbtxt(config))
+    (broken / "tensorrt_llm" / "config.pbtxt").write_text(pbtxt.to_pbtxt(config))
     handle = ServerHandle(ServerOptions(repo=broken), log_path=deployment.root / "broken.log")
     with pytest.raises(ServeError, match="Cannot find parameter with name: tokenizer_dir"):
         handle.start(timeout=300)

@@ -76,9 +76,9 @@ def locations(spec: Spec, runtime: str, checkpoints_dir: str | Path | None) -> a
 
 
 def config_pbtxt(decoupled: bool) -> str:
-    from specbuild.triton.configs import _pb, to_pbtxt
+    from specbuild.contract.pbtxt import config_proto, to_pbtxt
 
-    pb = _pb()
+    pb = config_proto()
     config = pb.ModelConfig(name=contract.MODEL_NAME, backend="python")
     config.model_transaction_policy.decoupled = decoupled
     config.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_CPU)

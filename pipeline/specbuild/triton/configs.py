@@ -1,7 +1,7 @@
 """Triton `config.pbtxt` for every model of the repository, built as typed `ModelConfig` messages.
 
 Each builder takes a fully resolved `RepoSettings` and returns a `model_config_pb2.ModelConfig`;
-`to_pbtxt` writes it in protobuf text format. Nothing is templated: every value is known at
+`contract.pbtxt.to_pbtxt` writes it in protobuf text format. Nothing is templated: every value is known at
 generation time, and a missing one raises `SpecError` here, so no `${...}` placeholder can reach
 the server (NVIDIA's `tools/fill_template.py` leaves unfilled placeholders in place).
 
@@ -27,6 +27,7 @@ from specbuild import backends
 from specbuild.errors import SpecError
 from specbuild.contract import tensors as T
 from specbuild.contract.bls_params import BlsParameters
+from specbuild.contract.pbtxt import config_proto as _pb
 from specbuild.speculative.overlap import parse_setting
 from specbuild.triton.models import serving_gate as gate
 
@@ -76,17 +77,6 @@ class RepoSettings:
 
     def llm(self, role: str) -> LlmSettings:
         return self.target if role == "target" else self.draft
-
-
-def _pb():
-    try:
-        from tritonclient.grpc import model_config_pb2
-    except ImportError:
-        raise SpecError(
-            "tritonclient is not installed, so Triton configs cannot be built. "
-            "Install the serving extra: pip install 'specbuild[serve]'."
-        ) from None
-    return model_config_pb2
 
 
 def _require(name: str, value: object) -> None:
@@ -364,18 +354,3 @@ def build_all(s: RepoSettings) -> dict[str, "model_config_pb2.ModelConfig"]:
         "ensemble": ensemble(s),
         gate.MODEL_NAME: serving_gate(s),
     }
-
-
-def to_pbtxt(config: "model_config_pb2.ModelConfig") -> str:
-    from google.protobuf import text_format
-
-    text = text_format.MessageToString(config)
-    if "${" in text:  # cannot happen through _params, kept as the last line of defence
-        raise SpecError(f"the generated config of {config.name} contains a '${{' placeholder; this is a bug.")
-    return text
-
-
-def parse_pbtxt(text: str) -> "model_config_pb2.ModelConfig":
-    from google.protobuf import text_format
-
-    return text_format.Parse(text, _pb().ModelConfig())

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild import backends
+from specbuild.contract.pbtxt import to_pbtxt
 from specbuild.artifacts import combined_hash, read_manifest, stage_output, tool_versions
 from specbuild.config import Spec
 from specbuild.errors import ArtifactError, SpecbuildError, SpecError
@@ -211,7 +212,7 @@ def render(settings: RepoSettings) -> dict[str, str]:
     """Relative path -> file text for the whole repository (manifest excluded)."""
     files: dict[str, str] = {}
     for name, config in configs.build_all(settings).items():
-        files[f"{name}/config.pbtxt"] = configs.to_pbtxt(config)
+        files[f"{name}/config.pbtxt"] = to_pbtxt(config)
     files["preprocessing/1/model.py"] = shim_source(SHIMS["preprocessing"])
     files["postprocessing/1/model.py"] = shim_source(SHIMS["postprocessing"])
     files["tensorrt_llm_bls/1/model.py"] = shim_source(SHIMS["tensorrt_llm_bls"])
