@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specbuild.config", "specbuild.quantization", "specbuild.backends"),
     ("specbuild.artifacts", "specbuild.hfmodel", "specbuild.corpus"),
     ("specbuild.speculative",),
-    ("specbuild.contract", "specbuild.llmapi.contract"),  # llmapi.contract: the llmapi model's pinned names (data)
+    ("specbuild.contract",),
     ("specbuild.runtime",),
     ("specbuild.triton.client",),
     ("specbuild.session",),

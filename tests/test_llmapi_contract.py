@@ -1,4 +1,4 @@
-"""Every key and tensor the LLM API path writes, checked against the pinned contract (specbuild.llmapi.contract):
+"""Every key and tensor the LLM API path writes, checked against the pinned contract (specbuild.contract.llmapi):
 config.pbtxt tensors and top level, model.yaml keys (LLM-argument fields of TensorRT-LLM 1.2.1), the speculative
 config's spelling, the trtllm-serve options file, and the refusals that mirror TensorRT-LLM's."""
 
@@ -10,7 +10,8 @@ import yaml
 from fakes.build_fixtures import make_spec
 from specbuild.errors import SpecError
 from specbuild.llmapi import args as args_mod
-from specbuild.llmapi import build, contract, repository
+from specbuild.contract import llmapi as contract
+from specbuild.llmapi import build, repository
 from specbuild.contract.pbtxt import parse_pbtxt
 
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from specbuild.cli import main
 from specbuild.errors import CheckpointError, SpecError
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 
 pytestmark = pytest.mark.slow
 

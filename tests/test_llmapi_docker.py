@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 

@@ -116,7 +116,7 @@ def test_the_later_parser_refuses_the_pinned_spelling_and_the_probe_says_so(tmp_
     report = probe()
     assert report["later_spelling"] == "DraftTargetDecodingConfig"
     assert report["pinned_spelling"].startswith("refused: ValidationError") and not report["ok"]
-    assert main() == 1 and "Fix specbuild/llmapi/contract.py" in capsys.readouterr().err
+    assert main() == 1 and "Fix specbuild/contract/llmapi.py" in capsys.readouterr().err
 
 
 @pytest.fixture(autouse=True)

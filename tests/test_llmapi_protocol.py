@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 from specbuild.llmapi.llm import LlmArgsError, sampling_from_request, validate_args
 from specbuild.llmapi.protocol import (CompletionOutput, ModelException, RequestOutput, parse_request,
                                        response_tensors, stop_strings)

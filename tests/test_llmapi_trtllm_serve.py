@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from fakes.build_fixtures import make_spec
 from specbuild.cli import main
 from specbuild.errors import ArtifactError, ServeError, ToolNotFoundError
-from specbuild.llmapi import contract, trtllm_serve
+from specbuild.contract import llmapi as contract
+from specbuild.llmapi import trtllm_serve
 from specbuild.triton.server import free_port
 from triton_helpers import alive
 

@@ -17,7 +17,7 @@ from specbuild.check import advice, memory
 from specbuild.config import GPUS, QUANTIZATIONS, GpuSpec, Spec, spec_from_dict
 from specbuild.convert import formats, verify
 from specbuild.errors import SpecError
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 
 
 def spec_on(gpu: str, quantization_name: str, tmp_path) -> Spec:

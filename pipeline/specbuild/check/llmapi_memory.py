@@ -30,7 +30,7 @@ from specbuild.check.memory import CUDA_CONTEXT_BYTES, GIB, kv_bytes_per_token, 
 from specbuild.check.report import Finding
 from specbuild.config import Spec
 from specbuild.hfmodel import ModelInfo, read_model_info
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,10 @@
     words           the [2, n] stop/bad word-list format
     backend_params  the C++ backend's model-config parameters, read by its rules
     adapters        the draft/verify loop's Drafter and Verifier over the contract (local and served)
+    build_rules     what trtllm-build and the runtime do to an engine by themselves
+    bls_params      the BLS's model-config parameters, one typed record
+    pbtxt           Triton's config.pbtxt text format
+    llmapi          the LLM API path's pinned names and values (Triton's llmapi model, the LLM arguments)
 
 Sources are cited in each module. No torch, no Triton imports: the reference runtime, the Triton
 models and the tests share it.

@@ -8,8 +8,8 @@ TensorRT-LLM 1.2.x) and the CPU path (`reference`), built from the same spec fil
     repo --backend llmapi      Triton's `llmapi` model repository (tensorrt_llm/config.pbtxt, 1/model.yaml)
     serve --backend llmapi     tritonserver on that repository, or trtllm-serve (OpenAI-compatible HTTP)
 
-Modules: `contract` (every NVIDIA name and value this path writes or serves, with its source; data only,
-in the contract layer, so the client speaks the llmapi model's format: docs/architecture.md),
+Its contract, every NVIDIA name and value this path writes or serves with its source, is `contract.llmapi`
+(data only, in the contract layer, so the client speaks the llmapi model's format). Modules:
 `args` (the LLM arguments from the spec), `checkpoint` / `hfexport` (convert), `build`, `repository`, `probe`,
 `standin` / `protocol` / `llm` (the CPU stand-in for Triton's llmapi model, its loop driven by
 `session.driver.drive`), `trtllm_serve`. Elsewhere: the wire format in `triton.client`, a generation's K

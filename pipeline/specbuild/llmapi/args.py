@@ -24,7 +24,7 @@ from typing import Any
 
 from specbuild.config import Spec
 from specbuild.errors import SpecError
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def locations(spec: Spec) -> llm_args_mod.Locations:
 
 
 def render(spec: Spec) -> dict[str, str]:
-    from specbuild.llmapi import contract
+    from specbuild.contract import llmapi as contract
 
     where = locations(spec)
     return {
@@ -86,7 +86,7 @@ def input_hash(spec: Spec) -> str:
 
 
 def build(spec: Spec, force: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from specbuild.llmapi import contract
+    from specbuild.contract import llmapi as contract
 
     args, files, checkpoints = _inputs(spec)
     digest = combined_hash(STAGE, args, files, checkpoints)

@@ -29,7 +29,7 @@ from specbuild.artifacts import combined_hash, hash_tree, stage_output, tool_ver
 from specbuild.config import Spec
 from specbuild.convert.plan import TOOLS, ConvertOptions, RolePlan
 from specbuild.errors import CheckpointError, SpecError
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 from specbuild.llmapi.args import check_spec
 
 STAGE = "convert-hf"

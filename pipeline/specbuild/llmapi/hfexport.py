@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.errors import CheckpointError
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 from specbuild.quantization import FORMATS
 
 SUPPORTED_ALGOS = tuple(fmt.quant_algo for fmt in FORMATS.values() if fmt.llmapi)  # specbuild.quantization

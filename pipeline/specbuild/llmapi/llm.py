@@ -28,7 +28,7 @@ from typing import Any
 
 from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids, listed_end_ids
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
 from specbuild.session.request import RequestRules
 

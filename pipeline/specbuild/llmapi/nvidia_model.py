@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from specbuild.llmapi.contract import NVIDIA_MODEL_DIR
+from specbuild.contract.llmapi import NVIDIA_MODEL_DIR
 
 
 def _load():

@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 
 
 def _fields(cls: Any) -> set[str]:
@@ -83,7 +83,7 @@ def main() -> int:
     print(json.dumps(report, indent=2))
     if not report["ok"]:
         print(f"TensorRT-LLM {report['tensorrt_llm']} does not take what specbuild writes for TensorRT-LLM "
-              f"{contract.RELEASE} (above). Fix specbuild/llmapi/contract.py (DECODING_TYPE, DRAFT_MODEL_KEY, the "
+              f"{contract.RELEASE} (above). Fix specbuild/contract/llmapi.py (DECODING_TYPE, DRAFT_MODEL_KEY, the "
               "field lists) for this release, or use a base image with TensorRT-LLM 1.2.x.", file=sys.stderr)
         return 1
     return 0

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 
 Getter = Callable[[str], "np.ndarray | None"]
 

@@ -34,7 +34,7 @@ from specbuild.artifacts import combined_hash, read_manifest, stage_output, tool
 from specbuild.config import Spec
 from specbuild.errors import ArtifactError, SpecError
 from specbuild.llmapi import args as args_mod
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 from specbuild.llmapi.checkpoint import FOLDER
 
 GPU_CHECKPOINTS_DIR = "/engines"  # where docker/compose mounts the output folder in the GPU image

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 from specbuild.llmapi.protocol import (CompletionOutput, ModelException, RequestOutput, parse_request,
                                        response_tensors, scalar)
 

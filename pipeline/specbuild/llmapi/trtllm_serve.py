@@ -35,7 +35,7 @@ from typing import Any
 
 from specbuild.config import Spec
 from specbuild.errors import ArtifactError, ServeError, ToolNotFoundError
-from specbuild.llmapi import contract
+from specbuild.contract import llmapi as contract
 
 LAUNCHERS = ("srun", "mpirun")
 

@@ -31,7 +31,7 @@ def entry_models(repo: Path) -> list[str]:
     """The models clients call: the BLS and the ensemble (those the repository has); an llmapi repository's
     one model. The periodic canary goes through the first; a drain unloads them all."""
     if backends.is_llm_api(repo_backend(repo)):
-        from specbuild.llmapi.contract import MODEL_NAME
+        from specbuild.contract.llmapi import MODEL_NAME
 
         return [MODEL_NAME]
     return [model for model in ("tensorrt_llm_bls", "ensemble") if (Path(repo) / model).is_dir()]
@@ -73,7 +73,7 @@ def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[
 
 def llmapi_canary(handle: ServerHandle) -> dict[str, str]:
     """The llmapi model over gRPC streaming and over HTTP; each must end with one of its finish reasons."""
-    from specbuild.llmapi.contract import FINISH_REASONS, MODEL_NAME
+    from specbuild.contract.llmapi import FINISH_REASONS, MODEL_NAME
     from specbuild.triton.client import SpecbuildClient
 
     answers = {}

@@ -21,7 +21,7 @@ names, tensors [1, ...]), and Triton's llmapi model's (the LLM API path), found 
 are NVIDIA's llmapi ones; then `model` becomes "tensorrt_llm"). For the llmapi model (no batch
 dimension, max_batch_size 0):
 
-    client field                    llmapi input (specbuild.llmapi.contract INPUTS)
+    client field                    llmapi input (specbuild.contract.llmapi INPUTS)
     max_tokens                      sampling_param_max_tokens
     temperature/top_k/top_p/seed    sampling_param_<same>
     stream                          streaming
@@ -50,7 +50,7 @@ import numpy as np
 
 from specbuild.contract import tensors
 from specbuild.errors import ClientError
-from specbuild.llmapi import contract as llmapi
+from specbuild.contract import llmapi
 
 STAT_OUTPUTS = tensors.BLS_FINAL_OUTPUTS  # what the BLS sends on its final response (the contract's one table)
 TEXT_OUTPUTS = tuple(name for name in STAT_OUTPUTS  # strings (BYTES) that are not JSON documents
