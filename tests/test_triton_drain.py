@@ -146,6 +146,16 @@ class Streams:
         failed = {i: result for i, result in self.results.items() if "error" in result}
         assert not failed, f"streams failed before the signal: {failed}"
 
+    def held(self, metrics_url: str) -> None:
+        """Until the server holds every stream (queued, waiting in the BLS or running, by its own gauges): a request
+        still on its way into Triton is in none of its counts, so a count taken then could not include it."""
+        from specbuild.triton.drain import read_metrics, running_requests
+
+        deadline = time.monotonic() + HANG_S
+        while (running_requests(read_metrics(metrics_url), ["tensorrt_llm_bls"]) or 0) < len(self.first):
+            assert time.monotonic() < deadline, "the server never held every stream"
+            time.sleep(0.01)
+
     def running(self) -> int:
         return sum(thread.is_alive() for thread in self.threads)
 
@@ -283,6 +293,7 @@ def test_the_drain_gives_up_after_exit_timeout_and_says_how_many_it_cut(deployme
     try:
         streams = Streams(document["endpoints"]["grpc"], MANY, MAX_TOKENS)
         streams.started(at_least=STREAMS)
+        streams.held(document["endpoints"]["metrics"])  # serve's count can then see them all
         serving.process.send_signal(signal.SIGTERM)
         code = serving.process.wait(HANG_S)
         results = streams.join()
@@ -314,6 +325,7 @@ def test_a_second_signal_stops_at_once(deployment):
     try:
         streams = Streams(document["endpoints"]["grpc"], MANY, MAX_TOKENS)
         streams.started(at_least=STREAMS)
+        streams.held(document["endpoints"]["metrics"])  # serve's count can then see them all
         serving.process.send_signal(signal.SIGINT)
         serving.wait_line("draining: ")
         serving.process.send_signal(signal.SIGINT)
