@@ -141,17 +141,8 @@ def test_unknown_architecture(tmp_path):
     assert result.exit_code == 1
     [problem] = doc["problems"]
     assert problem["code"] == "unsupported_architecture"
-    assert problem["message"] == ("target architecture 'MambaForCausalLM' is not supported by the TensorRT-LLM "
-                                  "checkpoint export.")
+    assert problem["message"] == "target: architecture 'MambaForCausalLM' is not one of the model families specbuild supports."
     assert "LlamaForCausalLM" in problem["fix"]
-
-
-def test_unverified_architecture_is_a_warning(tmp_path):
-    target = write_checkpoint(tmp_path / "target", 1000, architectures=["MistralForCausalLM"], model_type="mistral")
-    draft = write_checkpoint(tmp_path / "draft", 1000)
-    result, doc = check_json(write_spec(tmp_path / "s.toml", target, draft))
-    assert result.exit_code == 0
-    assert "architecture_unverified" in [w["code"] for w in doc["warnings"]]
 
 
 def test_max_seq_len_above_position_limit(tmp_path):

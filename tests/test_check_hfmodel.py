@@ -188,10 +188,9 @@ def test_supported_architectures_match_modelopt_export_types():
     pytest.importorskip("modelopt")
     from modelopt.torch.export.model_utils import get_model_type
 
-    for name, arch in SUPPORTED_ARCHITECTURES.items():
+    for name, model_type in SUPPORTED_ARCHITECTURES.items():
         fake_model = type(name, (), {})()
-        assert get_model_type(fake_model) == arch.model_type, name
-    assert [n for n, a in SUPPORTED_ARCHITECTURES.items() if a.verified] == ["LlamaForCausalLM"]
+        assert get_model_type(fake_model) == model_type, name
 
 
 def test_summary_is_json_ready(tmp_path):

@@ -144,7 +144,7 @@ def test_unsupported_architecture_and_corrupt_weights(tmp_path: Path) -> None:
     spec = write_spec(tmp_path / "s.toml", gpt, gpt, tmp_path / "out")
     result = run("convert", "-c", str(spec), "--dry-run")
     assert result.exit_code == 1
-    assert "'GPT2LMHeadModel' is not supported" in result.output and "LlamaForCausalLM" in result.output
+    assert "'GPT2LMHeadModel' is not one of the model families" in result.output and "LlamaForCausalLM" in result.output
 
     broken = make_llama(tmp_path / "broken", tokenizer=False)
     weights = broken / "model.safetensors"

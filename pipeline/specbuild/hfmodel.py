@@ -5,9 +5,8 @@ files (an 8-byte length and a JSON header per file, so counting parameters costs
 Pickle weights (`pytorch_model*.bin`, `*.pt`, `*.pth`) are refused unless `allow_pickle=True`:
 loading them runs arbitrary code. `trust_remote_code` is never used anywhere in specbuild.
 
-`SUPPORTED_ARCHITECTURES` maps the HF class name to the TensorRT-LLM / modelopt `model_type`:
-the intersection of modelopt's `MODEL_NAME_TO_TYPE` (modelopt/torch/export/model_utils.py) and
-NVIDIA/TensorRT-LLM's `MODEL_MAP` (tensorrt_llm/models/__init__.py).
+`SUPPORTED_ARCHITECTURES` maps the HF class name to the TensorRT-LLM / modelopt `model_type`, for the families
+specbuild takes (`specbuild.families`, which says which path takes each).
 """
 
 from __future__ import annotations
@@ -20,24 +19,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from specbuild.errors import CheckpointError
+from specbuild.families import FAMILIES
 
 
-@dataclass(frozen=True)
-class Architecture:
-    model_type: str  # the TensorRT-LLM checkpoint / modelopt export model_type
-    verified: bool  # exercised end to end by specbuild's own tests (convert + reference engine on CPU)
-
-
-SUPPORTED_ARCHITECTURES: dict[str, Architecture] = {
-    "LlamaForCausalLM": Architecture("llama", verified=True),
-    "MistralForCausalLM": Architecture("llama", verified=False),
-    "MixtralForCausalLM": Architecture("llama", verified=False),
-    "Qwen2ForCausalLM": Architecture("qwen", verified=False),
-    "Qwen3ForCausalLM": Architecture("qwen", verified=False),
-    "GemmaForCausalLM": Architecture("gemma", verified=False),
-    "Gemma2ForCausalLM": Architecture("gemma2", verified=False),
-    "Phi3ForCausalLM": Architecture("phi3", verified=False),
-}
+SUPPORTED_ARCHITECTURES: dict[str, str] = {  # HF class name -> the TensorRT-LLM / modelopt model_type
+    name: family.model_type for name, family in FAMILIES.items()}
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
@@ -72,8 +58,7 @@ class ModelInfo:
 
     @property
     def trtllm_model_type(self) -> str | None:
-        arch = SUPPORTED_ARCHITECTURES.get(self.architecture)
-        return arch.model_type if arch else None
+        return SUPPORTED_ARCHITECTURES.get(self.architecture)
 
     @property
     def embedding_params(self) -> int:

@@ -76,7 +76,8 @@ def engine_json(plan: RolePlan, vocab_size: int, checkpoint_config: dict[str, An
 
 
 def write_config(hf_config: dict[str, Any], hf_dir: Path, folder: Path) -> dict[str, Any]:
-    """The HF config.json: the loader's LlamaConfig arguments, the special token ids of the original model, float32."""
+    """The HF config.json: the loader's config arguments (the family's transformers config), the special token ids and
+    family keys of the original model, float32."""
     from transformers import AutoConfig
 
     data = dict(hf_config)
@@ -86,8 +87,13 @@ def write_config(hf_config: dict[str, Any], hf_dir: Path, folder: Path) -> dict[
             source = json.loads(original.read_text())
         except (OSError, json.JSONDecodeError):
             source = {}
+        # the special tokens, and what the family reads that a TensorRT-LLM checkpoint does not carry (its window,
+        # the activation under its family's key)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if source.get(key) is not None:
+                data[key] = source[key]
+        for key in ("sliding_window", "use_sliding_window", "max_window_layers", "hidden_activation"):
+            if key in source:  # null included: a Mistral without a window must not get MistralConfig's default
                 data[key] = source[key]
     model_type = data.pop("model_type", "llama")
     config = AutoConfig.for_model(model_type, **data)

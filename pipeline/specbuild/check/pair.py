@@ -8,6 +8,7 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 
 from __future__ import annotations
 
+from specbuild import families
 from specbuild.backends import is_llm_api
 from specbuild.contract import build_rules as rules
 from specbuild.check.advice import plan_memory
@@ -17,7 +18,7 @@ from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
 from specbuild.check.weights import check_weights
 from specbuild.config import Spec
 from specbuild.errors import CheckpointError
-from specbuild.hfmodel import SUPPORTED_ARCHITECTURES, ModelInfo, read_model_info
+from specbuild.hfmodel import ModelInfo, read_model_info
 
 ROLES = ("target", "draft")
 
@@ -44,7 +45,7 @@ def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True,
     infos = read_pair_infos(spec, allow_pickle)
     report = CheckReport(pair=spec.name, models={role: info.summary() for role, info in infos.items()})
     for role, info in infos.items():
-        check_architecture(report, role, info)
+        check_architecture(report, role, info, spec, backend)
         check_positions(report, spec, role, info)
         check_parallelism(report, spec, role, info)
         check_dtype(report, spec, role, info)
@@ -73,21 +74,13 @@ def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True,
     return report
 
 
-def check_architecture(report: CheckReport, role: str, info: ModelInfo) -> None:
-    arch = SUPPORTED_ARCHITECTURES.get(info.architecture)
-    if arch is None:
-        report.problem(
-            "unsupported_architecture",
-            f"{role} architecture {info.architecture!r} is not supported by the TensorRT-LLM checkpoint export.",
-            "Use one of: " + ", ".join(SUPPORTED_ARCHITECTURES) + ".",
-        )
-    elif not arch.verified:
-        report.warn(
-            "architecture_unverified",
-            f"{role} architecture {info.architecture!r} (TensorRT-LLM model_type {arch.model_type!r}) is supported "
-            "by the export but not exercised by specbuild's own tests.",
-            "Compare the converted model's reference-engine output with the HF model before a GPU build.",
-        )
+def check_architecture(report: CheckReport, role: str, info: ModelInfo, spec: Spec, backend: str) -> None:
+    """The family rules convert and the reference runtime apply (specbuild.families.support), for this backend; where
+    only the other path takes the model, the fix names it."""
+    verdict = families.support(info.architecture, info.config, is_llm_api(backend), spec.build.max_seq_len)
+    if not verdict.ok:
+        report.problem("unsupported_architecture", f"{role}: {verdict.reason}.", verdict.fix[:1].upper() + verdict.fix[1:]
+                       + ".")
 
 
 def check_positions(report: CheckReport, spec: Spec, role: str, info: ModelInfo) -> None:

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specbuild import families
 from specbuild.errors import CheckpointError
 from specbuild.quantization import FORMATS
 
-LOADER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+LOADER_ARCHITECTURES = tuple(f.architecture for f in families.FAMILIES.values() if f.engine_export and f.reference)
 QUANT_ALGOS = tuple(fmt.quant_algo for fmt in FORMATS.values())  # specbuild.quantization's, each read below
 REQUIRED_KEYS = ("architecture", "dtype", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "hidden_act")
@@ -206,6 +207,7 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
     algo = (config.get("quantization") or {}).get("quant_algo")
     kv_algo = (config.get("quantization") or {}).get("kv_cache_quant_algo")
 
+    family = families.FAMILIES[config["architecture"]]
     heads, layers = int(config["num_attention_heads"]), int(config["num_hidden_layers"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
     hidden = int(config["hidden_size"])
@@ -244,6 +246,10 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
             state[f"{dst}.input_layernorm.weight"] = _need(shard[0], f"{src}.input_layernorm.weight", where).float()
             state[f"{dst}.post_attention_layernorm.weight"] = _need(
                 shard[0], f"{src}.post_layernorm.weight", where).float()
+            if family.qk_norm:  # per-head norms, replicated on every rank
+                for trt, hf in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")):
+                    state[f"{dst}.self_attn.{hf}.weight"] = _need(shard[0], f"{src}.attention.{trt}.weight",
+                                                                 where).float()
             parts = {name: [_dequant_linear(t, f"{src}.{name}", algo, path, simulate_build_quant)
                             for t, path in zip(shard, shard_paths)]
                      for name in (*_COLUMN, *_ROW) if f"{src}.{name}.weight" in shard[0]}
@@ -263,6 +269,10 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
             for name, hf in _HF_LINEAR.items():
                 _merge_linear(state, acts, f"{dst}.{hf}", parts[name], row=name in _ROW)
         offset += count
+    if family.norm_offset:  # the checkpoint stores Gemma's 1 + weight; transformers' form is the weight (exact in fp32)
+        for name in state:
+            if name.endswith("norm.weight") and ".self_attn." not in name:
+                state[name] = state[name] - 1.0
     for name in state:
         state[name] = state[name].to(dtype)
     notes = []
@@ -309,14 +319,15 @@ def _merge_qkv(state: dict, acts: dict, dst: str, parts: list, heads: int, kv_he
 
 
 def hf_config_from_trtllm(config: dict[str, Any]) -> dict[str, Any]:
-    """LlamaConfig keyword arguments describing the checkpoint's model."""
+    """The transformers config's keyword arguments describing the checkpoint's model (its family's config class)."""
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     scaling = dict(config["rotary_scaling"]) if isinstance(config.get("rotary_scaling"), dict) else None
     if scaling is not None and "type" in scaling:
         scaling.setdefault("rope_type", scaling["type"])  # transformers reads rope_type
+    family = families.FAMILIES[config["architecture"]]
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [family.architecture],
+        "model_type": family.hf_model_type,
         "vocab_size": int(config["vocab_size"]),
         "hidden_size": hidden,
         "intermediate_size": int(config.get("intermediate_size") or 4 * hidden),
@@ -354,23 +365,25 @@ def _fake_quant_input(act: ActivationQuant):
 
 
 def to_hf_model(loaded: LoadedCheckpoint, simulate_activations: bool = True, device: Any = "cpu") -> Any:
-    """A `LlamaForCausalLM` in eval mode holding the loaded weights (with input fake-quant hooks if asked)."""
+    """The family's transformers model (e.g. `LlamaForCausalLM`) in eval mode holding the loaded weights (with
+    input fake-quant hooks if asked)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     dtype = next(iter(loaded.state_dict.values())).dtype
-    config = LlamaConfig(**loaded.hf_config)
+    arguments = dict(loaded.hf_config)
+    config = AutoConfig.for_model(arguments.pop("model_type"), **arguments)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     model = model.to_empty(device=device).to(dtype)
     missing, unexpected = model.load_state_dict(loaded.state_dict, strict=False)
     missing = [m for m in missing if "rotary_emb" not in m]
     if missing or unexpected:
-        raise CheckpointError(f"checkpoint does not fit LlamaForCausalLM: missing {missing[:5]}, "
+        raise CheckpointError(f"checkpoint does not fit {type(model).__name__}: missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]}.")
     if config.tie_word_embeddings:
         model.tie_weights()
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=config, device=device)  # was built on meta
+    _remake_buffers(model, config, device)
     if simulate_activations:
         for name, act in loaded.activation_quant.items():
             if act.kind != "none":
@@ -378,3 +391,21 @@ def to_hf_model(loaded: LoadedCheckpoint, simulate_activations: bool = True, dev
                 hook = _fake_quant_input(ActivationQuant(act.kind, act.scale, pqs))
                 model.get_submodule(name).register_forward_pre_hook(hook)
     return model.eval()
+
+
+def _remake_buffers(model: Any, config: Any, device: Any) -> None:
+    """The buffers a checkpoint does not hold were made on the meta device (empty): remake each from what it is
+    computed from, and refuse a model with one this function does not know (its output would be garbage)."""
+    import torch
+
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config, device=device)
+    for name, module in model.named_modules():
+        for buffer in module._non_persistent_buffers_set:
+            if buffer in ("inv_freq", "original_inv_freq") and module is model.model.rotary_emb:
+                continue
+            if buffer == "embed_scale" and hasattr(module, "scalar_embed_scale"):  # Gemma's sqrt(hidden_size)
+                setattr(module, buffer, torch.tensor(module.scalar_embed_scale, device=device))
+                continue
+            raise CheckpointError(f"{type(model).__name__}: buffer {name}.{buffer} is not in the checkpoint and the "
+                                  "loader cannot remake it; the family needs support in specbuild.convert.loader.")
+

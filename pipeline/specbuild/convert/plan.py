@@ -10,12 +10,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild import families
 from specbuild.config import Spec
 from specbuild.convert import formats
 from specbuild.errors import PairError, SpecError
 from specbuild.hfmodel import ModelInfo, read_model_info
 
-CONVERT_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")  # those the verified loader maps back
 EXPORT_DTYPES = ("float16", "bfloat16")  # modelopt's TensorRT-LLM export writes no float32 checkpoints
 TOOLS = ("nvidia-modelopt", "torch", "transformers", "safetensors")
 
@@ -73,17 +73,11 @@ class RolePlan:
         return self.pad_vocab_to or self.trim_vocab_to or self.vocab_rows
 
 
-def _check_architecture(info: ModelInfo, role: str) -> None:
-    if info.architecture not in CONVERT_ARCHITECTURES:
-        raise SpecError(
-            f"{role}.checkpoint: architecture {info.architecture!r} is not supported by `specbuild convert`. "
-            f"Supported: {', '.join(CONVERT_ARCHITECTURES)}."
-        )
-    if info.architecture == "MistralForCausalLM" and info.config.get("sliding_window"):
-        raise SpecError(
-            f"{role}.checkpoint: Mistral with sliding_window = {info.config['sliding_window']} is not supported "
-            "(the reference loader has no sliding-window attention). Set sliding_window to null if unused."
-        )
+def _check_architecture(info: ModelInfo, role: str, llm_api: bool, max_seq_len: int) -> None:
+    """The family rules `check` applies too (specbuild.families.support)."""
+    verdict = families.support(info.architecture, info.config, llm_api, max_seq_len)
+    if not verdict.ok:
+        raise SpecError(f"{role}.checkpoint: {verdict.reason}. Fix: {verdict.fix}.")
 
 
 def _awq_widths(info: ModelInfo, tp: int) -> list[int]:
@@ -111,10 +105,12 @@ def _check_tp(info: ModelInfo, tp: int, role: str) -> None:
                         "one must divide the other. Use another tp_size.")
 
 
-def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: ModelInfo | None = None) -> RolePlan:
+def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: ModelInfo | None = None,
+              llm_api: bool = False) -> RolePlan:
+    """llm_api: for the LLM API path (Hugging Face export), whose family rules differ (specbuild.families)."""
     model = spec.role(role)
     info = read_model_info(model.checkpoint, role=role)
-    _check_architecture(info, role)
+    _check_architecture(info, role, llm_api, spec.build.max_seq_len)
     fmt = formats.get_format(model.quantization)
     kv_algo = formats.check_kv_cache(model.kv_cache, role)
     formats.check_gpu(fmt, model.kv_cache, spec.gpu.sm, spec.gpu.name, role)
@@ -205,12 +201,12 @@ def trim_draft_rows_to(spec: Spec, draft_rows: int, target_rows: int) -> int:
     return target_rows
 
 
-def plan_roles(spec: Spec, roles: list[str], options: ConvertOptions) -> list[RolePlan]:
+def plan_roles(spec: Spec, roles: list[str], options: ConvertOptions, llm_api: bool = False) -> list[RolePlan]:
     if options.calib_size < 1 or options.calib_seq_len < 8:
         raise SpecError(f"--calib-size {options.calib_size} / --calib-seq-len {options.calib_seq_len}: "
                         "need at least 1 sample of at least 8 tokens.")
     target_info = read_model_info(spec.target.checkpoint, role="target") if "draft" in roles else None
-    return [plan_role(spec, role, options, target_info) for role in roles]
+    return [plan_role(spec, role, options, target_info, llm_api) for role in roles]
 
 
 def describe(plan: RolePlan) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild import families
 from specbuild.quantization import FORMATS
 
 # quantization -> (minimum top-1 agreement, maximum mean |logit error| relative to the logits' std).
@@ -74,6 +75,19 @@ def sample_prompts(hf_dir: Path, vocab: int, n: int = 4, length: int = 32, seed:
     return torch.randint(0, vocab, (n, length), generator=gen).tolist()
 
 
+def round_as_stored(model: Any, dtype: Any, norm_offset: bool) -> None:
+    """The original model's weights rounded as the checkpoint stores them: in `dtype`, and with norm_offset (Gemma in
+    a TensorRT-LLM checkpoint) its norms as 1 + weight, which rounds differently from the weight alone."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if norm_offset and name.endswith("norm.weight"):
+                p.copy_((1.0 + p).to(dtype).float() - 1.0)
+            else:
+                p.copy_(p.to(dtype).float())
+
+
 def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, quantization: str,
                       prompts: list[list[int]] | None = None) -> VerifyReport:
     import torch
@@ -88,9 +102,7 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, quantization: str,
     export_dtype = getattr(torch, loaded.trtllm_config["dtype"])
     quantized = quantization != "none"
     if not quantized:
-        with torch.no_grad():
-            for p in original.parameters():
-                p.copy_(p.to(export_dtype).float())
+        round_as_stored(original, export_dtype, families.FAMILIES[arch].norm_offset)
         reference = f"original model with weights rounded to {loaded.trtllm_config['dtype']}"
     else:
         reference = "original model (float32)"

@@ -107,7 +107,7 @@ def verify_export(folder: Path, hf_dir: Path, quantization: str, export_dtype: s
     import transformers
 
     from specbuild.convert.loader import to_hf_model
-    from specbuild.convert.verify import EXACT_RTOL, QUANT_BOUNDS, VerifyReport, sample_prompts
+    from specbuild.convert.verify import EXACT_RTOL, QUANT_BOUNDS, VerifyReport, round_as_stored, sample_prompts
 
     loaded = load_export(folder)
     model = to_hf_model(loaded)
@@ -115,9 +115,7 @@ def verify_export(folder: Path, hf_dir: Path, quantization: str, export_dtype: s
     original = getattr(transformers, arch).from_pretrained(hf_dir, dtype=torch.float32, use_safetensors=True).eval()
     quantized = quantization != "none"
     if not quantized:
-        with torch.no_grad():
-            for p in original.parameters():
-                p.copy_(p.to(getattr(torch, export_dtype)).float())
+        round_as_stored(original, getattr(torch, export_dtype), norm_offset=False)  # a Hugging Face checkpoint: w
     vocab = min(original.config.vocab_size, int(loaded.hf_config["vocab_size"]))
     prompts = sample_prompts(Path(hf_dir), vocab)
     max_err = total = count = agree = positions = sq = max_logit = pad_max = 0.0

@@ -33,12 +33,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specbuild import families
 from specbuild.errors import CheckpointError
 from specbuild.runtime.blocks import KEY_BUCKET, key_bucket_end, run_blocks
 from specbuild.runtime.kvcache import SequenceKV
 
-SUPPORTED = ("LlamaForCausalLM",)
-ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True)
@@ -55,23 +54,23 @@ class LlamaArgs:
     rope: dict[str, Any]  # rope_scaling / rope_parameters ({} = plain rope)
     tie_word_embeddings: bool
     max_position_embeddings: int
+    # what the family computes differently from Llama (specbuild.families)
+    qk_norm: bool = False  # RMSNorm over each head's q and k before rope
+    norm_offset: bool = False  # RMSNorm scales by (1 + weight)
+    embed_scale: bool = False  # embeddings times sqrt(hidden_size)
+    activation: str = "silu"  # "silu" or "gelu_tanh"
+    sliding_window: int | None = None  # a query attends to the last sliding_window positions (itself included)
 
 
 def args_from_config(config: dict[str, Any], where: str) -> LlamaArgs:
+    """The model's shape and family facts; CheckpointError when the reference runtime does not compute it
+    (families.support, the rule `check` and `convert` apply too)."""
     arch = (config.get("architectures") or [None])[0]
-    if arch not in SUPPORTED:
-        raise CheckpointError(
-            f"{where}: architecture {arch!r} is not supported by the reference runtime (it runs {', '.join(SUPPORTED)}). "
-            "Use a Llama-family checkpoint, or serve this model with the TensorRT-LLM backend on a GPU."
-        )
-    if config.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"{where}: hidden_act {config.get('hidden_act')!r} is not supported: expected 'silu'.")
+    verdict = families.support(arch, config, llm_api=True, max_seq_len=None)
+    if not verdict.ok:
+        raise CheckpointError(f"{where}: {verdict.reason}; {verdict.fix}.")
+    family = families.family_of(arch)
     rope = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise CheckpointError(
-            f"{where}: rope type {rope_type!r} is not supported by the reference runtime: use one of {', '.join(ROPE_TYPES)}."
-        )
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     return LlamaArgs(
@@ -87,6 +86,11 @@ def args_from_config(config: dict[str, Any], where: str) -> LlamaArgs:
         rope=rope,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        qk_norm=family.qk_norm,
+        norm_offset=family.norm_offset,
+        embed_scale=family.embed_scale,
+        activation=families.ACTIVATIONS[families.activation(family, config)],
+        sliding_window=families.sliding_window(family, config),
     )
 
 
@@ -195,17 +199,27 @@ class LlamaModel:
         self.layers = []
         for i in range(args.num_layers):
             p = f"model.layers.{i}."
-            qkv = [get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-            biases = [maybe(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+            if p + "self_attn.qkv_proj.weight" in state:  # fused [q; k; v] (Phi-3)
+                qkv, qkv_bias = get(p + "self_attn.qkv_proj.weight"), maybe(p + "self_attn.qkv_proj.bias")
+            else:
+                qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+                qkv_bias = _cat_or_none(*(maybe(p + f"self_attn.{n}_proj.bias") for n in "qkv"))
+            if p + "mlp.gate_up_proj.weight" in state:  # fused [gate; up] (Phi-3)
+                gate_up, gate_up_bias = get(p + "mlp.gate_up_proj.weight"), maybe(p + "mlp.gate_up_proj.bias")
+            else:
+                gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+                gate_up_bias = _cat_or_none(maybe(p + "mlp.gate_proj.bias"), maybe(p + "mlp.up_proj.bias"))
             self.layers.append({
                 "attn_norm": get(p + "input_layernorm.weight"),
-                "qkv": _t(torch.cat(qkv)),  # [hidden, (heads + 2 kv_heads) * head_dim]
-                "qkv_bias": _cat_or_none(*biases),
+                "qkv": _t(qkv),  # [hidden, (heads + 2 kv_heads) * head_dim]
+                "qkv_bias": qkv_bias,
+                "q_norm": get(p + "self_attn.q_norm.weight") if args.qk_norm else None,  # [head_dim]
+                "k_norm": get(p + "self_attn.k_norm.weight") if args.qk_norm else None,
                 "o": _t(get(p + "self_attn.o_proj.weight")),  # [heads * head_dim, hidden]
                 "o_bias": maybe(p + "self_attn.o_proj.bias"),  # attention_bias = true
                 "mlp_norm": get(p + "post_attention_layernorm.weight"),
-                "gate_up": _t(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])),
-                "gate_up_bias": _cat_or_none(maybe(p + "mlp.gate_proj.bias"), maybe(p + "mlp.up_proj.bias")),
+                "gate_up": _t(gate_up),  # [hidden, 2 intermediate]
+                "gate_up_bias": gate_up_bias,
                 "down": _t(get(p + "mlp.down_proj.weight")),  # [intermediate, hidden]
                 "down_bias": maybe(p + "mlp.down_proj.bias"),  # mlp_bias = true
             })
@@ -261,7 +275,14 @@ class LlamaModel:
 
     def _qkv(self, layer: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         # x: [row_block, hidden] -> [row_block, (heads + 2 kv_heads) * head_dim]
-        return _linear(self._rms_norm(x, layer["attn_norm"]), layer["qkv"], layer["qkv_bias"])
+        qkv = _linear(self._rms_norm(x, layer["attn_norm"]), layer["qkv"], layer["qkv_bias"])
+        if layer["q_norm"] is None:
+            return qkv
+        a = self.args  # each head's q and k normalized over head_dim (Qwen3), before rope
+        nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        q = self._rms_norm(qkv[:, :nq].reshape(-1, a.num_heads, a.head_dim), layer["q_norm"]).reshape(-1, nq)
+        k = self._rms_norm(qkv[:, nq : nq + nkv].reshape(-1, a.num_kv_heads, a.head_dim), layer["k_norm"])
+        return torch.cat([q, k.reshape(-1, nkv), qkv[:, nq + nkv :]], dim=-1)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:  # h: [row_block, hidden] -> [row_block, vocab]
         return _linear(self._rms_norm(h, self.norm), self.lm_head)
@@ -286,14 +307,20 @@ class LlamaModel:
 
     def causal_mask(self, first: int, end: int, block: int) -> torch.Tensor:
         """[block, end] additive mask: query row r (position first + r) sees the keys at positions
-        <= its own (0), not the later ones (-inf). Every row sees key 0, so none is all -inf."""
+        <= its own (0), not the later ones (-inf), and with a sliding window only the last sliding_window
+        of them (as transformers' sliding-window mask: q - k < window). Every row sees its own key."""
         positions = first + torch.arange(block, device=self.device)
-        later = torch.arange(end, device=self.device)[None, :] > positions[:, None]
-        return torch.zeros(later.shape, device=self.device, dtype=self.dtype).masked_fill_(later, float("-inf"))
+        keys = torch.arange(end, device=self.device)[None, :]
+        hidden = keys > positions[:, None]
+        if self.args.sliding_window is not None:
+            hidden |= positions[:, None] - keys >= self.args.sliding_window
+        return torch.zeros(hidden.shape, device=self.device, dtype=self.dtype).masked_fill_(hidden, float("-inf"))
 
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # x: [rows, hidden]
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # x: [..., width]
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.args.rms_norm_eps)
+        if self.args.norm_offset:  # Gemma: (1 + weight), in float32 (transformers' GemmaRMSNorm)
+            return (h * (1.0 + weight.float())).to(x.dtype)
         return weight * h.to(x.dtype)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -329,6 +356,8 @@ class LlamaModel:
         cos, sin = cos[pos_t][:, None, :], sin[pos_t][:, None, :]  # [padded, 1, head_dim]
 
         x = self.embed[ids_t]  # [padded, hidden]
+        if a.embed_scale:  # Gemma: times sqrt(hidden), rounded to the model's dtype first, as transformers does
+            x = x * torch.tensor(a.hidden_size**0.5, dtype=self.dtype)
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         pad = torch.zeros(padded - rows, nq, device=self.device, dtype=self.dtype)
         groups = [[(i, g, end, self.causal_mask(start + i, end, block)) for i, g, end in _attention_groups(start, n, block)]
@@ -374,4 +403,5 @@ class LlamaModel:
         # x: [row_block, hidden] the residual stream; attn: [row_block, heads * head_dim]
         x = x + _linear(attn, layer["o"], layer["o_bias"])
         gate, up = _linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"], layer["gate_up_bias"]).chunk(2, dim=-1)
-        return x + _linear(F.silu(gate) * up, layer["down"], layer["down_bias"])
+        act = F.silu(gate) if self.args.activation == "silu" else F.gelu(gate, approximate="tanh")
+        return x + _linear(act * up, layer["down"], layer["down_bias"])

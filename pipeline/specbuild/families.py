@@ -1,0 +1,132 @@
+"""The model families specbuild takes, one record each: which paths carry them, and what differs from Llama.
+
+Every stage reads this table: `check` (its verdict per backend, `support`), `convert` (the same refusals,
+before any work), the TensorRT-LLM checkpoint loader (the family's names and stored forms) and the reference
+runtime (what it computes differently). Adding a family is its record here and, where the reference runtime
+must compute something new, that computation in `runtime/model.py`.
+
+Paths:
+- the engine path (backends trtllm and reference) converts with modelopt's `export_tensorrt_llm_checkpoint`,
+  which writes TensorRT-LLM checkpoints for its decoder types gpt, gemma, llama and qwen only
+  (nvidia-modelopt 0.47 `torch/export/tensorrt_llm_utils.py` `convert_to_tensorrt_llm_config`; any other raises
+  "Cannot export tensorrt_llm checkpoint ... deploy the checkpoint with TensorRT-LLM pytorch backend"), and
+  trtllm-build builds the architectures of TensorRT-LLM's `MODEL_MAP` (NVIDIA/TensorRT-LLM
+  `tensorrt_llm/models/__init__.py` @02267d3: Llama, Mistral, Qwen2, Qwen3, Gemma 1-3, Phi-3 among them);
+- the LLM API path (backend llmapi) exports Hugging Face checkpoints (modelopt `export_hf_checkpoint`) that
+  TensorRT-LLM's PyTorch backend loads;
+- every path verifies a conversion on CPU, and the CPU paths serve, with the reference runtime, so a family
+  runs anywhere only once the reference runtime computes it exactly (`reference`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ACTIVATIONS", "FAMILIES", "ROPE_TYPES", "Family", "Support", "activation", "family_of", "rope_type", "sliding_window",
+           "support"]
+
+
+@dataclass(frozen=True)
+class Family:
+    architecture: str  # the Hugging Face class name in config.json's "architectures"
+    name: str
+    hf_model_type: str  # config.json's model_type (transformers' config class)
+    model_type: str  # modelopt's decoder type (`get_model_type`), the TensorRT-LLM checkpoint's
+    engine_export: bool  # modelopt writes a TensorRT-LLM checkpoint for it (the engine path)
+    reference: bool  # the reference runtime computes it exactly
+    # What the reference runtime and the loader do differently from Llama:
+    qk_norm: bool = False  # RMSNorm over each head's q and k before rope (Qwen3: q_norm, k_norm)
+    norm_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma; TensorRT-LLM checkpoints store 1 + weight)
+    embed_scale: bool = False  # embeddings times sqrt(hidden_size), in the model's dtype (Gemma)
+    activation_keys: tuple[str, ...] = ("hidden_act",)  # the config keys naming the MLP activation, first set wins
+    sliding_window_key: str | None = None  # the config key of a sliding attention window, when the family has one
+    why_not: str = ""  # when a path is missing: what is missing, said to the user
+
+
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (
+    Family("LlamaForCausalLM", "llama", "llama", "llama", engine_export=True, reference=True),
+    Family("MistralForCausalLM", "mistral", "mistral", "llama", engine_export=True, reference=True,
+           sliding_window_key="sliding_window"),
+    Family("Qwen2ForCausalLM", "qwen2", "qwen2", "qwen", engine_export=True, reference=True,
+           sliding_window_key="use_sliding_window"),
+    Family("Qwen3ForCausalLM", "qwen3", "qwen3", "qwen", engine_export=True, reference=True, qk_norm=True,
+           sliding_window_key="use_sliding_window"),
+    Family("GemmaForCausalLM", "gemma", "gemma", "gemma", engine_export=True, reference=True, norm_offset=True,
+           embed_scale=True, activation_keys=("hidden_activation", "hidden_act")),
+    Family("Gemma2ForCausalLM", "gemma2", "gemma2", "gemma2", engine_export=False, reference=False,
+           why_not="the reference runtime does not compute Gemma 2 yet (logit soft-capping, alternating sliding "
+           "window, post-norms), so no path can verify or run it on CPU"),
+    Family("Phi3ForCausalLM", "phi3", "phi3", "phi3", engine_export=False, reference=True,
+           sliding_window_key="sliding_window"),
+)}
+
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}  # the runtime's names
+ROPE_TYPES = ("default", "linear", "llama3")  # the rope scalings the reference runtime computes
+
+
+def rope_type(config: Mapping[str, Any]) -> str:
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    return str(rope.get("rope_type", rope.get("type", "default"))) if isinstance(rope, Mapping) else "default"
+
+
+def family_of(architecture: str | None) -> Family | None:
+    return FAMILIES.get(architecture or "")
+
+
+@dataclass(frozen=True)
+class Support:
+    ok: bool
+    reason: str = ""  # why not
+    fix: str = ""  # what to change
+
+
+def support(architecture: str | None, config: Mapping[str, Any], llm_api: bool, max_seq_len: int | None) -> Support:
+    """Whether `convert`, `build` and the CPU paths take this model on the engine path (llm_api False) or the LLM
+    API path, and if not, why and what to change. `max_seq_len`: the spec's build.max_seq_len (None: unknown)."""
+    family = family_of(architecture)
+    known = ", ".join(f.architecture for f in FAMILIES.values() if f.reference and (llm_api or f.engine_export))
+    if family is None:
+        return Support(False, f"architecture {architecture!r} is not one of the model families specbuild supports",
+                       f"use one of: {known}")
+    if not family.reference:
+        return Support(False, f"{architecture}: {family.why_not}", f"use one of: {known}")
+    if not llm_api and not family.engine_export:
+        return Support(False, f"{architecture} has no TensorRT-LLM checkpoint export (modelopt's "
+                       "export_tensorrt_llm_checkpoint covers gpt, gemma, llama and qwen): the engine path cannot "
+                       "convert it", "use the LLM API path: build.backend = \"llmapi\" (or --backend llmapi)")
+    if activation(family, config) not in ACTIVATIONS:
+        return Support(False, f"{architecture}: MLP activation {activation(family, config)!r} is not computed by the "
+                       "reference runtime", f"use a checkpoint whose {family.activation_keys[0]} is one of "
+                       f"{', '.join(ACTIVATIONS)}")
+    partial = (config.get("rope_parameters") or {}).get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        return Support(False, f"{architecture}: partial_rotary_factor = {partial} (rope on part of each head) is not "
+                       "computed by the reference runtime", "use a checkpoint with rope on whole heads")
+    if rope_type(config) not in ROPE_TYPES:
+        return Support(False, f"{architecture}: rope type {rope_type(config)!r} is not supported (the reference "
+                       "runtime does not compute it)", f"use a checkpoint whose rope scaling is one of {', '.join(ROPE_TYPES)}")
+    window = sliding_window(family, config)
+    if window is not None and not llm_api and max_seq_len is not None and max_seq_len > window:
+        return Support(False, f"{architecture} attends over a sliding window of {window} tokens and build.max_seq_len "
+                       f"= {max_seq_len} is longer: the engines specbuild generates attend over the whole sequence",
+                       f"set build.max_seq_len <= {window}, or use the LLM API path (build.backend = \"llmapi\")")
+    if config.get("use_sliding_window") and family.sliding_window_key == "use_sliding_window":
+        return Support(False, f"{architecture} with use_sliding_window = true (a window on some layers only) is not "
+                       "computed by the reference runtime", "use a checkpoint with use_sliding_window = false, "
+                       "as the published Qwen models are")
+    return Support(True)
+
+
+def activation(family: Family, config: Mapping[str, Any]) -> str:
+    """The MLP activation's transformers name (`ACT2FN`), as the family's modeling code reads it."""
+    return next((str(config[key]) for key in family.activation_keys if config.get(key)), "silu")
+
+
+def sliding_window(family: Family, config: Mapping[str, Any]) -> int | None:
+    """The attention window every layer has, in tokens (None: none, or one that never binds)."""
+    if family.sliding_window_key != "sliding_window":
+        return None
+    value = config.get("sliding_window")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

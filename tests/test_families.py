@@ -1,0 +1,196 @@
+"""Model families (specbuild.families), each a tiny random checkpoint written by transformers here: `check` calls a
+pair usable exactly when `convert` takes it, for every family and backend; the reference runtime computes each family
+as transformers does (logits, sliding windows) and speculative greedy output equals target-only output and
+transformers' generate; the engine path goes from a Hugging Face folder to generated text for every family modelopt
+exports; a family only the LLM API path takes converts there; a non-Llama pair streams through both repository kinds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from family_models import ENGINE_FAMILIES, REFERENCE_FAMILIES, SHAPES, make_family
+
+BACKENDS = ("trtllm", "reference", "llmapi")
+PROMPT = "The quick brown fox"
+
+
+def write_spec(folder: Path, target: Path, draft: Path, max_seq_len: int = 252) -> Path:
+    path = folder / "specbuild.toml"
+    path.write_text(
+        f'name = "fam"\noutput_dir = "{folder / "engines"}"\n'
+        f'[target]\ncheckpoint = "{target}"\n[draft]\ncheckpoint = "{draft}"\n'
+        f"[build]\nmax_batch_size = 2\nmax_input_len = 128\nmax_seq_len = {max_seq_len}\nmax_num_tokens = 512\n"
+        '[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 3\n[gpu]\nname = "H100-80GB"\n'
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> dict[str, Path]:
+    """family -> the spec of a pair of that family (target 2 layers, draft 1, one tokenizer)."""
+    root = tmp_path_factory.mktemp("families")
+    specs = {}
+    for family in SHAPES:
+        target = make_family(root / family / "target", family, seed=0)
+        draft = make_family(root / family / "draft", family, hidden=32, layers=1, seed=1)
+        specs[family] = write_spec(root / family, target, draft)
+    return specs
+
+
+# ---- check agrees with convert ---------------------------------------------------------------------------------
+def verdicts(spec_path: Path, backend: str) -> tuple[bool, bool, str]:
+    """(check calls the pair usable as far as its family goes, convert plans it, convert's refusal)."""
+    from specbuild.backends import is_llm_api
+    from specbuild.check.pair import run_check
+    from specbuild.config import load_spec
+    from specbuild.convert.plan import ConvertOptions, plan_roles
+    from specbuild.errors import SpecError
+
+    spec = load_spec(spec_path)
+    report = run_check(spec, scan_weights=False, backend=backend)
+    usable = "unsupported_architecture" not in [p["code"] for p in report.to_dict()["problems"]]
+    try:
+        plan_roles(spec, ["target", "draft"], ConvertOptions(), llm_api=is_llm_api(backend))
+        return usable, True, ""
+    except SpecError as err:
+        return usable, False, str(err)
+
+
+EXPECTED = {  # family -> the backends that take it
+    **{family: BACKENDS for family in ENGINE_FAMILIES},
+    "phi3": ("llmapi",),  # modelopt exports no TensorRT-LLM checkpoint of it
+    "gemma2": (),  # the reference runtime does not compute it: nothing could verify or run it on CPU
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_check_calls_a_pair_usable_exactly_when_convert_takes_it(pairs, backend):
+    for family, spec_path in pairs.items():
+        usable, planned, refusal = verdicts(spec_path, backend)
+        assert usable == planned, (family, backend, refusal)
+        assert planned == (backend in EXPECTED[family]), (family, backend, refusal)
+        if family == "phi3" and backend != "llmapi":
+            assert 'build.backend = "llmapi"' in refusal  # the path that works is named
+
+
+def test_a_sliding_window_shorter_than_max_seq_len_is_refused_on_the_engine_path_with_the_fix(tmp_path):
+    target = make_family(tmp_path / "target", "mistral", sliding_window=128)
+    spec_path = write_spec(tmp_path, target, target, max_seq_len=252)
+    for backend in BACKENDS:
+        usable, planned, refusal = verdicts(spec_path, backend)
+        assert usable == planned == (backend == "llmapi"), (backend, refusal)
+        if backend != "llmapi":
+            assert "set build.max_seq_len <= 128" in refusal
+
+
+# ---- the reference runtime computes each family as transformers does -------------------------------------------
+def hf_model(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("family,window", [(f, None) for f in REFERENCE_FAMILIES] + [("mistral", 8), ("phi3", 8)])
+def test_the_runtime_gives_transformers_logits_prefilled_or_decoded(tmp_path, family, window):
+    from specbuild.runtime.model import LlamaModel
+
+    extra = {"sliding_window": window} if window else {}
+    folder = make_family(tmp_path / family, family, tokenizer=False, **extra)
+    model = LlamaModel.from_folder(folder)
+    ids = torch.randint(3, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        want = hf_model(folder)(torch.tensor([ids])).logits[0]
+    cache = model.new_cache()
+    got = torch.cat([model.forward([(cache, ids[:30])], [30])[0], model.forward([(cache, ids[30:])], [10])[0]])
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    if window:
+        assert model.args.sliding_window == window
+
+
+@pytest.mark.parametrize("family", REFERENCE_FAMILIES)
+def test_speculative_greedy_output_equals_target_only_and_transformers_generate(pairs, family):
+    from specbuild.config import load_spec
+    from specbuild.session.generation import Options
+    from specbuild.session.local import LocalSession
+
+    spec = load_spec(pairs[family])
+    with LocalSession.from_spec(spec, device="cpu", threads=1, overlap=False) as session:
+        outputs = {k: session.generate(PROMPT, Options(max_tokens=16, num_draft_tokens=k, adaptive=False)).output_ids
+                   for k in (0, 1, 2, 4)}
+        prompt = session.encode(PROMPT)
+    assert len(set(outputs[0])) > 4, outputs[0]  # a text that varies, or equality would prove little
+    assert all(out == outputs[0] for out in outputs.values()), outputs
+    with torch.no_grad():
+        generated = hf_model(spec.target.checkpoint).generate(torch.tensor([prompt]), max_new_tokens=16,
+                                                              do_sample=False)[0, len(prompt):].tolist()
+    ends = [i for i, token in enumerate(generated) if token == 2]  # transformers keeps the end id; specbuild does not
+    assert outputs[0] == generated[: ends[0] if ends else None]
+
+
+# ---- from a Hugging Face folder to generated text, per path ------------------------------------------------------
+def run(*args: str) -> str:
+    """The command's stdout (its log goes to stderr)."""
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ENGINE_FAMILIES)
+def test_the_engine_path_converts_verifies_builds_and_generates(pairs, family):
+    spec = str(pairs[family])
+    assert "verify: passed" in run("convert", "-c", spec, "--verify")
+    run("build", "-c", spec, "--backend", "reference")
+    docs = [json.loads(run("generate", "-c", spec, "--local", "--json", "--max-tokens", "12", "--num-draft-tokens",
+                           str(k), PROMPT)) for k in (0, 3)]
+    assert docs[0]["engine_source"] == "reference-engine" and docs[0]["output_ids"] == docs[1]["output_ids"]
+
+
+@pytest.mark.slow
+def test_a_family_only_the_llm_api_path_takes_converts_there_and_verifies(pairs):
+    spec = str(pairs["phi3"])
+    assert "verify: passed" in run("convert", "-c", spec, "--backend", "llmapi", "--verify")
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_a_non_llama_pair_streams_through_both_repository_kinds(tmp_path, pairs):
+    """Qwen3 (q/k norm, tied embeddings, head_dim apart from hidden / heads): the BLS repository on reference engines
+    and the llmapi repository on the CPU stand-in stream the same greedy text as in-process decoding."""
+    from specbuild.build.engines import build_engines
+    from specbuild.config import load_spec
+    from specbuild.convert import convert_pair
+    from specbuild.llmapi import build as llmapi_build
+    from specbuild.llmapi import checkpoint as llmapi_checkpoint
+    from specbuild.llmapi.repository import write_repository as write_llmapi_repository
+    from specbuild.session.generation import Options
+    from specbuild.session.local import LocalSession
+    from specbuild.triton.client import SpecbuildClient
+    from specbuild.triton.repository import write_repository
+    from triton_helpers import serving
+
+    spec = load_spec(write_spec(tmp_path, Path(load_spec(pairs["qwen3"]).target.checkpoint),
+                                Path(load_spec(pairs["qwen3"]).draft.checkpoint)))
+    convert_pair(spec, ["target", "draft"], log=lambda m: None)
+    build_engines(spec, ["target", "draft"], "reference")
+    with LocalSession.from_spec(spec, device="cpu", threads=1, overlap=False) as session:
+        local = session.generate(PROMPT, Options(max_tokens=12, num_draft_tokens=3, adaptive=False))
+    write_repository(spec, "reference", tmp_path / "bls_repo")
+    llmapi_checkpoint.convert_pair(spec, ["target", "draft"], log=lambda m: None)
+    llmapi_build.build(spec, log=lambda m: None)
+    write_llmapi_repository(spec, tmp_path / "llmapi_repo", runtime="reference")
+    for repo in ("bls_repo", "llmapi_repo"):
+        with serving(tmp_path / repo, tmp_path / f"{repo}.log") as server:
+            with SpecbuildClient(server.grpc_url) as client:
+                chunks = list(client.generate(PROMPT, max_tokens=12, num_draft_tokens=3))
+        text = "".join(chunk.text for chunk in chunks)
+        assert len(chunks) > 2, repo  # streamed
+        assert text.strip() == local.text.strip(), (repo, text, local.text)
