@@ -12,15 +12,27 @@ FALLBACK_TEXT = [
 ]
 
 
-def make_tokenizer(folder: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+# A chat template in the style of Llama 3's: it writes the BOS token itself
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> {% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+
+
+def make_tokenizer(folder: Path, vocab_size: int, chat_template: str | None = None, adds_bos: bool = False) -> None:
+    """A BPE tokenizer trained on a few lines (<unk> 0, <s> 1, </s> 2); adds_bos: it prepends <s> when encoding,
+    as Llama's do."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"])
+    special = ["<unk>", "<s>", "</s>"] + (["<|system|>", "<|user|>", "<|assistant|>"] if chat_template else [])
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special)
     tok.train_from_iterator(FALLBACK_TEXT * 4, trainer=trainer)
+    if adds_bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    if chat_template:
+        fast.chat_template = chat_template
     fast.save_pretrained(folder)
 
 

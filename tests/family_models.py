@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from convert_helpers import make_tokenizer
+from convert_helpers import CHAT_TEMPLATE, make_tokenizer
 
 # family name -> (transformers config class, model class, what the family has that Llama does not)
 SHAPES = {
@@ -25,9 +25,10 @@ REFERENCE_FAMILIES = ENGINE_FAMILIES + ("phi3",)  # the reference runtime comput
 
 def make_family(folder: Path, family: str, vocab_size: int = 256, hidden: int = 64, layers: int = 2, heads: int = 4,
                 kv_heads: int = 2, intermediate: int = 128, seed: int = 0, std: float | None = None, tokenizer: bool = True,
-                **config_extra) -> Path:
+                chat: bool = False, **config_extra) -> Path:
     """Save a random `family` model to folder (every weight, biases and norms included, drawn larger than
-    transformers' init so logits have real margins), with a trained BPE tokenizer of vocab_size tokens."""
+    transformers' init so logits have real margins), with a trained BPE tokenizer of vocab_size tokens (chat: one that
+    adds BOS and has a chat template writing BOS itself, as Llama 3's)."""
     import torch
     import transformers
 
@@ -49,5 +50,5 @@ def make_family(folder: Path, family: str, vocab_size: int = 256, hidden: int = 
                 p.normal_(0.0, std)
     model.save_pretrained(folder, safe_serialization=True)
     if tokenizer:
-        make_tokenizer(folder, vocab_size)
+        make_tokenizer(folder, vocab_size, chat_template=CHAT_TEMPLATE if chat else None, adds_bos=chat)
     return folder

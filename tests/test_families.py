@@ -35,8 +35,9 @@ def pairs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("families")
     specs = {}
     for family in SHAPES:
-        target = make_family(root / family / "target", family, seed=0)
-        draft = make_family(root / family / "draft", family, hidden=32, layers=1, seed=1)
+        chat = family == "qwen3"  # an instruct-style tokenizer: it adds BOS and has a chat template
+        target = make_family(root / family / "target", family, seed=0, chat=chat)
+        draft = make_family(root / family / "draft", family, hidden=32, layers=1, seed=1, chat=chat)
         specs[family] = write_spec(root / family, target, draft)
     return specs
 
@@ -164,15 +165,18 @@ def test_a_family_only_the_llm_api_path_takes_converts_there_and_verifies(pairs)
 @pytest.mark.server
 def test_a_non_llama_pair_streams_through_both_repository_kinds(tmp_path, pairs):
     """Qwen3 (q/k norm, tied embeddings, head_dim apart from hidden / heads): the BLS repository on reference engines
-    and the llmapi repository on the CPU stand-in stream the same greedy text as in-process decoding."""
+    and the llmapi repository on the CPU stand-in stream the same greedy text as in-process decoding, for a plain
+    prompt and for a chat prompt (the template applied on the client, its one BOS kept once by the server)."""
     from specbuild.build.engines import build_engines
     from specbuild.config import load_spec
     from specbuild.convert import convert_pair
     from specbuild.llmapi import build as llmapi_build
     from specbuild.llmapi import checkpoint as llmapi_checkpoint
     from specbuild.llmapi.repository import write_repository as write_llmapi_repository
+    from specbuild.session.chat import chat_prompt
     from specbuild.session.generation import Options
     from specbuild.session.local import LocalSession
+    from specbuild.session.served import ServedSession
     from specbuild.triton.client import SpecbuildClient
     from specbuild.triton.repository import write_repository
     from triton_helpers import serving
@@ -183,6 +187,12 @@ def test_a_non_llama_pair_streams_through_both_repository_kinds(tmp_path, pairs)
     build_engines(spec, ["target", "draft"], "reference")
     with LocalSession.from_spec(spec, device="cpu", threads=1, overlap=False) as session:
         local = session.generate(PROMPT, Options(max_tokens=12, num_draft_tokens=3, adaptive=False))
+        chat = chat_prompt(session.tokenizer, "brown fox", system="Be brief.")
+        local_chat = session.generate(chat, Options(max_tokens=12, num_draft_tokens=3, adaptive=False))
+    template_ids = session.tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "brown fox"}],
+        add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert local_chat.prompt_ids == list(template_ids)  # one BOS: the template's, written once
     write_repository(spec, "reference", tmp_path / "bls_repo")
     llmapi_checkpoint.convert_pair(spec, ["target", "draft"], log=lambda m: None)
     llmapi_build.build(spec, log=lambda m: None)
@@ -191,6 +201,9 @@ def test_a_non_llama_pair_streams_through_both_repository_kinds(tmp_path, pairs)
         with serving(tmp_path / repo, tmp_path / f"{repo}.log") as server:
             with SpecbuildClient(server.grpc_url) as client:
                 chunks = list(client.generate(PROMPT, max_tokens=12, num_draft_tokens=3))
+            with ServedSession(server.grpc_url) as served:
+                replied = served.generate(chat, Options(max_tokens=12, num_draft_tokens=3))
         text = "".join(chunk.text for chunk in chunks)
         assert len(chunks) > 2, repo  # streamed
         assert text.strip() == local.text.strip(), (repo, text, local.text)
+        assert replied.text.strip() == local_chat.text.strip(), (repo, replied.text, local_chat.text)

@@ -34,6 +34,10 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
               help="A stop word (repeat for several): the text ends with the first one generated; finish_reason stop, "
               "stop_reason the word. The engine path keeps the word in the text (as TensorRT-LLM's executor does), "
               "the LLM API path leaves it out (include_stop_str_in_output false).")
+@click.option("--chat", is_flag=True,
+              help="PROMPT is a user message: the target tokenizer's chat template (transformers' "
+              "apply_chat_template) is applied here, on the client, and the reply is generated.")
+@click.option("--system", default=None, metavar="TEXT", help="--chat: a system message before the user's.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is accepted.")
 @click.option("--adaptive/--no-adaptive", default=None,
               help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.")
@@ -47,7 +51,7 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
               help="--local on CPU: torch threads. Default: 1 for small models, else torch's default.")
 @json_option
 def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
-            stop, stream, adaptive, overlap, device, no_cache, threads, as_json):
+            stop, chat, system, stream, adaptive, overlap, device, no_cache, threads, as_json):
     """Generate text for PROMPT with speculative decoding.
 
     \b
@@ -56,15 +60,22 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
       specbuild generate --local --num-draft-tokens 0 "def fibonacci(n):"    # target only
       specbuild generate --local --json --temperature 0.8 --seed 1 "Once upon a time"
       specbuild generate --local --stop return "def add(a, b):"    # ends with the first "return"
+      specbuild generate --chat --system "Be brief." "What is speculative decoding?"
 
     Text goes to stdout (streamed unless --no-stream); acceptance figures to stderr, or
     everything as one JSON document with --json.
     """
     if local and url:
         raise click.UsageError("pass either --local or --url, not both.")
+    if system is not None and not chat:
+        raise click.UsageError("--system goes with --chat.")
     from specbuild.session.generation import Options
 
     spec = get_spec(spec_path)
+    if chat:
+        from specbuild.session.chat import chat_prompt, load_tokenizer
+
+        prompt = chat_prompt(load_tokenizer(spec.target.checkpoint), prompt, system)
     options = Options(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature, top_k=top_k,
                       top_p=top_p, seed=seed, adaptive=adaptive, overlap=None if local else overlap,
                       stop=tuple(stop))

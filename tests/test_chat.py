@@ -1,0 +1,50 @@
+"""Chat prompts (session.chat): the tokenizer's template applied by transformers on the client, the BOS a template
+writes kept once, a tokenizer without a template refused by name, and `generate --chat` on a local pair."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from convert_helpers import CHAT_TEMPLATE, make_tokenizer
+from family_models import make_family
+from specbuild.cli import main
+from specbuild.errors import RequestError
+from specbuild.session.chat import chat_prompt, load_tokenizer
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "brown fox"}]
+
+
+@pytest.mark.parametrize("adds_bos", [True, False])
+def test_the_prompt_tokenizes_to_exactly_the_templates_ids(tmp_path, adds_bos):
+    make_tokenizer(tmp_path, 256, chat_template=CHAT_TEMPLATE, adds_bos=adds_bos)
+    tokenizer = load_tokenizer(tmp_path)
+    text = chat_prompt(tokenizer, "brown fox", system="Be brief.")
+    want = list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False))
+    assert tokenizer(text)["input_ids"] == want  # what the BLS and preprocessing encode (add_special_tokens)
+    assert want.count(tokenizer.bos_token_id) == 1
+    assert text.startswith("<s>") is not adds_bos  # left to the tokenizer when it adds BOS itself
+
+
+def test_a_tokenizer_without_a_template_is_refused_by_name(tmp_path):
+    make_tokenizer(tmp_path, 256)
+    with pytest.raises(RequestError, match="has no chat template .* without --chat"):
+        chat_prompt(load_tokenizer(tmp_path), "hi")
+
+
+def test_generate_chat_locally_sends_the_template(tmp_path):
+    folder = make_family(tmp_path / "m", "llama", chat=True)
+    spec = tmp_path / "specbuild.toml"
+    spec.write_text(f'name = "chat"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "{folder}"\n'
+                    f'[draft]\ncheckpoint = "{folder}"\n[build]\nmax_seq_len = 252\nmax_input_len = 128\n'
+                    "[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 2\n")
+    result = CliRunner().invoke(main, ["generate", "-c", str(spec), "--local", "--json", "--max-tokens", "6", "--chat",
+                                       "--system", "Be brief.", "brown fox"])
+    assert result.exit_code == 0, result.output
+    tokenizer = load_tokenizer(folder)
+    want = list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False))
+    assert json.loads(result.stdout)["prompt_ids"] == want
+    refused = CliRunner().invoke(main, ["generate", "-c", str(spec), "--local", "--system", "x", "hi"])
+    assert refused.exit_code == 2 and "--system goes with --chat" in refused.output
