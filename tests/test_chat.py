@@ -48,3 +48,22 @@ def test_generate_chat_locally_sends_the_template(tmp_path):
     assert json.loads(result.stdout)["prompt_ids"] == want
     refused = CliRunner().invoke(main, ["generate", "-c", str(spec), "--local", "--system", "x", "hi"])
     assert refused.exit_code == 2 and "--system goes with --chat" in refused.output
+
+
+def test_the_chat_workload_and_messages_records_go_through_the_template(tmp_path):
+    from specbuild.bench import workloads
+    from specbuild.errors import BenchError
+
+    make_tokenizer(tmp_path / "tok", 256, chat_template=CHAT_TEMPLATE, adds_bos=True)
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    chat = workloads.load("chat", 2, tmp_path / "tok").prompts
+    prose = workloads.load("prose", 2).prompts
+    for asked, plain in zip(chat, prose):
+        assert asked.text == chat_prompt(tokenizer, plain.text)
+    lines = tmp_path / "w.jsonl"
+    lines.write_text(json.dumps({"messages": MESSAGES, "max_tokens": 5}) + "\n" + json.dumps({"prompt": "x"}) + "\n")
+    first, second = workloads.load(str(lines), 2, tmp_path / "tok").prompts
+    assert (first.text, first.max_tokens, second.text) == (chat_prompt(tokenizer, "brown fox", "Be brief."), 5, "x")
+    make_tokenizer(tmp_path / "plain", 256)
+    with pytest.raises(BenchError, match="the chat workload: the target's tokenizer has no chat template"):
+        workloads.load("chat", 2, tmp_path / "plain")

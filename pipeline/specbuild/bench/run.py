@@ -14,6 +14,7 @@ Greedy runs also say whether every K gave exactly the K = 0 tokens (`same_tokens
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from specbuild.bench import report, runner, theory, workloads
@@ -140,7 +141,7 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
               spec_path: str | None = None, overlap: bool | str | None = None) -> dict[str, Any]:
     """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default).
     overlap: the in-process schedule, True / False / "auto" / None (the spec's) / "compare" (both, --local)."""
-    prompts = workloads.load(workload, settings.requests)
+    prompts = workloads.load(workload, settings.requests, Path(spec.target.checkpoint))
     peers: list[Any] = []
     notes: list[str] = []
     if url:

@@ -1,19 +1,22 @@
-"""Benchmark prompt sets: the built-in code, prose and JSON sets, or a JSONL file of prompts.
+"""Benchmark prompt sets: the built-in code, prose, JSON and chat sets, or a JSONL file of prompts.
 
 The built-in sets come from `specbuild.corpus` (text shipped with the package, the same on
-every machine) and are held out from the example pair's training text. A JSONL file has one
-object per line: {"prompt": "...", "max_tokens": 64}; max_tokens is optional.
+every machine) and are held out from the example pair's training text; "chat" is the prose set sent as user
+messages through the target tokenizer's chat template (`session.chat`). A JSONL file has one object per line:
+{"prompt": "...", "max_tokens": 64}, or {"messages": [{"role": "user", "content": "..."}]} for a conversation
+through the template; max_tokens is optional.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild.errors import BenchError
 
-BUILTIN = ("code", "prose", "json")
+BUILTIN = ("code", "prose", "json", "chat")
 
 
 @dataclass(frozen=True)
@@ -28,18 +31,39 @@ class Workload:
     prompts: tuple[Prompt, ...]
 
 
-def builtin(kind: str, n: int) -> Workload:
+def builtin(kind: str, n: int, tokenizer_dir: Path | None = None) -> Workload:
     if kind not in BUILTIN:
         raise BenchError(f"unknown workload {kind!r}: use one of {', '.join(BUILTIN)} or a path to a .jsonl file.")
     from specbuild.corpus import heldout_prompts
 
-    texts = list(heldout_prompts(kind, n))
+    texts = list(heldout_prompts("prose" if kind == "chat" else kind, n))
+    if kind == "chat":
+        texts = [_chat(tokenizer_dir, [{"role": "user", "content": text}], "the chat workload") for text in texts]
     if not texts:
         raise BenchError(f"the built-in {kind!r} prompt set is empty: this is a packaging bug, reinstall specbuild.")
     return Workload(kind, tuple(Prompt(t) for t in texts))
 
 
-def from_jsonl(path: Path) -> Workload:
+def _chat(tokenizer_dir: Path | None, messages: list, where: str) -> str:
+    from specbuild.errors import RequestError
+    from specbuild.session.chat import chat_text
+
+    if tokenizer_dir is None:
+        raise BenchError(f"{where} needs the target's tokenizer for its chat template.")
+    try:
+        return chat_text(_tokenizer(str(tokenizer_dir)), messages)
+    except RequestError as err:
+        raise BenchError(f"{where}: {err}") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(folder: str) -> object:  # loaded once per run, not per prompt
+    from specbuild.session.chat import load_tokenizer
+
+    return load_tokenizer(folder)
+
+
+def from_jsonl(path: Path, tokenizer_dir: Path | None = None) -> Workload:
     path = Path(path)
     if not path.is_file():
         raise BenchError(f"workload file {str(path)!r} not found: pass code, prose, json, or an existing .jsonl file.")
@@ -56,8 +80,11 @@ def from_jsonl(path: Path) -> Workload:
         except json.JSONDecodeError as err:
             raise BenchError(f"{path}:{number}: not valid JSON ({err.msg}). "
                              'Write one object per line, e.g. {"prompt": "def add(a, b):"}.') from None
+        if isinstance(record, dict) and isinstance(record.get("messages"), list) and "prompt" not in record:
+            record["prompt"] = _chat(tokenizer_dir, record["messages"], f"{path}:{number}")
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"]:
-            raise BenchError(f'{path}:{number}: expected an object with a non-empty "prompt" string, got {line[:80]!r}.')
+            raise BenchError(f'{path}:{number}: expected an object with a non-empty "prompt" string (or "messages"), '
+                             f"got {line[:80]!r}.")
         max_tokens = record.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
             raise BenchError(f"{path}:{number}: max_tokens = {max_tokens!r} must be a positive integer.")
@@ -67,12 +94,13 @@ def from_jsonl(path: Path) -> Workload:
     return Workload(path.name, tuple(prompts))
 
 
-def load(workload: str, n: int) -> Workload:
-    """`workload` is a built-in name or a path; `n` caps how many prompts are used (cycled if fewer)."""
+def load(workload: str, n: int, tokenizer_dir: Path | None = None) -> Workload:
+    """`workload` is a built-in name or a path; `n` caps how many prompts are used (cycled if fewer); tokenizer_dir:
+    the target's tokenizer, whose chat template the chat workload and "messages" records go through."""
     if workload in BUILTIN:
-        loaded = builtin(workload, n)
+        loaded = builtin(workload, n, tokenizer_dir)
     elif workload.endswith(".jsonl") or Path(workload).exists():
-        loaded = from_jsonl(Path(workload))
+        loaded = from_jsonl(Path(workload), tokenizer_dir)
     else:
         raise BenchError(f"unknown workload {workload!r}: use one of {', '.join(BUILTIN)} or a path to a .jsonl file.")
     prompts = loaded.prompts

@@ -16,8 +16,9 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
 @click.option("--local", "local", is_flag=True, help="Measure in-process (reference runtime) instead of a server.")
 @click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True,
               help="Triton protocol for --url.")
-@click.option("--workload", default="code", show_default=True, metavar="code|prose|json|FILE.jsonl",
-              help='Built-in prompt set, or a JSONL file with one {"prompt": ...} object per line.')
+@click.option("--workload", default="code", show_default=True, metavar="code|prose|json|chat|FILE.jsonl",
+              help='Built-in prompt set (chat: prose as user messages through the target tokenizer\'s chat template), '
+              'or a JSONL file with one {"prompt": ...} or {"messages": [...]} object per line.')
 @click.option("--num-draft-tokens", "ks", default="0,1,2,4,8", show_default=True, metavar="LIST|auto",
               help="K values to sweep (0 = speculation off, always measured); auto = 0, 1, 2, 4, .. max_draft_len.")
 @click.option("--concurrency", default="1", show_default=True, metavar="LIST",

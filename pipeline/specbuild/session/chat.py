@@ -16,7 +16,7 @@ from typing import Any
 
 from specbuild.errors import RequestError
 
-__all__ = ["chat_prompt", "load_tokenizer"]
+__all__ = ["chat_prompt", "chat_text", "load_tokenizer"]
 
 
 def load_tokenizer(folder: Any) -> Any:
@@ -33,10 +33,16 @@ def load_tokenizer(folder: Any) -> Any:
 def chat_prompt(tokenizer: Any, message: str, system: str | None = None) -> str:
     """One user turn (after an optional system turn) through the tokenizer's chat template, with the prompt for the
     assistant's reply, as the text to send."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]
+    return chat_text(tokenizer, messages)
+
+
+def chat_text(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """A conversation ([{"role": ..., "content": ...}, ...]) through the tokenizer's chat template, with the prompt for
+    the assistant's reply, as the text to send."""
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError("the target's tokenizer has no chat template (no chat_template in tokenizer_config.json "
                            "or chat_template.jinja): send the prompt as plain text, without --chat.")
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     bos = getattr(tokenizer, "bos_token", None)
     if bos and text.startswith(bos) and _adds_bos(tokenizer):
