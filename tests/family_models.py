@@ -15,12 +15,14 @@ SHAPES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"tie_word_embeddings": True, "head_dim": 32}),  # q/k norm
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 32, "hidden_act": "gelu_pytorch_tanh"}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),  # fused qkv and gate/up
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 32}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 32}),  # soft-capping, sandwich norms, sliding layers
 }
 # Gemma's tied, sqrt(hidden)-scaled embeddings make a small random model repeat its last input token; larger weights vary
-STD = {"gemma": 0.3}
+STD = {"gemma": 0.3, "gemma2": 0.3}
+EMBED_STD = {"gemma2": 0.02}  # its normalized attention and MLP outputs must not drown in the scaled embeddings
 ENGINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma")  # modelopt writes TensorRT-LLM checkpoints of these
-REFERENCE_FAMILIES = ENGINE_FAMILIES + ("phi3",)  # the reference runtime computes these
+LLMAPI_ONLY_FAMILIES = ("phi3", "gemma2")  # modelopt exports no TensorRT-LLM checkpoint of these
+REFERENCE_FAMILIES = ENGINE_FAMILIES + LLMAPI_ONLY_FAMILIES  # the reference runtime computes them all
 
 
 def make_family(folder: Path, family: str, vocab_size: int = 256, hidden: int = 64, layers: int = 2, heads: int = 4,
@@ -45,9 +47,11 @@ def make_family(folder: Path, family: str, vocab_size: int = 256, hidden: int = 
             if p.dim() == 2:
                 p.normal_(0.0, std)
             elif name.endswith("norm.weight"):  # around 1 (Gemma's around 0: it scales by 1 + weight)
-                p.copy_((0.0 if family == "gemma" else 1.0) + torch.randn_like(p) * 0.1)
+                p.copy_((0.0 if family.startswith("gemma") else 1.0) + torch.randn_like(p) * 0.1)
             else:  # biases
                 p.normal_(0.0, std)
+        if family in EMBED_STD:
+            model.get_input_embeddings().weight.normal_(0.0, EMBED_STD[family])
     model.save_pretrained(folder, safe_serialization=True)
     if tokenizer:
         make_tokenizer(folder, vocab_size, chat_template=CHAT_TEMPLATE if chat else None, adds_bos=chat)

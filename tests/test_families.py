@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from family_models import ENGINE_FAMILIES, REFERENCE_FAMILIES, SHAPES, make_family
+from family_models import ENGINE_FAMILIES, LLMAPI_ONLY_FAMILIES, REFERENCE_FAMILIES, SHAPES, make_family
 
 BACKENDS = ("trtllm", "reference", "llmapi")
 PROMPT = "The quick brown fox"
@@ -63,8 +63,7 @@ def verdicts(spec_path: Path, backend: str) -> tuple[bool, bool, str]:
 
 EXPECTED = {  # family -> the backends that take it
     **{family: BACKENDS for family in ENGINE_FAMILIES},
-    "phi3": ("llmapi",),  # modelopt exports no TensorRT-LLM checkpoint of it
-    "gemma2": (),  # the reference runtime does not compute it: nothing could verify or run it on CPU
+    **{family: ("llmapi",) for family in LLMAPI_ONLY_FAMILIES},  # modelopt exports no TensorRT-LLM checkpoint of them
 }
 
 
@@ -74,7 +73,7 @@ def test_check_calls_a_pair_usable_exactly_when_convert_takes_it(pairs, backend)
         usable, planned, refusal = verdicts(spec_path, backend)
         assert usable == planned, (family, backend, refusal)
         assert planned == (backend in EXPECTED[family]), (family, backend, refusal)
-        if family == "phi3" and backend != "llmapi":
+        if family in LLMAPI_ONLY_FAMILIES and backend != "llmapi":
             assert 'build.backend = "llmapi"' in refusal  # the path that works is named
 
 
@@ -95,7 +94,8 @@ def hf_model(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
 
 
-@pytest.mark.parametrize("family,window", [(f, None) for f in REFERENCE_FAMILIES] + [("mistral", 8), ("phi3", 8)])
+@pytest.mark.parametrize("family,window", [(f, None) for f in REFERENCE_FAMILIES] + [("mistral", 8), ("phi3", 8),
+                                                                                  ("gemma2", 8)])
 def test_the_runtime_gives_transformers_logits_prefilled_or_decoded(tmp_path, family, window):
     from specbuild.runtime.model import LlamaModel
 
@@ -156,8 +156,9 @@ def test_the_engine_path_converts_verifies_builds_and_generates(pairs, family):
 
 
 @pytest.mark.slow
-def test_a_family_only_the_llm_api_path_takes_converts_there_and_verifies(pairs):
-    spec = str(pairs["phi3"])
+@pytest.mark.parametrize("family", LLMAPI_ONLY_FAMILIES)
+def test_a_family_only_the_llm_api_path_takes_converts_there_and_verifies(pairs, family):
+    spec = str(pairs[family])
     assert "verify: passed" in run("convert", "-c", spec, "--backend", "llmapi", "--verify")
 
 
@@ -207,3 +208,38 @@ def test_a_non_llama_pair_streams_through_both_repository_kinds(tmp_path, pairs)
         assert len(chunks) > 2, repo  # streamed
         assert text.strip() == local.text.strip(), (repo, text, local.text)
         assert replied.text.strip() == local_chat.text.strip(), (repo, replied.text, local_chat.text)
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_a_family_only_the_llm_api_path_takes_streams_through_its_repository(tmp_path, pairs):
+    """Gemma 2 (soft-capping, sandwich norms, alternating sliding layers): the llmapi repository on the CPU stand-in
+    streams the greedy text of in-process decoding of its Hugging Face checkpoints."""
+    from specbuild.config import load_spec
+    from specbuild.llmapi import build as llmapi_build
+    from specbuild.llmapi import checkpoint as llmapi_checkpoint
+    from specbuild.llmapi.repository import write_repository
+    from specbuild.runtime.model import LlamaModel
+    from specbuild.session.chat import load_tokenizer
+    from specbuild.triton.client import SpecbuildClient
+    from triton_helpers import serving
+
+    spec = load_spec(write_spec(tmp_path, Path(load_spec(pairs["gemma2"]).target.checkpoint),
+                                Path(load_spec(pairs["gemma2"]).draft.checkpoint)))
+    llmapi_checkpoint.convert_pair(spec, ["target", "draft"], log=lambda m: None)
+    exported = llmapi_checkpoint.checkpoint_dir(spec, "target")
+    tokenizer = load_tokenizer(exported)
+    target, ids, greedy = LlamaModel.from_folder(exported), tokenizer(PROMPT)["input_ids"], []
+    cache = target.new_cache()
+    for _ in range(12):  # target-only greedy decoding in-process: what speculation must reproduce
+        greedy.append(int(target.forward([(cache, greedy[-1:] or ids)], [1])[0][-1].argmax()))
+        if greedy[-1] == tokenizer.eos_token_id:
+            greedy.pop()
+            break
+    llmapi_build.build(spec, log=lambda m: None)
+    write_repository(spec, tmp_path / "llmapi_repo", runtime="reference")
+    with serving(tmp_path / "llmapi_repo", tmp_path / "server.log") as server:
+        with SpecbuildClient(server.grpc_url) as client:
+            chunks = list(client.generate(PROMPT, max_tokens=12))
+    assert len(chunks) > 2  # streamed
+    assert "".join(chunk.text for chunk in chunks).strip() == tokenizer.decode(greedy, skip_special_tokens=True).strip()

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ACTIVATIONS", "FAMILIES", "ROPE_TYPES", "Family", "Support", "activation", "family_of", "rope_type", "sliding_window",
+__all__ = ["ACTIVATIONS", "FAMILIES", "ROPE_TYPES", "Family", "Support", "activation", "family_of", "layer_windows", "rope_type", "sliding_window",
            "support"]
 
 
@@ -42,6 +42,10 @@ class Family:
     embed_scale: bool = False  # embeddings times sqrt(hidden_size), in the model's dtype (Gemma)
     activation_keys: tuple[str, ...] = ("hidden_act",)  # the config keys naming the MLP activation, first set wins
     sliding_window_key: str | None = None  # the config key of a sliding attention window, when the family has one
+    window_layers_key: str | None = None  # the config key saying which layers slide (Gemma 2's layer_types); None: all
+    sandwich_norms: bool = False  # norms after attention and after the MLP too (Gemma 2's post/pre/post feedforward)
+    softcapping: bool = False  # attention scores and final logits soft-capped, cap * tanh(x / cap) (Gemma 2)
+    query_scale_key: str | None = None  # the config key whose value ** -0.5 scales q.k (Gemma 2); None: head_dim
     why_not: str = ""  # when a path is missing: what is missing, said to the user
 
 
@@ -55,9 +59,10 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
            sliding_window_key="use_sliding_window"),
     Family("GemmaForCausalLM", "gemma", "gemma", "gemma", engine_export=True, reference=True, norm_offset=True,
            embed_scale=True, activation_keys=("hidden_activation", "hidden_act")),
-    Family("Gemma2ForCausalLM", "gemma2", "gemma2", "gemma2", engine_export=False, reference=False,
-           why_not="the reference runtime does not compute Gemma 2 yet (logit soft-capping, alternating sliding "
-           "window, post-norms), so no path can verify or run it on CPU"),
+    Family("Gemma2ForCausalLM", "gemma2", "gemma2", "gemma2", engine_export=False, reference=True, norm_offset=True,
+           embed_scale=True, activation_keys=("hidden_activation", "hidden_act"), sliding_window_key="sliding_window",
+           window_layers_key="layer_types", sandwich_norms=True, softcapping=True,
+           query_scale_key="query_pre_attn_scalar"),
     Family("Phi3ForCausalLM", "phi3", "phi3", "phi3", engine_export=False, reference=True,
            sliding_window_key="sliding_window"),
 )}
@@ -125,8 +130,19 @@ def activation(family: Family, config: Mapping[str, Any]) -> str:
 
 
 def sliding_window(family: Family, config: Mapping[str, Any]) -> int | None:
-    """The attention window every layer has, in tokens (None: none, or one that never binds)."""
+    """The attention window of the layers that slide, in tokens (None: none)."""
     if family.sliding_window_key != "sliding_window":
         return None
     value = config.get("sliding_window")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def layer_windows(family: Family, config: Mapping[str, Any], num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's attention window (None: the whole sequence). Gemma 2 slides on the layers its layer_types
+    names "sliding_attention", by default every other one from the first (transformers' Gemma2Config)."""
+    window = sliding_window(family, config)
+    if window is None or family.window_layers_key is None:
+        return (window,) * num_layers
+    kinds = config.get(family.window_layers_key) or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+    return tuple(window if kind == "sliding_attention" else None for kind in kinds)

@@ -377,7 +377,8 @@ def to_hf_model(loaded: LoadedCheckpoint, simulate_activations: bool = True, dev
         model = AutoModelForCausalLM.from_config(config)
     model = model.to_empty(device=device).to(dtype)
     missing, unexpected = model.load_state_dict(loaded.state_dict, strict=False)
-    missing = [m for m in missing if "rotary_emb" not in m]
+    missing = [m for m in missing if "rotary_emb" not in m
+               and not (m == "lm_head.weight" and config.tie_word_embeddings)]  # tied: tie_weights below
     if missing or unexpected:
         raise CheckpointError(f"checkpoint does not fit {type(model).__name__}: missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]}.")

@@ -59,7 +59,16 @@ class LlamaArgs:
     norm_offset: bool = False  # RMSNorm scales by (1 + weight)
     embed_scale: bool = False  # embeddings times sqrt(hidden_size)
     activation: str = "silu"  # "silu" or "gelu_tanh"
-    sliding_window: int | None = None  # a query attends to the last sliding_window positions (itself included)
+    windows: tuple[int | None, ...] = ()  # per layer: a query attends to the last window positions (None: all)
+    sandwich_norms: bool = False  # attention output and MLP output normalized too (Gemma 2)
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
+    query_scale: float | None = None  # q.k scale (None: head_dim ** -0.5)
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The window of the layers that slide (None: none does)."""
+        return next((w for w in self.windows if w is not None), None)
 
 
 def args_from_config(config: dict[str, Any], where: str) -> LlamaArgs:
@@ -90,8 +99,16 @@ def args_from_config(config: dict[str, Any], where: str) -> LlamaArgs:
         norm_offset=family.norm_offset,
         embed_scale=family.embed_scale,
         activation=families.ACTIVATIONS[families.activation(family, config)],
-        sliding_window=families.sliding_window(family, config),
+        windows=families.layer_windows(family, config, int(config["num_hidden_layers"])),
+        sandwich_norms=family.sandwich_norms,
+        attn_softcap=_float_or_none(config.get("attn_logit_softcapping")) if family.softcapping else None,
+        final_softcap=_float_or_none(config.get("final_logit_softcapping")) if family.softcapping else None,
+        query_scale=float(config[family.query_scale_key]) ** -0.5 if family.query_scale_key else None,
     )
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
@@ -217,7 +234,12 @@ class LlamaModel:
                 "k_norm": get(p + "self_attn.k_norm.weight") if args.qk_norm else None,
                 "o": _t(get(p + "self_attn.o_proj.weight")),  # [heads * head_dim, hidden]
                 "o_bias": maybe(p + "self_attn.o_proj.bias"),  # attention_bias = true
-                "mlp_norm": get(p + "post_attention_layernorm.weight"),
+                # Llama: post_attention_layernorm is the MLP's input norm; Gemma 2 names that one pre_feedforward and
+                # normalizes the attention output with post_attention_layernorm and the MLP's with post_feedforward
+                "mlp_norm": get(p + ("pre_feedforward_layernorm.weight" if args.sandwich_norms
+                                     else "post_attention_layernorm.weight")),
+                "attn_out_norm": get(p + "post_attention_layernorm.weight") if args.sandwich_norms else None,
+                "mlp_out_norm": get(p + "post_feedforward_layernorm.weight") if args.sandwich_norms else None,
                 "gate_up": _t(gate_up),  # [hidden, 2 intermediate]
                 "gate_up_bias": gate_up_bias,
                 "down": _t(get(p + "mlp.down_proj.weight")),  # [intermediate, hidden]
@@ -285,12 +307,22 @@ class LlamaModel:
         return torch.cat([q, k.reshape(-1, nkv), qkv[:, nq + nkv :]], dim=-1)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:  # h: [row_block, hidden] -> [row_block, vocab]
-        return _linear(self._rms_norm(h, self.norm), self.lm_head)
+        logits = _linear(self._rms_norm(h, self.norm), self.lm_head)
+        cap = self.args.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """queries: [1, heads, row_block, head_dim]; keys, values: [1, kv_heads, end, head_dim]; mask: [row_block, end]."""
-        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.args.head_dim**-0.5,
-                                              enable_gqa=True)  # [1, heads, row_block, head_dim]
+        a = self.args
+        scale = a.head_dim**-0.5 if a.query_scale is None else a.query_scale
+        if a.attn_softcap is None:
+            return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
+                                                  enable_gqa=True)  # [1, heads, row_block, head_dim]
+        groups = a.num_heads // a.num_kv_heads  # soft-capped scores: the computation written out, as transformers'
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(queries, keys.transpose(2, 3)) * scale  # [1, heads, row_block, end]
+        scores = torch.tanh(scores / a.attn_softcap) * a.attn_softcap + mask
+        return torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype), values)
 
     def _rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin: [>= n, head_dim]. Grown in fixed chunks of positions, each computed once with the
@@ -305,15 +337,15 @@ class LlamaModel:
             self._sin = torch.cat([self._sin, emb.sin().to(self.dtype)])
         return self._cos, self._sin
 
-    def causal_mask(self, first: int, end: int, block: int) -> torch.Tensor:
+    def causal_mask(self, first: int, end: int, block: int, window: int | None = None) -> torch.Tensor:
         """[block, end] additive mask: query row r (position first + r) sees the keys at positions
-        <= its own (0), not the later ones (-inf), and with a sliding window only the last sliding_window
+        <= its own (0), not the later ones (-inf), and with a sliding window only the last `window`
         of them (as transformers' sliding-window mask: q - k < window). Every row sees its own key."""
         positions = first + torch.arange(block, device=self.device)
         keys = torch.arange(end, device=self.device)[None, :]
         hidden = keys > positions[:, None]
-        if self.args.sliding_window is not None:
-            hidden |= positions[:, None] - keys >= self.args.sliding_window
+        if window is not None:
+            hidden |= positions[:, None] - keys >= window
         return torch.zeros(hidden.shape, device=self.device, dtype=self.dtype).masked_fill_(hidden, float("-inf"))
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # x: [..., width]
@@ -360,8 +392,9 @@ class LlamaModel:
             x = x * torch.tensor(a.hidden_size**0.5, dtype=self.dtype)
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         pad = torch.zeros(padded - rows, nq, device=self.device, dtype=self.dtype)
-        groups = [[(i, g, end, self.causal_mask(start + i, end, block)) for i, g, end in _attention_groups(start, n, block)]
-                  for _, start, n in spans]
+        groups = {window: [[(i, g, end, self.causal_mask(start + i, end, block, window))
+                            for i, g, end in _attention_groups(start, n, block)] for _, start, n in spans]
+                  for window in set(a.windows) | {None}}  # one mask per group and per window the layers use
         extend = bool(spans) and spans[-1][0] + spans[-1][2] - 1 + block > padded
         for li, layer in enumerate(self.layers):
             qkv = run_blocks(lambda b: self._qkv(layer, b), [x], block)
@@ -372,7 +405,7 @@ class LlamaModel:
                 q = torch.cat([q, q.new_zeros(block, a.num_heads, a.head_dim)])
             queries = q.transpose(0, 1).unsqueeze(0)  # [1, heads, rows, head_dim]
             outs = []
-            for (cache, _), (row0, start, n), seq_groups in zip(batch, spans, groups):
+            for (cache, _), (row0, start, n), seq_groups in zip(batch, spans, groups[a.windows[li] if a.windows else None]):
                 cache.k[li][start : start + n] = k[row0 : row0 + n]
                 cache.v[li][start : start + n] = v[row0 : row0 + n]
                 keys = cache.k[li].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, capacity, head_dim]
@@ -401,7 +434,9 @@ class LlamaModel:
 
     def _post_attention(self, layer: dict[str, torch.Tensor], x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         # x: [row_block, hidden] the residual stream; attn: [row_block, heads * head_dim]
-        x = x + _linear(attn, layer["o"], layer["o_bias"])
+        out = _linear(attn, layer["o"], layer["o_bias"])
+        x = x + (out if layer["attn_out_norm"] is None else self._rms_norm(out, layer["attn_out_norm"]))
         gate, up = _linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"], layer["gate_up_bias"]).chunk(2, dim=-1)
         act = F.silu(gate) if self.args.activation == "silu" else F.gelu(gate, approximate="tanh")
-        return x + _linear(act * up, layer["down"], layer["down_bias"])
+        out = _linear(act * up, layer["down"], layer["down_bias"])
+        return x + (out if layer["mlp_out_norm"] is None else self._rms_norm(out, layer["mlp_out_norm"]))
