@@ -27,10 +27,11 @@ REFERENCE_FAMILIES = ENGINE_FAMILIES + LLMAPI_ONLY_FAMILIES  # the reference run
 
 def make_family(folder: Path, family: str, vocab_size: int = 256, hidden: int = 64, layers: int = 2, heads: int = 4,
                 kv_heads: int = 2, intermediate: int = 128, seed: int = 0, std: float | None = None, tokenizer: bool = True,
-                chat: bool = False, **config_extra) -> Path:
+                chat: bool = False, tokenizer_vocab: int | None = None, **config_extra) -> Path:
     """Save a random `family` model to folder (every weight, biases and norms included, drawn larger than
     transformers' init so logits have real margins), with a trained BPE tokenizer of vocab_size tokens (chat: one that
-    adds BOS and has a chat template writing BOS itself, as Llama 3's)."""
+    adds BOS and has a chat template writing BOS itself, as Llama 3's). tokenizer_vocab: a tokenizer smaller than the
+    embedding (padded rows, as Qwen2.5 7B's 152064 rows hold a 151665-token tokenizer)."""
     import torch
     import transformers
 
@@ -54,5 +55,6 @@ def make_family(folder: Path, family: str, vocab_size: int = 256, hidden: int = 
             model.get_input_embeddings().weight.normal_(0.0, EMBED_STD[family])
     model.save_pretrained(folder, safe_serialization=True)
     if tokenizer:
-        make_tokenizer(folder, vocab_size, chat_template=CHAT_TEMPLATE if chat else None, adds_bos=chat)
+        make_tokenizer(folder, tokenizer_vocab or vocab_size, chat_template=CHAT_TEMPLATE if chat else None,
+                       adds_bos=chat)
     return folder

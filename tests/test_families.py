@@ -243,3 +243,20 @@ def test_a_family_only_the_llm_api_path_takes_streams_through_its_repository(tmp
             chunks = list(client.generate(PROMPT, max_tokens=12))
     assert len(chunks) > 2  # streamed
     assert "".join(chunk.text for chunk in chunks).strip() == tokenizer.decode(greedy, skip_special_tokens=True).strip()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", REFERENCE_FAMILIES)
+def test_a_draft_with_more_vocabulary_rows_than_the_target_converts_trimmed(tmp_path, family):
+    """The draft's embedding has rows past the shared tokenizer (as Qwen2.5 0.5B's 151936 beside 7B's 152064, or
+    Llama 3.2 beside 3.1): check says the rows are cut, convert cuts them and verifies, on the family's path."""
+    from specbuild.backends import is_llm_api
+
+    backend = "llmapi" if family in LLMAPI_ONLY_FAMILIES else "reference"
+    target = make_family(tmp_path / "target", family, vocab_size=256, tokenizer_vocab=256)
+    draft = make_family(tmp_path / "draft", family, vocab_size=288, tokenizer_vocab=256, hidden=32, layers=1, seed=1)
+    spec = write_spec(tmp_path, target, draft)
+    doc = json.loads(run("check", "-c", str(spec), "--backend", backend, "--json", "--no-weight-scan"))
+    assert "vocab_trim" in [w["code"] for w in doc["warnings"]] and not doc["problems"], doc["problems"]
+    converted = run("convert", "-c", str(spec), "--verify", *(["--backend", "llmapi"] if is_llm_api(backend) else []))
+    assert converted.count("verify: passed") == 2 and "vocab 256" in converted.split("draft:")[1]
