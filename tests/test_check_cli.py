@@ -156,6 +156,22 @@ def test_max_seq_len_above_position_limit(tmp_path):
     assert problem["fix"] == "Set build.max_seq_len <= 200."
 
 
+def test_the_fix_for_a_target_position_limit_is_the_whole_fix(tmp_path):
+    """Applying check's fix leaves no new problem or warning about positions (the builder adds max_draft_len)."""
+    import re
+
+    target = write_checkpoint(tmp_path / "target", 1000, max_position_embeddings=200)
+    draft = write_checkpoint(tmp_path / "draft", 1000)
+    _, doc = check_json(write_spec(tmp_path / "s.toml", target, draft))
+    [problem] = [p for p in doc["problems"] if p["code"] == "max_seq_len_above_position_limit"]
+    bound = int(re.search(r"<= (\d+)", problem["fix"]).group(1))
+    spec_text = (tmp_path / "s.toml").read_text().replace("max_seq_len = 256", f"max_seq_len = {bound}")
+    (tmp_path / "s.toml").write_text(spec_text.replace("max_input_len = 128", f"max_input_len = {bound // 2}"))
+    _, doc = check_json(tmp_path / "s.toml")
+    codes = [entry["code"] for entry in doc["problems"] + doc["warnings"]]
+    assert "max_seq_len_above_position_limit" not in codes and "draft_tokens_beyond_position_limit" not in codes
+
+
 def test_draft_tokens_past_the_target_position_limit_warn(tmp_path):
     target = write_checkpoint(tmp_path / "target", 1000, max_position_embeddings=258)
     draft = write_checkpoint(tmp_path / "draft", 1000)

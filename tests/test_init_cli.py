@@ -130,3 +130,28 @@ def test_a_check_report_saying_speculation_does_not_pay_gives_k_0(tmp_path):
     assert spec.speculative.max_draft_len == _defaults()["speculative"]["max_draft_len"]
     assert str(spec.target.checkpoint) == "/m/t" and str(spec.draft.checkpoint) == "/m/d"
     assert "speculation is not predicted to pay" in out.read_text()
+
+
+def test_init_for_your_own_pair_fills_the_spec_from_the_checkpoints_and_check_agrees(tmp_path):
+    """--target/--draft: the folders, each checkpoint's dtype, limits within both models' positions (the target's
+    less max_draft_len), and the backend a family needs; `check` then finds no position problem or warning."""
+    from family_models import make_family
+
+    target = make_family(tmp_path / "Qwen-7B", "qwen2")  # max_position_embeddings 256
+    draft = make_family(tmp_path / "Qwen-0.5B", "qwen2", hidden=32, layers=1, seed=1)
+    out = tmp_path / "specbuild.toml"
+    result = CliRunner().invoke(main, ["init", "--target", str(target), "--draft", str(draft), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    spec = load_spec(out)
+    assert (spec.name, spec.target.checkpoint.name, spec.draft.checkpoint.name) == ("Qwen-7B", "Qwen-7B", "Qwen-0.5B")
+    assert spec.build.max_seq_len == 256 - spec.speculative.max_draft_len and spec.build.backend is None
+    checked = CliRunner().invoke(main, ["check", "-c", str(out), "--json", "--no-weight-scan"])
+    doc = json.loads(checked.stdout)
+    codes = [entry["code"] for entry in doc["problems"] + doc["warnings"]]
+    assert not doc["problems"] and not [c for c in codes if "position" in c], codes
+
+    phi = make_family(tmp_path / "phi", "phi3")  # a family only the LLM API path takes
+    CliRunner().invoke(main, ["init", "--target", str(phi), "--draft", str(phi), "--out", str(out), "--force"])
+    assert load_spec(out).build.backend == "llmapi"
+    alone = CliRunner().invoke(main, ["init", "--target", str(phi), "--out", str(tmp_path / "x.toml")])
+    assert alone.exit_code == 2 and "pass --target and --draft together" in alone.output

@@ -96,7 +96,8 @@ def check_positions(report: CheckReport, spec: Spec, role: str, info: ModelInfo)
             f"build.max_seq_len = {b.max_seq_len} exceeds the {role} model's position limit of {limit} "
             f"(max_position_embeddings = {info.max_position_embeddings}"
             + (f", rope scaling {info.rope_scaling}" if info.rope_scaling else "") + ").",
-            f"Set build.max_seq_len <= {limit}.",
+            # the whole fix: on the target, the draft tokens the builder adds must fit too (the warning below)
+            f"Set build.max_seq_len <= {limit - spec.speculative.max_draft_len if role == 'target' else limit}.",
         )
     elif role == "target" and b.max_seq_len + spec.speculative.max_draft_len > limit:
         report.warn(

@@ -19,17 +19,29 @@ VARIANT_CHOICE = click.Choice(["full", "tiny"])
               help="Write a spec for the built-in example pair (unpacked from the committed copy on first use).")
 @click.option("--variant", type=VARIANT_CHOICE, default="full", show_default=True,
               help="Which example pair --example uses (tiny: trained in seconds, for tests).")
+@click.option("--target", "target", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Your target model's Hugging Face folder (with --draft): the spec is filled from the two "
+                   "checkpoints (dtype, limits that fit their positions, the backend their family needs).")
+@click.option("--draft", "draft", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Your draft model's Hugging Face folder (with --target).")
 @click.option("--from-check", "from_check", type=click.Path(dir_okay=False, path_type=Path),
               help="A `specbuild check --measure --json` report: take its recommended max_draft_len / K "
                    "(and its checkpoint paths unless --example).")
 @json_option
 @dry_run_option
-def command(out: Path, force: bool, example: bool, variant: str, from_check: Path | None, as_json: bool,
-            dry_run: bool) -> None:
+def command(out: Path, force: bool, example: bool, variant: str, target: Path | None, draft: Path | None,
+            from_check: Path | None, as_json: bool, dry_run: bool) -> None:
     """Write a commented spec file listing every key with its default and why.
 
-    Without --example the checkpoints are placeholders (models/target, models/draft) to replace.
-    With --example they point at the built-in example pair (see `specbuild example`).
+    With --target and --draft the spec is for your pair: its checkpoints read (nothing is loaded or downloaded)
+    for the dtype, limits that fit the models and the backend their family needs; `specbuild check` then says
+    whether the pair is usable. With --example it is the built-in example pair (see `specbuild example`).
+    With neither, the checkpoints are placeholders (models/target, models/draft) to replace.
+
+    \b
+    Your own pair:
+      specbuild init --target ~/models/Qwen2.5-7B-Instruct --draft ~/models/Qwen2.5-0.5B-Instruct
+      specbuild check && specbuild up
 
     \b
     Measure first, then write a spec with the K that pays:
@@ -39,6 +51,10 @@ def command(out: Path, force: bool, example: bool, variant: str, from_check: Pat
     from specbuild.example import specfile
     from specbuild.errors import SpecError
 
+    if (target is None) != (draft is None):
+        raise click.UsageError("pass --target and --draft together.")
+    if target is not None and example:
+        raise click.UsageError("pass either --example or --target/--draft, not both.")
     if (out.exists() or out.is_symlink()) and not force:
         raise SpecError(f"{out} already exists; not overwriting it. Pass --force to replace it, "
                         "or --out to write elsewhere.")
@@ -60,6 +76,10 @@ def command(out: Path, force: bool, example: bool, variant: str, from_check: Pat
                   f"cost ratio c {pair.info.get('cost_ratio')} (CPU; `specbuild check --measure` measures here).")
     elif example:
         overrides, header = {}, "specbuild spec for the example pair (dry run: pair not built yet)"
+    elif target is not None:
+        overrides = specfile.pair_overrides(target, draft)
+        header = (f"specbuild spec for {overrides['name']}, written by `specbuild init --target --draft` from the two "
+                  "checkpoints.\nNext: `specbuild check` says whether the pair is usable, and why.")
     else:
         overrides = {}
         header = "specbuild spec file, written by `specbuild init`.\nReplace the two checkpoint paths with your models."

@@ -246,3 +246,33 @@ def write_spec(path: str | Path, text: str, force: bool = False) -> Path:
         raise SpecError(f"{tmp} exists and was not written by this run; move it away and run again.") from None
     os.replace(tmp, path)
     return path
+
+
+def pair_overrides(target: Path, draft: Path) -> dict[str, Any]:
+    """Spec values for your own pair, from its checkpoints (read without torch): the name, the two folders, each
+    model's dtype where the checkpoint says (float16 or bfloat16; a float32 checkpoint is exported in float16), the
+    backend when only the LLM API path takes the family (specbuild.families), and limits that fit both models'
+    positions (the target's less the draft tokens the builder adds to it), as `check` asks."""
+    import re
+
+    from specbuild import families
+    from specbuild.config import BuildSpec, SpeculativeSpec
+    from specbuild.hfmodel import read_model_info
+
+    infos = {role: read_model_info(folder, role=role) for role, folder in (("target", target), ("draft", draft))}
+    k = SpeculativeSpec().max_draft_len
+    limits = [info.position_limit - (k if role == "target" else 0)
+              for role, info in infos.items() if info.position_limit is not None]
+    max_seq_len = min([BuildSpec().max_seq_len, *limits])
+    overrides: dict[str, Any] = {
+        "name": re.sub(r"[^A-Za-z0-9._-]+", "-", Path(target).resolve().name).strip("-") or "pair",
+        "build": {"max_seq_len": max_seq_len, "max_input_len": min(BuildSpec().max_input_len, max_seq_len // 2)},
+    }
+    for role, info in infos.items():
+        overrides[role] = {"checkpoint": str(info.path)}
+        if info.torch_dtype in ("float16", "bfloat16"):
+            overrides[role]["dtype"] = info.torch_dtype
+    known = [families.family_of(info.architecture) for info in infos.values()]
+    if any(family is not None and not family.engine_export for family in known):
+        overrides["build"]["backend"] = "llmapi"  # the only path that takes the family (check says why)
+    return overrides
