@@ -164,10 +164,13 @@ def test_a_family_only_the_llm_api_path_takes_converts_there_and_verifies(pairs,
 
 @pytest.mark.slow
 @pytest.mark.server
-def test_a_non_llama_pair_streams_through_both_repository_kinds(tmp_path, pairs):
-    """Qwen3 (q/k norm, tied embeddings, head_dim apart from hidden / heads): the BLS repository on reference engines
-    and the llmapi repository on the CPU stand-in stream the same greedy text as in-process decoding, for a plain
-    prompt and for a chat prompt (the template applied on the client, its one BOS kept once by the server)."""
+@pytest.mark.parametrize("family", REFERENCE_FAMILIES)
+def test_every_family_streams_through_each_repository_kind_it_has(tmp_path, pairs, family):
+    """From the Hugging Face folders to streamed text through each repository kind the family's paths have: the BLS
+    repository on reference engines (engine path) and the llmapi repository on the CPU stand-in (LLM API path),
+    token for token the greedy text of in-process decoding (speculative, K = 3). Qwen3 (q/k norm, tied embeddings,
+    head_dim apart from hidden / heads) also gets a chat prompt: the template applied on the client, its one BOS
+    kept once by the server."""
     from specbuild.build.engines import build_engines
     from specbuild.config import load_spec
     from specbuild.convert import convert_pair
@@ -178,71 +181,46 @@ def test_a_non_llama_pair_streams_through_both_repository_kinds(tmp_path, pairs)
     from specbuild.session.generation import Options
     from specbuild.session.local import LocalSession
     from specbuild.session.served import ServedSession
-    from specbuild.triton.client import SpecbuildClient
     from specbuild.triton.repository import write_repository
     from triton_helpers import serving
 
-    spec = load_spec(write_spec(tmp_path, Path(load_spec(pairs["qwen3"]).target.checkpoint),
-                                Path(load_spec(pairs["qwen3"]).draft.checkpoint)))
-    convert_pair(spec, ["target", "draft"], log=lambda m: None)
-    build_engines(spec, ["target", "draft"], "reference")
-    with LocalSession.from_spec(spec, device="cpu", threads=1, overlap=False) as session:
-        local = session.generate(PROMPT, Options(max_tokens=12, num_draft_tokens=3, adaptive=False))
-        chat = chat_prompt(session.tokenizer, "brown fox", system="Be brief.")
-        local_chat = session.generate(chat, Options(max_tokens=12, num_draft_tokens=3, adaptive=False))
-    template_ids = session.tokenizer.apply_chat_template(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "brown fox"}],
-        add_generation_prompt=True, tokenize=True, return_dict=False)
-    assert local_chat.prompt_ids == list(template_ids)  # one BOS: the template's, written once
-    write_repository(spec, "reference", tmp_path / "bls_repo")
+    source = load_spec(pairs[family])
+    options = Options(max_tokens=12, num_draft_tokens=3, adaptive=False)
+    repos = {}  # repository -> the spec whose weights in-process decoding must match
+    if family in ENGINE_FAMILIES:
+        (tmp_path / "engine").mkdir()
+        spec = load_spec(write_spec(tmp_path / "engine", source.target.checkpoint, source.draft.checkpoint))
+        convert_pair(spec, ["target", "draft"], log=lambda m: None)
+        build_engines(spec, ["target", "draft"], "reference")
+        write_repository(spec, "reference", tmp_path / "bls_repo")
+        repos["bls_repo"] = spec  # served from the reference engines, which the local session loads too
+    (tmp_path / "llmapi").mkdir()
+    spec = load_spec(write_spec(tmp_path / "llmapi", source.target.checkpoint, source.draft.checkpoint))
     llmapi_checkpoint.convert_pair(spec, ["target", "draft"], log=lambda m: None)
     llmapi_build.build(spec, log=lambda m: None)
     write_llmapi_repository(spec, tmp_path / "llmapi_repo", runtime="reference")
-    for repo in ("bls_repo", "llmapi_repo"):
+    (tmp_path / "exported").mkdir()
+    repos["llmapi_repo"] = load_spec(write_spec(tmp_path / "exported", llmapi_checkpoint.checkpoint_dir(spec, "target"),
+                                                llmapi_checkpoint.checkpoint_dir(spec, "draft")))  # what it serves
+    for repo, local_spec in repos.items():
+        with LocalSession.from_spec(local_spec, device="cpu", threads=1, overlap=False) as session:
+            prompts = [PROMPT] + ([chat_prompt(session.tokenizer, "brown fox", system="Be brief.")]
+                                  if family == "qwen3" else [])
+            expected = [session.generate(prompt, options) for prompt in prompts]
+            tokenizer = session.tokenizer
         with serving(tmp_path / repo, tmp_path / f"{repo}.log") as server:
-            with SpecbuildClient(server.grpc_url) as client:
-                chunks = list(client.generate(PROMPT, max_tokens=12, num_draft_tokens=3))
             with ServedSession(server.grpc_url) as served:
-                replied = served.generate(chat, Options(max_tokens=12, num_draft_tokens=3))
-        text = "".join(chunk.text for chunk in chunks)
-        assert len(chunks) > 2, repo  # streamed
-        assert text.strip() == local.text.strip(), (repo, text, local.text)
-        assert replied.text.strip() == local_chat.text.strip(), (repo, replied.text, local_chat.text)
-
-
-@pytest.mark.slow
-@pytest.mark.server
-def test_a_family_only_the_llm_api_path_takes_streams_through_its_repository(tmp_path, pairs):
-    """Gemma 2 (soft-capping, sandwich norms, alternating sliding layers): the llmapi repository on the CPU stand-in
-    streams the greedy text of in-process decoding of its Hugging Face checkpoints."""
-    from specbuild.config import load_spec
-    from specbuild.llmapi import build as llmapi_build
-    from specbuild.llmapi import checkpoint as llmapi_checkpoint
-    from specbuild.llmapi.repository import write_repository
-    from specbuild.runtime.model import LlamaModel
-    from specbuild.session.chat import load_tokenizer
-    from specbuild.triton.client import SpecbuildClient
-    from triton_helpers import serving
-
-    spec = load_spec(write_spec(tmp_path, Path(load_spec(pairs["gemma2"]).target.checkpoint),
-                                Path(load_spec(pairs["gemma2"]).draft.checkpoint)))
-    llmapi_checkpoint.convert_pair(spec, ["target", "draft"], log=lambda m: None)
-    exported = llmapi_checkpoint.checkpoint_dir(spec, "target")
-    tokenizer = load_tokenizer(exported)
-    target, ids, greedy = LlamaModel.from_folder(exported), tokenizer(PROMPT)["input_ids"], []
-    cache = target.new_cache()
-    for _ in range(12):  # target-only greedy decoding in-process: what speculation must reproduce
-        greedy.append(int(target.forward([(cache, greedy[-1:] or ids)], [1])[0][-1].argmax()))
-        if greedy[-1] == tokenizer.eos_token_id:
-            greedy.pop()
-            break
-    llmapi_build.build(spec, log=lambda m: None)
-    write_repository(spec, tmp_path / "llmapi_repo", runtime="reference")
-    with serving(tmp_path / "llmapi_repo", tmp_path / "server.log") as server:
-        with SpecbuildClient(server.grpc_url) as client:
-            chunks = list(client.generate(PROMPT, max_tokens=12))
-    assert len(chunks) > 2  # streamed
-    assert "".join(chunk.text for chunk in chunks).strip() == tokenizer.decode(greedy, skip_special_tokens=True).strip()
+                pieces: list[str] = []
+                replies = [served.generate(prompts[0], options, on_text=pieces.append)]
+                replies += [served.generate(prompt, options) for prompt in prompts[1:]]
+        assert len(pieces) > 2, (family, repo)  # streamed
+        for got, want in zip(replies, expected):
+            assert got.text.strip() == want.text.strip(), (family, repo, got.text, want.text)
+        if family == "qwen3":
+            template = tokenizer.apply_chat_template(
+                [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "brown fox"}],
+                add_generation_prompt=True, tokenize=True, return_dict=False)
+            assert expected[1].prompt_ids == list(template)  # one BOS: the template's, written once
 
 
 @pytest.mark.slow
