@@ -152,6 +152,8 @@ def test_plan_resolves_padding_blocks_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="--calib-file .* does not exist"):
         plan_roles(_spec(tmp_path, target, target, target={"checkpoint": str(target), "quantization": "fp8"}),
                    ["target"], ConvertOptions(calib_file=tmp_path / "nope.txt"))
-    mistral = _hf(tmp_path / "m", arch="MistralForCausalLM", sliding_window=4096)
-    with pytest.raises(SpecError, match="sliding_window = 4096 is not supported"):
+    mistral = _hf(tmp_path / "m", arch="MistralForCausalLM", sliding_window=1024)  # shorter than max_seq_len 2048
+    with pytest.raises(SpecError, match="sliding window of 1024 tokens .* set build.max_seq_len <= 1024"):
         plan_roles(_spec(tmp_path, mistral, mistral), ["target"], ConvertOptions())
+    wide = _hf(tmp_path / "w", arch="MistralForCausalLM", sliding_window=4096)  # never binds: the engines are exact
+    assert plan_roles(_spec(tmp_path, wide, wide), ["target"], ConvertOptions())

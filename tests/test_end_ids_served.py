@@ -32,7 +32,11 @@ def test_a_listed_end_id_or_a_stop_word_ends_the_local_and_the_served_generation
         before.close()
     # an id the greedy text reaches at its fourth token or later, not before
     cut = next(i for i in range(3, len(undisturbed)) if undisturbed[i] not in undisturbed[:i] and undisturbed[i] != eos)
-    (engine / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, undisturbed[cut]]}))
+    # three end ids, as Llama 3.x instruct models list: the tokenizer's, one the text reaches later, and the one it
+    # reaches first (listed last: the first reached ends it, whatever the order of the list)
+    later = next((t for t in undisturbed[cut + 1:] if t not in undisturbed[:cut + 1] and t != eos),
+                 next(t for t in range(3, 10**6) if t not in undisturbed and t != eos))
+    (engine / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, later, undisturbed[cut]]}))
 
     local = LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
     try:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from specbuild.errors import BenchError
 
-BUILTIN = ("code", "prose", "json", "chat")
+BUILTIN = ("code", "prose", "json")  # the corpus's kinds (check --measure measures each)
+NAMED = BUILTIN + ("chat",)  # what --workload takes by name: "chat" is the prose set through the chat template
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,8 @@ class Workload:
 
 
 def builtin(kind: str, n: int, tokenizer_dir: Path | None = None) -> Workload:
-    if kind not in BUILTIN:
-        raise BenchError(f"unknown workload {kind!r}: use one of {', '.join(BUILTIN)} or a path to a .jsonl file.")
+    if kind not in NAMED:
+        raise BenchError(f"unknown workload {kind!r}: use one of {', '.join(NAMED)} or a path to a .jsonl file.")
     from specbuild.corpus import heldout_prompts
 
     texts = list(heldout_prompts("prose" if kind == "chat" else kind, n))
@@ -97,11 +98,11 @@ def from_jsonl(path: Path, tokenizer_dir: Path | None = None) -> Workload:
 def load(workload: str, n: int, tokenizer_dir: Path | None = None) -> Workload:
     """`workload` is a built-in name or a path; `n` caps how many prompts are used (cycled if fewer); tokenizer_dir:
     the target's tokenizer, whose chat template the chat workload and "messages" records go through."""
-    if workload in BUILTIN:
+    if workload in NAMED:
         loaded = builtin(workload, n, tokenizer_dir)
     elif workload.endswith(".jsonl") or Path(workload).exists():
         loaded = from_jsonl(Path(workload), tokenizer_dir)
     else:
-        raise BenchError(f"unknown workload {workload!r}: use one of {', '.join(BUILTIN)} or a path to a .jsonl file.")
+        raise BenchError(f"unknown workload {workload!r}: use one of {', '.join(NAMED)} or a path to a .jsonl file.")
     prompts = loaded.prompts
     return Workload(loaded.name, tuple(prompts[i % len(prompts)] for i in range(n)))
