@@ -1,7 +1,8 @@
 """Several end ids (a generation_config.json that lists them, as Llama 3.x instruct models ship) and stop words end a
 generation at the same token in-process and through the BLS: both read the end ids with
 specbuild.hfmodel.listed_end_ids, from the same files (the reference engine copies the checkpoint's
-generation_config.json beside its tokenizer), and both assemble the request with session.request.RequestRules."""
+generation_config.json beside its tokenizer), and both assemble the request with session.request.RequestRules.
+NVIDIA's ensemble, which calls the engine directly, gets the other end ids as stop words from preprocessing."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_a_listed_end_id_or_a_stop_word_ends_the_local_and_the_served_generation
     before = LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
     try:
         undisturbed = before.generate(PROMPT, Options(max_tokens=24, num_draft_tokens=2, adaptive=False)).output_ids
-        eos = before.end_id
+        eos, prompt_ids, tokenizer = before.end_id, before.encode(PROMPT), before.tokenizer
     finally:
         before.close()
     # an id the greedy text reaches at its fourth token or later, not before
@@ -60,6 +61,10 @@ def test_a_listed_end_id_or_a_stop_word_ends_the_local_and_the_served_generation
                 stats = chunks[-1].stats
                 assert stats["output_ids"] == undisturbed[:cut], k
                 assert stats["finish_reason"] == "stop", k
+        with SpecbuildClient(server.grpc_url, model="ensemble") as client:  # NVIDIA's pipeline, straight to the engine
+            text, _ = client.complete(PROMPT, max_tokens=24, stream=False)
+        # the other end ids reach the engine as stop words, which TensorRT-LLM keeps in the output
+        assert text == tokenizer.decode(prompt_ids + undisturbed[:cut + 1], skip_special_tokens=True)
         with ServedSession(server.grpc_url) as session:
             served = session.generate(PROMPT, Options(max_tokens=24, num_draft_tokens=2, stop=(word,)))
         assert served.output_ids == stopped.output_ids

@@ -92,6 +92,21 @@ def test_end_id_stops_and_is_left_out(contract):
     assert verified["output_ids"][0].tolist() == ids + cont[:first]
 
 
+def test_a_stop_word_ends_the_output_and_stays_in_it(contract):
+    """TensorRT-LLM's stop_words_list ([1, 2, n]): decoding ends after the generated tokens complete a stop word,
+    which is kept; verification cuts its tokens the same way."""
+    from specbuild.contract.words import from_sequences
+
+    ids = prompts(1, VOCAB, seed=4)[0]
+    cont = greedy_continuation(contract, ids, 8)
+    at = next(i for i in range(2, 8) if cont[i] not in cont[:i])
+    words = from_sequences([[cont[at - 1:at + 1], [VOCAB + 5]]])  # a two-token word, and one never generated
+    out = contract(req(ids, 8, stop_words_list=words))
+    assert out["output_ids"][0].tolist() == ids + cont[:at + 1]
+    verified = contract(req(ids, 8, draft_input_ids=np.array(cont[:6], np.int32), stop_words_list=words))
+    assert verified["output_ids"][0].tolist() == ids + cont[:min(at + 1, 7)]
+
+
 def test_batched_call_equals_single_calls(model, contract):
     seqs = prompts(6, VOCAB, seed=5)
     requests = []

@@ -105,7 +105,7 @@ def test_reference_llm_refuses_what_it_cannot_honour():
         ("beam_width", np.array([[2]], np.int32), "beam_width"),
         ("streaming", np.array([[True]]), "Streaming is only supported if model is deployed using decoupled mode."),
         ("return_log_probs", np.array([[True]]), "return_log_probs"),
-        ("stop_words_list", np.array([[[7], [1]]], np.int32), "stop_words_list"),
+        ("bad_words_list", np.array([[[7], [1]]], np.int32), "bad_words_list"),
         ("embedding_bias", np.array([[0.0, 1.5]], np.float32), "embedding_bias"),
         ("lora_task_id", np.array([[1]], np.uint64), "lora_task_id"),
     ):
@@ -113,6 +113,21 @@ def test_reference_llm_refuses_what_it_cannot_honour():
             reference_llm.check_supported(_llm_inputs(**{name: value}))
     with pytest.raises(RequestError, match="input_lengths"):
         reference_llm.split_rows({"input_ids": np.array([[1]], np.int32)})
+
+
+def test_preprocessing_sends_a_checkpoints_other_end_ids_as_stop_words_unless_the_request_names_one(tokenizer):
+    pre = Preprocessor(tokenizer, other_end_ids=(7, 9))
+    base = {"QUERY": np.array([[b"x"]], dtype=object), "REQUEST_OUTPUT_LEN": np.array([[4]], np.int32)}
+    assert word_sequences(pre(base)["STOP_WORDS_IDS"]) == [[7], [9]]
+    asked = pre({**base, "STOP_WORDS_DICT": np.array([[b"return"]], dtype=object)})["STOP_WORDS_IDS"]
+    assert word_sequences(asked) == [tokenizer.encode("return", add_special_tokens=False), [7], [9]]
+    named = pre({**base, "END_ID": np.array([[5]], np.int32)})
+    assert named["STOP_WORDS_IDS"].shape == (1, 2, 0) and named["OUT_END_ID"].tolist() == [[5]]  # its end id only
+
+
+def test_reference_llm_passes_stop_words_on_per_row():
+    rows = reference_llm.split_rows(_llm_inputs(stop_words_list=np.array([[[7, 8], [1, 2]]], np.int32)))
+    assert word_sequences(rows[0]["stop_words_list"]) == [[7], [8]]
 
 
 def test_reference_llm_accepts_what_the_backend_treats_as_absent():

@@ -238,8 +238,6 @@ def test_bad_requests_get_clear_errors_and_the_server_stays_ready(server, local_
     with SpecbuildClient(server.grpc_url, model="ensemble") as client:
         with pytest.raises(ClientError, match="request_output_len = 0: ask for at least 1 token"):
             client.complete("hello", max_tokens=0, stream=False)
-        with pytest.raises(ClientError, match="stop_words_list' is not supported by the reference model"):
-            client.complete("hello", max_tokens=2, stream=False, stop_words=["x"])
         with pytest.raises(ClientError, match="Streaming is only supported if model is deployed using decoupled mode"):
             client.complete("hello", max_tokens=2, stream=True)
         raw = grpcclient.InferenceServerClient(server.grpc_url)

@@ -7,13 +7,14 @@ executor's own refusals and messages, so that the reference model refuses what T
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from specbuild.contract.logits import LOGITS_DTYPES
 from specbuild.contract.sampling import TrtllmSampling
+from specbuild.contract.words import word_sequences
 from specbuild.errors import RequestError
 
 REQUIRED = ("input_ids", "input_lengths", "request_output_len")
@@ -65,6 +66,7 @@ class ParsedRequest:
     sampling: TrtllmSampling
     return_logits: bool
     return_perf_metrics: bool  # the acceptance outputs are returned only when asked, as by the C++ backend
+    stop_words: list[list[int]] = field(default_factory=list)  # stop_words_list's sequences (generated tokens)
 
 
 def _scalar(request: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
@@ -156,4 +158,5 @@ def parse_request(request: dict[str, Any], vocab: int, limits: Limits) -> Parsed
         sampling=sampling,
         return_logits=_scalar(request, "return_generation_logits", bool, False),
         return_perf_metrics=_scalar(request, "return_perf_metrics", bool, False),
+        stop_words=word_sequences(request.get("stop_words_list")),
     )

@@ -10,22 +10,29 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["to_word_list", "word_sequences"]
+__all__ = ["from_sequences", "to_word_list", "word_sequences"]
 
 
-def to_word_list(tokenizer, rows: list[list[str]] | None, batch: int = 1) -> np.ndarray:  # -> [b, 2, m]
-    """Each row's words, tokenized without special tokens, in the [2, m] format (rows None: the input was absent)."""
-    if rows is None:
+def to_word_list(tokenizer, rows: list[list[str]] | None, batch: int = 1,
+                 extra: list[list[int]] | None = None) -> np.ndarray:  # -> [b, 2, m]
+    """Each row's words, tokenized without special tokens, in the [2, m] format (rows None: the input was absent);
+    `extra`: token id sequences added to every row (words already tokenized)."""
+    if rows is None and not extra:
         return np.empty((batch, 2, 0), dtype=np.int32)
+    sequences = [[ids for ids in (tokenizer.encode(word, add_special_tokens=False) for word in words) if ids]
+                 for words in (rows if rows is not None else [[] for _ in range(batch)])]
+    return from_sequences([row + list(extra or []) for row in sequences])
+
+
+def from_sequences(rows: list[list[list[int]]]) -> np.ndarray:  # -> [b, 2, m]
+    """Each row's token id sequences in the [2, m] format."""
     flat_rows, offset_rows = [], []
-    for words in rows:
+    for sequences in rows:
         ids: list[int] = []
         offsets: list[int] = []
-        for word in words:
-            word_ids = tokenizer.encode(word, add_special_tokens=False)
-            if word_ids:
-                ids.extend(word_ids)
-                offsets.append(len(ids))
+        for word_ids in sequences:
+            ids.extend(word_ids)
+            offsets.append(len(ids))
         flat_rows.append(ids)
         offset_rows.append(offsets)
     width = max(1, *(len(r) for r in flat_rows), *(len(r) for r in offset_rows))

@@ -7,7 +7,7 @@ I/O as the C++ backend; the request rules are the executor's (`specbuild.contrac
     input_ids INT32 [len], input_lengths INT32 [1], request_output_len INT32 [1]     (required)
     draft_input_ids INT32 [k], draft_logits [k, vocab] (logits dtype)               (verification)
     end_id, pad_id INT32 [1]; temperature FP32 [1], runtime_top_k INT32 [1],
-    runtime_top_p FP32 [1], seed UINT64 [1]; return_generation_logits,
+    runtime_top_p FP32 [1], seed UINT64 [1]; stop_words_list INT32 [2, n]; return_generation_logits,
     return_perf_metrics BOOL [1]                                                    (optional)
   ->
     output_ids INT32 [1, len] (prompt included: exclude_input_in_output = false),
@@ -22,7 +22,8 @@ plain target decoding). With them it verifies, TensorRT-LLM `draft_tokens_extern
 forward pass over prefix + draft gives k + 1 rows of logits, the acceptance rule
 (specbuild.speculative.acceptance) keeps a prefix of the draft, and the output is prefix +
 accepted tokens + one recovered or bonus token. Generation stops at end_id, which is not part of
-output_ids or sequence_length (as in TensorRT-LLM). Requests of one call run as one batched forward.
+output_ids or sequence_length (as in TensorRT-LLM), and after a stop word (`stop_words_list`, TensorRT-LLM's
+[2, n] word list, matched on the tokens this request generates), which is. Requests of one call run as one batched forward.
 Sampling tensors mean what they mean to TensorRT-LLM (`specbuild.contract.sampling`): a request
 with no sampling tensor is greedy, and temperature 0 with top_k 0 samples. Invalid inputs raise
 RequestError with the executor's message (the Triton model answers INVALID_ARG).
@@ -102,7 +103,7 @@ class ContractModel:
                 p = r.sampling.probs(logits, dtype)
                 q = None if r.draft_logits is None else r.sampling.probs(r.draft_logits, dtype)
                 accepted, tokens = accept_sampling(draft, q, p, np.random.default_rng(r.sampling.seed))
-            new = _until_end(tokens[: r.output_len], r.end_id)
+            new = _until_stop(_until_end(tokens[: r.output_len], r.end_id), r.stop_words)
             response = self._response(r.input_ids, new, logits[: len(new)] if r.return_logits else None)
             if r.return_perf_metrics:
                 response["acceptance_rate"] = np.array([accepted / len(draft) if draft else 0.0], np.float32)
@@ -117,6 +118,7 @@ class ContractModel:
             [r.output_len for r in reqs],
             [_picker(r.sampling, self.limits.logits_dtype) for r in reqs],
             [r.end_id for r in reqs],
+            [r.stop_words for r in reqs],
         )
         responses = []
         for r, d in zip(reqs, decoded):
@@ -130,6 +132,14 @@ class ContractModel:
         if logits is not None:  # [1 beam, n, vocab] in the engine's logits dtype
             response["generation_logits"] = engine_logits(logits, self.limits.logits_dtype)[None]
         return response
+
+
+def _until_stop(tokens: list[int], stops: list[list[int]]) -> list[int]:
+    """Tokens up to and including the first stop sequence they complete (TensorRT-LLM keeps the stop word)."""
+    for n in range(1, len(tokens) + 1):
+        if any(n >= len(w) and tokens[n - len(w):n] == w for w in stops):
+            return tokens[:n]
+    return list(tokens)
 
 
 def _until_end(tokens: list[int], end_id: int | None) -> list[int]:

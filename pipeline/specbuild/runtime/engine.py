@@ -90,8 +90,10 @@ class ReferenceEngine:
         max_new: list[int],
         pickers: list[Callable[[np.ndarray], int]],  # logits [vocab] -> token, one per sequence
         end_ids: list[int | None],
+        stops: list[list[list[int]]] | None = None,  # per sequence: stop sequences, matched on generated tokens
     ) -> list[Decoded]:
-        """Generate up to max_new[i] tokens after sequence i, stopping early at end_ids[i]."""
+        """Generate up to max_new[i] tokens after sequence i, stopping early at end_ids[i] or once the generated
+        tokens end with one of stops[i] (kept, as TensorRT-LLM keeps a stop word)."""
         with self._lock:
             seqs = [list(s) for s in sequences]
             caches = [self._acquire(seq, len(seq) - 1, len(seq)) for seq in seqs]
@@ -107,7 +109,9 @@ class ReferenceEngine:
                         rows[i].append(row[0])
                         out[i].tokens.append(token)
                         seqs[i].append(token)
-                        if len(out[i].tokens) < max_new[i] and token != end_ids[i]:
+                        done = out[i].tokens
+                        stopped = stops is not None and any(done[-len(w):] == w for w in stops[i] if len(done) >= len(w))
+                        if len(done) < max_new[i] and token != end_ids[i] and not stopped:
                             still.append(i)
                     active = still
             finally:

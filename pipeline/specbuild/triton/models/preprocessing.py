@@ -10,6 +10,11 @@ Per request (batch dimension b first), as NVIDIA/TensorRT-LLM
   EMBEDDING_BIAS_WORDS/WEIGHTS -> EMBEDDING_BIAS [b, vocab], or [b, 0] when absent or without any word;
   END_ID / PAD_ID [b, 1] default to the tokenizer's eos / pad (pad = eos when it has none).
 
+One addition: a checkpoint that lists several end ids (generation_config.json's eos_token_id, three for Llama 3.x
+instruct models; `specbuild.hfmodel.end_ids`) ends a request that names no END_ID at any of them, as the BLS and
+the local path do. The engine takes one end_id, so the others go to the engine as stop words, which TensorRT-LLM
+keeps in the output (postprocessing's skip_special_tokens hides the special ones from the text).
+
 One deliberate difference: NVIDIA's model turns present-but-empty EMBEDDING_BIAS_WORDS/WEIGHTS (what its
 end-to-end clients send) into an all-zero bias of the tokenizer's length, which the engine refuses when
 the tokenizer is shorter than the padded vocabulary (triton-inference-server/tensorrtllm_backend#720).
@@ -25,6 +30,7 @@ import numpy as np
 from specbuild.contract import tensors
 from specbuild.contract.words import to_word_list
 from specbuild.errors import RequestError
+from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.triton.models.common import as_text, flag, parameters, required, resolve_path, serve_each
 from specbuild.triton.models.serving_gate import Gate
 
@@ -39,9 +45,10 @@ def load_tokenizer(path: Path):
 
 
 class Preprocessor:
-    def __init__(self, tokenizer, add_special_tokens: bool = True):
+    def __init__(self, tokenizer, add_special_tokens: bool = True, other_end_ids: tuple[int, ...] = ()):
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
+        self.other_end_ids = other_end_ids  # stop words of the requests that name no END_ID (specbuild.hfmodel.end_ids)
         self.end_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_id
         if self.end_id is None:
@@ -73,7 +80,8 @@ class Preprocessor:
             "DECODER_INPUT_ID": pad_id.copy(),
             "REQUEST_DECODER_INPUT_LEN": np.ones((batch, 1), dtype=np.int32),
             "BAD_WORDS_IDS": to_word_list(self.tokenizer, self._words(inputs.get("BAD_WORDS_DICT"), batch), batch),
-            "STOP_WORDS_IDS": to_word_list(self.tokenizer, self._words(inputs.get("STOP_WORDS_DICT"), batch), batch),
+            "STOP_WORDS_IDS": to_word_list(self.tokenizer, self._words(inputs.get("STOP_WORDS_DICT"), batch), batch,
+                                           None if "END_ID" in inputs else [[e] for e in self.other_end_ids]),
             "EMBEDDING_BIAS": self._bias(inputs, batch),
             "REQUEST_OUTPUT_LEN": inputs["REQUEST_OUTPUT_LEN"].reshape(batch, -1).astype(np.int32),
             "OUT_END_ID": end_id,
@@ -114,7 +122,9 @@ class TritonPythonModel:
         self.pb = pb_utils
         params = parameters(args)
         path = resolve_path(required(params, "tokenizer_dir", "preprocessing"), args)
-        self.run = Preprocessor(load_tokenizer(path), flag(params, "add_special_tokens", True))
+        tokenizer = load_tokenizer(path)
+        others = end_ids(tokenizer.eos_token_id, listed_end_ids(path))[1:]  # the checkpoint's other end ids
+        self.run = Preprocessor(tokenizer, flag(params, "add_special_tokens", True), others)
         self.names = [t.name for t in tensors.PRE_INPUTS]
         self.gate = Gate(pb_utils, params)
 

@@ -16,8 +16,9 @@ model_state_->getLogitsDataType())`). The executor's request rules are in `specb
 What the backend treats as absent is accepted: an empty `embedding_bias` (`utils.cc` drops a bias of
 shape [0]), empty stop/bad word lists, and decoder_input_ids / decoder_input_lengths, which a
 decoder-only engine does not read (NVIDIA's preprocessing always sends them). Inputs the reference
-runtime cannot honour (beam search, log probs, context logits, penalties, non-empty word lists or
-bias, LoRA, multimodal) are refused by name with INVALID_ARG; sent with their neutral values they
+runtime cannot honour (beam search, log probs, context logits, penalties, bad words, a non-empty bias,
+LoRA, multimodal) are refused by name with INVALID_ARG; stop words are honoured (the ensemble's clients send
+them, and preprocessing adds a checkpoint's other end ids as stop words); sent with their neutral values they
 are accepted. `min_tokens` is accepted and not enforced (NVIDIA's BLS sends it on draft calls; it
 only delays EOS there).
 """
@@ -37,7 +38,8 @@ from specbuild.errors import RequestError
 from specbuild.triton.models.common import request_inputs, resolve_path
 
 PER_ROW = ("input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits", "end_id", "pad_id",
-           "temperature", "runtime_top_k", "runtime_top_p", "seed", "return_generation_logits", "return_perf_metrics")
+           "temperature", "runtime_top_k", "runtime_top_p", "seed", "return_generation_logits", "return_perf_metrics",
+           "stop_words_list")
 IGNORED = ("min_tokens", "len_penalty", "early_stopping", "beam_search_diversity_rate",
            "return_num_input_tokens", "return_num_output_tokens", "exclude_input_in_output",
            "runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids",
@@ -74,10 +76,9 @@ def check_supported(inputs: dict[str, np.ndarray], decoupled: bool = False) -> N
             continue
         if name == "embedding_bias" and (np.asarray(value).size == 0 or not np.any(np.asarray(value))):
             continue  # empty: absent to the backend; all zeros: adds nothing
-        if name in ("stop_words_list", "bad_words_list") and _word_list_empty(value):
+        if name == "bad_words_list" and _word_list_empty(value):
             continue
-        raise RequestError(f"input {name!r} is not supported by the reference model: remove it "
-                           "(stop words: use tensorrt_llm_bls, which stops on them itself).")
+        raise RequestError(f"input {name!r} is not supported by the reference model: remove it.")
 
 
 def split_rows(inputs: dict[str, np.ndarray], decoupled: bool = False) -> list[dict[str, np.ndarray]]:
