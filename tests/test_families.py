@@ -238,3 +238,44 @@ def test_a_draft_with_more_vocabulary_rows_than_the_target_converts_trimmed(tmp_
     assert "vocab_trim" in [w["code"] for w in doc["warnings"]] and not doc["problems"], doc["problems"]
     converted = run("convert", "-c", str(spec), "--verify", *(["--backend", "llmapi"] if is_llm_api(backend) else []))
     assert converted.count("verify: passed") == 2 and "vocab 256" in converted.split("draft:")[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ENGINE_FAMILIES)
+def test_the_loader_reads_each_familys_fp8_export_back_within_fp8s_rounding(tmp_path, family):
+    """modelopt's fp8 TensorRT-LLM checkpoint of each family, read back by the loader: every quantized weight within
+    fp8 e4m3's rounding of the original (half a step at the per-tensor scale: 16 / 448 of the largest value), every
+    other tensor (biases, norms, Qwen3's q/k norms, Gemma's 1 + weight, embeddings) within float16's. Random weights
+    have too small logit margins for `--verify`'s top-1 bounds, whatever the family (Llama's fail them alike)."""
+    from safetensors.torch import load_file
+
+    from specbuild.config import load_spec
+    from specbuild.convert import convert_pair
+    from specbuild.convert.loader import load_trtllm_checkpoint
+
+    folder = make_family(tmp_path / "model", family)
+    spec_path = write_spec(tmp_path, folder, folder)
+    spec_path.write_text(spec_path.read_text().replace("[target]\n", '[target]\nquantization = "fp8"\n'))
+    spec = load_spec(spec_path)
+    convert_pair(spec, ["target"], log=lambda m: None)
+    loaded = load_trtllm_checkpoint(spec.pair_dir / "target" / "checkpoint").state_dict
+    original = load_file(str(folder / "model.safetensors"))
+    def fused(name: str) -> str:  # q/k/v and gate/up share one fp8 scale: TensorRT-LLM fuses them
+        for parts, group in ((("q_proj", "k_proj", "v_proj"), "qkv"), (("gate_proj", "up_proj"), "gate_up")):
+            for part in parts:
+                name = name.replace(part, group)
+        return name
+
+    largest: dict[str, float] = {}
+    for name, want in original.items():
+        largest[fused(name)] = max(largest.get(fused(name), 0.0), float(want.abs().max()))
+    quantized = 0
+    for name, want in original.items():
+        got = loaded[name].float()
+        if name.endswith("proj.weight") and "embed" not in name:  # the linears modelopt quantizes
+            assert (got - want).abs().max() <= largest[fused(name)] * 16 / 448 * 1.01, name
+            quantized += 1
+        else:
+            scale = (1.0 + want).abs() if family == "gemma" and name.endswith("norm.weight") else want.abs()
+            assert torch.all((got - want).abs() <= scale * 2**-11 + 1e-7), name
+    assert quantized == 7 * 2  # q, k, v, o, gate, up, down in each of the 2 layers
