@@ -78,8 +78,11 @@ def test_postprocessing_decodes_up_to_sequence_length(tokenizer):
     assert two.shape == (2,) and two[1].decode() == tokenizer.decode(ids[:2], skip_special_tokens=True)  # batch x beam
     with pytest.raises(RequestError, match="SEQUENCE_LENGTH"):
         post({"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": np.array([[99]], np.int32)})
-    with pytest.raises(RequestError, match="vocabulary"):
-        post({"TOKENS_BATCH": np.array([[[10**6]]], np.int32), "SEQUENCE_LENGTH": np.array([[1]], np.int32)})
+    padded = post({"TOKENS_BATCH": np.array([[ids[:2] + [len(tokenizer) + 3]]], np.int32),
+                   "SEQUENCE_LENGTH": np.array([[3]], np.int32)})["OUTPUT"]  # a padded vocabulary row: no text
+    assert padded[0].decode() == tokenizer.decode(ids[:2], skip_special_tokens=True)
+    with pytest.raises(RequestError, match="negative ids"):
+        post({"TOKENS_BATCH": np.array([[[-3]]], np.int32), "SEQUENCE_LENGTH": np.array([[1]], np.int32)})
 
 
 def test_resolve_path_is_relative_to_the_repository(tmp_path):

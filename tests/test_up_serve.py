@@ -93,3 +93,32 @@ def test_up_once_serves_the_pair_streams_prompts_and_stops(tiny_spec_path):
     serve = json.loads(out)["stages"][-1]
     assert serve["status"] == "ran" and serve["stopped"] and serve["stopped_by"] == "signal" and serve["restarts"] == 0
     assert _tritonservers_under(repo) == []
+
+
+def test_your_own_pair_from_init_to_up(tmp_path):
+    """The README's "Your own pair": `init --target --draft` on two Hugging Face folders of another family (Qwen3,
+    small limits: 256 positions), then `up --once`: every stage runs, and the demo prompts are cut to fit the
+    deployment's max_input_len instead of being refused."""
+    from family_models import make_family
+
+    target = make_family(tmp_path / "Qwen3-target", "qwen3")
+    draft = make_family(tmp_path / "Qwen3-draft", "qwen3", hidden=32, layers=1, seed=1)
+    spec_path = tmp_path / "specbuild.toml"
+    init = subprocess.run([sys.executable, "-m", "specbuild", "init", "--target", str(target), "--draft", str(draft),
+                           "--out", str(spec_path)], capture_output=True, text=True, timeout=120)
+    assert init.returncode == 0, init.stderr
+    _free_ports(spec_path)
+    up = _up(spec_path, "--json")
+    assert up.returncode == 0, up.stderr[-3000:]
+    serve = json.loads(up.stdout)["stages"][-1]
+    assert serve["stopped"] and [row["kind"] for row in serve["demo"]] == ["code", "json", "prose"]
+    assert all(row["num_output_tokens"] > 0 for row in serve["demo"])
+
+
+def test_a_demo_prompt_is_cut_to_its_last_lines_that_fit():
+    from specbuild.up.serving import fitting
+
+    words = len  # one token per character, for the test
+    assert fitting("ab\ncd\n", words, 10) == "ab\ncd\n"
+    assert fitting("abcdef\ncd\n", words, 4) == "cd\n"
+    assert fitting("abcdef\n", words, 4) is None

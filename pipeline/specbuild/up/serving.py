@@ -62,15 +62,24 @@ def _demo(ctx, handle) -> list[dict[str, Any]]:
     from specbuild.session.generation import Options
     from specbuild.session.served import ServedSession
 
+    from specbuild.session.served import token_counter
+
     out = []
     k = ctx.spec.speculative.num_draft_tokens
     echo = ctx.echo  # the streamed text (the CLI's stdout, unless --json)
+    build = ctx.spec.build
+    max_tokens = min(DEMO_MAX_TOKENS, build.max_seq_len - build.max_input_len)
+    count = token_counter(ctx.spec.target.checkpoint)
     with ServedSession.for_spec(ctx.spec, "grpc", handle.grpc_url) as session:
         for kind, prompt in demo_prompts():
+            prompt = fitting(prompt, count, build.max_input_len - 1)  # - 1: a BOS the server may add
+            if prompt is None:
+                ctx.log(f"\n--- {kind} prompt: skipped, no line of it fits max_input_len = {build.max_input_len}")
+                continue
             ctx.log(f"\n--- {kind} prompt ({len(prompt)} chars), K = {k}:")
             ctx.log(prompt.rstrip()[-160:])
             ctx.log("--- streamed continuation:")
-            gen = session.generate(prompt, Options(max_tokens=DEMO_MAX_TOKENS, num_draft_tokens=k), on_text=echo)
+            gen = session.generate(prompt, Options(max_tokens=max_tokens, num_draft_tokens=k), on_text=echo)
             if echo is not None:
                 echo("\n")
             share = top_token_share(gen.output_ids)
@@ -94,3 +103,15 @@ def _demo(ctx, handle) -> list[dict[str, Any]]:
                         "repeated tokens says little about real text")
             out.append(row)
     return out
+
+
+def fitting(prompt: str, count, limit: int) -> str | None:
+    """The prompt, or its last lines that fit `limit` tokens (a deployment built with small limits must still
+    answer the demo rather than refuse it); None when not even its last line fits."""
+    lines = prompt.splitlines(keepends=True)
+    for start in range(len(lines)):
+        tail = "".join(lines[start:])
+        if count(tail) <= limit:
+            return tail
+    return None
+
