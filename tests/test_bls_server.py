@@ -123,6 +123,7 @@ def test_metrics_agree_with_the_responses(server):
     per_position = on["speculation_stats"]["per_position_accepted"]
     assert delta("specbuild_position_accepted_total[position=0]") == per_position[0]
     assert 0.0 <= after["specbuild_acceptance_rate"] <= 1.0
+    assert after["specbuild_acceptance_disagreements_total"] == 0  # exported; the reference target's figure agrees
 
 
 @pytest.mark.parametrize(

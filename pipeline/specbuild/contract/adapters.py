@@ -10,11 +10,15 @@ Conventions of the contract that these adapters rely on (TensorRT-LLM's):
 - Generation stops at end_id, and end_id is not in output_ids / sequence_length. A verification
   that returns only accepted draft tokens (no extra token) therefore stopped at end_id, and the
   Verifier reports end_id as its one extra token, which is what the loop expects.
-- How many draft tokens the target accepted is its own figure, `total_accepted_draft_tokens`, which
-  the C++ backend returns only when the request sets `return_perf_metrics` (NVIDIA/TensorRT-LLM
-  `triton_backend/inflight_batcher_llm/src/model_instance_state.cc`, commit 0c8de69,
-  `fillTritonResponse`). The Verifier asks for it and checks it against the tokens that came back
-  (the accepted draft prefix, then one token, or end_id); a disagreement is a GenerationError.
+- How many draft tokens the target accepted is read from the tokens that came back (the accepted draft
+  prefix, then one token that differs from the draft's, or the prefix alone when the target stopped at
+  end_id), as NVIDIA's own BLS does (`triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/
+  decode.py`, which compares the target's output with the draft). The target's own figure,
+  `total_accepted_draft_tokens` (the C++ backend returns it only when the request sets `return_perf_metrics`:
+  `triton_backend/inflight_batcher_llm/src/model_instance_state.cc`, commit 0c8de69, `fillTritonResponse`), is
+  asked for and cross-checked: a missing or different figure is reported (`on_disagreement`), never a failed
+  request, since its presence on a fresh request's first step is an `LlmRequest` detail not seen run here. An
+  answer that is not a draft prefix plus at most one token is a GenerationError.
 - Draft logits travel raw, in the dtype the draft model returned them (the engine's logits dtype,
   which the target's `draft_logits` input declares); the target applies temperature / top-k / top-p.
 - Sampling tensors mean what TensorRT-LLM makes of them (`specbuild.contract.sampling`): a
@@ -115,9 +119,11 @@ class ContractVerifier:
     """Verifier: asks the target model to check a draft (draft_input_ids [+ draft_logits])."""
 
     def __init__(self, call: Call, max_draft_len: int, end_id: int | None = None, pad_id: int | None = None,
-                 logits_dtype: str | None = None):
+                 logits_dtype: str | None = None, on_disagreement: Callable[[str], None] | None = None):
         self.call, self.max_draft_len, self.end_id, self.pad_id = call, max_draft_len, end_id, pad_id
         self.logits_dtype = logits_dtype  # the target's declared draft_logits dtype; None = send as received
+        self.on_disagreement = on_disagreement  # told when the target's own acceptance count differs from its tokens
+        self.disagreements = 0
 
     def verify(self, tokens: list[int], draft: Draft, sampling: SamplingParams) -> Verification:
         t0 = time.perf_counter()
@@ -125,52 +131,53 @@ class ContractVerifier:
         request = _base_request(tokens, k + 1, self.end_id, self.pad_id, sampling)
         if k:
             request["draft_input_ids"] = np.asarray(draft.tokens, dtype=np.int32)
-            request["return_perf_metrics"] = np.array([True])  # for total_accepted_draft_tokens
+            request["return_perf_metrics"] = np.array([True])  # total_accepted_draft_tokens, to cross-check
             logits = getattr(draft, "logits", None)
             if logits is not None and not sampling.greedy:
                 request["draft_logits"] = np.asarray(logits, dtype=self.logits_dtype)[:k]
         response = self.call(request)
         new = _new_tokens(response, len(tokens), "target")
-        accepted = _accepted_draft_tokens(response, k) if k else 0
-        if self.end_id is not None and self.end_id in new:
+        kept_end = self.end_id is not None and self.end_id in new
+        if kept_end:
             new = new[: new.index(self.end_id)]  # a model that keeps end_id in its output
-            stopped = True
-        else:
-            stopped = len(new) <= accepted  # no recovered or bonus token: the target stopped at end_id
         draft_ids = [int(t) for t in draft.tokens]
-        if stopped:
-            if self.end_id is None:
-                raise GenerationError(
-                    f"the target returned {len(new)} token(s) for a {k}-token draft and no extra token, but no "
-                    "end_id is known: pass end_id to ContractVerifier."
-                )
-            # end_id was the recovered/bonus token (accepted == len(new)) or an accepted draft token, after
-            # which the target may count more accepted ones: it stops at end_id, the acceptance count does not.
-            agree = new == draft_ids[: len(new)] and (
-                accepted == len(new) or (accepted > len(new) and draft_ids[len(new)] == self.end_id))
-            out, accepted = new + [self.end_id], len(new)
-        else:
-            agree = len(new) == accepted + 1 and new[:accepted] == draft_ids[:accepted]
-            out = new
-        if not agree:
+        common = 0  # the accepted count, read from the tokens: how far they follow the draft
+        while common < min(len(new), k) and new[common] == draft_ids[common]:
+            common += 1
+        # The contract (TensorRT-LLM draft_tokens_external): the accepted draft prefix, then one recovered or bonus
+        # token, which differs from the draft token it replaces; or the prefix alone when the target stopped at
+        # end_id (left out of the output). Anything else is a broken answer, whatever any figure says.
+        stopped = kept_end or len(new) == common
+        if len(new) > common + 1 or (kept_end and len(new) != common):
             raise GenerationError(
-                f"the target returned new tokens {new} and total_accepted_draft_tokens = "
-                f"{_accepted_draft_tokens(response, k) if k else 0} for draft {draft_ids}: expected the accepted "
-                "draft prefix plus one token (TensorRT-LLM draft_tokens_external semantics)."
+                f"the target returned new tokens {new} for draft {draft_ids}: expected the accepted draft prefix plus "
+                "one token (TensorRT-LLM draft_tokens_external semantics)."
             )
+        if stopped and self.end_id is None:
+            raise GenerationError(
+                f"the target returned {len(new)} token(s) for a {k}-token draft and no extra token, but no "
+                "end_id is known: pass end_id to ContractVerifier."
+            )
+        accepted, out = (len(new), new + [self.end_id]) if stopped else (common, new)
+        if k:
+            self._cross_check(response, k, accepted, stopped, draft_ids, new)
         return Verification(accepted=accepted, tokens=out, seconds=time.perf_counter() - t0)
 
-
-def _accepted_draft_tokens(response: dict[str, Any], k: int) -> int:
-    """The target's own count of accepted draft tokens (requested with return_perf_metrics)."""
-    try:
-        accepted = int(np.asarray(response["total_accepted_draft_tokens"]).reshape(-1)[0])
-    except (KeyError, IndexError, TypeError, ValueError):
-        raise GenerationError(
-            "the target model's verification response lacks total_accepted_draft_tokens: it must return the "
-            "acceptance outputs when return_perf_metrics is set (TensorRT-LLM's tensorrt_llm model does)."
-        ) from None
-    if not 0 <= accepted <= k:
-        raise GenerationError(f"the target model returned total_accepted_draft_tokens = {accepted} for a "
-                              f"{k}-token draft: it must lie in 0..{k}.")
-    return accepted
+    def _cross_check(self, response: dict[str, Any], k: int, accepted: int, stopped: bool, draft_ids: list[int],
+                     new: list[int]) -> None:
+        """The target's own `total_accepted_draft_tokens` against the count its tokens give. The tokens decide; a
+        figure that is missing or differs is told to on_disagreement (the BLS logs it and counts it in its metrics),
+        never a failed request. After an end_id accepted from the draft the target may count on past it: agreed."""
+        try:
+            reported = int(np.asarray(response["total_accepted_draft_tokens"]).reshape(-1)[0])
+        except (KeyError, IndexError, TypeError, ValueError):
+            reported = None
+        past_end = stopped and reported is not None and reported > accepted and accepted < k \
+            and draft_ids[accepted] == self.end_id
+        if reported == accepted or past_end:
+            return
+        self.disagreements += 1
+        if self.on_disagreement is not None:
+            said = "no total_accepted_draft_tokens" if reported is None else f"total_accepted_draft_tokens = {reported}"
+            self.on_disagreement(f"the target sent {said} for draft {draft_ids}, but its tokens {new} accept "
+                                 f"{accepted}: the tokens decide")

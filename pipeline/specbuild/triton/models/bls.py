@@ -255,7 +255,7 @@ class TritonPythonModel:
                                   end_id=ready.model_end_id, pad_id=pad_id, use_logits=use_logits)
         verifier = ContractVerifier(lambda inputs: self._call(self.target_model, inputs),
                                     max_draft_len=self.max_draft_len, end_id=ready.model_end_id, pad_id=pad_id,
-                                    logits_dtype=self.logits_dtype)
+                                    logits_dtype=self.logits_dtype, on_disagreement=self._disagreement)
         stream = TextStream(self.tokenizer, prompt) if req.stream else None
         result = drive(prompt, drafter, verifier, ready.request, k=ready.k, text=stream,
                        on_text=lambda delta: send(self._response(delta)), cancelled=request.is_cancelled,
@@ -271,6 +271,12 @@ class TritonPythonModel:
         return self._response(decode_ids(self.tokenizer, ids, skip_special_tokens=True), result)
 
     # ---- helpers ---------------------------------------------------------------------------------
+    def _disagreement(self, message: str) -> None:
+        """The target's acceptance figure contradicted its tokens: logged and counted, the request goes on."""
+        self.pb.Logger.log_warn(f"{self.model_name}: {message}")
+        with self.metrics_lock:
+            self.metrics.disagreement()
+
     def _call(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One BLS request to `model`; contract tensors ([len], [1], ...) get Triton's batch dimension of 1.
         An INVALID_ARG answer is the client's request at fault (e.g. an end_id outside the vocabulary)."""

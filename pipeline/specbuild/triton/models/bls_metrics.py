@@ -33,6 +33,8 @@ COUNTERS = {
     "specbuild_position_accepted_total": "Draft tokens accepted at each draft position (0-based)",
     "specbuild_draft_seconds_total": "Wall time spent in draft model calls",
     "specbuild_target_seconds_total": "Wall time spent in target model calls",
+    "specbuild_acceptance_disagreements_total": "Verify steps whose total_accepted_draft_tokens was missing or differed "
+                                                "from the count the returned tokens give (the tokens decide)",
 }
 GAUGES = {
     "specbuild_acceptance_rate": "Accepted / drafted draft tokens since the model loaded",
@@ -67,6 +69,10 @@ class SpeculationMetrics:
             for kind in ("drafted", "accepted")
         }
         self._totals = SpeculationStats()
+
+    def disagreement(self) -> None:
+        """One verify step whose acceptance figure the tokens contradicted (contract.adapters.ContractVerifier)."""
+        self._metrics["specbuild_acceptance_disagreements_total"].increment(1)
 
     def record(self, stats: SpeculationStats, generated_tokens: int) -> None:
         """Add one finished request's statistics."""
