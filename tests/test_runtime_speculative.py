@@ -365,3 +365,46 @@ def test_seeded_sampling_overlapped_equals_sequential_on_the_tiny_pair(pair):
         assert overlapped.tokens == sequential.tokens, seed
         hits += overlapped.stats.early_draft_hits
     assert hits > 0
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_draft_that_ends_early_at_end_id_still_gives_the_targets_output(pair, example_tiny, sampled):
+    """NVIDIA's BLS sets min_tokens = K on the draft request; specbuild does not: a draft that stops at end_id before
+    K tokens is a shorter draft, which the target verifies like any other (TensorRT-LLM takes 0..max_draft_len draft
+    tokens). The end id here is a token the draft proposes where the target says something else, so the draft ends
+    early while the target goes on: greedy, the output is target-only decoding's (ending at that id) token for
+    token; sampled with a seed, the target's verification of every short draft goes through and the text is
+    reproducible."""
+    tokenizer, _ = pair
+    target = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.target)), Limits(max_draft_len=8))
+    draft = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.draft)), Limits())
+
+    def greedy(model, prompt, n):
+        out = model({"input_ids": np.array(prompt, np.int32), "input_lengths": np.array([len(prompt)], np.int32),
+                     "request_output_len": np.array([n], np.int32)})
+        return out["output_ids"][0].tolist()[len(prompt):]
+
+    for prompt in tiny_prompts(tokenizer, 5):  # one where the draft, decoding alone, says what the target does not
+        by_target, by_draft = greedy(target, prompt, MAX_TOKENS), greedy(draft, prompt, MAX_TOKENS)
+        end = next((d for t, d in zip(by_target, by_draft) if d != t), None)
+        if end is not None:
+            break
+    expected = by_target[: by_target.index(end)] if end in by_target else by_target  # target-only, ending at end
+    drafter, verifier = ContractDrafter(draft, end_id=end), ContractVerifier(target, max_draft_len=8, end_id=end)
+    short = []
+    real_propose = drafter.propose
+
+    def propose(tokens, k, sampling):
+        proposal = real_propose(tokens, k, sampling)
+        short.append(len(proposal.tokens) < k)
+        return proposal
+
+    drafter.propose = propose
+    sampling = SamplingParams(temperature=0.8, seed=3) if sampled else SamplingParams()
+    request = GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=4, sampling=sampling, end_id=end)
+    first = run(prompt, drafter, verifier, request).tokens
+    assert any(short), "no draft ended early: the test proved nothing"
+    if sampled:
+        assert run(prompt, drafter, verifier, request).tokens == first  # the same seed, the same text
+    else:
+        assert first == expected
