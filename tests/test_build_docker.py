@@ -32,16 +32,41 @@ def test_dockerfiles_pass_hadolint(name):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_gpu_image_is_nvidias_triton_trtllm_container_of_a_1_2_release():
+def test_every_gpu_image_and_the_docs_name_the_one_triton_image_constant():
+    """contract.images.TRITON_IMAGE is the one place: both GPU Dockerfiles, compose's two defaults and the docs."""
+    from specbuild.contract.images import TRITON_IMAGE
+
     # Triton's compatibility matrix (server docs/introduction/compatibility.md, r26.07): 26.04-26.07 -> 1.2.1
-    text = (DOCKER / "Dockerfile.gpu").read_text()
-    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1)
-    month = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-trtllm-python-py3", base)
-    assert month and month.group(1) in ("26.04", "26.05", "26.06", "26.07"), base
-    assert TRTLLM_VERSION_CHECKED.startswith("1.2.") and re.search(r"^ARG EXPECT_TRTLLM=1\.2\.$", text, re.M)
-    assert "--no-deps ." in text  # the base image's torch / TensorRT-LLM are never replaced
+    month = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-trtllm-python-py3", TRITON_IMAGE)
+    assert month and month.group(1) in ("26.04", "26.05", "26.06", "26.07"), TRITON_IMAGE
+    for name in ("Dockerfile.gpu", "Dockerfile.llmapi"):
+        text = (DOCKER / name).read_text()
+        assert re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1) == TRITON_IMAGE, name
+        assert TRTLLM_VERSION_CHECKED.startswith("1.2.") and re.search(r"^ARG EXPECT_TRTLLM=1\.2\.$", text, re.M)
     compose = (DOCKER / "compose.yaml").read_text()
-    assert f"BASE_IMAGE:-{base}}}" in compose  # compose builds the same base by default
+    assert compose.count(f":-{TRITON_IMAGE}}}") == 2  # compose builds the same base by default, for both services
+    assert TRITON_IMAGE in (ROOT / "docs" / "build.md").read_text()
+    assert not {tag for tag in re.findall(r"tritonserver:(\d\d\.\d\d)-trtllm", compose + (ROOT / "docs" / "build.md")
+                                          .read_text())} - {month.group(1)}  # no other tag anywhere
+
+
+def test_the_images_install_specbuild_without_disturbing_nvidias_stack():
+    """One install script for both GPU images (docker/install_specbuild.sh): no dependencies of specbuild's over the
+    image's ML stack, tritonclient's grpc and http clients only (never [all]) at the image's Triton release, pip check
+    failing on any conflict the install adds, and the Python backend stub's own Python importing specbuild."""
+    script = DOCKER / "install_specbuild.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0  # it parses
+    text = script.read_text()
+    assert "pip install --no-deps ." in text and "tritonclient[all]" not in text.replace("[all] extra", "")
+    assert 'tritonclient[grpc,http]==${release}' in text and "TRITON_VERSION" in text
+    assert "pip check" in text and "comm -13" in text  # only the conflicts the install added fail it
+    assert "triton_python_backend_stub" in text and "import specbuild.session.request" in text
+    for name in ("Dockerfile.gpu", "Dockerfile.llmapi"):
+        dockerfile = (DOCKER / name).read_text()
+        assert "COPY docker/install_specbuild.sh ./docker/" in dockerfile and "RUN bash docker/install_specbuild.sh" \
+            in dockerfile, name
+        assert "pip install" not in dockerfile, name  # the script is the one place
+    assert "!docker/install_specbuild.sh" in (ROOT / ".dockerignore").read_text()
 
 
 def test_gpu_image_build_fails_without_the_programs_the_gpu_path_runs():

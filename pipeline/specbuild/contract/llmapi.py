@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from specbuild.quantization import FORMATS
 
 RELEASE = "1.2.1"
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"  # compatibility.md @e1db8a6: 26.04 -> 1.2.1
-RELEASE_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"  # containers.md names release:x.y.z; 1.2.1 tag unread
 NVIDIA_MODEL_DIR = "/app/all_models/llmapi/tensorrt_llm/1"  # the Triton image's copy of model.py + helpers.py
 # (tensorrtllm_backend dockerfile/Dockerfile.triton.trt_llm_backend @r26.05 copies all_models to /app;
 #  triton-inference-server/tutorials Feature_Guide/Speculative_Decoding/TRT-LLM/README.md @e848952 uses it)

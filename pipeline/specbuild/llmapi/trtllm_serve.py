@@ -36,6 +36,7 @@ from typing import Any
 from specbuild.config import Spec
 from specbuild.errors import ArtifactError, ServeError, ToolNotFoundError
 from specbuild.contract import llmapi as contract
+from specbuild.contract.images import TRITON_IMAGE
 
 LAUNCHERS = ("srun", "mpirun")
 
@@ -50,7 +51,7 @@ def find_trtllm_serve(explicit: str | Path | None = None) -> Path:
     if found is None:
         raise ToolNotFoundError(
             "trtllm-serve not found on PATH: it comes with TensorRT-LLM, which cannot be installed here. Run this in "
-            f"the GPU image (docker/Dockerfile.llmapi, {contract.TRITON_IMAGE}), or pass --trtllm-serve PATH. "
+            f"the GPU image (docker/Dockerfile.llmapi, {TRITON_IMAGE}), or pass --trtllm-serve PATH. "
             "On a CPU machine serve the llmapi repository with tritonserver instead (the default --server).")
     return Path(found)
 
