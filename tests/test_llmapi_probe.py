@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+from specbuild.contract import llmapi as contract
+
 WRITTEN = ["model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "dtype", "trust_remote_code",
            "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "kv_cache_config",
            "disable_overlap_scheduler", "speculative_config"]
@@ -109,14 +111,47 @@ def test_a_missing_field_fails_the_probe_by_name(tmp_path, monkeypatch):
     assert main() == 1
 
 
-def test_the_later_parser_refuses_the_pinned_spelling_and_the_probe_says_so(tmp_path, monkeypatch, capsys):
+def test_the_installed_release_decides_the_spelling_and_what_is_written_follows_the_record(tmp_path, monkeypatch):
+    """A later release refuses the pinned spelling (DraftTarget + speculative_model_dir) and takes Draft_Target +
+    speculative_model: the probe records that one, and the LLM arguments repo/build write follow the record (the
+    image's build would have failed before, whatever the release took)."""
+    from specbuild.llmapi import args
+    from specbuild.llmapi.probe import main, probe, written_args
+
+    record = tmp_path / "record" / "spelling.json"
+    monkeypatch.setenv(contract.SPELLING_RECORD_ENV, str(record))
+    assert written_args()["speculative_config"]["decoding_type"] == "DraftTarget"  # no record: the pinned one
+    _install(tmp_path / "later", monkeypatch, ERA_C, WRITTEN)
+    report = probe()
+    assert report["later_spelling"] == "DraftTargetDecodingConfig" and report["ok"] and report["spelling"] == "later"
+    assert report["pinned_spelling"].startswith("refused: ValidationError")
+    assert main(["--write", str(record)]) == 0 and args.spelling() == "later"
+    speculative = written_args()["speculative_config"]
+    assert speculative["decoding_type"] == "Draft_Target" and speculative["speculative_model"] == "/d"
+    assert "speculative_model_dir" not in speculative
+    _install(tmp_path / "pinned", monkeypatch, ERA_B, WRITTEN)  # the 1.2-era parser takes the pinned one
+    assert main(["--write", str(record)]) == 0 and args.spelling() == "pinned"
+    assert written_args()["speculative_config"]["speculative_model_dir"] == "/d"
+
+
+def test_a_release_taking_neither_spelling_fails_the_probe(tmp_path, monkeypatch, capsys):
     from specbuild.llmapi.probe import main, probe
 
-    _install(tmp_path, monkeypatch, ERA_C, WRITTEN)
+    _install(tmp_path, monkeypatch, ERA_C.replace('Literal["Draft_Target"]', 'Literal["DraftTargetV3"]'), WRITTEN)
     report = probe()
-    assert report["later_spelling"] == "DraftTargetDecodingConfig"
-    assert report["pinned_spelling"].startswith("refused: ValidationError") and not report["ok"]
-    assert main() == 1 and "Fix specbuild/contract/llmapi.py" in capsys.readouterr().err
+    assert report["spelling"] is None and not report["ok"]
+    assert main([]) == 1 and "Fix specbuild/contract/llmapi.py" in capsys.readouterr().err
+
+
+def test_a_bad_record_is_refused_by_name(tmp_path, monkeypatch):
+    from specbuild.errors import SpecError
+    from specbuild.llmapi import args
+
+    record = tmp_path / "spelling.json"
+    record.write_text('{"spelling": "sideways"}')
+    monkeypatch.setenv(contract.SPELLING_RECORD_ENV, str(record))
+    with pytest.raises(SpecError, match="records the speculative config spelling 'sideways'"):
+        args.spelling()
 
 
 @pytest.fixture(autouse=True)

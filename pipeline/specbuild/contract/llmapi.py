@@ -197,6 +197,11 @@ DRAFT_MODEL_KEY = "speculative_model_dir"
 # back-ported it is unknown, so the GPU image probes both (docker/Dockerfile.llmapi).
 LATER_DECODING_TYPE = "Draft_Target"
 LATER_DRAFT_MODEL_KEY = "speculative_model"
+# The two spellings, by name; the GPU image's build-time probe (`python -m specbuild.llmapi.probe --write`) records
+# which one the installed release takes, and the LLM arguments are written in it (specbuild.llmapi.args.spelling).
+SPELLINGS = {"pinned": (DECODING_TYPE, DRAFT_MODEL_KEY), "later": (LATER_DECODING_TYPE, LATER_DRAFT_MODEL_KEY)}
+SPELLING_RECORD = "/opt/specbuild/llmapi-spelling.json"  # where the image's probe records it
+SPELLING_RECORD_ENV = "SPECBUILD_LLMAPI_SPELLING"  # another place for the record (the tests)
 # ARGS BaseLlmArgs.validate_speculative_config for DraftTargetDecodingConfig (asserts, i.e. AssertionError):
 MSG_DRAFT_BACKEND = "backend must be 'pytorch' for DraftTarget"  # `assert self.backend in ['pytorch']`
 MSG_DRAFT_LEN = "max_draft_len must be > 0"  # `assert self.speculative_config.max_draft_len > 0`
@@ -236,11 +241,12 @@ def tensor(name: str) -> Tensor:
     raise KeyError(name)
 
 
-def unknown_llm_args(args: dict) -> list[str]:
+def unknown_llm_args(args: dict, spelling: str = "pinned") -> list[str]:
     """Keys of an LLM-arguments mapping (model.yaml minus triton_config) that the pinned release rejects,
-    as dotted paths, nested tables included."""
+    as dotted paths, nested tables included; with the later spelling (SPELLINGS), its draft model key is a field."""
     bad = [key for key in args if key not in LLM_ARGS]
-    for key, allowed in NESTED.items():
+    nested = {**NESTED, "speculative_config": NESTED["speculative_config"] | {SPELLINGS[spelling][1]}}
+    for key, allowed in nested.items():
         value = args.get(key)
         if isinstance(value, dict):
             bad += [f"{key}.{sub}" for sub in value if sub not in allowed]

@@ -19,7 +19,9 @@ No torch and no YAML library: `render_yaml` writes the small subset these files 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specbuild.config import Spec
@@ -78,18 +80,34 @@ def llm_args(spec: Spec, where: Locations) -> dict[str, Any]:
         "disable_overlap_scheduler": spec.llmapi.disable_overlap_scheduler,
     }
     if sp.num_draft_tokens > 0:
+        decoding_type, draft_key = contract.SPELLINGS[spelling()]
         args["speculative_config"] = {
-            contract.DECODING_TYPE_KEY: contract.DECODING_TYPE,
+            contract.DECODING_TYPE_KEY: decoding_type,
             "max_draft_len": sp.num_draft_tokens,
-            contract.DRAFT_MODEL_KEY: where.draft,
+            draft_key: where.draft,
         }
     validate_llm_args(args)
     return args
 
 
+def spelling() -> str:
+    """The speculative config spelling to write: the one the GPU image's probe recorded for the installed TensorRT-LLM
+    (`contract.SPELLING_RECORD`, or the file $SPECBUILD_LLMAPI_SPELLING names), else the pinned release's."""
+    path = Path(os.environ.get(contract.SPELLING_RECORD_ENV) or contract.SPELLING_RECORD)
+    try:
+        recorded = json.loads(path.read_text()).get("spelling")
+    except (OSError, ValueError, AttributeError):
+        return "pinned"
+    if recorded not in contract.SPELLINGS:
+        raise SpecError(f"{path} records the speculative config spelling {recorded!r}; expected one of "
+                        f"{', '.join(contract.SPELLINGS)}. Rebuild the image (its probe writes the record).")
+    return recorded
+
+
 def validate_llm_args(args: dict[str, Any]) -> None:
     """The checks the pinned release makes on these arguments (SpecError instead of its pydantic/assert errors)."""
-    unknown = contract.unknown_llm_args(args)
+    spelled = spelling()  # the installed release's (the image's probe recorded it), else the pinned release's
+    unknown = contract.unknown_llm_args(args, spelled)
     if unknown:
         raise SpecError(f"LLM arguments {unknown} are not fields of TensorRT-LLM {contract.RELEASE}'s LLM arguments "
                         "(extra keys are forbidden). This is a bug in specbuild.")
@@ -101,13 +119,15 @@ def validate_llm_args(args: dict[str, Any]) -> None:
     spec_config = args.get("speculative_config")
     if spec_config is None:
         return
-    if spec_config.get(contract.DECODING_TYPE_KEY) not in contract.DECODING_TYPES:
-        raise SpecError(f"Invalid decoding type: {spec_config.get(contract.DECODING_TYPE_KEY)}")
+    decoding, draft_key = contract.SPELLINGS[spelled]
+    decoding_type = spec_config.get(contract.DECODING_TYPE_KEY)
+    if decoding_type not in (contract.DECODING_TYPES if spelled == "pinned" else (decoding,)):
+        raise SpecError(f"Invalid decoding type: {decoding_type}")
     if args.get("backend") != "pytorch":
         raise SpecError(f"{contract.MSG_DRAFT_BACKEND} (backend = {args.get('backend')!r}).")
     if not isinstance(spec_config.get("max_draft_len"), int) or spec_config["max_draft_len"] <= 0:
         raise SpecError(f"{contract.MSG_DRAFT_LEN} (got {spec_config.get('max_draft_len')!r}).")
-    if not spec_config.get(contract.DRAFT_MODEL_KEY):
+    if not spec_config.get(draft_key):
         raise SpecError(contract.MSG_DRAFT_PATH)
 
 

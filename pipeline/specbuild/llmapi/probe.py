@@ -4,17 +4,20 @@ Run by docker/Dockerfile.llmapi at build time (needs no GPU), because the pinned
 the v1.2.1 tag itself (contract module docstring). It checks, on the installed release:
 1. every LLM-argument key specbuild writes is a field of TorchLlmArgs (pydantic model_fields, aliases
    included), and every kv_cache_config key a field of KvCacheConfig;
-2. the speculative config as specbuild writes it ({decoding_type: DraftTarget, max_draft_len,
-   speculative_model_dir}) parses into a DraftTarget config: through DecodingBaseConfig.from_dict where that
-   exists (the 1.2-era parser), else through the speculative_config field's own type (later releases);
-3. and reports whether the later spelling (Draft_Target + speculative_model) parses too.
-Exit 0 when 1 and 2 hold; 1 with the reason otherwise (then change contract.DECODING_TYPE / DRAFT_MODEL_KEY).
+2. which spelling of the speculative config the release parses into a DraftTarget config, the pinned one
+   ({decoding_type: DraftTarget, max_draft_len, speculative_model_dir}) or the later one (Draft_Target +
+   speculative_model): through DecodingBaseConfig.from_dict where that exists (the 1.2-era parser), else through
+   the speculative_config field's own type (later releases). The first that parses is the one to write;
+   `--write [PATH]` records it (default `contract.SPELLING_RECORD`, where docker/Dockerfile.llmapi runs it), and
+   `repo`, `build` and the trtllm-serve options then write that spelling (specbuild.llmapi.args.spelling).
+Exit 0 when the fields hold and a spelling parses; 1 with the reason otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from specbuild.contract import llmapi as contract
@@ -73,19 +76,27 @@ def probe() -> dict[str, Any]:
             report[f"{name}_spelling"] = parse_speculative(module, config)
         except Exception as err:  # noqa: BLE001 - the release's own error is the answer
             report[f"{name}_spelling"] = f"refused: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    report["ok"] = (not report["missing_llm_args"] and not report["missing_kv_cache_config"]
-                    and "DraftTarget" in report["pinned_spelling"] and not report["pinned_spelling"].startswith("refused"))
+    taken = [name for name in spellings if report[f"{name}_spelling"] == "DraftTargetDecodingConfig"]
+    report["spelling"] = taken[0] if taken else None  # the one to write: the pinned one where both parse
+    report["ok"] = not report["missing_llm_args"] and not report["missing_kv_cache_config"] and bool(taken)
     return report
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """`python -m specbuild.llmapi.probe [--write [PATH]]`."""
+    argv = sys.argv[1:] if argv is None else argv
     report = probe()
     print(json.dumps(report, indent=2))
     if not report["ok"]:
         print(f"TensorRT-LLM {report['tensorrt_llm']} does not take what specbuild writes for TensorRT-LLM "
-              f"{contract.RELEASE} (above). Fix specbuild/contract/llmapi.py (DECODING_TYPE, DRAFT_MODEL_KEY, the "
-              "field lists) for this release, or use a base image with TensorRT-LLM 1.2.x.", file=sys.stderr)
+              f"{contract.RELEASE} (above). Fix specbuild/contract/llmapi.py (the spellings, the field lists) for "
+              "this release, or use a base image with TensorRT-LLM 1.2.x.", file=sys.stderr)
         return 1
+    if argv[:1] == ["--write"]:
+        path = Path(argv[1] if len(argv) > 1 else contract.SPELLING_RECORD)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"spelling": report["spelling"], "tensorrt_llm": report["tensorrt_llm"]}) + "\n")
+        print(f"recorded the {report['spelling']} spelling in {path}", file=sys.stderr)
     return 0
 
 
