@@ -1,0 +1,49 @@
+"""`specbuild selftest`: on CPU its steps run on the reference backend and pass, its GPU-only steps say "not run
+(no GPU)" (never passed), and one JSON report says it all; a failing step is reported with its evidence and fix, and
+the steps that need it are skipped."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specbuild.up import selftest as selftest_module
+from specbuild.up.selftest import Step, StepFailed, selftest
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_selftest_on_cpu_passes_its_cpu_steps_and_does_not_claim_the_gpu_ones(tmp_path, example_tiny):
+    done = subprocess.run([sys.executable, "-m", "specbuild", "selftest", "--variant", "tiny", "--workdir",
+                           str(tmp_path / "work"), "--json"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    statuses = {row["step"]: row["status"] for row in doc["steps"]}
+    assert statuses.pop("fp8 convert and build") == statuses.pop("LLM API probe") == "not run (no GPU)"
+    assert set(statuses.values()) == {"passed"}, statuses
+    assert doc["ok"] and doc["backend"] == "reference" and doc["gpu"] is None
+    assert json.loads((tmp_path / "work" / "selftest.json").read_text())["steps"] == doc["steps"]
+    greedy = next(row for row in doc["steps"] if row["step"] == "greedy K = 3 equals K = 0")
+    assert "equal at K = 3 and K = 0" in greedy["evidence"]
+
+
+def test_a_failed_step_says_why_and_the_fix_and_what_needs_it_is_skipped(tmp_path, monkeypatch):
+    def broken(run):
+        raise StepFailed("K = 3 gave [1], K = 0 gave [2]", "check the build flags")
+
+    monkeypatch.setattr(selftest_module, "STEPS", (
+        Step("first", lambda run: "fine"),
+        Step("broken", broken, needs=("first",)),
+        Step("after", lambda run: "never", needs=("broken",)),
+        Step("gpu", lambda run: "never", gpu_only=True),
+        Step("crash", lambda run: 1 / 0),
+    ))
+    report = selftest(tmp_path, log=lambda message: None)
+    rows = {row["step"]: row for row in report["steps"]}
+    assert not report["ok"] and rows["first"]["status"] == "passed"
+    assert (rows["broken"]["status"], rows["broken"]["fix"]) == ("failed", "check the build flags")
+    assert rows["after"]["status"] == "skipped (broken did not pass)" and rows["gpu"]["status"] == "not run (no GPU)"
+    assert rows["crash"]["status"] == "failed" and "ZeroDivisionError" in rows["crash"]["evidence"]
