@@ -162,9 +162,10 @@ class Supervisor:
 
     # ---- the whole run ---------------------------------------------------------------------------
     def serve(self, on_ready: Callable[[dict[str, str]], None], once: bool = False, canary_models: bool = True,
-              timeout: float | None = None) -> dict[str, Any]:
-        """Start, canary, call on_ready(canary answers), watch until SIGINT/SIGTERM (or return at once
-        with `once`), then stop. A signal while serving drains first (specbuild.triton.drain): the running
+              timeout: float | None = None, until: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Start, canary, call on_ready(canary answers), watch until SIGINT/SIGTERM (or, with `once`, return at
+        once, or as soon as until() holds, watching until then: work on_ready started in a thread is supervised
+        like any other client's), then stop. A signal while serving drains first (specbuild.triton.drain): the running
         requests finish, new ones are refused, within the server's exit timeout; a second signal stops at
         once. Raises ServeError when starting failed, the drain cut requests, or the stop was not clean."""
         outcome: dict[str, Any] = {"stopped_by": "once" if once else "signal", "ready": False}
@@ -177,11 +178,11 @@ class Supervisor:
             answers = canary(self.handle) if canary_models else {}
             outcome["ready"] = True
             on_ready(answers)
-            if not once:
+            if not once or until is not None:
                 if self.settings.enabled:
-                    self.watch()
+                    self.watch(until if once else None)
                 else:
-                    self._wait_unsupervised()
+                    self._wait_unsupervised(until if once else None)
         except StopRequested:
             outcome["stopped_by"] = "signal"
             if self._serving and self.handle.process is not None and self.handle.process.poll() is None:
@@ -233,12 +234,26 @@ class Supervisor:
         self._event(result.describe(), kind="drain", **{k: v for k, v in result.to_dict().items() if k != "models"})
         return result
 
-    def _wait_unsupervised(self) -> None:
-        """Until a signal, or until the server exits (nobody restarts it without the supervisor)."""
-        while not self._stop.wait(1.0):
+    def _wait_unsupervised(self, until: Callable[[], bool] | None = None) -> None:
+        """Until a signal (or until() holds), or until the server exits (nobody restarts it without the supervisor)."""
+        while not self._stop.wait(1.0) and not (until is not None and until()):
             process = self.handle.process
             if process is None or process.poll() is not None:
                 raise ServeError(f"{self._exit_message(process)}\n(--no-supervise: not restarted)")
+
+    def recovered_after(self, mark: int, timeout: float) -> bool | None:
+        """After a client's request failed: whether the supervisor saw a failure among its events from index `mark`
+        on and the server serves again (True), saw one and it did not recover within `timeout` (False), or saw
+        none within a few checks (None: the failure was not the server's, e.g. a refused request)."""
+        deadline, quiet = time.monotonic() + timeout, time.monotonic() + 3 * self.settings.poll_s + 1.0
+        while time.monotonic() < deadline:
+            since = self.events[mark:]
+            if any("action" in event for event in since):
+                return True
+            if not any("kind" in event for event in since) and time.monotonic() >= quiet:
+                return None
+            time.sleep(0.2)
+        return False
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -274,13 +289,13 @@ class Supervisor:
         self._serving, self._log_offset = True, 0
 
     # ---- watching --------------------------------------------------------------------------------
-    def watch(self) -> None:
-        """Check the server and its stubs every poll_s, canary every canary_interval_s, until stopped.
-        The canary runs in a thread, so a request hanging on a dead BLS never delays the stub checks."""
+    def watch(self, until: Callable[[], bool] | None = None) -> None:
+        """Check the server and its stubs every poll_s, canary every canary_interval_s, until stopped (or until()
+        holds). The canary runs in a thread, so a request hanging on a dead BLS never delays the stub checks."""
         interval = self.settings.canary_interval_s
         next_canary = time.monotonic() + interval
         probe: CanaryProbe | None = None
-        while not self._stop.wait(self.settings.poll_s):
+        while not self._stop.wait(self.settings.poll_s) and not (until is not None and until()):
             process = self.handle.process
             if process is None or process.poll() is not None:
                 self._failed("tritonserver", "server_exited", self._exit_message(process))
