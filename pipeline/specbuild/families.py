@@ -14,8 +14,8 @@ Paths:
   `tensorrt_llm/models/__init__.py` @02267d3: Llama, Mistral, Qwen2, Qwen3, Gemma 1-3, Phi-3 among them);
 - the LLM API path (backend llmapi) exports Hugging Face checkpoints (modelopt `export_hf_checkpoint`) that
   TensorRT-LLM's PyTorch backend loads;
-- every path verifies a conversion on CPU, and the CPU paths serve, with the reference runtime, so a family
-  runs anywhere only once the reference runtime computes it exactly (`reference`).
+- every path verifies a conversion on CPU, and the CPU paths serve, with the reference runtime, so a family is in
+  this table only once the reference runtime computes it exactly.
 """
 
 from __future__ import annotations
@@ -31,40 +31,35 @@ __all__ = ["ACTIVATIONS", "FAMILIES", "ROPE_TYPES", "Family", "Support", "activa
 @dataclass(frozen=True)
 class Family:
     architecture: str  # the Hugging Face class name in config.json's "architectures"
-    name: str
     hf_model_type: str  # config.json's model_type (transformers' config class)
     model_type: str  # modelopt's decoder type (`get_model_type`), the TensorRT-LLM checkpoint's
     engine_export: bool  # modelopt writes a TensorRT-LLM checkpoint for it (the engine path)
-    reference: bool  # the reference runtime computes it exactly
     # What the reference runtime and the loader do differently from Llama:
     qk_norm: bool = False  # RMSNorm over each head's q and k before rope (Qwen3: q_norm, k_norm)
     norm_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma; TensorRT-LLM checkpoints store 1 + weight)
     embed_scale: bool = False  # embeddings times sqrt(hidden_size), in the model's dtype (Gemma)
     activation_keys: tuple[str, ...] = ("hidden_act",)  # the config keys naming the MLP activation, first set wins
-    sliding_window_key: str | None = None  # the config key of a sliding attention window, when the family has one
+    windowed: bool = False  # config.json's sliding_window (when set) bounds attention (Mistral, Phi-3, Gemma 2)
     window_layers_key: str | None = None  # the config key saying which layers slide (Gemma 2's layer_types); None: all
     sandwich_norms: bool = False  # norms after attention and after the MLP too (Gemma 2's post/pre/post feedforward)
     softcapping: bool = False  # attention scores and final logits soft-capped, cap * tanh(x / cap) (Gemma 2)
     query_scale_key: str | None = None  # the config key whose value ** -0.5 scales q.k (Gemma 2); None: head_dim
-    why_not: str = ""  # when a path is missing: what is missing, said to the user
 
 
 FAMILIES: dict[str, Family] = {f.architecture: f for f in (
-    Family("LlamaForCausalLM", "llama", "llama", "llama", engine_export=True, reference=True),
-    Family("MistralForCausalLM", "mistral", "mistral", "llama", engine_export=True, reference=True,
-           sliding_window_key="sliding_window"),
-    Family("Qwen2ForCausalLM", "qwen2", "qwen2", "qwen", engine_export=True, reference=True,
-           sliding_window_key="use_sliding_window"),
-    Family("Qwen3ForCausalLM", "qwen3", "qwen3", "qwen", engine_export=True, reference=True, qk_norm=True,
-           sliding_window_key="use_sliding_window"),
-    Family("GemmaForCausalLM", "gemma", "gemma", "gemma", engine_export=True, reference=True, norm_offset=True,
+    Family("LlamaForCausalLM", "llama", "llama", engine_export=True),
+    Family("MistralForCausalLM", "mistral", "llama", engine_export=True,
+           windowed=True),
+    Family("Qwen2ForCausalLM", "qwen2", "qwen", engine_export=True),
+    Family("Qwen3ForCausalLM", "qwen3", "qwen", engine_export=True, qk_norm=True),
+    Family("GemmaForCausalLM", "gemma", "gemma", engine_export=True, norm_offset=True,
            embed_scale=True, activation_keys=("hidden_activation", "hidden_act")),
-    Family("Gemma2ForCausalLM", "gemma2", "gemma2", "gemma2", engine_export=False, reference=True, norm_offset=True,
-           embed_scale=True, activation_keys=("hidden_activation", "hidden_act"), sliding_window_key="sliding_window",
+    Family("Gemma2ForCausalLM", "gemma2", "gemma2", engine_export=False, norm_offset=True,
+           embed_scale=True, activation_keys=("hidden_activation", "hidden_act"), windowed=True,
            window_layers_key="layer_types", sandwich_norms=True, softcapping=True,
            query_scale_key="query_pre_attn_scalar"),
-    Family("Phi3ForCausalLM", "phi3", "phi3", "phi3", engine_export=False, reference=True,
-           sliding_window_key="sliding_window"),
+    Family("Phi3ForCausalLM", "phi3", "phi3", engine_export=False,
+           windowed=True),
 )}
 
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}  # the runtime's names
@@ -91,12 +86,10 @@ def support(architecture: str | None, config: Mapping[str, Any], llm_api: bool, 
     """Whether `convert`, `build` and the CPU paths take this model on the engine path (llm_api False) or the LLM
     API path, and if not, why and what to change. `max_seq_len`: the spec's build.max_seq_len (None: unknown)."""
     family = family_of(architecture)
-    known = ", ".join(f.architecture for f in FAMILIES.values() if f.reference and (llm_api or f.engine_export))
+    known = ", ".join(f.architecture for f in FAMILIES.values() if llm_api or f.engine_export)
     if family is None:
         return Support(False, f"architecture {architecture!r} is not one of the model families specbuild supports",
                        f"use one of: {known}")
-    if not family.reference:
-        return Support(False, f"{architecture}: {family.why_not}", f"use one of: {known}")
     if not llm_api and not family.engine_export:
         return Support(False, f"{architecture} has no TensorRT-LLM checkpoint export (modelopt's "
                        "export_tensorrt_llm_checkpoint covers gpt, gemma, llama and qwen): the engine path cannot "
@@ -117,7 +110,7 @@ def support(architecture: str | None, config: Mapping[str, Any], llm_api: bool, 
         return Support(False, f"{architecture} attends over a sliding window of {window} tokens and build.max_seq_len "
                        f"= {max_seq_len} is longer: the engines specbuild generates attend over the whole sequence",
                        f"set build.max_seq_len <= {window}, or use the LLM API path (build.backend = \"llmapi\")")
-    if config.get("use_sliding_window") and family.sliding_window_key == "use_sliding_window":
+    if config.get("use_sliding_window"):  # Qwen2/Qwen3's switch: a window on the layers past max_window_layers
         return Support(False, f"{architecture} with use_sliding_window = true (a window on some layers only) is not "
                        "computed by the reference runtime", "use a checkpoint with use_sliding_window = false, "
                        "as the published Qwen models are")
@@ -131,7 +124,7 @@ def activation(family: Family, config: Mapping[str, Any]) -> str:
 
 def sliding_window(family: Family, config: Mapping[str, Any]) -> int | None:
     """The attention window of the layers that slide, in tokens (None: none)."""
-    if family.sliding_window_key != "sliding_window":
+    if not family.windowed:
         return None
     value = config.get("sliding_window")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

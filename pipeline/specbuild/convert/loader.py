@@ -32,7 +32,7 @@ from specbuild import families
 from specbuild.errors import CheckpointError
 from specbuild.quantization import FORMATS
 
-LOADER_ARCHITECTURES = tuple(f.architecture for f in families.FAMILIES.values() if f.engine_export and f.reference)
+LOADER_ARCHITECTURES = tuple(f.architecture for f in families.FAMILIES.values() if f.engine_export)
 QUANT_ALGOS = tuple(fmt.quant_algo for fmt in FORMATS.values())  # specbuild.quantization's, each read below
 REQUIRED_KEYS = ("architecture", "dtype", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "hidden_act")
