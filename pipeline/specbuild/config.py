@@ -43,6 +43,15 @@ GPUS: dict[str, tuple[float, int]] = {
 }
 
 
+
+def known_gpu(memory_gib: float, sm: int) -> str | None:
+    """The GPUS key of a device seen (torch's total memory in GiB, its SM): the one of that SM whose usable memory is
+    within 3 % of it; None when none is (the spec then gives memory_gib). Device names are not matched: drivers
+    spell them many ways ("NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL")."""
+    close = [(abs(gib - memory_gib) / gib, name) for name, (gib, gpu_sm) in GPUS.items() if gpu_sm == sm]
+    best = min(close, default=None)
+    return best[1] if best and best[0] <= 0.03 else None
+
 @dataclass(frozen=True)
 class ModelSpec:
     checkpoint: Path  # a Hugging Face model folder (config.json, *.safetensors, tokenizer)

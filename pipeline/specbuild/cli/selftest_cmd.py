@@ -32,7 +32,8 @@ def command(workdir: Path, out: Path | None, variant: str, as_json: bool) -> Non
     the BLS; sampling with draft logits; the acceptance figures agree with the tokens; streaming and
     cancellation; the LLM API probe; a first speed figure (K = 3 against K = 0).
     Without a GPU (or TensorRT-LLM) the steps run on the reference backend and the GPU-only ones say
-    "not run (no GPU)". Exit 0 when no step failed, 1 otherwise.
+    "not run (no GPU)" (on a GPU without TensorRT-LLM, "not run (no TensorRT-LLM ...)" for those that
+    need it; the fp8 calibration runs there). Exit 0 when no step failed, 1 otherwise.
     """
     from specbuild.up.selftest import detect_gpu, selftest
 

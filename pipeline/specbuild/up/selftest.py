@@ -6,7 +6,9 @@ example pair at float16 (then fp8 where the GPU has it); the repository loads in
 K = 3 through the BLS equals K = 0 token for token; sampling with draft logits runs; the acceptance figures agree
 with the tokens; streaming and cancellation; the LLM API path's probe; and a first speed figure, K = 3 against K = 0
 through the server. Without a GPU (or without TensorRT-LLM) the same steps run on the reference backend, so CI
-tests the command itself, and the GPU-only steps say "not run (no GPU)", never passed.
+tests the command itself, and the GPU-only steps say "not run (no GPU)" (or, on a GPU without TensorRT-LLM,
+"not run (no TensorRT-LLM ...)"), never passed. The fp8 calibration needs a GPU only (modelopt on CUDA), so it runs
+wherever torch sees one; its engine build needs TensorRT-LLM.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class StepFailed(Exception):
 class Step:
     name: str
     run: Callable[["Run"], Any]  # returns the evidence; raises StepFailed (or anything) when it fails
-    gpu_only: bool = False
+    requires: str | None = None  # "gpu" (a GPU torch sees) or "tensorrt_llm" (a GPU and TensorRT-LLM); None: any machine
     needs: tuple[str, ...] = ()  # steps that must have passed first
 
 
@@ -45,14 +47,27 @@ class Run:
     workdir: Path
     variant: str
     log: Callable[[str], None]
-    gpu: dict[str, Any] | None = None  # name, sm; None: no usable GPU (or no TensorRT-LLM)
+    gpu: dict[str, Any] | None = None  # name, sm, tensorrt_llm (its version, None when not installed); None: no GPU
     spec: Any = None
     server: Any = None
     results: list[dict[str, Any]] = field(default_factory=list)
 
     @property
+    def trtllm(self) -> bool:
+        return bool(self.gpu and self.gpu.get("tensorrt_llm"))
+
+    @property
     def backend(self) -> str:
-        return "trtllm" if self.gpu else "reference"
+        return "trtllm" if self.trtllm else "reference"
+
+    def not_run(self, requires: str | None) -> str | None:
+        """Why a step that requires this cannot run here; None when it can."""
+        if requires is None or (requires == "gpu" and self.gpu) or (requires == "tensorrt_llm" and self.trtllm):
+            return None
+        if not self.gpu:
+            return "not run (no GPU)"
+        return (f"not run (no TensorRT-LLM: {self.gpu['name']} seen, but tensorrt_llm is not installed; "
+                "run inside the GPU image)")
 
 
 def _versions(run: Run) -> dict[str, Any]:
@@ -76,7 +91,7 @@ def _versions(run: Run) -> dict[str, Any]:
 
 
 def _pair(run: Run) -> str:
-    from specbuild.config import load_spec
+    from specbuild.config import known_gpu, load_spec
     from specbuild.example import ensure_example
     from specbuild.example import specfile
 
@@ -84,8 +99,9 @@ def _pair(run: Run) -> str:
     overrides = specfile.example_overrides(pair, run.variant)
     overrides["output_dir"] = str(run.workdir / "engines")
     overrides["serve"] = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}  # free ports: nothing else is disturbed
-    if run.gpu:
-        overrides["gpu"] = {"name": run.gpu["name"]}
+    if run.gpu:  # a GPU the spec knows by its memory and SM, else its memory
+        name = known_gpu(run.gpu["memory_gib"], run.gpu["sm"])
+        overrides["gpu"] = {"name": name} if name else {"name": run.gpu["name"], "memory_gib": run.gpu["memory_gib"]}
     path = specfile.write_spec(run.workdir / "specbuild.toml", specfile.render_spec(overrides, header="selftest"),
                                force=True)
     run.spec = load_spec(path)
@@ -106,17 +122,31 @@ def _build(run: Run) -> str:
     return f"{run.backend} engines under {run.spec.pair_dir}"
 
 
-def _fp8(run: Run) -> str:
+def _fp8_spec(run: Run):
     import dataclasses
 
-    from specbuild.build.engines import build_engines
+    return dataclasses.replace(run.spec, output_dir=run.workdir / "engines-fp8",
+                               target=dataclasses.replace(run.spec.target, quantization="fp8"))
+
+
+def _fp8_convert(run: Run) -> str:
     from specbuild.convert import convert_pair
 
     if run.gpu["sm"] < 89:
         return f"not applicable: fp8 needs SM89 or newer, this GPU is SM{run.gpu['sm']}"
-    spec = dataclasses.replace(run.spec, output_dir=run.workdir / "engines-fp8",
-                               target=dataclasses.replace(run.spec.target, quantization="fp8"))
-    convert_pair(spec, ["target"], log=run.log)
+    spec = _fp8_spec(run)
+    result = convert_pair(spec, ["target"], log=run.log, verify=True)[0]
+    check = result.get("verification") or {}
+    return (f"fp8 target checkpoint calibrated on the GPU under {spec.pair_dir}: top-1 agreement "
+            f"{check.get('top1_agreement')} with the float32 model ({check.get('criterion')})")
+
+
+def _fp8_build(run: Run) -> str:
+    from specbuild.build.engines import build_engines
+
+    if run.gpu["sm"] < 89:
+        return f"not applicable: fp8 needs SM89 or newer, this GPU is SM{run.gpu['sm']}"
+    spec = _fp8_spec(run)
     build_engines(spec, ["target"], run.backend)
     return f"fp8 target engine under {spec.pair_dir}"
 
@@ -219,26 +249,33 @@ STEPS = (
     Step("example pair", _pair),
     Step("convert float16", _convert, needs=("example pair",)),
     Step("build", _build, needs=("convert float16",)),
-    Step("fp8 convert and build", _fp8, gpu_only=True, needs=("build",)),
+    Step("fp8 convert on the GPU", _fp8_convert, requires="gpu", needs=("convert float16",)),
+    Step("fp8 engine build", _fp8_build, requires="tensorrt_llm", needs=("build", "fp8 convert on the GPU")),
     Step("repository loads in the server", _serve, needs=("build",)),
     Step("greedy K = 3 equals K = 0", _greedy, needs=("repository loads in the server",)),
     Step("sampling with draft logits", _sampling, needs=("repository loads in the server",)),
     Step("acceptance figures agree with the tokens", _agreement, needs=("greedy K = 3 equals K = 0",)),
     Step("streaming and cancellation", _streaming, needs=("repository loads in the server",)),
-    Step("LLM API probe", _llmapi_probe, gpu_only=True),
+    Step("LLM API probe", _llmapi_probe, requires="tensorrt_llm"),
     Step("first speed figure", _bench, needs=("repository loads in the server",)),
 )
 
 
 def detect_gpu() -> dict[str, Any] | None:
-    """The GPU and its SM when torch sees one and TensorRT-LLM is installed; None otherwise."""
+    """The GPU torch sees (name, SM) and the TensorRT-LLM version installed (None: not installed); None: no GPU."""
     try:
         import torch
 
-        if not torch.cuda.is_available() or importlib.util.find_spec("tensorrt_llm") is None:
+        if not torch.cuda.is_available():
             return None
         major, minor = torch.cuda.get_device_capability(0)
-        return {"name": torch.cuda.get_device_name(0), "sm": major * 10 + minor}
+        try:
+            trtllm = importlib.metadata.version("tensorrt_llm")
+        except importlib.metadata.PackageNotFoundError:
+            trtllm = None
+        memory_gib = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        return {"name": torch.cuda.get_device_name(0), "sm": major * 10 + minor, "memory_gib": memory_gib,
+                "tensorrt_llm": trtllm}
     except Exception:  # noqa: BLE001 - no usable GPU is an answer, not an error
         return None
 
@@ -254,8 +291,8 @@ def selftest(workdir: Path, variant: str = "full", log: Callable[[str], None] = 
         for step in STEPS:
             row: dict[str, Any] = {"step": step.name}
             missing = [name for name in step.needs if name not in passed]
-            if step.gpu_only and not run.gpu:
-                row["status"] = "not run (no GPU)"
+            if run.not_run(step.requires):
+                row["status"] = run.not_run(step.requires)
             elif missing:
                 row["status"] = f"skipped ({missing[0]} did not pass)"
             else:
