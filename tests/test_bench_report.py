@@ -102,6 +102,8 @@ def test_parse_int_list():
 def test_clamp_and_auto_k():
     assert runner.clamp_ks((2, 8), 4) == ((0, 2, 4), ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"])
     assert runner.clamp_ks(None, 6) == ((0, 1, 2, 4, 6), [])
+    # the default sweep's 8 is not a K the user asked for: clamped to the deployment's limit without a note
+    assert runner.clamp_ks(runner.DEFAULT_KS, 6) == ((0, 1, 2, 4, 6), [])
     assert runner.auto_ks(4) == (0, 1, 2, 4)
 
 
@@ -167,6 +169,20 @@ def test_table_lists_every_cell(document):
     assert text.splitlines()[0] == "specbuild bench: unit-pair (sim, workload unit)"
     assert len([line for line in text.splitlines() if line[:4].strip() in ("1", "2")]) == 8
     assert f"best K = {doc['best_num_draft_tokens']}" in text
+
+
+def test_the_best_k_line_gives_the_bound_its_own_row_shows(document):
+    """Seen: "best K = 2 ... bound 1.68x" under a K = 2 row that drafted ahead and showed 2.05 (the summary took the
+    sequential bound)."""
+    doc, _ = document
+    top = next(r for r in doc["runs"] if r["concurrency"] == 1 and r["num_draft_tokens"] == doc["best_num_draft_tokens"])
+    overlapped = {**doc, "runs": [{**r, "schedule": "overlapped", "overlap_bound": 2.05} if r is top else r
+                                  for r in doc["runs"]], "schedule": "overlapped", "overlap_bound": 2.05}
+    for shown, expected in ((doc, top["bound"]), (overlapped, 2.05)):
+        lines = report.table(shown).splitlines()
+        cell = next(line for line in lines[4:] if line.split()[:2] == ["1", str(top["num_draft_tokens"])]).split()[7]
+        summary = next(line for line in lines if line.startswith("best K ="))
+        assert cell == f"{expected:.2f}" and f"bound {cell}x" in summary
 
 
 def test_table_columns_carry_units_and_times_are_milliseconds(document):

@@ -276,6 +276,14 @@ def test_generate_cli_and_bench_url_work_against_it(servers, deployment, target_
     k = deployment.spec.speculative.num_draft_tokens
     assert doc["num_output_tokens"] == 12 and doc["num_draft_tokens"] == k and doc["drafted"] > 0  # session.served
     assert doc["stop_reason"] is None
+    # the ids too (seen: "output_ids": [], "prompt_ids": null): the model sends text only, so they are the text's,
+    # re-tokenized and said so; the prompt's are tokenized as the LLM API does. Both equal the local run's here.
+    local = target_only("def add(a, b):", 12)
+    assert (doc["output_ids"], doc["prompt_ids"]) == (local["output_ids"], local["prompt_ids"]) and doc["token_ids"]
+    through_bls = CliRunner().invoke(main, ["generate", "-c", str(deployment.spec_path), "--url", servers[1].grpc_url,
+                                            "--max-tokens", "12", "--json", "def add(a, b):"])
+    bls = json.loads(through_bls.stdout)
+    assert (bls["output_ids"], bls["prompt_ids"]) == (local["output_ids"], local["prompt_ids"]) and "token_ids" not in bls
     bench = run_bench(deployment.spec, Settings(num_draft_tokens=(0, 1, k), requests=2, max_tokens=12), "json",
                       url=llmapi.grpc_url, protocol="grpc", threads=1)
     assert [(r["num_draft_tokens"], r["concurrency"]) for r in bench["runs"]] == [(k, 1)]

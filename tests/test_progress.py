@@ -57,3 +57,34 @@ def test_a_terminal_gets_a_bar_and_off_prints_nothing():
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="bar, lines or off"):
         Progress(total=1, desc="x", mode="loud", stream=io.StringIO())
+
+
+def test_details_show_with_verbose_only(monkeypatch, capsys):
+    from specbuild.progress import VERBOSE_ENV, detail, verbose
+
+    for value, shown in (("", False), ("0", False), ("1", True)):
+        monkeypatch.setenv(VERBOSE_ENV, value)
+        detail("row block 4")
+        assert verbose() is shown and ("row block 4" in capsys.readouterr().err) is shown
+
+
+def test_librarys_stdout_never_reaches_the_result_and_is_kept_for_a_failure(monkeypatch, capsys):
+    """modelopt prints "current rank: 0, tp rank: 0, pp rank: 0" to stdout while exporting: not in a --json result,
+    not in normal output; on stderr with --verbose, or when the call fails (nothing a failure needs is lost)."""
+    import pytest
+
+    from specbuild.convert.export import _quiet_stdout
+    from specbuild.progress import VERBOSE_ENV
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    with _quiet_stdout():
+        print("current rank: 0, tp rank: 0, pp rank: 0")
+    assert capsys.readouterr() == ("", "")
+    with pytest.raises(RuntimeError), _quiet_stdout():
+        print("calibrating layer 3")
+        raise RuntimeError("export failed")
+    assert capsys.readouterr() == ("", "calibrating layer 3\n")
+    monkeypatch.setenv(VERBOSE_ENV, "1")
+    with _quiet_stdout():
+        print("current rank: 0")
+    assert capsys.readouterr() == ("", "current rank: 0\n")

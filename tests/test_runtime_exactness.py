@@ -191,11 +191,18 @@ def test_attention_ends_cover_every_bucket_up_to_1024_then_powers_of_two_and_the
     assert attention_ends(4096) == [*range(64, 1025, 64), 2048, 4096]
 
 
-def test_load_contract_model_logs_its_choice(tmp_path, capsys):
+def test_load_contract_model_logs_its_choice_with_verbose(tmp_path, capsys, monkeypatch):
+    """The row block is for contributors: on stderr with --verbose (SPECBUILD_VERBOSE) only."""
+    from specbuild.progress import VERBOSE_ENV
     from specbuild.runtime.loading import HF_CHECKPOINT, ModelSource, load_contract_model
 
     make_llama(tmp_path, layers=1)
-    model = load_contract_model(ModelSource("target", tmp_path, HF_CHECKPOINT, {"max_seq_len": 700}), device="cpu")
+    source = ModelSource("target", tmp_path, HF_CHECKPOINT, {"max_seq_len": 700})
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    model = load_contract_model(source, device="cpu")
+    assert "row block" not in capsys.readouterr().err
+    monkeypatch.setenv(VERBOSE_ENV, "1")
+    model = load_contract_model(source, device="cpu")
     choice = model.engine.model.exactness
     assert model.engine.model.max_len == 700  # the attention probe covers the engine's longest sequence
     assert f"specbuild: target (cpu, 1 thread): row block {choice.row_block} (probed" in capsys.readouterr().err
@@ -207,21 +214,27 @@ def test_load_contract_model_logs_its_choice(tmp_path, capsys):
 # -- through the CLI: `generate --local --json` reports the choice and stays exact in the safe mode -----------
 
 
-def generate_json(spec_path, *args):
+def generate_json(spec_path, *args, verbose=False):
     import json
 
     from click.testing import CliRunner
 
     from specbuild.cli import main
 
-    result = CliRunner().invoke(main, ["generate", "--local", "-c", str(spec_path), "--json", "--max-tokens", "12",
+    result = CliRunner().invoke(main, [*["--verbose"] * verbose, "generate", "--local", "-c", str(spec_path), "--json", "--max-tokens", "12",
                                        "--no-adaptive", *map(str, args), "def read_config(path):"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout), result.stderr
 
 
-def test_generate_json_reports_the_row_block_choice(tiny_spec_path):
-    doc, stderr = generate_json(tiny_spec_path)
+def test_generate_json_reports_the_row_block_choice(tiny_spec_path, monkeypatch):
+    from specbuild.progress import VERBOSE_ENV
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    quiet, stderr = generate_json(tiny_spec_path)
+    assert "row block" not in stderr and quiet["exactness"]["target"]["exact"]  # in the document, not in the log
+    monkeypatch.setenv(VERBOSE_ENV, "")  # restored after the test: --verbose sets it for the processes it starts
+    doc, stderr = generate_json(tiny_spec_path, verbose=True)
     for role in ("target", "draft"):
         choice = doc["exactness"][role]
         last = choice["tried"][-1]

@@ -127,7 +127,7 @@ def test_deployment_from_the_bls_config_reads_what_the_writer_wrote():
     written = BlsParameters(max_draft_len=6, num_draft_tokens=4, max_input_len=64, max_output_len=32,
                             tokenizer_dir="t", adaptive_draft_len=False)
     config = {"parameters": {key: {"string_value": value} for key, value in written.to_parameters().items()}}
-    assert Deployment.from_config(config) == Deployment(6, 4, False, False)
+    assert Deployment.from_config(config) == Deployment(6, 4, False, False, add_special_tokens=True)
     assert Deployment.from_config({}) == Deployment(None, None, None)  # not a BLS's config: nothing known
     for word, overlap in (("auto", "auto"), ("TRUE", True), ("false", False), ("", False)):  # "": the BLS's default
         config["parameters"]["overlap"] = {"string_value": word}
@@ -222,15 +222,26 @@ class LlmapiClient:
                                      else "\n", "total_draft_tokens": 12, "total_accepted_draft_tokens": 5})
 
 
+class WordTokenizer:
+    """One id per word: its length; a BOS (1) first when special tokens are added."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [1] * add_special_tokens + [len(word) for word in text.split()]
+
+    def count(self, text):
+        return len(self.encode(text))
+
+
 @pytest.mark.parametrize("finish", ["length", "stop"])
 def test_a_generation_on_an_llmapi_deployment_gets_the_specs_k_and_its_token_count(finish):
-    session = ServedSession("127.0.0.1:1", llmapi_k=4, count_tokens=lambda text: len(text.split()))
+    session = ServedSession("127.0.0.1:1", llmapi_k=4, tokenizer=WordTokenizer())
     session.client = LlmapiClient(finish)
     gen = session.generate("hi", Options(max_tokens=9, num_draft_tokens=2), on_text=None)
-    assert session.deployment() == Deployment(llmapi=True)
+    assert session.deployment() == Deployment(llmapi=True, add_special_tokens=True)
     assert (gen.k.k, gen.k.requested) == (4, 2) and gen.text == "Hello world" and gen.finish_reason == finish
     tokens = 9 if finish == "length" else 2  # max_tokens on "length" (the LLM API's meaning), else counted
-    assert gen.output_tokens == tokens and gen.output_ids == []
+    assert gen.output_tokens == tokens and gen.output_ids == [5, 5]  # the text's words, re-tokenized and said so
+    assert "re-tokenized" in gen.to_dict()["token_ids"] and gen.prompt_ids == [1, 2]  # BOS: the LLM API's default
     assert (gen.stats.drafted, gen.stats.accepted, gen.stats.steps) == (12, 5, max(tokens - 5, 1))
     assert session.client.sent[0]["num_draft_tokens"] == 4
 

@@ -12,11 +12,24 @@ log shows that minutes of work are moving.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, Callable, TextIO
 
 EVERY_S = 10.0  # seconds between log lines when stderr is not a terminal
+VERBOSE_ENV = "SPECBUILD_VERBOSE"  # `specbuild --verbose` sets it, so child processes (the draft's, Triton's) see it too
+
+
+def verbose() -> bool:
+    """Whether details for those who tune or debug (which row block the probe chose, libraries' own lines) are shown."""
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def detail(message: str) -> None:
+    """A line on stderr with --verbose only: facts a newcomer cannot act on, which a contributor wants."""
+    if verbose():
+        print(message, file=sys.stderr, flush=True)
 
 
 def duration(seconds: float) -> str:

@@ -43,11 +43,11 @@ class RemoteTransport:
         self.spec_path = spec_path
         self.spec = spec  # what an llmapi deployment does not say: its K, the target's tokenizer
         self.notes: list[str] = []
-        self._count_tokens = None
+        self._tokenizer = None
         if spec is not None:
-            from specbuild.session.served import token_counter
+            from specbuild.session.served import TargetTokenizer
 
-            self._count_tokens = token_counter(spec.target.checkpoint)  # one tokenizer for every thread
+            self._tokenizer = TargetTokenizer(spec.target.checkpoint)  # one tokenizer for every thread
         self._local = threading.local()
         self._sessions: list[Any] = []
         self._lock = threading.Lock()
@@ -82,7 +82,7 @@ class RemoteTransport:
     def with_overlap(self, overlap: bool | str, name: str) -> "RemoteTransport":
         """The same server under another schedule (for measuring both in one run)."""
         other = RemoteTransport(self.url, self.protocol, self.max_draft_len, self.spec_path, self.spec, overlap, name)
-        other.fixed_k, other._count_tokens = self.fixed_k, self._count_tokens
+        other.fixed_k, other._tokenizer = self.fixed_k, self._tokenizer
         return other
 
     def _session(self):
@@ -92,7 +92,7 @@ class RemoteTransport:
 
             session = ServedSession(self.url, self.protocol, spec_path=self.spec_path,
                                     llmapi_k=self.spec.speculative.num_draft_tokens if self.spec else None,
-                                    count_tokens=self._count_tokens)
+                                    tokenizer=self._tokenizer)
             self._local.session = session
             with self._lock:
                 self._sessions.append(session)

@@ -202,6 +202,12 @@ COLUMNS = (("conc", "", 4), ("K", "", 3), ("tok/s", "tok/s", 8), ("speedup", "x"
            ("ttft p50", "ms", 9), ("ttft max", "ms", 9), ("tpot p50", "ms", 9), ("tpot p99", "ms", 9))
 
 
+def own_bound(row: dict[str, Any]) -> float | None:
+    """The bound of the schedule the cell ran (its efficiency's denominator): the overlapped one where it drafted
+    ahead. A best-K summary, which copies its cell's keys, reads it the same way."""
+    return row["overlap_bound"] if row["schedule"] == "overlapped" else row["bound"]
+
+
 def table(doc: dict[str, Any]) -> str:
     """A fixed-width terminal table of every cell (with a units row), then the headline and notes."""
     head = " ".join(f"{name:>{width}}" for name, _, width in COLUMNS)
@@ -211,14 +217,14 @@ def table(doc: dict[str, Any]) -> str:
     for r in doc["runs"]:
         cells = (r["concurrency"], r["num_draft_tokens"], _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]),
                  _fmt(r["alpha"]), _fmt(r["mean_accepted_len"]), _fmt(r["cost_ratio"], ".3f"),
-                 _fmt(r["overlap_bound"] if r["schedule"] == "overlapped" else r["bound"]),  # the cell's own schedule
+                 _fmt(own_bound(r)),
                  _fmt(r["efficiency"]), _fmt(r["early_draft_hit_rate"]), _ms(r["ttft_seconds"]["median"]),
                  _ms(r["ttft_seconds"]["max"]), _ms(r["tpot_seconds"]["median"]),
                  _ms(r["tpot_seconds"]["p99"]))
         lines.append(" ".join(f"{cell:>{width}}" for cell, (_, _, width) in zip(cells, COLUMNS)))
     if doc.get("best_num_draft_tokens") is not None:
         lines.append(f"best K = {doc['best_num_draft_tokens']}: speedup {_fmt(doc['speedup'])}x, alpha "
-                     f"{_fmt(doc['alpha'])}, c {_fmt(doc['cost_ratio'], '.3f')}, bound {_fmt(doc['bound'])}x, "
+                     f"{_fmt(doc['alpha'])}, c {_fmt(doc['cost_ratio'], '.3f')}, bound {_fmt(own_bound(doc))}x, "
                      f"efficiency {_fmt(doc['efficiency'])}")
     hf = doc.get("hf")
     if hf:

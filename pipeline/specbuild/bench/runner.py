@@ -72,12 +72,14 @@ def auto_ks(max_draft_len: int | None) -> tuple[int, ...]:
 
 
 def clamp_ks(ks: Sequence[int] | None, max_draft_len: int | None) -> tuple[tuple[int, ...], list[str]]:
-    """K values the deployment accepts (0 always first, by the one K rule), and notes about those clamped."""
+    """K values the deployment accepts (0 always first, by the one K rule), and notes about those clamped: a K
+    the user asked for, never one of the default sweep's (DEFAULT_KS, whose 8 becomes the deployment's limit)."""
     if ks is None:
         return auto_ks(max_draft_len), []
     if max_draft_len is None:
         return tuple(sorted({0, *ks})), []
-    return resolve_ks(ks, max_draft_len)
+    resolved, notes = resolve_ks(ks, max_draft_len)
+    return resolved, [] if tuple(ks) == DEFAULT_KS else notes
 
 
 def _measures(transport: Transport, k: int) -> bool:

@@ -78,7 +78,9 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="specbuild")
-def main() -> None:
+@click.option("-v", "--verbose", is_flag=True, help="Details for tuning and debugging on stderr: the row block the "
+              "exactness probe chose, libraries' own output (also: SPECBUILD_VERBOSE=1).")
+def main(verbose: bool) -> None:
     """specbuild: speculative decoding with TensorRT-LLM, from one spec file.
 
     A small draft model proposes K tokens, the large target model verifies them in one
@@ -97,3 +99,9 @@ def main() -> None:
     Results go to stdout (one JSON document with --json); logs and progress to stderr.
     Exit codes: 0 ok, 1 error or unusable pair, 2 usage error.
     """
+    if verbose:  # in the environment, so the processes specbuild starts (the draft's, tritonserver's) see it
+        import os
+
+        from specbuild.progress import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"

@@ -20,7 +20,8 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
               help='Built-in prompt set (chat: prose as user messages through the target tokenizer\'s chat template), '
               'or a JSONL file with one {"prompt": ...} or {"messages": [...]} object per line.')
 @click.option("--num-draft-tokens", "ks", default="0,1,2,4,8", show_default=True, metavar="LIST|auto",
-              help="K values to sweep (0 = speculation off, always measured); auto = 0, 1, 2, 4, .. max_draft_len.")
+              help="K values to sweep (0 = speculation off, always measured); auto = 0, 1, 2, 4, .. max_draft_len. "
+              "A K above the deployment's max_draft_len runs at it (the default's 8 too, without a note).")
 @click.option("--concurrency", default="1", show_default=True, metavar="LIST",
               help="Concurrent streams to measure, e.g. 1,2,4,8 (in-process: batched through the runtime's Batcher).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Tokens per request.")

@@ -123,6 +123,10 @@ SAMPLING_PARAMS = ("best_of", "temperature", "top_k", "top_p", "frequency_penalt
 # Note: exclude_input_from_output defaults to False here, so text_output starts with the prompt (NVIDIA's
 # sample "text_output":"What is ML?\nML is ...", tutorials @e848952 TRT-LLM/README.md L134).
 SAMPLING_DEFAULTS = {"best_of": 1, "exclude_input_from_output": False, "return_perf_metrics": False}
+# SamplingParams.add_special_tokens ("Whether to add special tokens to the prompt. Defaults to True"); model.py does
+# not set it, so the LLM API tokenizes every prompt with the tokenizer's special tokens (a BOS where it adds one).
+# NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py @000a01d.
+ADD_SPECIAL_TOKENS = True
 # SamplingParams.max_tokens when the request sends none: 32 in the sampling_params.py versions read (1.x);
 # not confirmed at the 1.2.1 tag.
 DEFAULT_MAX_TOKENS = 32

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import json
 import sys
 import time
@@ -21,6 +22,7 @@ from specbuild.convert import formats
 from specbuild.convert.fixups import apply_fixups
 from specbuild.convert.plan import TOOLS, ConvertOptions, RolePlan
 from specbuild.errors import CheckpointError
+from specbuild.progress import verbose
 
 Log = Callable[[str], None]
 
@@ -203,13 +205,20 @@ def calibrate(model: Any, plan: RolePlan, options: ConvertOptions, device: str, 
 
 @contextlib.contextmanager
 def _quiet_stdout() -> Iterator[None]:
-    """modelopt prints progress to stdout, which belongs to the command's result (--json): send it to stderr."""
-    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+    """modelopt prints to stdout ("current rank: 0, tp rank: 0, pp rank: 0", its progress), which belongs to the
+    command's result (--json): on stderr with --verbose; otherwise held, and written to stderr only if the call
+    fails, so nothing a failure needs is lost."""
+    held = io.StringIO()
+    with contextlib.redirect_stdout(sys.stderr if verbose() else held), warnings.catch_warnings():
         # Without tensorrt_llm installed modelopt writes the config itself ("the manual approach"): expected here.
         warnings.filterwarnings("ignore", message="Cannot export tensorrt_llm checkpoint config")
         # Printed whenever lm_head is not force-disabled, although the configs used here exclude it (exclude_modules).
         warnings.filterwarnings("ignore", message="Enable lm_head quantization")
-        yield
+        try:
+            yield
+        except BaseException:
+            sys.stderr.write(held.getvalue())
+            raise
 
 
 def export_checkpoint(model: Any, plan: RolePlan, folder: Path) -> None:

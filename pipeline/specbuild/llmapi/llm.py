@@ -160,7 +160,7 @@ class StandInLLM:
         from specbuild.speculative.interfaces import SamplingParams
 
         arrival = time.monotonic_ns()
-        prompt_ids = list(self.tokenizer(prompt)["input_ids"])
+        prompt_ids = list(self.tokenizer(prompt, add_special_tokens=contract.ADD_SPECIAL_TOKENS)["input_ids"])
         if len(prompt_ids) > self.max_num_tokens:
             raise ModelException(contract.MSG_PROMPT_TOO_LONG.format(prompt_len=len(prompt_ids) / 1,
                                                                     max_num_tokens=self.max_num_tokens))

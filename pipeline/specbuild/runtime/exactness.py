@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from specbuild.errors import SpecError
+from specbuild.progress import detail
 from specbuild.runtime.blocks import KEY_BUCKET, key_bucket_end, run_blocks
 
 CPU_CANDIDATES = (4, 8, 2)  # 4 first: the fastest on the machines measured (docs/runtime.md, speed check)
@@ -251,8 +252,12 @@ def reprobe_for_threads(model) -> RowBlockChoice:
     model.row_block, model.exactness = choice.row_block, choice
     changed = "" if choice.row_block == before.row_block else (
         f" (was {before.row_block}: logits computed before this differ in their last bits from those computed after)")
-    print(f"specbuild: torch threads changed from {before.threads} to {choice.threads} since the row-block probe; "
-          f"probed again: {choice.describe()}{changed}", file=sys.stderr, flush=True)
+    message = (f"specbuild: torch threads changed from {before.threads} to {choice.threads} since the row-block probe; "
+               f"probed again: {choice.describe()}{changed}")
+    if changed:  # the logits change: said always; the same block again is a detail
+        print(message, file=sys.stderr, flush=True)
+    else:
+        detail(message)
     if not choice.exact:
         warnings.warn(choice.describe(), RuntimeWarning, stacklevel=3)
     return choice

@@ -15,6 +15,7 @@ from typing import Any
 
 from specbuild.config import Spec
 from specbuild.errors import CheckpointError
+from specbuild.progress import detail
 from specbuild.hfmodel import listed_end_ids
 from specbuild.speculative.overlap import available_cores, resolve_auto
 
@@ -76,13 +77,14 @@ def resolve_device(device: str | None) -> str:
 
 
 def load_contract_model(source: ModelSource, device: str | None = None, use_cache: bool = True,
-                        row_block: int | None = None, probe: bool = True):
+                        row_block: int | None = None, probe: bool = True, announce: bool = False):
     """A ContractModel (the tensorrt_llm contract) over the reference engine built from source.
 
     row_block: rows per matmul block (runtime/model.py). None: the first of the device's candidates
     that passes the exactness probe on this machine, else 1 (runtime/exactness.py); N: N if it passes
     the probe, else SpecError. probe=False: row_block (or the device's first candidate) unchecked, for
-    a baseline that needs no invariance. The choice goes to stderr and to model.exactness."""
+    a baseline that needs no invariance. The choice goes to model.exactness, and to stderr with --verbose, when
+    `announce` (a server's log, where operators look) or when it fell back to the safe mode (slower)."""
     from specbuild.runtime.contract_model import ContractModel, Limits
     from specbuild.runtime.engine import ReferenceEngine
     from specbuild.runtime.model import LlamaModel
@@ -93,7 +95,11 @@ def load_contract_model(source: ModelSource, device: str | None = None, use_cach
     if model.exactness is not None:
         threads = model.exactness.threads
         where = f"cpu, {threads} thread{'s' if threads != 1 else ''}" if threads else model.device.type
-        print(f"specbuild: {source.role} ({where}): {model.exactness.describe()}", file=sys.stderr, flush=True)
+        line = f"specbuild: {source.role} ({where}): {model.exactness.describe()}"  # not exact: a warning too
+        if announce or model.exactness.mode == "safe":
+            print(line, file=sys.stderr, flush=True)
+        else:
+            detail(line)
     limits = Limits.from_engine(source.limits, model.args.max_position_embeddings)  # logits dtype, max_num_tokens too
     return ContractModel(ReferenceEngine(model, use_cache=use_cache), limits)
 

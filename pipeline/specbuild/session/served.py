@@ -17,6 +17,11 @@ An llmapi deployment says less, and the session fills in what the spec knows (`f
 - num_output_tokens: the model sends text and no token ids, so a generation that ended on "length" made
   max_tokens tokens (the LLM API's meaning of it; a request shortened by max_seq_len would make fewer),
   and any other is the text re-tokenized with the target's tokenizer;
+- output_ids: the text re-tokenized with the target's tokenizer, said so in the document (`token_ids`): a
+  text can have more than one tokenization, and the model's own ids are not sent;
+- prompt_ids (either deployment): the prompt tokenized here as the server does (the BLS's add_special_tokens
+  parameter; the LLM API's default, `contract.llmapi.ADD_SPECIAL_TOKENS`), when the session has the target's
+  tokenizer (`for_spec`);
 - steps: not sent; each verify step makes its accepted tokens plus one, so steps = tokens - accepted.
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +38,7 @@ from typing import Any
 
 from specbuild.config import Spec
 from specbuild.contract.bls_params import BlsParameters
+from specbuild.contract.llmapi import ADD_SPECIAL_TOKENS as LLMAPI_ADD_SPECIAL_TOKENS
 from specbuild.errors import ClientError
 from specbuild.session.generation import Generation, Options
 from specbuild.speculative.draft_len import ResolvedK, resolve_fixed_k, resolve_k
@@ -61,6 +68,7 @@ class Deployment:
     adaptive: bool | None = None
     overlap: bool | str | None = None  # the BLS's configured schedule (before it resolves "auto" for its cores)
     llmapi: bool = False  # Triton's llmapi model (the LLM API path): no K per request, no token ids
+    add_special_tokens: bool | None = None  # how the server tokenizes a prompt (None: not known)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Deployment":
@@ -70,7 +78,12 @@ class Deployment:
             bls = BlsParameters.from_parameters(params)
         except ValueError:  # not a BLS's config, or one the BLS itself would refuse
             return cls()
-        return cls(bls.max_draft_len, bls.num_draft_tokens, bls.adaptive_draft_len, bls.overlap)
+        return cls(bls.max_draft_len, bls.num_draft_tokens, bls.adaptive_draft_len, bls.overlap,
+                   add_special_tokens=bls.add_special_tokens)
+
+    @classmethod
+    def of_llmapi(cls) -> "Deployment":
+        return cls(llmapi=True, add_special_tokens=LLMAPI_ADD_SPECIAL_TOKENS)
 
 
 @dataclass
@@ -97,36 +110,44 @@ def read_stream(chunks: Iterable[Any], on_text: Callable[[str], None] | None = N
     return Streamed("".join(parts), first, outputs)
 
 
-def token_counter(tokenizer_dir: str | Path) -> Callable[[str], int]:
-    """text -> its tokens under the tokenizer in tokenizer_dir (loaded on first use)."""
-    loaded: list[Any] = []
+class TargetTokenizer:
+    """The target's tokenizer, loaded on first use (one for every thread of a bench): what a server does not send
+    (prompt ids; an llmapi deployment's output ids and counts) computed here as the server computes it."""
 
-    def count(text: str) -> int:
+    def __init__(self, tokenizer_dir: str | Path):
+        self.tokenizer_dir = tokenizer_dir
+        self._loaded: Any = None
+        self._lock = threading.Lock()  # fast tokenizers are not safe to call from several threads at once
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if not text:
-            return 0
-        if not loaded:
-            from transformers import AutoTokenizer
+            return []
+        with self._lock:
+            if self._loaded is None:
+                from transformers import AutoTokenizer
 
-            try:
-                loaded.append(AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True))
-            except (OSError, ValueError) as err:
-                raise ClientError(f"the llmapi model sends no token ids, and the target's tokenizer to count them "
-                                  f"does not load from {tokenizer_dir}: {err}") from None
-        return len(loaded[0](text, add_special_tokens=False)["input_ids"])
+                try:
+                    self._loaded = AutoTokenizer.from_pretrained(str(self.tokenizer_dir), local_files_only=True)
+                except (OSError, ValueError) as err:
+                    raise ClientError(f"the target's tokenizer (for what the server does not send: token ids and "
+                                      f"counts) does not load from {self.tokenizer_dir}: {err}") from None
+            return [int(t) for t in self._loaded(text, add_special_tokens=add_special_tokens)["input_ids"]]
 
-    return count
+    def count(self, text: str) -> int:
+        """The tokens of a generated text (no special tokens added)."""
+        return len(self.encode(text))
 
 
 class ServedSession:
     def __init__(self, url: str, protocol: str = "grpc", model: str = MODEL, timeout: float = 300.0,
                  spec_path: str | None = None, llmapi_k: int | None = None,
-                 count_tokens: Callable[[str], int] | None = None):
+                 tokenizer: TargetTokenizer | None = None):
         from specbuild.triton.client import SpecbuildClient
 
         self.url, self.protocol = url, protocol
         self.spec_path = spec_path  # shown in the "no server" advice
         self.llmapi_k = llmapi_k  # an llmapi deployment's K (the server cannot say it)
-        self.count_tokens = count_tokens  # text -> tokens (an llmapi deployment sends no token ids)
+        self.tokenizer = tokenizer  # the target's: prompt ids, and an llmapi deployment's token ids (None: not known)
         self.client = SpecbuildClient(url, protocol=protocol, model=model, timeout=timeout)
         self._deployment: Deployment | None = None
 
@@ -136,7 +157,7 @@ class ServedSession:
         """A session on the spec's server (`server_url`) that also knows what an llmapi deployment of the spec
         does not send: its K and the target's tokenizer."""
         return cls(server_url(spec, protocol, url), protocol, timeout=timeout, spec_path=spec_path,
-                   llmapi_k=spec.speculative.num_draft_tokens, count_tokens=token_counter(spec.target.checkpoint))
+                   llmapi_k=spec.speculative.num_draft_tokens, tokenizer=TargetTokenizer(spec.target.checkpoint))
 
     def __enter__(self) -> "ServedSession":
         return self
@@ -150,7 +171,7 @@ class ServedSession:
     def deployment(self) -> Deployment:
         if self._deployment is None:
             if self.client.is_llmapi():
-                self._deployment = Deployment(llmapi=True)
+                self._deployment = Deployment.of_llmapi()
             else:
                 self._deployment = Deployment.from_config(self.client.model_config())
         return self._deployment
@@ -213,11 +234,19 @@ class ServedSession:
         overlap = figures.get("overlap") if isinstance(figures, dict) and "overlap" in figures else (
             options.overlap if options.overlap is not None else self.deployment().overlap)
         count = int(out["num_output_tokens"]) if "num_output_tokens" in out else None
-        if self.deployment().llmapi:
-            count = self._llmapi_tokens(streamed.text, out.get("finish_reason"), options.max_tokens)
+        output_ids = [int(t) for t in out.get("output_ids", [])]
+        extra: dict[str, Any] = {}
+        if llmapi and self.tokenizer is not None:  # text only: the ids are the text's, re-tokenized
+            output_ids = self.tokenizer.encode(streamed.text)
+            extra["token_ids"] = ("output_ids re-tokenized from the text with the target's tokenizer: Triton's llmapi "
+                                  "model sends text only")
+        if llmapi:
+            count = self._llmapi_tokens(output_ids, out.get("finish_reason"), options.max_tokens)
             if count:
                 stats.steps = max(count - stats.accepted, 1)
-        output_ids = [int(t) for t in out.get("output_ids", [])]
+        add_special = self.deployment().add_special_tokens
+        prompt_ids = (self.tokenizer.encode(prompt, add_special)
+                      if self.tokenizer is not None and add_special is not None else None)
         stop_reason = out.get("stop_reason")
         if isinstance(stop_reason, str) and stop_reason.startswith("["):
             stop_reason = json.loads(stop_reason)  # a stop sequence given as token ids
@@ -232,13 +261,14 @@ class ServedSession:
             seconds=seconds,
             ttft_seconds=streamed.ttft_seconds,
             num_output_tokens=count,
+            prompt_ids=prompt_ids,
             overlap=overlap,
             extra={"engine_source": None, "server": {"url": self.url, "protocol": self.protocol},
-                   "sampling": options.sampling_dict()},
+                   "sampling": options.sampling_dict(), **extra},
         )
 
-    def _llmapi_tokens(self, text: str, finish_reason: str | None, max_tokens: int) -> int | None:
+    def _llmapi_tokens(self, output_ids: list[int], finish_reason: str | None, max_tokens: int) -> int | None:
         """An llmapi generation's token count: max_tokens when it ended on "length", else the text's tokens."""
         if finish_reason == "length":
             return int(max_tokens)
-        return self.count_tokens(text) if self.count_tokens is not None else None
+        return len(output_ids) if self.tokenizer is not None else None

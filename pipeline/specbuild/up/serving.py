@@ -80,13 +80,13 @@ def _demo(ctx, handle, supervisor) -> list[dict[str, Any]]:
     --json). A prompt that fails because the server did (a model's process died or hung) is reported, and once the
     supervisor has it serving again, sent once more."""
     from specbuild.errors import ClientError
-    from specbuild.session.served import token_counter
+    from specbuild.session.served import TargetTokenizer
 
     out = []
     k = ctx.spec.speculative.num_draft_tokens
     build = ctx.spec.build
     max_tokens = min(DEMO_MAX_TOKENS, build.max_seq_len - build.max_input_len)
-    count = token_counter(ctx.spec.target.checkpoint)
+    count = TargetTokenizer(ctx.spec.target.checkpoint).count
     for kind, prompt in demo_prompts():
         prompt = fitting(prompt, count, build.max_input_len - 1)  # - 1: a BOS the server may add
         if prompt is None:

@@ -152,7 +152,8 @@ def load_engine(engine_dir: Path, device: str | None = None):
         raise ValueError(f"{engine_dir} holds a {manifest.get('backend')!r} engine, not a reference engine.")
     source = ModelSource(limits.get("role", "target"), engine_dir, REFERENCE_ENGINE, limits)
     _share_cpu(source, device)  # before loading: the exactness probe holds for the thread count it ran at
-    return load_contract_model(source, device=device)  # limits from engine.json (Limits.from_engine)
+    # limits from engine.json (Limits.from_engine); the row block chosen goes to the server's log
+    return load_contract_model(source, device=device, announce=True)
 
 
 def declared_logits_type(config: dict) -> str | None:
