@@ -7,6 +7,7 @@ so early drafts finish before, during or after the verification they overlap.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -19,7 +20,7 @@ from specbuild.errors import RequestError
 from specbuild.speculative.adaptive import expected_hit_rate, predicted_overlap_speedup, predicted_speedup
 from specbuild.speculative.interfaces import Ahead, AheadDrafter, Draft, SamplingParams
 from specbuild.speculative.loop import GenerationRequest, generate, run
-from specbuild.speculative.overlap import OverlapGate, ThreadedAhead, propose_ahead
+from specbuild.speculative.overlap import AutoSchedule, ThreadedAhead, propose_ahead
 from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 from test_speculative_distribution import PROMPT as DIST_PROMPT
 from test_speculative_distribution import P_CORRECT, P_WRONG, chi_square_pvalue, exact_joint
@@ -291,30 +292,70 @@ def test_the_worker_thread_ends_with_the_request():
     assert not any(name.startswith("specbuild-draft-ahead") for name in left)
 
 
-# --- "auto": drafting ahead stops while early drafts rarely hit ----------------------------------
+# --- "auto": the schedule that has been faster, measured ----------------------------------------------
 
 
-def test_auto_stops_drafting_ahead_for_a_drafter_that_never_hits_and_keeps_it_for_one_that_does():
-    never = run([1, 2], ToyDrafter(OTHER), ToyVerifier(TARGET), GenerationRequest(
-        max_tokens=60, num_draft_tokens=2, overlap="auto"))
+def test_auto_measures_each_schedule_then_runs_the_faster_and_looks_at_the_other_now_and_then():
+    schedule = AutoSchedule(explore_every=3, margin=0.02)
+    assert schedule.choose() is True  # nothing measured: drafting ahead first
+    schedule.report(True, 1.0, 10)
+    assert schedule.choose() is False  # then the sequential schedule once
+    schedule.report(False, 0.8, 10)
+    assert [schedule.choose() for _ in range(5)] == [False, False, False, True, False]  # one look at the other
+    assert schedule.figures()["drafting_ahead"] is False
+    for _ in range(6):  # the text changes: drafting ahead becomes the faster
+        schedule.report(True, 0.5, 10)
+    assert schedule.faster() is True and schedule.choose() is True
+    close = AutoSchedule()
+    close.report(True, 0.99, 10)
+    close.report(False, 1.0, 10)
+    assert close.faster() is False  # 1 % faster does not pay for a second busy core (margin 2 %)
+
+
+class Timed:
+    """A drafter or verifier whose calls take real time: `ms` per call plus `per_token_ms` per drafted token,
+    holding `lock` when given (two models that cannot run at once: the early draft then delays the
+    verification, as a busy core does)."""
+
+    def __init__(self, inner, ms: float, per_token_ms: float = 0.0, lock: threading.Lock | None = None):
+        self.inner, self.ms, self.per_token_ms, self.lock = inner, ms, per_token_ms, lock
+        self.max_draft_len = getattr(inner, "max_draft_len", None)
+
+    def _spend(self, tokens: int) -> None:
+        with self.lock or contextlib.nullcontext():
+            time.sleep((self.ms + self.per_token_ms * tokens) / 1000)
+
+    def propose(self, tokens, k, sampling):
+        self._spend(k)
+        return self.inner.propose(tokens, k, sampling)
+
+    def verify(self, tokens, draft, sampling):
+        self._spend(0)
+        return self.inner.verify(tokens, draft, sampling)
+
+
+def test_auto_drafts_ahead_where_it_is_faster_and_not_where_it_costs():
+    """A drafter whose early drafts always hit, beside a verifier on its own core: drafting ahead hides the
+    drafting, and "auto" keeps it. One whose early drafts never hit, sharing the verifier's core: each early
+    draft delays the verification, and "auto" stops drafting ahead (but for a segment now and then)."""
+    request = GenerationRequest(max_tokens=150, num_draft_tokens=2, overlap="auto")
+    fast = run([1, 2], Timed(ToyDrafter(TARGET), 1.0, 1.5), Timed(ToyVerifier(TARGET), 4.0), request)
+    assert fast.stats.early_drafts >= 0.6 * fast.stats.steps
+    core = threading.Lock()
+    slow = run([1, 2], Timed(ToyDrafter(OTHER), 1.0, 1.5, core), Timed(ToyVerifier(TARGET), 4.0, lock=core), request)
     always = run([1, 2], ToyDrafter(OTHER), ToyVerifier(TARGET), GenerationRequest(
-        max_tokens=60, num_draft_tokens=2, overlap=True))
-    assert never.tokens == always.tokens
-    assert always.stats.early_drafts > 2 * never.stats.early_drafts > 0  # it stopped, and probed now and then
-    perfect = run([1, 2], ToyDrafter(TARGET), ToyVerifier(TARGET), GenerationRequest(
-        max_tokens=60, num_draft_tokens=2, overlap="auto"))
-    assert perfect.stats.early_drafts == perfect.stats.steps - 1
+        max_tokens=150, num_draft_tokens=2, overlap=True))
+    assert slow.tokens == always.tokens  # the schedule never changes the text
+    assert slow.stats.early_drafts <= 0.4 * slow.stats.steps
 
 
-def test_the_gate_closes_below_the_threshold_and_probes():
-    gate = OverlapGate(min_hit_rate=0.3, probe_every=3)
-    assert gate.open()
-    for _ in range(10):
-        gate.record(False)
-    assert gate.hit_rate < 0.3
-    assert [gate.open() for _ in range(4)] == [False, False, False, True]
-    gate.record(True)
-    assert not gate.open()  # one hit does not lift the estimate above the threshold
+def test_a_deployments_schedule_learns_across_requests():
+    schedule = AutoSchedule(segment=2)
+    request = GenerationRequest(max_tokens=12, num_draft_tokens=2, overlap="auto")
+    for _ in range(3):
+        list(generate([1, 2], ToyDrafter(TARGET), ToyVerifier(TARGET), request, schedule=schedule))
+    measured = schedule.figures()["segments"]
+    assert measured["ahead"] >= 1 and measured["sequential"] >= 1
 
 
 def test_invalid_overlap_setting_is_a_request_error():

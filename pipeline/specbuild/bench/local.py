@@ -132,7 +132,8 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
     transport = LocalTransport(session, concurrent=True, batched=batched, close_batched=close,
                                overlap=False if compare else session.overlap)
     if compare:
-        transport.peers = [transport.with_overlap(session.overlap, f"{transport.name}-overlap")]
+        transport.peers = [transport.with_overlap(session.overlap, f"{transport.name}-overlap"),
+                           transport.with_overlap("auto", f"{transport.name}-auto")]
     return transport
 
 

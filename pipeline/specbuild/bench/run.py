@@ -99,8 +99,10 @@ def same_tokens(measured: Measurements, baseline: Measurements, k: int = 0) -> b
     return all(r.output_ids == reference[r.prompt_index] for r in results)
 
 
-def overlap_section(sequential: Measurements, overlapped: Measurements) -> dict[str, Any]:
-    """The overlapped schedule against the sequential one on the same models, per K, at concurrency 1."""
+def overlap_section(sequential: Measurements, overlapped: Measurements,
+                    auto: Measurements | None = None) -> dict[str, Any]:
+    """The overlapped schedule against the sequential one on the same models, per K, at concurrency 1; with `auto`,
+    the "auto" schedule beside them (auto_over_best: its tokens/s over the better of the two fixed ones)."""
     seq_rows = {r["num_draft_tokens"]: r for r in report.cells(sequential.summaries()) if r["concurrency"] == 1}
     ovl_rows = {r["num_draft_tokens"]: r for r in report.cells(overlapped.summaries()) if r["concurrency"] == 1}
     rows = []
@@ -117,6 +119,10 @@ def overlap_section(sequential: Measurements, overlapped: Measurements) -> dict[
                      "bound": q["bound"], "overlap_bound": o["overlap_bound"],
                      "predicted_overlapped_over_sequential": _ratio(o["overlap_bound"], q["bound"]),
                      "speedup": o["speedup"], "efficiency": o["efficiency"]})
+        if auto is not None:
+            fixed_best = max(_rate(overlapped, k) or 0.0, _rate(sequential, k) or 0.0)
+            rows[-1].update(auto_tokens_per_s=_r3(_rate(auto, k)), auto_over_best=_ratio(_rate(auto, k), fixed_best),
+                            auto_early_draft_share=_early_share(auto, k))
     best = max(rows, key=lambda r: r["overlapped_tokens_per_s"] or 0.0) if rows else None
     seq_best = max((seq_rows[k]["tokens_per_s"] for k in seq_rows if k > 0), default=None)
     keys = ("overlapped_over_sequential", "early_draft_hit_rate", "hidden_share", "bound", "overlap_bound",
@@ -125,7 +131,20 @@ def overlap_section(sequential: Measurements, overlapped: Measurements) -> dict[
             "tokens_per_s": best["overlapped_tokens_per_s"] if best else None,
             **{key: best[key] if best else None for key in keys},
             "best_over_best": _ratio(best["overlapped_tokens_per_s"], seq_best) if best else None,
+            "auto_over_best": min((r["auto_over_best"] for r in rows if r.get("auto_over_best")), default=None),
             "runs": rows}
+
+
+def _early_share(measured: Measurements, k: int) -> float | None:
+    """Of the auto schedule's verify steps at K, the share that drafted the next step ahead."""
+    results = measured.cells.get((k, 1), [])
+    steps = sum(r.steps for r in results)
+    early = sum(r.early_drafts for r in results)
+    return round(early / steps, 3) if steps else None
+
+
+def _r3(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None = None,
@@ -150,7 +169,7 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         transport = RemoteTransport.connect(url, protocol, spec_path=spec_path, spec=spec)
         transport.overlap = False if overlap == "compare" else overlap
         if overlap == "compare":
-            peers.append(transport.with_overlap(True, "triton-overlap"))
+            peers.extend([transport.with_overlap(True, "triton-overlap"), transport.with_overlap("auto", "triton-auto")])
         try:
             peers.append(_local_transport(spec, log, threads, row_block, overlap=False))
         except SpecbuildError as err:
@@ -203,7 +222,7 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         equal = [row["same_tokens_as_k0"] for row in rows if row.get("same_tokens_as_k0") is not None]
         extra["greedy_equal"] = all(equal) if equal else None
     if overlapped is not None:
-        extra["overlap"] = overlap_section(ours, overlapped)
+        extra["overlap"] = overlap_section(ours, overlapped, measured.get(f"{transport.name}-auto"))
     doc_settings = {"num_draft_tokens": list(ks), "concurrency": list(settings.concurrency),
                     "max_tokens": settings.max_tokens, "requests": settings.requests,
                     "temperature": settings.temperature, "seed": settings.seed, "url": url,

@@ -19,6 +19,7 @@ from specbuild.speculative.adaptive import AdaptiveK
 from specbuild.speculative.draft_len import ResolvedK
 from specbuild.speculative.interfaces import Drafter, Verifier
 from specbuild.speculative.loop import GenerationRequest, Step, generate
+from specbuild.speculative.overlap import AutoSchedule
 from specbuild.speculative.stats import SpeculationStats
 
 __all__ = ["drive"]
@@ -46,6 +47,8 @@ def drive(
     cancelled: Callable[[], bool] | None = None,  # polled before each step; True ends it as "cancelled"
     stop_words: dict[tuple[int, ...], str] | None = None,  # stop sequence -> its text, for stop_reason
     controller: AdaptiveK | None = None,
+    schedule: AutoSchedule | None = None,  # overlap = "auto": the deployment's (None: the request's own)
+    ahead_drafter: Drafter | None = None,  # proposes the early drafts (None: drafter)
     on_step: Callable[[Step, list[int]], None] | None = None,  # each step and the output so far ([n])
 ) -> Generation:
     """Run one request to its end. A bad request raises RequestError before the first step."""
@@ -53,7 +56,7 @@ def drive(
     records: list[StepRecord] = []
     stats, reason, first = SpeculationStats(), None, None
     started = time.perf_counter()
-    steps = generate(prompt_ids, drafter, verifier, request, controller)
+    steps = generate(prompt_ids, drafter, verifier, request, controller, schedule, ahead_drafter)
     for step in steps:
         if cancelled is not None and cancelled():
             steps.close()

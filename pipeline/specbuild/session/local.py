@@ -29,6 +29,7 @@ from specbuild.session.generation import Generation, Options
 from specbuild.session.request import RequestRules
 from specbuild.session.textstream import TextStream
 from specbuild.speculative.interfaces import Drafter, SamplingParams, Verifier
+from specbuild.speculative.overlap import AutoSchedule
 
 __all__ = ["LocalSession"]
 
@@ -54,6 +55,7 @@ class LocalSession:
         self.overlap_reason = overlap_reason or f"overlap {overlap}"  # why (how "auto" was resolved here)
         self.ahead_drafter = ahead_drafter  # the drafter of requests that draft ahead (None: `drafter`)
         self._lock = threading.Lock()  # fast tokenizers are not safe to call from several threads at once
+        self.auto_schedule = AutoSchedule()  # overlap = "auto": measured across this session's requests
 
     @classmethod
     def from_spec(cls, spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
@@ -124,8 +126,10 @@ class LocalSession:
         callers); `text`: False skips detokenizing (the benchmark)."""
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         overlap = self.overlap if options.overlap is None else options.overlap
-        drafter, verifier = pair or (self.ahead_drafter if overlap and self.ahead_drafter else self.drafter,
-                                     self.verifier)
+        # Drafting ahead, the early drafts come from the draft model's own process; "auto" makes a step's own
+        # drafts in this process (no round trip to the other) and sequential segments are the sequential schedule.
+        ahead = self.ahead_drafter if overlap and self.ahead_drafter else None
+        drafter, verifier = pair or (self.drafter if overlap == "auto" or ahead is None else ahead, self.verifier)
         if self.max_seq_len is not None and len(prompt_ids) + options.max_tokens > self.max_seq_len:
             raise RequestError(
                 f"the prompt ({len(prompt_ids)} tokens) + max_tokens {options.max_tokens} = "
@@ -140,7 +144,8 @@ class LocalSession:
                 overlap=overlap)
         stream = TextStream(self.tokenizer, prompt_ids) if text and self.tokenizer is not None else None
         generation = drive(prompt_ids, drafter, verifier, ready.request, k=ready.k, text=stream, on_text=on_text,
-                           stop_words=ready.stop_words)
+                           stop_words=ready.stop_words, schedule=self.auto_schedule,
+                           ahead_drafter=ahead if pair is None else None)
         generation.extra = {**self.describe(), "overlap_reason": self.overlap_reason if options.overlap is None
                             else f"overlap {overlap} as asked", "sampling": options.sampling_dict()}
         return generation

@@ -52,7 +52,7 @@ from specbuild.errors import GenerationError, RequestError
 from specbuild.speculative.adaptive import AdaptiveK
 from specbuild.speculative.draft_len import resolve_k
 from specbuild.speculative.interfaces import Draft, Drafter, SamplingParams, Verification, Verifier
-from specbuild.speculative.overlap import DraftAhead
+from specbuild.speculative.overlap import AutoSchedule, DraftAhead
 from specbuild.speculative.sampling import validate_sampling
 from specbuild.speculative.stats import SpeculationStats
 
@@ -138,12 +138,17 @@ def generate(
     verifier: Verifier,
     request: GenerationRequest,
     controller: AdaptiveK | None = None,
+    schedule: AutoSchedule | None = None,
+    ahead_drafter: Drafter | None = None,
 ) -> Iterator[Step]:
     """Run the draft/verify loop, yielding one Step per verify call (stream step.tokens).
 
     With request.adaptive, K follows `controller` when given (e.g. one AdaptiveK shared by all
     requests of a deployment, so short requests benefit from what earlier ones measured), else a
-    fresh AdaptiveK for this request. The request's K and max_draft_len still cap it.
+    fresh AdaptiveK for this request. The request's K and max_draft_len still cap it. With request.overlap =
+    "auto", `schedule` (one AutoSchedule per deployment, learning across requests) decides when to draft ahead;
+    None: a fresh one for this request. `ahead_drafter`: what proposes the early drafts (e.g. the draft model in a
+    process of its own); None: `drafter`, which always proposes the drafts a step makes itself.
     """
     request.validate()
     if len(prompt_ids) == 0 or not all(_is_int(t) and t >= 0 for t in prompt_ids):
@@ -166,7 +171,10 @@ def generate(
         seed = request.sampling.seed
         base_seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
     # Validated before the first step, so a bad request fails at the call, not at the first next().
-    return _steps([int(t) for t in prompt_ids], drafter, verifier, request, k_max, controller, base_seed)
+    if request.overlap == "auto" and schedule is None:
+        schedule = AutoSchedule()
+    return _steps([int(t) for t in prompt_ids], drafter, verifier, request, k_max, controller, base_seed,
+                  schedule if request.overlap == "auto" else None, ahead_drafter or drafter)
 
 
 def _steps(
@@ -177,12 +185,14 @@ def _steps(
     k_max: int,
     controller: AdaptiveK | None,
     base_seed: int | None,
+    schedule: AutoSchedule | None,
+    ahead_drafter: Drafter,
 ) -> Iterator[Step]:
     sampling = request.sampling
     stops = [[int(t) for t in s] for s in request.stop_sequences]
     ahead = None
     if request.overlap and k_max > 0:
-        ahead = DraftAhead(drafter, request.overlap == "auto",
+        ahead = DraftAhead(ahead_drafter, schedule,
                            lambda output, draft, seconds: _k_after_a_hit(output, draft, seconds, request, stops,
                                                                          k_max, controller),
                            lambda step: _seeded(sampling, base_seed, step, DRAFTER))

@@ -57,7 +57,7 @@ from specbuild.session.driver import drive
 from specbuild.session.generation import Generation
 from specbuild.session.request import RequestRules
 from specbuild.session.textstream import TextStream
-from specbuild.speculative.overlap import available_cores, parse_setting, resolve_auto
+from specbuild.speculative.overlap import AutoSchedule, available_cores, parse_setting, resolve_auto
 from specbuild.triton.models.bls_metrics import QueueMetrics, SpeculationMetrics
 from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse_request
 from specbuild.triton.models.common import parameters, resolve_path
@@ -77,11 +77,10 @@ class Cancelled(RuntimeError):
     """The client cancelled the request."""
 
 
-# "auto" drafts ahead where the draft and the target model processes can each have a core and the BLS, tritonserver
-# and its clients two more. Measured on 2 cores (docs/bench/results.md, the example pair, JSON, four runs): the
-# overlapped schedule through Triton was 0.72-1.10x the sequential one at K = 2-4 and 1.06-1.35x at K = 6, so on
-# fewer than 4 cores "auto" is sequential; `overlap = true` (the spec, or the request parameter) drafts ahead anyway.
-AUTO_CORES = 4
+# "auto" is kept where the draft and the target model processes can each have a core; then AutoSchedule measures
+# whether drafting ahead is faster for this deployment (on 2 cores the overlapped schedule through Triton was
+# 0.72-1.10x the sequential one at K = 2-4 and 1.06-1.35x at K = 6: docs/bench/results.md), across its requests.
+AUTO_CORES = 2
 AUTO_WHAT = "the draft and the target model processes beside the BLS and the server"
 
 
@@ -107,6 +106,7 @@ class TritonPythonModel:
         self.cores = available_cores()
         self.overlap, reason = resolve_auto(settings.overlap, self.cores, AUTO_CORES, AUTO_WHAT)
         pb_utils.Logger.log_info(f"{self.model_name}: overlapped schedule {self.overlap} ({reason})")
+        self.auto_schedule = AutoSchedule()  # "auto": measured across this model instance's requests
         self.slots = settings.max_concurrent_requests
         self.max_waiting = settings.max_queue_size  # absent (an older repository): no bound
         self.pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="bls")  # its queue is FIFO
@@ -259,7 +259,7 @@ class TritonPythonModel:
         stream = TextStream(self.tokenizer, prompt) if req.stream else None
         result = drive(prompt, drafter, verifier, ready.request, k=ready.k, text=stream,
                        on_text=lambda delta: send(self._response(delta)), cancelled=request.is_cancelled,
-                       stop_words=ready.stop_words)
+                       stop_words=ready.stop_words, schedule=self.auto_schedule)
         if result.finish_reason == "cancelled":
             raise Cancelled("request cancelled by the client")
         with self.metrics_lock:
