@@ -205,3 +205,14 @@ def test_two_node_values_that_do_not_fit_are_refused(two_node_chart):
         render(chart, {"ports": {"http": 9000}})
     with pytest.raises(helm.HelmError, match="gpu.count = 1 .* tp_size x pp_size = 4"):
         render(chart, {"gpu": {"count": 1}})
+
+
+@pytest.mark.parametrize("start_timeout", [600, 1800])
+def test_liveness_outlasts_the_supervisors_own_restart(example_chart, start_timeout):
+    """Kubernetes restarts the pod only when the supervisor could not bring tritonserver back within its start
+    timeout (a restart by the supervisor takes up to that long); the startup probe covers the first start."""
+    pod = by_kind(render(example_chart, {"serve": {"startTimeoutSeconds": start_timeout}}))["Deployment"][0]
+    serve = pod["spec"]["template"]["spec"]["containers"][0]
+    live = serve["livenessProbe"]
+    assert start_timeout < live["periodSeconds"] * live["failureThreshold"] <= start_timeout + 5 * live["periodSeconds"]
+    assert f"--timeout={start_timeout}" in serve["args"]
