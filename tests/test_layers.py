@@ -24,15 +24,18 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specbuild.triton.client",),
     ("specbuild.session",),
     ("specbuild.example", "specbuild.bench"),
-    ("specbuild.build", "specbuild.convert", "specbuild.check", "specbuild.triton", "specbuild.llmapi"),
+    ("specbuild.build", "specbuild.convert", "specbuild.check", "specbuild.triton", "specbuild.llmapi",
+     "specbuild.deploy"),
     ("specbuild.up",),
     ("specbuild.cli", "specbuild.__main__"),
 )
 
 # Inside the stages' band (layer 9), bottom to top: a stage imports only stages before it here. `check` reads
 # checkpoints and plans memory for every stage; `convert` and `build` check what they take; the LLM API path reuses
-# convert's export and verification; `triton` plans serving for either repository kind (`triton.deploy`).
-STAGE_ORDER = ("specbuild.check", "specbuild.convert", "specbuild.build", "specbuild.llmapi", "specbuild.triton")
+# convert's export and verification; `triton` plans serving for either repository kind (`triton.deploy`); `deploy` writes
+# the Helm chart from the facts of `triton` (serve's options, the supervisor) and `llmapi` (the multi-node launcher).
+STAGE_ORDER = ("specbuild.check", "specbuild.convert", "specbuild.build", "specbuild.llmapi", "specbuild.triton",
+               "specbuild.deploy")
 
 
 def modules() -> dict[str, Path]:

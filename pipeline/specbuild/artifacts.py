@@ -48,6 +48,7 @@ STAGE_OUTPUTS = {  # stage -> what its folder holds, for messages
     "repo": "Triton model repository",
     "convert-hf": "Hugging Face checkpoint for the LLM API",
     "build-llmapi": "LLM API configuration",
+    "deploy": "Helm chart",
 }
 
 REPO_FOLDER = "triton_repo"

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("specbuild.cli.generate_cmd", "Generate text with speculative decoding (server or --local)."),
     "bench": ("specbuild.cli.bench_cmd", "Measure speed and acceptance, with speculation on and off."),
     "up": ("specbuild.cli.up_cmd", "Run every stage for the spec, skipping what is up to date."),
+    "deploy": ("specbuild.cli.deploy_cmd", "Write a Helm chart that runs the pair on Kubernetes."),
     "selftest": ("specbuild.cli.selftest_cmd", "Prove the GPU path on this machine: one command, one report."),
 }
 

@@ -1,0 +1,218 @@
+"""The Helm chart of `specbuild deploy`, rendered with real Helm and validated strictly, for the example spec
+(engine path, one node) and a two-node LLM API spec (LeaderWorkerSet); bad values refused at render time."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from deploy_support import by_kind, deploy, lint, render, validate_all, write_spec
+from specbuild.cli import main
+from specbuild.deploy import facts
+
+pytest.importorskip("helm_python")
+pytest.importorskip("kubernetes_validate")
+
+
+@pytest.fixture(scope="module")
+def example_chart(tmp_path_factory):
+    """The chart for the spec `specbuild init --example` writes."""
+    folder = tmp_path_factory.mktemp("example")
+    runner = CliRunner()
+    assert runner.invoke(main, ["init", "--example", "--out", str(folder / "specbuild.toml")]).exit_code == 0
+    result = deploy("-c", str(folder / "specbuild.toml"), "--out-dir", str(folder / "chart"))
+    assert result.exit_code == 0, result.output
+    return folder / "chart"
+
+
+@pytest.fixture(scope="module")
+def two_node_chart(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llmapi")
+    spec = write_spec(folder, build={"tp_size": 4, "backend": "llmapi"}, gpu={"name": "H200", "count": 4})
+    result = deploy("-c", str(spec), "--nodes", "2", "--out-dir", str(folder / "chart"))
+    assert result.exit_code == 0, result.output
+    return folder / "chart", spec
+
+
+def test_example_chart_lints_and_every_object_is_valid(example_chart):
+    report = lint(example_chart)
+    assert [m for m in report["messages"] if m["severity"] >= 2] == [] and report["errors"] == []
+    objects = render(example_chart)
+    kinds = by_kind(objects)
+    assert {"ConfigMap", "PersistentVolumeClaim", "Job", "Deployment", "Service", "PodDisruptionBudget",
+            "ServiceMonitor", "HorizontalPodAutoscaler"} <= set(kinds)
+    assert "LeaderWorkerSet" not in kinds
+    checked = validate_all(objects)
+    assert "ServiceMonitor: CRD schema" in checked and len(checked) == len(objects)
+
+
+def test_the_alternatives_render_valid_objects(example_chart):
+    """PodMonitor instead of ServiceMonitor, KEDA instead of the HPA, an existing claim, the CPU backend."""
+    objects = render(example_chart, {"monitoring": {"kind": "PodMonitor"}, "autoscaling": {"engine": "keda"},
+                                     "storage": {"existingClaim": "engines"}, "models": {"existingClaim": "hf"}})
+    kinds = by_kind(objects)
+    assert "PodMonitor" in kinds and "ScaledObject" in kinds and "HorizontalPodAutoscaler" not in kinds
+    assert "PersistentVolumeClaim" not in kinds
+    assert validate_all(objects).count("ScaledObject: CRD schema") == 1
+    cpu = render(example_chart, {"backend": "reference", "gpu": {"enabled": False, "name": ""}})
+    pod = by_kind(cpu)["Deployment"][0]["spec"]["template"]["spec"]
+    assert "affinity" not in pod and "nvidia.com/gpu" not in json.dumps(pod["containers"][0]["resources"])
+    validate_all(cpu)
+
+
+def test_a_strict_validator_refuses_an_unknown_field(example_chart):
+    """The validation can fail: a misspelled field in a Kubernetes object and in a custom resource."""
+    import jsonschema
+    import kubernetes_validate
+
+    objects = by_kind(render(example_chart))
+    deployment = json.loads(json.dumps(objects["Deployment"][0]))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_all([deployment])
+    monitor = json.loads(json.dumps(objects["ServiceMonitor"][0]))
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_all([monitor])
+
+
+def test_the_deployment_serves_with_the_gpu_the_spec_names(example_chart):
+    pod = by_kind(render(example_chart, {"gpu": {"name": "H200", "count": 2}}))["Deployment"][0]["spec"]["template"]
+    spec = pod["spec"]
+    serve = spec["containers"][0]
+    assert serve["resources"]["limits"]["nvidia.com/gpu"] == 2 == serve["resources"]["requests"]["nvidia.com/gpu"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0] == {"key": "nvidia.com/gpu.product", "operator": "In",
+                                               "values": list(facts.GPU_PRODUCT_LABELS["H200"])}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    shm = [v for v in spec["volumes"] if v["name"] == "shm"][0]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert serve["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert serve["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert [c["name"] for c in spec["initContainers"]] == ["wait-for-build", "model-repository"]
+
+
+def test_the_grace_period_follows_serves_exit_timeout(example_chart):
+    pod = by_kind(render(example_chart, {"serve": {"exitTimeoutSeconds": 90}}))["Deployment"][0]["spec"]["template"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] == facts.grace_seconds(90) == 2 * 90 + 10
+    assert "--exit-timeout=90" in pod["spec"]["containers"][0]["args"]
+
+
+def test_the_pods_commands_are_specbuilds_own(example_chart):
+    """The Deployment's and the Job's argv parse as `specbuild serve`, `repo` and `up` options, and the Service
+    names the ports serve binds."""
+    from specbuild.cli import serve_cmd, repo_cmd, up_cmd
+
+    kinds = by_kind(render(example_chart, {"ports": {"http": 9000, "grpc": 9001, "metrics": 9002}}))
+    pod = kinds["Deployment"][0]["spec"]["template"]["spec"]
+    serve = pod["containers"][0]
+    argv = serve["command"] + serve["args"]
+    assert argv[:2] == ["specbuild", "serve"]
+    params = serve_cmd.command.make_context("serve", argv[2:]).params
+    assert (params["http_port"], params["grpc_port"], params["metrics_port"]) == (9000, 9001, 9002)
+    assert params["host"] == "0.0.0.0" and str(params["spec_path"]) == str(facts.SPEC_FILE)
+    assert {p["name"]: p["containerPort"] for p in serve["ports"]} == {"http": 9000, "grpc": 9001, "metrics": 9002}
+    assert {p["name"]: p["port"] for p in kinds["Service"][0]["spec"]["ports"]} == {"http": 9000, "grpc": 9001,
+                                                                                     "metrics": 9002}
+    repo = pod["initContainers"][1]["command"]
+    assert repo_cmd.command.make_context("repo", repo[2:]).params["out_dir"].as_posix() == str(facts.REPO_DIR)
+    job = kinds["Job"][0]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert up_cmd.command.make_context("up", job[2:]).params["until"] == "build"
+
+
+def test_the_build_key_follows_the_spec_the_image_and_the_gpu(example_chart):
+    def key(values):
+        return by_kind(render(example_chart, values))["Job"][0]["metadata"]["name"].rpartition("-")[2]
+
+    base = key({})
+    assert key({"replicas": 3}) == base
+    spec = yaml.safe_load((example_chart / "values.yaml").read_text())["spec"]
+    assert len({base, key({"gpu": {"name": "H200"}}), key({"image": {"tag": "v2"}}),
+                key({"spec": spec.replace("max_batch_size = 4", "max_batch_size = 8")})}) == 4
+    pod = by_kind(render(example_chart))["Deployment"][0]["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m.get("subPath") for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["/work"] == base and mounts["/engines"] == f"{base}/engines"
+
+
+@pytest.mark.parametrize("values, named", [
+    ({"gpu": {"count": 0}}, "gpu.count"),
+    ({"replicas": 0}, "replicas"),
+    ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "autoscaling.minReplicas"),
+    ({"gpu": {"name": "X100"}}, "gpu.name"),
+    ({"storage": {"size": "lots"}}, "storage.size"),
+    ({"nodes": 2}, "nodes"),
+])
+def test_bad_values_are_refused_naming_the_value(example_chart, values, named):
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError) as caught:
+        render(example_chart, values)
+    message = str(caught.value)  # the templates' own checks say gpu.name, Helm's schema check says at '/gpu/name'
+    assert named in message or f"'/{named.replace('.', '/')}'" in message, message
+
+
+def test_a_gpu_count_below_the_specs_parallelism_is_refused(tmp_path):
+    spec = write_spec(tmp_path, build={"tp_size": 2}, gpu={"name": "H100-80GB", "count": 2})
+    assert deploy("-c", str(spec), "--out-dir", str(tmp_path / "chart")).exit_code == 0
+    render(tmp_path / "chart")  # the spec's own figures render
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match=r"gpu.count = 1 .* tp_size x pp_size = 2"):
+        render(tmp_path / "chart", {"gpu": {"count": 1}})
+
+
+def test_two_node_llmapi_chart_is_a_leaderworkerset_running_serves_launcher(two_node_chart):
+    chart, spec = two_node_chart
+    report = lint(chart)
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
+    objects = render(chart)
+    kinds = by_kind(objects)
+    assert "Deployment" not in kinds and len(kinds["LeaderWorkerSet"]) == 1
+    assert "LeaderWorkerSet: CRD schema" in validate_all(objects)
+    lws = kinds["LeaderWorkerSet"][0]["spec"]["leaderWorkerTemplate"]
+    assert lws["size"] == 2
+    leader = lws["leaderTemplate"]["spec"]["containers"][0]
+    printed = CliRunner().invoke(main, ["serve", "-c", str(spec), "--backend", "llmapi", "--server", "trtllm-serve",
+                                        "--nodes", "2", "--launcher", "mpirun", "--host", "0.0.0.0", "--dry-run",
+                                        "--json"])
+    launch = json.loads(printed.output)["multi_node"]
+    # the same command, with the pods' paths where serve printed this machine's
+    here = str(spec.parent / "engines")
+    expected = [str(facts.HOSTFILE) if a == "<hostfile>" else a.replace(here, str(facts.OUTPUT_DIR)) for a in launch]
+    assert leader["args"] == expected
+    assert leader["args"][:7] == ["mpirun", "-np", "4", "--npernode", "2", "--hostfile", str(facts.HOSTFILE)]
+    assert leader["args"][7:10] == ["trtllm-llmapi-launch", "trtllm-serve", "/work/engines/pair-7b/target/hf_checkpoint"]
+    assert leader["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert leader["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert "readinessProbe" not in lws["workerTemplate"]["spec"]["containers"][0]
+    assert kinds["Service"][0]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    # the leader's shell writes one host per pod of the group, then execs the launcher with its args
+    script = leader["command"][2]
+    assert 'exec "$@"' in script and shlex.split(script)  # well-formed for sh
+
+
+def test_two_node_values_that_do_not_fit_are_refused(two_node_chart):
+    import helm_python as helm
+
+    chart, _ = two_node_chart
+    with pytest.raises(helm.HelmError, match="nodes = 3 does not divide"):
+        render(chart, {"nodes": 3})
+    with pytest.raises(helm.HelmError, match="ports.http = 9000 is not the --port"):
+        render(chart, {"ports": {"http": 9000}})
+    with pytest.raises(helm.HelmError, match="gpu.count = 1 .* tp_size x pp_size = 4"):
+        render(chart, {"gpu": {"count": 1}})
+
+
+@pytest.mark.parametrize("start_timeout", [600, 1800])
+def test_liveness_outlasts_the_supervisors_own_restart(example_chart, start_timeout):
+    """Kubernetes restarts the pod only when the supervisor could not bring tritonserver back within its start
+    timeout (a restart by the supervisor takes up to that long); the startup probe covers the first start."""
+    pod = by_kind(render(example_chart, {"serve": {"startTimeoutSeconds": start_timeout}}))["Deployment"][0]
+    serve = pod["spec"]["template"]["spec"]["containers"][0]
+    live = serve["livenessProbe"]
+    assert start_timeout < live["periodSeconds"] * live["failureThreshold"] <= start_timeout + 5 * live["periodSeconds"]
+    assert f"--timeout={start_timeout}" in serve["args"]
