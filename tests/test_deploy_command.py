@@ -60,3 +60,19 @@ def test_nodes_above_one_need_the_llm_api_path(tmp_path):
     spec = write_spec(tmp_path, build={"tp_size": 2}, gpu={"count": 2})
     result = deploy("-c", str(spec), "--nodes", "2", "--json")
     assert result.exit_code == 1 and "only the LLM API path (--backend llmapi) spans nodes" in result.output
+
+
+def test_the_signal_benchmark_reads_a_metric_of_one_model_from_triton_text():
+    from specbuild.deploy.signal import _value
+
+    text = "\n".join([
+        "# HELP nv_inference_queue_duration_us Cumulative inference queuing duration in microseconds",
+        'nv_inference_queue_duration_us{model="tensorrt_llm_bls",version="1"} 1500',
+        'nv_inference_queue_duration_us{model="tensorrt_llm",version="1"} 900',
+        'specbuild_bls_queue_depth{model="tensorrt_llm_bls",version="1"} 3',
+        "specbuild_bls_queue_depth_other 7",
+    ])
+    assert _value(text, "nv_inference_queue_duration_us", "tensorrt_llm_bls") == 1500
+    assert _value(text, "nv_inference_queue_duration_us") == 2400
+    assert _value(text, "specbuild_bls_queue_depth") == 3  # not the metric whose name it begins
+    assert _value(text, "absent_metric") == 0

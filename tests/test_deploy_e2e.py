@@ -1,0 +1,150 @@
+"""The chart's own pods, run here: the commands, arguments, ports and probe paths of the rendered build Job and
+Deployment (CPU values: the reference backend, no GPU), each container path mapped to a folder of this test, against
+a real tritonserver. What a cluster would run, minus the cluster: the Job builds, the init containers wait and write
+the repository, `serve` becomes ready on the probe's path and port, the Service names its ports, and SIGTERM lets a
+stream in flight finish within the pod's grace period.
+
+One change to what the pod runs: `--host 0.0.0.0` (every interface, as a pod needs) becomes 127.0.0.1, since a test
+server binds loopback only."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from deploy_support import by_kind, deploy, render
+from test_triton_drain import Serving
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+HANG_S = 300.0  # no step may take longer: a deadline against hanging, not an aim
+
+
+def _free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+class Pod:
+    """The container paths of the rendered pods, each mapped to a folder of the test (as the volumes would be)."""
+
+    def __init__(self, root: Path, mounts: list[dict], claim_key: str, configmap: dict, models: dict[str, Path]):
+        self.local: dict[str, Path] = {}
+        for mount in mounts:
+            name, path, sub = mount["name"], mount["mountPath"], mount.get("subPath", "")
+            if name == "spec":
+                folder = root / "etc"
+            elif name == "models":
+                folder = root / "models"
+                folder.mkdir(parents=True, exist_ok=True)
+                for role, source in models.items():
+                    if not (folder / role).exists():
+                        (folder / role).symlink_to(source, target_is_directory=True)
+            elif name == "engines":
+                assert sub.startswith(claim_key), sub  # engines live under the build key on the claim
+                folder = root / "claim" / sub
+            else:  # emptyDirs (run, shm)
+                folder = root / name
+            folder.mkdir(parents=True, exist_ok=True)
+            self.local[path] = folder
+        # the longest container path first, matched only where a path starts
+        starts = "|".join(re.escape(p) for p in sorted(self.local, key=len, reverse=True))
+        self._pattern = re.compile(r"(?<![\w/.-])(" + starts + r")(?=/|$|'|\"|\s)")
+        for key, text in configmap["data"].items():  # the spec names container paths: here, the test's folders
+            (self.local["/etc/specbuild"] / key).write_text(self.path(text))
+
+    def path(self, text: str) -> str:
+        return self._pattern.sub(lambda m: str(self.local[m.group(1)]), text)
+
+    def argv(self, command: list[str], args: list[str] = ()) -> list[str]:
+        argv = [self.path(part).replace("0.0.0.0", "127.0.0.1") for part in [*command, *args]]
+        return [sys.executable, "-m", "specbuild", *argv[1:]] if argv[0] == "specbuild" else argv
+
+
+def _run(argv: list[str], what: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, f"{what} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except Exception:  # noqa: BLE001 - not answering yet
+        return 0
+
+
+def test_the_rendered_pods_build_serve_and_drain_here(tmp_path, example_tiny, tiny_spec_path):
+    from specbuild.triton.client import SpecbuildClient
+
+    http, grpc, metrics = _free_ports(3)
+    text = tiny_spec_path.read_text()
+    for key, port in (("http_port", http), ("grpc_port", grpc), ("metrics_port", metrics)):
+        text = re.sub(rf"(?m)^{key} = \d+", f"{key} = {port}", text)
+    tiny_spec_path.write_text(text)
+    chart = tmp_path / "chart"
+    result = deploy("-c", str(tiny_spec_path), "--backend", "reference", "--out-dir", str(chart))
+    assert result.exit_code == 0, result.output
+    kinds = by_kind(render(chart, {"gpu": {"enabled": False}}))
+    job, deployment = kinds["Job"][0], kinds["Deployment"][0]
+    service, configmap = kinds["Service"][0], kinds["ConfigMap"][0]
+    pod = deployment["spec"]["template"]["spec"]
+    serve = pod["containers"][0]
+    key = deployment["spec"]["template"]["metadata"]["annotations"]["specbuild.dev/build-key"]
+    root = tmp_path / "pod"
+    mapped = Pod(root, serve["volumeMounts"], key, configmap, {"target": example_tiny.target, "draft": example_tiny.draft})
+
+    # the build Job, then the init containers in order: wait for the build's manifests, write the repository
+    builder = job["spec"]["template"]["spec"]["containers"][0]
+    assert {m["mountPath"] for m in builder["volumeMounts"]} <= set(mapped.local)
+    _run(mapped.argv(builder["command"], builder.get("args", [])), "the build Job")
+    for init in pod["initContainers"]:
+        _run(mapped.argv(init["command"], init.get("args", [])), f"init container {init['name']}")
+
+    # the Service's ports are the container's, by name
+    ports = {p["name"]: p["containerPort"] for p in serve["ports"]}
+    assert ports == {"http": http, "grpc": grpc, "metrics": metrics}
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        name: (port, name) for name, port in ports.items()}
+
+    serving = Serving(mapped.argv(serve["command"], serve.get("args", [])), root)
+    try:
+        ready = pod["containers"][0]["readinessProbe"]["httpGet"]
+        live = pod["containers"][0]["livenessProbe"]["httpGet"]
+        ready_url = f"http://127.0.0.1:{ports[ready['port']]}{ready['path']}"
+        deadline = time.monotonic() + HANG_S
+        while _status(ready_url) != 200:
+            assert serving.process.poll() is None, f"serve exited {serving.process.returncode}:\n{serving.log()}"
+            assert time.monotonic() < deadline, f"not ready within {HANG_S:.0f} s:\n{serving.log()}"
+            time.sleep(0.5)
+        assert _status(f"http://127.0.0.1:{ports[live['port']]}{live['path']}") == 200
+
+        # SIGTERM, as the kubelet sends it, with a stream in flight: the stream finishes, serve exits 0 in time
+        with SpecbuildClient(f"127.0.0.1:{grpc}") as client:
+            chunks = client.generate("def add(a, b):", max_tokens=200, num_draft_tokens=3)
+            first = next(chunks)
+            signalled = time.monotonic()
+            serving.process.send_signal(signal.SIGTERM)
+            rest = list(chunks)
+        final = (rest or [first])[-1]
+        assert final.final and final.stats.get("finish_reason") in ("length", "stop"), final
+        grace = pod["terminationGracePeriodSeconds"]
+        code = serving.process.wait(timeout=grace)
+        assert code == 0 and time.monotonic() - signalled < grace, serving.log()
+        assert _status(ready_url) == 0  # nothing answers once it has stopped
+    finally:
+        serving.close()
+    assert len(list((root / "claim" / key / "engines").rglob("manifest.json"))) >= 2  # under the build key
