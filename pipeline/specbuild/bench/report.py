@@ -247,6 +247,10 @@ def table(doc: dict[str, Any]) -> str:
     serving = doc.get("serving_overhead")
     if serving:
         lines.append(f"Triton vs local, one stream: {_fmt(serving.get('triton_over_local'))}x of local tokens/s")
+        if serving.get("floor"):
+            lines.append(f"Triton's cost per model call: {_ms(serving.get('overhead_s_per_call'))} ms; a bare BLS call "
+                         f"here: {_ms(serving['floor']['median_s'])} ms ({_fmt(serving.get('overhead_over_floor'))}x "
+                         "the floor)")
         if serving.get("overlapped"):
             lines.append(f"Triton overlapped vs local sequential, one stream: "
                          f"{_fmt(serving['overlapped'].get('triton_over_local'))}x at K = "

@@ -64,8 +64,12 @@ def hf_section(ours: Measurements, hf: Measurements, best_k: int | None) -> dict
             "ours_k0_over_hf_k0": _ratio(our_base, hf_base), "runs": rows}
 
 
-def serving_section(triton: Measurements, local: Measurements, best_k: int | None) -> dict[str, Any]:
-    """Triton against in-process on one stream: the cost of serving (tokenizer models, BLS calls, network)."""
+def serving_section(triton: Measurements, local: Measurements, best_k: int | None,
+                    floor: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Triton against in-process on one stream: the cost of serving (tokenizer models, BLS calls, network). Per K,
+    `overhead_s_per_call`: the seconds Triton adds per model call the BLS makes (a draft and a verify per step at
+    K > 0, a verify at K = 0; the request's own costs, tokenizing and the client's round trip, spread over them).
+    With `floor` (triton.floor: a bare BLS call to an identity model on this machine), that cost over the floor."""
     rows = []
     for k in sorted(k for k, c in local.cells if c == 1):
         t_ttft = sorted(r.ttft_seconds for r in triton.cells.get((k, 1), []))
@@ -74,9 +78,28 @@ def serving_section(triton: Measurements, local: Measurements, best_k: int | Non
                      "local_tokens_per_s": round(_rate(local, k) or 0.0, 3),
                      "triton_over_local": _ratio(_rate(triton, k), _rate(local, k)),
                      "ttft_seconds_added": round(t_ttft[len(t_ttft) // 2] - l_ttft[len(l_ttft) // 2], 6)
-                     if t_ttft and l_ttft else None})
+                     if t_ttft and l_ttft else None,
+                     "overhead_s_per_call": _overhead_per_call(triton, local, k)})
+        if floor and rows[-1]["overhead_s_per_call"] is not None:
+            rows[-1]["overhead_over_floor"] = _ratio(rows[-1]["overhead_s_per_call"], floor["median_s"])
     at = next((r for r in rows if r["num_draft_tokens"] == best_k), None)
-    return {"num_draft_tokens": best_k, "triton_over_local": at["triton_over_local"] if at else None, "runs": rows}
+    section = {"num_draft_tokens": best_k, "triton_over_local": at["triton_over_local"] if at else None, "runs": rows}
+    if floor is not None:
+        section["floor"] = floor
+        section["overhead_s_per_call"] = at["overhead_s_per_call"] if at else None
+        section["overhead_over_floor"] = at.get("overhead_over_floor") if at else None
+    return section
+
+
+def _overhead_per_call(triton: Measurements, local: Measurements, k: int) -> float | None:
+    """(Triton's seconds per token - in-process seconds per token) x Triton's tokens / its model calls."""
+    results = triton.cells.get((k, 1), [])
+    t_rate, l_rate = _rate(triton, k), _rate(local, k)
+    tokens = sum(r.output_tokens for r in results)
+    calls = sum(r.steps * (2 if k else 1) for r in results)
+    if not (t_rate and l_rate and tokens and calls):
+        return None
+    return round((1.0 / t_rate - 1.0 / l_rate) * tokens / calls, 7)
 
 
 def plain_section(ours: Measurements, plain: Measurements, best_k: int | None) -> dict[str, Any]:
@@ -157,9 +180,11 @@ def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None
 def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = None, protocol: str = "http",
               vs_hf: bool = False, vs_plain: bool = False, progress: bool = False,
               log: Callable[[str], None] = lambda m: None, threads: int | None = None, row_block: int | None = None,
-              spec_path: str | None = None, overlap: bool | str | None = None) -> dict[str, Any]:
+              spec_path: str | None = None, overlap: bool | str | None = None,
+              floor: dict[str, Any] | None = None) -> dict[str, Any]:
     """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default).
-    overlap: the in-process schedule, True / False / "auto" / None (the spec's) / "compare" (both, --local)."""
+    overlap: the in-process schedule, True / False / "auto" / None (the spec's) / "compare" (both, --local).
+    floor: Triton's cost of a bare BLS call on the server's machine (triton.floor), reported beside ours."""
     prompts = workloads.load(workload, settings.requests, Path(spec.target.checkpoint))
     peers: list[Any] = []
     notes: list[str] = []
@@ -208,7 +233,7 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         extra["hf"] = hf_section(ours, measured["hf"], best_k)
     overlapped = measured.get(f"{transport.name}-overlap")
     if "local" in measured and mode == "triton":
-        extra["serving_overhead"] = serving_section(ours, measured["local"], best_k)
+        extra["serving_overhead"] = serving_section(ours, measured["local"], best_k, floor)
         if overlapped is not None:
             top_overlapped = report.best(report.cells(overlapped.summaries()))
             extra["serving_overhead"]["overlapped"] = serving_section(

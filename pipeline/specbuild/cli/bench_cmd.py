@@ -112,9 +112,10 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
 
     from specbuild.bench.run import run_bench
 
+    floor = _floor(url) if url else None
     doc = run_bench(spec, settings, workload, url=url, protocol=protocol, vs_hf=vs_hf, vs_plain=vs_plain,
                     progress=True, log=log, threads=threads,  # a bar on a terminal, else progress lines
-                    spec_path=shown_path(spec.path), overlap=schedule)
+                    spec_path=shown_path(spec.path), overlap=schedule, floor=floor)
     if plot_dir is not None:
         from specbuild.bench.plots import write_plots
 
@@ -127,6 +128,24 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
         click.echo(table(doc))
         for path in doc.get("plots", []):
             log(f"wrote {path}")
+
+
+def _floor(url: str) -> dict | None:
+    """Triton's floor for a BLS call (specbuild.triton.floor), measured here when the server runs here (a loopback
+    address) and tritonserver can be started; None otherwise, with a log line saying why."""
+    host = url.rsplit(":", 1)[0].removeprefix("http://").removeprefix("https://")
+    if host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
+        log(f"bench: Triton's floor not measured: the server at {url} is not on this machine")
+        return None
+    from specbuild.errors import SpecbuildError
+    from specbuild.triton.floor import measure_floor
+
+    log("bench: measuring Triton's floor here (a bare BLS call to an identity Python model)")
+    try:
+        return measure_floor()
+    except (SpecbuildError, OSError) as err:
+        log(f"bench: Triton's floor not measured: {err}")
+        return None
 
 
 def _plot_names() -> list[str]:
