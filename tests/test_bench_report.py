@@ -161,6 +161,11 @@ def test_document_fields_are_consistent(document):
     assert doc["speedup"] > 1.3
     assert 0.6 < doc["efficiency"] < 1.2
     assert [row["concurrency"] for row in doc["concurrency"]] == [1, 2]
+    # the K actually drafted per step: at most the K asked (the last steps draft fewer), none at K = 0
+    for r in doc["runs"]:
+        assert (r["mean_k"] == 0) if r["num_draft_tokens"] == 0 else (0 < r["mean_k"] <= r["num_draft_tokens"])
+    assert all(row["mean_k"] == rows[(row["concurrency"], row["best_num_draft_tokens"])]["mean_k"]
+               for row in doc["concurrency"])
 
 
 def test_table_lists_every_cell(document):

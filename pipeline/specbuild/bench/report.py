@@ -85,6 +85,8 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
         "drafted": summary.drafted,
         "accepted": summary.accepted,
         "steps": summary.steps,
+        # draft tokens per verify step: the K actually drafted (below the K asked where K adapts, or drafts end early)
+        "mean_k": _r(summary.drafted / summary.steps) if summary.steps else None,
         "acceptance_rate": _r(summary.acceptance_rate),
         "alpha": _r(summary.alpha),
         "mean_accepted_len": _r(summary.mean_accepted_len),
@@ -182,6 +184,7 @@ def _concurrency_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         top = max(spec, key=lambda r: r["speedup"]) if spec else None
         table.append({"concurrency": level, "baseline_tokens_per_s": base["tokens_per_s"] if base else None,
                       "best_num_draft_tokens": top["num_draft_tokens"] if top else None,
+                      "mean_k": top["mean_k"] if top else None,
                       "tokens_per_s": top["tokens_per_s"] if top else None,
                       "speedup": top["speedup"] if top else None,
                       "speculation_pays": bool(top and top["speedup"] > 1.0)})
