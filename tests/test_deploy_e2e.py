@@ -87,9 +87,10 @@ def _status(url: str) -> int:
         return 0
 
 
-def test_the_rendered_pods_build_serve_and_drain_here(tmp_path, example_tiny, tiny_spec_path):
-    from specbuild.triton.client import SpecbuildClient
-
+def rendered_pods(tmp_path, example_tiny, tiny_spec_path, values: dict | None = None):
+    """The chart for the tiny pair (free ports, the reference backend), rendered with CPU values; its build Job and
+    init containers run here, as a cluster would run them first. Returns (the serve container, the pod spec, the
+    Service, the ports by name, the Pod mapping, the build key)."""
     http, grpc, metrics = _free_ports(3)
     text = tiny_spec_path.read_text()
     for key, port in (("http_port", http), ("grpc_port", grpc), ("metrics_port", metrics)):
@@ -98,14 +99,14 @@ def test_the_rendered_pods_build_serve_and_drain_here(tmp_path, example_tiny, ti
     chart = tmp_path / "chart"
     result = deploy("-c", str(tiny_spec_path), "--backend", "reference", "--out-dir", str(chart))
     assert result.exit_code == 0, result.output
-    kinds = by_kind(render(chart, {"gpu": {"enabled": False}}))
+    kinds = by_kind(render(chart, {"gpu": {"enabled": False}, **(values or {})}))
     job, deployment = kinds["Job"][0], kinds["Deployment"][0]
     service, configmap = kinds["Service"][0], kinds["ConfigMap"][0]
     pod = deployment["spec"]["template"]["spec"]
     serve = pod["containers"][0]
     key = deployment["spec"]["template"]["metadata"]["annotations"]["specbuild.dev/build-key"]
-    root = tmp_path / "pod"
-    mapped = Pod(root, serve["volumeMounts"], key, configmap, {"target": example_tiny.target, "draft": example_tiny.draft})
+    mapped = Pod(tmp_path / "pod", serve["volumeMounts"], key, configmap,
+                 {"target": example_tiny.target, "draft": example_tiny.draft})
 
     # the build Job, then the init containers in order: wait for the build's manifests, write the repository
     builder = job["spec"]["template"]["spec"]["containers"][0]
@@ -113,10 +114,26 @@ def test_the_rendered_pods_build_serve_and_drain_here(tmp_path, example_tiny, ti
     _run(mapped.argv(builder["command"], builder.get("args", [])), "the build Job")
     for init in pod["initContainers"]:
         _run(mapped.argv(init["command"], init.get("args", [])), f"init container {init['name']}")
-
-    # the Service's ports are the container's, by name
     ports = {p["name"]: p["containerPort"] for p in serve["ports"]}
     assert ports == {"http": http, "grpc": grpc, "metrics": metrics}
+    return serve, pod, service, ports, mapped, key
+
+
+def _wait_ready(serving: Serving, url: str) -> None:
+    deadline = time.monotonic() + HANG_S
+    while _status(url) != 200:
+        assert serving.process.poll() is None, f"serve exited {serving.process.returncode}:\n{serving.log()}"
+        assert time.monotonic() < deadline, f"not ready within {HANG_S:.0f} s:\n{serving.log()}"
+        time.sleep(0.5)
+
+
+def test_the_rendered_pods_build_serve_and_drain_here(tmp_path, example_tiny, tiny_spec_path):
+    from specbuild.triton.client import SpecbuildClient
+
+    serve, pod, service, ports, mapped, key = rendered_pods(tmp_path, example_tiny, tiny_spec_path)
+    root = tmp_path / "pod"
+    grpc = ports["grpc"]
+    # the Service's ports are the container's, by name
     assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
         name: (port, name) for name, port in ports.items()}
 
@@ -125,11 +142,7 @@ def test_the_rendered_pods_build_serve_and_drain_here(tmp_path, example_tiny, ti
         ready = pod["containers"][0]["readinessProbe"]["httpGet"]
         live = pod["containers"][0]["livenessProbe"]["httpGet"]
         ready_url = f"http://127.0.0.1:{ports[ready['port']]}{ready['path']}"
-        deadline = time.monotonic() + HANG_S
-        while _status(ready_url) != 200:
-            assert serving.process.poll() is None, f"serve exited {serving.process.returncode}:\n{serving.log()}"
-            assert time.monotonic() < deadline, f"not ready within {HANG_S:.0f} s:\n{serving.log()}"
-            time.sleep(0.5)
+        _wait_ready(serving, ready_url)
         assert _status(f"http://127.0.0.1:{ports[live['port']]}{live['path']}") == 200
 
         # SIGTERM, as the kubelet sends it, with a stream in flight: the stream finishes, serve exits 0 in time
@@ -148,3 +161,27 @@ def test_the_rendered_pods_build_serve_and_drain_here(tmp_path, example_tiny, ti
     finally:
         serving.close()
     assert len(list((root / "claim" / key / "engines").rglob("manifest.json"))) >= 2  # under the build key
+
+
+def test_a_supervisor_that_gives_up_ends_the_container(tmp_path, example_tiny, tiny_spec_path):
+    """The supervisor's verdict reaches Kubernetes as the container's exit: with the chart's serve.maxRestarts = 0,
+    tritonserver killed under the rendered serve command makes the supervisor give up at once, and serve exits
+    non-zero (the kubelet then restarts the container; no probe needed)."""
+    from specbuild.triton import procfs
+
+    serve, pod, _, ports, mapped, _ = rendered_pods(tmp_path, example_tiny, tiny_spec_path,
+                                                     {"serve": {"maxRestarts": 0}})
+    assert "--max-restarts=0" in serve["args"]
+    serving = Serving(mapped.argv(serve["command"], serve.get("args", [])), tmp_path / "pod")
+    try:
+        ready = pod["containers"][0]["readinessProbe"]["httpGet"]
+        _wait_ready(serving, f"http://127.0.0.1:{ports[ready['port']]}{ready['path']}")
+        serving.wait_line("serving; press")  # past the start-up canary: the supervisor watches
+        server = next(pid for pid in procfs.descendants(serving.process.pid)
+                      if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].endswith(b"tritonserver"))
+        os.kill(server, signal.SIGKILL)
+        code = serving.process.wait(timeout=HANG_S)
+        assert code != 0, serving.log()
+        assert "giving up" in serving.log(), serving.log()
+    finally:
+        serving.close()
