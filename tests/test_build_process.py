@@ -107,8 +107,11 @@ def test_building_one_role_checks_the_other_engine(spec, tmp_path):
 
 
 def test_two_builds_at_once_on_the_same_output(spec, monkeypatch):
+    # Ctrl-C at a terminal: the process takes SIGINT as KeyboardInterrupt, also when this suite was started in the
+    # background by a shell without job control, which starts it with SIGINT ignored (children inherit that)
     code = (
-        "import sys\n"
+        "import signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         f"sys.path.insert(0, {str(FAKE_TRTLLM_BUILD.parent.parent)!r})\n"
         "from fakes.build_fixtures import make_spec, FAKE_TRTLLM_BUILD\n"
         "from pathlib import Path\n"
@@ -153,8 +156,11 @@ def test_ctrl_c_stops_trtllm_build_and_leaves_nothing(spec, tmp_path):
     import signal
 
     pidfile = tmp_path / "fake.pid"
+    # Ctrl-C at a terminal: the process takes SIGINT as KeyboardInterrupt, also when this suite was started in the
+    # background by a shell without job control, which starts it with SIGINT ignored (children inherit that)
     code = (
-        "import sys\n"
+        "import signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         f"sys.path.insert(0, {str(FAKE_TRTLLM_BUILD.parent.parent)!r})\n"
         "from fakes.build_fixtures import make_spec, FAKE_TRTLLM_BUILD\n"
         "from pathlib import Path\n"
