@@ -95,3 +95,33 @@ def test_a_python_backend_without_the_model_loading_api_has_no_gate():
         TritonError = FakeBackendUtils.TritonError
 
     assert Gate(Old(), {GATE_PARAMETER: "serving_gate"}).refusal() is None
+
+
+# ---- the stop after a reload: an old instance that never unloads ------------------------------------------------
+BEFORE_STOP = "\n".join([
+    '"successfully loaded \'serving_gate\'"', '"successfully loaded \'tensorrt_llm\'"',
+    '"successfully loaded \'tensorrt_llm_draft\'"', '"successfully loaded \'tensorrt_llm_bls\'"',
+    '"successfully loaded \'tensorrt_llm_draft\'"',  # the reload (the old instance's unload never logged)
+    '"successfully unloaded \'tensorrt_llm_bls\' version 1"', '"successfully unloaded \'serving_gate\' version 1"',
+])  # the drain unloaded the entry models before the stop
+
+
+def _since_stop(*live_after: int) -> str:
+    lines = ['"Timeout 29: Found 3 live models and 0 in-flight non-inference requests"',
+             '"successfully unloaded \'tensorrt_llm\' version 1"', '"successfully unloaded \'tensorrt_llm_draft\' version 1"']
+    return "\n".join(lines + [f'"Timeout 26: Found {n} live models and 0 in-flight non-inference requests"'
+                              for n in live_after])
+
+
+def test_the_stop_gives_up_waiting_only_for_the_old_instances_of_reloaded_models():
+    """Seen (python_backend in nvidia-pytriton 0.7): a stub frozen while it held a request, killed and its model
+    reloaded; at the stop every model unloaded, then "Found 1 live models" until --exit-timeout, exit 1."""
+    from specbuild.triton.supervisor import lingering_only
+
+    reason = lingering_only(BEFORE_STOP, _since_stop(1), {"tensorrt_llm_draft"})
+    assert reason and "tensorrt_llm_draft" in reason and "never unload" in reason
+    assert lingering_only(BEFORE_STOP, _since_stop(1), set()) is None  # nothing was reloaded: wait as usual
+    assert lingering_only(BEFORE_STOP, _since_stop(), {"tensorrt_llm_draft"}) is None  # not counted since: exiting
+    assert lingering_only(BEFORE_STOP, _since_stop(2), {"tensorrt_llm_draft"}) is None  # more live than reloaded
+    unloading = _since_stop(1).replace('"successfully unloaded \'tensorrt_llm\' version 1"', "")
+    assert lingering_only(BEFORE_STOP, unloading, {"tensorrt_llm_draft"}) is None  # a model still unloading

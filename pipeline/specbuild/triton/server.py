@@ -137,14 +137,17 @@ class StopResult:
     seconds: float
     killed: bool = False  # it did not stop within its exit timeout and got SIGKILL
     removed_regions: list[str] = field(default_factory=list)
+    abandoned: str | None = None  # why it was killed before its timeout, with nothing left to wait for
 
     @property
     def clean(self) -> bool:
-        return self.code == 0 and not self.killed
+        return (self.code == 0 or self.abandoned is not None) and not self.killed
 
     def describe(self) -> str:
         if self.killed:
             return f"did not stop within {self.seconds:.0f} s and was killed (SIGKILL)"
+        if self.abandoned is not None:
+            return f"was killed (SIGKILL) after {self.seconds:.1f} s, with nothing left to wait for: {self.abandoned}"
         return f"exited with code {self.code} after {self.seconds:.1f} s"
 
 
@@ -333,22 +336,30 @@ class ServerHandle:
         except OSError as err:
             raise ServeError(f"{action} of {model} failed: {err}") from None
 
-    def stop(self, timeout: float | None = None, graceful: bool = True) -> StopResult | None:
+    def stop(self, timeout: float | None = None, graceful: bool = True,
+             abandon: Callable[[], str | None] | None = None) -> StopResult | None:
         """SIGTERM to the process group (SIGKILL after exit_timeout_s + 5 s; at once if not graceful),
-        then whatever is left of this start (its group, its stubs), then its /dev/shm regions."""
+        then whatever is left of this start (its group, its stubs), then its /dev/shm regions. `abandon`, asked
+        every 0.5 s while it stops: a reason when nothing it still waits for can end (then SIGKILL at once)."""
         process = self.process
         if process is None:
             return None
         started = time.monotonic()
         killed = False
+        abandoned = None
         if process.poll() is None:
             if graceful:
                 _signal_group(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(self.opts.exit_timeout_s + 5 if timeout is None else timeout)
-                except subprocess.TimeoutExpired:
-                    killed = True
-            if not graceful or killed:
+                deadline = started + (self.opts.exit_timeout_s + 5 if timeout is None else timeout)
+                while process.poll() is None and abandoned is None:
+                    try:
+                        process.wait(max(min(0.5, deadline - time.monotonic()), 0.01))
+                    except subprocess.TimeoutExpired:
+                        if time.monotonic() >= deadline:
+                            killed = True
+                            break
+                        abandoned = abandon() if abandon is not None else None
+            if not graceful or killed or abandoned is not None:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait(10)
         seconds = time.monotonic() - started
@@ -373,7 +384,7 @@ class ServerHandle:
             time.sleep(0.05)
         removed = remove_regions(self.shm_prefix)
         self.process = None
-        return StopResult(process.returncode, seconds, killed, removed)
+        return StopResult(process.returncode, seconds, killed, removed, abandoned)
 
     def __enter__(self) -> "ServerHandle":
         return self.start()

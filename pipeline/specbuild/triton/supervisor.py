@@ -46,6 +46,27 @@ QUEUE_FULL = "Exceeds maximum queue size"
 # Triton's answer for a model whose stub fails its health check (python_backend r24.10 src/python_be.cc: "Stub
 # process '<instance>' is not healthy."): dead, or alive but not answering (frozen, hung).
 UNHEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
+LOADED = re.compile(r"successfully loaded '([^']+)'")
+UNLOADED = re.compile(r"successfully unloaded '([^']+)'")
+LIVE = re.compile(r"Timeout \d+: Found (\d+) live models")  # core src/server.cc, once a second while it stops
+
+
+def lingering_only(before_stop: str, since_stop: str, reloaded: set[str]) -> str | None:
+    """From tritonserver's log: why its stop can only wait for old instances of reloaded models (every model still
+    loaded when the stop began has unloaded since, and it still counts live models, no more than were reloaded);
+    None while anything else may still finish."""
+    loaded = set(LOADED.findall(before_stop)) - set(UNLOADED.findall(before_stop))  # the drain unloads the entry ones
+    unloads = list(UNLOADED.finditer(since_stop))
+    counts = list(LIVE.finditer(since_stop))
+    if not reloaded or not loaded or not loaded <= {m.group(1) for m in unloads} or not counts:
+        return None
+    if counts[-1].start() < unloads[-1].start():  # not counted since the last unload: it may be exiting now
+        return None
+    live = int(counts[-1].group(1))
+    if not 0 < live <= len(reloaded):
+        return None
+    return (f"every model had unloaded, and tritonserver waited only for {live} old instance(s) of "
+            f"{', '.join(sorted(reloaded))}, reloaded after its stub died holding a request (they never unload)")
 # A stub this young was started after the failure that named its instance (a reload or restart just made it): a
 # "not healthy" line read now is about its predecessor.
 FRESH_STUB_S = 5.0
@@ -151,6 +172,7 @@ class Supervisor:
         self._canary_failed = 0
         self._serving = False  # the server is up and has been ready since its last start
         self._log_offset = 0  # how far the server log has been read for unhealthy stubs
+        self._reloaded: set[str] = set()  # models reloaded since this server started (an old instance may linger)
 
     @classmethod
     def for_repo(cls, options: ServerOptions, install: TritonInstall, settings: SupervisorSettings | None = None,
@@ -191,7 +213,8 @@ class Supervisor:
             failure = err
         finally:
             self._interruptible = False
-            result = self.handle.stop(graceful=drained is None or not drained.cut_short)
+            result = self.handle.stop(graceful=drained is None or not drained.cut_short,
+                                      abandon=self._lingering_only() if self._reloaded else None)
             self._serving = False
             self.metrics.set("specbuild_supervisor_serving", 0)
             for sig, handler in previous.items():
@@ -202,7 +225,9 @@ class Supervisor:
             outcome["drain"] = drained.to_dict()
         if result is not None:
             outcome["stop"] = {"exit_code": result.code, "seconds": round(result.seconds, 2), "killed": result.killed,
-                               "removed_shm_regions": len(result.removed_regions)}
+                               "removed_shm_regions": len(result.removed_regions), "abandoned": result.abandoned}
+            if result.abandoned:
+                self._event(f"tritonserver {result.describe()}", kind="stop")
         if failure is not None:
             if result is not None and not result.clean:
                 self.log(f"tritonserver {result.describe()} while stopping after the failure.")
@@ -287,6 +312,7 @@ class Supervisor:
         self.metrics.set("specbuild_supervisor_serving", 1)
         self._expected = self._live_instances()
         self._serving, self._log_offset = True, 0
+        self._reloaded = set()  # a new server: no old instances linger
 
     # ---- watching --------------------------------------------------------------------------------
     def watch(self, until: Callable[[], bool] | None = None) -> None:
@@ -439,11 +465,33 @@ class Supervisor:
                 self._restart(model, detected)
                 return
             self._skip_log()  # its requests' failures while it was down are about the old stub
+            self._reloaded.add(model)
             seconds = time.monotonic() - detected
             self.metrics.add("specbuild_supervisor_recoveries_total", model=model, action="reload")
             self.metrics.set("specbuild_supervisor_recovery_seconds", round(seconds, 3), model=model)
             self._event(f"{model} serving again after {how} ({seconds:.1f} s)", model=model, action="reload",
                         seconds=round(seconds, 3))
+
+    def _lingering_only(self) -> Callable[[], str | None]:
+        """For the stop after a reload: a stub that died (or was killed) while it held a request leaves its old
+        model instance in tritonserver, which never unloads, so its SIGTERM would wait out --exit-timeout for
+        nothing and exit 1 (seen with python_backend r24.10 in nvidia-pytriton 0.7: "Found 1 live models" after
+        every model had logged "successfully unloaded"). Once every loaded model has unloaded and the server still
+        counts no more live models than were reloaded, the reason to kill it at once; None until then."""
+        path = self.handle.log_path
+        try:
+            offset = path.stat().st_size
+        except OSError:
+            return lambda: None
+
+        def check() -> str | None:
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                return None
+            return lingering_only(text[:offset], text[offset:], self._reloaded)
+
+        return check
 
     def _reload(self, model: str, dead: list[str]) -> str:
         """Unload and load the model: new instances, new stubs. A plain load of a loaded model may only
