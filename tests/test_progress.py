@@ -88,3 +88,18 @@ def test_librarys_stdout_never_reaches_the_result_and_is_kept_for_a_failure(monk
     with _quiet_stdout():
         print("current rank: 0")
     assert capsys.readouterr() == ("", "current rank: 0\n")
+
+
+def test_transformers_loading_bars_show_with_verbose_only(monkeypatch):
+    """Seen in `make demo`: "Loading weights: 100%|...| 75/75" from transformers between specbuild's own lines."""
+    from transformers.utils import logging as hf_logging
+
+    from specbuild.progress import VERBOSE_ENV, quiet_library_bars
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    with quiet_library_bars():
+        assert not hf_logging.is_progress_bar_enabled()
+    assert hf_logging.is_progress_bar_enabled()  # restored
+    monkeypatch.setenv(VERBOSE_ENV, "1")
+    with quiet_library_bars():
+        assert hf_logging.is_progress_bar_enabled()

@@ -12,9 +12,11 @@ log shows that minutes of work are moving.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, Callable, TextIO
 
 EVERY_S = 10.0  # seconds between log lines when stderr is not a terminal
@@ -30,6 +32,25 @@ def detail(message: str) -> None:
     """A line on stderr with --verbose only: facts a newcomer cannot act on, which a contributor wants."""
     if verbose():
         print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def quiet_library_bars() -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights: 100%|...") shown with --verbose only: specbuild says what it
+    loads in its own lines. Restores what was set before."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # no transformers: nothing to quiet
+        yield
+        return
+    was = hf_logging.is_progress_bar_enabled()
+    if not verbose():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def duration(seconds: float) -> str:

@@ -32,6 +32,7 @@ from specbuild.build.plan import RolePlan
 from specbuild.build.trtllm import engine_input_hash
 from specbuild.build.versions import REFERENCE_FORMAT
 from specbuild.errors import BuildError, CheckpointError
+from specbuild.progress import quiet_library_bars
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
@@ -152,7 +153,8 @@ def smoke_test(folder: Path, vocab_size: int, source: Path | None = None,
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one small load: no "Loading weights" bar in the build log
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True)
+        with quiet_library_bars():
+            model, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True)
     finally:
         if bar_was_on:
             hf_logging.enable_progress_bar()

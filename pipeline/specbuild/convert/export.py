@@ -22,7 +22,7 @@ from specbuild.convert import formats
 from specbuild.convert.fixups import apply_fixups
 from specbuild.convert.plan import TOOLS, ConvertOptions, RolePlan
 from specbuild.errors import CheckpointError
-from specbuild.progress import verbose
+from specbuild.progress import quiet_library_bars, verbose
 
 Log = Callable[[str], None]
 
@@ -54,8 +54,9 @@ def load_hf_model(plan: RolePlan, device: str) -> Any:
     # Calibrate in float32 on CPU (CPU float16 kernels are slow or missing); on CUDA in the export dtype.
     dtype = torch.float32 if device == "cpu" else getattr(torch, plan.dtype)
     try:
-        model, info = cls.from_pretrained(plan.hf_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False,
-                                          output_loading_info=True)
+        with quiet_library_bars():
+            model, info = cls.from_pretrained(plan.hf_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False,
+                                              output_loading_info=True)
     except (SafetensorError, OSError, ValueError, RuntimeError, KeyError) as err:
         raise CheckpointError(
             f"{plan.role} checkpoint {str(plan.hf_dir)!r} cannot be loaded: {str(err).splitlines()[0][:300]}. "

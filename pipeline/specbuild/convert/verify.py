@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild import families
+from specbuild.progress import quiet_library_bars
 from specbuild.quantization import FORMATS
 
 # quantization -> (minimum top-1 agreement, maximum mean |logit error| relative to the logits' std).
@@ -98,7 +99,8 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, quantization: str,
     loaded = load_trtllm_checkpoint(ckpt_dir)
     model = to_hf_model(loaded)
     arch = loaded.trtllm_config["architecture"]
-    original = getattr(transformers, arch).from_pretrained(hf_dir, dtype=torch.float32, use_safetensors=True).eval()
+    with quiet_library_bars():
+        original = getattr(transformers, arch).from_pretrained(hf_dir, dtype=torch.float32, use_safetensors=True).eval()
     export_dtype = getattr(torch, loaded.trtllm_config["dtype"])
     quantized = quantization != "none"
     if not quantized:

@@ -21,6 +21,7 @@ from typing import Any
 
 from specbuild.errors import CheckpointError
 from specbuild.contract import llmapi as contract
+from specbuild.progress import quiet_library_bars
 from specbuild.quantization import FORMATS
 
 SUPPORTED_ALGOS = tuple(fmt.quant_algo for fmt in FORMATS.values() if fmt.llmapi)  # specbuild.quantization
@@ -112,7 +113,8 @@ def verify_export(folder: Path, hf_dir: Path, quantization: str, export_dtype: s
     loaded = load_export(folder)
     model = to_hf_model(loaded)
     arch = (loaded.hf_config.get("architectures") or ["LlamaForCausalLM"])[0]
-    original = getattr(transformers, arch).from_pretrained(hf_dir, dtype=torch.float32, use_safetensors=True).eval()
+    with quiet_library_bars():
+        original = getattr(transformers, arch).from_pretrained(hf_dir, dtype=torch.float32, use_safetensors=True).eval()
     quantized = quantization != "none"
     if not quantized:
         round_as_stored(original, getattr(torch, export_dtype), norm_offset=False)  # a Hugging Face checkpoint: w
