@@ -125,3 +125,12 @@ def test_the_stop_gives_up_waiting_only_for_the_old_instances_of_reloaded_models
     assert lingering_only(BEFORE_STOP, _since_stop(2), {"tensorrt_llm_draft"}) is None  # more live than reloaded
     unloading = _since_stop(1).replace('"successfully unloaded \'tensorrt_llm\' version 1"', "")
     assert lingering_only(BEFORE_STOP, unloading, {"tensorrt_llm_draft"}) is None  # a model still unloading
+
+
+def test_free_ports_are_distinct():
+    """Seen: ports asked for one at a time came back equal (gRPC and metrics), and tritonserver refused to start."""
+    from specbuild.triton.server import free_ports
+
+    for _ in range(50):
+        ports = free_ports("127.0.0.1", 3)
+        assert len(set(ports)) == 3 and all(port > 0 for port in ports)

@@ -20,6 +20,7 @@ PR_SET_PDEATHSIG, so it never outlives the process that started it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -68,9 +69,18 @@ class StopRequested(BaseException):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(host, 1)[0]
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """`count` distinct free ports: every socket stays bound until all are chosen (ports asked one at a time can
+    come back the same once the first socket is closed: seen, gRPC and metrics given one port, so tritonserver
+    refused to start)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 @dataclass
@@ -190,9 +200,9 @@ class ServerHandle:
         ports = {"http_port": self.opts.http_port, "grpc_port": self.opts.grpc_port,
                  "metrics_port": self.opts.metrics_port}
         refuse_busy_ports(self.opts.host, ports)
-        for key, value in ports.items():
-            if value == 0:
-                setattr(self.opts, key, free_port(self.opts.host))
+        wanted = [key for key, value in ports.items() if value == 0]
+        for key, port in zip(wanted, free_ports(self.opts.host, len(wanted))):
+            setattr(self.opts, key, port)
         self.admin_key, self.shm_prefix = secrets.token_hex(16), f"{SHM_PREFIX_START}{secrets.token_hex(4)}_"
         self.argv, extra_env = build_argv(self.install, self.opts, self.admin_key, self.shm_prefix)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
