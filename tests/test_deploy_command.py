@@ -70,7 +70,7 @@ def test_the_signal_benchmark_reads_a_metric_of_one_model_from_triton_text():
         'nv_inference_queue_duration_us{model="tensorrt_llm_bls",version="1"} 1500',
         'nv_inference_queue_duration_us{model="tensorrt_llm",version="1"} 900',
         'specbuild_bls_queue_depth{model="tensorrt_llm_bls",version="1"} 3',
-        "specbuild_bls_queue_depth_other 7",
+        'specbuild_bls_queue_depth_other{model="tensorrt_llm_bls",version="1"} 7',
     ])
     assert _value(text, "nv_inference_queue_duration_us", "tensorrt_llm_bls") == 1500
     assert _value(text, "nv_inference_queue_duration_us") == 2400

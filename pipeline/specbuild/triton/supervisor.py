@@ -480,16 +480,19 @@ class Supervisor:
         counts no more live models than were reloaded, the reason to kill it at once; None until then."""
         path = self.handle.log_path
         try:
-            offset = path.stat().st_size
+            before = path.read_bytes()  # read once; each check reads only what came since
         except OSError:
             return lambda: None
+        before_text = before.decode(errors="replace")
 
         def check() -> str | None:
             try:
-                text = path.read_text(errors="replace")
+                with open(path, "rb") as log:
+                    log.seek(len(before))
+                    since = log.read().decode(errors="replace")
             except OSError:
                 return None
-            return lingering_only(text[:offset], text[offset:], self._reloaded)
+            return lingering_only(before_text, since, self._reloaded)
 
         return check
 
