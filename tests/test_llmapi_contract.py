@@ -32,7 +32,9 @@ def test_config_pbtxt_is_nvidias_tensor_table(spec):
     assert config.name == "tensorrt_llm" and config.backend == "python"
     assert config.max_batch_size == 0  # NVIDIA's file sets none: one prompt per request (model.yaml JIRA-4496)
     assert [(g.count, g.kind) for g in config.instance_group] == [(1, config.instance_group[0].KIND_CPU)]
-    assert not config.parameters and not config.HasField("dynamic_batching")
+    assert not config.HasField("dynamic_batching")
+    # one addition to NVIDIA's parameters: the serving gate its execute checks (contract.serving_gate.gated)
+    assert {key: value.string_value for key, value in config.parameters.items()} == {"serving_gate": "serving_gate"}
     from tritonclient.grpc import model_config_pb2 as pb
 
     for generated, pinned in ((config.input, contract.INPUTS), (config.output, contract.OUTPUTS)):
@@ -42,6 +44,20 @@ def test_config_pbtxt_is_nvidias_tensor_table(spec):
             assert tuple(t.dims) == p.dims, t.name
             assert getattr(t, "optional", False) == p.optional, t.name  # outputs have no optional field
     assert [t.name for t in config.input if not t.optional] == ["text_input"]
+
+
+def test_the_llmapi_repository_has_the_engine_paths_serving_gate(spec):
+    """One gate for both repository kinds: the same config, the same model code; the drain finds it by its
+    folder (triton.canary.gate_model) and closes it before the entry model unloads."""
+    from specbuild.contract import serving_gate
+    from specbuild.contract.pbtxt import to_pbtxt
+    from specbuild.triton.repository import SHIMS
+
+    _, files, _, _ = _files(spec)
+    assert files["serving_gate/config.pbtxt"] == to_pbtxt(serving_gate.model_config())
+    assert f"from {SHIMS['serving_gate']} import TritonPythonModel" in files["serving_gate/1/model.py"]
+    for runtime in ("reference", "tensorrt_llm"):
+        assert "serving_gate/1/model.py" in _files(spec, runtime)[1]
 
 
 @pytest.mark.parametrize("decoupled", [True, False])

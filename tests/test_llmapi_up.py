@@ -53,7 +53,7 @@ def test_up_llmapi_once_then_serve_and_sigterm(tiny_spec_path):
     assert (pair / "target" / "hf_checkpoint" / "manifest.json").is_file()
     assert (pair / "llmapi" / "llm_api_options.yaml").is_file()
     repo = tiny_spec_path.parent / "triton_repo"
-    assert sorted(p.name for p in repo.iterdir()) == ["manifest.json", "tensorrt_llm"]
+    assert sorted(p.name for p in repo.iterdir()) == ["manifest.json", "serving_gate", "tensorrt_llm"]
     assert json.loads((repo / "manifest.json").read_text())["runtime"] == "reference"
 
     second = _run(tiny_spec_path, "up", "--backend", "llmapi", "--once", "--until", "repo", "--json")

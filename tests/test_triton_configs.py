@@ -359,7 +359,7 @@ def test_logits_dtype_comes_from_the_checkpoint_then_the_built_engine(tmp_path):
 def test_the_entry_points_name_the_serving_gate_the_repository_has(tmp_path, backend):
     """The drain closes `serving_gate`; the BLS and preprocessing (the ensemble's first step) refuse new requests
     while it is closed, so both must name that model, and it must be a model of the repository."""
-    from specbuild.triton.models import serving_gate
+    from specbuild.contract import serving_gate
 
     settings, files = rendered(tmp_path, backend)
     built = configs.build_all(settings)
@@ -395,7 +395,7 @@ def test_the_bls_final_response_is_one_table_sent_and_read():
 def test_the_bls_reads_back_the_record_repo_wrote(tmp_path):
     """contract.bls_params is the one record: the config writer writes it, the BLS and clients read it back."""
     from specbuild.contract.bls_params import BlsParameters
-    from specbuild.triton.models import serving_gate
+    from specbuild.contract import serving_gate
 
     settings, files = rendered(tmp_path, "reference",
                                speculative={"max_draft_len": 5, "num_draft_tokens": 3, "overlap": "auto",

@@ -73,7 +73,7 @@ class FakeBackendUtils:
 
 
 def test_the_gate_refuses_with_unavailable_only_while_it_is_closed():
-    from specbuild.triton.models.serving_gate import GATE_PARAMETER, MODEL_NAME, REFUSAL, Gate
+    from specbuild.contract.serving_gate import GATE_PARAMETER, MODEL_NAME, REFUSAL, Gate
 
     utils = FakeBackendUtils({MODEL_NAME: False})
     gate = Gate(utils, {GATE_PARAMETER: MODEL_NAME})
@@ -89,12 +89,101 @@ def test_the_gate_refuses_with_unavailable_only_while_it_is_closed():
 
 
 def test_a_python_backend_without_the_model_loading_api_has_no_gate():
-    from specbuild.triton.models.serving_gate import GATE_PARAMETER, Gate
+    from specbuild.contract.serving_gate import GATE_PARAMETER, Gate
 
     class Old:
         TritonError = FakeBackendUtils.TritonError
 
     assert Gate(Old(), {GATE_PARAMETER: "serving_gate"}).refusal() is None
+
+
+class FakeRequest:
+    def __init__(self, stop: bool = False):
+        self.stop, self.sent = stop, []
+
+    def get_response_sender(self):
+        return self
+
+    def send(self, response, flags=0):
+        self.sent.append((response, flags))
+
+
+def test_gated_refuses_new_requests_of_a_class_it_does_not_change_and_counts_the_running_ones():
+    """`gated` puts the gate in front of NVIDIA's llmapi model (and its CPU stand-in): its execute answers through
+    response senders and returns None. A stop request (it cancels a running stream) is never refused. The requests
+    let through are counted until their final response, in the gauge the drain waits on."""
+    import json
+    import sys
+
+    import numpy as np
+
+    from specbuild.contract.serving_gate import GATE_PARAMETER, MODEL_NAME, REFUSAL, RUNNING_GAUGE, gated
+
+    class Utils(FakeBackendUtils):
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+        gauges: dict = {}
+
+        class InferenceResponse:
+            def __init__(self, error=None):
+                self.error = error
+
+        class MetricFamily:
+            GAUGE = "gauge"
+
+            def __init__(self, name, description, kind):
+                self.name = name
+
+            def Metric(self, labels):
+                family = self
+
+                class Gauge:
+                    def set(self, value):
+                        Utils.gauges[(family.name, labels["model"])] = value
+                return Gauge()
+
+        @staticmethod
+        def get_input_tensor_by_name(request, name):
+            class Tensor:
+                def as_numpy(self):
+                    return np.array([request.stop])
+            return Tensor() if name == "stop" and request.stop is not None else None
+
+    class NvidiaLike:
+        def initialize(self, args):
+            self.seen = []
+
+        def execute(self, requests):
+            self.seen.append(list(requests))
+            return None
+
+    utils = Utils({MODEL_NAME: True})
+    sys.modules["triton_python_backend_utils"] = utils
+    try:
+        model = gated(NvidiaLike)()
+        model.initialize({"model_name": "tensorrt_llm", "model_config": json.dumps(
+            {"parameters": {GATE_PARAMETER: {"string_value": MODEL_NAME}}})})
+    finally:
+        del sys.modules["triton_python_backend_utils"]
+    running = lambda: Utils.gauges[(RUNNING_GAUGE, "tensorrt_llm")]  # noqa: E731
+    assert gated(NvidiaLike).__name__ == "NvidiaLike" and issubclass(gated(NvidiaLike), NvidiaLike)
+    first = [FakeRequest(None), FakeRequest(False)]
+    model.execute(first)  # the gate is open: everything goes to the model, as the same requests
+    seen = model.seen[-1]
+    assert [r.stop for r in seen] == [None, False] and not any(r.sent for r in first) and running() == 2
+    seen[0].get_response_sender().send("a piece", 0)
+    assert running() == 2 and first[0].sent == [("a piece", 0)]  # a streamed piece: still running
+    seen[0].get_response_sender().send("the end", flags=Utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert running() == 1
+    utils.ready[MODEL_NAME] = False  # the drain closed the gate
+    new, stop = FakeRequest(False), FakeRequest(True)
+    assert model.execute([new, stop]) is None
+    assert [r.stop for r in model.seen[-1]] == [True]  # the cancellation of a running stream still reaches it
+    (response, flags), = new.sent
+    assert flags == Utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL  # its one, final response
+    assert response.error.code == "UNAVAILABLE" and response.error.message == REFUSAL
+    assert running() == 2  # the refused request was never counted; the stop request is, until it is answered
+    model.execute([FakeRequest(False)])
+    assert len(model.seen) == 2  # nothing left for the model: it is not called with an empty batch
 
 
 # ---- the stop after a reload: an old instance that never unloads ------------------------------------------------

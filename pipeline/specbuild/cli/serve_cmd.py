@@ -84,9 +84,8 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
     \b
     SIGINT/SIGTERM drains first: the serving gate closes, so readiness turns false at once and
     new requests are refused at once with UNAVAILABLE (clients retry elsewhere), while every
-    running request finishes through the models it calls; then the entry models unload (an
-    llmapi repository has no gate: its model unloads at once, new requests get NOT_FOUND) and
-    tritonserver stops. The drain waits up to --exit-timeout, then cuts what is left (exit 1,
+    running request finishes through the models it calls (both repository kinds); then the
+    entry models unload and tritonserver stops. The drain waits up to --exit-timeout, then cuts what is left (exit 1,
     the count said); a second SIGINT/SIGTERM stops at once.
 
     \b

@@ -7,7 +7,9 @@ triton-inference-server/tutorials Feature_Guide/Speculative_Decoding/TRT-LLM/REA
 it from there). This shim loads that file (or the one in $SPECBUILD_LLMAPI_MODEL_DIR) and exposes its
 TritonPythonModel. NVIDIA's model reads model.yaml from pb_utils.get_model_dir(), i.e. this repository's
 tensorrt_llm/1/, where `specbuild repo` wrote it; `from helpers import ...` finds helpers.py because
-NVIDIA's folder goes first on sys.path. Unproven on a GPU from here (docs/llmapi.md).
+NVIDIA's folder goes first on sys.path. The class is wrapped by the serving gate's check
+(specbuild.triton.models.serving_gate.gated: while `specbuild serve` drains, new requests are refused with
+UNAVAILABLE); NVIDIA's code is not changed. Unproven on a GPU from here (docs/llmapi.md).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 from pathlib import Path
 
 from specbuild.contract.llmapi import NVIDIA_MODEL_DIR
+from specbuild.contract.serving_gate import gated
 
 
 def _load():
@@ -37,4 +40,4 @@ def _load():
     return module.TritonPythonModel
 
 
-TritonPythonModel = _load()
+TritonPythonModel = gated(_load())

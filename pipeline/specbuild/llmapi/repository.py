@@ -2,13 +2,17 @@
 
     <out>/tensorrt_llm/config.pbtxt      NVIDIA's tensors (contract.INPUTS / OUTPUTS), Python backend
     <out>/tensorrt_llm/1/model.yaml      the LLM arguments (`args.model_yaml_data`) + triton_config
-    <out>/tensorrt_llm/1/model.py        a shim: NVIDIA's model.py in the GPU image, or the CPU stand-in
+    <out>/tensorrt_llm/1/model.py        a shim: NVIDIA's model.py in the GPU image, or the CPU stand-in,
+                                         behind the serving gate's check
+    <out>/serving_gate/                  READY while the deployment takes new requests (closed by serve's drain)
     <out>/manifest.json
 
-One model, no pre/postprocessing, no BLS: the LLM API tokenizes, drafts and verifies inside it.
+One model that serves, no pre/postprocessing, no BLS: the LLM API tokenizes, drafts and verifies inside it.
 
-config.pbtxt is NVIDIA's (CONFIG @c8c6df08) with one addition: `model_transaction_policy { decoupled }`
-as model.yaml's triton_config says. NVIDIA's file leaves the policy to model.py's auto_complete_config,
+config.pbtxt is NVIDIA's (CONFIG @c8c6df08) with two additions: the parameter `serving_gate`, which names the
+gate the model checks before each batch of new requests (specbuild.contract.serving_gate: while serve drains, new
+requests are refused with UNAVAILABLE, the code clients retry on another replica), and
+`model_transaction_policy { decoupled }` as model.yaml's triton_config says. NVIDIA's file leaves the policy to model.py's auto_complete_config,
 which reads model.yaml; but specbuild's tritonserver runs with --disable-auto-complete-config, as NVIDIA's
 launch_triton_server.py does, and then Triton never calls auto_complete_config (python_backend's model
 template docstring), so streaming would be refused. NVIDIA's model.yaml says values set in config.pbtxt
@@ -35,6 +39,8 @@ from specbuild.config import Spec
 from specbuild.errors import ArtifactError, SpecError
 from specbuild.llmapi import args as args_mod
 from specbuild.contract import llmapi as contract
+from specbuild.contract import serving_gate
+from specbuild.contract.pbtxt import to_pbtxt
 from specbuild.llmapi.checkpoint import FOLDER
 
 GPU_CHECKPOINTS_DIR = "/engines"  # where docker/compose mounts the output folder in the GPU image
@@ -53,8 +59,8 @@ class LlmApiRepoResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"out_dir": str(self.out_dir), "backend": "llmapi", "runtime": self.runtime, "skipped": self.skipped,
-                "models": [contract.MODEL_NAME], "files": self.files, "settings": self.settings,
-                "warnings": self.warnings}
+                "models": [contract.MODEL_NAME, serving_gate.MODEL_NAME], "files": self.files,
+                "settings": self.settings, "warnings": self.warnings}
 
 
 def resolve_runtime(runtime: str) -> str:
@@ -76,11 +82,12 @@ def locations(spec: Spec, runtime: str, checkpoints_dir: str | Path | None) -> a
 
 
 def config_pbtxt(decoupled: bool) -> str:
-    from specbuild.contract.pbtxt import config_proto, to_pbtxt
+    from specbuild.contract.pbtxt import config_proto
 
     pb = config_proto()
     config = pb.ModelConfig(name=contract.MODEL_NAME, backend="python")
     config.model_transaction_policy.decoupled = decoupled
+    config.parameters[serving_gate.GATE_PARAMETER].string_value = serving_gate.MODEL_NAME
     config.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_CPU)
     for table, repeated in ((contract.INPUTS, config.input), (contract.OUTPUTS, config.output)):
         for t in table:
@@ -106,6 +113,8 @@ def render(spec: Spec, runtime: str, where: args_mod.Locations) -> dict[str, str
         f"{contract.MODEL_NAME}/config.pbtxt": config_pbtxt(spec.serve.decoupled),
         f"{contract.MODEL_NAME}/1/model.yaml": model_yaml,
         f"{contract.MODEL_NAME}/1/model.py": shim_source(SHIMS[runtime]),
+        f"{serving_gate.MODEL_NAME}/config.pbtxt": to_pbtxt(serving_gate.model_config()),
+        f"{serving_gate.MODEL_NAME}/1/model.py": shim_source(serving_gate.MODEL_MODULE),
     }
 
 

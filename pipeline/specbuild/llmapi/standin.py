@@ -15,6 +15,8 @@ What it does the way NVIDIA's model does it:
   every request with that id is aborted and the stop request gets CANCELLED "Request cancelled by client";
 - a request the client cancels is found by a loop every cancellation_check_period_ms and answered with
   CANCELLED "Request cancelled by client".
+What it adds, as the GPU repository adds it to NVIDIA's class (`specbuild.triton.models.serving_gate.gated`):
+while `specbuild serve` drains, new requests are refused with UNAVAILABLE.
 Where it differs: a request aborted by a `stop` request gets a last response with finish_reason
 "cancelled" (NVIDIA's non-streaming path sends it nothing more); concurrent requests share forward passes
 through `runtime.batcher.Batcher` (NVIDIA: the LLM's own in-flight batching).
@@ -36,6 +38,7 @@ import numpy as np
 from specbuild.contract import llmapi as contract
 from specbuild.llmapi.protocol import (CompletionOutput, ModelException, RequestOutput, parse_request,
                                        response_tensors, scalar)
+from specbuild.contract.serving_gate import gated
 
 MODEL_YAML_ENV = "LLM_CONFIG_PATH"  # MODEL: os.environ.get('LLM_CONFIG_PATH', 'model.yaml')
 
@@ -104,7 +107,7 @@ class Tracked:
     cancelled: threading.Event = field(default_factory=threading.Event)  # aborted: stop generating
 
 
-class TritonPythonModel:
+class StandInModel:
     def initialize(self, args: dict) -> None:
         import os
 
@@ -287,3 +290,6 @@ class TritonPythonModel:
                     tracked.sender.send(self._cancelled_error(), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 except Exception as err:  # noqa: BLE001
                     self.logger.log_error(f"An error occurred while sending a response: {err}")
+
+
+TritonPythonModel = gated(StandInModel)  # what the repository's model.py imports

@@ -38,9 +38,9 @@ def entry_models(repo: Path) -> list[str]:
 
 
 def gate_model(repo: Path) -> str | None:
-    """The repository's serving gate, which the drain closes (specbuild.triton.models.serving_gate); None where
-    it has none (an llmapi repository, whose model is NVIDIA's; one written before the gate existed)."""
-    from specbuild.triton.models.serving_gate import MODEL_NAME
+    """The repository's serving gate, which the drain closes (specbuild.contract.serving_gate); None where it has
+    none (a repository written before the gate existed)."""
+    from specbuild.contract.serving_gate import MODEL_NAME
 
     return MODEL_NAME if (Path(repo) / MODEL_NAME / "config.pbtxt").is_file() else None
 

@@ -29,7 +29,7 @@ from specbuild.contract import tensors as T
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.pbtxt import config_proto as _pb
 from specbuild.speculative.overlap import parse_setting
-from specbuild.triton.models import serving_gate as gate
+from specbuild.contract import serving_gate as gate
 
 if TYPE_CHECKING:  # tritonclient is imported lazily: `specbuild repo --help` must not need it
     from tritonclient.grpc import model_config_pb2
@@ -332,15 +332,6 @@ def ensemble(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     return c
 
 
-def serving_gate(s: RepoSettings) -> "model_config_pb2.ModelConfig":
-    """READY while the deployment takes new requests; the drain closes it (specbuild.triton.models.serving_gate)."""
-    pb = _pb()
-    c = pb.ModelConfig(name=gate.MODEL_NAME, backend="python", max_batch_size=0)
-    c.output.add(name=gate.OUTPUT, data_type=pb.TYPE_BOOL, dims=[1])
-    _cpu_instances(pb, c, 1)
-    return c
-
-
 def build_all(s: RepoSettings) -> dict[str, "model_config_pb2.ModelConfig"]:
     if s.backend not in BACKENDS:
         raise SpecError(f"backend = {s.backend!r} is not supported. Choose one of: {', '.join(BACKENDS)}.")
@@ -352,5 +343,5 @@ def build_all(s: RepoSettings) -> dict[str, "model_config_pb2.ModelConfig"]:
         "tensorrt_llm_draft": llm(s, "draft"),
         "tensorrt_llm_bls": bls(s),
         "ensemble": ensemble(s),
-        gate.MODEL_NAME: serving_gate(s),
+        gate.MODEL_NAME: gate.model_config(),  # READY while the deployment takes new requests
     }

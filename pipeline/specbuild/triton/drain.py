@@ -6,14 +6,15 @@ inference: each step of the speculative BLS sends one request to `tensorrt_llm_d
 which then fail with "Server not ready" (measured on tritonserver 2.51: streams in flight at SIGTERM were cut).
 
 What is done instead, with Triton's own model lifecycle, in two phases:
-1. The serving gate closes (specbuild.triton.models.serving_gate; a repository of the engine path has one):
+1. The serving gate closes (specbuild.contract.serving_gate; both repository kinds have one):
    `/v2/health/ready` answers 400 at once, so a load balancer or a Kubernetes readiness probe stops routing here,
-   and the BLS and preprocessing (the ensemble's first step) refuse each new request with UNAVAILABLE, the code
-   clients and proxies retry elsewhere (HTTP 503). Requests already running, and those already waiting for one of
-   the BLS's slots (its own queue), run to their final response; the BLS's gauges count them, and this phase ends
-   when they read zero.
-2. The entry models (the BLS and the ensemble; an llmapi repository's one model, which is NVIDIA's and has no
-   gate, so its drain starts here) are unloaded through the model-repository API. A model being unloaded stays
+   and the entry points refuse each new request with UNAVAILABLE, the code clients and proxies retry elsewhere
+   (HTTP 503): the BLS and preprocessing (the ensemble's first step), or an llmapi repository's model (NVIDIA's
+   class behind the gate's check, `serving_gate.gated`). Requests already running, and those already waiting for
+   one of the BLS's slots (its own queue), run to their final response; the BLS's gauges count them (the llmapi
+   model's, the gate's wrapper), and this phase ends when they read zero.
+2. The entry models (the BLS and the ensemble; the llmapi model) are unloaded through the model-repository API;
+   a repository without a gate (written before it existed) starts its drain here. A model being unloaded stays
    in state UNLOADING until the last request that holds it has ended (core src/model_lifecycle.cc: a request
    holds the model, and the model is destroyed when the last holder lets go), while the models it calls stay
    loaded and keep answering its steps; this covers the ensemble's running requests, which export no count.
@@ -34,12 +35,14 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from specbuild.contract import serving_gate
 from specbuild.triton import procfs
 
 # How many requests an entry model holds, from the metrics Triton exports (the BLS's own gauges, see
-# specbuild.triton.models.bls_metrics, and Triton's queue in front of each model). A model that exports no
-# running count (an llmapi model) has only its queued requests counted.
-RUNNING_GAUGES = ("specbuild_bls_active_requests", "specbuild_bls_queue_depth")
+# specbuild.triton.models.bls_metrics; the llmapi model's, counted by the gate's wrapper, contract.serving_gate.gated;
+# and Triton's queue in front of each model). A model that exports no running count (an llmapi repository written
+# before the gate existed) has only its queued requests counted.
+RUNNING_GAUGES = ("specbuild_bls_active_requests", "specbuild_bls_queue_depth", serving_gate.RUNNING_GAUGE)
 QUEUED_GAUGE = "nv_inference_pending_request_count"
 _SAMPLE = re.compile(r'^(\w+)\{([^}]*)\}\s+(\S+)$')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -140,11 +143,10 @@ def model_states(http_url: str, headers: dict[str, str], timeout: float = 5.0) -
 
 
 def close_gate(handle, gate: str) -> None:
-    """Close the serving gate (specbuild.triton.models.serving_gate): unload it and at once load it with a backend
+    """Close the serving gate (specbuild.contract.serving_gate): unload it and at once load it with a backend
     that does not exist, a load that fails on purpose. Readiness is false from the unload on. Raises ServeError if
     the gate is not closed."""
     from specbuild.errors import ServeError
-    from specbuild.triton.models import serving_gate
 
     headers = handle.admin_headers()
     request = urllib.request.Request(f"http://{handle.http_url}/v2/models/{gate}/config", headers=headers)

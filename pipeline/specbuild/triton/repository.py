@@ -31,6 +31,7 @@ from specbuild.config import Spec
 from specbuild.errors import ArtifactError, SpecbuildError, SpecError
 from specbuild.triton import configs
 from specbuild.triton.configs import LlmSettings, RepoSettings
+from specbuild.contract import serving_gate
 from specbuild.contract.logits import pair_logits_datatype
 
 GPU_ENGINES_DIR = "/engines"  # where docker/compose mounts the engines folder in the GPU image
@@ -42,7 +43,7 @@ SHIMS = {
     "postprocessing": "specbuild.triton.models.postprocessing",
     "tensorrt_llm_bls": "specbuild.triton.models.bls",
     "reference_llm": "specbuild.triton.models.reference_llm",
-    "serving_gate": "specbuild.triton.models.serving_gate",
+    "serving_gate": serving_gate.MODEL_MODULE,
 }
 
 

@@ -63,7 +63,7 @@ from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse
 from specbuild.triton.models.common import parameters, resolve_path
 from specbuild.triton.models.postprocessing import decode_ids
 from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
-from specbuild.triton.models.serving_gate import Gate
+from specbuild.contract.serving_gate import Gate
 from specbuild.triton.models.token_bytes import max_token_bytes
 
 TARGET_EXCLUDES_INPUT = False  # the generated tensorrt_llm models' exclude_input_in_output

@@ -32,7 +32,7 @@ from specbuild.contract.words import to_word_list
 from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.triton.models.common import as_text, flag, parameters, required, resolve_path, serve_each
-from specbuild.triton.models.serving_gate import Gate
+from specbuild.contract.serving_gate import Gate
 
 
 def load_tokenizer(path: Path):
