@@ -291,6 +291,37 @@ def test_sigterm_drains_the_llmapi_model_streams_in_flight(llmapi_deployment):
         serving.close()
 
 
+def test_sigterm_as_soon_as_triton_answers_ready_drains_too(deployment):
+    """Triton answers ready before serve's own start-up checks have ended (the rest of its start, the canary), and a
+    load balancer or a Kubernetes readiness probe routes to it from that first answer. A stream started then, and a
+    SIGTERM at once: drained like any other (seen before the fix: no drain, the stream cut). Where the signal lands
+    (before serve logs "serving" or after) is printed; the outcome is asserted either way."""
+    from specbuild.triton.server import free_ports
+
+    http_port, grpc_port, metrics_port = free_ports("127.0.0.1", 3)
+    argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(deployment.spec_path), "--repo",
+            str(deployment.repo), "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port",
+            str(metrics_port), "--canary-interval", "0"]
+    serving = Serving(argv, deployment.spec_path.parent)
+    try:
+        deadline = time.monotonic() + HANG_S * 3
+        while ready_status(f"http://127.0.0.1:{http_port}") != 200:
+            assert time.monotonic() < deadline and serving.process.poll() is None, serving.log()
+            time.sleep(0.01)
+        streams = Streams(f"127.0.0.1:{grpc_port}", 1, MAX_TOKENS)
+        streams.started()
+        early = not any("serving; press" in line for line in serving.lines)
+        serving.process.send_signal(signal.SIGTERM)
+        result = streams.join()[0]
+        code = serving.process.wait(HANG_S)
+        print(f"\nSIGTERM {'before' if early else 'after'} serve was serving; exit {code}\n" + serving.log())
+        assert "error" not in result and result["finish_reason"] == "length", result
+        assert len(result["output_ids"]) == MAX_TOKENS, result
+        assert code == 0 and serving.wait_line("supervisor: drained in ")
+    finally:
+        serving.close()
+
+
 def test_the_drain_gives_up_after_exit_timeout_and_says_how_many_it_cut(deployment):
     """--exit-timeout 1 against MANY streams (4 running, the rest waiting for a BLS slot): more work than a second
     holds here. Whether each one was cut is the machine's; the test holds what serve says to what clients saw."""

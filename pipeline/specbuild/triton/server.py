@@ -225,6 +225,8 @@ class ServerHandle:
             log.close()
         try:
             self.wait_ready(timeout, should_stop)
+        except StopRequested:
+            raise  # the caller stops it: a server that answers ready may hold clients' requests, to drain first
         except BaseException:
             self.stop(graceful=False)
             raise

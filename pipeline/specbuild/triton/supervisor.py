@@ -207,8 +207,10 @@ class Supervisor:
                     self._wait_unsupervised(until if once else None)
         except StopRequested:
             outcome["stopped_by"] = "signal"
-            if self._serving and self.handle.process is not None and self.handle.process.poll() is None:
+            if self._answering():
                 drained = self.drain()
+            elif not self._serving:  # stopped before it answered ready: nothing to drain or wait for
+                self.handle.stop(graceful=False)
         except BaseException as err:  # re-raised below, after the server is stopped
             failure = err
         finally:
@@ -241,6 +243,15 @@ class Supervisor:
                              f"(--exit-timeout-secs={self.handle.opts.exit_timeout_s}). " + (f"{why}. " if why else "")
                              + f"See the server log: {self.handle.log_path}")
         return outcome
+
+    def _answering(self) -> bool:
+        """Whether clients may hold requests on the server now, so that a stop must drain them: it serves, or it
+        already answers ready while serve's own start-up checks (the rest of the start, the canary) have not
+        ended: a load balancer or a readiness probe routes to it from its first ready answer."""
+        process = self.handle.process
+        if process is None or process.poll() is not None:
+            return False
+        return self._serving or self.handle.ready()
 
     def drain(self) -> DrainResult:
         """Close the serving gate, unload the entry models and wait for their requests (specbuild.triton.drain),
