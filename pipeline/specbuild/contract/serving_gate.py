@@ -11,10 +11,10 @@ unload on, until the server stops:
   InferenceServer::IsReady: "Okay if model is not ready due to unload"), so a load balancer or a Kubernetes
   readiness probe stops routing here (measured on 2.51: never ready again between the two calls);
 - the entry points (the BLS; preprocessing, the ensemble's first step; an llmapi repository's model, NVIDIA's
-  class wrapped by `gated`) see the gate not ready
-  (`pb_utils.is_model_ready`, python_backend's model-loading API; about 16 us a call measured here) and refuse
-  each new request with UNAVAILABLE, the code gRPC clients and proxies retry on another replica (HTTP 503),
-  while the requests they already hold run to their end;
+  class wrapped by `gated`) see the gate not ready (`pb_utils.is_model_ready`, python_backend's model-loading
+  API; about 16 us a call measured here) and refuse each new request with UNAVAILABLE, the code gRPC clients and
+  proxies retry on another replica (HTTP 503 from /infer; tritonserver 2.51's /generate answers it with 400,
+  measured), while the requests they already hold run to their end;
 - Triton's repository index shows the gate UNAVAILABLE, "unable to find backend library for backend
   'closed_for_the_drain'", for an operator to read.
 
