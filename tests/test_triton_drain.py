@@ -385,6 +385,7 @@ def test_up_drains_its_server_on_sigterm(deployment, tmp_path):
     serving = Serving(argv, deployment.root)
     try:
         serving.wait_line("serving; press Ctrl-C", timeout=600)
+        pids = [serving.process.pid, *procfs.descendants(serving.process.pid)]  # up, tritonserver, its stubs
         grpc = serving.wait_line("grpc     ").split()[-1]  # up logs each endpoint as "<name padded to 8> <url>"
         http = serving.wait_line("http     ").split()[-1]
         document = {"endpoints": {"grpc": grpc, "http": http}}
@@ -394,7 +395,10 @@ def test_up_drains_its_server_on_sigterm(deployment, tmp_path):
         assert code == 0, serving.log()
         assert_drained(serving, results, expected, running, during)
         stage = json.loads(out)["stages"][-1]
+        assert stage["status"] == "ran" and stage["stopped"] and stage["restarts"] == 0, stage
         assert stage["stopped_by"] == "signal" and stage["drain"]["complete"], stage
         assert stage["drain"]["refused_with"] == "UNAVAILABLE", stage  # the serving gate closed
+        left = [pid for pid in pids if procfs.alive(pid)]
+        assert not left, f"processes of up left after its stop: {left}"
     finally:
         serving.close()

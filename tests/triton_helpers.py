@@ -23,8 +23,16 @@ class TinyDeployment:
     repo: Path
 
 
+_BUILT: dict[Path, Path] = {}  # example pair -> a folder of its converted checkpoints and engines, never served
+
+
 def make_deployment(root: Path, example_tiny) -> TinyDeployment:
-    """Spec for the tiny example pair -> converted checkpoints -> reference engines -> reference repository."""
+    """Spec for the tiny example pair -> converted checkpoints -> reference engines -> reference repository.
+    The convert and build run once per test session, in a folder of their own; each deployment gets a copy of
+    their output, which its own convert and build then find up to date (their manifests' input hashes), so every
+    deployment still goes through both stages, and no test can change another's engines."""
+    import shutil
+
     from specbuild.build.engines import build_engines
     from specbuild.config import load_spec
     from specbuild.convert import convert_pair
@@ -34,8 +42,15 @@ def make_deployment(root: Path, example_tiny) -> TinyDeployment:
     text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="triton tests")
     spec_path = specfile.write_spec(root / "specbuild.toml", text, force=True)
     spec = load_spec(spec_path)
+    built = _BUILT.get(Path(example_tiny.root))
+    if built is not None:
+        shutil.copytree(built, Path(spec.output_dir), symlinks=True, dirs_exist_ok=True)
     convert_pair(spec, ["target", "draft"], log=lambda m: None)
     build_engines(spec, ["target", "draft"], "reference")
+    if built is None:
+        pristine = root.parent / f"{root.name}-built-once"
+        shutil.copytree(Path(spec.output_dir), pristine, symlinks=True)
+        _BUILT[Path(example_tiny.root)] = pristine
     repo = root / "triton_repo"
     write_repository(spec, "reference", repo)
     return TinyDeployment(root, spec_path, spec, repo)
