@@ -74,7 +74,8 @@ def repo(spec, out_dir: Path, runtime: str, checkpoints_dir, force: bool, dry_ru
                          runtime=resolved, settings=settings)
         return
     result = repository.write_repository(spec, out_dir, runtime, checkpoints_dir, force=force)
-    report_repo_result(result, as_json, f"backend llmapi, runtime {result.runtime}, model: tensorrt_llm")
+    report_repo_result(result, as_json, f"backend llmapi, runtime {result.runtime}, models: "
+                       f"{', '.join(result.to_dict()['models'])} (serve's drain closes the gate)")
 
 
 def serve_trtllm(spec, host: str | None, port: int | None, binary: str | None, nodes: int, launcher: str,
