@@ -123,8 +123,11 @@ def limit_threads() -> None:
 @contextmanager
 def serving(repo: Path, log_path: Path, clean: bool = False, **options) -> Iterator:
     """tritonserver on `repo` for a test (ServerOptions `options`; free ports, loopback): started within 300 s,
-    stopped whatever the test did, and then no process of it may be left. clean: the stop must also be clean
-    (exit within the server's timeout) and leave no shared-memory region. The one way the tests start a server."""
+    stopped whatever the test did, and then no process of it may be left. clean: the stop is tritonserver's own
+    (SIGTERM), which must be clean (exit within the server's timeout) and leave no shared-memory region; without
+    it, for a test of something else, the server is killed at once: its own stop takes 3-4 s on 2 cores (it
+    unloads each Python model in turn, then polls once a second), and the cleanup after it (every process of this
+    start, its regions) is the same. The one way the tests start a server."""
     from specbuild.triton import procfs
     from specbuild.triton.server import SHM_ROOT, ServerHandle, ServerOptions
 
@@ -135,7 +138,7 @@ def serving(repo: Path, log_path: Path, clean: bool = False, **options) -> Itera
     try:
         yield handle
     finally:
-        result = handle.stop()
+        result = handle.stop(graceful=clean)
     if clean:
         assert result.clean, f"tritonserver {result.describe()}"
         assert not list(SHM_ROOT.glob(prefix + "*")), "shared-memory regions left behind"
