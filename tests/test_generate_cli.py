@@ -128,8 +128,42 @@ def test_no_server_at_the_address_says_so_and_what_to_do(tmp_path, monkeypatch, 
     (tmp_path / "s.toml").write_text('name = "p"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n')
     result = generate("-c", "s.toml", "--url", f"127.0.0.1:{port}", "--protocol", protocol, "--json", "hello")
     assert result.exit_code == 1
+    other = "http" if protocol == "grpc" else "grpc"
     message = (f"no Triton server answers at 127.0.0.1:{port} ({protocol}). Start one with `specbuild serve -c "
-               "s.toml` (or `specbuild up -c s.toml`), pass --url with its address, or run in-process with "
-               "`specbuild generate -c s.toml --local ...`.")
+               f"s.toml` (or `specbuild up -c s.toml`), pass --url with its address (with --protocol {other} if it "
+               f"is Triton's {other} port), or run in-process with `specbuild generate -c s.toml --local ...`.")
     assert result.stderr == f"Error: {message}\n"
     assert json.loads(result.stdout)["error"] == message
+
+
+def test_an_address_that_answers_but_not_over_http_is_the_same_clear_error(tmp_path, monkeypatch):
+    """Triton's gRPC port given with --protocol http: it answers with HTTP/2 frames, which urllib reads as a bad
+    status line (http.client.BadStatusLine, not an OSError): the no-server error with the hint, not a traceback."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+
+    def answer() -> None:  # after the request, an HTTP/2 SETTINGS frame (a gRPC server's first frame)
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x04\x00\x40\x00\x00")
+
+    threading.Thread(target=answer, daemon=True).start()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text('name = "p"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n')
+    try:
+        result = generate("-c", "s.toml", "--url", f"127.0.0.1:{port}", "--protocol", "http", "hello")
+    finally:
+        server.close()
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.startswith(f"Error: no Triton server answers at 127.0.0.1:{port} (http).")
+    assert "(with --protocol grpc if it is Triton's grpc port)" in result.stderr

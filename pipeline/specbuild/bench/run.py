@@ -181,17 +181,20 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
               vs_hf: bool = False, vs_plain: bool = False, progress: bool = False,
               log: Callable[[str], None] = lambda m: None, threads: int | None = None, row_block: int | None = None,
               spec_path: str | None = None, overlap: bool | str | None = None,
-              floor: dict[str, Any] | None = None) -> dict[str, Any]:
+              floor: Callable[[], dict[str, Any] | None] | None = None) -> dict[str, Any]:
     """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default).
     overlap: the in-process schedule, True / False / "auto" / None (the spec's) / "compare" (both, --local).
-    floor: Triton's cost of a bare BLS call on the server's machine (triton.floor), reported beside ours."""
+    floor: measures Triton's cost of a bare BLS call on the server's machine (triton.floor), reported beside ours;
+    called once the server at `url` has answered, before the measurement."""
     prompts = workloads.load(workload, settings.requests, Path(spec.target.checkpoint))
     peers: list[Any] = []
     notes: list[str] = []
+    floor_figures = None
     if url:
         from specbuild.bench.remote import RemoteTransport
 
         transport = RemoteTransport.connect(url, protocol, spec_path=spec_path, spec=spec)
+        floor_figures = floor() if floor is not None else None
         transport.overlap = False if overlap == "compare" else overlap
         if overlap == "compare":
             peers.extend([transport.with_overlap(True, "triton-overlap"), transport.with_overlap("auto", "triton-auto")])
@@ -233,7 +236,7 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         extra["hf"] = hf_section(ours, measured["hf"], best_k)
     overlapped = measured.get(f"{transport.name}-overlap")
     if "local" in measured and mode == "triton":
-        extra["serving_overhead"] = serving_section(ours, measured["local"], best_k, floor)
+        extra["serving_overhead"] = serving_section(ours, measured["local"], best_k, floor_figures)
         if overlapped is not None:
             top_overlapped = report.best(report.cells(overlapped.summaries()))
             extra["serving_overhead"]["overlapped"] = serving_section(

@@ -112,7 +112,7 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
 
     from specbuild.bench.run import run_bench
 
-    floor = _floor(url) if url else None
+    floor = (lambda: _floor(url)) if url else None  # measured once the server has answered
     doc = run_bench(spec, settings, workload, url=url, protocol=protocol, vs_hf=vs_hf, vs_plain=vs_plain,
                     progress=True, log=log, threads=threads,  # a bar on a terminal, else progress lines
                     spec_path=shown_path(spec.path), overlap=schedule, floor=floor)

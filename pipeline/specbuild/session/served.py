@@ -179,10 +179,11 @@ class ServedSession:
     def no_server(self) -> ClientError:
         """The error for an address where no server answers, with what to do."""
         c = f" -c {self.spec_path}" if self.spec_path else ""
+        other = "grpc" if self.protocol == "http" else "http"
         return ClientError(
             f"no Triton server answers at {self.url} ({self.protocol}). Start one with `specbuild serve{c}` "
-            f"(or `specbuild up{c}`), pass --url with its address, or run in-process with "
-            f"`specbuild generate{c} --local ...`."
+            f"(or `specbuild up{c}`), pass --url with its address (with --protocol {other} if it is Triton's "
+            f"{other} port), or run in-process with `specbuild generate{c} --local ...`."
         )
 
     def check_ready(self) -> None:

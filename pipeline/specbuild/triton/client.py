@@ -38,6 +38,7 @@ llmapi model sends no token ids: a whole generation's token count is the session
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import urllib.error
@@ -51,6 +52,10 @@ import numpy as np
 from specbuild.contract import tensors
 from specbuild.errors import ClientError
 from specbuild.contract import llmapi
+
+# What urllib raises when nothing answers at an address, or something that does not speak HTTP/1.1 (such as
+# Triton's gRPC port, whose HTTP/2 frames fail as http.client.BadStatusLine).
+UNREACHABLE = (urllib.error.URLError, OSError, http.client.HTTPException)
 
 STAT_OUTPUTS = tensors.BLS_FINAL_OUTPUTS  # what the BLS sends on its final response (the contract's one table)
 TEXT_OUTPUTS = tuple(name for name in STAT_OUTPUTS  # strings (BYTES) that are not JSON documents
@@ -210,7 +215,7 @@ class SpecbuildClient:
         try:
             with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=5) as r:
                 return r.status == 200
-        except (urllib.error.URLError, OSError):
+        except UNREACHABLE:
             return False
 
     def model_config(self) -> dict[str, Any]:
@@ -223,7 +228,7 @@ class SpecbuildClient:
             try:
                 with urllib.request.urlopen(f"http://{self.url}/v2/models/{model}/config", timeout=30) as r:
                     return json.loads(r.read().decode())
-            except (urllib.error.URLError, OSError, ValueError):
+            except (*UNREACHABLE, ValueError):
                 return None
         try:
             return self._grpc_client().get_model_config(model, as_json=True).get("config", {})
@@ -385,7 +390,10 @@ class SpecbuildClient:
             response = urllib.request.urlopen(http_request, timeout=self.timeout)
         except urllib.error.HTTPError as err:
             raise ClientError(f"{self.model}: {_http_error(err)}") from None
-        except (urllib.error.URLError, OSError) as err:
+        except http.client.HTTPException:
+            raise ClientError(f"what answers at {self.url} does not speak HTTP: is it Triton's gRPC port? Use "
+                              "--protocol grpc, or the HTTP port.") from None
+        except UNREACHABLE as err:
             raise ClientError(f"cannot reach {self.url}: {err}") from None
         with response:
             if endpoint == "generate":
