@@ -8,7 +8,7 @@ it from there). This shim loads that file (or the one in $SPECBUILD_LLMAPI_MODEL
 TritonPythonModel. NVIDIA's model reads model.yaml from pb_utils.get_model_dir(), i.e. this repository's
 tensorrt_llm/1/, where `specbuild repo` wrote it; `from helpers import ...` finds helpers.py because
 NVIDIA's folder goes first on sys.path. The class is wrapped by the serving gate's check
-(specbuild.triton.models.serving_gate.gated: while `specbuild serve` drains, new requests are refused with
+(specbuild.contract.serving_gate.gated: while `specbuild serve` drains, new requests are refused with
 UNAVAILABLE); NVIDIA's code is not changed. Unproven on a GPU from here (docs/llmapi.md).
 """
 

@@ -12,8 +12,8 @@ One model that serves, no pre/postprocessing, no BLS: the LLM API tokenizes, dra
 config.pbtxt is NVIDIA's (CONFIG @c8c6df08) with two additions: the parameter `serving_gate`, which names the
 gate the model checks before each batch of new requests (specbuild.contract.serving_gate: while serve drains, new
 requests are refused with UNAVAILABLE, the code clients retry on another replica), and
-`model_transaction_policy { decoupled }` as model.yaml's triton_config says. NVIDIA's file leaves the policy to model.py's auto_complete_config,
-which reads model.yaml; but specbuild's tritonserver runs with --disable-auto-complete-config, as NVIDIA's
+`model_transaction_policy { decoupled }` as model.yaml's triton_config says. NVIDIA's file leaves the policy to
+model.py's auto_complete_config, which reads model.yaml; but specbuild's tritonserver runs with --disable-auto-complete-config, as NVIDIA's
 launch_triton_server.py does, and then Triton never calls auto_complete_config (python_backend's model
 template docstring), so streaming would be refused. NVIDIA's model.yaml says values set in config.pbtxt
 win over model.py, and both say the same here.
@@ -37,10 +37,10 @@ from typing import Any
 from specbuild.artifacts import combined_hash, read_manifest, stage_output, tool_versions
 from specbuild.config import Spec
 from specbuild.errors import ArtifactError, SpecError
-from specbuild.llmapi import args as args_mod
 from specbuild.contract import llmapi as contract
 from specbuild.contract import serving_gate
 from specbuild.contract.pbtxt import to_pbtxt
+from specbuild.llmapi import args as args_mod
 from specbuild.llmapi.checkpoint import FOLDER
 
 GPU_CHECKPOINTS_DIR = "/engines"  # where docker/compose mounts the output folder in the GPU image

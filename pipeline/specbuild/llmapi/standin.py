@@ -15,7 +15,7 @@ What it does the way NVIDIA's model does it:
   every request with that id is aborted and the stop request gets CANCELLED "Request cancelled by client";
 - a request the client cancels is found by a loop every cancellation_check_period_ms and answered with
   CANCELLED "Request cancelled by client".
-What it adds, as the GPU repository adds it to NVIDIA's class (`specbuild.triton.models.serving_gate.gated`):
+What it adds, as the GPU repository adds it to NVIDIA's class (`specbuild.contract.serving_gate.gated`):
 while `specbuild serve` drains, new requests are refused with UNAVAILABLE.
 Where it differs: a request aborted by a `stop` request gets a last response with finish_reason
 "cancelled" (NVIDIA's non-streaming path sends it nothing more); concurrent requests share forward passes
@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from specbuild.contract import llmapi as contract
+from specbuild.contract.serving_gate import gated
 from specbuild.llmapi.protocol import (CompletionOutput, ModelException, RequestOutput, parse_request,
                                        response_tensors, scalar)
-from specbuild.contract.serving_gate import gated
 
 MODEL_YAML_ENV = "LLM_CONFIG_PATH"  # MODEL: os.environ.get('LLM_CONFIG_PATH', 'model.yaml')
 
