@@ -1,6 +1,6 @@
 """`specbuild up --once`: every stage through a real CPU tritonserver, the demo prompts streamed through
-the speculative BLS, the server stopped, nothing left running; a second run skips the build stages; without
---once it serves until SIGTERM and then stops cleanly within the server's own exit timeout."""
+the speculative BLS, the server stopped, nothing left running; a second run skips the build stages. Without
+--once it serves until SIGTERM and then drains and stops: tests/test_triton_drain.py."""
 
 from __future__ import annotations
 
