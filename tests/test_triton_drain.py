@@ -248,9 +248,15 @@ def assert_drained(serving: Serving, results: dict, expected: dict, running_at_s
     assert REFUSAL in refusal, refusal  # gRPC: a stream's error carries its message, not a status code
     status, body, endpoint = over_http
     assert REFUSAL in body, over_http
-    # UNAVAILABLE over HTTP: /infer answers 503; /generate (the only HTTP endpoint of a decoupled model) answered
-    # 400 for the same error on tritonserver 2.51, for the BLS and the ensemble too (measured)
-    assert status == {"infer": 503, "generate": 400}[endpoint], over_http
+    # UNAVAILABLE over HTTP: /infer answers 503. /generate (the only HTTP endpoint of a decoupled model) answered 400
+    # for the same error on tritonserver 2.51, for the BLS and the ensemble too: it takes the status code from an
+    # error it has already deleted (server src/http_server.cc, GenerateRequestClass::InferResponseComplete calls
+    # AddErrorJson, which deletes the error, then HttpCodeFromError on it; v2.51.0 and the main branch alike), so
+    # only "an error status" can be asserted there
+    if endpoint == "infer":
+        assert status == 503, over_http
+    else:
+        assert isinstance(status, int) and status >= 400, over_http
     for i, result in results.items():
         assert "error" not in result, f"stream {i}: {result}\n{serving.log()}"
         assert result["text"] == expected["text"] and result["finish_reason"] == expected["finish_reason"], i
