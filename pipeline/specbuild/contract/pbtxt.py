@@ -11,7 +11,13 @@ from specbuild.errors import SpecError
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2
 
-__all__ = ["config_proto", "parse_pbtxt", "to_pbtxt"]
+__all__ = ["config_proto", "parameter_values", "parse_pbtxt", "to_pbtxt"]
+
+
+def parameter_values(config: dict) -> dict[str, str]:
+    """A model configuration's parameters in Triton's JSON form (a Python model's `args["model_config"]`, the
+    model-config API's answer): key -> string_value."""
+    return {key: (value or {}).get("string_value", "") for key, value in config.get("parameters", {}).items()}
 
 
 def config_proto():

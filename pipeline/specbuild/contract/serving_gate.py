@@ -33,6 +33,8 @@ import json
 import threading
 from typing import Any
 
+from specbuild.contract.pbtxt import parameter_values
+
 MODEL_NAME = "serving_gate"
 GATE_PARAMETER = "serving_gate"  # in the entry models' configs: the gate's name
 CLOSED_BACKEND = "closed_for_the_drain"  # no such backend: the closing load fails, and Triton's reason says why
@@ -148,8 +150,7 @@ def gated(model_class: type) -> type:
             import triton_python_backend_utils as pb_utils
 
             config = json.loads(args["model_config"])
-            params = {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
-            self._serving_gate = Gate(pb_utils, params)
+            self._serving_gate = Gate(pb_utils, parameter_values(config))
             self._running = RunningCount(pb_utils, args.get("model_name") or config.get("name", ""))
             return super().initialize(args)
 

@@ -39,6 +39,7 @@ from typing import Any
 from specbuild.config import Spec
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.llmapi import ADD_SPECIAL_TOKENS as LLMAPI_ADD_SPECIAL_TOKENS
+from specbuild.contract.pbtxt import parameter_values
 from specbuild.errors import ClientError
 from specbuild.session.generation import Generation, Options
 from specbuild.speculative.draft_len import ResolvedK, resolve_fixed_k, resolve_k
@@ -73,9 +74,8 @@ class Deployment:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Deployment":
         """The BLS's settings as the BLS reads them (`contract.bls_params`); nothing known from another config."""
-        params = {key: (value or {}).get("string_value", "") for key, value in config.get("parameters", {}).items()}
         try:
-            bls = BlsParameters.from_parameters(params)
+            bls = BlsParameters.from_parameters(parameter_values(config))
         except ValueError:  # not a BLS's config, or one the BLS itself would refuse
             return cls()
         return cls(bls.max_draft_len, bls.num_draft_tokens, bls.adaptive_draft_len, bls.overlap,

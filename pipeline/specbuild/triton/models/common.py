@@ -8,12 +8,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from specbuild.contract.pbtxt import parameter_values
 from specbuild.errors import RequestError
 
 
 def parameters(args: dict[str, Any]) -> dict[str, str]:
-    config = json.loads(args["model_config"])
-    return {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
+    return parameter_values(json.loads(args["model_config"]))
 
 
 def required(params: dict[str, str], key: str, model: str) -> str:
