@@ -14,7 +14,8 @@ row-block invariance, which depends on the code path the math libraries take on 
   ignored MKL_DEBUG_CPU_TYPE since 2020.1).
 For each selection a child process first prints a fingerprint: hashes of matmul, attention and
 elementwise results on fixed inputs (made with numpy, so they do not depend on torch's kernels),
-the row blocks 1-16 the probe rejects with 1 and 2 threads, and the block the runtime chooses.
+the row blocks 1-16 the probe rejects with 1 and 2 threads, the block the runtime chooses, and the wide calls
+(a prefill's long runs of rows) its probe rejects beside that block.
 Then the invariance and greedy-equality tests run in a child with that environment, unless the
 fingerprint equals one already tested (the same kernels; --all tests every selection anyway).
 Exit status 1 if any tests failed or the time budget ran out.
@@ -90,6 +91,7 @@ def fingerprint(two_threads: bool = True) -> dict:
         model.row_block = block
         if not decodes_exactly(model, rng):
             unfaithful.append(block)
+    chosen = LlamaModel(args, state)  # probed with 1 thread, as the tests run: its block and its wide calls
     return {
         "capability": torch.backends.cpu.get_cpu_capability(),
         "matmul": digest(*(torch.mm(x[:m], w) for m in (1, 2, 4, 8, 16)), torch.addmm(bias, x[:4], w)),
@@ -97,8 +99,11 @@ def fingerprint(two_threads: bool = True) -> dict:
         "elementwise": digest(x.exp(), F.silu(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)),
         "rejected_1_thread": rejected[1],
         "rejected_2_threads": rejected[2],
-        "chosen_row_block": LlamaModel(args, state).row_block,  # probed with 1 thread, as the tests run
+        "chosen_row_block": chosen.row_block,
         "accepted_but_not_exact": sorted(unfaithful),
+        "wide_rejected": [t.row_block for t in chosen.exactness.wide_tried if t.failures],
+        "wide_accepted_but_not_exact": list(chosen.wide_blocks) if chosen.wide_blocks and not decodes_exactly(chosen, rng)
+        else [],
     }
 
 
@@ -155,9 +160,10 @@ def main() -> int:
             failed = True
             continue
         info = json.loads(fp.stdout.strip().splitlines()[-1])
-        if info["accepted_but_not_exact"]:
-            print(f"{name}: the probe accepted row blocks {info['accepted_but_not_exact']} that decoding shows "
-                  "are not exact: the probe is too weak for these kernels", file=sys.stderr)
+        if info["accepted_but_not_exact"] or info["wide_accepted_but_not_exact"]:
+            print(f"{name}: the probe accepted row blocks {info['accepted_but_not_exact']} or wide calls "
+                  f"{info['wide_accepted_but_not_exact']} that decoding shows are not exact: the probe is too weak for "
+                  "these kernels", file=sys.stderr)
             failed = True
         key = json.dumps({k: v for k, v in info.items() if k != "chosen_row_block"}, sort_keys=True)
         if key in tested and not args.all:
@@ -180,14 +186,14 @@ def main() -> int:
                                             f"({seconds:.0f} s)"))
 
     print(f"{'selection':<22} {'capability':<10} {'matmul':<8} {'attn':<8} {'elem':<8} {'rejected blocks 1 / 2 threads':<32} "
-          f"{'chosen':<6} tests")
+          f"{'chosen':<6} {'wide rejected':<13} tests")
     for name, selection, info, result in rows:
         if info is None:
             print(f"{name:<22} {result}")
             continue
         rejected = f"{_ranges(info['rejected_1_thread'])} / {_ranges(info['rejected_2_threads'])}"
         print(f"{name:<22} {info['capability']:<10} {info['matmul']:<8} {info['attention']:<8} {info['elementwise']:<8} "
-              f"{rejected:<32} {info['chosen_row_block']:<6} {result}")
+              f"{rejected:<32} {info['chosen_row_block']:<6} {_ranges(info['wide_rejected']):<13} {result}")
     for name, selection, _, _ in rows:
         print(f"  {name}: {' '.join(f'{k}={v}' for k, v in selection.items()) or '(no controls set)'}")
     return 1 if failed else 0

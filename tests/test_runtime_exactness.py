@@ -19,7 +19,8 @@ from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (aut
 from specbuild.errors import SpecError
 from specbuild.runtime.contract_model import ContractModel, Limits
 from specbuild.runtime.engine import ReferenceEngine
-from specbuild.runtime.exactness import CPU_CANDIDATES, attention_ends, probe
+from specbuild.runtime.blocks import run_blocks
+from specbuild.runtime.exactness import CPU_CANDIDATES, WIDE_BLOCKS, attention_ends, probe, probe_wide
 from specbuild.runtime.model import LlamaModel
 from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.speculative.loop import GenerationRequest, run
@@ -127,6 +128,50 @@ def test_a_matmul_that_depends_on_the_rows_place_makes_the_runtime_fall_back_to_
     assert verification_equals_single_steps(model)
     for outputs in greedy_outputs(model, draft_folder):
         assert outputs[1] == outputs[0] and outputs[3] == outputs[0]  # speculative greedy == target-only
+
+
+def prefill_equals_single_steps(model, length: int = 150) -> bool:
+    """Bit for bit: every position's logits of one prefill of `length` tokens (its rows in wide calls where the
+    model has them) against the same positions decoded one token at a time."""
+    ids = prompts(1, VOCAB, seed=3, min_len=length, max_len=length)[0]
+    prefill = ReferenceEngine(model, use_cache=False).logits([ids], [length - 1])[0]
+    cache = model.new_cache()
+    model.forward([(cache, ids[:1])], [1])
+    steps = [model.forward([(cache, [token])], [1])[0][0].numpy() for token in ids[1:-1]]
+    return all(np.array_equal(a, b) for a, b in zip(prefill, steps))
+
+
+def test_a_prefill_runs_in_wide_calls_only_where_they_give_each_row_its_blocks_bits(folder, monkeypatch):
+    model = LlamaModel.from_folder(folder)
+    choice = model.exactness
+    assert [t.row_block for t in choice.wide_tried] == [w for w in WIDE_BLOCKS if w > model.row_block]
+    assert model.wide_blocks == choice.wide_blocks == tuple(t.row_block for t in choice.wide_tried if not t.failures)
+    for trial in choice.wide_tried:  # deterministic: the same verdict again
+        assert bool(probe_wide(model, model.row_block, trial.row_block)) == bool(trial.failures)
+    assert prefill_equals_single_steps(model)  # and reality agrees with it
+
+    real = model_module._linear  # now a matmul whose bits change once a call holds more than 8 rows
+    monkeypatch.setattr(model_module, "_linear",
+                        lambda x, *args: real(x, *args) + (1e-3 if x.shape[0] > 8 else 0.0))
+    model = LlamaModel.from_folder(folder)
+    assert model.row_block == 4 and model.wide_blocks == () and model.exactness.exact
+    assert [t.failures for t in model.exactness.wide_tried] == [
+        ("qkv 64x128: 64-row call", "o 64x64 + mlp 64x320, 160x64: 64-row call"),
+        ("qkv 64x128: 16-row call", "o 64x64 + mlp 64x320, 160x64: 16-row call")]
+    assert "prefill in blocks (64-row calls differ: qkv 64x128: 64-row call" in model.exactness.describe()
+    assert prefill_equals_single_steps(model)
+    model.wide_blocks = WIDE_BLOCKS  # the perturbation is real: wide calls unprobed would not be exact
+    assert not prefill_equals_single_steps(model)
+
+
+def test_run_blocks_takes_the_largest_calls_that_fit_then_the_next_then_blocks():
+    shapes = []
+    x = torch.arange(180.0)[:, None]
+    out = run_blocks(lambda b: shapes.append(b.shape[0]) or b * 2, [x], 4, (64, 16))
+    assert shapes == [64, 64, 16, 16, 16, 4] and torch.equal(out, x * 2)
+    shapes.clear()
+    run_blocks(lambda b: shapes.append(b.shape[0]) or b, [x[:12]], 4, (64, 16))
+    assert shapes == [4, 4, 4]
 
 
 def test_attention_that_depends_on_its_neighbours_is_caught_and_one_row_is_exact(folder, monkeypatch):

@@ -161,6 +161,10 @@ def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None =
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
 
 
+def _shape(weight: torch.Tensor) -> str:
+    return "x".join(map(str, weight.shape))
+
+
 def _attention_groups(start: int, n: int, block: int) -> list[tuple[int, int, int]]:
     """(first row, rows, keys) of consecutive query rows attended together: at most `block` rows, all
     in one key bucket, so a query's call has the same shape whatever rows it is computed with."""
@@ -194,6 +198,7 @@ class LlamaModel:
 
         self.args, self.device, self.dtype = args, torch.device(device), dtype
         self.row_block = row_block or default_candidates(self.device.type)[0]
+        self.wide_blocks: tuple[int, ...] = ()  # rows per call for long runs (prefill), set by the probe when exact
         self.exactness = None  # the probe's RowBlockChoice, None when unprobed
 
         used: set[str] = set()
@@ -284,15 +289,17 @@ class LlamaModel:
     # -- the parts forward runs on fixed-size blocks of rows (the probe runs the same ones) -------
 
     def row_parts(self) -> list[tuple[str, Callable[..., torch.Tensor], list[int]]]:
-        """(name, fn, width of each input) of each function forward applies to [row_block, width] blocks.
+        """(name, fn, width of each input) of each function forward applies to [row_block, width] blocks."""
+        return [*self.layer_parts(), (f"lm_head {_shape(self.lm_head)}", self._logits, [self.args.hidden_size])]
+
+    def layer_parts(self) -> list[tuple[str, Callable[..., torch.Tensor], list[int]]]:
+        """The row parts of a layer: the ones forward also runs in wide calls (`wide_blocks`) for long runs.
         Layer 0's stand for every layer's: all layers have the same shapes (and biases or none)."""
         a, layer = self.args, self.layers[0]
-        shape = lambda w: "x".join(map(str, w.shape))  # noqa: E731
         return [
-            (f"qkv {shape(layer['qkv'])}", lambda x: self._qkv(layer, x), [a.hidden_size]),
-            (f"o {shape(layer['o'])} + mlp {shape(layer['gate_up'])}, {shape(layer['down'])}",
+            (f"qkv {_shape(layer['qkv'])}", lambda x: self._qkv(layer, x), [a.hidden_size]),
+            (f"o {_shape(layer['o'])} + mlp {_shape(layer['gate_up'])}, {_shape(layer['down'])}",
              lambda x, attn: self._post_attention(layer, x, attn), [a.hidden_size, a.num_heads * a.head_dim]),
-            (f"lm_head {shape(self.lm_head)}", self._logits, [a.hidden_size]),
         ]
 
     def _qkv(self, layer: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -397,7 +404,7 @@ class LlamaModel:
                   for window in set(a.windows) | {None}}  # one mask per group and per window the layers use
         extend = bool(spans) and spans[-1][0] + spans[-1][2] - 1 + block > padded
         for li, layer in enumerate(self.layers):
-            qkv = run_blocks(lambda b: self._qkv(layer, b), [x], block)
+            qkv = run_blocks(lambda b: self._qkv(layer, b), [x], block, self.wide_blocks)
             q = self._rope(qkv[:, :nq].view(padded, a.num_heads, a.head_dim), cos, sin)
             k = self._rope(qkv[:, nq : nq + nkv].view(padded, a.num_kv_heads, a.head_dim), cos, sin)
             v = qkv[:, nq + nkv :].view(padded, a.num_kv_heads, a.head_dim)
@@ -416,7 +423,7 @@ class LlamaModel:
             attn = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]).transpose(0, 1).reshape(rows, nq)
             if padded > rows:
                 attn = torch.cat([attn, pad])  # [padded, heads * head_dim]
-            x = run_blocks(lambda xb, ab: self._post_attention(layer, xb, ab), [x, attn], block)
+            x = run_blocks(lambda xb, ab: self._post_attention(layer, xb, ab), [x, attn], block, self.wide_blocks)
         for cache, tokens in batch:
             cache.commit(tokens)
 
