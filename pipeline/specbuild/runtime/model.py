@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from specbuild import families
 from specbuild.errors import CheckpointError
-from specbuild.runtime.blocks import KEY_BUCKET, key_bucket_end, run_blocks
+from specbuild.runtime.blocks import key_bucket_end, run_blocks
 from specbuild.runtime.kvcache import SequenceKV
 
 
