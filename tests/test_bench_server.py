@@ -52,6 +52,14 @@ def test_bench_url_reports_the_local_fields_plus_serving_overhead(server, deploy
     assert [row["concurrency"] for row in doc["concurrency"]] == [1, 2]
 
 
+def test_a_sweep_the_deployment_cannot_run_fails_before_the_floor_and_the_local_runtime(server, deployment):
+    r = CliRunner().invoke(main, ["bench", "-c", str(deployment.spec_path), "--url", server.grpc_url, "--protocol",
+                                  "grpc", "--num-draft-tokens", "0", "--requests", "1"])
+    assert r.exit_code == 1
+    assert "Error: the K sweep [0] leaves no K > 0 for this deployment (max_draft_len = 6)" in r.output
+    assert "floor" not in r.output and "local runtime" not in r.output  # nothing slow ran first
+
+
 def test_bench_url_without_a_server_is_a_clear_error(deployment):
     from specbuild.triton.server import free_port
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from specbuild.bench import report, runner, theory, workloads
 from specbuild.bench.runner import Measurements, Settings
 from specbuild.config import Spec
-from specbuild.errors import SpecbuildError
+from specbuild.errors import BenchError, SpecbuildError
 
 
 def _progress(enabled: bool) -> Callable[[int], Callable[[], None]]:
@@ -177,6 +177,15 @@ def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None
     return from_spec(spec, log=log, threads=threads, row_block=row_block, overlap=overlap)
 
 
+def _check_sweep(transport: Any, settings: Settings) -> None:
+    try:
+        runner.sweep_ks(transport, settings)
+    except BenchError:
+        if hasattr(transport, "close"):
+            transport.close()
+        raise
+
+
 def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = None, protocol: str = "http",
               vs_hf: bool = False, vs_plain: bool = False, progress: bool = False,
               log: Callable[[str], None] = lambda m: None, threads: int | None = None, row_block: int | None = None,
@@ -194,6 +203,7 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         from specbuild.bench.remote import RemoteTransport
 
         transport = RemoteTransport.connect(url, protocol, spec_path=spec_path, spec=spec)
+        _check_sweep(transport, settings)  # a sweep this deployment cannot run fails before the floor and peers
         floor_figures = floor() if floor is not None else None
         transport.overlap = False if overlap == "compare" else overlap
         if overlap == "compare":
@@ -205,6 +215,7 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         mode = "triton"
     else:
         transport = _local_transport(spec, log, threads, row_block, overlap=overlap)
+        _check_sweep(transport, settings)
         mode = "local"
         peers.extend(getattr(transport, "peers", []))
         if vs_hf:

@@ -156,6 +156,20 @@ def sweep_concurrency(transport: Transport, ks: Sequence[int], workload: Workloa
                         tick()
 
 
+def sweep_ks(transport: Transport, settings: Settings) -> tuple[tuple[int, ...], list[str]]:
+    """The Ks `transport` measures and the notes on the sweep; BenchError when no K > 0 is left (checked by
+    run_bench as soon as the transport is up, before the slower peers and Triton's floor)."""
+    ks, notes = clamp_ks(settings.num_draft_tokens, transport.max_draft_len)
+    fixed = getattr(transport, "fixed_k", None)  # a deployment with one K and no per-request K (llmapi)
+    if fixed is not None:
+        return (fixed,), list(getattr(transport, "notes", []))
+    if len(ks) < 2:
+        raise BenchError(f"the K sweep {list(settings.num_draft_tokens)} leaves no K > 0 for this deployment "
+                         f"(max_draft_len = {transport.max_draft_len}). Pass --num-draft-tokens with values in "
+                         f"1..{transport.max_draft_len}.")
+    return ks, notes
+
+
 def run(transport: Transport, workload: Workload, settings: Settings, peers: Sequence[Transport] = (),
         progress: Callable[[int], Callable[[], None]] | None = None) -> dict[str, Measurements]:
     """Measure `transport` (and `peers`, interleaved at concurrency 1) over the sweep.
@@ -163,14 +177,7 @@ def run(transport: Transport, workload: Workload, settings: Settings, peers: Seq
     `progress(total)` returns a tick function called once per measured request.
     Returns one `Measurements` per transport name.
     """
-    ks, notes = clamp_ks(settings.num_draft_tokens, transport.max_draft_len)
-    fixed = getattr(transport, "fixed_k", None)  # a deployment with one K and no per-request K (llmapi)
-    if fixed is not None:
-        ks, notes = (fixed,), list(getattr(transport, "notes", []))
-    elif len(ks) < 2:
-        raise BenchError(f"the K sweep {list(settings.num_draft_tokens)} leaves no K > 0 for this deployment "
-                         f"(max_draft_len = {transport.max_draft_len}). Pass --num-draft-tokens with values in "
-                         f"1..{transport.max_draft_len}.")
+    ks, notes = sweep_ks(transport, settings)
     concurrent_levels = [c for c in settings.concurrency if c > 1]
     if concurrent_levels and not transport.concurrent:
         notes.append(f"concurrency {', '.join(map(str, concurrent_levels))} skipped: the {transport.name} transport "
