@@ -78,3 +78,25 @@ def test_the_spec_knows_a_gpu_seen_by_its_memory_and_sm_not_by_the_drivers_spell
     from specbuild.config import known_gpu
 
     assert known_gpu(memory_gib, sm) == expected
+
+
+def test_nvidia_client_requests_fail_the_step_when_the_three_texts_differ(tmp_path, monkeypatch):
+    """The check NVIDIA's speculative_decoding_test.py makes: ensemble, BLS and client-side speculation agree."""
+    from types import SimpleNamespace
+
+    import specbuild.triton.nvidia_requests as nvidia_requests
+
+    asked = []
+
+    def texts(client, prompt, k):
+        asked.append(k)
+        return {"ensemble": "a b", "bls": "a b", "client-side": "a b" if len(asked) < 2 else "a c"}
+
+    monkeypatch.setattr(nvidia_requests, "speculative_decoding_check", texts)
+    run = selftest_module.Run(tmp_path, "tiny", lambda message: None)
+    run.spec = SimpleNamespace(speculative=SimpleNamespace(max_draft_len=4))
+    run.server = SimpleNamespace(grpc_url="127.0.0.1:1")  # never reached: the check is replaced
+    with pytest.raises(StepFailed) as failed:
+        selftest_module._nvidia_clients(run)
+    assert asked == [4, 4]  # K = 5 as NVIDIA's test sends it, within the deployment's max_draft_len
+    assert '"client-side": "a c"' in failed.value.evidence and "draft_input_ids" in failed.value.fix

@@ -1,11 +1,11 @@
 """NVIDIA's own clients work unchanged against the served repository (tiny example pair, real CPU tritonserver).
 
 The requests below carry exactly the input sets that NVIDIA's client tools send (NVIDIA/TensorRT-LLM
-`triton_backend/tools/inflight_batcher_llm/end_to_end_test.py` `test_functionality_ifb`, and
-`triton_backend/inflight_batcher_llm/client/end_to_end_grpc_client.py` / `e2e_grpc_speculative_decoding_client.py`
-as `speculative_decoding_test.py` calls them), and read the outputs the way those tools read them
-(`OUTPUT[0].decode()`, `output_ids` squeezed on axes 0 and 1, `sequence_length[0, 0]`). The code is
-written here from those input lists; none of NVIDIA's code is copied.
+`triton_backend/tools/inflight_batcher_llm/end_to_end_test.py` `test_functionality_ifb` here, and
+`end_to_end_grpc_client.py` / `e2e_grpc_speculative_decoding_client.py` as `speculative_decoding_test.py` calls them
+in `specbuild.triton.nvidia_requests`, which `specbuild selftest` sends on a GPU), and read the outputs the way
+those tools read them (`OUTPUT[0].decode()`, `output_ids` squeezed on axes 0 and 1, `sequence_length[0, 0]`).
+The code is written here from those input lists; none of NVIDIA's code is copied.
 
 The BLS is deployed non-decoupled, as in NVIDIA's draft/target recipe, because the end-to-end test calls it
 with a plain (unary) infer. The same server carries two deliberately wrong models, to show the reference
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import queue
 import shutil
 from pathlib import Path
 
@@ -24,12 +23,13 @@ import numpy as np
 import pytest
 
 from specbuild.errors import ServeError
+from specbuild.triton.nvidia_requests import (OUTPUT_LEN, infer, run_inference_inputs, scalar,
+                                              speculative_decoding_check, streamed, tensors, text)
 from specbuild.triton.server import ServerHandle, ServerOptions
 from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["def add(a, b):", '{"name": ', "import os\nimport sys\n"]
-OUTPUT_LEN = 12
 FP32_MODEL = "tensorrt_llm_declared_fp32"  # declares TYPE_FP32 logits over a float16-logits engine
 
 
@@ -72,43 +72,6 @@ def grpc(server):
     client.close()
 
 
-def tensors(values: dict[str, np.ndarray]) -> list:
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
-
-    out = []
-    for name, value in values.items():
-        tensor = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
-        tensor.set_data_from_numpy(value)
-        out.append(tensor)
-    return out
-
-
-def infer(grpc, model: str, values: dict[str, np.ndarray]):
-    return grpc.infer(model, tensors(values))
-
-
-def streamed(grpc, model: str, values: dict[str, np.ndarray]) -> str:
-    """One request over the gRPC stream, as end_to_end_grpc_client.run_inference sends it (not streaming)."""
-    answers: queue.Queue = queue.Queue()
-    grpc.start_stream(callback=lambda result=None, error=None: answers.put((result, error)))
-    try:
-        grpc.async_stream_infer(model, tensors(values), request_id="1")
-        result, error = answers.get(timeout=300)
-    finally:
-        grpc.stop_stream()
-    assert error is None, error
-    return result.as_numpy("text_output")[0].decode("utf-8")
-
-
-def text(prompt: str) -> np.ndarray:
-    return np.array([[prompt]], dtype=object)
-
-
-def scalar(value, dtype) -> np.ndarray:
-    return np.array([[value]], dtype=dtype)
-
-
 # --- end_to_end_test.py, test_functionality_ifb --------------------------------------------------------
 
 def test_end_to_end_models_by_hand_then_ensemble_then_bls_agree(grpc):
@@ -133,59 +96,11 @@ def test_end_to_end_models_by_hand_then_ensemble_then_bls_agree(grpc):
 
 # --- speculative_decoding_test.py: the control, the BLS, and client-side speculation ------------------------
 
-def run_inference_inputs(prompt: str, **extra) -> dict[str, np.ndarray]:
-    """end_to_end_grpc_client.prepare_inputs as the speculative-decoding test calls it: neutral values included."""
-    return {"text_input": text(prompt), "max_tokens": scalar(OUTPUT_LEN, np.int32), "stream": scalar(False, bool),
-            "beam_width": scalar(1, np.int32), "temperature": scalar(1.0, np.float32),
-            "embedding_bias_words": np.empty((1, 0), dtype=object),
-            "embedding_bias_weights": np.empty((1, 0), dtype=np.float32),
-            "exclude_input_in_output": scalar(False, bool), **extra}
-
-
-def client_side_speculation(grpc, prompt: str, k: int) -> str:
-    """e2e_grpc_speculative_decoding_client's loop: preprocessing, then draft / target calls, then postprocessing."""
-    pre = infer(grpc, "preprocessing", {"QUERY": text(prompt), "REQUEST_OUTPUT_LEN": scalar(OUTPUT_LEN, np.int32)})
-    prompt_ids = np.squeeze(pre.as_numpy("INPUT_ID").astype(np.int32), axis=0)
-    common = {"bad_words_list": pre.as_numpy("BAD_WORDS_IDS").astype(np.int32),
-              "stop_words_list": pre.as_numpy("STOP_WORDS_IDS").astype(np.int32),
-              "beam_width": scalar(1, np.int32), "temperature": scalar(1.0, np.float32),
-              "end_id": scalar(pre.as_numpy("OUT_END_ID")[0][0], np.int32),
-              "pad_id": scalar(pre.as_numpy("OUT_PAD_ID")[0][0], np.int32)}
-
-    def call(model: str, ids: np.ndarray, output_len: int, draft: np.ndarray | None = None):
-        values = {"input_ids": ids[None], "input_lengths": scalar(len(ids), np.int32),
-                  "request_output_len": scalar(output_len, np.int32), **common}
-        if draft is not None:
-            values["draft_input_ids"] = np.array([draft], dtype=np.int32)
-        result = infer(grpc, model, values)
-        lengths = result.as_numpy("sequence_length")
-        assert lengths.shape == (1, 1)
-        return np.squeeze(result.as_numpy("output_ids").astype(np.int32), axis=(0, 1)), int(lengths[0, 0])
-
-    ids, drafted = prompt_ids, None
-    while True:
-        n = min(k, len(prompt_ids) + OUTPUT_LEN - len(ids) - 1)
-        draft = None
-        if n > 0:
-            drafted, length = call("tensorrt_llm_draft", ids, n)
-            draft = drafted[len(ids):length]
-        previous, (ids, _) = ids, call("tensorrt_llm", ids, len(draft) + 1 if n > 0 else 1, draft if n > 0 else None)
-        if (len(ids) >= len(prompt_ids) + OUTPUT_LEN or (drafted is not None and np.array_equal(drafted, ids))
-                or np.array_equal(previous, ids)):
-            break
-    post = infer(grpc, "postprocessing", {"TOKENS_BATCH": ids[None, None].astype(np.int32),
-                                          "SEQUENCE_LENGTH": scalar(len(ids), np.int32)})
-    return post.as_numpy("OUTPUT")[0].decode("utf8")
-
-
 def test_speculative_decoding_test_inputs_give_the_control_output(grpc):
     for prompt in PROMPTS:
-        control = streamed(grpc, "ensemble", run_inference_inputs(prompt))
-        assert control.startswith(prompt[:3])
-        bls = streamed(grpc, "tensorrt_llm_bls", run_inference_inputs(
-            prompt, num_draft_tokens=scalar(5, np.int32), use_draft_logits=scalar(False, bool)))
-        assert bls == control, prompt
-        assert client_side_speculation(grpc, prompt, 5) == control, prompt
+        texts = speculative_decoding_check(grpc, prompt)
+        assert texts["ensemble"].startswith(prompt[:3])
+        assert texts["bls"] == texts["ensemble"] and texts["client-side"] == texts["ensemble"], (prompt, texts)
 
 
 def test_sampling_with_draft_logits_sends_them_in_the_declared_type(grpc, deployment):

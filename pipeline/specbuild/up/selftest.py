@@ -4,7 +4,8 @@ Run in the GPU image on the user's GPU it goes through the risks of the GPU path
 failed with its evidence and the fix to try: the versions the image carries; convert and build of the built-in
 example pair at float16 (then fp8 where the GPU has it); the repository loads in the server; a greedy request at
 K = 3 through the BLS equals K = 0 token for token; sampling with draft logits runs; the acceptance figures agree
-with the tokens; streaming and cancellation; the LLM API path's probe; and a first speed figure, K = 3 against K = 0
+with the tokens; streaming and cancellation; the requests of NVIDIA's speculative-decoding test (ensemble, BLS and
+client-side speculation agree); the LLM API path's probe; and a first speed figure, K = 3 against K = 0
 through the server. Without a GPU (or without TensorRT-LLM) the same steps run on the reference backend, so CI
 tests the command itself, and the GPU-only steps say "not run (no GPU)" (or, on a GPU without TensorRT-LLM,
 "not run (no TensorRT-LLM ...)"), never passed. The fp8 calibration needs a GPU only (modelopt on CUDA), so it runs
@@ -218,6 +219,29 @@ def _streaming(run: Run) -> str:
     return f"{len(chunks)} streamed responses; after a cancelled stream the next request gave {after['finish_reason']}"
 
 
+def _nvidia_clients(run: Run) -> str:
+    """NVIDIA's speculative-decoding test's requests (specbuild.triton.nvidia_requests): the ensemble, the BLS at
+    K and client-side speculation through tensorrt_llm_draft / tensorrt_llm give one text per prompt."""
+    import tritonclient.grpc as grpcclient
+
+    from specbuild.triton.nvidia_requests import SPECULATIVE_K, speculative_decoding_check
+
+    k = min(SPECULATIVE_K, run.spec.speculative.max_draft_len)
+    client = grpcclient.InferenceServerClient(run.server.grpc_url)
+    try:
+        for _, prompt in DEMO_PROMPTS:
+            texts = speculative_decoding_check(client, prompt, k)
+            if len(set(texts.values())) > 1:
+                raise StepFailed(f"prompt {prompt!r}: {json.dumps(texts)}",
+                                 "the three must agree, as in NVIDIA's speculative_decoding_test.py: a BLS that "
+                                 "differs points at the BLS, client-side speculation that differs at the engines' "
+                                 "draft_input_ids handling (the target's speculative_decoding_mode)")
+    finally:
+        client.close()
+    return (f"{len(DEMO_PROMPTS)} prompts: the ensemble, the BLS at K = {k} and client-side speculation "
+            "(NVIDIA's client's draft / target calls) gave the same text")
+
+
 def _llmapi_probe(run: Run) -> str:
     from specbuild.llmapi.probe import probe
 
@@ -256,6 +280,7 @@ STEPS = (
     Step("sampling with draft logits", _sampling, needs=("repository loads in the server",)),
     Step("acceptance figures agree with the tokens", _agreement, needs=("greedy K = 3 equals K = 0",)),
     Step("streaming and cancellation", _streaming, needs=("repository loads in the server",)),
+    Step("NVIDIA's client requests", _nvidia_clients, needs=("greedy K = 3 equals K = 0",)),
     Step("LLM API probe", _llmapi_probe, requires="tensorrt_llm"),
     Step("first speed figure", _bench, needs=("repository loads in the server",)),
 )
