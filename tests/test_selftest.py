@@ -29,6 +29,9 @@ def test_selftest_on_cpu_passes_its_cpu_steps_and_does_not_claim_the_gpu_ones(tm
     assert json.loads((tmp_path / "work" / "selftest.json").read_text())["steps"] == doc["steps"]
     greedy = next(row for row in doc["steps"] if row["step"] == "greedy K = 3 equals K = 0")
     assert "equal at K = 3 and K = 0" in greedy["evidence"]
+    rows = {row["step"]: row for row in doc["steps"]}
+    assert "the ensemble, the BLS at K = 5 and client-side speculation" in rows["NVIDIA's client requests"]["evidence"]
+    assert "from the CPU stand-in for the llmapi model" in rows["one LLM API request"]["evidence"]
 
 
 def test_a_failed_step_says_why_and_the_fix_and_what_needs_it_is_skipped(tmp_path, monkeypatch):

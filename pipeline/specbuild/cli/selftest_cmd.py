@@ -31,7 +31,8 @@ def command(workdir: Path, out: Path | None, variant: str, as_json: bool) -> Non
     the GPU has it); the repository loads in tritonserver; greedy K = 3 equals K = 0 token for token through
     the BLS; sampling with draft logits; the acceptance figures agree with the tokens; streaming and
     cancellation; the requests of NVIDIA's speculative-decoding test (ensemble, BLS and client-side
-    speculation give one text); the LLM API probe; a first speed figure (K = 3 against K = 0).
+    speculation give one text); the LLM API probe; a first speed figure (K = 3 against K = 0); one request
+    through the LLM API path's own repository and server.
     Without a GPU (or TensorRT-LLM) the steps run on the reference backend and the GPU-only ones say
     "not run (no GPU)" (on a GPU without TensorRT-LLM, "not run (no TensorRT-LLM ...)" for those that
     need it; the fp8 calibration runs there). Exit 0 when no step failed, 1 otherwise.

@@ -5,8 +5,9 @@ failed with its evidence and the fix to try: the versions the image carries; con
 example pair at float16 (then fp8 where the GPU has it); the repository loads in the server; a greedy request at
 K = 3 through the BLS equals K = 0 token for token; sampling with draft logits runs; the acceptance figures agree
 with the tokens; streaming and cancellation; the requests of NVIDIA's speculative-decoding test (ensemble, BLS and
-client-side speculation agree); the LLM API path's probe; and a first speed figure, K = 3 against K = 0
-through the server. Without a GPU (or without TensorRT-LLM) the same steps run on the reference backend, so CI
+client-side speculation agree); the LLM API path's probe; a first speed figure, K = 3 against K = 0 through the
+server; and one request through the LLM API path's repository (its own stages, its own server). Without a GPU
+(or without TensorRT-LLM) the same steps run on the reference backend (the llmapi model's CPU stand-in), so CI
 tests the command itself, and the GPU-only steps say "not run (no GPU)" (or, on a GPU without TensorRT-LLM,
 "not run (no TensorRT-LLM ...)"), never passed. The fp8 calibration needs a GPU only (modelopt on CUDA), so it runs
 wherever torch sees one; its engine build needs TensorRT-LLM.
@@ -268,6 +269,39 @@ def _bench(run: Run) -> str:
             f"({'a GPU' if run.gpu else 'the reference backend on CPU'}; `specbuild bench --url` for the full sweep)")
 
 
+def _llmapi_request(run: Run) -> str:
+    """The LLM API path end to end: its stages up to the repository, then one greedy request through Triton's llmapi
+    model (NVIDIA's model.py behind specbuild's serving gate where TensorRT-LLM is installed, the CPU stand-in
+    elsewhere). The engine path's server is stopped first: two servers' caches need not share one GPU."""
+    from specbuild.triton import deploy
+    from specbuild.triton.client import SpecbuildClient
+    from specbuild.triton.server import ServerHandle
+    from specbuild.up.stages import UpContext, run_up
+
+    if run.server is not None:
+        run.server.stop()
+        run.server = None
+    repo = run.workdir / "llmapi_repo"
+    ctx = UpContext(spec=run.spec, backend="llmapi", force=False, dry_run=False, once=True, repo=repo, log=run.log)
+    _, error = run_up(ctx, until="repo")
+    if error is not None:
+        raise StepFailed(f"`up --backend llmapi` stopped: {error}", "the message names the stage and what to change")
+    plan = deploy.plan_serve(run.spec, repo)
+    server = ServerHandle(plan.options, log_path=run.workdir / "tritonserver-llmapi.log", install=plan.install)
+    server.start(timeout=600)
+    try:
+        with SpecbuildClient(server.grpc_url) as client:
+            text, stats = client.complete(DEMO_PROMPTS[0][1], max_tokens=GREEDY_TOKENS)
+            model = "NVIDIA's llmapi model" if run.trtllm else "the CPU stand-in for the llmapi model"
+    finally:
+        server.stop()
+    if not text or stats.get("finish_reason") not in ("length", "stop"):
+        raise StepFailed(f"text {text!r}, outputs {json.dumps(stats, default=str)[:500]}",
+                         f"read {server.log_path}: the model's errors are there")
+    return (f"{len(text)} characters from {model} ({repo}), finish_reason {stats['finish_reason']}, acceptance "
+            f"{stats.get('acceptance_rate')}")
+
+
 STEPS = (
     Step("versions", _versions),
     Step("example pair", _pair),
@@ -283,6 +317,7 @@ STEPS = (
     Step("NVIDIA's client requests", _nvidia_clients, needs=("greedy K = 3 equals K = 0",)),
     Step("LLM API probe", _llmapi_probe, requires="tensorrt_llm"),
     Step("first speed figure", _bench, needs=("repository loads in the server",)),
+    Step("one LLM API request", _llmapi_request, needs=("example pair",)),
 )
 
 
