@@ -14,7 +14,8 @@ unload on, until the server stops:
   class wrapped by `gated`) see the gate not ready (`pb_utils.is_model_ready`, python_backend's model-loading
   API; about 16 us a call measured here) and refuse each new request with UNAVAILABLE, the code gRPC clients and
   proxies retry on another replica (HTTP 503 from /infer; /generate's status is unreliable: it reads the code
-  of an error it has already deleted, server src/http_server.cc, and gave 400 on 2.51), while the requests they already hold run to their end;
+  of an error it has already deleted, server src/http_server.cc, and gave 400 on 2.51), while the requests they
+  already hold run to their end;
 - Triton's repository index shows the gate UNAVAILABLE, "unable to find backend library for backend
   'closed_for_the_drain'", for an operator to read.
 

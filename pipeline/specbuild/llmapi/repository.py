@@ -13,8 +13,8 @@ config.pbtxt is NVIDIA's (CONFIG @c8c6df08) with two additions: the parameter `s
 gate the model checks before each batch of new requests (specbuild.contract.serving_gate: while serve drains, new
 requests are refused with UNAVAILABLE, the code clients retry on another replica), and
 `model_transaction_policy { decoupled }` as model.yaml's triton_config says. NVIDIA's file leaves the policy to
-model.py's auto_complete_config, which reads model.yaml; but specbuild's tritonserver runs with --disable-auto-complete-config, as NVIDIA's
-launch_triton_server.py does, and then Triton never calls auto_complete_config (python_backend's model
+model.py's auto_complete_config, which reads model.yaml; but specbuild's tritonserver runs with
+--disable-auto-complete-config, as NVIDIA's launch_triton_server.py does, and then Triton never calls auto_complete_config (python_backend's model
 template docstring), so streaming would be refused. NVIDIA's model.yaml says values set in config.pbtxt
 win over model.py, and both say the same here.
 

@@ -153,18 +153,26 @@ def _fp8_build(run: Run) -> str:
     return f"fp8 target engine under {spec.pair_dir}"
 
 
-def _serve(run: Run) -> str:
+def _start_server(run: Run, repo: Path, log_name: str, check_engines: bool = False):
+    """tritonserver on `repo` as `specbuild serve` plans it (the spec's options, free ports), started and ready."""
     from specbuild.triton import deploy
-    from specbuild.triton.repository import write_repository
     from specbuild.triton.server import ServerHandle
+
+    plan = deploy.plan_serve(run.spec, repo)
+    if check_engines:
+        deploy.check_engines(plan.backend, plan.engines)
+    server = ServerHandle(plan.options, log_path=run.workdir / log_name, install=plan.install)
+    server.start(timeout=600)
+    return server
+
+
+def _serve(run: Run) -> str:
+    from specbuild.triton.repository import write_repository
 
     repo = run.workdir / "triton_repo"
     write_repository(run.spec, run.backend, repo, force=True)
-    plan = deploy.plan_serve(run.spec, repo)
-    deploy.check_engines(plan.backend, plan.engines)
-    run.server = ServerHandle(plan.options, log_path=run.workdir / "tritonserver.log", install=plan.install)
-    run.server.start(timeout=600)
-    return f"{repo} loaded ({plan.backend}); server log {run.server.log_path}"
+    run.server = _start_server(run, repo, "tritonserver.log", check_engines=True)
+    return f"{repo} loaded ({run.backend}); server log {run.server.log_path}"
 
 
 def _client(run: Run):
@@ -273,9 +281,7 @@ def _llmapi_request(run: Run) -> str:
     """The LLM API path end to end: its stages up to the repository, then one greedy request through Triton's llmapi
     model (NVIDIA's model.py behind specbuild's serving gate where TensorRT-LLM is installed, the CPU stand-in
     elsewhere). The engine path's server is stopped first: two servers' caches need not share one GPU."""
-    from specbuild.triton import deploy
     from specbuild.triton.client import SpecbuildClient
-    from specbuild.triton.server import ServerHandle
     from specbuild.up.stages import UpContext, run_up
 
     if run.server is not None:
@@ -286,15 +292,13 @@ def _llmapi_request(run: Run) -> str:
     _, error = run_up(ctx, until="repo")
     if error is not None:
         raise StepFailed(f"`up --backend llmapi` stopped: {error}", "the message names the stage and what to change")
-    plan = deploy.plan_serve(run.spec, repo)
-    server = ServerHandle(plan.options, log_path=run.workdir / "tritonserver-llmapi.log", install=plan.install)
-    server.start(timeout=600)
+    server = _start_server(run, repo, "tritonserver-llmapi.log")
     try:
         with SpecbuildClient(server.grpc_url) as client:
             text, stats = client.complete(DEMO_PROMPTS[0][1], max_tokens=GREEDY_TOKENS)
-            model = "NVIDIA's llmapi model" if run.trtllm else "the CPU stand-in for the llmapi model"
     finally:
         server.stop()
+    model = "NVIDIA's llmapi model" if run.trtllm else "the CPU stand-in for the llmapi model"
     if not text or stats.get("finish_reason") not in ("length", "stop"):
         raise StepFailed(f"text {text!r}, outputs {json.dumps(stats, default=str)[:500]}",
                          f"read {server.log_path}: the model's errors are there")
