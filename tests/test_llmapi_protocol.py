@@ -11,7 +11,7 @@ from specbuild.contract import llmapi as contract
 from specbuild.llmapi.llm import LlmArgsError, sampling_from_request, validate_args
 from specbuild.llmapi.protocol import (CompletionOutput, ModelException, RequestOutput, parse_request,
                                        response_tensors, stop_strings)
-from specbuild.llmapi.standin import read_model_yaml
+from specbuild.llmapi.protocol import read_model_yaml
 
 
 def getter(**inputs):

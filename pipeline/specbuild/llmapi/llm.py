@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.errors import RequestError
-from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.contract import llmapi as contract
 from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
 from specbuild.session.request import RequestRules
@@ -91,6 +90,7 @@ class Sampling:
     exclude_input_from_output: bool
     return_perf_metrics: bool
     stop: list[str]
+    stop_token_ids: list[int]
 
 
 def sampling_from_request(params: dict[str, Any]) -> Sampling:
@@ -117,7 +117,8 @@ def sampling_from_request(params: dict[str, Any]) -> Sampling:
                     top_p=float(1.0 if top_p is None else top_p), seed=params.get("seed"),
                     exclude_input_from_output=bool(params.get("exclude_input_from_output", True)),
                     return_perf_metrics=bool(params.get("return_perf_metrics", False)),
-                    stop=stop_strings(params.get("stop")))
+                    stop=stop_strings(params.get("stop")),
+                    stop_token_ids=[int(i) for i in params.get("stop_token_ids") or ()])
 
 
 class StandInLLM:
@@ -137,12 +138,12 @@ class StandInLLM:
         self.draft = load_model(Path(spec[contract.DRAFT_MODEL_KEY]), {"max_batch_size": batch, "max_seq_len": seq,
                                                                        "max_draft_len": 0}, device) if spec else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.target_dir), local_files_only=True)
-        listed = listed_end_ids(self.target_dir)
-        # the checkpoint's first end id (the models'), then every other that ends a request, as on the engine path;
-        # the LLM API drafts max_draft_len at every step (0: target only), and K does not adapt
-        self.rules = RequestRules(self.tokenizer, end_ids(listed[0] if listed else None,
-                                                          (*listed, self.tokenizer.eos_token_id)),
-                                  self.k if self.draft else 0, self.k if self.draft else 0)
+        # one end id, the tokenizer's eos, as SamplingParams._setup sets it (tensorrt_llm/sampling_params.py @a98a906);
+        # the checkpoint's other end ids come with each request as stop_token_ids (specbuild.llmapi.end_ids). The LLM
+        # API drafts max_draft_len at every step (0: target only), and K does not adapt
+        eos = self.tokenizer.eos_token_id
+        self.rules = RequestRules(self.tokenizer, () if eos is None else (eos,), self.k if self.draft else 0,
+                                  self.k if self.draft else 0)
         self.max_batch_size = batch
 
     def _decode(self, ids: list[int]) -> str:
@@ -169,7 +170,7 @@ class StandInLLM:
             if len(prompt_ids) >= self.max_seq_len:
                 raise ModelException(f"the prompt ({len(prompt_ids)} tokens) does not fit max_seq_len = {self.max_seq_len}")
             max_tokens = min(max_tokens, self.max_seq_len - len(prompt_ids))
-        ready = self.rules.prepare(max_tokens=max_tokens, stop=sampling.stop,
+        ready = self.rules.prepare(max_tokens=max_tokens, stop=sampling.stop, stop_token_ids=sampling.stop_token_ids,
                                    sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p,
                                                            sampling.seed))
         target = call("target") if call else self.target
@@ -193,8 +194,8 @@ class StandInLLM:
         except RequestError as err:
             raise ModelException(str(err)) from None
         tokens, stop_reason = list(result.output_ids), None
-        if isinstance(result.stop_reason, str):  # the stop string is left out (include_stop_str_in_output False)
-            stop_reason = result.stop_reason
+        if isinstance(result.stop_reason, (str, int)):  # a stop string or id is left out (include_stop_str_in_output
+            stop_reason = result.stop_reason           # False), as result.py's _handle_sequence does
             matched = next(ids for ids, word in ready.stop_words.items() if word == stop_reason)
             tokens = tokens[: -len(matched)]
         return self._output(prompt_ids, tokens, result.finish_reason, stop_reason, sampling, True, counts,

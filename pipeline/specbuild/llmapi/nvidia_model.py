@@ -7,9 +7,10 @@ triton-inference-server/tutorials Feature_Guide/Speculative_Decoding/TRT-LLM/REA
 it from there). This shim loads that file (or the one in $SPECBUILD_LLMAPI_MODEL_DIR) and exposes its
 TritonPythonModel. NVIDIA's model reads model.yaml from pb_utils.get_model_dir(), i.e. this repository's
 tensorrt_llm/1/, where `specbuild repo` wrote it; `from helpers import ...` finds helpers.py because
-NVIDIA's folder goes first on sys.path. The class is wrapped by the serving gate's check
-(specbuild.contract.serving_gate.gated: while `specbuild serve` drains, new requests are refused with
-UNAVAILABLE); NVIDIA's code is not changed. Unproven on a GPU from here (docs/llmapi.md).
+NVIDIA's folder goes first on sys.path. The class is wrapped twice, NVIDIA's code unchanged: by the serving
+gate's check (specbuild.contract.serving_gate.gated: while `specbuild serve` drains, new requests are refused
+with UNAVAILABLE) and by `specbuild.llmapi.end_ids.every_end_id` (the checkpoint's other end ids go with every
+request as stop_token_ids, so generation stops at all of them). Unproven on a GPU from here (docs/llmapi.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from specbuild.contract.llmapi import NVIDIA_MODEL_DIR
 from specbuild.contract.serving_gate import gated
+from specbuild.llmapi.end_ids import every_end_id
 
 
 def _load():
@@ -40,4 +42,4 @@ def _load():
     return module.TritonPythonModel
 
 
-TritonPythonModel = gated(_load())
+TritonPythonModel = gated(every_end_id(_load()))

@@ -20,6 +20,7 @@ the FP32/INT32/INT64 that config.pbtxt declares, exactly like NVIDIA's model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -39,6 +40,31 @@ class LlmRequest:
     sampling: dict[str, Any]  # SamplingParams keyword arguments, as NVIDIA's helpers build them
     streaming: bool
     output_config: dict[str, bool] = field(default_factory=dict)
+
+
+MODEL_YAML_ENV = "LLM_CONFIG_PATH"  # MODEL: os.environ.get('LLM_CONFIG_PATH', 'model.yaml')
+
+
+def read_model_yaml(model_dir: Path, filename: str = "model.yaml") -> dict[str, Any]:
+    """model.yaml from the model's version folder, read as NVIDIA's model.py reads it (`get_model_config`)."""
+    import yaml
+
+    path = Path(model_dir) / filename
+    config = None
+    if path.is_file():
+        try:
+            config = yaml.safe_load(path.read_text())
+        except Exception as err:  # noqa: BLE001 - NVIDIA's model wraps any parse error the same way
+            raise ModelException(f"Failed to parse YAML engine config: {err}") from None
+    if not isinstance(config, dict):
+        raise ModelException(f"'{filename}' containing TRT-LLM engine args not found in '{model_dir}'")
+    triton_config = config.get("triton_config")
+    missing = [key for key in contract.TRITON_CONFIG_REQUIRED if not isinstance(triton_config, dict)
+               or key not in triton_config]
+    if missing:
+        raise ModelException(f"model.yaml: triton_config lacks {missing} (NVIDIA's model.py reads "
+                             "triton_config['max_batch_size'] and ['decoupled']).")
+    return config
 
 
 def scalar(get: Getter, name: str) -> Any:

@@ -37,32 +37,9 @@ import numpy as np
 
 from specbuild.contract import llmapi as contract
 from specbuild.contract.serving_gate import gated
-from specbuild.llmapi.protocol import (CompletionOutput, ModelException, RequestOutput, parse_request,
-                                       response_tensors, scalar)
-
-MODEL_YAML_ENV = "LLM_CONFIG_PATH"  # MODEL: os.environ.get('LLM_CONFIG_PATH', 'model.yaml')
-
-
-def read_model_yaml(model_dir: Path, filename: str = "model.yaml") -> dict[str, Any]:
-    import yaml
-
-    path = Path(model_dir) / filename
-    config = None
-    if path.is_file():
-        try:
-            config = yaml.safe_load(path.read_text())
-        except Exception as err:  # noqa: BLE001 - NVIDIA's model wraps any parse error the same way
-            raise ModelException(f"Failed to parse YAML engine config: {err}") from None
-    if not isinstance(config, dict):
-        raise ModelException(f"'{filename}' containing TRT-LLM engine args not found in '{model_dir}'")
-    triton_config = config.get("triton_config")
-    missing = [key for key in contract.TRITON_CONFIG_REQUIRED if not isinstance(triton_config, dict)
-               or key not in triton_config]
-    if missing:
-        raise ModelException(f"model.yaml: triton_config lacks {missing} (NVIDIA's model.py reads "
-                             "triton_config['max_batch_size'] and ['decoupled']).")
-    return config
-
+from specbuild.llmapi.end_ids import every_end_id
+from specbuild.llmapi.protocol import (MODEL_YAML_ENV, CompletionOutput, ModelException, RequestOutput, parse_request,
+                                       read_model_yaml, response_tensors, scalar)
 
 class SharedModel:
     """One contract model for every request thread: a direct call while one request runs, a Batcher (shared
@@ -173,6 +150,12 @@ class StandInModel:
         present = {tensor.name(): tensor for tensor in request.inputs()}
         return lambda name: None if name not in present else present[name].as_numpy()
 
+    def _convert_request(self, request) -> tuple[str, dict[str, Any], bool, dict[str, bool]]:
+        """As NVIDIA's model.py `_convert_request`: (prompt, SamplingParams keyword arguments, streaming, output
+        config), the hook `every_end_id` adds the checkpoint's other end ids through."""
+        parsed = parse_request(self._get(request))
+        return parsed.prompt, parsed.sampling, parsed.streaming, parsed.output_config
+
     def _untrack(self, key: int) -> bool:
         """Stop the cancellation loop querying a request; True when it was still tracked (not yet answered).
         Done before its final response: is_cancelled() on a request whose final response is out crashes
@@ -185,41 +168,40 @@ class StandInModel:
         sender = request.get_response_sender()
         user_id = request.request_id()
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        get = self._get(request)
         tracked = Tracked(request, sender, user_id)
         key = id(tracked)
         registered = sent_final = False
         self.active.add(1)
         try:
-            if scalar(get, "stop"):
+            if scalar(self._get(request), "stop"):
                 self._stop_requests(user_id, sender)
                 return
             with self.lock:
                 self.tracked[key] = tracked
             registered = True
-            parsed = parse_request(get)
-            if parsed.streaming and not self.decoupled:
+            prompt, sampling_args, streaming, output_config = self._convert_request(request)
+            if streaming and not self.decoupled:
                 raise ModelException(contract.MSG_STREAMING_NOT_DECOUPLED)
             from specbuild.llmapi.llm import sampling_from_request
 
-            sampling = sampling_from_request(parsed.sampling)
+            sampling = sampling_from_request(sampling_args)
 
             def stream(output: RequestOutput) -> None:  # sent by the response thread while the next step runs
-                self._responses.put((sender, (output, parsed.output_config), 0))
+                self._responses.put((sender, (output, output_config), 0))
 
-            last = self.llm.generate(parsed.prompt, sampling, parsed.streaming, call=self.shared.get,
-                                     on_output=stream if parsed.streaming else None, cancelled=tracked.cancelled.is_set)
+            last = self.llm.generate(prompt, sampling, streaming, call=self.shared.get,
+                                     on_output=stream if streaming else None, cancelled=tracked.cancelled.is_set)
             if tracked.cancelled.is_set():
                 self.logger.log_info(f"[specbuild stand-in] request {user_id!r} cancelled: stopped after "
                                      f"{len(last.outputs[0].text)} characters of text")
                 if self._untrack(key):  # aborted by a `stop` request (the loop's own answer untracks it first)
-                    self._send_cancelled_output(last, parsed, sender)
+                    self._send_cancelled_output(last, output_config, sender)
             elif self._untrack(key):  # else answered CANCELLED meanwhile
                 sent_final = True
-                if parsed.streaming:
-                    self._responses.put((sender, (last, parsed.output_config), final))
+                if streaming:
+                    self._responses.put((sender, (last, output_config), final))
                 else:
-                    sender.send(self._response(last, parsed.output_config), flags=final)
+                    sender.send(self._response(last, output_config), flags=final)
         except Exception as err:  # noqa: BLE001 - every failure becomes NVIDIA's error response
             if not isinstance(err, ModelException):
                 self.logger.log_error(f"[trtllm] {traceback.format_exc()}")
@@ -237,10 +219,10 @@ class StandInModel:
             self.active.add(-1)
             self._untrack(key)
 
-    def _send_cancelled_output(self, last: RequestOutput | None, parsed, sender) -> None:
+    def _send_cancelled_output(self, last: RequestOutput | None, output_config: dict[str, bool], sender) -> None:
         text = last.outputs[0].text if last else ""
         output = RequestOutput([CompletionOutput(text, [], "cancelled")], True)
-        self._responses.put((sender, (output, parsed.output_config), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+        self._responses.put((sender, (output, output_config), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
 
     def _response(self, output: RequestOutput, output_config: dict[str, bool]):
         tensors = [self.pb.Tensor(name, value) for name, value in response_tensors(output, output_config)]
@@ -292,4 +274,4 @@ class StandInModel:
                     self.logger.log_error(f"An error occurred while sending a response: {err}")
 
 
-TritonPythonModel = gated(StandInModel)  # what the repository's model.py imports
+TritonPythonModel = gated(every_end_id(StandInModel))  # what the repository's model.py imports

@@ -26,8 +26,8 @@ __all__ = ["drive"]
 
 
 def _stop_reason(output: list[int], request: GenerationRequest,
-                 words: dict[tuple[int, ...], str]) -> str | list[int] | None:
-    """The stop sequence the output ends with: its text when `words` knows it, else its token ids."""
+                 words: dict[tuple[int, ...], str | int]) -> str | int | list[int] | None:
+    """The stop sequence the output ends with: what `words` calls it (its text, or a stop token id), else its ids."""
     for seq in request.stop_sequences:
         seq = [int(t) for t in seq]
         if output[-len(seq):] == seq:
@@ -45,7 +45,7 @@ def drive(
     text: TextStream | None = None,  # None: no text (token ids only)
     on_text: Callable[[str], None] | None = None,  # receives each new piece of text
     cancelled: Callable[[], bool] | None = None,  # polled before each step; True ends it as "cancelled"
-    stop_words: dict[tuple[int, ...], str] | None = None,  # stop sequence -> its text, for stop_reason
+    stop_words: dict[tuple[int, ...], str | int] | None = None,  # stop sequence -> its text (or id), for stop_reason
     controller: AdaptiveK | None = None,
     schedule: AutoSchedule | None = None,  # overlap = "auto": the deployment's (None: the request's own)
     ahead_drafter: Drafter | None = None,  # proposes the early drafts (None: drafter)

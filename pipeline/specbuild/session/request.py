@@ -19,6 +19,9 @@ The rules, each written here only:
 - Stop words: each tokenized without special tokens, the sequences NVIDIA's preprocessing packs into
   TensorRT-LLM's [2, n] word list for the engines (`contract.words`); a word that tokenizes to nothing is
   dropped, as there. `stop_words` maps each sequence back to its text, for `stop_reason`.
+- Stop token ids (the LLM API's `SamplingParams.stop_token_ids`): each a one-token stop sequence whose
+  `stop_reason` is the id, matched before the words, as TensorRT-LLM's `_get_stop_reasons_and_words` lists
+  them (tensorrt_llm/sampling_params.py @a98a906).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class Prepared:
     request: GenerationRequest  # what the loop runs
     k: ResolvedK  # how K was chosen, reported with the response
     model_end_id: int | None  # the end_id the models get (NO_END_ID kept; None: the deployment has none)
-    stop_words: dict[tuple[int, ...], str]  # stop sequence -> its text
+    stop_words: dict[tuple[int, ...], str | int]  # stop sequence -> its text (a stop token id: the id)
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,8 @@ class RequestRules:
     adaptive: bool = False  # K adapts when a request does not say
 
     def prepare(self, *, max_tokens: int, sampling: SamplingParams, num_draft_tokens: int | None = None,
-                end_id: int | None = None, stop: Sequence[str] = (), adaptive: bool | None = None,
-                overlap: bool | str = False) -> Prepared:
+                end_id: int | None = None, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+                adaptive: bool | None = None, overlap: bool | str = False) -> Prepared:
         """One request's GenerationRequest. `end_id`: None = the deployment's; NO_END_ID = none. Values are
         kept as asked: the loop's `GenerationRequest.validate` refuses a bad one by name."""
         k = resolve_k(num_draft_tokens, self.max_draft_len, default=self.default_k)
@@ -69,7 +72,8 @@ class RequestRules:
         if any(stop) and self.tokenizer is None:
             raise RequestError("stop words need a tokenizer, and this deployment has none (token ids only).")
         encoded = {tuple(self.tokenizer.encode(word, add_special_tokens=False)): word for word in stop if word}
-        stop_words = {ids: word for ids, word in encoded.items() if ids}
+        stop_words: dict[tuple[int, ...], str | int] = {(int(i),): int(i) for i in stop_token_ids}
+        stop_words.update((ids, word) for ids, word in encoded.items() if ids and ids not in stop_words)
         request = GenerationRequest(
             max_tokens=max_tokens,
             num_draft_tokens=k.k,
