@@ -1,5 +1,6 @@
 """Chat prompts (session.chat): the tokenizer's template applied by transformers on the client, the BOS a template
-writes kept once, a tokenizer without a template refused by name, and `generate --chat` on a local pair."""
+writes kept once, a tokenizer without a template refused by name, `generate --chat` on a local pair, and the same
+prompt ids from trtllm-serve's chat endpoint on the LLM API path's export."""
 
 from __future__ import annotations
 
@@ -34,12 +35,17 @@ def test_a_tokenizer_without_a_template_is_refused_by_name(tmp_path):
         chat_prompt(load_tokenizer(tmp_path), "hi")
 
 
-def test_generate_chat_locally_sends_the_template(tmp_path):
+def chat_pair(tmp_path):
     folder = make_family(tmp_path / "m", "llama", chat=True)
     spec = tmp_path / "specbuild.toml"
     spec.write_text(f'name = "chat"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "{folder}"\n'
                     f'[draft]\ncheckpoint = "{folder}"\n[build]\nmax_seq_len = 252\nmax_input_len = 128\n'
                     "[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 2\n")
+    return folder, spec
+
+
+def test_generate_chat_locally_sends_the_template(tmp_path):
+    folder, spec = chat_pair(tmp_path)
     result = CliRunner().invoke(main, ["generate", "-c", str(spec), "--local", "--json", "--max-tokens", "6", "--chat",
                                        "--system", "Be brief.", "brown fox"])
     assert result.exit_code == 0, result.output
@@ -67,3 +73,25 @@ def test_the_chat_workload_and_messages_records_go_through_the_template(tmp_path
     make_tokenizer(tmp_path / "plain", 256)
     with pytest.raises(BenchError, match="the chat workload: the target's tokenizer has no chat template"):
         workloads.load("chat", 2, tmp_path / "plain")
+
+
+def test_trtllm_serves_chat_endpoint_reads_the_same_template_from_the_llm_api_export(tmp_path):
+    """trtllm-serve's /v1/chat/completions renders the messages with the chat template of the tokenizer in its model
+    folder (tensorrt_llm/serve/openai_server.py `openai_chat`, through tensorrt_llm/inputs/utils.py
+    `apply_chat_template`, tokenize=False) and encodes the text without adding special tokens (openai_protocol.py
+    ChatCompletionRequest.add_special_tokens defaults to False; both as on TensorRT-LLM's main, 2026). On the export
+    `convert --backend llmapi` writes, that gives the prompt ids `generate --chat` sends. trtllm-serve itself cannot
+    run here; this holds the part specbuild writes: the tokenizer files and their template."""
+    from specbuild.config import load_spec
+    from specbuild.llmapi.checkpoint import checkpoint_dir
+
+    folder, spec = chat_pair(tmp_path)
+    result = CliRunner().invoke(main, ["convert", "-c", str(spec), "--backend", "llmapi"])
+    assert result.exit_code == 0, result.output
+    exported = load_tokenizer(checkpoint_dir(load_spec(spec), "target"))
+    text = exported.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    served = exported.encode(text, add_special_tokens=False)
+    source = load_tokenizer(folder)
+    assert served == list(source.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=False))
+    assert served == source(chat_prompt(source, "brown fox", system="Be brief."))["input_ids"]  # generate --chat's

@@ -161,6 +161,39 @@ def test_cli_once_starts_the_fake_waits_for_health_and_stops(spec, tmp_path, mon
     assert not alive(json.loads(result.stdout)["pid"])
 
 
+def test_serve_names_the_end_ids_a_client_must_send_as_stop_token_ids(tmp_path):
+    """trtllm-serve's LLM ends at its tokenizer's eos only: a checkpoint listing more end ids (Llama 3.x instruct lists
+    three) gets them printed, and in the JSON documents, for clients to send as stop_token_ids."""
+    from convert_helpers import make_tokenizer
+    from specbuild.config import load_spec
+    from specbuild.llmapi.args import llm_args
+    from specbuild.llmapi.build import locations
+
+    spec_path = tmp_path / "specbuild.toml"
+    spec_path.write_text(f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n'
+                         '[draft]\ncheckpoint = "d"\n')
+    folder = tmp_path / "engines" / "pair" / "llmapi"
+    folder.mkdir(parents=True)
+    args = llm_args(load_spec(spec_path), locations(load_spec(spec_path)))
+    (folder / "manifest.json").write_text(json.dumps({"manifest_version": 1, "stage": "build-llmapi",
+                                                      "llm_args": args}))
+    checkpoint = Path(args["model"])  # the target's Hugging Face export: its tokenizer's eos is 2
+    checkpoint.mkdir(parents=True)
+    make_tokenizer(checkpoint, 64)
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [9, 2, 7]}))
+    serve = ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--trtllm-serve", str(FAKE)]
+
+    result = CliRunner().invoke(main, [*serve, "--http-port", str(free_port()), "--once"])
+    assert result.exit_code == 0, result.output
+    assert ("end ids: trtllm-serve ends at the tokenizer's eos 2 only; send \"stop_token_ids\": [9, 7] with each "
+            "request") in result.stdout
+    result = CliRunner().invoke(main, [*serve, "--http-port", str(free_port()), "--once", "--json"])
+    document = json.loads(result.stdout)
+    assert (document["end_id"], document["stop_token_ids"]) == (2, [9, 7])
+    planned = json.loads(CliRunner().invoke(main, [*serve, "--dry-run", "--json"]).stdout)
+    assert (planned["end_id"], planned["stop_token_ids"]) == (2, [9, 7])
+
+
 def test_a_stop_that_hangs_is_killed_after_the_stop_timeout(spec, tmp_path, monkeypatch):
     """`serve --server trtllm-serve --exit-timeout N` gives the server N seconds after SIGTERM, then SIGKILL."""
     import time

@@ -91,6 +91,8 @@ def serve_trtllm(spec, host: str | None, port: int | None, binary: str | None, n
             emit_json(document)
         else:
             click.echo(shlex.join(command.launch or command.argv))
+            if command.end_ids_hint():
+                log(command.end_ids_hint())
         return
     if nodes > 1:
         raise click.UsageError("--nodes > 1 starts on a cluster: print the command with --dry-run and run it with "
@@ -102,11 +104,14 @@ def serve_trtllm(spec, host: str | None, port: int | None, binary: str | None, n
     handle.start(timeout=timeout)
     document = {"stage": "serve", "status": "ready", "server": "trtllm-serve", "endpoints":
                 {"http": command.health_url.removesuffix(trtllm_serve.contract.SERVE_HEALTH)},
-                "pid": handle.process.pid if handle.process else None}
+                "pid": handle.process.pid if handle.process else None, "end_id": command.end_id,
+                "stop_token_ids": command.stop_token_ids}
     if as_json:
         emit_json(document)
     else:
         click.echo(f"http     {document['endpoints']['http']}  (OpenAI-compatible)")
+        if command.end_ids_hint():
+            click.echo(command.end_ids_hint())
     if once:
         handle.stop()
         return

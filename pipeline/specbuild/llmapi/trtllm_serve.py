@@ -13,6 +13,11 @@ then serves), and GET /health returns 200 (openai_server.py; 503 while the LLM i
 SIGTERM to the process group (uvicorn's own handler shuts the server and the LLM down), SIGKILL after a
 timeout, as for tritonserver.
 
+End ids: the LLM ends a request at its tokenizer's eos only (specbuild.llmapi.end_ids), and trtllm-serve has no
+hook for more, so a checkpoint that lists others (Llama 3.x instruct: three) needs the client to send them as the
+request's `stop_token_ids` (a field of TensorRT-LLM's CompletionRequest and ChatCompletionRequest,
+tensorrt_llm/serve/openai_protocol.py). `serve` prints them and its --json documents carry them.
+
 Multi-node (--nodes > 1), as NVIDIA documents it: every rank runs `trtllm-llmapi-launch trtllm-serve ...`
 under srun (docs/source/commands/trtllm-serve/trtllm-serve.rst "Multi-node Serving with Slurm", @0434755f)
 or mpirun; trtllm-llmapi-launch makes rank 0 the server and the others workers (LAUNCH @020c89e6).
@@ -63,6 +68,8 @@ class ServeCommand:
     port: int
     options_file: Path
     launch: list[str] = field(default_factory=list)  # the multi-node command (srun/mpirun ...), when asked
+    end_id: int | None = None  # the LLM's own end id: its tokenizer's eos
+    stop_token_ids: list[int] = field(default_factory=list)  # the checkpoint's other end ids, for clients to send
 
     @property
     def health_url(self) -> str:
@@ -72,7 +79,14 @@ class ServeCommand:
     def to_dict(self) -> dict[str, Any]:
         return {"server": "trtllm-serve", "argv": self.argv, "host": self.host, "port": self.port,
                 "options_file": str(self.options_file), "health": self.health_url,
-                "multi_node": self.launch or None}
+                "multi_node": self.launch or None, "end_id": self.end_id, "stop_token_ids": self.stop_token_ids}
+
+    def end_ids_hint(self) -> str | None:
+        """What a client sends to stop at every end id the checkpoint lists (None: nothing to send)."""
+        if not self.stop_token_ids:
+            return None
+        return (f"end ids: trtllm-serve ends at the tokenizer's eos {self.end_id} only; send "
+                f"\"stop_token_ids\": {self.stop_token_ids} with each request to stop at the checkpoint's other end ids")
 
 
 def plan(spec: Spec, binary: str | Path = "trtllm-serve", host: str | None = None, port: int | None = None,
@@ -99,7 +113,10 @@ def plan(spec: Spec, binary: str | Path = "trtllm-serve", host: str | None = Non
             "--max_seq_len", str(args["max_seq_len"]),
             "--kv_cache_free_gpu_memory_fraction", str(args["kv_cache_config"]["free_gpu_memory_fraction"]),
             "--extra_llm_api_options", str(folder / OPTIONS_FILE), "--log_level", "info"]
-    command = ServeCommand(argv, host, port, folder / OPTIONS_FILE)
+    from specbuild.llmapi.end_ids import stop_token_ids
+
+    eos, others = stop_token_ids(args)  # the LLM ends at its tokenizer's eos only (specbuild.llmapi.end_ids)
+    command = ServeCommand(argv, host, port, folder / OPTIONS_FILE, end_id=eos, stop_token_ids=others)
     if nodes > 1:
         command.launch = multi_node(argv, spec.build.tp_size * spec.build.pp_size, nodes, launcher)
     return command
