@@ -5,9 +5,10 @@ TensorRT-LLM's LLM ends a request at one id, the tokenizer's eos: `LLM._prepare_
 else from generation_config.json (a kimi_k2 special case aside) (NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py
 @000a01d and @a98a906, tensorrt_llm/llmapi/llm.py). NVIDIA's Triton llmapi model builds the SamplingParams keyword
 arguments from a fixed list of request inputs, none of them stop token ids (helpers.py
-`get_sampling_params_from_request` @0df60f9, called by model.py `_convert_request` @044a90d). A Llama 3.x instruct
-checkpoint lists three end ids in generation_config.json, its tokenizer's eos among them: left alone, the LLM API path
-would run past `<|eot_id|>` where the engine path, which reads them all (`specbuild.hfmodel.end_ids`), stops.
+`get_sampling_params_from_request` @0df60f9, called by model.py `_convert_request` @044a90d). A Llama 3.1 instruct
+checkpoint lists three end ids in generation_config.json, its tokenizer's eos (`<|eot_id|>`) one of them: left alone,
+the LLM API path would run on past `<|eom_id|>` and `<|end_of_text|>`, where the engine path, which reads them all
+(`specbuild.hfmodel.end_ids`), stops.
 
 `every_end_id(model_class)` closes that without changing NVIDIA's code: a subclass whose `_convert_request` adds the
 checkpoint's other end ids to the keyword arguments as `stop_token_ids`. The LLM then ends at any of them with
