@@ -1,7 +1,7 @@
 """Model families (specbuild.families), each a tiny random checkpoint written by transformers here: `check` calls a
 pair usable exactly when `convert` takes it, for every family and backend; the reference runtime computes each family
-as transformers does (logits, sliding windows) and speculative greedy output equals target-only output and
-transformers' generate; the engine path goes from a Hugging Face folder to generated text for every family modelopt
+as transformers does (logits, sliding windows), speculative greedy output at every K up to 8 equals target-only output
+and transformers' generate, and sampled speculative output follows the target's own distribution; the engine path goes from a Hugging Face folder to generated text for every family modelopt
 exports; a family only the LLM API path takes converts there; a non-Llama pair streams through both repository kinds."""
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ BACKENDS = ("trtllm", "reference", "llmapi")
 PROMPT = "The quick brown fox"
 
 
-def write_spec(folder: Path, target: Path, draft: Path, max_seq_len: int = 252) -> Path:
+def write_spec(folder: Path, target: Path, draft: Path, max_seq_len: int = 252, draft_logits: bool = False,
+               max_draft_len: int = 4) -> Path:
     path = folder / "specbuild.toml"
     path.write_text(
         f'name = "fam"\noutput_dir = "{folder / "engines"}"\n'
         f'[target]\ncheckpoint = "{target}"\n[draft]\ncheckpoint = "{draft}"\n'
         f"[build]\nmax_batch_size = 2\nmax_input_len = 128\nmax_seq_len = {max_seq_len}\nmax_num_tokens = 512\n"
-        '[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 3\n[gpu]\nname = "H100-80GB"\n'
+        f'[speculative]\nmax_draft_len = {max_draft_len}\nnum_draft_tokens = 3\n'
+        f'use_draft_logits = {"true" if draft_logits else "false"}\n[gpu]\nname = "H100-80GB"\n'
     )
     return path
 
@@ -113,16 +115,19 @@ def test_the_runtime_gives_transformers_logits_prefilled_or_decoded(tmp_path, fa
 
 
 @pytest.mark.parametrize("family", REFERENCE_FAMILIES)
-def test_speculative_greedy_output_equals_target_only_and_transformers_generate(pairs, family):
+def test_speculative_greedy_output_equals_target_only_and_transformers_generate(tmp_path, pairs, family):
     from specbuild.config import load_spec
     from specbuild.session.generation import Options
     from specbuild.session.local import LocalSession
 
-    spec = load_spec(pairs[family])
+    pair = load_spec(pairs[family])
+    spec = load_spec(write_spec(tmp_path, pair.target.checkpoint, pair.draft.checkpoint, max_draft_len=8))
     with LocalSession.from_spec(spec, device="cpu", threads=1, overlap=False) as session:
-        outputs = {k: session.generate(PROMPT, Options(max_tokens=16, num_draft_tokens=k, adaptive=False)).output_ids
-                   for k in (0, 1, 2, 4)}
+        runs = {k: session.generate(PROMPT, Options(max_tokens=16, num_draft_tokens=k, adaptive=False))
+                for k in range(0, 9)}  # K = 0 and every K up to 8
         prompt = session.encode(PROMPT)
+    assert all(runs[k].steps[0].k == k for k in range(1, 9))  # each K ran as asked, none clamped
+    outputs = {k: run.output_ids for k, run in runs.items()}
     assert len(set(outputs[0])) > 4, outputs[0]  # a text that varies, or equality would prove little
     assert all(out == outputs[0] for out in outputs.values()), outputs
     with torch.no_grad():
@@ -130,6 +135,72 @@ def test_speculative_greedy_output_equals_target_only_and_transformers_generate(
                                                               do_sample=False)[0, len(prompt):].tolist()
     ends = [i for i, token in enumerate(generated) if token == 2]  # transformers keeps the end id; specbuild does not
     assert outputs[0] == generated[: ends[0] if ends else None]
+
+
+SAMPLES = 1500  # requests per family: the chi-square test below has 16 cells at most
+
+
+def noisy_copy(source: Path, folder: Path, scale: float, seed: int = 7) -> Path:
+    """The checkpoint at source with Gaussian noise of `scale` times each matrix's own spread added to it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, folder)
+    generator = torch.Generator().manual_seed(seed)
+    for path in folder.glob("*.safetensors"):
+        tensors = load_file(path)
+        for name, tensor in tensors.items():
+            if tensor.dim() == 2:
+                noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
+                tensors[name] = (tensor.float() + noise * tensor.float().std() * scale).to(tensor.dtype)
+        save_file(tensors, path, metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft_logits", [True, False], ids=["draft logits", "draft tokens only"])
+@pytest.mark.parametrize("family", REFERENCE_FAMILIES)
+def test_speculative_sampling_follows_the_targets_own_distribution(tmp_path, pairs, family, draft_logits):
+    """Sampled speculative output (K = 2, temperature 1, top-k 4, one seed per request) is distributed over its first
+    two tokens as the target alone samples them, computed exactly from transformers' logits: the chi-square test of
+    tests/test_speculative_distribution.py (p > 1e-3), whose toy models also show it rejects wrong acceptance rules.
+    Both of TensorRT-LLM's rules: rejection sampling with the draft's logits, and without them the draft's tokens
+    taken where the target samples the same. The draft is the target with noise on every matrix, so drafts are both
+    accepted and rejected."""
+    import numpy as np
+
+    from specbuild.config import load_spec
+    from specbuild.session.generation import Options
+    from specbuild.session.local import LocalSession
+    from specbuild.speculative.interfaces import SamplingParams
+    from specbuild.speculative.sampling import process_logits
+    from test_speculative_distribution import P_CORRECT, chi_square_pvalue
+
+    target = load_spec(pairs[family]).target.checkpoint
+    draft = noisy_copy(Path(target), tmp_path / "draft", scale=0.1)  # agrees with the target some of the time
+    spec = load_spec(write_spec(tmp_path, target, draft, draft_logits=draft_logits))
+    with LocalSession.from_spec(spec, device="cpu", threads=1, overlap=False) as session:
+        prompt, eos = session.encode(PROMPT), session.end_id
+        outputs = [session.generate(PROMPT, Options(max_tokens=2, num_draft_tokens=2, adaptive=False, temperature=1.0,
+                                                    top_k=4, seed=seed)) for seed in range(SAMPLES)]
+        drafted = sum(step.drafted for out in outputs for step in out.steps)
+        accepted = sum(step.accepted for out in outputs for step in out.steps)
+    sampling = SamplingParams(temperature=1.0, top_k=4)
+    model = hf_model(spec.target.checkpoint)
+
+    def probs(ids: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            return process_logits(model(torch.tensor([ids])).logits[0, -1].double().numpy(), sampling)
+
+    first = probs(prompt)
+    joint = np.zeros((first.size, first.size))
+    for token in np.flatnonzero(first):  # an end id ends the request: its one continuation is (eos, eos) here
+        joint[token] = first[token] * probs(prompt + [int(token)]) if token != eos else 0.0
+        joint[token, eos] += first[token] if token == eos else 0.0
+    samples = np.array([(out.output_ids + [eos, eos])[:2] for out in outputs])
+    assert 0 < accepted < drafted  # drafts both accepted and rejected: both branches of the rule ran
+    assert chi_square_pvalue(samples, joint) > P_CORRECT, family
 
 
 # ---- from a Hugging Face folder to generated text, per path ------------------------------------------------------
