@@ -137,7 +137,7 @@ def test_speculative_greedy_output_equals_target_only_and_transformers_generate(
     assert outputs[0] == generated[: ends[0] if ends else None]
 
 
-SAMPLES = 1500  # requests per family: the chi-square test below has 16 cells at most
+SAMPLES = 1000  # requests per family: the chi-square test below has 16 cells at most
 
 
 def noisy_copy(source: Path, folder: Path, scale: float, seed: int = 7) -> Path:
