@@ -63,6 +63,7 @@ from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse
 from specbuild.triton.models.common import parameters, resolve_path
 from specbuild.triton.models.postprocessing import decode_ids
 from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
+from specbuild.triton.models.response_pipe import ResponsePipe
 from specbuild.contract.serving_gate import Gate
 from specbuild.triton.models.token_bytes import max_token_bytes
 
@@ -180,13 +181,15 @@ class TritonPythonModel:
         return TritonError(message, getattr(TritonError, "UNAVAILABLE", TritonError.UNKNOWN))
 
     def _serve_streaming(self, request, req: BlsRequest) -> None:
-        sender = request.get_response_sender()
-        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        """The streamed responses go out from a thread of their own while the loop runs on (`ResponsePipe`)."""
+        log = lambda message: self.pb.Logger.log_error(f"{self.model_name}: {message}")  # noqa: E731
+        pipe = ResponsePipe(request.get_response_sender(), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                            request.is_cancelled, log)
         try:
-            response = self._run(request, req, send=sender.send)
-            sender.send(response, flags=final)
+            response = self._run(request, req, send=pipe.send, cancelled=pipe.cancelled)
         except Exception as err:  # every failure becomes an error response; the server keeps running
-            sender.send(self.pb.InferenceResponse(error=self._error(err)), flags=final)
+            response = self.pb.InferenceResponse(error=self._error(err))
+        pipe.close(response)
 
     def _serve_one_response(self, request, req: BlsRequest):
         try:
@@ -238,8 +241,9 @@ class TritonPythonModel:
             return False
         return overlap
 
-    def _run(self, request, req: BlsRequest, send) -> object:
-        """Serve one request: stream text pieces through `send` (when req.stream), return the final response."""
+    def _run(self, request, req: BlsRequest, send, cancelled=None) -> object:
+        """Serve one request: stream text pieces through `send` (when req.stream), return the final response.
+        cancelled: whether the client cancelled (default: the request's is_cancelled)."""
         prompt = self.pre.encode(req.text, "text_input")
         if len(prompt) > self.max_input_len:
             raise RequestError(
@@ -258,7 +262,7 @@ class TritonPythonModel:
                                     logits_dtype=self.logits_dtype, on_disagreement=self._disagreement)
         stream = TextStream(self.tokenizer, prompt) if req.stream else None
         result = drive(prompt, drafter, verifier, ready.request, k=ready.k, text=stream,
-                       on_text=lambda delta: send(self._response(delta)), cancelled=request.is_cancelled,
+                       on_text=lambda delta: send(self._response(delta)), cancelled=cancelled or request.is_cancelled,
                        stop_words=ready.stop_words, schedule=self.auto_schedule)
         if result.finish_reason == "cancelled":
             raise Cancelled("request cancelled by the client")
