@@ -43,6 +43,13 @@ class Request:
         return self.cancel_after is not None and len(self.sender.sent) >= self.cancel_after
 
 
+def wait_for(condition, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the pipe's thread did not get there"
+        time.sleep(0.001)
+
+
 def test_responses_go_out_in_order_from_another_thread_and_the_final_one_last():
     sender = Sender()
     sender.go.clear()  # every send blocks until released
@@ -58,7 +65,7 @@ def test_responses_go_out_in_order_from_another_thread_and_the_final_one_last():
     assert request.asked == 10  # once after each streamed response, never after the final one
 
 
-def test_a_cancel_is_seen_after_the_send_that_found_it_and_before_any_send_by_asking_the_request():
+def test_a_cancel_is_seen_after_the_send_that_found_it_and_without_sends_by_asking_the_request():
     sender = Sender()
     early = Request(sender, cancel_after=0)  # cancelled while queued: nothing has been sent yet
     pipe = ResponsePipe(sender, FINAL, early.is_cancelled, log_error=lambda m: None)
@@ -71,12 +78,17 @@ def test_a_cancel_is_seen_after_the_send_that_found_it_and_before_any_send_by_as
     assert pipe.cancelled() is False
     pipe.send("a")
     pipe.send("b")
-    deadline = time.monotonic() + 60
-    while not pipe.cancelled() and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert pipe.cancelled() is True
+    wait_for(pipe.cancelled)
     pipe.close("cancelled")
     assert sender.sent[-1] == ("cancelled", FINAL)
+
+    sender = Sender()  # steps whose tokens add no text yet: nothing sent, so each look asks the request
+    request = Request(sender)
+    pipe = ResponsePipe(sender, FINAL, request.is_cancelled, log_error=lambda m: None)
+    assert [pipe.cancelled(), pipe.cancelled()] == [False, False] and request.asked == 2
+    request.cancel_after = 0
+    assert pipe.cancelled() is True
+    pipe.close("cancelled")
 
 
 def test_a_failed_send_is_logged_and_the_rest_still_go_out():

@@ -15,8 +15,10 @@ What it does the way NVIDIA's model does it:
   every request with that id is aborted and the stop request gets CANCELLED "Request cancelled by client";
 - a request the client cancels is found by a loop every cancellation_check_period_ms and answered with
   CANCELLED "Request cancelled by client".
-What it adds, as the GPU repository adds it to NVIDIA's class (`specbuild.contract.serving_gate.gated`):
-while `specbuild serve` drains, new requests are refused with UNAVAILABLE.
+What it adds, as the GPU repository adds it to NVIDIA's class: while `specbuild serve` drains, new requests
+are refused with UNAVAILABLE (`specbuild.contract.serving_gate.gated`); the checkpoint's end ids other than the
+tokenizer's eos go with every request as stop_token_ids (`specbuild.llmapi.end_ids.every_end_id`), since the LLM,
+and this stand-in like it, ends at the tokenizer's eos only.
 Where it differs: a request aborted by a `stop` request gets a last response with finish_reason
 "cancelled" (NVIDIA's non-streaming path sends it nothing more); concurrent requests share forward passes
 through `runtime.batcher.Batcher` (NVIDIA: the LLM's own in-flight batching).
@@ -40,6 +42,7 @@ from specbuild.contract.serving_gate import gated
 from specbuild.llmapi.end_ids import every_end_id
 from specbuild.llmapi.protocol import (MODEL_YAML_ENV, CompletionOutput, ModelException, RequestOutput, parse_request,
                                        read_model_yaml, response_tensors, scalar)
+
 
 class SharedModel:
     """One contract model for every request thread: a direct call while one request runs, a Batcher (shared

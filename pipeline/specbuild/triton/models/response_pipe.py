@@ -5,8 +5,9 @@ Sending a streamed response from a Python-backend model costs about 0.2 ms and a
 engines, paid while the models wait. `ResponsePipe` takes them off the loop's thread: `send` queues a response and
 returns; one thread per request sends them in order, asks `is_cancelled` after each, and sends the final response
 last (`close`), after every streamed one, as Triton requires. The loop reads the answer `is_cancelled` gave after
-the latest send (`cancelled`), so a cancel is seen one step later than before at most; until the first response is
-out it asks the request itself, as before. `is_cancelled` is never asked once the final response is out (a request
+the latest send (`cancelled`), so a cancel is seen one step later than before at most; when nothing was sent since
+its last look (before the first response, or steps whose tokens add no text yet) it asks the request itself, as
+before. `is_cancelled` is never asked once the final response is out (a request
 whose final response is out crashes tritonserver 2.51 when asked). NVIDIA's llmapi model.py does the same with one
 response thread for all requests (`_response_loop`, triton_backend/all_models/llmapi/tensorrt_llm/1/model.py).
 """
@@ -24,7 +25,8 @@ class ResponsePipe:
         self._sender, self._final, self._is_cancelled, self._log_error = sender, final_flag, is_cancelled, log_error
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._seen_cancel = False
-        self._sent = 0  # streamed responses the thread has sent
+        self._sent = 0  # streamed responses the thread has sent (and asked is_cancelled after)
+        self._sent_at_last_look = 0
         self._thread = threading.Thread(target=self._run, name="bls-responses", daemon=True)
         self._thread.start()
 
@@ -38,12 +40,14 @@ class ResponsePipe:
         self._thread.join(timeout)
 
     def cancelled(self) -> bool:
-        """Whether the client cancelled: the request's own answer until a response is out, then the thread's."""
+        """Whether the client cancelled: the thread's answer after a send since the last look, else the request's."""
         if self._seen_cancel:
             return True
-        if self._sent == 0 and self._queue.empty():
-            return bool(self._is_cancelled())
-        return False
+        sent = self._sent
+        if sent != self._sent_at_last_look:
+            self._sent_at_last_look = sent
+            return False
+        return bool(self._is_cancelled())
 
     def _run(self) -> None:
         while True:
@@ -54,6 +58,6 @@ class ResponsePipe:
                 self._log_error(f"a response could not be sent: {err}")
             if flags & self._final:
                 return
-            self._sent += 1
             if not self._seen_cancel:
                 self._seen_cancel = bool(self._is_cancelled())
+            self._sent += 1  # after the answer, so a loop that sees the count sees the answer
