@@ -25,7 +25,8 @@ from specbuild.bench import theory
 from specbuild.bench.stats import RunSummary
 
 
-def _r(value: float | None, digits: int = 4) -> float | None:
+def rounded(value: float | None, digits: int = 4) -> float | None:
+    """A figure for a JSON document: rounded to `digits`; None for none, NaN or infinity (JSON has neither)."""
     if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
         return None
     return round(value, digits)
@@ -76,9 +77,9 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
         "concurrency": summary.concurrency,
         "requests": summary.requests,
         "output_tokens": summary.output_tokens,
-        "wall_seconds": _r(summary.wall_seconds),
-        "tokens_per_s": _r(summary.tokens_per_s, 3),
-        "speedup": _r(speedup),
+        "wall_seconds": rounded(summary.wall_seconds),
+        "tokens_per_s": rounded(summary.tokens_per_s, 3),
+        "speedup": rounded(speedup),
         "request_tokens_per_s": summary.request_tokens_per_s.to_dict(3),
         "ttft_seconds": summary.ttft_seconds.to_dict(),
         "tpot_seconds": summary.tpot_seconds.to_dict(),
@@ -86,27 +87,27 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
         "accepted": summary.accepted,
         "steps": summary.steps,
         # draft tokens per verify step: the K actually drafted (below the K asked where K adapts, or drafts end early)
-        "mean_k": _r(summary.drafted / summary.steps) if summary.steps else None,
-        "acceptance_rate": _r(summary.acceptance_rate),
-        "alpha": _r(summary.alpha),
-        "mean_accepted_len": _r(summary.mean_accepted_len),
-        "per_position_acceptance": [_r(a) for a in summary.per_position_acceptance],
-        "per_position_alpha": [_r(a) for a in summary.per_position_alpha],
-        "draft_seconds_per_token": _r(summary.draft_seconds_per_token, 7),
-        "target_seconds_per_step": _r(summary.target_seconds_per_step, 7),
-        "verify_step_ratio": _r(verify_ratio),
+        "mean_k": rounded(summary.drafted / summary.steps) if summary.steps else None,
+        "acceptance_rate": rounded(summary.acceptance_rate),
+        "alpha": rounded(summary.alpha),
+        "mean_accepted_len": rounded(summary.mean_accepted_len),
+        "per_position_acceptance": [rounded(a) for a in summary.per_position_acceptance],
+        "per_position_alpha": [rounded(a) for a in summary.per_position_alpha],
+        "draft_seconds_per_token": rounded(summary.draft_seconds_per_token, 7),
+        "target_seconds_per_step": rounded(summary.target_seconds_per_step, 7),
+        "verify_step_ratio": rounded(verify_ratio),
         "time_split": _time_split(summary),
-        "cost_ratio": _r(c),
-        "bound": _r(bound),
+        "cost_ratio": rounded(c),
+        "bound": rounded(bound),
         "schedule": "overlapped" if overlapped else "sequential",
         "early_drafts": summary.early_drafts,
         "early_draft_hits": summary.early_draft_hits,
-        "early_draft_hit_rate": _r(hit),
-        "hidden_seconds": _r(summary.hidden_seconds, 6),
-        "overlap_bound": _r(overlap_bound),
-        "efficiency": _r(speedup / against) if speedup and against else None,
-        "explained_speedup": _r(explained),
-        "top_token_share": _r(summary.top_token_share),
+        "early_draft_hit_rate": rounded(hit),
+        "hidden_seconds": rounded(summary.hidden_seconds, 6),
+        "overlap_bound": rounded(overlap_bound),
+        "efficiency": rounded(speedup / against) if speedup and against else None,
+        "explained_speedup": rounded(explained),
+        "top_token_share": rounded(summary.top_token_share),
     }
 
 
@@ -118,8 +119,8 @@ def _time_split(summary: RunSummary) -> dict[str, float | None]:
         return {"draft": None, "target": None, "other": None, "hidden": None}
     draft = max(summary.draft_seconds - summary.hidden_seconds, 0.0)
     other = max(total - draft - summary.target_seconds, 0.0)
-    return {"draft": _r(draft / total), "target": _r(summary.target_seconds / total),
-            "other": _r(other / total), "hidden": _r(summary.hidden_seconds / total)}
+    return {"draft": rounded(draft / total), "target": rounded(summary.target_seconds / total),
+            "other": rounded(other / total), "hidden": rounded(summary.hidden_seconds / total)}
 
 
 def cells(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:

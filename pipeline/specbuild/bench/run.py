@@ -144,7 +144,8 @@ def overlap_section(sequential: Measurements, overlapped: Measurements,
                      "speedup": o["speedup"], "efficiency": o["efficiency"]})
         if auto is not None:
             fixed_best = max(_rate(overlapped, k) or 0.0, _rate(sequential, k) or 0.0)
-            rows[-1].update(auto_tokens_per_s=_r3(_rate(auto, k)), auto_over_best=_ratio(_rate(auto, k), fixed_best),
+            rows[-1].update(auto_tokens_per_s=report.rounded(_rate(auto, k), 3),
+                            auto_over_best=_ratio(_rate(auto, k), fixed_best),
                             auto_early_draft_share=_early_share(auto, k))
     best = max(rows, key=lambda r: r["overlapped_tokens_per_s"] or 0.0) if rows else None
     seq_best = max((seq_rows[k]["tokens_per_s"] for k in seq_rows if k > 0), default=None)
@@ -164,10 +165,6 @@ def _early_share(measured: Measurements, k: int) -> float | None:
     steps = sum(r.steps for r in results)
     early = sum(r.early_drafts for r in results)
     return round(early / steps, 3) if steps else None
-
-
-def _r3(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
 
 
 def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None = None,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specbuild.bench import theory, workloads
-from specbuild.bench.report import DEGENERATE_SHARE
+from specbuild.bench.report import DEGENERATE_SHARE, rounded
 from specbuild.bench.runner import Settings
 from specbuild.bench.stats import RequestResult, summarize
 from specbuild.config import Spec
@@ -98,14 +98,15 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
     return {
         "prompts": {"source": str(prompts_file_name(prompts)), "count": len(prompts), "max_tokens": max_tokens},
         "num_draft_tokens": k_run,
-        "alpha": _r(pooled.alpha),
-        "acceptance_rate": _r(pooled.acceptance_rate),
-        "mean_accepted_len": _r(pooled.mean_accepted_len),
-        "per_position_alpha": [_r(a) for a in pooled.per_position_alpha],
-        "per_position_acceptance": [_r(a) for a in pooled.per_position_acceptance],
-        "alpha_by_workload": {kind: _r(summarize(rs, 1.0).alpha) for kind, rs in spec_runs.items()},
-        "step_seconds": {"target": _r(base.target_seconds_per_step, 7), "draft": _r(pooled.draft_seconds_per_token, 7)},
-        "cost_ratio": {"this_machine": _r(c_here), "gpu": _r(c_gpu)},
+        "alpha": rounded(pooled.alpha),
+        "acceptance_rate": rounded(pooled.acceptance_rate),
+        "mean_accepted_len": rounded(pooled.mean_accepted_len),
+        "per_position_alpha": [rounded(a) for a in pooled.per_position_alpha],
+        "per_position_acceptance": [rounded(a) for a in pooled.per_position_acceptance],
+        "alpha_by_workload": {kind: rounded(summarize(rs, 1.0).alpha) for kind, rs in spec_runs.items()},
+        "step_seconds": {"target": rounded(base.target_seconds_per_step, 7),
+                         "draft": rounded(pooled.draft_seconds_per_token, 7)},
+        "cost_ratio": {"this_machine": rounded(c_here), "gpu": rounded(c_gpu)},
         "gpu_estimate": gpu,
         "predicted_speedup": rows,
         "best_num_draft_tokens": {"this_machine": best_here, "gpu": best_gpu},
@@ -130,10 +131,6 @@ def predicted_hit_rate(per_position_alpha: Sequence[float | None], alpha: float,
 def prompts_file_name(prompts: Sequence[tuple[str, workloads.Prompt]]) -> str:
     kinds = sorted({kind for kind, _ in prompts})
     return ", ".join(kinds) if set(kinds) <= set(workloads.BUILTIN) else kinds[0]
-
-
-def _r(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 def gpu_cost(spec: Spec) -> dict[str, Any] | None:
