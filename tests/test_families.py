@@ -1,8 +1,9 @@
 """Model families (specbuild.families), each a tiny random checkpoint written by transformers here: `check` calls a
 pair usable exactly when `convert` takes it, for every family and backend; the reference runtime computes each family
 as transformers does (logits, sliding windows), speculative greedy output at every K up to 8 equals target-only output
-and transformers' generate, and sampled speculative output follows the target's own distribution; the engine path goes from a Hugging Face folder to generated text for every family modelopt
-exports; a family only the LLM API path takes converts there; a non-Llama pair streams through both repository kinds."""
+and transformers' generate, and sampled speculative output follows the target's own distribution; the engine path
+goes from a Hugging Face folder to generated text for every family modelopt exports; a family only the LLM API path
+takes converts there; a non-Llama pair streams through both repository kinds."""
 
 from __future__ import annotations
 
