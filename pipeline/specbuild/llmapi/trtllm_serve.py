@@ -85,8 +85,8 @@ class ServeCommand:
         """What a client sends to stop at every end id the checkpoint lists (None: nothing to send)."""
         if not self.stop_token_ids:
             return None
-        return (f"end ids: trtllm-serve ends at the tokenizer's eos {self.end_id} only; send "
-                f"\"stop_token_ids\": {self.stop_token_ids} with each request to stop at the checkpoint's other end ids")
+        return (f"end ids: trtllm-serve ends at the tokenizer's eos {self.end_id} only; send \"stop_token_ids\": "
+                f"{self.stop_token_ids} with each request to stop at the checkpoint's other end ids")
 
 
 def plan(spec: Spec, binary: str | Path = "trtllm-serve", host: str | None = None, port: int | None = None,
