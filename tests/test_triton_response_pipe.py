@@ -5,7 +5,6 @@ logged and not raised into the loop."""
 from __future__ import annotations
 
 import threading
-import time
 
 from specbuild.triton.models.response_pipe import ResponsePipe
 
@@ -15,16 +14,20 @@ FINAL = 1
 class Sender:
     """A response sender that records what it sent and, like Triton's, refuses anything after the final response."""
 
-    def __init__(self, fail_on: str | None = None):
+    def __init__(self, fail_on: str | None = None, hold: str | None = None):
         self.sent: list[tuple[str, int]] = []
-        self.fail_on = fail_on
+        self.fail_on, self.hold = fail_on, hold
         self.finished = False
         self.threads: set[str] = set()
         self.go = threading.Event()  # sends wait for it
         self.go.set()
+        self.holding = threading.Event()  # set when the send of `hold` has begun; it then waits for `go` again
 
     def send(self, response, flags=0):
         self.threads.add(threading.current_thread().name)
+        if response == self.hold:
+            self.go.clear()
+            self.holding.set()
         self.go.wait()
         assert not self.finished, "a response after the final one"
         if response == self.fail_on:
@@ -41,13 +44,6 @@ class Request:
         assert not self.sender.finished, "is_cancelled asked after the final response (crashes tritonserver 2.51)"
         self.asked += 1
         return self.cancel_after is not None and len(self.sender.sent) >= self.cancel_after
-
-
-def wait_for(condition, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the pipe's thread did not get there"
-        time.sleep(0.001)
 
 
 def test_responses_go_out_in_order_from_another_thread_and_the_final_one_last():
@@ -72,15 +68,17 @@ def test_a_cancel_is_seen_after_the_send_that_found_it_and_without_sends_by_aski
     assert pipe.cancelled() is True
     pipe.close("final")
 
-    sender = Sender()
+    sender = Sender(hold="c")
     request = Request(sender, cancel_after=2)
     pipe = ResponsePipe(sender, FINAL, request.is_cancelled, log_error=lambda m: None)
-    assert pipe.cancelled() is False
-    pipe.send("a")
-    pipe.send("b")
-    wait_for(pipe.cancelled)
+    assert pipe.cancelled() is False and request.asked == 1  # nothing sent yet: the request itself was asked
+    for piece in ("a", "b", "c"):
+        pipe.send(piece)
+    sender.holding.wait()  # the thread is sending "c": "a" and "b" are out, and it asked after each
+    assert pipe.cancelled() is True and request.asked == 3  # the thread's answer after "b", not asked again
+    sender.go.set()
     pipe.close("cancelled")
-    assert sender.sent[-1] == ("cancelled", FINAL)
+    assert sender.sent == [("a", 0), ("b", 0), ("c", 0), ("cancelled", FINAL)]
 
     sender = Sender()  # steps whose tokens add no text yet: nothing sent, so each look asks the request
     request = Request(sender)
