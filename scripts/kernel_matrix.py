@@ -102,8 +102,8 @@ def fingerprint(two_threads: bool = True) -> dict:
         "chosen_row_block": chosen.row_block,
         "accepted_but_not_exact": sorted(unfaithful),
         "wide_rejected": [t.row_block for t in chosen.exactness.wide_tried if t.failures],
-        "wide_accepted_but_not_exact": list(chosen.wide_blocks) if chosen.wide_blocks and not decodes_exactly(chosen, rng)
-        else [],
+        "wide_accepted_but_not_exact": (list(chosen.wide_blocks) if chosen.wide_blocks
+                                        and not decodes_exactly(chosen, rng) else []),
     }
 
 

@@ -14,9 +14,9 @@ gate the model checks before each batch of new requests (specbuild.contract.serv
 requests are refused with UNAVAILABLE, the code clients retry on another replica), and
 `model_transaction_policy { decoupled }` as model.yaml's triton_config says. NVIDIA's file leaves the policy to
 model.py's auto_complete_config, which reads model.yaml; but specbuild's tritonserver runs with
---disable-auto-complete-config, as NVIDIA's launch_triton_server.py does, and then Triton never calls auto_complete_config (python_backend's model
-template docstring), so streaming would be refused. NVIDIA's model.yaml says values set in config.pbtxt
-win over model.py, and both say the same here.
+--disable-auto-complete-config, as NVIDIA's launch_triton_server.py does, and then Triton never calls
+auto_complete_config (python_backend's model template docstring), so streaming would be refused. NVIDIA's
+model.yaml says values set in config.pbtxt win over model.py, and both say the same here.
 
 Runtimes (`--runtime`): "tensorrt_llm" loads NVIDIA's own model.py from the Triton TensorRT-LLM image
 (/app/all_models/llmapi/tensorrt_llm/1, or $SPECBUILD_LLMAPI_MODEL_DIR); "reference" loads specbuild's

@@ -110,8 +110,8 @@ class RowBlockChoice:
         if self.mode == "safe":
             return f"row block 1, safe mode (one row per call: exact, slower): {rejected}; {took}"
         how = "asked for" if self.mode == "requested" else "probed"
-        return (f"row block {self.row_block} ({how}, exact on this machine; {rejected + '; ' if rejected else ''}{took})"
-                f"{self._wide()}")
+        rejected = f"{rejected}; " if rejected else ""
+        return f"row block {self.row_block} ({how}, exact on this machine; {rejected}{took}){self._wide()}"
 
 
 def attention_ends(max_len: int) -> list[int]:
@@ -263,6 +263,12 @@ def _with_wide(model, choice: RowBlockChoice) -> RowBlockChoice:
     return replace(choice, wide_blocks=tuple(t.row_block for t in tried if not t.failures), wide_tried=tuple(tried))
 
 
+def _apply(model, choice: RowBlockChoice) -> RowBlockChoice:
+    """The model runs what the probe chose: its row block, its wide calls; the choice kept for reports."""
+    model.row_block, model.wide_blocks, model.exactness = choice.row_block, choice.wide_blocks, choice
+    return choice
+
+
 def choose(model, candidates: tuple[int, ...]) -> RowBlockChoice:
     """The first candidate that passes the probe, else the safe mode (1 row per call)."""
     tried: list[Trial] = []
@@ -288,8 +294,7 @@ def settle(model, requested: int | None = None) -> RowBlockChoice:
         choice = RowBlockChoice(requested, "requested", True, (trial,), _threads(model))
     else:
         choice = choose(model, default_candidates(model.device.type))
-    choice = _with_wide(model, choice)
-    model.row_block, model.wide_blocks, model.exactness = choice.row_block, choice.wide_blocks, choice
+    choice = _apply(model, _with_wide(model, choice))
     if not choice.exact:
         warnings.warn(choice.describe(), RuntimeWarning, stacklevel=3)
     return choice
@@ -299,8 +304,8 @@ def reprobe_for_threads(model) -> RowBlockChoice:
     """The torch thread count changed since the probe: probe again, keeping the current block if it passes."""
     before = model.exactness
     keep = () if model.row_block == SAFE_BLOCK else (model.row_block,)  # the safe mode is left when a candidate passes
-    choice = _with_wide(model, choose(model, tuple(dict.fromkeys((*keep, *default_candidates(model.device.type))))))
-    model.row_block, model.wide_blocks, model.exactness = choice.row_block, choice.wide_blocks, choice
+    candidates = tuple(dict.fromkeys((*keep, *default_candidates(model.device.type))))
+    choice = _apply(model, _with_wide(model, choose(model, candidates)))
     changed = "" if choice.row_block == before.row_block else (
         f" (was {before.row_block}: logits computed before this differ in their last bits from those computed after)")
     message = (f"specbuild: torch threads changed from {before.threads} to {choice.threads} since the row-block probe; "
