@@ -9,7 +9,7 @@
 
 {{- define "specbuild.selectorLabels" -}}
 app.kubernetes.io/name: {{ .Chart.Name | trunc 63 | trimSuffix "-" }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end -}}
 
 {{- define "specbuild.labels" -}}
@@ -100,10 +100,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
   readOnly: true
 - name: engines
   mountPath: /work
-  subPath: {{ include "specbuild.buildKey" . }}
+  subPath: {{ include "specbuild.buildKey" . | quote }}
 - name: engines
   mountPath: /engines
-  subPath: {{ include "specbuild.buildKey" . }}/engines
+  subPath: {{ printf "%s/engines" (include "specbuild.buildKey" .) | quote }}
 - name: models
   mountPath: /models
   readOnly: true
