@@ -143,7 +143,7 @@ def test_a_build_key_of_digits_only_stays_a_string(example_chart):
     """The build key is 12 hex digits, so about one key in 280 is digits only: written bare, YAML reads it as a
     number, and a volume mount's subPath must be a string (the API server refuses the pod). CI met one. The tag
     below is found to give such a key (the key worked out here as the chart's sha256sum | trunc 12 does it); a
-    release named by digits alone is the same case for the instance label."""
+    release named by digits alone is the same case for the instance label, and claims named so for claimName."""
     values = yaml.safe_load((example_chart / "values.yaml").read_text())
 
     def key(tag: str) -> str:
@@ -152,13 +152,17 @@ def test_a_build_key_of_digits_only_stays_a_string(example_chart):
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     tag = next(f"v{n}" for n in range(100_000) if key(f"v{n}").isdigit())
-    objects = render(example_chart, {"image": {"tag": tag}}, name="2026")
+    objects = render(example_chart, {"image": {"tag": tag}, "storage": {"existingClaim": "7"},
+                                     "models": {"existingClaim": "8"}}, name="2026")
     kinds = by_kind(objects)
     assert kinds["Job"][0]["metadata"]["name"].endswith(f"-build-{key(tag)}")  # the key the chart made
     mounts = {m["mountPath"]: m.get("subPath") for m in
               kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
     assert mounts["/work"] == key(tag) and mounts["/engines"] == f"{key(tag)}/engines"
     assert kinds["Deployment"][0]["metadata"]["labels"]["app.kubernetes.io/instance"] == "2026"
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in
+              kinds["Deployment"][0]["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
+    assert claims == {"engines": "7", "models": "8"}
     validate_all(objects)
 
 

@@ -87,10 +87,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
     name: {{ include "specbuild.fullname" . }}-spec
 - name: engines
   persistentVolumeClaim:
-    claimName: {{ include "specbuild.enginesClaim" . }}
+    claimName: {{ include "specbuild.enginesClaim" . | quote }}
 - name: models
   persistentVolumeClaim:
-    claimName: {{ .Values.models.existingClaim | default (include "specbuild.enginesClaim" .) }}
+    claimName: {{ .Values.models.existingClaim | default (include "specbuild.enginesClaim" .) | quote }}
     readOnly: true
 {{- end -}}
 
