@@ -103,18 +103,22 @@ def _grpc_stream(url, inputs: dict, request_id: str | None = None, timeout: floa
         client.start_stream(callback=lambda result=None, error=None: results.put((result, error)))
         client.async_stream_infer("tensorrt_llm", tensors, request_id=request_id or uuid.uuid4().hex,
                                   enable_empty_final_response=True)
-        while True:
-            result, error = results.get(timeout=timeout)
-            if error is not None:
-                out.append({"error": error.message(), "final": True})
-                break
-            response = result.get_response()
-            final = response.parameters["triton_final_response"].bool_param
-            out.append({"outputs": {o.name: result.as_numpy(o.name) for o in response.outputs}, "final": final})
-            if first is not None:
-                first.set()
-            if final:
-                break
+        try:
+            while True:
+                result, error = results.get(timeout=timeout)
+                if error is not None:
+                    out.append({"error": error.message(), "final": True})
+                    break
+                response = result.get_response()
+                final = response.parameters["triton_final_response"].bool_param
+                out.append({"outputs": {o.name: result.as_numpy(o.name) for o in response.outputs}, "final": final})
+                if first is not None:
+                    first.set()
+                if final:
+                    break
+        except queue.Empty:  # no answer within the deadline: the request is cancelled, else closing would wait on it
+            client.stop_stream(cancel_requests=True)
+            raise
         client.stop_stream()
     return out
 
@@ -231,6 +235,51 @@ def test_a_stop_request_cancels_the_request_with_that_id(servers):
     assert "Request cancelled by client" in stopped[-1]["error"]
     last = found["responses"][-1]
     assert last["final"] and _text(last["outputs"]["finish_reason"]) == "cancelled"
+    with SpecbuildClient(llmapi.grpc_url) as client:  # the server keeps serving
+        assert client.complete("hello", max_tokens=2)[1]["finish_reason"] == "length"
+
+
+def test_a_stop_request_ends_a_non_streaming_request_with_cancelled(servers):
+    """NVIDIA's model sends nothing more to a non-streaming request a `stop` request aborted (the stand-in does the
+    same); the repository's wrapper (specbuild.llmapi.answered) answers it CANCELLED, so its client gets an answer
+    and the running-requests gauge the drain waits on returns to zero. Without the wrapper the request waits for
+    its answer until the deadline below."""
+    import time
+
+    from specbuild.contract.serving_gate import RUNNING_GAUGE
+    from specbuild.triton.drain import parse_metrics, read_metrics
+
+    llmapi, _ = servers
+    for attempt in range(3):  # the stop must find the request running: one done before any stop came is run again
+        request_id, found = f"quiet-{attempt}", {}
+
+        def long_request():
+            try:
+                found["responses"] = _grpc_stream(llmapi.grpc_url, {
+                    "text_input": (np.array([b"def add(a, b):"], dtype=object), "BYTES"),
+                    "sampling_param_max_tokens": (np.array([500], np.int32), "INT32"),
+                    "streaming": (np.array([False]), "BOOL"), "return_finish_reason": (np.array([True]), "BOOL")},
+                    request_id=request_id, timeout=60)
+            except Exception as err:  # noqa: BLE001 - no answer within the deadline
+                found["error"] = err
+
+        worker = threading.Thread(target=long_request)
+        worker.start()
+        while worker.is_alive():  # each stop is answered at once, whether it found the request or not
+            stopped = _grpc_stream(llmapi.grpc_url, {"text_input": (np.array([b""], dtype=object), "BYTES"),
+                                                     "stop": (np.array([True]), "BOOL")}, request_id=request_id)
+            assert "Request cancelled by client" in stopped[-1]["error"]
+            worker.join(0.05)
+        assert "error" not in found, f"the stopped request got no answer: {found['error']!r}"
+        if "error" in found["responses"][-1]:
+            break
+    assert found["responses"] == [{"error": "Request cancelled by client", "final": True}]
+    assert f"[specbuild] request '{request_id}' ended without a response" in llmapi.log_path.read_text(errors="replace")
+    running = lambda: parse_metrics(read_metrics(llmapi.metrics_url))[(RUNNING_GAUGE, "tensorrt_llm")]  # noqa: E731
+    deadline = time.monotonic() + 60  # a deadline: the gauge drops just after the send the client saw
+    while running() != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running() == 0
     with SpecbuildClient(llmapi.grpc_url) as client:  # the server keeps serving
         assert client.complete("hello", max_tokens=2)[1]["finish_reason"] == "length"
 

@@ -35,6 +35,7 @@ import threading
 from typing import Any
 
 from specbuild.contract.pbtxt import parameter_values
+from specbuild.contract.watched_request import WatchedRequest
 
 MODEL_NAME = "serving_gate"
 GATE_PARAMETER = "serving_gate"  # in the entry models' configs: the gate's name
@@ -100,42 +101,6 @@ class RunningCount:
                 self._metric.set(self.value)
 
 
-class _CountingSender:
-    """A request's response sender that counts its final response."""
-
-    def __init__(self, sender: Any, running: RunningCount, final_flag: int):
-        self._sender, self._running, self._final = sender, running, final_flag
-
-    def send(self, *args: Any, **kwargs: Any) -> Any:
-        flags = kwargs.get("flags", args[1] if len(args) > 1 else 0)
-        answer = self._sender.send(*args, **kwargs)
-        if flags & self._final:  # after a send that went out: Triton refuses a second final response
-            self._running.add(-1)
-        return answer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sender, name)
-
-
-class _CountedRequest:
-    """The request as the wrapped model sees it: everything is the request's own, except that its response
-    sender (the same one each time) counts the final response. python_backend's helpers read a request only
-    through its methods (triton_python_backend_utils.get_input_tensor_by_name calls request.inputs())."""
-
-    def __init__(self, request: Any, running: RunningCount, final_flag: int):
-        self._request, self._running, self._final = request, running, final_flag
-        self._sender, self._lock = None, threading.Lock()
-
-    def get_response_sender(self) -> _CountingSender:
-        with self._lock:
-            if self._sender is None:
-                self._sender = _CountingSender(self._request.get_response_sender(), self._running, self._final)
-            return self._sender
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._request, name)
-
-
 def gated(model_class: type) -> type:
     """`model_class` with the gate's check in front of its execute, for a model that answers every request through
     the request's response sender and returns None, as NVIDIA's llmapi model.py does (its execute hands each
@@ -144,7 +109,7 @@ def gated(model_class: type) -> type:
     response; a `stop` request (cancelling a running one) still goes through. The requests it lets through are
     counted until their final response (`RunningCount`), which is how the drain knows when they have all ended.
     The class itself is not changed: the gate's name comes from the model's config parameter `serving_gate`, and
-    without it nothing is refused."""
+    without it nothing is refused. (The request the model sees is a `WatchedRequest`.)"""
 
     class Gated(model_class):
         def initialize(self, args: dict) -> Any:
@@ -164,7 +129,7 @@ def gated(model_class: type) -> type:
                 if request is None:
                     continue
                 if refusal is None or _stops(pb, request):
-                    admitted.append(_CountedRequest(request, self._running, final))
+                    admitted.append(WatchedRequest(request, final, on_final=lambda: self._running.add(-1)))
                 else:
                     request.get_response_sender().send(pb.InferenceResponse(error=refusal), flags=final)
             if not admitted:

@@ -7,10 +7,12 @@ triton-inference-server/tutorials Feature_Guide/Speculative_Decoding/TRT-LLM/REA
 it from there). This shim loads that file (or the one in $SPECBUILD_LLMAPI_MODEL_DIR) and exposes its
 TritonPythonModel. NVIDIA's model reads model.yaml from pb_utils.get_model_dir(), i.e. this repository's
 tensorrt_llm/1/, where `specbuild repo` wrote it; `from helpers import ...` finds helpers.py because
-NVIDIA's folder goes first on sys.path. The class is wrapped twice, NVIDIA's code unchanged: by the serving
+NVIDIA's folder goes first on sys.path. The class is wrapped three times, NVIDIA's code unchanged: by the serving
 gate's check (specbuild.contract.serving_gate.gated: while `specbuild serve` drains, new requests are refused
-with UNAVAILABLE) and by `specbuild.llmapi.end_ids.every_end_id` (the checkpoint's other end ids go with every
-request as stop_token_ids, so generation stops at all of them). Unproven on a GPU from here (docs/llmapi.md).
+with UNAVAILABLE), by `specbuild.llmapi.end_ids.every_end_id` (the checkpoint's other end ids go with every
+request as stop_token_ids, so generation stops at all of them) and by
+`specbuild.llmapi.answered.every_request_answered` (a non-streaming request a `stop` request aborted gets CANCELLED
+instead of no answer). Unproven on a GPU from here (docs/llmapi.md).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from specbuild.contract.llmapi import NVIDIA_MODEL_DIR
 from specbuild.contract.serving_gate import gated
+from specbuild.llmapi.answered import every_request_answered
 from specbuild.llmapi.end_ids import every_end_id
 
 
@@ -42,4 +45,4 @@ def _load():
     return module.TritonPythonModel
 
 
-TritonPythonModel = gated(every_end_id(_load()))
+TritonPythonModel = gated(every_end_id(every_request_answered(_load())))

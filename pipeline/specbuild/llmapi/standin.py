@@ -12,16 +12,17 @@ What it does the way NVIDIA's model does it:
 - streaming on a model that is not decoupled -> "Streaming is only supported in decoupled mode.";
 - any failure -> a response with text_output ["N/A"] and the error "Error generating request: <error>";
 - `stop: true` -> "A request id must be provided for request cancellation" without a request id, else
-  every request with that id is aborted and the stop request gets CANCELLED "Request cancelled by client";
+  every request with that id is aborted and the stop request gets CANCELLED "Request cancelled by client"; an
+  aborted streaming request gets a last response with finish_reason "cancelled", a non-streaming one nothing;
 - a request the client cancels is found by a loop every cancellation_check_period_ms and answered with
   CANCELLED "Request cancelled by client".
 What it adds, as the GPU repository adds it to NVIDIA's class: while `specbuild serve` drains, new requests
 are refused with UNAVAILABLE (`specbuild.contract.serving_gate.gated`); the checkpoint's end ids other than the
 tokenizer's eos go with every request as stop_token_ids (`specbuild.llmapi.end_ids.every_end_id`), since the LLM,
-and this stand-in like it, ends at the tokenizer's eos only.
-Where it differs: a request aborted by a `stop` request gets a last response with finish_reason
-"cancelled" (NVIDIA's non-streaming path sends it nothing more); concurrent requests share forward passes
-through `runtime.batcher.Batcher` (NVIDIA: the LLM's own in-flight batching).
+and this stand-in like it, ends at the tokenizer's eos only; a non-streaming request a `stop` request aborted gets
+CANCELLED as its final response (`specbuild.llmapi.answered.every_request_answered`).
+Where it differs: concurrent requests share forward passes through `runtime.batcher.Batcher` (NVIDIA: the LLM's
+own in-flight batching).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy as np
 
 from specbuild.contract import llmapi as contract
 from specbuild.contract.serving_gate import gated
+from specbuild.llmapi.answered import cancelled_response, every_request_answered
 from specbuild.llmapi.end_ids import every_end_id
 from specbuild.llmapi.protocol import (MODEL_YAML_ENV, CompletionOutput, ModelException, RequestOutput, parse_request,
                                        read_model_yaml, response_tensors, scalar)
@@ -85,6 +87,7 @@ class Tracked:
     sender: Any
     user_id: str
     cancelled: threading.Event = field(default_factory=threading.Event)  # aborted: stop generating
+    stopped: bool = False  # aborted by a `stop` request (not by its client's cancel)
 
 
 class StandInModel:
@@ -135,7 +138,7 @@ class StandInModel:
     def execute(self, requests: list) -> None:
         for request in requests:
             if request is not None:
-                self.pool.submit(self._serve, request)
+                self.pool.submit(self._execute_single_request, request)
         return None
 
     def finalize(self) -> None:
@@ -166,7 +169,8 @@ class StandInModel:
         with self.lock:
             return self.tracked.pop(key, None) is not None
 
-    def _serve(self, request) -> None:
+    def _execute_single_request(self, request) -> None:
+        """One request, as NVIDIA's coroutine of that name serves it (the hook `every_request_answered` wraps)."""
         pb = self.pb
         sender = request.get_response_sender()
         user_id = request.request_id()
@@ -197,9 +201,11 @@ class StandInModel:
             if tracked.cancelled.is_set():
                 self.logger.log_info(f"[specbuild stand-in] request {user_id!r} cancelled: stopped after "
                                      f"{len(last.outputs[0].text)} characters of text")
-                if self._untrack(key):  # aborted by a `stop` request (the loop's own answer untracks it first)
+                if streaming and tracked.stopped:  # the aborted LLM's last output; a client's cancel was answered
+                    sent_final = True
                     self._send_cancelled_output(last, output_config, sender)
-            elif self._untrack(key):  # else answered CANCELLED meanwhile
+                # NVIDIA's non-streaming path sends a request a `stop` request removed nothing more
+            elif self._untrack(key):  # else answered meanwhile: CANCELLED by the loop, or removed by a `stop`
                 sent_final = True
                 if streaming:
                     self._responses.put((sender, (last, output_config), final))
@@ -231,22 +237,17 @@ class StandInModel:
         tensors = [self.pb.Tensor(name, value) for name, value in response_tensors(output, output_config)]
         return self.pb.InferenceResponse(output_tensors=tensors)
 
-    def _cancelled_error(self):
-        code = getattr(self.pb.TritonError, "CANCELLED", None)
-        error = (self.pb.TritonError(contract.MSG_CANCELLED, code) if code is not None
-                 else self.pb.TritonError(contract.MSG_CANCELLED))
-        return self.pb.InferenceResponse(error=error)
-
     def _stop_requests(self, user_id: str, sender) -> None:
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if not user_id:
             sender.send(self.pb.InferenceResponse(error=self.pb.TritonError(contract.MSG_STOP_WITHOUT_ID)), flags=final)
             return
-        with self.lock:
-            for tracked in self.tracked.values():
-                if tracked.user_id == user_id:
-                    tracked.cancelled.set()
-        sender.send(self._cancelled_error(), flags=final)
+        with self.lock:  # aborted and removed, as NVIDIA's handle_stop_request does
+            for key, tracked in [(k, t) for k, t in self.tracked.items() if t.user_id == user_id]:
+                del self.tracked[key]
+                tracked.stopped = True
+                tracked.cancelled.set()
+        sender.send(cancelled_response(self.pb), flags=final)
 
     def _response_loop(self) -> None:
         while True:
@@ -264,17 +265,17 @@ class StandInModel:
 
         while self.running:
             time.sleep(self.cancellation_check_period_ms / 1000.0)
-            with self.lock:
+            with self.lock:  # answered while the lock is held, as NVIDIA's loop does: a request that finds itself
+                # removed (under the lock) has had its answer
                 found = [(key, t) for key, t in self.tracked.items() if t.request.is_cancelled()]
                 for key, tracked in found:
                     del self.tracked[key]  # answered here: never queried or answered again
                     tracked.cancelled.set()
-                found = [t for _, t in found]
-            for tracked in found:
-                try:
-                    tracked.sender.send(self._cancelled_error(), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                except Exception as err:  # noqa: BLE001
-                    self.logger.log_error(f"An error occurred while sending a response: {err}")
+                    try:
+                        tracked.sender.send(cancelled_response(self.pb),
+                                            flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    except Exception as err:  # noqa: BLE001
+                        self.logger.log_error(f"An error occurred while sending a response: {err}")
 
 
-TritonPythonModel = gated(every_end_id(StandInModel))  # what the repository's model.py imports
+TritonPythonModel = gated(every_end_id(every_request_answered(StandInModel)))  # what the repository's model.py imports
