@@ -12,24 +12,9 @@ import pytest
 
 from specbuild.contract import llmapi as contract
 from specbuild.llmapi.answered import every_request_answered
+from test_llmapi_end_ids import Logger
 
 FINAL = 1
-
-
-class Logger:
-    lines: list[tuple[str, str]] = []
-
-    @classmethod
-    def log_info(cls, message):
-        cls.lines.append(("info", message))
-
-    @classmethod
-    def log_warn(cls, message):
-        cls.lines.append(("warn", message))
-
-    @classmethod
-    def log_error(cls, message):
-        cls.lines.append(("error", message))
 
 
 class TritonError:

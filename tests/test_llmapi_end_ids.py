@@ -15,6 +15,7 @@ from specbuild.llmapi.end_ids import every_end_id, stop_token_ids
 
 
 class Logger:
+    """triton_python_backend_utils.Logger, keeping what it was told (also for test_llmapi_answered)."""
     lines: list[tuple[str, str]] = []
 
     @classmethod
@@ -24,6 +25,10 @@ class Logger:
     @classmethod
     def log_warn(cls, message):
         cls.lines.append(("warn", message))
+
+    @classmethod
+    def log_error(cls, message):
+        cls.lines.append(("error", message))
 
 
 class BackendUtils:
