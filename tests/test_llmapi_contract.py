@@ -108,6 +108,8 @@ def test_serve_options_file_holds_the_same_arguments_without_model_and_backend(s
 def test_yaml_round_trip_keeps_every_value(spec):
     data = args_mod.model_yaml_data(spec, args_mod.Locations('/x/"quoted" target', "/y/draft: colon"))
     assert yaml.safe_load(args_mod.render_yaml(data, header="a\nb")) == data
+    tricky = {"digits": "947313551256", "exponent": "123e45", "word": "no", "octal": "0123", "nested": {"x": "1.0"}}
+    assert yaml.safe_load(args_mod.render_yaml(tricky)) == tricky  # strings stay strings, whatever they look like
 
 
 def test_repository_paths_per_runtime(spec, tmp_path):

@@ -19,7 +19,8 @@ from typing import Any
 from specbuild import __version__, backends
 from specbuild.artifacts import claim_output, combined_hash, read_manifest, resolve_output, stage_output
 from specbuild.config import Spec
-from specbuild.deploy import facts, values, yamltext
+from specbuild import yamltext
+from specbuild.deploy import facts, values
 from specbuild.errors import ArtifactError, SpecError
 
 STAGE = "deploy"

@@ -13,7 +13,7 @@ Values (TensorRT-LLM 1.2 LLM-argument names, `contract` ARGS):
   use by default is what this path writes; num_draft_tokens = 0 writes no speculative_config (target only);
 - disable_overlap_scheduler: true, as NVIDIA's draft/target examples run it.
 
-No torch and no YAML library: `render_yaml` writes the small subset these files need (quoted strings).
+No torch and no YAML library: `render_yaml` writes them with `specbuild.yamltext` (strings quoted).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild import yamltext
 from specbuild.config import Spec
 from specbuild.errors import SpecError
 from specbuild.contract import llmapi as contract
@@ -143,26 +144,6 @@ def serve_options_data(spec: Spec, where: Locations) -> dict[str, Any]:
     return {key: value for key, value in llm_args(spec, where).items() if key not in ("model", "backend")}
 
 
-def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid YAML double-quoted scalar
-    raise TypeError(f"no YAML form for {value!r}")
-
-
-def render_yaml(data: dict[str, Any], header: str = "", indent: int = 0) -> str:
-    """Block-style YAML for nested mappings of scalars (what model.yaml and the serve options hold)."""
-    lines = [f"# {line}" if line else "#" for line in header.splitlines()] if header else []
-    for key, value in data.items():
-        pad = " " * indent
-        if isinstance(value, dict):
-            lines.append(f"{pad}{key}:")
-            lines.append(render_yaml(value, indent=indent + 2).rstrip("\n"))
-        else:
-            lines.append(f"{pad}{key}: {_scalar(value)}")
-    return "\n".join(lines) + "\n"
+def render_yaml(data: dict[str, Any], header: str = "") -> str:
+    """Block-style YAML (`specbuild.yamltext`, strings quoted) for what model.yaml and the serve options hold."""
+    return yamltext.dump(data, header=header)

@@ -1,8 +1,9 @@
-"""Block-style YAML with a comment above each key, for values.yaml (a file people read and edit).
+"""Block-style YAML, written without a YAML library, for the files specbuild writes: the chart's values.yaml and
+Chart.yaml (a comment above a key where one is given), model.yaml and trtllm-serve's options (`llmapi.args`).
 
-Only what values.yaml holds: mappings, lists, strings, numbers, booleans, multi-line strings (as `|` blocks).
+Only what those files hold: mappings, lists, strings, numbers, booleans, multi-line strings (as `|` blocks).
 Strings are written as JSON strings, which YAML reads as double-quoted strings, so no value is misread
-(`"no"`, `"1.0"`, `"*"` stay strings).
+(`"no"`, `"1.0"`, `"*"`, `"947313551256"` stay strings).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ def scalar(value: Any) -> str:
     raise TypeError(f"no YAML scalar for {value!r}")
 
 
-def dump(data: dict[str, Any], comments: dict[str, str] | None = None, path: str = "", indent: int = 0) -> str:
-    """`data` as YAML; `comments` maps a dotted key path ("gpu.count") to the comment written above it."""
+def dump(data: dict[str, Any], comments: dict[str, str] | None = None, path: str = "", indent: int = 0,
+         header: str = "") -> str:
+    """`data` as YAML; `comments` maps a dotted key path ("gpu.count") to the comment written above it; `header` is
+    written first, as comment lines."""
     comments = comments or {}
     pad = " " * indent
-    lines: list[str] = []
+    lines: list[str] = [f"# {line}" if line else "#" for line in header.splitlines()]
     for key, value in data.items():
         dotted = f"{path}.{key}" if path else key
         if dotted in comments:
