@@ -49,6 +49,10 @@ def test_bench_url_reports_the_local_fields_plus_serving_overhead(server, deploy
     assert set(rows) == {0, 2, 6}
     assert rows[2]["triton_over_local"] == pytest.approx(
         rows[2]["triton_tokens_per_s"] / rows[2]["local_tokens_per_s"], rel=1e-2)
+    # Triton's floor, measured after the runs with the best K's shape: its draft length, in-process call as the work
+    best = overhead["num_draft_tokens"]
+    assert overhead["floor"]["draft_len"] == best and overhead["floor"]["work_s"] == rows[best]["local_s_per_call"] > 0
+    assert 0 < overhead["ceiling"] == rows[best]["ceiling"] < 1
     assert [row["concurrency"] for row in doc["concurrency"]] == [1, 2]
 
 

@@ -252,9 +252,10 @@ def table(doc: dict[str, Any]) -> str:
     if serving:
         lines.append(f"Triton vs local, one stream: {_fmt(serving.get('triton_over_local'))}x of local tokens/s")
         if serving.get("floor"):
-            lines.append(f"Triton's cost per model call: {_ms(serving.get('overhead_s_per_call'))} ms; a bare BLS call "
-                         f"here: {_ms(serving['floor']['median_s'])} ms ({_fmt(serving.get('overhead_over_floor'))}x "
-                         "the floor)")
+            lines.append(f"Triton's cost per model call: {_ms(serving.get('overhead_s_per_call'))} ms; Triton's floor "
+                         f"for such a call here: {_ms(serving['floor']['median_s'])} ms "
+                         f"({_fmt(serving.get('overhead_over_floor'))}x the floor); at the floor one stream would get "
+                         f"at most {_fmt(serving.get('ceiling'))}x of local tokens/s")
         if serving.get("overlapped"):
             lines.append(f"Triton overlapped vs local sequential, one stream: "
                          f"{_fmt(serving['overlapped'].get('triton_over_local'))}x at K = "

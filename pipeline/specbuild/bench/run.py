@@ -69,7 +69,9 @@ def serving_section(triton: Measurements, local: Measurements, best_k: int | Non
     """Triton against in-process on one stream: the cost of serving (tokenizer models, BLS calls, network). Per K,
     `overhead_s_per_call`: the seconds Triton adds per model call the BLS makes (a draft and a verify per step at
     K > 0, a verify at K = 0; the request's own costs, tokenizing and the client's round trip, spread over them).
-    With `floor` (triton.floor: a bare BLS call to an identity model on this machine), that cost over the floor."""
+    With `floor` (triton.floor: a BLS call to an identity model on this machine, beyond its work), that cost over
+    the floor, and `ceiling`: the most Triton / in-process one stream could get here if every model call cost the
+    in-process call plus the floor and nothing else (in-process seconds per call / (those + the floor))."""
     rows = []
     for k in sorted(k for k, c in local.cells if c == 1):
         t_ttft = sorted(r.ttft_seconds for r in triton.cells.get((k, 1), []))
@@ -79,24 +81,37 @@ def serving_section(triton: Measurements, local: Measurements, best_k: int | Non
                      "triton_over_local": _ratio(_rate(triton, k), _rate(local, k)),
                      "ttft_seconds_added": round(t_ttft[len(t_ttft) // 2] - l_ttft[len(l_ttft) // 2], 6)
                      if t_ttft and l_ttft else None,
+                     "local_s_per_call": seconds_per_call(local, k),
                      "overhead_s_per_call": _overhead_per_call(triton, local, k)})
         if floor and rows[-1]["overhead_s_per_call"] is not None:
             rows[-1]["overhead_over_floor"] = _ratio(rows[-1]["overhead_s_per_call"], floor["median_s"])
+        if floor and rows[-1]["local_s_per_call"]:
+            local_call = rows[-1]["local_s_per_call"]
+            rows[-1]["ceiling"] = _ratio(local_call, local_call + floor["median_s"])
     at = next((r for r in rows if r["num_draft_tokens"] == best_k), None)
     section = {"num_draft_tokens": best_k, "triton_over_local": at["triton_over_local"] if at else None, "runs": rows}
     if floor is not None:
         section["floor"] = floor
-        section["overhead_s_per_call"] = at["overhead_s_per_call"] if at else None
-        section["overhead_over_floor"] = at.get("overhead_over_floor") if at else None
+        for key in ("overhead_s_per_call", "overhead_over_floor", "ceiling"):
+            section[key] = at.get(key) if at else None
     return section
+
+
+def _tokens_and_calls(measured: Measurements, k: int) -> tuple[int, int]:
+    """One stream's tokens and model calls at K = k (a draft and a verify per step at K > 0, a verify at K = 0)."""
+    results = measured.cells.get((k, 1), [])
+    return sum(r.output_tokens for r in results), sum(r.steps * (2 if k else 1) for r in results)
+
+
+def seconds_per_call(measured: Measurements, k: int) -> float | None:
+    """Seconds per model call at K = k on one stream: the wall time per token x tokens / model calls."""
+    rate, (tokens, calls) = _rate(measured, k), _tokens_and_calls(measured, k)
+    return round(tokens / rate / calls, 7) if rate and tokens and calls else None
 
 
 def _overhead_per_call(triton: Measurements, local: Measurements, k: int) -> float | None:
     """(Triton's seconds per token - in-process seconds per token) x Triton's tokens / its model calls."""
-    results = triton.cells.get((k, 1), [])
-    t_rate, l_rate = _rate(triton, k), _rate(local, k)
-    tokens = sum(r.output_tokens for r in results)
-    calls = sum(r.steps * (2 if k else 1) for r in results)
+    t_rate, l_rate, (tokens, calls) = _rate(triton, k), _rate(local, k), _tokens_and_calls(triton, k)
     if not (t_rate and l_rate and tokens and calls):
         return None
     return round((1.0 / t_rate - 1.0 / l_rate) * tokens / calls, 7)
@@ -187,21 +202,20 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
               vs_hf: bool = False, vs_plain: bool = False, progress: bool = False,
               log: Callable[[str], None] = lambda m: None, threads: int | None = None, row_block: int | None = None,
               spec_path: str | None = None, overlap: bool | str | None = None,
-              floor: Callable[[], dict[str, Any] | None] | None = None) -> dict[str, Any]:
+              floor: Callable[[float, int], dict[str, Any] | None] | None = None) -> dict[str, Any]:
     """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default).
     overlap: the in-process schedule, True / False / "auto" / None (the spec's) / "compare" (both, --local).
-    floor: measures Triton's cost of a bare BLS call on the server's machine (triton.floor), reported beside ours;
-    called once the server at `url` has answered, before the measurement."""
+    floor(work_s, draft_len): measures Triton's cost of a BLS call on the server's machine (triton.floor), reported
+    beside ours; called after the measurement, with the shape of the best K's calls (in-process seconds per model
+    call as the work, the best K as the draft length)."""
     prompts = workloads.load(workload, settings.requests, Path(spec.target.checkpoint))
     peers: list[Any] = []
     notes: list[str] = []
-    floor_figures = None
     if url:
         from specbuild.bench.remote import RemoteTransport
 
         transport = RemoteTransport.connect(url, protocol, spec_path=spec_path, spec=spec)
-        _check_sweep(transport, settings)  # a sweep this deployment cannot run fails before the floor and peers
-        floor_figures = floor() if floor is not None else None
+        _check_sweep(transport, settings)  # a sweep this deployment cannot run fails before the peers and the floor
         transport.overlap = False if overlap == "compare" else overlap
         if overlap == "compare":
             peers.extend([transport.with_overlap(True, "triton-overlap"), transport.with_overlap("auto", "triton-auto")])
@@ -244,6 +258,9 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         extra["hf"] = hf_section(ours, measured["hf"], best_k)
     overlapped = measured.get(f"{transport.name}-overlap")
     if "local" in measured and mode == "triton":
+        floor_figures = None
+        if floor is not None and best_k is not None and getattr(transport, "fixed_k", None) is None:  # BLS calls
+            floor_figures = floor(seconds_per_call(measured["local"], best_k) or 0.0, best_k)
         extra["serving_overhead"] = serving_section(ours, measured["local"], best_k, floor_figures)
         if overlapped is not None:
             top_overlapped = report.best(report.cells(overlapped.summaries()))

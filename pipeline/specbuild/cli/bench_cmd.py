@@ -112,7 +112,7 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
 
     from specbuild.bench.run import run_bench
 
-    floor = (lambda: _floor(url)) if url else None  # measured once the server has answered
+    floor = (lambda work_s, draft_len: _floor(url, work_s, draft_len)) if url else None  # after the measurement
     doc = run_bench(spec, settings, workload, url=url, protocol=protocol, vs_hf=vs_hf, vs_plain=vs_plain,
                     progress=True, log=log, threads=threads,  # a bar on a terminal, else progress lines
                     spec_path=shown_path(spec.path), overlap=schedule, floor=floor)
@@ -130,9 +130,9 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
             log(f"wrote {path}")
 
 
-def _floor(url: str) -> dict | None:
-    """Triton's floor for a BLS call (specbuild.triton.floor), measured here when the server runs here (a loopback
-    address) and tritonserver can be started; None otherwise, with a log line saying why."""
+def _floor(url: str, work_s: float, draft_len: int) -> dict | None:
+    """Triton's floor for a BLS call of the deployment's shape (specbuild.triton.floor), measured here when the server
+    runs here (a loopback address) and tritonserver can be started; None otherwise, with a log line saying why."""
     host = url.rsplit(":", 1)[0].removeprefix("http://").removeprefix("https://")
     if host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
         log(f"bench: Triton's floor not measured: the server at {url} is not on this machine")
@@ -140,9 +140,10 @@ def _floor(url: str) -> dict | None:
     from specbuild.errors import SpecbuildError
     from specbuild.triton.floor import measure_floor
 
-    log("bench: measuring Triton's floor here (a bare BLS call to an identity Python model)")
+    log(f"bench: measuring Triton's floor here (a BLS call to an identity Python model: a verify call at K = "
+        f"{draft_len} that works {work_s * 1e3:.2f} ms, the in-process call's time)")
     try:
-        return measure_floor()
+        return measure_floor(draft_len=draft_len, work_s=work_s)
     except (SpecbuildError, OSError) as err:
         log(f"bench: Triton's floor not measured: {err}")
         return None

@@ -85,7 +85,8 @@ def _require(name: str, value: object) -> None:
                         "filled at generation time. Check the spec and the stage manifests.")
 
 
-def _add_tensors(pb, repeated, table: tuple[T.Tensor, ...], logits_datatype: str) -> None:
+def add_tensors(pb, repeated, table: tuple[T.Tensor, ...], logits_datatype: str) -> None:
+    """Declare a tensor table (contract.tensors) in a config's input or output list, as Triton reads it."""
     for t in table:
         dtype = logits_datatype if t.dtype == T.LOGITS else t.dtype
         entry = repeated.add(name=t.name, data_type=pb.DataType.Value(dtype), dims=list(t.dims))
@@ -167,8 +168,8 @@ def preprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     pb = _pb()
     c = pb.ModelConfig(name="preprocessing", backend="python", max_batch_size=s.max_batch_size)
     add_dynamic_batching(c, s.max_queue_delay_microseconds, s.max_batch_size)
-    _add_tensors(pb, c.input, T.PRE_INPUTS, s.logits_datatype)
-    _add_tensors(pb, c.output, T.PRE_OUTPUTS, s.logits_datatype)
+    add_tensors(pb, c.input, T.PRE_INPUTS, s.logits_datatype)
+    add_tensors(pb, c.output, T.PRE_OUTPUTS, s.logits_datatype)
     _params(c, {"tokenizer_dir": s.tokenizer_dir, "add_special_tokens": "true", gate.GATE_PARAMETER: gate.MODEL_NAME})
     _cpu_instances(pb, c, s.preprocessing_instance_count)
     return c
@@ -178,8 +179,8 @@ def postprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     pb = _pb()
     c = pb.ModelConfig(name="postprocessing", backend="python", max_batch_size=s.max_batch_size)
     add_dynamic_batching(c, s.max_queue_delay_microseconds, s.max_batch_size)
-    _add_tensors(pb, c.input, T.POST_INPUTS, s.logits_datatype)
-    _add_tensors(pb, c.output, T.POST_OUTPUTS, s.logits_datatype)
+    add_tensors(pb, c.input, T.POST_INPUTS, s.logits_datatype)
+    add_tensors(pb, c.output, T.POST_OUTPUTS, s.logits_datatype)
     _params(c, {"tokenizer_dir": s.tokenizer_dir, "skip_special_tokens": "true"})
     _cpu_instances(pb, c, s.postprocessing_instance_count)
     return c
@@ -228,8 +229,8 @@ def llm(s: RepoSettings, role: str) -> "model_config_pb2.ModelConfig":
     c.model_transaction_policy.SetInParent()
     c.model_transaction_policy.decoupled = False
     add_dynamic_batching(c, s.max_queue_delay_microseconds, s.max_batch_size)
-    _add_tensors(pb, c.input, T.LLM_INPUTS, s.logits_datatype)
-    _add_tensors(pb, c.output, T.LLM_OUTPUTS, s.logits_datatype)
+    add_tensors(pb, c.input, T.LLM_INPUTS, s.logits_datatype)
+    add_tensors(pb, c.output, T.LLM_OUTPUTS, s.logits_datatype)
     _cpu_instances(pb, c, 1)
     if backend == "tensorrtllm":
         _params(c, trtllm_parameters(s, role), may_be_empty=tuple(UNSET_LLM_PARAMS))
@@ -256,8 +257,8 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     # max_queue_size more waiting and refuses the rest (specbuild.triton.models.bls); Triton's batcher in front has
     # no bound (see dynamic_batching above).
     add_dynamic_batching(c, s.max_queue_delay_microseconds, None)
-    _add_tensors(pb, c.input, T.BLS_INPUTS, s.logits_datatype)
-    _add_tensors(pb, c.output, T.BLS_OUTPUTS, s.logits_datatype)
+    add_tensors(pb, c.input, T.BLS_INPUTS, s.logits_datatype)
+    add_tensors(pb, c.output, T.BLS_OUTPUTS, s.logits_datatype)
     _params(c, BlsParameters(
         tensorrt_llm_model_name=LLM_MODEL["target"],
         tensorrt_llm_draft_model_name=LLM_MODEL["draft"],
@@ -317,8 +318,8 @@ def ensemble(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     """Target-only baseline: preprocessing -> tensorrt_llm -> postprocessing (no speculation)."""
     pb = _pb()
     c = pb.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=s.max_batch_size)
-    _add_tensors(pb, c.input, T.ENSEMBLE_INPUTS, s.logits_datatype)
-    _add_tensors(pb, c.output, T.ENSEMBLE_OUTPUTS, s.logits_datatype)
+    add_tensors(pb, c.input, T.ENSEMBLE_INPUTS, s.logits_datatype)
+    add_tensors(pb, c.output, T.ENSEMBLE_OUTPUTS, s.logits_datatype)
     for model, inputs, outputs in (
         ("preprocessing", _PRE_MAP, _PRE_OUT),
         (LLM_MODEL["target"], _LLM_MAP, _LLM_OUT),

@@ -60,7 +60,7 @@ from specbuild.session.textstream import TextStream
 from specbuild.speculative.overlap import AutoSchedule, available_cores, parse_setting, resolve_auto
 from specbuild.triton.models.bls_metrics import QueueMetrics, SpeculationMetrics
 from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse_request
-from specbuild.triton.models.common import parameters, resolve_path
+from specbuild.triton.models.common import ModelCallError, call_model, parameters, resolve_path
 from specbuild.triton.models.postprocessing import decode_ids
 from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
 from specbuild.triton.models.response_pipe import ResponsePipe
@@ -68,10 +68,6 @@ from specbuild.contract.serving_gate import Gate
 from specbuild.triton.models.token_bytes import max_token_bytes
 
 TARGET_EXCLUDES_INPUT = False  # the generated tensorrt_llm models' exclude_input_in_output
-
-
-class ModelCallError(RuntimeError):
-    """A BLS sub-request to another model failed; the message is the server's."""
 
 
 class Cancelled(RuntimeError):
@@ -255,9 +251,9 @@ class TritonPythonModel:
                                    overlap=self._schedule(request))
         pad_id = self.pre.pad_id if req.pad_id is None else req.pad_id
         use_logits = self.default_use_draft_logits if req.use_draft_logits is None else req.use_draft_logits
-        drafter = ContractDrafter(lambda inputs: self._call(self.draft_model, inputs),
+        drafter = ContractDrafter(lambda inputs: call_model(self.pb, self.draft_model, inputs),
                                   end_id=ready.model_end_id, pad_id=pad_id, use_logits=use_logits)
-        verifier = ContractVerifier(lambda inputs: self._call(self.target_model, inputs),
+        verifier = ContractVerifier(lambda inputs: call_model(self.pb, self.target_model, inputs),
                                     max_draft_len=self.max_draft_len, end_id=ready.model_end_id, pad_id=pad_id,
                                     logits_dtype=self.logits_dtype, on_disagreement=self._disagreement)
         stream = TextStream(self.tokenizer, prompt) if req.stream else None
@@ -280,20 +276,6 @@ class TritonPythonModel:
         self.pb.Logger.log_warn(f"{self.model_name}: {message}")
         with self.metrics_lock:
             self.metrics.disagreement()
-
-    def _call(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One BLS request to `model`; contract tensors ([len], [1], ...) get Triton's batch dimension of 1.
-        An INVALID_ARG answer is the client's request at fault (e.g. an end_id outside the vocabulary)."""
-        tensors = [self.pb.Tensor(name, np.ascontiguousarray(value[None])) for name, value in inputs.items()]
-        response = self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=[]).exec()
-        if response.has_error():
-            error = response.error()
-            message = f"model '{model}' failed: {error.message()}"
-            code = error.code() if hasattr(error, "code") else None
-            if code is not None and code == self.pb.TritonError.INVALID_ARG:
-                raise RequestError(message)
-            raise ModelCallError(message)
-        return {t.name(): t.as_numpy() for t in response.output_tensors()}
 
     def _response(self, text: str, result: Generation | None = None):
         """One response; every tensor carries the batch dimension of 1 (max_batch_size > 0)."""

@@ -47,6 +47,27 @@ def request_inputs(request, names) -> dict[str, np.ndarray]:
     return {tensor.name(): tensor.as_numpy() for tensor in request.inputs() if tensor.name() in wanted}
 
 
+class ModelCallError(RuntimeError):
+    """A BLS sub-request to another model failed; the message is the server's."""
+
+
+def call_model(pb_utils, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One BLS request to `model` (the BLS's draft and verify calls, and Triton's floor, `triton.floor`); contract
+    tensors ([len], [1], ...) get Triton's batch dimension of 1, every output comes back as numpy. An INVALID_ARG
+    answer is the client's request at fault (e.g. an end_id outside the vocabulary): RequestError; any other error,
+    ModelCallError."""
+    tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value[None])) for name, value in inputs.items()]
+    response = pb_utils.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=[]).exec()
+    if response.has_error():
+        error = response.error()
+        message = f"model '{model}' failed: {error.message()}"
+        code = error.code() if hasattr(error, "code") else None
+        if code is not None and code == pb_utils.TritonError.INVALID_ARG:
+            raise RequestError(message)
+        raise ModelCallError(message)
+    return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+
 def serve_each(pb_utils, requests, names, handle: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
                model: str) -> list:
     """One response per request; a bad request (RequestError) gets INVALID_ARG, a bug an INTERNAL error with no
