@@ -56,6 +56,9 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
     Per K: speedup over K = 0 (same deployment, requests interleaved), alpha, c,
     the bound (1 - alpha^(K+1)) / (1 - alpha) / (K c + 1) and efficiency = speedup / bound
     (cells that drafted ahead use the overlapped schedule's bound).
+    With --url, when the pair also loads here: Triton against in-process on one stream,
+    the seconds Triton adds per model call, and (a server on this machine) Triton's own
+    floor for such a call and the most one stream could get at that floor (`ceiling`).
 
     \b
     Examples:
