@@ -36,6 +36,14 @@ def test_the_floor_identity_declares_the_targets_tensors(tmp_path):
     assert config.parameters["work_us"].string_value == "2100"
 
 
+def test_a_floor_of_long_calls_takes_fewer_of_them():
+    from specbuild.triton.floor import floor_calls
+
+    assert floor_calls(0.0) == floor_calls(0.0023) == 300  # the example pair's calls: 0.7 s of work
+    assert floor_calls(0.05) == 100  # 5 s of work
+    assert floor_calls(2.0) == 50  # never fewer
+
+
 def _cell(k: int, seconds: float, steps: int) -> Measurements:
     measured = Measurements()
     measured.add(k, 1, [RequestResult(prompt_index=0, num_draft_tokens=k, output_tokens=60, seconds=seconds,

@@ -53,10 +53,19 @@ def write_floor_repository(folder: Path, work_s: float = 0.0) -> Path:
     return folder
 
 
-def measure_floor(calls: int = 300, prompt_len: int = 64, draft_len: int = 3, work_s: float = 0.0,
+WORK_BUDGET_S = 5.0  # a floor of long calls takes fewer of them: at most this much of its time is the calls' work
+
+
+def floor_calls(work_s: float) -> int:
+    """How many calls measure a floor: 300, fewer (down to 50) when their work would take more than WORK_BUDGET_S."""
+    return max(50, min(300, int(WORK_BUDGET_S / work_s))) if work_s > 0 else 300
+
+
+def measure_floor(calls: int | None = None, prompt_len: int = 64, draft_len: int = 3, work_s: float = 0.0,
                   install: Any = None) -> dict[str, Any]:
     """The seconds of one BLS call here beyond its work: {"median_s", "p25_s", "p75_s", "calls", "prompt_len",
-    "draft_len", "work_s"} (the first tenth of the calls, warm-up, left out)."""
+    "draft_len", "work_s"} (the first tenth of the calls, warm-up, left out). calls: None = `floor_calls(work_s)`."""
+    calls = floor_calls(work_s) if calls is None else calls
     import numpy as np
     import tritonclient.grpc as grpcclient
 
