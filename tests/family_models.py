@@ -21,8 +21,11 @@ SHAPES = {
 STD = {"gemma": 0.3, "gemma2": 0.3}
 EMBED_STD = {"gemma2": 0.02}  # its normalized attention and MLP outputs must not drown in the scaled embeddings
 ENGINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma")  # modelopt writes TensorRT-LLM checkpoints of these
-LLMAPI_ONLY_FAMILIES = ("phi3", "gemma2")  # modelopt exports no TensorRT-LLM checkpoint of these
-REFERENCE_FAMILIES = ENGINE_FAMILIES + LLMAPI_ONLY_FAMILIES  # the reference runtime computes them all
+LLMAPI_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")  # TensorRT-LLM 1.2.1's PyTorch backend registers these
+LLMAPI_ONLY_FAMILIES = ("phi3",)  # modelopt exports no TensorRT-LLM checkpoint of it
+PATHLESS_FAMILIES = ("gemma2",)  # neither: no TensorRT-LLM checkpoint, and 1.2.1 does not register it
+REFERENCE_FAMILIES = ENGINE_FAMILIES + LLMAPI_ONLY_FAMILIES + PATHLESS_FAMILIES  # the reference runtime computes all
+SERVED_FAMILIES = ENGINE_FAMILIES + LLMAPI_ONLY_FAMILIES  # those some path of 1.2.1 serves
 
 
 def make_family(folder: Path, family: str, vocab_size: int = 256, hidden: int = 64, layers: int = 2, heads: int = 4,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from family_models import ENGINE_FAMILIES, LLMAPI_ONLY_FAMILIES, REFERENCE_FAMILIES, SHAPES, make_family
+from family_models import (ENGINE_FAMILIES, LLMAPI_FAMILIES, LLMAPI_ONLY_FAMILIES, PATHLESS_FAMILIES, REFERENCE_FAMILIES,
+                           SERVED_FAMILIES, SHAPES, make_family)
 
 BACKENDS = ("trtllm", "reference", "llmapi")
 PROMPT = "The quick brown fox"
@@ -64,9 +65,10 @@ def verdicts(spec_path: Path, backend: str) -> tuple[bool, bool, str]:
         return usable, False, str(err)
 
 
-EXPECTED = {  # family -> the backends that take it
-    **{family: BACKENDS for family in ENGINE_FAMILIES},
-    **{family: ("llmapi",) for family in LLMAPI_ONLY_FAMILIES},  # modelopt exports no TensorRT-LLM checkpoint of them
+EXPECTED = {  # family -> the backends that take it (the LLM API path: TensorRT-LLM 1.2.1's registered architectures)
+    family: (("trtllm", "reference") if family in ENGINE_FAMILIES else ()) + (("llmapi",) if family in LLMAPI_FAMILIES
+                                                                               else ())
+    for family in SHAPES
 }
 
 
@@ -78,16 +80,82 @@ def test_check_calls_a_pair_usable_exactly_when_convert_takes_it(pairs, backend)
         assert planned == (backend in EXPECTED[family]), (family, backend, refusal)
         if family in LLMAPI_ONLY_FAMILIES and backend != "llmapi":
             assert 'build.backend = "llmapi"' in refusal  # the path that works is named
+        if family in ENGINE_FAMILIES and family not in LLMAPI_FAMILIES and backend == "llmapi":
+            assert "Unknown architecture for AutoModelForCausalLM" in refusal and 'build.backend = "trtllm"' in refusal
+        if family in PATHLESS_FAMILIES:
+            assert "no path of TensorRT-LLM 1.2.1" in refusal, refusal
 
 
-def test_a_sliding_window_shorter_than_max_seq_len_is_refused_on_the_engine_path_with_the_fix(tmp_path):
-    target = make_family(tmp_path / "target", "mistral", sliding_window=128)
+def test_a_release_the_probe_recorded_decides_what_the_llm_api_path_loads(tmp_path, monkeypatch):
+    """The GPU image's probe records the installed release; check and convert hold the LLM API path to that release's
+    record, and to the pinned release's for one the table does not know."""
+    from specbuild import families
+    from specbuild.contract import llmapi
+
+    assert families.PINNED_LLM_API_RELEASE == llmapi.RELEASE  # one release pinned, seen from both sides
+    record = tmp_path / "record.json"
+    monkeypatch.setenv(llmapi.SPELLING_RECORD_ENV, str(record))
+    gemma = make_family(tmp_path / "gemma", "gemma")
+    spec_path = write_spec(tmp_path, gemma, gemma)
+    monkeypatch.setitem(families.LLM_API_RELEASES, "9.9.9", families.LlmApiRelease(
+        "9.9.9", loads=families.LLM_API_RELEASES["1.2.1"].loads | {"GemmaForCausalLM"}, applies_window=frozenset(),
+        source="a release made up by this test"))
+    for installed, takes in (("1.2.1", False), ("9.9.9.post1", True), ("1.2.2", False)):
+        record.write_text(json.dumps({"spelling": "pinned", "tensorrt_llm": installed}))
+        usable, planned, refusal = verdicts(spec_path, "llmapi")
+        assert usable == planned == takes, (installed, refusal)
+        if not takes:
+            assert "TensorRT-LLM 1.2.1's PyTorch backend" in refusal
+
+
+def test_a_sliding_window_shorter_than_max_seq_len_is_refused_on_every_path_with_the_fix(tmp_path):
+    """The engines attend over the whole sequence, and so does TensorRT-LLM 1.2.1's PyTorch backend (its Mistral
+    and Phi-3 attention ignores sliding_window): on either path the output would differ from the model's."""
+    target = make_family(tmp_path / "target", "mistral", sliding_window=200)
     spec_path = write_spec(tmp_path, target, target, max_seq_len=252)
     for backend in BACKENDS:
         usable, planned, refusal = verdicts(spec_path, backend)
-        assert usable == planned == (backend == "llmapi"), (backend, refusal)
-        if backend != "llmapi":
-            assert "set build.max_seq_len <= 128" in refusal
+        assert not usable and not planned, (backend, refusal)
+        assert "set build.max_seq_len <= 200" in refusal
+        if backend == "llmapi":
+            assert "ignores sliding_window" in refusal
+    within = write_spec(tmp_path, target, target, max_seq_len=200)
+    assert all(verdicts(within, backend)[:2] == (True, True) for backend in BACKENDS)
+
+
+def test_the_llm_api_stand_in_runs_a_model_as_the_pinned_release_does(tmp_path):
+    """The stand-in stops where 1.2.1's LLM stops (an architecture it does not register) and attends as its attention
+    does (Mistral's and Phi-3's sliding_window not applied)."""
+    from specbuild.llmapi.llm import release_args
+    from specbuild.runtime.model import args_from_config
+
+    for family, window in (("mistral", 8), ("phi3", 8)):
+        config = json.loads((make_family(tmp_path / family, family, sliding_window=window) / "config.json").read_text())
+        args = args_from_config(config, family)
+        assert set(args.windows) == {window}  # the reference runtime computes the window (the engine path's CPU side)
+        assert set(release_args(args, config).windows) == {None}
+    for family in PATHLESS_FAMILIES + ("gemma",):
+        config = json.loads((make_family(tmp_path / family, family) / "config.json").read_text())
+        with pytest.raises(ValueError, match="Unknown architecture for AutoModelForCausalLM: " + SHAPES[family][1]):
+            release_args(args_from_config(config, family), config)
+
+
+def test_the_readme_family_table_says_what_each_path_takes():
+    """The README's table of families, read cell by cell, against the rule check and convert apply."""
+    import re
+
+    from specbuild import families
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if re.match(r"\| `\w+ForCausalLM`", line)]
+    assert {re.match(r"\| `(\w+)`", row).group(1) for row in rows} == set(families.FAMILIES)
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        architecture = re.match(r"`(\w+)`", cells[0]).group(1)
+        config = {"architectures": [architecture]}
+        for cell, path in ((cells[1], "engine"), (cells[2], "llmapi")):
+            takes = families.support(architecture, config, path, max_seq_len=None).ok
+            assert cell.startswith("yes") == takes, (architecture, path, cell)
 
 
 # ---- the reference runtime computes each family as transformers does -------------------------------------------
@@ -236,7 +304,7 @@ def test_a_family_only_the_llm_api_path_takes_converts_there_and_verifies(pairs,
 
 @pytest.mark.slow
 @pytest.mark.server
-@pytest.mark.parametrize("family", REFERENCE_FAMILIES)
+@pytest.mark.parametrize("family", SERVED_FAMILIES)
 def test_every_family_streams_through_each_repository_kind_it_has(tmp_path, pairs, family):
     """From the Hugging Face folders to streamed text through each repository kind the family's paths have: the BLS
     repository on reference engines (engine path) and the llmapi repository on the CPU stand-in (LLM API path),
@@ -266,14 +334,15 @@ def test_every_family_streams_through_each_repository_kind_it_has(tmp_path, pair
         build_engines(spec, ["target", "draft"], "reference")
         write_repository(spec, "reference", tmp_path / "bls_repo")
         repos["bls_repo"] = spec  # served from the reference engines, which the local session loads too
-    (tmp_path / "llmapi").mkdir()
-    spec = load_spec(write_spec(tmp_path / "llmapi", source.target.checkpoint, source.draft.checkpoint))
-    llmapi_checkpoint.convert_pair(spec, ["target", "draft"], log=lambda m: None)
-    llmapi_build.build(spec, log=lambda m: None)
-    write_llmapi_repository(spec, tmp_path / "llmapi_repo", runtime="reference")
-    (tmp_path / "exported").mkdir()
-    repos["llmapi_repo"] = load_spec(write_spec(tmp_path / "exported", llmapi_checkpoint.checkpoint_dir(spec, "target"),
-                                                llmapi_checkpoint.checkpoint_dir(spec, "draft")))  # what it serves
+    if family in LLMAPI_FAMILIES:
+        (tmp_path / "llmapi").mkdir()
+        spec = load_spec(write_spec(tmp_path / "llmapi", source.target.checkpoint, source.draft.checkpoint))
+        llmapi_checkpoint.convert_pair(spec, ["target", "draft"], log=lambda m: None)
+        llmapi_build.build(spec, log=lambda m: None)
+        write_llmapi_repository(spec, tmp_path / "llmapi_repo", runtime="reference")
+        (tmp_path / "exported").mkdir()
+        repos["llmapi_repo"] = load_spec(write_spec(tmp_path / "exported", llmapi_checkpoint.checkpoint_dir(spec, "target"),
+                                                    llmapi_checkpoint.checkpoint_dir(spec, "draft")))  # what it serves
     for repo, local_spec in repos.items():
         with LocalSession.from_spec(local_spec, device="cpu", threads=1, overlap=False) as session:
             prompts = [PROMPT] + ([chat_prompt(session.tokenizer, "brown fox", system="Be brief.")]
@@ -296,7 +365,7 @@ def test_every_family_streams_through_each_repository_kind_it_has(tmp_path, pair
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", REFERENCE_FAMILIES)
+@pytest.mark.parametrize("family", SERVED_FAMILIES)
 def test_a_draft_with_more_vocabulary_rows_than_the_target_converts_trimmed(tmp_path, family):
     """The draft's embedding has rows past the shared tokenizer (as Qwen2.5 0.5B's 151936 beside 7B's 152064, or
     Llama 3.2 beside 3.1): check says the rows are cut, convert cuts them and verifies, on the family's path."""

@@ -155,3 +155,27 @@ def test_init_for_your_own_pair_fills_the_spec_from_the_checkpoints_and_check_ag
     assert load_spec(out).build.backend == "llmapi"
     alone = CliRunner().invoke(main, ["init", "--target", str(phi), "--out", str(tmp_path / "x.toml")])
     assert alone.exit_code == 2 and "pass --target and --draft together" in alone.output
+
+
+def test_init_keeps_a_sliding_window_pair_within_its_window_or_says_why_no_path_takes_it(tmp_path):
+    """A Mistral pair with a 64-token window: init writes max_seq_len = 64 (check refuses any longer on both paths,
+    whose attention would pass the window), and check then calls the spec usable on the backend init chose and on
+    the LLM API path; a Gemma 2 pair, which no path of TensorRT-LLM 1.2.1 takes, gets no spec and check's reason."""
+    from family_models import make_family
+
+    target = make_family(tmp_path / "mistral", "mistral", sliding_window=64)
+    draft = make_family(tmp_path / "mistral-draft", "mistral", hidden=32, layers=1, seed=1, sliding_window=64)
+    out = tmp_path / "specbuild.toml"
+    result = CliRunner().invoke(main, ["init", "--target", str(target), "--draft", str(draft), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    spec = load_spec(out)
+    assert spec.build.max_seq_len == 64 and spec.build.max_input_len == 32 and spec.build.backend is None
+    for backend in ("reference", "llmapi"):
+        checked = CliRunner().invoke(main, ["check", "-c", str(out), "--json", "--no-weight-scan", "--backend", backend])
+        assert not json.loads(checked.stdout)["problems"], (backend, checked.stdout)
+
+    gemma2 = make_family(tmp_path / "gemma2", "gemma2")
+    refused = CliRunner().invoke(main, ["init", "--target", str(gemma2), "--draft", str(gemma2), "--out",
+                                        str(tmp_path / "g.toml")])
+    assert refused.exit_code != 0 and not (tmp_path / "g.toml").exists()
+    assert "no path takes this pair" in refused.output and "Unknown architecture" in refused.output

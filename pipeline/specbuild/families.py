@@ -13,7 +13,8 @@ Paths:
   trtllm-build builds the architectures of TensorRT-LLM's `MODEL_MAP` (NVIDIA/TensorRT-LLM
   `tensorrt_llm/models/__init__.py` @02267d3: Llama, Mistral, Qwen2, Qwen3, Gemma 1-3, Phi-3 among them);
 - the LLM API path (backend llmapi) exports Hugging Face checkpoints (modelopt `export_hf_checkpoint`) that
-  TensorRT-LLM's PyTorch backend loads;
+  TensorRT-LLM's PyTorch backend loads: only the architectures that release registers (`LLM_API_RELEASES`), and
+  with the sliding window only where that release's attention applies it;
 - every path verifies a conversion on CPU, and the CPU paths serve, with the reference runtime, so a family is in
   this table only once the reference runtime computes it exactly.
 """
@@ -24,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ACTIVATIONS", "FAMILIES", "ROPE_TYPES", "Family", "Support", "activation", "family_of", "layer_windows", "rope_type", "sliding_window",
-           "support"]
+__all__ = ["ACTIVATIONS", "FAMILIES", "LLM_API_RELEASES", "PATHS", "ROPE_TYPES", "Family", "LlmApiRelease", "Support",
+           "activation", "family_of", "layer_windows", "llm_api_release", "rope_type", "sliding_window", "support"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,46 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
            windowed=True),
 )}
 
+
+
+@dataclass(frozen=True)
+class LlmApiRelease:
+    """What one TensorRT-LLM release's PyTorch backend (the LLM API path) does with the families above."""
+
+    version: str
+    loads: frozenset[str]  # the architectures it registers; any other: "Unknown architecture for AutoModelForCausalLM"
+    applies_window: frozenset[str]  # the windowed architectures whose sliding_window its attention applies
+    source: str
+
+
+# NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_auto.py: `AutoModelForCausalLM.from_config` looks
+# `architectures[0]` up among the classes decorated `@register_auto_model(...)` and raises
+# ValueError("Unknown architecture for AutoModelForCausalLM: <name>") for any other.
+LLM_API_RELEASES: dict[str, LlmApiRelease] = {r.version: r for r in (
+    LlmApiRelease(
+        "1.2.1",
+        loads=frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                         "Phi3ForCausalLM"}),
+        applies_window=frozenset(),
+        source="1.2-era _torch/models: modeling_llama.py registers LlamaForCausalLM and MistralForCausalLM, "
+               "modeling_qwen.py Qwen2ForCausalLM, modeling_qwen3.py Qwen3ForCausalLM, modeling_phi3.py "
+               "Phi3ForCausalLM; no 1.2-era source registers GemmaForCausalLM (modeling_gemma3.py registers "
+               "Gemma3ForCausalLM only; the supported-model lists name Gemma 3) and Gemma2ForCausalLM is registered "
+               "only on main in 2026 (in no supported-model list up to 1.3.0rc20); the 1.2-era Mistral and Phi-3 "
+               "attention ignores sliding_window (applied on main by NVIDIA/TensorRT-LLM PR #12597, 2026)"),
+)}
+PINNED_LLM_API_RELEASE = "1.2.1"  # = contract.llmapi.RELEASE (tests/test_families.py holds the two equal)
+
+
+def llm_api_release(version: str | None) -> LlmApiRelease:
+    """The record of `version` (a release this table knows, matched on its full version or its x.y.z prefix),
+    else the pinned release's: a release the table does not know is held to the pinned release's rules."""
+    for known in (version or "", ".".join((version or "").split(".")[:3])):
+        if known in LLM_API_RELEASES:
+            return LLM_API_RELEASES[known]
+    return LLM_API_RELEASES[PINNED_LLM_API_RELEASE]
+
+
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}  # the runtime's names
 ROPE_TYPES = ("default", "linear", "llama3")  # the rope scalings the reference runtime computes
 
@@ -82,18 +123,33 @@ class Support:
     fix: str = ""  # what to change
 
 
-def support(architecture: str | None, config: Mapping[str, Any], llm_api: bool, max_seq_len: int | None) -> Support:
-    """Whether `convert`, `build` and the CPU paths take this model on the engine path (llm_api False) or the LLM
-    API path, and if not, why and what to change. `max_seq_len`: the spec's build.max_seq_len (None: unknown)."""
+PATHS = ("engine", "llmapi", "runtime")  # the engine path, the LLM API path, the reference runtime alone
+
+
+def support(architecture: str | None, config: Mapping[str, Any], path: str, max_seq_len: int | None,
+            release: str | None = None) -> Support:
+    """Whether `path` takes this model, and if not, why and what to change. `path`: "engine" (convert and build
+    on the engine path), "llmapi" (the LLM API path on TensorRT-LLM `release`, default the pinned one) or
+    "runtime" (what the reference runtime computes, which both paths need on CPU). `max_seq_len`: the spec's
+    build.max_seq_len (None: unknown)."""
+    if path not in PATHS:
+        raise ValueError(f"path {path!r}: one of {', '.join(PATHS)}")
     family = family_of(architecture)
-    known = ", ".join(f.architecture for f in FAMILIES.values() if llm_api or f.engine_export)
+    on_release = llm_api_release(release)
+    takes = {"engine": lambda f: f.engine_export, "llmapi": lambda f: f.architecture in on_release.loads,
+             "runtime": lambda f: True}[path]
+    known = ", ".join(f.architecture for f in FAMILIES.values() if takes(f))
     if family is None:
         return Support(False, f"architecture {architecture!r} is not one of the model families specbuild supports",
                        f"use one of: {known}")
-    if not llm_api and not family.engine_export:
+    if path == "engine" and not family.engine_export:
         return Support(False, f"{architecture} has no TensorRT-LLM checkpoint export (modelopt's "
                        "export_tensorrt_llm_checkpoint covers gpt, gemma, llama and qwen): the engine path cannot "
-                       "convert it", "use the LLM API path: build.backend = \"llmapi\" (or --backend llmapi)")
+                       "convert it", _elsewhere(family, "engine", on_release))
+    if path == "llmapi" and not takes(family):
+        return Support(False, f"TensorRT-LLM {on_release.version}'s PyTorch backend (the LLM API path) does not "
+                       f"register {architecture}: it would stop at \"Unknown architecture for AutoModelForCausalLM\"",
+                       _elsewhere(family, "llmapi", on_release))
     if activation(family, config) not in ACTIVATIONS:
         return Support(False, f"{architecture}: MLP activation {activation(family, config)!r} is not computed by the "
                        "reference runtime", f"use a checkpoint whose {family.activation_keys[0]} is one of "
@@ -106,15 +162,29 @@ def support(architecture: str | None, config: Mapping[str, Any], llm_api: bool, 
         return Support(False, f"{architecture}: rope type {rope_type(config)!r} is not supported (the reference "
                        "runtime does not compute it)", f"use a checkpoint whose rope scaling is one of {', '.join(ROPE_TYPES)}")
     window = sliding_window(family, config)
-    if window is not None and not llm_api and max_seq_len is not None and max_seq_len > window:
+    ignores_window = path == "engine" or (path == "llmapi" and architecture not in on_release.applies_window)
+    if window is not None and ignores_window and max_seq_len is not None and max_seq_len > window:
+        where = ("the engines specbuild generates attend" if path == "engine" else
+                 f"TensorRT-LLM {on_release.version}'s PyTorch backend ignores sliding_window and attends")
         return Support(False, f"{architecture} attends over a sliding window of {window} tokens and build.max_seq_len "
-                       f"= {max_seq_len} is longer: the engines specbuild generates attend over the whole sequence",
-                       f"set build.max_seq_len <= {window}, or use the LLM API path (build.backend = \"llmapi\")")
+                       f"= {max_seq_len} is longer: {where} over the whole sequence, so its output would differ "
+                       "from the model's", f"set build.max_seq_len <= {window}")
     if config.get("use_sliding_window"):  # Qwen2/Qwen3's switch: a window on the layers past max_window_layers
         return Support(False, f"{architecture} with use_sliding_window = true (a window on some layers only) is not "
                        "computed by the reference runtime", "use a checkpoint with use_sliding_window = false, "
                        "as the published Qwen models are")
     return Support(True)
+
+
+def _elsewhere(family: Family, path: str, on_release: LlmApiRelease) -> str:
+    """The fix for a family `path` does not take: the other path where it takes the family, else what would."""
+    if path == "engine" and family.architecture in on_release.loads:
+        return "use the LLM API path: build.backend = \"llmapi\" (or --backend llmapi)"
+    if path == "llmapi" and family.engine_export:
+        return "use the engine path: build.backend = \"trtllm\" (or \"reference\" on CPU)"
+    return (f"no path of TensorRT-LLM {on_release.version} takes {family.architecture}: the engine path needs a "
+            "TensorRT-LLM checkpoint modelopt cannot export, and the LLM API path a TensorRT-LLM release whose "
+            "PyTorch backend registers it (specbuild.families.LLM_API_RELEASES lists what each known release loads)")
 
 
 def activation(family: Family, config: Mapping[str, Any]) -> str:

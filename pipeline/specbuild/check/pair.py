@@ -11,6 +11,7 @@ from __future__ import annotations
 from specbuild import families
 from specbuild.backends import is_llm_api
 from specbuild.contract import build_rules as rules
+from specbuild.contract import llmapi as llmapi_contract
 from specbuild.check.advice import plan_memory
 from specbuild.check.llmapi_memory import plan_memory as plan_llmapi_memory
 from specbuild.check.report import CheckReport
@@ -77,7 +78,8 @@ def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True,
 def check_architecture(report: CheckReport, role: str, info: ModelInfo, spec: Spec, backend: str) -> None:
     """The family rules convert and the reference runtime apply (specbuild.families.support), for this backend; where
     only the other path takes the model, the fix names it."""
-    verdict = families.support(info.architecture, info.config, is_llm_api(backend), spec.build.max_seq_len)
+    verdict = families.support(info.architecture, info.config, "llmapi" if is_llm_api(backend) else "engine",
+                               spec.build.max_seq_len, llmapi_contract.installed_release())
     if not verdict.ok:
         report.problem("unsupported_architecture", f"{role}: {verdict.reason}.", verdict.fix[:1].upper() + verdict.fix[1:]
                        + ".")

@@ -12,6 +12,7 @@ from typing import Any
 
 from specbuild import families
 from specbuild.config import Spec
+from specbuild.contract import llmapi as llmapi_contract
 from specbuild.convert import formats
 from specbuild.errors import PairError, SpecError
 from specbuild.hfmodel import ModelInfo, read_model_info
@@ -75,7 +76,8 @@ class RolePlan:
 
 def _check_architecture(info: ModelInfo, role: str, llm_api: bool, max_seq_len: int) -> None:
     """The family rules `check` applies too (specbuild.families.support)."""
-    verdict = families.support(info.architecture, info.config, llm_api, max_seq_len)
+    verdict = families.support(info.architecture, info.config, "llmapi" if llm_api else "engine", max_seq_len,
+                               llmapi_contract.installed_release())
     if not verdict.ok:
         raise SpecError(f"{role}.checkpoint: {verdict.reason}. Fix: {verdict.fix}.")
 

@@ -251,28 +251,44 @@ def write_spec(path: str | Path, text: str, force: bool = False) -> Path:
 def pair_overrides(target: Path, draft: Path) -> dict[str, Any]:
     """Spec values for your own pair, from its checkpoints (read without torch): the name, the two folders, each
     model's dtype where the checkpoint says (float16 or bfloat16; a float32 checkpoint is exported in float16), the
-    backend when only the LLM API path takes the family (specbuild.families), and limits that fit both models'
-    positions (the target's less the draft tokens the builder adds to it), as `check` asks."""
+    backend when only the LLM API path takes the family, and limits that fit both models' positions (the target's
+    less the draft tokens the builder adds to it) and sliding windows, as `check` asks (specbuild.families.support,
+    the rule check applies). SpecError, with check's reasons, when no path takes the pair."""
     import re
 
     from specbuild import families
     from specbuild.config import BuildSpec, SpeculativeSpec
+    from specbuild.contract import llmapi as llmapi_contract
+    from specbuild.errors import SpecError
     from specbuild.hfmodel import read_model_info
 
     infos = {role: read_model_info(folder, role=role) for role, folder in (("target", target), ("draft", draft))}
     k = SpeculativeSpec().max_draft_len
     limits = [info.position_limit - (k if role == "target" else 0)
               for role, info in infos.items() if info.position_limit is not None]
-    max_seq_len = min([BuildSpec().max_seq_len, *limits])
+    windows = [families.sliding_window(family, info.config) for info in infos.values()
+               if (family := families.family_of(info.architecture)) is not None]
+    max_seq_len = min([BuildSpec().max_seq_len, *limits, *(w for w in windows if w is not None)])
+    max_input_len = min(BuildSpec().max_input_len, max_seq_len // 2)
+    if max_input_len < 1:
+        raise SpecError(f"no limits fit this pair: build.max_seq_len would be {max_seq_len} (its positions and "
+                        "sliding windows allow no more), which leaves no room for a prompt and an answer.")
     overrides: dict[str, Any] = {
         "name": re.sub(r"[^A-Za-z0-9._-]+", "-", Path(target).resolve().name).strip("-") or "pair",
-        "build": {"max_seq_len": max_seq_len, "max_input_len": min(BuildSpec().max_input_len, max_seq_len // 2)},
+        "build": {"max_seq_len": max_seq_len, "max_input_len": max_input_len},
     }
     for role, info in infos.items():
         overrides[role] = {"checkpoint": str(info.path)}
         if info.torch_dtype in ("float16", "bfloat16"):
             overrides[role]["dtype"] = info.torch_dtype
-    known = [families.family_of(info.architecture) for info in infos.values()]
-    if any(family is not None and not family.engine_export for family in known):
+    release = llmapi_contract.installed_release()
+    verdicts = {path: [(role, families.support(info.architecture, info.config, path, max_seq_len, release))
+                       for role, info in infos.items()] for path in ("engine", "llmapi")}
+    takes = {path: all(verdict.ok for _, verdict in found) for path, found in verdicts.items()}
+    if not takes["engine"] and takes["llmapi"]:
         overrides["build"]["backend"] = "llmapi"  # the only path that takes the family (check says why)
+    elif not takes["engine"]:
+        reasons = sorted({f"{role}: {verdict.reason}" for found in verdicts.values() for role, verdict in found
+                          if not verdict.ok})
+        raise SpecError("no path takes this pair, so init writes no spec for it:\n  " + "\n  ".join(reasons))
     return overrides

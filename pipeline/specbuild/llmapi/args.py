@@ -18,10 +18,7 @@ No torch and no YAML library: `render_yaml` writes them with `specbuild.yamltext
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from specbuild import yamltext
@@ -94,11 +91,10 @@ def llm_args(spec: Spec, where: Locations) -> dict[str, Any]:
 def spelling() -> str:
     """The speculative config spelling to write: the one the GPU image's probe recorded for the installed TensorRT-LLM
     (`contract.SPELLING_RECORD`, or the file $SPECBUILD_LLMAPI_SPELLING names), else the pinned release's."""
-    path = Path(os.environ.get(contract.SPELLING_RECORD_ENV) or contract.SPELLING_RECORD)
-    try:
-        recorded = json.loads(path.read_text()).get("spelling")
-    except (OSError, ValueError, AttributeError):
+    path, record = contract.probe_record()
+    if record is None:
         return "pinned"
+    recorded = record.get("spelling")
     if recorded not in contract.SPELLINGS:
         raise SpecError(f"{path} records the speculative config spelling {recorded!r}; expected one of "
                         f"{', '.join(contract.SPELLINGS)}. Rebuild the image (its probe writes the record).")

@@ -74,8 +74,27 @@ def load_model(folder: Path, limits: dict[str, int], device: str = "cpu"):
     from specbuild.runtime.model import LlamaModel, args_from_config
 
     loaded = load_export(folder)
-    model = LlamaModel(args_from_config(loaded.hf_config, str(folder)), loaded.state_dict, device=device)
+    model = LlamaModel(release_args(args_from_config(loaded.hf_config, str(folder)), loaded.hf_config),
+                       loaded.state_dict, device=device)
     return ContractModel(ReferenceEngine(model), Limits(**limits))
+
+
+def release_args(args, hf_config: dict[str, Any]):
+    """The model as the stood-in release's PyTorch backend runs it (specbuild.families.LLM_API_RELEASES): an
+    architecture it does not register stops with its error (tensorrt_llm/_torch/models/modeling_auto.py,
+    `AutoModelForCausalLM.from_config`), and a sliding window its attention does not apply is not applied."""
+    from dataclasses import replace
+
+    from specbuild import families
+    from specbuild.contract import llmapi as contract
+
+    release = families.llm_api_release(contract.installed_release())
+    architecture = (hf_config.get("architectures") or [None])[0]
+    if architecture not in release.loads:
+        raise ValueError(f"Unknown architecture for AutoModelForCausalLM: {architecture}")
+    if architecture in release.applies_window:
+        return args
+    return replace(args, windows=(None,) * len(args.windows))
 
 
 @dataclass

@@ -75,7 +75,7 @@ def args_from_config(config: dict[str, Any], where: str) -> LlamaArgs:
     """The model's shape and family facts; CheckpointError when the reference runtime does not compute it
     (families.support, the rule `check` and `convert` apply too)."""
     arch = (config.get("architectures") or [None])[0]
-    verdict = families.support(arch, config, llm_api=True, max_seq_len=None)
+    verdict = families.support(arch, config, "runtime", max_seq_len=None)
     if not verdict.ok:
         raise CheckpointError(f"{where}: {verdict.reason}; {verdict.fix}.")
     family = families.family_of(arch)
