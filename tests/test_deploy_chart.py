@@ -211,9 +211,11 @@ def test_two_node_llmapi_chart_is_a_leaderworkerset_running_serves_launcher(two_
     # the same command, with the pods' paths where serve printed this machine's
     here = str(spec.parent / "engines")
     expected = [str(facts.HOSTFILE) if a == "<hostfile>" else a.replace(here, str(facts.OUTPUT_DIR)) for a in launch]
-    assert leader["args"] == expected
-    assert leader["args"][:7] == ["mpirun", "-np", "4", "--npernode", "2", "--hostfile", str(facts.HOSTFILE)]
-    assert leader["args"][7:10] == ["trtllm-llmapi-launch", "trtllm-serve", "/work/engines/pair-7b/target/hf_checkpoint"]
+    # ... with mpirun reaching the workers through the chart's rsh agent (kubectl exec), as LWS's TensorRT-LLM example
+    assert leader["args"] == expected[:1] + ["-mca", "plm_rsh_agent", str(facts.RSH_AGENT)] + expected[1:]
+    assert leader["args"][:11] == ["mpirun", "-mca", "plm_rsh_agent", str(facts.RSH_AGENT), "--allow-run-as-root",
+                                   "-np", "4", "--npernode", "2", "--hostfile", str(facts.HOSTFILE)]
+    assert leader["args"][11:14] == ["trtllm-llmapi-launch", "trtllm-serve", "/work/engines/pair-7b/target/hf_checkpoint"]
     assert leader["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert leader["readinessProbe"]["httpGet"]["path"] == "/health"
     assert "readinessProbe" not in lws["workerTemplate"]["spec"]["containers"][0]
@@ -221,6 +223,77 @@ def test_two_node_llmapi_chart_is_a_leaderworkerset_running_serves_launcher(two_
     # the leader's shell writes one host per pod of the group, then execs the launcher with its args
     script = leader["command"][2]
     assert 'exec "$@"' in script and shlex.split(script)  # well-formed for sh
+
+
+def test_the_group_starts_as_lws_and_nvidias_example_start_one(two_node_chart):
+    """kubernetes-sigs/lws docs/examples/tensorrt-llm: no LeaderReady startup policy (the leader's readiness needs the
+    workers' ranks, and LWS would create the workers only once the leader is ready: a deadlock); the leader may read
+    pods and exec into them, through its own service account; mpirun's rsh agent is the chart's kubectl-exec script,
+    mounted where the launch names it; the workers run no sshd and have no probes."""
+    chart, _ = two_node_chart
+    objects = render(chart)
+    kinds = by_kind(objects)
+    lws = kinds["LeaderWorkerSet"][0]["spec"]
+    assert lws.get("startupPolicy", "LeaderCreated") == "LeaderCreated"
+    leader = lws["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    worker = lws["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    account = leader["serviceAccountName"]
+    assert [o["metadata"]["name"] for o in kinds["ServiceAccount"]] == [account]
+    binding = kinds["RoleBinding"][0]
+    assert binding["subjects"][0]["name"] == account and binding["roleRef"]["name"] == kinds["Role"][0]["metadata"]["name"]
+    rules = {(resource, verb) for rule in kinds["Role"][0]["rules"] for resource in rule["resources"]
+             for verb in rule["verbs"]}
+    assert {("pods", "get"), ("pods/exec", "create")} <= rules
+    mounts = {m["name"]: m["mountPath"] for m in leader["containers"][0]["volumeMounts"]}
+    volume = next(v for v in leader["volumes"] if v["name"] == "mpi")
+    agent = next(o for o in kinds["ConfigMap"] if o["metadata"]["name"] == volume["configMap"]["name"])
+    assert f"{mounts['mpi']}/kubessh" == str(facts.RSH_AGENT) and "kubessh" in agent["data"]
+    assert volume["configMap"]["defaultMode"] == 0o555
+    assert 'kubectl exec "$pod" -c worker' in agent["data"]["kubessh"] and worker["name"] == "worker"
+    assert worker["command"] == facts.WORKER_COMMAND and "sshd" not in json.dumps(worker)
+    assert "readinessProbe" not in worker and "livenessProbe" not in worker
+    checked = validate_all(objects)  # strictly, each against Kubernetes' schemas or its CRD's
+    assert len(checked) == len(objects) and {"ServiceAccount", "Role", "RoleBinding"} <= {c.split(":")[0] for c in checked}
+
+
+def test_the_leader_starts_mpirun_only_once_its_workers_run(two_node_chart, tmp_path):
+    """The leader's rendered shell, run here: a group of one writes the hostfile (the leader first, its GPUs as slots)
+    and execs the launch; a group of two whose worker pod is never seen running (no kubectl, no cluster) never
+    starts the launch and fails after multiNode.waitSeconds, naming the pod."""
+    import subprocess
+
+    chart, _ = two_node_chart
+    objects = render(chart, {"multiNode": {"waitSeconds": 1}})
+    leader = by_kind(objects)["LeaderWorkerSet"][0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    script = leader["containers"][0]["command"][2].replace("/run/specbuild/hostfile", str(tmp_path / "hostfile"))
+    env = {"PATH": "/usr/bin:/bin", "LWS_LEADER_ADDRESS": "pair-0.pair.ns.svc.cluster.local"}
+    alone = subprocess.run(["/bin/sh", "-c", script, "launch", "echo", "launched"], env={**env, "LWS_GROUP_SIZE": "1"},
+                           capture_output=True, text=True, timeout=60)
+    assert alone.returncode == 0 and alone.stdout.strip() == "launched", alone.stderr
+    assert (tmp_path / "hostfile").read_text() == "pair-0 slots=2\n"
+    waiting = subprocess.run(["/bin/sh", "-c", script, "launch", "echo", "launched"],
+                             env={**env, "LWS_GROUP_SIZE": "2"}, capture_output=True, text=True, timeout=60)
+    assert waiting.returncode == 1 and "launched" not in waiting.stdout
+    assert "waiting for worker pod pair-0-1" in waiting.stdout
+    assert "worker pod pair-0-1 is not running after 1 s" in waiting.stderr
+
+
+def test_a_worker_idles_until_it_is_told_to_stop():
+    """The worker's command, run here: it keeps running until SIGTERM, then exits 0 at once (as PID 1 in a pod a
+    process without a handler would ignore the signal and wait for the grace period's SIGKILL)."""
+    import signal
+    import subprocess
+    import time
+
+    worker = subprocess.Popen(facts.WORKER_COMMAND)
+    try:
+        time.sleep(0.5)
+        assert worker.poll() is None
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
 
 
 def test_two_node_values_that_do_not_fit_are_refused(two_node_chart):

@@ -43,3 +43,19 @@ def test_compose_runs_the_llmapi_path_in_that_image():
     assert "--backend llmapi --until build" in services["build-llmapi"]["command"][0]
     assert "--runtime tensorrt_llm" in services["serve-llmapi"]["command"][0]
     assert "--server trtllm-serve" in services["trtllm-serve"]["command"][0]
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.gpu", "Dockerfile.llmapi"])
+def test_every_image_with_tensorrt_llm_records_what_its_release_takes(name):
+    """Both GPU images carry TensorRT-LLM and the LLM API path: each runs the probe that records the installed release
+    and its spelling (what `repo`, `build`, `check` and `convert` follow there), after specbuild is installed."""
+    text = (DOCKER / name).read_text()
+    after_install = text.split("bash docker/install_specbuild.sh", 1)[1]
+    assert re.match(r" \\\n && python3 -m specbuild\.llmapi\.probe --write\n", after_install), after_install[:80]
+
+
+def test_the_llmapi_image_has_the_kubectl_the_multi_node_leader_runs():
+    """The LeaderWorkerSet's leader waits for its workers with kubectl and mpirun's rsh agent is `kubectl exec`."""
+    text = (DOCKER / "Dockerfile.llmapi").read_text()
+    [step] = [b for b in re.split(r"\n(?=RUN )", text) if "kubectl version" in b and b.startswith("RUN")]
+    assert "sha256sum --check" in step and "kubectl version --client" in step

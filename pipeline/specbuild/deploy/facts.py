@@ -32,6 +32,9 @@ ENGINES_DIR = PurePosixPath("/engines")
 RUN_DIR = PurePosixPath("/run/specbuild")
 REPO_DIR = RUN_DIR / "triton_repo"
 HOSTFILE = RUN_DIR / "hostfile"
+RSH_AGENT = PurePosixPath("/etc/specbuild/mpi/kubessh")  # the chart's ConfigMap: mpirun's way to a worker pod
+# A worker pod idles until the group ends: its ranks are started in it by the leader's mpirun, through RSH_AGENT.
+WORKER_COMMAND = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 
 # ServerHandle.stop (specbuild.triton.server): SIGTERM, then SIGKILL exit_timeout_s + 5 s later.
 SERVER_KILL_AFTER_S = 5
@@ -129,7 +132,10 @@ def multi_node_launch(cspec: Spec, nodes: int, port: int) -> list[str]:
 
     command = trtllm_serve.plan(cspec, "trtllm-serve", "0.0.0.0", port, nodes=nodes, launcher="mpirun",
                                 require_built=False)
-    return [str(HOSTFILE) if arg == "<hostfile>" else arg for arg in command.launch]
+    launch = [str(HOSTFILE) if arg == "<hostfile>" else arg for arg in command.launch]
+    # mpirun starts the workers' ranks with `kubectl exec` (Open MPI's plm_rsh_agent), as NVIDIA's multi-node
+    # Triton example in LWS (docs/examples/tensorrt-llm, server.py: `-mca plm_rsh_agent kubessh`): no sshd.
+    return launch[:1] + ["-mca", "plm_rsh_agent", str(RSH_AGENT)] + launch[1:]
 
 
 def grace_seconds(exit_timeout_s: int) -> int:

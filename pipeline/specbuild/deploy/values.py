@@ -68,7 +68,8 @@ def default_values(spec: Spec, backend: str, nodes: int, spec_text: str) -> dict
                         "maxReplicas": 4, "metric": QUEUE_METRIC, "targetAverageValue": str(queue_target),
                         "keda": {"serverAddress": "http://prometheus-operated.monitoring.svc:9090",
                                  "threshold": str(queue_target)}},
-        "multiNode": {"launch": record.get("launch", []), "workerCommand": ["/usr/sbin/sshd", "-D", "-e"]},
+        "multiNode": {"launch": record.get("launch", []), "workerCommand": list(f.WORKER_COMMAND),
+                      "waitSeconds": 1800},
         "spec": spec_text,
     }
     return values
@@ -100,8 +101,9 @@ COMMENTS = {
     "monitoring": "ServiceMonitor, PodMonitor (prometheus-operator) or none, for the metrics port.",
     "autoscaling": "hpa: autoscaling/v2 on the metric prometheus-adapter serves (prometheus-adapter-values.yaml);\n"
                    "keda: a KEDA ScaledObject querying Prometheus; none.",
-    "multiNode": "nodes > 1: the leader runs launch (`specbuild serve --server trtllm-serve --nodes N --dry-run`);\n"
-                 "workers run workerCommand so that mpirun reaches them.",
+    "multiNode": "nodes > 1: the leader waits up to waitSeconds for its workers' pods to run, then runs launch\n"
+                 "(`specbuild serve --server trtllm-serve --nodes N --launcher mpirun --dry-run`), whose mpirun\n"
+                 "starts the workers' ranks with kubectl exec (the chart's Role allows it); workers idle meanwhile.",
     "spec": "The spec as the pods read it. The build key hashes it: change it and a new build runs.",
 }
 
@@ -150,7 +152,7 @@ def schema(spec_gpus: list[str]) -> dict[str, Any]:
                                 "maxReplicas": integer(1), "metric": {"type": "string", "minLength": 1},
                                 "targetAverageValue": quantity,
                                 "keda": obj({"serverAddress": {"type": "string"}, "threshold": quantity})}),
-            "multiNode": obj({"launch": argv, "workerCommand": argv}),
+            "multiNode": obj({"launch": argv, "workerCommand": argv, "waitSeconds": integer(1)}),
             "spec": {"type": "string", "minLength": 1},
         }),
     }

@@ -133,8 +133,10 @@ def multi_node(argv: list[str], world_size: int, nodes: int, launcher: str = "sr
     if launcher == "srun":
         return ["srun", "-N", str(nodes), "--ntasks", str(world_size), f"--ntasks-per-node={per_node}",
                 "--mpi=pmix", f"--gres=gpu:{per_node}", contract.LAUNCHER, *argv]
-    return ["mpirun", "-np", str(world_size), "--npernode", str(per_node), "--hostfile", "<hostfile>",
-            contract.LAUNCHER, *argv]
+    # Open MPI refuses to start as root without --allow-run-as-root, and containers run as root (LWS's
+    # docs/examples/tensorrt-llm server.py and this project's engine-path launcher pass it too).
+    return ["mpirun", "--allow-run-as-root", "-np", str(world_size), "--npernode", str(per_node), "--hostfile",
+            "<hostfile>", contract.LAUNCHER, *argv]
 
 
 def nodes_needed(world_size: int, gpus_per_node: int) -> int:
