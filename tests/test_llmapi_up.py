@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,33 @@ def test_up_llmapi_once_then_serve_and_sigterm(tiny_spec_path):
     wrong = _run(tiny_spec_path, "serve", "--repo", str(repo), "--backend", "reference", "--once")
     assert wrong.returncode == 1 and "is a 'llmapi' repository, not 'reference'" in wrong.stderr
 
+
+
+def test_up_writes_the_llm_api_repository_on_the_checkpoints_it_converted_where_tensorrt_llm_runs(tiny_spec_path,
+                                                                                               monkeypatch):
+    """Where tensorrt_llm is importable (a GPU image; faked importable here) the repository's runtime is NVIDIA's
+    model, and `up` (so `selftest`'s LLM API step) must name the checkpoints its own convert stage wrote, not the
+    compose mount /engines/<pair> that `specbuild repo` defaults to there: NVIDIA's model.py calls LLM() on them."""
+    import importlib.machinery
+    import importlib.util
+
+    import yaml
+
+    from specbuild.config import load_spec
+    from specbuild.up.stages import UpContext, run_up
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: importlib.machinery.ModuleSpec(name, None)
+                        if name == "tensorrt_llm" else find_spec(name, *a))
+    spec = load_spec(tiny_spec_path)
+    repo = tiny_spec_path.parent / "llmapi_repo"
+    ctx = UpContext(spec=spec, backend="llmapi", force=False, dry_run=False, once=True, repo=repo, log=lambda m: None)
+    doc, error = run_up(ctx, until="repo")
+    assert error is None, error
+    assert json.loads((repo / "manifest.json").read_text())["runtime"] == "tensorrt_llm"
+    args = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    target = args["model"]
+    draft = next(value for key, value in args["speculative_config"].items() if key.startswith("speculative_model"))
+    for path in (target, draft):
+        assert path.startswith(str((tiny_spec_path.parent / "engines").resolve())) and not path.startswith("/engines/")
+        assert (Path(path) / "config.json").is_file(), path

@@ -88,16 +88,19 @@ def run_repo_stage(ctx) -> dict[str, Any]:
     repo = ctx.repo or default_repo_dir(ctx.spec.output_dir)
     from specbuild.llmapi.repository import input_hash, plan, write_repository
 
+    # `up` serves here, on the checkpoints its convert stage wrote here: the repository names them where they are,
+    # whichever runtime loads them (the /engines default of `repo` is the GPU image's compose mount).
+    checkpoints = Path(ctx.spec.output_dir).resolve()
     if ctx.dry_run:
         def planned() -> str:
-            _, _, files, settings, _ = plan(ctx.spec)
+            _, _, files, settings, _ = plan(ctx.spec, checkpoints_dir=checkpoints)
             return input_hash(settings, files)
 
         fresh = not ctx.force and not earlier_will_run(ctx, "build") and _recorded(repo, planned)
         return {"status": "skipped", "detail": UP_TO_DATE} if fresh else {
             "status": "planned", "detail": f"write the llmapi model repository to {repo}"}
 
-    result = write_repository(ctx.spec, repo, force=ctx.force)
+    result = write_repository(ctx.spec, repo, checkpoints_dir=checkpoints, force=ctx.force)
     for warning in result.warnings:
         ctx.log(f"repo warning: {warning}")
     return {"status": "skipped" if result.skipped else "ran", "repo": str(result.out_dir), "backend": "llmapi",
