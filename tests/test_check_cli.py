@@ -293,3 +293,20 @@ def test_check_imports_neither_torch_nor_transformers(tmp_path):
             "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stderr.strip().splitlines()[-1] == "0 False False"
+
+
+def test_a_dtype_convert_refuses_is_a_problem_with_convert_s_own_reason(tmp_path):
+    """check must not call usable a spec convert refuses: dtype = "float32" is a valid spec value (the reference
+    builder reads it), but modelopt exports no float32 TensorRT-LLM or Hugging Face checkpoint."""
+    from specbuild.config import load_spec
+    from specbuild.convert.plan import ConvertOptions, plan_roles
+    from specbuild.errors import SpecError
+
+    spec_path = make_pair(tmp_path)
+    spec_path.write_text(spec_path.read_text().replace("[draft]\n", '[draft]\ndtype = "float32"\n'))
+    result, doc = check_json(spec_path, "--no-weight-scan")
+    assert result.exit_code == 1 and not doc["ok"]
+    [problem] = [p for p in doc["problems"] if p["code"] == "dtype_not_exported"]
+    with pytest.raises(SpecError) as refused:
+        plan_roles(load_spec(spec_path), ["draft"], ConvertOptions())
+    assert str(refused.value).startswith(problem["message"]) and 'draft.dtype = "float16"' in problem["fix"]

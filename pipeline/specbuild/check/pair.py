@@ -18,6 +18,7 @@ from specbuild.check.report import CheckReport
 from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
 from specbuild.check.weights import check_weights
 from specbuild.config import Spec
+from specbuild.convert.plan import dtype_refusal
 from specbuild.errors import CheckpointError
 from specbuild.hfmodel import ModelInfo, read_model_info
 
@@ -144,6 +145,9 @@ def check_parallelism(report: CheckReport, spec: Spec, role: str, info: ModelInf
 
 def check_dtype(report: CheckReport, spec: Spec, role: str, info: ModelInfo) -> None:
     wanted = spec.role(role).dtype
+    refusal = dtype_refusal(role, wanted)
+    if refusal:
+        report.problem("dtype_not_exported", *refusal)
     if info.torch_dtype == "bfloat16" and wanted == "float16":
         report.warn(
             "dtype_narrower_than_checkpoint",

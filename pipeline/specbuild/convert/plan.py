@@ -74,6 +74,14 @@ class RolePlan:
         return self.pad_vocab_to or self.trim_vocab_to or self.vocab_rows
 
 
+def dtype_refusal(role: str, dtype: str) -> tuple[str, str] | None:
+    """(why, fix) when `convert` exports no checkpoint in `dtype` (the rule `check` reports too); None otherwise."""
+    if dtype in EXPORT_DTYPES:
+        return None
+    return (f"{role}.dtype = {dtype!r}: TensorRT-LLM checkpoints are exported in float16 or bfloat16 (modelopt would "
+            "silently write float16), so convert refuses it.", f'Set {role}.dtype = "float16" or "bfloat16".')
+
+
 def _check_architecture(info: ModelInfo, role: str, llm_api: bool, max_seq_len: int) -> None:
     """The family rules `check` applies too (specbuild.families.support)."""
     verdict = families.support(info.architecture, info.config, "llmapi" if llm_api else "engine", max_seq_len,
@@ -116,11 +124,9 @@ def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: Model
     fmt = formats.get_format(model.quantization)
     kv_algo = formats.check_kv_cache(model.kv_cache, role)
     formats.check_gpu(fmt, model.kv_cache, spec.gpu.sm, spec.gpu.name, role)
-    if model.dtype not in EXPORT_DTYPES:
-        raise SpecError(
-            f"{role}.dtype = {model.dtype!r}: TensorRT-LLM checkpoints are exported in float16 or bfloat16 "
-            "(modelopt would silently write float16). Set dtype = \"float16\" or \"bfloat16\"."
-        )
+    refusal = dtype_refusal(role, model.dtype)
+    if refusal:
+        raise SpecError(f"{refusal[0]} {refusal[1]}")
     tp, pp = spec.build.tp_size, spec.build.pp_size
     _check_tp(info, tp, role)
     if info.num_layers < pp:
