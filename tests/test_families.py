@@ -420,3 +420,31 @@ def test_the_loader_reads_each_familys_fp8_export_back_within_fp8s_rounding(tmp_
             scale = (1.0 + want).abs() if family == "gemma" and name.endswith("norm.weight") else want.abs()
             assert torch.all((got - want).abs() <= scale * 2**-11 + 1e-7), name
     assert quantized == 7 * 2  # q, k, v, o, gate, up, down in each of the 2 layers
+
+
+@pytest.mark.parametrize("modelopt, refused", [("0.37.0", True), ("0.44.0", False), ("0.47.0", False)])
+def test_a_qwen_engine_export_modelopt_cannot_write_here_is_refused_by_check_and_convert_alike(pairs, monkeypatch,
+                                                                                               modelopt, refused):
+    """nvidia-modelopt below 0.44 writes a qwen TensorRT-LLM checkpoint only through tensorrt_llm (absent here): check
+    reports it and convert refuses it before any work, naming the two ways out; Llama needs nothing of the kind."""
+    import importlib.metadata
+
+    version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: modelopt if name == "nvidia-modelopt"
+                        else version(name))
+    for family, expect in (("qwen2", refused), ("qwen3", refused), ("llama", False)):
+        from specbuild.check.pair import run_check
+        from specbuild.config import load_spec
+        from specbuild.convert.plan import ConvertOptions, plan_roles
+        from specbuild.errors import SpecError
+
+        spec = load_spec(pairs[family])
+        codes = [p["code"] for p in run_check(spec, scan_weights=False, backend="reference").to_dict()["problems"]]
+        assert ("modelopt_cannot_export" in codes) == expect, (family, codes)
+        if expect:
+            with pytest.raises(SpecError, match=f"nvidia-modelopt {modelopt} exports a qwen"):
+                plan_roles(spec, ["target"], ConvertOptions())
+        else:
+            plan_roles(spec, ["target"], ConvertOptions())
+        llmapi = run_check(spec, scan_weights=False, backend="llmapi").to_dict()["problems"]
+        assert "modelopt_cannot_export" not in [p["code"] for p in llmapi]  # the Hugging Face export needs no TRT-LLM
