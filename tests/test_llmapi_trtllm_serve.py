@@ -53,7 +53,7 @@ def test_serving_needs_the_build_stage(spec):
 
 @pytest.mark.parametrize("launcher, head", [
     ("srun", ["srun", "-N", "2", "--ntasks", "4", "--ntasks-per-node=2", "--mpi=pmix", "--gres=gpu:2"]),
-    ("mpirun", ["mpirun", "-np", "4", "--npernode", "2", "--hostfile", "<hostfile>"]),
+    ("mpirun", ["mpirun", "--allow-run-as-root", "-np", "4", "--npernode", "2", "--hostfile", "<hostfile>"]),
 ])
 def test_multi_node_runs_trtllm_llmapi_launch_on_every_rank(spec, launcher, head):
     command = trtllm_serve.plan(spec, "trtllm-serve", nodes=2, launcher=launcher, require_built=False)
