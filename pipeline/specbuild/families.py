@@ -209,3 +209,32 @@ def layer_windows(family: Family, config: Mapping[str, Any], num_layers: int) ->
     kinds = config.get(family.window_layers_key) or [
         "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
     return tuple(window if kind == "sliding_attention" else None for kind in kinds)
+
+
+# modelopt below 0.44 writes a qwen TensorRT-LLM checkpoint only through tensorrt_llm's own config classes; without
+# tensorrt_llm its manual path covers gpt, gemma and llama and raises NotImplementedError (nvidia-modelopt
+# modelopt/torch/export/tensorrt_llm_utils.py, convert_to_tensorrt_llm_config, 0.37 against 0.44).
+STANDALONE_EXPORT_SINCE = {"qwen": (0, 44)}  # decoder type -> the modelopt release that exports it alone
+
+
+def export_refusal(role: str, architecture: str | None) -> tuple[str, str] | None:
+    """(why, fix) when this machine's modelopt cannot write the engine path's checkpoint of this family (the rule
+    `check` reports too); None when it can or when modelopt is not installed (convert says so itself)."""
+    import importlib.metadata
+    import importlib.util
+
+    family = family_of(architecture)
+    since = STANDALONE_EXPORT_SINCE.get(family.model_type) if family else None
+    if since is None or importlib.util.find_spec("tensorrt_llm") is not None:
+        return None
+    try:
+        version = importlib.metadata.version("nvidia-modelopt")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) >= since:
+        return None
+    wanted = ".".join(map(str, since))
+    return (f"{role}.checkpoint: nvidia-modelopt {version} exports a {family.model_type} TensorRT-LLM checkpoint only "
+            f"with tensorrt_llm installed (below {wanted} its own path covers gpt, gemma and llama), and tensorrt_llm "
+            "is not installed here.", f"convert in the GPU image (it has tensorrt_llm), or install "
+            f"nvidia-modelopt>={wanted} here.")

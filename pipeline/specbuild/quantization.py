@@ -86,3 +86,14 @@ def one_of(names: list[str]) -> str:
     """'a', 'b' or 'c': names as a message offers them."""
     quoted = [repr(name) for name in names]
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+EXPORT_DTYPES = ("float16", "bfloat16")  # modelopt's TensorRT-LLM export writes no float32 checkpoints
+
+
+def dtype_refusal(role: str, dtype: str) -> tuple[str, str] | None:
+    """(why, fix) when `convert` exports no checkpoint in `dtype` (the rule `check` reports too); None otherwise."""
+    if dtype in EXPORT_DTYPES:
+        return None
+    return (f"{role}.dtype = {dtype!r}: TensorRT-LLM checkpoints are exported in float16 or bfloat16 (modelopt would "
+            "silently write float16), so convert refuses it.", f'Set {role}.dtype = "float16" or "bfloat16".')

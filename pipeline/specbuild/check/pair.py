@@ -18,9 +18,9 @@ from specbuild.check.report import CheckReport
 from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
 from specbuild.check.weights import check_weights
 from specbuild.config import Spec
-from specbuild.convert.plan import dtype_refusal, export_refusal
 from specbuild.errors import CheckpointError
 from specbuild.hfmodel import ModelInfo, read_model_info
+from specbuild.quantization import dtype_refusal
 
 ROLES = ("target", "draft")
 
@@ -84,7 +84,7 @@ def check_architecture(report: CheckReport, role: str, info: ModelInfo, spec: Sp
     if not verdict.ok:
         report.problem("unsupported_architecture", f"{role}: {verdict.reason}.", verdict.fix[:1].upper() + verdict.fix[1:]
                        + ".")
-    elif not is_llm_api(backend) and (refusal := export_refusal(role, info)):
+    elif not is_llm_api(backend) and (refusal := families.export_refusal(role, info.architecture)):
         report.problem("modelopt_cannot_export", *refusal)
 
 

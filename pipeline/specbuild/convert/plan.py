@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from specbuild import families
+from specbuild.families import export_refusal
+from specbuild.quantization import dtype_refusal
 from specbuild.config import Spec
 from specbuild.contract import llmapi as llmapi_contract
 from specbuild.convert import formats
 from specbuild.errors import PairError, SpecError
 from specbuild.hfmodel import ModelInfo, read_model_info
 
-EXPORT_DTYPES = ("float16", "bfloat16")  # modelopt's TensorRT-LLM export writes no float32 checkpoints
 TOOLS = ("nvidia-modelopt", "torch", "transformers", "safetensors")
 
 
@@ -74,52 +75,15 @@ class RolePlan:
         return self.pad_vocab_to or self.trim_vocab_to or self.vocab_rows
 
 
-def dtype_refusal(role: str, dtype: str) -> tuple[str, str] | None:
-    """(why, fix) when `convert` exports no checkpoint in `dtype` (the rule `check` reports too); None otherwise."""
-    if dtype in EXPORT_DTYPES:
-        return None
-    return (f"{role}.dtype = {dtype!r}: TensorRT-LLM checkpoints are exported in float16 or bfloat16 (modelopt would "
-            "silently write float16), so convert refuses it.", f'Set {role}.dtype = "float16" or "bfloat16".')
-
-
 def _check_architecture(info: ModelInfo, role: str, llm_api: bool, max_seq_len: int) -> None:
     """The family rules `check` applies too (specbuild.families.support), and what this machine's modelopt exports."""
     verdict = families.support(info.architecture, info.config, "llmapi" if llm_api else "engine", max_seq_len,
                                llmapi_contract.installed_release())
     if not verdict.ok:
         raise SpecError(f"{role}.checkpoint: {verdict.reason}. Fix: {verdict.fix}.")
-    refusal = None if llm_api else export_refusal(role, info)
+    refusal = None if llm_api else export_refusal(role, info.architecture)
     if refusal:
         raise SpecError(f"{refusal[0]} Fix: {refusal[1]}")
-
-
-# modelopt below 0.44 writes a qwen TensorRT-LLM checkpoint only through tensorrt_llm's own config classes; without
-# tensorrt_llm its manual path covers gpt, gemma and llama and raises NotImplementedError (nvidia-modelopt
-# modelopt/torch/export/tensorrt_llm_utils.py, convert_to_tensorrt_llm_config, 0.37 against 0.44).
-STANDALONE_EXPORT_SINCE = {"qwen": (0, 44)}  # decoder type -> the modelopt release that exports it alone
-
-
-def export_refusal(role: str, info: ModelInfo) -> tuple[str, str] | None:
-    """(why, fix) when this machine's modelopt cannot write the engine path's checkpoint of this family (the rule
-    `check` reports too); None when it can or when modelopt is not installed (convert says so itself)."""
-    import importlib.metadata
-    import importlib.util
-
-    family = families.family_of(info.architecture)
-    since = STANDALONE_EXPORT_SINCE.get(family.model_type) if family else None
-    if since is None or importlib.util.find_spec("tensorrt_llm") is not None:
-        return None
-    try:
-        version = importlib.metadata.version("nvidia-modelopt")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    if tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) >= since:
-        return None
-    wanted = ".".join(map(str, since))
-    return (f"{role}.checkpoint: nvidia-modelopt {version} exports a {family.model_type} TensorRT-LLM checkpoint only "
-            f"with tensorrt_llm installed (below {wanted} its own path covers gpt, gemma and llama), and tensorrt_llm "
-            "is not installed here.", f"convert in the GPU image (it has tensorrt_llm), or install "
-            f"nvidia-modelopt>={wanted} here.")
 
 
 def _awq_widths(info: ModelInfo, tp: int) -> list[int]:
