@@ -74,6 +74,16 @@ FIELDS
 '''
 
 
+@pytest.fixture(autouse=True)
+def _stand_ins_end_with_their_test():
+    """The stand-in tensorrt_llm a test imports leaves sys.modules with it: later, `importlib.util.find_spec` would
+    still find it (and `repo --runtime auto`, `families.export_refusal` would take it for an installed release)."""
+    before = {name for name in sys.modules if name.startswith("tensorrt_llm")}
+    yield
+    for name in [m for m in sys.modules if m.startswith("tensorrt_llm") and m not in before]:
+        del sys.modules[name]
+
+
 def _install(tmp_path, monkeypatch, source: str, fields: list[str]):
     body = "\n".join(f"    {name}: object = None" for name in fields)
     if "Draft_Target" in source:
