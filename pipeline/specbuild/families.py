@@ -64,7 +64,6 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
 )}
 
 
-
 @dataclass(frozen=True)
 class LlmApiRelease:
     """What one TensorRT-LLM release's PyTorch backend (the LLM API path) does with the families above."""

@@ -211,24 +211,6 @@ SPELLINGS = {"pinned": (DECODING_TYPE, DRAFT_MODEL_KEY), "later": (LATER_DECODIN
 SPELLING_RECORD = "/opt/specbuild/llmapi-spelling.json"  # where the image's probe records it
 SPELLING_RECORD_ENV = "SPECBUILD_LLMAPI_SPELLING"  # another place for the record (the tests)
 
-
-def probe_record() -> tuple[Path, dict[str, Any] | None]:
-    """Where the GPU image's probe records the installed release (`SPELLING_RECORD`, or the file
-    $SPECBUILD_LLMAPI_SPELLING names) and what it recorded: {"spelling", "tensorrt_llm"}; None where there is none
-    (not in the GPU image)."""
-    path = Path(os.environ.get(SPELLING_RECORD_ENV) or SPELLING_RECORD)
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return path, None
-    return path, record if isinstance(record, dict) else None
-
-
-def installed_release() -> str:
-    """The TensorRT-LLM release the LLM API path runs on: the one the GPU image's probe recorded, else the pinned one
-    (the CPU stand-in stands for the pinned release)."""
-    record = probe_record()[1] or {}
-    return str(record.get("tensorrt_llm") or RELEASE)
 # ARGS BaseLlmArgs.validate_speculative_config for DraftTargetDecodingConfig (asserts, i.e. AssertionError):
 MSG_DRAFT_BACKEND = "backend must be 'pytorch' for DraftTarget"  # `assert self.backend in ['pytorch']`
 MSG_DRAFT_LEN = "max_draft_len must be > 0"  # `assert self.speculative_config.max_draft_len > 0`
@@ -278,3 +260,22 @@ def unknown_llm_args(args: dict, spelling: str = "pinned") -> list[str]:
         if isinstance(value, dict):
             bad += [f"{key}.{sub}" for sub in value if sub not in allowed]
     return bad
+
+
+def probe_record() -> tuple[Path, dict[str, Any] | None]:
+    """Where the GPU image's probe records the installed release (`SPELLING_RECORD`, or the file
+    $SPECBUILD_LLMAPI_SPELLING names) and what it recorded: {"spelling", "tensorrt_llm"}; None where there is none
+    (not in the GPU image)."""
+    path = Path(os.environ.get(SPELLING_RECORD_ENV) or SPELLING_RECORD)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return path, None
+    return path, record if isinstance(record, dict) else None
+
+
+def installed_release() -> str:
+    """The TensorRT-LLM release the LLM API path runs on: the one the GPU image's probe recorded, else the pinned one
+    (the CPU stand-in stands for the pinned release)."""
+    record = probe_record()[1] or {}
+    return str(record.get("tensorrt_llm") or RELEASE)

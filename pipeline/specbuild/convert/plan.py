@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from specbuild import families
-from specbuild.families import export_refusal
 from specbuild.quantization import dtype_refusal
 from specbuild.config import Spec
 from specbuild.contract import llmapi as llmapi_contract
@@ -81,7 +80,7 @@ def _check_architecture(info: ModelInfo, role: str, llm_api: bool, max_seq_len: 
                                llmapi_contract.installed_release())
     if not verdict.ok:
         raise SpecError(f"{role}.checkpoint: {verdict.reason}. Fix: {verdict.fix}.")
-    refusal = None if llm_api else export_refusal(role, info.architecture)
+    refusal = None if llm_api else families.export_refusal(role, info.architecture)
     if refusal:
         raise SpecError(f"{refusal[0]} Fix: {refusal[1]}")
 
