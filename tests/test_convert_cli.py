@@ -210,16 +210,16 @@ def test_calibration_file_is_used_and_recorded(tmp_path: Path) -> None:
 
 def test_a_qwen_engine_export_works_exactly_where_the_rule_says_it_does(tmp_path: Path, monkeypatch) -> None:
     """Under the installed nvidia-modelopt (the newest here; 0.37 in `make test-convert-pins`): where
-    families.export_refusal (as convert.plan reads it) predicts a qwen TensorRT-LLM export fails, modelopt itself fails it (the rule
+    families.export_refusal (which convert and check call) predicts a qwen TensorRT-LLM export fails, modelopt itself fails it (the rule
     bypassed), and where it predicts none, the export is written."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from family_models import make_family
 
+    from specbuild import families
     from specbuild.config import load_spec
     from specbuild.convert import convert_pair
-    from specbuild.convert import plan as convert_plan
     from specbuild.hfmodel import read_model_info
 
     target = make_family(tmp_path / "qwen", "qwen2")
@@ -228,8 +228,8 @@ def test_a_qwen_engine_export_works_exactly_where_the_rule_says_it_does(tmp_path
                          f'[draft]\ncheckpoint = "{target}"\n[build]\nmax_batch_size = 2\nmax_input_len = 64\n'
                          'max_seq_len = 128\nmax_num_tokens = 256\n[gpu]\nname = "H100-80GB"\n')
     spec = load_spec(spec_path)
-    predicted = convert_plan.export_refusal("target", read_model_info(target, role="target").architecture)
-    monkeypatch.setattr(convert_plan, "export_refusal", lambda role, architecture: None)
+    predicted = families.export_refusal("target", read_model_info(target, role="target").architecture)
+    monkeypatch.setattr(families, "export_refusal", lambda role, architecture: None)
     if predicted is None:
         convert_pair(spec, ["target"], log=lambda m: None)
         assert (spec.pair_dir / "target" / "checkpoint" / "config.json").is_file()
