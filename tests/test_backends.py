@@ -28,3 +28,39 @@ def test_the_records_say_what_the_stages_ask():
     assert not backends.get("reference").gpu and backends.get("reference").triton_backend == "python"
     with pytest.raises(SpecError, match="backend 'vllm' is not supported. Choose one of: trtllm, reference, llmapi"):
         backends.get("vllm")
+
+
+def _backends_chosen(spec_path) -> dict[str, str]:
+    """The backend check, build and up each pick for this spec when --backend is not given."""
+    import json
+
+    from click.testing import CliRunner
+
+    chosen = {}
+    for command in (["check", "--json", "--no-weight-scan"], ["build", "--dry-run", "--json"],
+                    ["up", "--dry-run", "--json"]):
+        result = CliRunner().invoke(main, [command[0], "-c", str(spec_path), *command[1:]])
+        assert result.exit_code == 0, result.output
+        chosen[command[0]] = json.loads(result.stdout)["backend"]
+    return chosen
+
+
+def test_check_build_and_up_default_to_the_same_backend_on_the_same_machine(tiny_spec_path, tmp_path, monkeypatch):
+    """`build` once defaulted to trtllm and `up` to reference on one machine: one rule now (backends.default)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))  # no trtllm-build: a machine without TensorRT-LLM
+    assert _backends_chosen(tiny_spec_path) == dict.fromkeys(("check", "build", "up"), "reference")
+    fake = bin_dir / "trtllm-build"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)  # trtllm-build on PATH: NVIDIA's image
+    assert _backends_chosen(tiny_spec_path) == dict.fromkeys(("check", "build", "up"), "trtllm")
+    spec_text = tiny_spec_path.read_text()
+    assert "\n[build]\n" in spec_text
+    tiny_spec_path.write_text(spec_text.replace("\n[build]\n", '\n[build]\nbackend = "reference"\n', 1))
+    assert _backends_chosen(tiny_spec_path) == dict.fromkeys(("check", "build", "up"), "reference")
+
+
+def test_the_default_rule():
+    assert backends.default("llmapi") == "llmapi"
+    assert backends.default(None, trtllm_build="/opt/trtllm-build") == "trtllm"

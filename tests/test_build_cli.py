@@ -17,7 +17,8 @@ def write_spec(tmp_path, extra: str = "") -> str:
         'name = "pair"\noutput_dir = "engines"\n'
         '[target]\ncheckpoint = "hf-target"\n[draft]\ncheckpoint = "hf-draft"\n'
         "[speculative]\nmax_draft_len = 5\nnum_draft_tokens = 4\n"
-        "[build]\nmax_batch_size = 2\nmax_input_len = 512\nmax_seq_len = 1024\nmax_num_tokens = 2048\n" + extra
+        "[build]\nbackend = \"trtllm\"\nmax_batch_size = 2\nmax_input_len = 512\nmax_seq_len = 1024\n"
+        "max_num_tokens = 2048\n" + extra
     )
     return str(path)
 
@@ -137,7 +138,7 @@ def test_example_spec_dry_run_has_the_draft_target_recipe_flags(tiny_spec_path):
     from specbuild.config import load_spec
 
     spec = load_spec(tiny_spec_path)
-    result = run("-c", str(tiny_spec_path), "--dry-run", "--json")
+    result = run("-c", str(tiny_spec_path), "--dry-run", "--json", "--backend", "trtllm")
     assert result.exit_code == 0, result.output
     engines = {e["role"]: e["argv"] for e in json.loads(result.stdout)["engines"]}
 

@@ -25,7 +25,7 @@ def test_identical_pair_is_ok(tmp_path):
     result, doc = check_json(make_pair(tmp_path))
     assert result.exit_code == 0, result.output
     assert doc["ok"] is True and doc["problems"] == []
-    assert list(doc) == ["ok", "pair", "models", "tokenizer", "vocab", "memory", "weights", "problems", "warnings"]
+    assert list(doc) == ["ok", "pair", "backend", "models", "tokenizer", "vocab", "memory", "weights", "problems", "warnings"]
     assert doc["tokenizer"]["identical"] is True
     assert doc["vocab"] == {"tokenizer_size": 1000, "target_rows": 1000, "draft_rows": 1000, "padded_vocab_size": 1000,
                             "pad_rows": {"target": 0, "draft": 0}, "will_pad": False,

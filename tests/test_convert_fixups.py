@@ -76,7 +76,7 @@ def test_format_rules() -> None:
         formats.check_gpu(formats.get_format("int8_sq"), "none", 100, "B200", "target")
     # W4A16_AWQ is int4 weight-only to TensorRT-LLM (quantization/mode.py), which builder.py refuses on SM100-119;
     # convert used to accept (and recommend) it there while check refused it
-    with pytest.raises(SpecError, match="refuses INT8/INT4 weight-only .* Use 'none', 'fp8' or 'w4a8_awq'"):
+    with pytest.raises(SpecError, match="refuses INT8/INT4 weight-only .* Use target.quantization = 'none', 'fp8' or 'w4a8_awq'"):
         formats.check_gpu(formats.get_format("int4_awq"), "none", 100, "B200", "target")
 
 

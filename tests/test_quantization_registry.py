@@ -16,7 +16,7 @@ from specbuild.contract import build_rules as rules
 from specbuild.check import advice, memory
 from specbuild.config import GPUS, QUANTIZATIONS, GpuSpec, Spec, spec_from_dict
 from specbuild.convert import formats, verify
-from specbuild.errors import SpecError
+from specbuild.errors import BuildError, SpecError
 from specbuild.contract import llmapi as contract
 
 
@@ -41,6 +41,25 @@ def test_check_refuses_on_a_gpu_exactly_the_formats_convert_refuses_there(gpu, t
         check_refuses = any(p.code == "quantization_unsupported_on_gpu" for p in problems)
         assert check_refuses == convert_refuses, (gpu, name, problems)
         assert (name in quantization.usable_on(sm)) == (not convert_refuses), (gpu, name)
+
+
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_build_refuses_before_any_argv_every_gpu_format_pair_check_refuses(gpu, tmp_path):
+    """`build --dry-run` once printed a trtllm-build argv for fp8 on an A100 that check refused: the three stages
+    now ask one gate (build_rules.gpu_refusals), for each weight format and KV cache on each GPU."""
+    from specbuild.build.engines import plan_build
+
+    for name in QUANTIZATIONS:
+        for kv_cache in ("none", "fp8"):
+            base = spec_on(gpu, name, tmp_path)
+            spec = dataclasses.replace(base, draft=dataclasses.replace(base.draft, kv_cache=kv_cache))
+            problems, _ = advice.gate_findings(spec)
+            try:
+                plan_build(spec, ["target", "draft"], require_checkpoint=False)
+                build_refuses = False
+            except (SpecError, BuildError):
+                build_refuses = True
+            assert build_refuses == bool(problems), (gpu, name, kv_cache, problems)
 
 
 def test_int4_awq_is_refused_on_blackwell_as_tensorrt_llm_refuses_it():

@@ -245,8 +245,12 @@ def test_a_generation_on_an_llmapi_deployment_gets_the_specs_k_and_its_token_cou
     assert session.deployment() == Deployment(llmapi=True, add_special_tokens=True)
     assert (gen.k.k, gen.k.requested) == (4, 2) and gen.text == "Hello world" and gen.finish_reason == finish
     tokens = 9 if finish == "length" else 2  # max_tokens on "length" (the LLM API's meaning), else counted
-    assert gen.output_tokens == tokens and gen.output_ids == [5, 5]  # the text's words, re-tokenized and said so
-    assert "re-tokenized" in gen.to_dict()["token_ids"] and gen.prompt_ids == [1, 2]  # BOS: the LLM API's default
+    assert gen.output_tokens == tokens and gen.count_estimated == (finish != "length")
+    assert gen.count_text() == ("9 tokens" if finish == "length" else
+                                "~2 tokens (estimated from the text: the server sends no token ids)")
+    doc = gen.to_dict()  # no ids made up from the text (a text tokenized again is not the model's ids)
+    assert gen.output_ids is None and doc["output_ids"] is None and doc["token_ids"].startswith("not sent")
+    assert doc["num_output_tokens_estimated"] is (finish != "length") and gen.prompt_ids == [1, 2]  # BOS: LLM API's
     assert (gen.stats.drafted, gen.stats.accepted, gen.stats.steps) == (12, 5, max(tokens - 5, 1))
     assert session.client.sent[0]["num_draft_tokens"] == 4
 

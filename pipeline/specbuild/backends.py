@@ -7,6 +7,7 @@ the name means everywhere else (whether `build` makes engines, whether it needs 
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 
 from specbuild.errors import SpecError
@@ -39,6 +40,19 @@ def get(name: str) -> Backend:
     if name not in BACKENDS:
         raise SpecError(f"backend {name!r} is not supported. Choose one of: {', '.join(NAMES)}.")
     return BACKENDS[name]
+
+
+def default(configured: str | None, trtllm_build: str | None = None) -> str:
+    """The backend a command runs when --backend is not given, the same rule for check, convert, build, repo and up:
+    the spec's `build.backend`; else trtllm where this machine builds TensorRT engines (`trtllm-build` on PATH, as
+    in NVIDIA's image, or passed with --trtllm-build); else reference, which runs on any machine."""
+    if configured:
+        return configured
+    return "trtllm" if trtllm_build or shutil.which("trtllm-build") else "reference"
+
+
+DEFAULT_HELP = ("Default: the spec's build.backend, else trtllm where trtllm-build is on PATH (NVIDIA's image), "
+                "else reference.")
 
 
 def is_llm_api(name: str | None) -> bool:

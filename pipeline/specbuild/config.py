@@ -77,7 +77,7 @@ class BuildSpec:
     max_num_tokens: int = 8192
     tp_size: int = 1
     pp_size: int = 1
-    backend: str | None = None  # default --backend of convert/build/repo/serve/up; None = each command's own
+    backend: str | None = None  # default --backend of convert/build/repo/serve/up; None: backends.default's rule
 
 
 @dataclass(frozen=True)

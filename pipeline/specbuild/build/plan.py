@@ -149,6 +149,9 @@ def plan_role(spec: Spec, role: str, require_checkpoint: bool = True) -> RolePla
     manifest = None
     if require_checkpoint or (checkpoint_dir / MANIFEST).is_file():
         manifest = read_checkpoint_manifest(spec, role, checkpoint_dir)
+    for refusal in rules.gpu_refusals(role, model.quantization, model.kv_cache, spec.gpu.sm, spec.gpu.name):
+        if refusal.code != "paged_context_fmha_disabled":  # that one is judged below, on what the checkpoint holds
+            raise SpecError(f"{refusal.message} {refusal.fix} (`specbuild check` reports this as {refusal.code}.)")
     quant_algo = rules.norm_algo(manifest.get("quant_algo")) if manifest else None
     kv_algo = rules.norm_algo(manifest.get("kv_cache_quant_algo")) if manifest else None
     if manifest is None and model.kv_cache != "none":  # dry-run before convert: what convert will write

@@ -10,46 +10,31 @@ from typing import Any
 
 from specbuild.contract.build_rules import (
     BLACKWELL_SM,
-    FP8_MIN_SM,
-    MIN_SM,
     TOKENS_PER_BLOCK,
     fp8_kv_cache_keeps_paged_context_fmha,
-    paged_context_fmha_fix,
+    gpu_refusals,
     spec_paged_context_fmha_loss,
 )
 from specbuild.check.memory import DTYPE_BYTES, GIB, WEIGHT_BYTES, MemoryPlan, compute_plan
 from specbuild.check.report import Finding
 from specbuild.config import GPUS, Spec
 from specbuild.hfmodel import ModelInfo, read_model_info
-from specbuild.quantization import FORMATS, one_of, usable_on
-
-
-def paged_context_fmha_findings(spec: Spec) -> list[Finding]:
-    """Formats for which trtllm-build would turn paged context FMHA off (the target then rejects drafts)."""
-    sm = spec.gpu.sm
-    found = []
-    for role in ("target", "draft"):
-        model = spec.role(role)
-        if model.kv_cache == "fp8" and sm is not None and sm < FP8_MIN_SM:
-            continue  # reported as kv_cache_unsupported_on_gpu
-        loss = spec_paged_context_fmha_loss(model.quantization, model.kv_cache, sm)
-        if loss is not None:
-            found.append(Finding(
-                "paged_context_fmha_disabled",
-                f"{role}.quantization = {model.quantization!r} with {role}.kv_cache = {model.kv_cache!r}: {loss}. "
-                "Without paged context FMHA the engines have no KV-cache reuse and the target cannot take external "
-                "draft tokens: the build would be rejected after it ran.",
-                paged_context_fmha_fix(role, sm),
-            ))
-    return found
+from specbuild.quantization import FORMATS
 
 
 def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
     """Quantization and KV-cache formats the GPU cannot run (TensorRT-LLM raises at build time), and
-    formats trtllm-build would quietly change so that draft/target decoding breaks."""
+    formats trtllm-build would quietly change so that draft/target decoding breaks: the refusals convert and
+    build make (`build_rules.gpu_refusals`), as problems."""
     sm = spec.gpu.sm
-    problems: list[Finding] = paged_context_fmha_findings(spec)
+    problems: list[Finding] = []
     warnings: list[Finding] = []
+    for role in ("target", "draft"):
+        model = spec.role(role)
+        for refusal in gpu_refusals(role, model.quantization, model.kv_cache, sm, spec.gpu.name):
+            finding = Finding(*refusal)
+            if finding not in problems:  # the GPU's own age is one problem, not one per role
+                problems.append(finding)
     if sm is None:
         warnings.append(Finding(
             "gpu_sm_unknown",
@@ -58,21 +43,8 @@ def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
             "Use a known gpu.name (" + ", ".join(GPUS) + ") to have format support checked.",
         ))
         return problems, warnings
-    if sm < MIN_SM:
-        problems.append(Finding("gpu_too_old", f"{spec.gpu.name} is SM{sm}; draft/target speculative decoding "
-                                "in TensorRT-LLM needs SM80 or newer.", "Use an Ampere-or-newer GPU."))
     for role in ("target", "draft"):
-        model = spec.role(role)
-        q = model.quantization
-        refused = FORMATS[q].refused_on(sm)  # the same record and rule convert refuses with
-        if refused is not None:
-            problems.append(Finding("quantization_unsupported_on_gpu",
-                                    f"{role}.quantization = {q!r} on {spec.gpu.name} (SM{sm}): {refused}.",
-                                    f"Use {role}.quantization = {one_of(usable_on(sm))} on this GPU."))
-        if model.kv_cache == "fp8" and sm < FP8_MIN_SM:
-            problems.append(Finding("kv_cache_unsupported_on_gpu",
-                                    f"{role}.kv_cache = 'fp8' needs SM89+, but {spec.gpu.name} is SM{sm}.",
-                                    f"Set {role}.kv_cache = \"none\"."))
+        q = spec.role(role).quantization
         if sm in BLACKWELL_SM and FORMATS[q].blackwell == "unverified":
             warnings.append(Finding("quantization_unverified_on_gpu",
                                     f"{role}.quantization = {q!r} on SM{sm} is not verified: trtllm-build rejects "

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.artifacts import combined_hash, hash_file, write_json
-from specbuild.backends import is_llm_api
+from specbuild.backends import default as default_backend, is_llm_api
 from specbuild.config import Spec
 
 CHECK_RECORD = "check.json"  # in the pair folder
@@ -84,7 +84,7 @@ def run_stage(spec: Spec, backend: str | None, force: bool, dry_run: bool, log, 
         return {"status": "skipped"}
     from specbuild.check.pair import run_check
 
-    report = run_check(spec, progress=progress, backend=backend or "trtllm")
+    report = run_check(spec, progress=progress, backend=backend or default_backend(spec.build.backend))
     for warning in report.warnings:
         log(f"check warning: {warning.message}")
     if not report.ok:

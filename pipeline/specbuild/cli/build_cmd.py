@@ -16,8 +16,7 @@ backend_option = click.option(
     type=click.Choice(backends.NAMES),
     default=None,
     help="trtllm: TensorRT engines with trtllm-build (GPU image). reference: float32 PyTorch engines (any machine). "
-         "llmapi: the LLM API's arguments, validated and written (nothing to compile). Default: the spec's "
-         "build.backend, else trtllm.",
+         "llmapi: the LLM API's arguments, validated and written (nothing to compile). " + backends.DEFAULT_HELP,
 )
 trtllm_build_option = click.option(
     "--trtllm-build",
@@ -66,7 +65,7 @@ def command(spec_path, backend, trtllm_build, role, force, dry_run, as_json):
     from specbuild.build.engines import build_engines, dry_run as plan_dry_run
 
     spec = get_spec(spec_path)
-    backend = backend or spec.build.backend or "trtllm"
+    backend = backend or backends.default(spec.build.backend, trtllm_build)
     if backends.is_llm_api(backend):
         from specbuild.cli.llmapi_cmds import build as llmapi_build
 

@@ -124,7 +124,7 @@ def format_report(doc: dict[str, Any]) -> str:
               help="JSONL prompts for --measure (one {\"prompt\": ...} per line; default: built-in code/prose/json).")
 @click.option("--backend", type=click.Choice(backends.NAMES), default=None,
               help="Whose memory plan and limits: the engines' (trtllm, reference) or the LLM API's (llmapi: one "
-                   "process, one KV pool, one fraction). Default: the spec's build.backend, else trtllm.")
+                   "process, one KV pool, one fraction). " + backends.DEFAULT_HELP)
 @click.pass_context
 def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bool, no_weight_scan: bool,
             measure: bool, prompts_file: Path | None, backend: str | None) -> None:
@@ -144,9 +144,11 @@ def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bo
     from specbuild.cli.common import progress_enabled
 
     spec = get_spec(spec_path)
+    backend = backend or backends.default(spec.build.backend)
     report = run_check(spec, allow_pickle=allow_pickle, scan_weights=not no_weight_scan, progress=progress_enabled(),
-                       backend=backend or spec.build.backend or "trtllm")
-    doc = report.to_dict()
+                       backend=backend)
+    fields = report.to_dict()
+    doc = {"ok": fields.pop("ok"), "pair": fields.pop("pair"), "backend": backend, **fields}
     if prompts_file is not None and not measure:
         raise click.UsageError("--prompts is used by --measure: add --measure.")
     if measure and report.ok:

@@ -16,7 +16,7 @@ from specbuild.config import KV_CACHE_DTYPES, QUANTIZATIONS, replace
 @spec_option
 @click.option("--backend", type=click.Choice(backends.NAMES), default=None,
               help="trtllm / reference: TensorRT-LLM checkpoints for engines. llmapi: Hugging Face checkpoints for "
-                   "the LLM API (docs/llmapi.md). Default: the spec's build.backend, else trtllm.")
+                   "the LLM API (docs/llmapi.md). " + backends.DEFAULT_HELP)
 @role_option
 @click.option("--quantization", type=click.Choice(QUANTIZATIONS), default=None,
               help="Override the spec's quantization for the selected role(s).")

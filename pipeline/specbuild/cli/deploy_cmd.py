@@ -17,7 +17,7 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
 @click.option("--backend", type=click.Choice(backends.NAMES), default=None,
               help="trtllm: engines, two tensorrt_llm models in one Triton server (single node, scaled by replicas). "
                    "llmapi: the LLM API path (several nodes with --nodes). reference: the CPU path. Default: the "
-                   "spec's build.backend, else trtllm.")
+                   "spec's build.backend, else trtllm (the chart runs on the cluster's GPUs, not on this machine).")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Nodes per replica (llmapi): more than 1 writes a LeaderWorkerSet running the launcher "
                    "`serve --server trtllm-serve --nodes N --dry-run` prints.")

@@ -14,13 +14,13 @@ from specbuild.cli.common import (dry_run_option, force_option, get_spec, json_o
 
 
 def detect_backend(spec) -> str:
-    """The backend the target engine was built with, else trtllm (the repository can precede the build)."""
+    """The backend the target engine was built with, else the default rule's (the repository can precede the build)."""
     manifest = spec.pair_dir / "target" / "engine" / "manifest.json"
     try:
         backend = json.loads(manifest.read_text()).get("backend")
     except (OSError, ValueError):
-        return "trtllm"
-    return backend if backend in backends.ENGINE_BACKENDS else "trtllm"
+        backend = None
+    return backend if backend in backends.ENGINE_BACKENDS else backends.default(None)
 
 
 @click.command("repo")
@@ -29,7 +29,7 @@ def detect_backend(spec) -> str:
               help="trtllm: the tensorrtllm C++ backend (GPU image). reference: Python models serving the PyTorch "
                    "reference engines (any machine). llmapi: Triton's llmapi model (TensorRT-LLM LLM API; "
                    "docs/llmapi.md). Default: the spec's build.backend, else the target engine's backend if built, "
-                   "else trtllm.")
+                   "else trtllm where trtllm-build is on PATH (NVIDIA's image), else reference.")
 @click.option("--runtime", type=click.Choice(["auto", "tensorrt_llm", "reference"]), default="auto", show_default=True,
               help="llmapi: NVIDIA's model.py from the GPU image (tensorrt_llm) or the CPU stand-in (reference); auto: "
                    "tensorrt_llm when the tensorrt_llm package is importable here.")

@@ -68,7 +68,7 @@ def next_steps(spec, grpc_url: str, serving: bool) -> list[str]:
 @click.option("--backend", type=click.Choice(backends.NAMES), default=None,
               help="reference: reference engines (any machine); trtllm: TensorRT engines (GPU image); llmapi: "
                    "TensorRT-LLM's LLM API, no engines (GPU image; on CPU a stand-in serves the same contract, "
-                   "docs/llmapi.md). Default: the spec's build.backend, else reference.")
+                   "docs/llmapi.md). " + backends.DEFAULT_HELP)
 @click.option("--trtllm-build", "trtllm_build", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Path of trtllm-build (trtllm backend; default: found on PATH).")
 @click.option("--until", "until", type=click.Choice(STAGE_NAMES), default=None,
@@ -96,7 +96,7 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
     --dry-run writes nothing and says which stages would run and which would be skipped as up to date.
     """
     spec = get_spec(spec_path)
-    backend = backend or spec.build.backend or "reference"
+    backend = backend or backends.default(spec.build.backend, trtllm_build)
     ctx = UpContext(spec=spec, backend=backend, force=force, dry_run=dry_run, once=once,
                     trtllm_build=str(trtllm_build) if trtllm_build else None, repo=repo, as_json=as_json, log=log,
                     echo=None if as_json else (lambda text: click.echo(text, nl=False)),

@@ -25,9 +25,9 @@ Draft-tokens-external needs paged context FMHA: the target reuses the KV cache o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-from specbuild.quantization import BLACKWELL_SM, FORMATS, FP8_MIN_SM  # noqa: F401 (the formats' GPU gates)
+from specbuild.quantization import BLACKWELL_SM, FORMATS, FP8_MIN_SM, one_of, usable_on  # noqa: F401
 
 MIN_SM = 80  # draft/target speculative decoding support matrix (draft_target_model README): SM >= 80
 # spec quantizations trtllm-build refuses on BLACKWELL_SM (specbuild.quantization, with its source)
@@ -88,6 +88,46 @@ def paged_context_fmha_fix(role: str, sm: int | None) -> str:
         options.append("an SM89+ GPU (Ada, Hopper or newer) for an FP8 KV cache")
     return ("Draft/target speculative decoding needs paged context FMHA (KV-cache reuse for external draft "
             f"tokens). Set {' or '.join(options)}.")
+
+
+class GpuRefusal(NamedTuple):
+    """A reason the spec's GPU cannot build or run one role's formats: check's problem code, the message, the fix."""
+
+    code: str
+    message: str
+    fix: str
+
+
+def gpu_refusals(role: str, quantization: str, kv_cache: str, sm: int | None, gpu: str | None) -> list[GpuRefusal]:
+    """Everything about this role's `quantization` / `kv_cache` on an SM`sm` GPU that a later stage refuses.
+
+    The one gate check reports, convert refuses before any work and build refuses before printing or running
+    trtllm-build (unknown GPU: only the rules that hold on every GPU).
+    """
+    found = []
+    if sm is not None and sm < MIN_SM:
+        found.append(GpuRefusal("gpu_too_old", f"{gpu} is SM{sm}; draft/target speculative decoding in TensorRT-LLM "
+                                f"needs SM{MIN_SM} or newer.", "Use an Ampere-or-newer GPU."))
+    fmt = FORMATS.get(quantization)
+    why = fmt.refused_on(sm) if fmt is not None else None
+    if why is not None:
+        found.append(GpuRefusal("quantization_unsupported_on_gpu",
+                                f"{role}.quantization = {quantization!r} on {gpu} (SM{sm}): {why}.",
+                                f"Use {role}.quantization = {one_of(usable_on(sm))} on this GPU."))
+    if kv_cache == "fp8" and sm is not None and sm < FP8_MIN_SM:
+        found.append(GpuRefusal("kv_cache_unsupported_on_gpu",
+                                f"{role}.kv_cache = 'fp8' needs an SM{FP8_MIN_SM}+ GPU (Ada/Hopper or newer), but "
+                                f"{gpu} is SM{sm}.", f"Set {role}.kv_cache = \"none\" on this GPU."))
+        return found  # the paged context FMHA loss below is this same fact
+    loss = spec_paged_context_fmha_loss(quantization, kv_cache, sm)
+    if loss is not None:
+        found.append(GpuRefusal(
+            "paged_context_fmha_disabled",
+            f"{role}.quantization = {quantization!r} with {role}.kv_cache = {kv_cache!r}: {loss}. Without paged "
+            "context FMHA the engines have no KV-cache reuse and the target cannot take external draft tokens: "
+            "the build would be rejected after it ran.",
+            paged_context_fmha_fix(role, sm)))
+    return found
 
 
 def runtime_max_input_len(engine_max_seq_len: int, engine_max_num_tokens: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from specbuild.contract import build_rules as rules
 from specbuild.errors import SpecError
-from specbuild.quantization import FORMATS, QuantFormat, one_of, usable_on
+from specbuild.quantization import FORMATS, QuantFormat
 
 KV_CACHE_QUANT_ALGO = {"none": None, "fp8": "FP8"}
 AWQ_BLOCK_SIZES = (128, 64)  # the group sizes TensorRT-LLM's W4A16/W4A8 AWQ kernels take, preferred first
@@ -24,23 +24,9 @@ def get_format(name: str) -> QuantFormat:
 
 
 def check_gpu(fmt: QuantFormat, kv_cache: str, sm: int | None, gpu: str | None, where: str) -> None:
-    """Refuse a format the spec's GPU cannot run, or one trtllm-build would build without paged context FMHA
-    (unknown GPU: only the rules that hold on every GPU)."""
-    if sm is None or sm >= rules.FP8_MIN_SM:
-        loss = rules.spec_paged_context_fmha_loss(fmt.name, kv_cache, sm)
-        if loss is not None:
-            raise SpecError(f"{where}.quantization = {fmt.name!r} with kv_cache = {kv_cache!r}: {loss}. "
-                            + rules.paged_context_fmha_fix(where, sm))
-    if sm is None:
-        return
-    usable = one_of(usable_on(sm))
-    if kv_cache == "fp8" and sm < rules.FP8_MIN_SM:
-        raise SpecError(f"{where}.kv_cache = 'fp8' needs an SM{rules.FP8_MIN_SM}+ GPU (Ada/Hopper or newer), but "
-                        f"gpu.name = {gpu!r} is SM{sm}. Set kv_cache = 'none' on this GPU.")
-    why = fmt.refused_on(sm)
-    if why is not None:
-        raise SpecError(f"{where}.quantization = {fmt.name!r} on gpu.name = {gpu!r} (SM{sm}): {why}. "
-                        f"Use {usable} on this GPU.")
+    """Refuse what check reports for this role on the spec's GPU (`build_rules.gpu_refusals`, the one gate)."""
+    for refusal in rules.gpu_refusals(where, fmt.name, kv_cache, sm, gpu):
+        raise SpecError(f"{refusal.message} {refusal.fix}")
 
 
 def check_kv_cache(kv_cache: str, where: str) -> str | None:

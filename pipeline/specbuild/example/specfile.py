@@ -57,8 +57,9 @@ REASONS: dict[str, str] = {
     "build.max_num_tokens": "most tokens in one engine step across the batch (packed, remove-padding)",
     "build.tp_size": "tensor parallelism: GPUs per model",
     "build.pp_size": "pipeline parallelism: stages per model",
-    "build.backend": "default --backend of convert/build/repo/serve/up: trtllm (engines, GPU), reference (CPU), "
-                     "llmapi (TensorRT-LLM LLM API, GPU; CPU stand-in)",
+    "build.backend": "default --backend of check/convert/build/repo/serve/up: trtllm (engines, GPU), reference (CPU), "
+                     "llmapi (TensorRT-LLM LLM API, GPU; CPU stand-in); unset: trtllm where trtllm-build is on "
+                     "PATH, else reference",
     "gpu.name": f"known GPUs: {', '.join(GPUS)}",
     "gpu.memory_gib": "usable memory per GPU in GiB; overrides the known figure, or set it for an unlisted GPU",
     "gpu.count": "GPUs available (>= tp_size x pp_size)",

@@ -61,7 +61,7 @@ class Generation:
     """One finished generation: the text, why it stopped, the figures, and how long it took."""
 
     text: str  # generated text (prompt excluded)
-    output_ids: list[int]  # [n] generated token ids (prompt and end_id excluded)
+    output_ids: list[int] | None  # [n] generated token ids (prompt and end_id excluded); None: not sent (llmapi)
     finish_reason: str | None  # "stop" | "length" | "cancelled" (None: the server did not say)
     stop_reason: str | list[int] | None  # the stop word that ended it ("stop" on a stop word only)
     k: ResolvedK | None  # K used and asked for (None: not known, e.g. a server whose config cannot be read)
@@ -72,12 +72,19 @@ class Generation:
     prompt_ids: list[int] | None = None  # [prompt_len] when tokenized here
     steps: list[StepRecord] = field(default_factory=list)  # per verify step (in-process only)
     num_output_tokens: int | None = None  # when the server reports a count without the ids
+    count_estimated: bool = False  # num_output_tokens is the text tokenized again (a server that sends no ids)
     overlap: bool | str | None = None  # the schedule: drafted ahead (True, "auto") or not (False); None: not known
     extra: dict[str, Any] = field(default_factory=dict)  # where it ran: weights and exactness, or the server
 
     @property
     def output_tokens(self) -> int:
-        return self.num_output_tokens if self.num_output_tokens is not None else len(self.output_ids)
+        return self.num_output_tokens if self.num_output_tokens is not None else len(self.output_ids or ())
+
+    def count_text(self) -> str:
+        """The token count as a person reads it: "48 tokens", or "~50 tokens (estimated: ...)" when estimated."""
+        if self.count_estimated:
+            return f"~{self.output_tokens} tokens (estimated from the text: the server sends no token ids)"
+        return f"{self.output_tokens} tokens"
 
     @property
     def tokens_per_s(self) -> float:
@@ -87,9 +94,10 @@ class Generation:
         """The `generate --json` document."""
         return {
             "text": self.text,
-            "output_ids": list(self.output_ids),
+            "output_ids": None if self.output_ids is None else list(self.output_ids),
             "prompt_ids": self.prompt_ids,
             "num_output_tokens": self.output_tokens,
+            "num_output_tokens_estimated": self.count_estimated,
             "finish_reason": self.finish_reason,
             "stop_reason": self.stop_reason,
             "num_draft_tokens": self.k.k if self.k else None,

@@ -14,11 +14,12 @@ K, read from the BLS's model config.
 An llmapi deployment says less, and the session fills in what the spec knows (`for_spec`):
 - K: the LLM API drafts its configured max_draft_len at every step and takes no K per request; that K is
   the spec's num_draft_tokens (`build --backend llmapi` writes it), so the K rule is `resolve_fixed_k`;
-- num_output_tokens: the model sends text and no token ids, so a generation that ended on "length" made
-  max_tokens tokens (the LLM API's meaning of it; a request shortened by max_seq_len would make fewer),
-  and any other is the text re-tokenized with the target's tokenizer;
-- output_ids: the text re-tokenized with the target's tokenizer, said so in the document (`token_ids`): a
-  text can have more than one tokenization, and the model's own ids are not sent;
+- output_ids: None. NVIDIA's model sends text only (its outputs: text_output, the reasons, the perf metrics;
+  `contract.llmapi.OUTPUTS`), and the text tokenized again is not the model's ids (131 ids for 120 tokens
+  when byte tokens decode to U+FFFD), so none are made up; the document says so (`token_ids`);
+- num_output_tokens: a generation that ended on "length" made max_tokens tokens (the LLM API's meaning of it;
+  a request shortened by max_seq_len would make fewer): exact. Any other is the text tokenized again with the
+  target's tokenizer, marked an estimate (`count_estimated`, "~N tokens" where a person reads it);
 - prompt_ids (either deployment): the prompt tokenized here as the server does (the BLS's add_special_tokens
   parameter; the LLM API's default, `contract.llmapi.ADD_SPECIAL_TOKENS`), when the session has the target's
   tokenizer (`for_spec`);
@@ -235,14 +236,13 @@ class ServedSession:
         overlap = figures.get("overlap") if isinstance(figures, dict) and "overlap" in figures else (
             options.overlap if options.overlap is not None else self.deployment().overlap)
         count = int(out["num_output_tokens"]) if "num_output_tokens" in out else None
-        output_ids = [int(t) for t in out.get("output_ids", [])]
+        output_ids: list[int] | None = [int(t) for t in out.get("output_ids", [])]
         extra: dict[str, Any] = {}
-        if llmapi and self.tokenizer is not None:  # text only: the ids are the text's, re-tokenized
-            output_ids = self.tokenizer.encode(streamed.text)
-            extra["token_ids"] = ("output_ids re-tokenized from the text with the target's tokenizer: Triton's llmapi "
-                                  "model sends text only")
-        if llmapi:
-            count = self._llmapi_tokens(output_ids, out.get("finish_reason"), options.max_tokens)
+        estimated = False
+        if llmapi:  # text only: no ids, and a count only where the LLM API's own rule gives it
+            output_ids = None
+            extra["token_ids"] = "not sent: Triton's llmapi model sends text only (no output ids, no token count)"
+            count, estimated = self._llmapi_tokens(streamed.text, out.get("finish_reason"), options.max_tokens)
             if count:
                 stats.steps = max(count - stats.accepted, 1)
         add_special = self.deployment().add_special_tokens
@@ -262,14 +262,19 @@ class ServedSession:
             seconds=seconds,
             ttft_seconds=streamed.ttft_seconds,
             num_output_tokens=count,
+            count_estimated=estimated,
             prompt_ids=prompt_ids,
             overlap=overlap,
             extra={"engine_source": None, "server": {"url": self.url, "protocol": self.protocol},
                    "sampling": options.sampling_dict(), **extra},
         )
 
-    def _llmapi_tokens(self, output_ids: list[int], finish_reason: str | None, max_tokens: int) -> int | None:
-        """An llmapi generation's token count: max_tokens when it ended on "length", else the text's tokens."""
+    def _llmapi_tokens(self, text: str, finish_reason: str | None, max_tokens: int) -> tuple[int | None, bool]:
+        """An llmapi generation's token count and whether it is an estimate: max_tokens when it ended on "length"
+        (exact), else the text tokenized again with the target's tokenizer (an estimate: a byte-level token that
+        decodes to U+FFFD, or a word split otherwise, tokenizes to a different count), else None."""
         if finish_reason == "length":
-            return int(max_tokens)
-        return len(output_ids) if self.tokenizer is not None else None
+            return int(max_tokens), False
+        if self.tokenizer is None:
+            return None, False
+        return self.tokenizer.count(text), True

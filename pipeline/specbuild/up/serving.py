@@ -131,6 +131,7 @@ def _stream(ctx, handle, kind: str, prompt: str, max_tokens: int, k: int) -> dic
         "kind": kind,
         "text": gen.text,
         "num_output_tokens": gen.output_tokens,
+        "num_output_tokens_estimated": gen.count_estimated,
         "finish_reason": gen.finish_reason,
         "acceptance_rate": round(gen.stats.acceptance_rate, 4),
         "mean_accepted_len": round(gen.stats.mean_accepted_len, 4),
@@ -140,7 +141,7 @@ def _stream(ctx, handle, kind: str, prompt: str, max_tokens: int, k: int) -> dic
         "tokens_per_s": round(gen.tokens_per_s, 2) if gen.seconds > 0 else None,
         "top_token_share": None if share is None else round(share, 4),
     }
-    ctx.log(f"--- {gen.output_tokens} tokens, acceptance_rate {row['acceptance_rate']:.2f}, "
+    ctx.log(f"--- {gen.count_text()}, acceptance_rate {row['acceptance_rate']:.2f}, "
             f"mean_accepted_len {row['mean_accepted_len']:.2f}, {row['tokens_per_s']} tokens/s")
     if share is not None and share >= MAX_TOP_TOKEN_SHARE:
         ctx.log(f"--- note: one token is {share:.0%} of this output (repetitive text): acceptance on "
