@@ -174,7 +174,7 @@ def test_no_weight_scan_skips_it(tmp_path):
     assert result.exit_code == 0 and doc["ok"] is True
     assert doc["weights"] == {"target": {"scanned": False, "reason": "--no-weight-scan"},
                               "draft": {"scanned": False, "reason": "--no-weight-scan"}}
-    assert list(doc) == ["ok", "pair", "models", "tokenizer", "vocab", "memory", "weights", "problems", "warnings"]
+    assert list(doc) == ["ok", "pair", "backend", "models", "tokenizer", "vocab", "memory", "weights", "problems", "warnings"]
 
 
 def test_sharded_checkpoint_names_the_shard(tmp_path):

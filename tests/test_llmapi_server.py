@@ -403,3 +403,51 @@ def test_a_non_decoupled_target_only_deployment(deployment, target_only):
         assert doc["total_draft_tokens"] == "0" and doc["acceptance_rate"] == "0.0"
         status, body = _generate_http(handle.http_url, {"text_input": "hi", "streaming": True}, "generate_stream")
         assert "Error generating request: Streaming is only supported in decoupled mode." in body
+
+
+def test_generate_local_on_the_llmapi_path_runs_the_weights_the_server_loads(servers, deployment):
+    """`generate --local` once ran the original float32 checkpoint while the llmapi server ran its float16 export;
+    with --backend llmapi it runs the export, as the server does, and its ids are the models' own."""
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    llmapi, _ = servers
+    args = ["generate", "-c", str(deployment.spec_path), "--max-tokens", "12", "--json", "def add(a, b):"]
+    local = json.loads(CliRunner().invoke(main, [*args, "--local", "--backend", "llmapi", "--device", "cpu"]).stdout)
+    served = json.loads(CliRunner().invoke(main, [*args, "--url", llmapi.grpc_url]).stdout)
+    assert local["engine_source"] == "llmapi-export" and local["text"] == served["text"]
+    assert len(local["output_ids"]) == local["num_output_tokens"] == 12 and not local["num_output_tokens_estimated"]
+    assert local["drafted"] > 0 and served["output_ids"] is None
+
+
+def test_the_local_llmapi_session_follows_the_export_not_the_original_checkpoint(deployment, target_only, tmp_path):
+    """The export's final norm negated (its logits flip): the local LLM API session follows it exactly as the
+    server's model (the stand-in LLM) does, and no longer agrees with the original weights."""
+    import dataclasses
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from specbuild.llmapi import args as llm_args
+    from specbuild.llmapi.checkpoint import checkpoint_dir
+    from specbuild.llmapi.llm import Sampling, StandInLLM
+    from specbuild.llmapi.local import local_session
+    from specbuild.session.generation import Options
+
+    spec = dataclasses.replace(deployment.spec, output_dir=tmp_path)
+    for role in ("target", "draft"):
+        shutil.copytree(checkpoint_dir(deployment.spec, role), checkpoint_dir(spec, role))
+    weights = checkpoint_dir(spec, "target") / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["model.norm.weight"] = -tensors["model.norm.weight"]
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+
+    prompt = PROMPTS[1]
+    with local_session(spec) as session:
+        here = session.generate(prompt, Options(max_tokens=12))
+    where = llm_args.Locations(str(checkpoint_dir(spec, "target")), str(checkpoint_dir(spec, "draft")))
+    server_model = StandInLLM(llm_args.llm_args(spec, where))
+    out = server_model.generate(prompt, Sampling(12, 0.0, 0, 1.0, None, True, False, [], []), streaming=False)
+    assert (here.text, here.output_ids) == (out.outputs[0].text, list(out.outputs[0].token_ids))
+    assert here.text != target_only(prompt, 12)["text"]

@@ -1,7 +1,8 @@
 """`specbuild generate`: one prompt through the draft/verify loop, streamed as tokens are accepted.
 
 --local runs the pair in-process (`specbuild.session.local`: the reference runtime, reference engines
-when built, else the Hugging Face checkpoints). Without --local the prompt goes to a running server
+when built, else the Hugging Face checkpoints; on the LLM API path, `specbuild.llmapi.local`: the export the llmapi
+server loads, as its stand-in runs it). Without --local the prompt goes to a running server
 (`specbuild.session.served`). Both return the same document.
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import click
 
+from specbuild import backends
 from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_path, spec_option
 
 
@@ -45,13 +47,18 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
               help="Draft the next step while the target verifies this one (same text; faster where the two "
               "models get a core or GPU each). Default: the spec's speculative.overlap with --local (auto: on "
               "where it pays), else the server's.")
+@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
+              help="--local: which weights run. llmapi: `convert --backend llmapi`'s export, as the llmapi server "
+                   "loads it (its output_ids are the models', which the llmapi server does not send); trtllm, "
+                   "reference: reference engines when built, else the Hugging Face checkpoints. "
+                   + backends.DEFAULT_HELP)
 @click.option("--device", default="auto", show_default=True, help="--local: cpu, cuda, or auto.")
 @click.option("--no-cache", "no_cache", is_flag=True, help="--local: disable the KV and prefix caches (slower; same output).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="--local on CPU: torch threads. Default: 1 for small models, else torch's default.")
 @json_option
 def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
-            stop, chat, system, stream, adaptive, overlap, device, no_cache, threads, as_json):
+            stop, chat, system, stream, adaptive, overlap, backend, device, no_cache, threads, as_json):
     """Generate text for PROMPT with speculative decoding.
 
     \b
@@ -80,7 +87,12 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
                       top_p=top_p, seed=seed, adaptive=adaptive, overlap=None if local else overlap,
                       stop=tuple(stop))
     echo = None if as_json or not stream else _echo_stdout
-    if local:
+    if local and backends.is_llm_api(backend or backends.default(spec.build.backend)):
+        from specbuild.llmapi.local import local_session
+
+        with local_session(spec, device=device) as session:
+            generation = session.generate(prompt, options, on_text=echo)
+    elif local:
         from specbuild.session.local import LocalSession
 
         with LocalSession.from_spec(spec, device=device, use_cache=not no_cache, threads=threads,

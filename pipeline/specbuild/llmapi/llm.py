@@ -208,7 +208,7 @@ class StandInLLM:
                                        self._times(arrival, times)))
 
         try:
-            result = drive(prompt_ids, drafter or _NoDraft(), verifier, ready.request, k=ready.k, cancelled=cancelled,
+            result = drive(prompt_ids, drafter or NoDraft(), verifier, ready.request, k=ready.k, cancelled=cancelled,
                            stop_words=ready.stop_words, on_step=on_step)
         except RequestError as err:
             raise ModelException(str(err)) from None
@@ -252,7 +252,7 @@ class StandInLLM:
         }
 
 
-class _NoDraft:
+class NoDraft:
     """Target only (no speculative_config): the loop never calls it with k = 0."""
 
     def propose(self, tokens, k, sampling):  # pragma: no cover - unreachable with num_draft_tokens 0

@@ -42,7 +42,8 @@ class LocalSession:
                  tokenizer: Any = None, end_id: int | None = None, other_end_ids: tuple[int | None, ...] = (),
                  default_k: int = 4, adaptive: bool = False,
                  max_seq_len: int | None = None, pair: Any = None, overlap: bool | str = False,
-                 overlap_reason: str | None = None, ahead_drafter: Drafter | None = None):
+                 overlap_reason: str | None = None, ahead_drafter: Drafter | None = None,
+                 sources: dict[str, Any] | None = None):
         self.drafter, self.verifier = drafter, verifier
         self._encode = encode  # prompt text -> token ids
         self.tokenizer = tokenizer  # detokenizes streamed text (None: token ids only)
@@ -56,6 +57,7 @@ class LocalSession:
         self.ahead_drafter = ahead_drafter  # the drafter of requests that draft ahead (None: `drafter`)
         self._lock = threading.Lock()  # fast tokenizers are not safe to call from several threads at once
         self.auto_schedule = AutoSchedule()  # overlap = "auto": measured across this session's requests
+        self.sources = sources or {}  # which weights run, when not a `pair` (e.g. the LLM API path's export)
 
     @classmethod
     def from_spec(cls, spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
@@ -110,7 +112,7 @@ class LocalSession:
     def describe(self) -> dict[str, Any]:
         """Which weights run and how exact the runtime is on this machine (the --json document's fields)."""
         if self.pair is None:
-            return {}
+            return dict(self.sources)
         pair = self.pair
         return {
             "engine_source": pair.target.kind,

@@ -1,0 +1,53 @@
+"""`generate --local` on the LLM API path: the weights the llmapi server loads, run as its CPU stand-in runs them.
+
+The server loads `convert --backend llmapi`'s export (<output_dir>/<pair>/<role>/hf_checkpoint: the weights rounded
+to float16 or bfloat16, or FP8), not the original checkpoint; run on the original float32 weights, a local
+generation can give another text than the server's. This session loads the export with the stand-in's own loader
+(`llmapi.llm.StandInLLM`: the LLM arguments `build --backend llmapi` writes, the release's architecture and
+sliding-window rules) and ends a request where the LLM API does: at the tokenizer's eos, and at the checkpoint's
+other end ids, which every served request carries as stop_token_ids (`llmapi.end_ids`). Its output_ids are the
+models' own, which Triton's llmapi model does not send.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specbuild.config import Spec
+from specbuild.errors import ArtifactError
+from specbuild.llmapi import args as args_mod
+from specbuild.llmapi.checkpoint import checkpoint_dir
+from specbuild.session.local import LocalSession
+
+SOURCE = "llmapi-export"  # `engine_source` in the generate document: the LLM API path's export
+
+
+def local_session(spec: Spec, device: str | None = "cpu") -> LocalSession:
+    """The spec's pair as the llmapi server runs it, in this process (ArtifactError before `convert --backend llmapi`);
+    device: cpu, cuda, or auto/None (cuda when torch sees one)."""
+    from specbuild.contract.adapters import ContractDrafter, ContractVerifier
+    from specbuild.llmapi.end_ids import stop_token_ids
+    from specbuild.llmapi.llm import NoDraft, StandInLLM
+    from specbuild.runtime.loading import resolve_device
+
+    where = args_mod.Locations(str(checkpoint_dir(spec, "target")), str(checkpoint_dir(spec, "draft")))
+    for role, folder in (("target", where.target), ("draft", where.draft)):
+        if not (checkpoint_dir(spec, role) / "config.json").is_file():
+            raise ArtifactError(f"no LLM API checkpoint for the {role} at {folder}: run `specbuild convert --backend "
+                                "llmapi` first (the llmapi server and this local run load that export).")
+    engine_args = args_mod.llm_args(spec, where)
+    llm = StandInLLM(engine_args, device=resolve_device(device))
+    eos = llm.tokenizer.eos_token_id
+    _, others = stop_token_ids(engine_args)
+    verifier = ContractVerifier(llm.target, max_draft_len=llm.k, end_id=eos)
+    drafter = ContractDrafter(llm.draft, end_id=eos) if llm.draft is not None else NoDraft()
+    tokenizer = llm.tokenizer
+    return LocalSession(drafter, verifier, lambda text: _encode(tokenizer, text), tokenizer=tokenizer, end_id=eos,
+                        other_end_ids=tuple(others), default_k=llm.k, adaptive=False, max_seq_len=llm.max_seq_len,
+                        sources={"engine_source": SOURCE, "draft_engine_source": SOURCE if llm.draft else None})
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    from specbuild.contract import llmapi as contract
+
+    return list(tokenizer(text, add_special_tokens=contract.ADD_SPECIAL_TOKENS)["input_ids"])
