@@ -64,3 +64,14 @@ def test_check_build_and_up_default_to_the_same_backend_on_the_same_machine(tiny
 def test_the_default_rule():
     assert backends.default("llmapi") == "llmapi"
     assert backends.default(None, trtllm_build="/opt/trtllm-build") == "trtllm"
+
+
+def test_up_names_the_llmapi_weights_in_its_generate_local_step(tmp_path):
+    """After `up --backend llmapi`, the suggested `generate --local` runs the export the server loads."""
+    from specbuild.cli.up_cmd import next_steps
+    from specbuild.config import spec_from_dict
+
+    spec = spec_from_dict({"name": "p", "target": {"checkpoint": "t"}, "draft": {"checkpoint": "d"}}, tmp_path)
+    local = [line for line in next_steps(spec, "127.0.0.1:1", serving=False, backend="llmapi") if "--local" in line]
+    assert any("generate" in line and "--local --backend llmapi" in line for line in local)
+    assert not any("--backend" in line for line in next_steps(spec, "127.0.0.1:1", serving=False, backend="reference"))

@@ -282,3 +282,11 @@ def test_generate_and_bench_reach_a_wildcard_host_on_loopback(tmp_path, monkeypa
     message = json.loads(result.stdout)["error"]
     assert message.startswith(f"no Triton server answers at 127.0.0.1:{port} (http). Start one with "
                               "`specbuild serve -c s.toml`"), message
+
+
+def test_the_pinned_llmapi_outputs_carry_no_ids_and_no_count():
+    """Why a served llmapi generation has output_ids None: NVIDIA's model has no output for them."""
+    from specbuild.contract import llmapi
+
+    names = [t.name for t in llmapi.OUTPUTS]
+    assert "text_output" in names and not [n for n in names if "ids" in n or n.startswith("num_")]

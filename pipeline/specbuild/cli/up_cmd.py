@@ -38,8 +38,9 @@ def program() -> tuple[str, str | None]:
     return shown_path(exe), (shown_path(activate) if activate.is_file() else None)
 
 
-def next_steps(spec, grpc_url: str, serving: bool) -> list[str]:
-    """What to run after `specbuild up`: exact commands for this spec, from the current folder."""
+def next_steps(spec, grpc_url: str, serving: bool, backend: str | None = None) -> list[str]:
+    """What to run after `specbuild up`: exact commands for this spec, from the current folder (`backend`: the one
+    `up` ran, named where `generate --local` would otherwise run other weights)."""
     from specbuild.cli.common import shown_path
     from specbuild.session.served import server_url
 
@@ -53,7 +54,9 @@ def next_steps(spec, grpc_url: str, serving: bool) -> list[str]:
         rows += [(f"{cmd} generate{c}{url} {NEXT_PROMPT}", "through this server"),
                  (f"{cmd} bench{c} --url {grpc_url} --protocol grpc", "speed with and without speculation")]
     else:
-        rows += [(f"{cmd} generate{c} --local {NEXT_PROMPT}", "in-process, no server"),
+        llmapi = backends.is_llm_api(backend) and not backends.is_llm_api(backends.default(spec.build.backend))
+        rows += [(f"{cmd} generate{c} --local{' --backend llmapi' if llmapi else ''} {NEXT_PROMPT}",
+                  "in-process, no server" + (", on the weights the llmapi server loads" if llmapi else "")),
                  (f"{cmd} serve{c}", "serve again (Ctrl-C stops it) ..."),
                  (f"{cmd} generate{c} {NEXT_PROMPT}", "... and ask it, from another terminal"),
                  (f"{cmd} bench{c} --local", "speed with and without speculation")]
@@ -100,7 +103,7 @@ def command(spec_path, backend, trtllm_build, until, repo, once, force, dry_run,
     ctx = UpContext(spec=spec, backend=backend, force=force, dry_run=dry_run, once=once,
                     trtllm_build=str(trtllm_build) if trtllm_build else None, repo=repo, as_json=as_json, log=log,
                     echo=None if as_json else (lambda text: click.echo(text, nl=False)),
-                    next_steps=lambda grpc_url, serving: next_steps(spec, grpc_url, serving),
+                    next_steps=lambda grpc_url, serving: next_steps(spec, grpc_url, serving, backend),
                     progress=progress_enabled())
     document, error = run_up(ctx, until)
     summary = document["stages"]

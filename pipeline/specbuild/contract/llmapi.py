@@ -96,6 +96,9 @@ OUTPUTS: tuple[Tensor, ...] = (
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
     Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
 )
+# None of them carries token ids or a token count (the model's `_create_response` sends output.text, the reasons and
+# the perf metrics only): a client has the text, and `session.served` reports output_ids None, not the text tokenized
+# again, and a count that is exact only on finish "length" (max_tokens).
 
 
 def is_llmapi_config(config: dict | None) -> bool:
