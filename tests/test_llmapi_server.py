@@ -274,7 +274,11 @@ def test_a_stop_request_ends_a_non_streaming_request_with_cancelled(servers):
         if "error" in found["responses"][-1]:
             break
     assert found["responses"] == [{"error": "Request cancelled by client", "final": True}]
-    assert f"[specbuild] request '{request_id}' ended without a response" in llmapi.log_path.read_text(errors="replace")
+    line = f"[specbuild] request '{request_id}' ended without a response"
+    deadline = time.monotonic() + 60  # a deadline: the wrapper logs just after the send the client saw
+    while line not in llmapi.log_path.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert line in llmapi.log_path.read_text(errors="replace")
     running = lambda: parse_metrics(read_metrics(llmapi.metrics_url))[(RUNNING_GAUGE, "tensorrt_llm")]  # noqa: E731
     deadline = time.monotonic() + 60  # a deadline: the gauge drops just after the send the client saw
     while running() != 0 and time.monotonic() < deadline:

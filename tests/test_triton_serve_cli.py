@@ -56,7 +56,7 @@ def test_repo_writes_once_then_skips_and_force_rewrites(tmp_path):
 
 def test_repo_dry_run_writes_nothing(tmp_path):
     spec = write_spec(tmp_path)
-    result = run("repo", "-c", str(spec), "--out-dir", str(tmp_path / "r"), "--dry-run", "--json")
+    result = run("repo", "-c", str(spec), "--out-dir", str(tmp_path / "r"), "--dry-run", "--json", "--backend", "trtllm")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["backend"] == "trtllm" and "tensorrt_llm/config.pbtxt" in doc["files"]
