@@ -112,7 +112,8 @@ class RemoteTransport:
             per_position_accepted=list(stats.per_position_accepted),
             draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
             early_drafts=stats.early_drafts, early_draft_hits=stats.early_draft_hits, hidden_seconds=stats.hidden_seconds,
-            top_token_share=top_token_share(gen.output_ids), output_ids=list(gen.output_ids) if gen.output_ids else None,
+            top_token_share=top_token_share(gen.output_ids or ()),
+            output_ids=list(gen.output_ids) if gen.output_ids else None,
         )
 
     def close(self) -> None:
