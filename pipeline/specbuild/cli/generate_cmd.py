@@ -122,10 +122,10 @@ def _echo_stdout(text: str) -> None:
 
 
 def summary(doc: dict[str, Any]) -> str:
-    count = f"{'~' if doc.get('num_output_tokens_estimated') else ''}{doc['num_output_tokens']} tokens"
+    from specbuild.session.generation import count_text
+
+    count = count_text(doc["num_output_tokens"], doc["num_output_tokens_estimated"])
     parts = [f"{count}, {doc['tokens_per_s']:.1f} tokens/s, finish: {doc['finish_reason']}"]
-    if doc.get("num_output_tokens_estimated"):
-        parts.append("the count is the text tokenized again: the llmapi model sends no token ids")
     if doc["num_draft_tokens"] is None:
         parts.append("K: the server's default")
     elif doc["num_draft_tokens"]:

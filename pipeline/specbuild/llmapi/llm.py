@@ -165,6 +165,10 @@ class StandInLLM:
                                   self.k if self.draft else 0)
         self.max_batch_size = batch
 
+    def encode(self, prompt: str) -> list[int]:
+        """A prompt's ids as the LLM API tokenizes it (special tokens added: `contract.ADD_SPECIAL_TOKENS`)."""
+        return list(self.tokenizer(prompt, add_special_tokens=contract.ADD_SPECIAL_TOKENS)["input_ids"])
+
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -180,7 +184,7 @@ class StandInLLM:
         from specbuild.speculative.interfaces import SamplingParams
 
         arrival = time.monotonic_ns()
-        prompt_ids = list(self.tokenizer(prompt, add_special_tokens=contract.ADD_SPECIAL_TOKENS)["input_ids"])
+        prompt_ids = self.encode(prompt)
         if len(prompt_ids) > self.max_num_tokens:
             raise ModelException(contract.MSG_PROMPT_TOO_LONG.format(prompt_len=len(prompt_ids) / 1,
                                                                     max_num_tokens=self.max_num_tokens))

@@ -11,8 +11,6 @@ models' own, which Triton's llmapi model does not send.
 
 from __future__ import annotations
 
-from typing import Any
-
 from specbuild.config import Spec
 from specbuild.errors import ArtifactError
 from specbuild.llmapi import args as args_mod
@@ -26,28 +24,24 @@ def local_session(spec: Spec, device: str | None = "cpu") -> LocalSession:
     """The spec's pair as the llmapi server runs it, in this process (ArtifactError before `convert --backend llmapi`);
     device: cpu, cuda, or auto/None (cuda when torch sees one)."""
     from specbuild.contract.adapters import ContractDrafter, ContractVerifier
-    from specbuild.llmapi.end_ids import stop_token_ids
+    from specbuild.hfmodel import listed_end_ids
     from specbuild.llmapi.llm import NoDraft, StandInLLM
     from specbuild.runtime.loading import resolve_device
 
-    where = args_mod.Locations(str(checkpoint_dir(spec, "target")), str(checkpoint_dir(spec, "draft")))
-    for role, folder in (("target", where.target), ("draft", where.draft)):
-        if not (checkpoint_dir(spec, role) / "config.json").is_file():
+    folders = {role: checkpoint_dir(spec, role) for role in ("target", "draft")}
+    for role, folder in folders.items():
+        if not (folder / "config.json").is_file():
             raise ArtifactError(f"no LLM API checkpoint for the {role} at {folder}: run `specbuild convert --backend "
                                 "llmapi` first (the llmapi server and this local run load that export).")
-    engine_args = args_mod.llm_args(spec, where)
+    engine_args = args_mod.llm_args(spec, args_mod.Locations(str(folders["target"]), str(folders["draft"])))
     llm = StandInLLM(engine_args, device=resolve_device(device))
     eos = llm.tokenizer.eos_token_id
-    _, others = stop_token_ids(engine_args)
+    # the LLM ends at the tokenizer's eos, and every served request carries the checkpoint's listed end ids as
+    # stop_token_ids (llmapi.end_ids.stop_token_ids: none without an eos); the session ends at each once
     verifier = ContractVerifier(llm.target, max_draft_len=llm.k, end_id=eos)
     drafter = ContractDrafter(llm.draft, end_id=eos) if llm.draft is not None else NoDraft()
-    tokenizer = llm.tokenizer
-    return LocalSession(drafter, verifier, lambda text: _encode(tokenizer, text), tokenizer=tokenizer, end_id=eos,
-                        other_end_ids=tuple(others), default_k=llm.k, adaptive=False, max_seq_len=llm.max_seq_len,
+    return LocalSession(drafter, verifier, llm.encode, tokenizer=llm.tokenizer, end_id=eos,
+                        other_end_ids=tuple(listed_end_ids(folders["target"])) if eos is not None else (),
+                        default_k=llm.k, adaptive=False,
+                        max_seq_len=llm.max_seq_len,
                         sources={"engine_source": SOURCE, "draft_engine_source": SOURCE if llm.draft else None})
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    from specbuild.contract import llmapi as contract
-
-    return list(tokenizer(text, add_special_tokens=contract.ADD_SPECIAL_TOKENS)["input_ids"])

@@ -56,6 +56,13 @@ class StepRecord:
     accepted: int
 
 
+def count_text(tokens: int, estimated: bool) -> str:
+    """A token count as a person reads it: "48 tokens", or "~50 tokens (estimated: ...)" when estimated."""
+    if estimated:
+        return f"~{tokens} tokens (estimated from the text: the server sends no token ids)"
+    return f"{tokens} tokens"
+
+
 @dataclass
 class Generation:
     """One finished generation: the text, why it stopped, the figures, and how long it took."""
@@ -81,10 +88,7 @@ class Generation:
         return self.num_output_tokens if self.num_output_tokens is not None else len(self.output_ids or ())
 
     def count_text(self) -> str:
-        """The token count as a person reads it: "48 tokens", or "~50 tokens (estimated: ...)" when estimated."""
-        if self.count_estimated:
-            return f"~{self.output_tokens} tokens (estimated from the text: the server sends no token ids)"
-        return f"{self.output_tokens} tokens"
+        return count_text(self.output_tokens, self.count_estimated)
 
     @property
     def tokens_per_s(self) -> float:
