@@ -1,4 +1,4 @@
-"""The CLI's contract: fast --help without heavy imports, exit codes, README reference in sync."""
+"""The CLI's contract: fast --help without heavy imports, exit codes, docs/cli.md in sync."""
 
 import json
 import subprocess
@@ -114,7 +114,7 @@ def test_python_dash_m_entry_point():
     assert out.returncode == 0 and "specbuild, version" in out.stdout
 
 
-def test_readme_cli_reference_is_current():
+def test_cli_reference_page_is_current():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "cli_reference.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -34,3 +34,14 @@ def test_the_readme_next_steps_use_the_demo_spec_and_real_commands():
     assert lines[0] == ["source", ".venv/bin/activate"]
     for argv in lines[1:]:
         assert argv[0] == "specbuild" and argv[1] in COMMANDS and argv[2:4] == ["-c", ".demo/specbuild.toml"], argv
+
+
+def test_the_readme_is_short_and_shows_both_commands_on_its_first_screen():
+    """A newcomer reads it in five minutes: at most 300 lines, and the two commands within its first 30 lines; the
+    CLI reference (docs/cli.md) and the changelog (CHANGELOG.md) live beside it and are linked from it."""
+    lines = README.splitlines()
+    assert len(lines) <= 300, len(lines)
+    first_screen = "\n".join(lines[:30])
+    assert re.search(r"^make demo\b", first_screen, re.M) and re.search(r"^make test\b", first_screen, re.M)
+    for page in ("docs/cli.md", "CHANGELOG.md", "docs/architecture.md"):
+        assert f"]({page})" in README and (ROOT / page).is_file(), page
