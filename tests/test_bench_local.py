@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from specbuild.bench import report, runner
-from specbuild.check import measure as qualify
+from specbuild.bench import measure as qualify
 from specbuild.bench.local import LocalTransport
 from specbuild.bench.workloads import Prompt, Workload
 from specbuild.config import spec_from_dict

@@ -111,7 +111,7 @@ def test_local_concurrency_batches_the_streams(tiny_doc):
 
 
 def test_check_measure_section_on_the_tiny_pair(tiny_doc, tmp_path):
-    from specbuild.check import measure as qualify
+    from specbuild.bench import measure as qualify
     from specbuild.config import load_spec
 
     _, folder = tiny_doc

@@ -49,7 +49,7 @@ def local(deployment):
 @pytest.fixture(scope="module")
 def target_only(local):
     """In-process target-only greedy ids through the same reference runtime (K = 0)."""
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
 
     cache = {}
 

@@ -60,7 +60,7 @@ def test_the_images_install_specbuild_without_disturbing_nvidias_stack():
     assert "pip install --no-deps ." in text and "tritonclient[all]" not in text.replace("[all] extra", "")
     assert 'tritonclient[grpc,http]==${release}' in text and "TRITON_VERSION" in text
     assert "pip check" in text and "comm -13" in text  # only the conflicts the install added fail it
-    assert "triton_python_backend_stub" in text and "import specbuild.session.request" in text
+    assert "triton_python_backend_stub" in text and "import specbuild.decode.request" in text
     for name in ("Dockerfile.gpu", "Dockerfile.llmapi"):
         dockerfile = (DOCKER / name).read_text()
         assert "COPY docker/install_specbuild.sh ./docker/" in dockerfile and "RUN bash docker/install_specbuild.sh" \

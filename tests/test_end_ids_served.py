@@ -1,7 +1,7 @@
 """Several end ids (a generation_config.json that lists them, as Llama 3.x instruct models ship) and stop words end a
 generation at the same token in-process and through the BLS: both read the end ids with
 specbuild.hfmodel.listed_end_ids, from the same files (the reference engine copies the checkpoint's
-generation_config.json beside its tokenizer), and both assemble the request with session.request.RequestRules.
+generation_config.json beside its tokenizer), and both assemble the request with decode.request.RequestRules.
 NVIDIA's ensemble, which calls the engine directly, gets the other end ids as stop words from preprocessing; the
 llmapi repository's model gets them as stop_token_ids (specbuild.llmapi.end_ids)."""
 
@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from specbuild.session.generation import Options
+from specbuild.decode.generation import Options
 from specbuild.triton.client import SpecbuildClient
 from triton_helpers import make_deployment, serving
 

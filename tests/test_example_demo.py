@@ -31,7 +31,7 @@ def demo_root(tmp_path_factory, example_cache_dir):
 @pytest.fixture(scope="module")
 def demo_outputs(demo_root):
     from specbuild.config import load_spec
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
     from specbuild.session.local import LocalSession
 
     session = LocalSession.from_spec(load_spec(demo_root / ".demo" / "specbuild.toml"), threads=1)

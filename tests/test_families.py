@@ -186,7 +186,7 @@ def test_the_runtime_gives_transformers_logits_prefilled_or_decoded(tmp_path, fa
 @pytest.mark.parametrize("family", REFERENCE_FAMILIES)
 def test_speculative_greedy_output_equals_target_only_and_transformers_generate(tmp_path, pairs, family):
     from specbuild.config import load_spec
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
     from specbuild.session.local import LocalSession
 
     pair = load_spec(pairs[family])
@@ -240,7 +240,7 @@ def test_speculative_sampling_follows_the_targets_own_distribution(tmp_path, pai
     import numpy as np
 
     from specbuild.config import load_spec
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
     from specbuild.session.local import LocalSession
     from specbuild.speculative.interfaces import SamplingParams
     from specbuild.speculative.sampling import process_logits
@@ -318,7 +318,7 @@ def test_every_family_streams_through_each_repository_kind_it_has(tmp_path, pair
     from specbuild.llmapi import checkpoint as llmapi_checkpoint
     from specbuild.llmapi.repository import write_repository as write_llmapi_repository
     from specbuild.session.chat import chat_prompt
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
     from specbuild.session.local import LocalSession
     from specbuild.session.served import ServedSession
     from specbuild.triton.repository import write_repository

@@ -19,22 +19,24 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specbuild.config", "specbuild.quantization", "specbuild.backends", "specbuild.families"),
     ("specbuild.artifacts", "specbuild.hfmodel", "specbuild.corpus"),
     ("specbuild.speculative",),
+    ("specbuild.decode",),
     ("specbuild.contract",),
+    ("specbuild.check",),
     ("specbuild.runtime",),
     ("specbuild.triton.client",),
     ("specbuild.session",),
     ("specbuild.example", "specbuild.bench"),
-    ("specbuild.build", "specbuild.convert", "specbuild.check", "specbuild.triton", "specbuild.llmapi",
+    ("specbuild.build", "specbuild.convert", "specbuild.triton", "specbuild.llmapi",
      "specbuild.deploy"),
     ("specbuild.up",),
     ("specbuild.cli", "specbuild.__main__"),
 )
 
-# Inside the stages' band (layer 9), bottom to top: a stage imports only stages before it here. `check` reads
-# checkpoints and plans memory for every stage; `convert` and `build` check what they take; the LLM API path reuses
+# Inside the stages' band, bottom to top: a stage imports only stages before it here (`check`, the facts about a pair
+# that every stage reads, sits below the band); `convert` and `build` check what they take; the LLM API path reuses
 # convert's export and verification; `triton` plans serving for either repository kind (`triton.deploy`); `deploy` writes
 # the Helm chart from the facts of `triton` (serve's options, the supervisor) and `llmapi` (the multi-node launcher).
-STAGE_ORDER = ("specbuild.check", "specbuild.convert", "specbuild.build", "specbuild.llmapi", "specbuild.triton",
+STAGE_ORDER = ("specbuild.convert", "specbuild.build", "specbuild.llmapi", "specbuild.triton",
                "specbuild.deploy")
 
 
@@ -122,7 +124,7 @@ def stage(module: str) -> int | None:
     return next((i for i, name in enumerate(STAGE_ORDER) if module == name or module.startswith(name + ".")), None)
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == layer("specbuild.check")))
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == layer("specbuild.convert")))
 def test_no_stage_imports_a_stage_after_it(module):
     after = sorted(name for name in GRAPH[module] if layer(name) == layer(module)
                    and stage(name) is not None and stage(module) is not None and stage(name) > stage(module))
@@ -153,9 +155,9 @@ def test_the_checker_sees_a_violation_and_a_cycle(monkeypatch):
     monkeypatch.setitem(GRAPH, "specbuild.speculative.loop", GRAPH["specbuild.speculative.loop"] | {"specbuild.cli"})
     with pytest.raises(AssertionError, match=r"imports from layers above it: \['specbuild.cli'\]"):
         test_no_module_imports_from_a_layer_above_it("specbuild.speculative.loop")
-    monkeypatch.setitem(GRAPH, "specbuild.check.report", GRAPH["specbuild.check.report"] | {"specbuild.triton.configs"})
+    monkeypatch.setitem(GRAPH, "specbuild.convert.plan", GRAPH["specbuild.convert.plan"] | {"specbuild.triton.configs"})
     with pytest.raises(AssertionError, match=r"stages after it in STAGE_ORDER: \['specbuild.triton.configs'\]"):
-        test_no_stage_imports_a_stage_after_it("specbuild.check.report")
+        test_no_stage_imports_a_stage_after_it("specbuild.convert.plan")
     monkeypatch.setitem(GRAPH, "specbuild.errors", GRAPH["specbuild.errors"] | {"specbuild.config"})
     with pytest.raises(AssertionError, match=r"specbuild.config -> (\S+ -> )?specbuild.errors -> specbuild.config"):
         test_no_import_cycles()

@@ -99,7 +99,7 @@ def test_the_stand_in_llm_gives_the_engine_paths_target_only_ids(tmp_path, examp
     from specbuild.llmapi.build import locations
     from specbuild.llmapi.checkpoint import convert_pair
     from specbuild.llmapi.llm import StandInLLM, sampling_from_request
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
     from specbuild.session.local import LocalSession
     from triton_helpers import make_deployment
 

@@ -51,7 +51,7 @@ def servers(deployment):
 @pytest.fixture(scope="module")
 def target_only(deployment):
     """Target-only greedy text in-process on the engine path's reference engines (`generate --local`, K = 0)."""
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
     from specbuild.session.local import LocalSession
 
     local = LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
@@ -437,7 +437,7 @@ def test_the_local_llmapi_session_follows_the_export_not_the_original_checkpoint
     from specbuild.llmapi.checkpoint import checkpoint_dir
     from specbuild.llmapi.llm import Sampling, StandInLLM
     from specbuild.llmapi.local import local_session
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
 
     spec = dataclasses.replace(deployment.spec, output_dir=tmp_path)
     for role in ("target", "draft"):

@@ -1,4 +1,4 @@
-"""session.request.RequestRules: one request assembled once (K, end ids, stop words) for the BLS, the local session
+"""decode.request.RequestRules: one request assembled once (K, end ids, stop words) for the BLS, the local session
 and the LLM API stand-in; and a local session with stop words, on the toy pair."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 
 from specbuild.contract.words import to_word_list, word_sequences
 from specbuild.errors import RequestError
-from specbuild.session.generation import Options
+from specbuild.decode.generation import Options
 from specbuild.session.local import LocalSession
-from specbuild.session.request import NO_END_ID, RequestRules
+from specbuild.decode.request import NO_END_ID, RequestRules
 from specbuild.speculative.interfaces import SamplingParams
 from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 

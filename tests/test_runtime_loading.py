@@ -11,7 +11,7 @@ from runtime_models import make_llama, single_thread  # noqa: F401 (autouse fixt
 from specbuild.config import spec_from_dict
 from specbuild.errors import CheckpointError
 from specbuild.runtime.loading import HF_CHECKPOINT, REFERENCE_ENGINE, load_pair, model_source
-from specbuild.session.textstream import TextStream
+from specbuild.decode.textstream import TextStream
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from specbuild.cli import main
 from specbuild.errors import RequestError
-from specbuild.session.driver import drive
+from specbuild.decode.driver import drive
 from specbuild.contract.bls_params import BlsParameters
-from specbuild.session.generation import Options, finish_reason
+from specbuild.decode.generation import Options, finish_reason
 from specbuild.session.local import LocalSession
 from specbuild.session.served import Deployment, ServedSession, read_stream, server_url
 from specbuild.speculative.draft_len import resolve_fixed_k, resolve_k, resolve_ks

@@ -7,6 +7,7 @@ import pytest
 
 from specbuild.errors import GenerationError, RequestError
 from specbuild.speculative.acceptance import accept_greedy
+from specbuild.speculative.draft_len import resolve_k
 from specbuild.speculative.interfaces import Draft, SamplingParams, Verification
 from specbuild.speculative.loop import DRAFTER, VERIFIER, GenerationRequest, derive_seed, generate, run
 from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
@@ -227,9 +228,13 @@ def test_exactly_max_tokens_and_k_clamped_to_the_remaining_budget(max_tokens, k)
     assert sum(len(c) + 1 for c in verifier.calls) == max_tokens  # perfect drafter: nothing wasted
 
 
-def test_k_clamped_to_max_draft_len():
+def test_k_is_resolved_before_the_loop_which_refuses_one_above_max_draft_len():
+    """K is resolved once (draft_len.resolve_k, through decode.request.RequestRules): the loop takes it as given and
+    refuses a K its verifier cannot take instead of clamping it a second time."""
     script = list(range(1, 11)) * 3
-    result, drafter, verifier = script_run(script, script, k=8, max_tokens=20, max_draft_len=3)
+    with pytest.raises(GenerationError, match="num_draft_tokens = 8 exceeds the verifier's max_draft_len = 3"):
+        script_run(script, script, k=8, max_tokens=20, max_draft_len=3)
+    result, drafter, verifier = script_run(script, script, k=resolve_k(8, 3).k, max_tokens=20, max_draft_len=3)
     assert max(drafter.asked) == 3
     assert all(len(c) <= 3 for c in verifier.calls)
     assert result.tokens == script[:20]
@@ -238,7 +243,7 @@ def test_k_clamped_to_max_draft_len():
 
 def test_max_draft_len_zero_means_plain_decoding():
     script = [1, 2, 3, 4]
-    result, drafter, _ = script_run(script, script, k=4, max_tokens=4, max_draft_len=0)
+    result, drafter, _ = script_run(script, script, k=resolve_k(4, 0).k, max_tokens=4, max_draft_len=0)
     assert drafter.asked == [] and result.tokens == script
 
 

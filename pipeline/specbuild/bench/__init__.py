@@ -1,5 +1,5 @@
 """`specbuild bench`: speed and acceptance, measured and compared with the bound (and the measurement
-behind `check --measure`, `specbuild.check.measure`).
+behind `check --measure`, `specbuild.bench.measure`).
 
     workloads   built-in code / prose / json prompt sets, or a JSONL file
     runner      the schedule: interleaved K sweep, concurrency sweep, over one transport

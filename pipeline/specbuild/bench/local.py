@@ -19,7 +19,7 @@ from typing import Any
 from specbuild.bench.runner import Settings
 from specbuild.bench.stats import RequestResult, top_token_share
 from specbuild.bench.workloads import Prompt
-from specbuild.session.generation import Generation, Options
+from specbuild.decode.generation import Generation, Options
 from specbuild.speculative.interfaces import Drafter, Verifier
 
 

@@ -24,7 +24,7 @@ from specbuild.bench.stats import RequestResult, top_token_share
 from specbuild.bench.workloads import Prompt
 from specbuild.config import Spec
 from specbuild.errors import ClientError
-from specbuild.session.generation import Options
+from specbuild.decode.generation import Options
 
 
 class RemoteTransport:

@@ -152,7 +152,7 @@ def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bo
     if prompts_file is not None and not measure:
         raise click.UsageError("--prompts is used by --measure: add --measure.")
     if measure and report.ok:
-        from specbuild.check import measure as measurement
+        from specbuild.bench import measure as measurement
         from specbuild.cli.common import log
 
         doc["measure"] = measurement.measure(spec, prompts_file=prompts_file, log=log, progress=True)
@@ -161,7 +161,7 @@ def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bo
     else:
         click.echo(format_report(doc))
         if "measure" in doc:
-            from specbuild.check import measure as measurement
+            from specbuild.bench import measure as measurement
 
             click.echo("\n".join(f"{'measure' if i == 0 else '':<11}{line}"
                                  for i, line in enumerate(measurement.summary_lines(doc["measure"]))))

@@ -76,7 +76,7 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
         raise click.UsageError("pass either --local or --url, not both.")
     if system is not None and not chat:
         raise click.UsageError("--system goes with --chat.")
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
 
     spec = get_spec(spec_path)
     if chat:
@@ -122,7 +122,7 @@ def _echo_stdout(text: str) -> None:
 
 
 def summary(doc: dict[str, Any]) -> str:
-    from specbuild.session.generation import count_text
+    from specbuild.decode.generation import count_text
 
     count = count_text(doc["num_output_tokens"], doc["num_output_tokens_estimated"])
     parts = [f"{count}, {doc['tokens_per_s']:.1f} tokens/s, finish: {doc['finish_reason']}"]

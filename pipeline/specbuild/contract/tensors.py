@@ -205,7 +205,7 @@ BLS_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("num_input_tokens", "TYPE_INT32", (1,)),
     Tensor("num_output_tokens", "TYPE_INT32", (1,)),
     # specbuild's extras (not in NVIDIA's BLS). finish_reason / stop_reason: NVIDIA's LLM API names and values
-    # ("stop" | "length" | "cancelled"; the matched stop word), on the final response (specbuild.session.generation)
+    # ("stop" | "length" | "cancelled"; the matched stop word), on the final response (specbuild.decode.generation)
     Tensor("finish_reason", "TYPE_STRING", (1,)),
     Tensor("stop_reason", "TYPE_STRING", (1,)),
     Tensor("output_ids", "TYPE_INT32", (-1,)),  # the generated token ids so far

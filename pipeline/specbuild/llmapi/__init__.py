@@ -12,7 +12,7 @@ Its contract, every NVIDIA name and value this path writes or serves with its so
 (data only, in the contract layer, so the client speaks the llmapi model's format). Modules:
 `args` (the LLM arguments from the spec), `checkpoint` / `hfexport` (convert), `build`, `repository`, `probe`,
 `standin` / `protocol` / `llm` (the CPU stand-in for Triton's llmapi model, its loop driven by
-`session.driver.drive`), `trtllm_serve`. Elsewhere: the wire format in `triton.client`, a generation's K
+`decode.driver.drive`), `trtllm_serve`. Elsewhere: the wire format in `triton.client`, a generation's K
 and token counts in `session.served`, the memory plan in `check.llmapi_memory`, the commands in
 `cli.llmapi_cmds` and `up.llmapi_path`.
 """

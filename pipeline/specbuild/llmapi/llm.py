@@ -1,5 +1,5 @@
 """The CPU stand-in for TensorRT-LLM's `LLM(**model.yaml)`: both models in one process, the project's
-draft/verify loop driven by `specbuild.session.driver.drive` over the reference runtime, as the LLM API runs
+draft/verify loop driven by `specbuild.decode.driver.drive` over the reference runtime, as the LLM API runs
 its draft/target "two model" speculation inside one executor.
 
 It takes the LLM arguments as model.yaml holds them and refuses what TensorRT-LLM 1.2.1 refuses
@@ -29,7 +29,7 @@ from typing import Any
 from specbuild.errors import RequestError
 from specbuild.contract import llmapi as contract
 from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
-from specbuild.session.request import RequestRules
+from specbuild.decode.request import RequestRules
 
 
 class LlmArgsError(ValueError):
@@ -175,12 +175,12 @@ class StandInLLM:
     def generate(self, prompt: str, sampling: Sampling, streaming: bool, call=None,
                  on_output: Callable[[RequestOutput], None] | None = None,
                  cancelled: Callable[[], bool] | None = None) -> RequestOutput:
-        """Run one request to its end (`session.driver.drive`) and return its last RequestOutput. When
+        """Run one request to its end (`decode.driver.drive`) and return its last RequestOutput. When
         streaming, on_output gets one RequestOutput per draft/verify step before the last (text cumulative).
         cancelled: polled before each step; True ends the request with finish_reason "cancelled".
         call: (role) -> the contract call to use (a shared batcher under concurrency); default the models."""
         from specbuild.contract.adapters import ContractDrafter, ContractVerifier
-        from specbuild.session.driver import drive
+        from specbuild.decode.driver import drive
         from specbuild.speculative.interfaces import SamplingParams
 
         arrival = time.monotonic_ns()

@@ -7,7 +7,7 @@ What it does the way NVIDIA's model does it:
   triton_config must hold max_batch_size and decoupled; cancellation_check_period_ms defaults to 100;
   every other key goes to the LLM (refused as TensorRT-LLM refuses it: the model does not load);
 - execute() returns None and answers through each request's response sender, one request at a time per
-  thread (NVIDIA: one asyncio task each), the loop driven by `session.driver.drive` (`llm.StandInLLM`);
+  thread (NVIDIA: one asyncio task each), the loop driven by `decode.driver.drive` (`llm.StandInLLM`);
   streamed responses go out through one response thread;
 - streaming on a model that is not decoupled -> "Streaming is only supported in decoupled mode.";
 - any failure -> a response with text_output ["N/A"] and the error "Error generating request: <error>";

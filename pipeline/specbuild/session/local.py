@@ -24,10 +24,10 @@ from typing import Any
 from specbuild.config import Spec
 from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids
-from specbuild.session.driver import drive
-from specbuild.session.generation import Generation, Options
-from specbuild.session.request import RequestRules
-from specbuild.session.textstream import TextStream
+from specbuild.decode.driver import drive
+from specbuild.decode.generation import Generation, Options
+from specbuild.decode.request import RequestRules
+from specbuild.decode.textstream import TextStream
 from specbuild.speculative.interfaces import Drafter, SamplingParams, Verifier
 from specbuild.speculative.overlap import AutoSchedule
 

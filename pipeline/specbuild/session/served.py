@@ -8,8 +8,7 @@
 here; `specbuild.triton.client.SpecbuildClient` underneath speaks the protocol (gRPC streaming or HTTP)
 and the wire format (the BLS's, or Triton's llmapi model's on the LLM API path). The server's own outputs
 say how it ended (`finish_reason`, `stop_reason`) and what speculation did (`speculation_stats`, the
-acceptance outputs); the K rule (`resolve_k`) is applied with the deployment's max_draft_len and default
-K, read from the BLS's model config.
+acceptance outputs), the BLS the K it used (`speculation_stats.k`: K is resolved there, once).
 
 An llmapi deployment says less, and the session fills in what the spec knows (`for_spec`):
 - K: the LLM API drafts its configured max_draft_len at every step and takes no K per request; that K is
@@ -42,8 +41,8 @@ from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.llmapi import ADD_SPECIAL_TOKENS as LLMAPI_ADD_SPECIAL_TOKENS
 from specbuild.contract.pbtxt import parameter_values
 from specbuild.errors import ClientError
-from specbuild.session.generation import Generation, Options
-from specbuild.speculative.draft_len import ResolvedK, resolve_fixed_k, resolve_k
+from specbuild.decode.generation import Generation, Options
+from specbuild.speculative.draft_len import ResolvedK, resolve_fixed_k
 from specbuild.speculative.stats import SpeculationStats
 
 __all__ = ["Deployment", "MODEL", "ServedSession", "read_stream", "server_url"]
@@ -192,16 +191,10 @@ class ServedSession:
             raise self.no_server()
 
     def resolve_k(self, requested: int | None) -> ResolvedK | None:
-        """The K rule with the deployment's limit and default; None when neither a K nor a default is known."""
-        deployment = self.deployment()
-        if deployment.llmapi:
-            return None if self.llmapi_k is None else resolve_fixed_k(requested, self.llmapi_k)
-        if requested is None and deployment.num_draft_tokens is None:
-            return None
-        if deployment.max_draft_len is None:
-            requested = deployment.num_draft_tokens if requested is None else requested
-            return resolve_k(requested, requested)  # the server applies its own limit
-        return resolve_k(requested, deployment.max_draft_len, default=deployment.num_draft_tokens)
+        """An llmapi deployment's K (it drafts one fixed K and does not say it): `resolve_fixed_k` with the spec's
+        num_draft_tokens; None when the session was not given it. The BLS resolves K itself and says which it used
+        (`speculation_stats.k`), so this is never asked of a BLS."""
+        return None if self.llmapi_k is None else resolve_fixed_k(requested, self.llmapi_k)
 
     def generate(self, prompt: str, options: Options, on_text: Callable[[str], None] | None = None,
                  stream: bool = True) -> Generation:
@@ -230,8 +223,6 @@ class ServedSession:
                                        accepted=int(out.get("total_accepted_draft_tokens") or 0)))
         if isinstance(figures, dict) and "k" in figures:
             k = ResolvedK.from_dict(figures["k"])  # the K the BLS used
-        elif not llmapi:
-            k = self.resolve_k(options.num_draft_tokens)  # a BLS from before it said: its config's rule
         # the schedule the BLS ran (it sends it with the figures), else what was asked, else the deployment's
         overlap = figures.get("overlap") if isinstance(figures, dict) and "overlap" in figures else (
             options.overlap if options.overlap is not None else self.deployment().overlap)

@@ -23,7 +23,7 @@ import numpy as np
 
 from specbuild.errors import RequestError
 
-__all__ = ["ResolvedK", "resolve_fixed_k", "resolve_k", "resolve_ks"]
+__all__ = ["ResolvedK", "check_k", "resolve_fixed_k", "resolve_k", "resolve_ks"]
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,20 @@ def _is_int(x: object) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
+def check_k(k: object) -> int:
+    """`k` as a K a request may ask for (an integer >= 0), else RequestError."""
+    if not _is_int(k) or k < 0:
+        raise RequestError(f"num_draft_tokens = {k!r} is invalid: use 0 (target only) or a positive integer.")
+    return int(k)
+
+
 def resolve_k(requested: int | None, max_draft_len: int, default: int | None = None) -> ResolvedK:
     """The K a request runs with. requested None: `default` (which must then be given)."""
     if requested is None:
         if default is None:
             raise RequestError("num_draft_tokens is not set and this deployment has no default K: send it.")
         requested = default
-    if not _is_int(requested) or requested < 0:
-        raise RequestError(f"num_draft_tokens = {requested!r} is invalid: use 0 (target only) or a positive integer.")
-    requested = int(requested)
+    requested = check_k(requested)
     return ResolvedK(k=min(requested, int(max_draft_len)), requested=requested, max_draft_len=int(max_draft_len))
 
 

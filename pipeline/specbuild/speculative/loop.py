@@ -16,7 +16,7 @@ its draft call, otherwise it drafts as usual. Which call produced a draft never 
 the early draft is used only when its context, K and seed are exactly those of the call it replaces.
 
 Rules this module owns:
-- K per step = min(K, remaining budget - 1), K clamped to verifier.max_draft_len (draft_len.resolve_k),
+- K per step = min(K, remaining budget - 1); K arrives resolved (draft_len.resolve_k, at most verifier.max_draft_len),
   so a step never overshoots max_tokens; exactly max_tokens tokens come out unless EOS or a stop sequence ends it first.
 - EOS: the first end_id, or any of other_end_ids (a checkpoint that lists several), accepted or recovered/bonus,
   ends the request at once and is NOT part of the output, like TensorRT-LLM, whose sequence_length excludes
@@ -50,7 +50,7 @@ import numpy as np
 
 from specbuild.errors import GenerationError, RequestError
 from specbuild.speculative.adaptive import AdaptiveK
-from specbuild.speculative.draft_len import resolve_k
+from specbuild.speculative.draft_len import check_k
 from specbuild.speculative.interfaces import Draft, Drafter, SamplingParams, Verification, Verifier
 from specbuild.speculative.overlap import AutoSchedule, DraftAhead
 from specbuild.speculative.sampling import validate_sampling
@@ -76,7 +76,7 @@ SEEDED_COST_RATIO = 0.25  # c assumed by adaptive K for seeded sampling requests
 @dataclass(frozen=True)
 class GenerationRequest:
     max_tokens: int  # tokens to generate at most (EOS and stop sequences may end it earlier)
-    num_draft_tokens: int = 4  # K; 0 = target only (same code path); clamped to verifier.max_draft_len
+    num_draft_tokens: int = 4  # K, already resolved (draft_len.resolve_k): 0 <= K <= verifier.max_draft_len
     sampling: SamplingParams = field(default_factory=SamplingParams)
     end_id: int | None = None  # EOS token id; None = never stop on a token
     other_end_ids: Sequence[int] = ()  # more ids that end the request as end_id does (specbuild.hfmodel.end_ids)
@@ -89,10 +89,7 @@ class GenerationRequest:
         """Raise RequestError naming the first invalid field."""
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise RequestError(f"max_tokens = {self.max_tokens!r} is invalid: ask for at least 1 token.")
-        if not _is_int(self.num_draft_tokens) or self.num_draft_tokens < 0:
-            raise RequestError(
-                f"num_draft_tokens = {self.num_draft_tokens!r} is invalid: use 0 (target only) or a positive integer."
-            )
+        check_k(self.num_draft_tokens)
         validate_sampling(self.sampling)
         for end in (self.end_id, *self.other_end_ids):
             if end is not None and (not _is_int(end) or end < 0):
@@ -156,7 +153,11 @@ def generate(
     max_draft_len = getattr(verifier, "max_draft_len", None)
     if not _is_int(max_draft_len) or max_draft_len < 0:
         raise GenerationError(f"verifier.max_draft_len = {max_draft_len!r} is invalid: it must be an integer >= 0.")
-    k_max = resolve_k(request.num_draft_tokens, max_draft_len).k
+    if request.num_draft_tokens > max_draft_len:
+        raise GenerationError(
+            f"num_draft_tokens = {request.num_draft_tokens} exceeds the verifier's max_draft_len = {max_draft_len}: "
+            "resolve K first (decode.request.RequestRules, or speculative.draft_len.resolve_k).")
+    k_max = request.num_draft_tokens
     if not request.adaptive:
         controller = None
     elif controller is None:

@@ -233,9 +233,10 @@ def _nvidia_clients(run: Run) -> str:
     K and client-side speculation through tensorrt_llm_draft / tensorrt_llm give one text per prompt."""
     import tritonclient.grpc as grpcclient
 
+    from specbuild.speculative.draft_len import resolve_k
     from specbuild.triton.nvidia_requests import SPECULATIVE_K, speculative_decoding_check
 
-    k = min(SPECULATIVE_K, run.spec.speculative.max_draft_len)
+    k = resolve_k(SPECULATIVE_K, run.spec.speculative.max_draft_len).k
     client = grpcclient.InferenceServerClient(run.server.grpc_url)
     try:
         for _, prompt in DEMO_PROMPTS:
@@ -262,7 +263,7 @@ def _llmapi_probe(run: Run) -> str:
 
 
 def _bench(run: Run) -> str:
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
     from specbuild.session.served import ServedSession
 
     rates = {}

@@ -118,7 +118,7 @@ def _demo(ctx, handle, supervisor) -> list[dict[str, Any]]:
 def _stream(ctx, handle, kind: str, prompt: str, max_tokens: int, k: int) -> dict[str, Any]:
     """One demo prompt streamed (a session on the server's address now: a restart may have moved it)."""
     from specbuild.bench.stats import top_token_share
-    from specbuild.session.generation import Options
+    from specbuild.decode.generation import Options
     from specbuild.session.served import ServedSession
 
     echo = ctx.echo  # the streamed text (the CLI's stdout, unless --json)

@@ -1,6 +1,6 @@
 """`tensorrt_llm_bls`: the speculative draft/verify loop served by Triton's Python backend.
 
-The loop is `specbuild.speculative.loop`, driven by `specbuild.session.driver.drive` as in-process;
+The loop is `specbuild.speculative.loop`, driven by `specbuild.decode.driver.drive` as in-process;
 this model only moves tensors: text -> token ids (the tokenizer it holds, with preprocessing's rules)
 -> loop over BLS calls to `tensorrt_llm_draft` (propose) and `tensorrt_llm` (verify) -> text. The two
 LLM models are TensorRT-LLM engines on GPU or specbuild's reference models on CPU; both speak the same
@@ -8,14 +8,14 @@ tensor contract (`specbuild.contract`).
 
 Beyond NVIDIA's BLS: streams accepted text as it is verified (decoupled mode), several requests at
 once (a thread each), EOS and stop words handled at once, K clamped and adapted (the request assembled by
-`session.request.RequestRules`, as in-process), the
+`decode.request.RequestRules`, as in-process), the
 overlapped (draft-ahead) schedule (`_schedule`: while `tensorrt_llm` verifies a draft, the loop sends the
 next step's early draft to `tensorrt_llm_draft` from a second thread of the request, `overlap.ThreadedAhead`;
 `InferenceRequest.exec()` releases the GIL while it waits, triton-inference-server/python_backend r24.10
 `src/infer_request.cc` `InferRequest::Exec`, so the two calls run at once in the two model processes),
 INVALID_ARG errors instead of tracebacks, cancellation, Prometheus metrics, a bounded queue, prompts refused
 by their size before tokenizing (`bls_request`), and on the final response `finish_reason` / `stop_reason`
-(NVIDIA's LLM API names and values, `specbuild.session.generation`) with the acceptance outputs
+(NVIDIA's LLM API names and values, `specbuild.decode.generation`) with the acceptance outputs
 (`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`, always sent) and specbuild's
 `output_ids`, `num_input_tokens`, `num_output_tokens`, `mean_accepted_len`, `speculation_stats` (with the K used).
 
@@ -53,10 +53,10 @@ from specbuild.contract.logits import NUMPY_NAMES
 from specbuild.contract.tensors import final_values
 from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids, listed_end_ids
-from specbuild.session.driver import drive
-from specbuild.session.generation import Generation
-from specbuild.session.request import RequestRules
-from specbuild.session.textstream import TextStream
+from specbuild.decode.driver import drive
+from specbuild.decode.generation import Generation
+from specbuild.decode.request import RequestRules
+from specbuild.decode.textstream import TextStream
 from specbuild.speculative.overlap import AutoSchedule, available_cores, parse_setting, resolve_auto
 from specbuild.triton.models.bls_metrics import QueueMetrics, SpeculationMetrics
 from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse_request

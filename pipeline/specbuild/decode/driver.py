@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from specbuild.session.generation import Generation, StepRecord, finish_reason
-from specbuild.session.textstream import TextStream
+from specbuild.decode.generation import Generation, StepRecord, finish_reason
+from specbuild.decode.textstream import TextStream
 from specbuild.speculative.adaptive import AdaptiveK
 from specbuild.speculative.draft_len import ResolvedK
 from specbuild.speculative.interfaces import Drafter, Verifier
