@@ -4,7 +4,7 @@
 
 The reference runtime's bit-exactness (speculative greedy output == target-only output) rests on
 row-block invariance, which depends on the code path the math libraries take on a given CPU
-(runtime/exactness.py). One machine can take other CPUs' code paths through environment controls:
+(reference/exactness.py). One machine can take other CPUs' code paths through environment controls:
 - ATEN_CPU_CAPABILITY=default|avx2|avx512: torch's own vectorized kernels (softmax, exp, norms);
 - MKL_ENABLE_INSTRUCTIONS=SSE4_2|AVX2|AVX512: the highest instruction set MKL dispatches to, i.e.
   the SGEMM kernels a CPU without AVX-512 (or AVX2) gets;
@@ -55,8 +55,8 @@ def fingerprint(two_threads: bool = True) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from specbuild.runtime.exactness import probe
-    from specbuild.runtime.model import LlamaArgs, LlamaModel
+    from specbuild.reference.exactness import probe
+    from specbuild.reference.model import LlamaArgs, LlamaModel
 
     rng = np.random.default_rng(0)
 
@@ -112,7 +112,7 @@ def decodes_exactly(model, rng) -> bool:
     (crossing attention's 64-key buckets) equal those of one-token steps through the KV cache."""
     import numpy as np
 
-    from specbuild.runtime.engine import ReferenceEngine
+    from specbuild.reference.engine import ReferenceEngine
 
     seqs = [rng.integers(3, model.args.vocab_size, n).tolist() for n in (70, 5, 12)]
     batched = ReferenceEngine(model, use_cache=False).logits(seqs, [len(s) for s in seqs])

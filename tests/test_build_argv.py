@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from fakes.build_fixtures import fake_checkpoint, make_spec
-from specbuild.build.engines import dry_run, plan_build
-from specbuild.build.flags import FLAG_NAMES, FORBIDDEN, trtllm_argv
-from specbuild.build.plan import check_consistent, plan_role
+from specbuild.engines.stage import dry_run, plan_build
+from specbuild.engines.flags import FLAG_NAMES, FORBIDDEN, trtllm_argv
+from specbuild.engines.plan import check_consistent, plan_role
 from specbuild.errors import ArtifactError, BuildError, SpecError
 
 
@@ -220,7 +220,7 @@ def test_dry_run_needs_no_checkpoint_and_reads_one_when_present(tmp_path):
 @pytest.mark.parametrize("version, warned", [("1.2.1", False), ("1.2.0rc3", False), ("1.1.0", True),
                                              ("1.20.0", True), (None, True)])
 def test_trtllm_version_is_checked(version, warned):
-    from specbuild.build.flags import trtllm_version_note
+    from specbuild.engines.flags import trtllm_version_note
 
     note = trtllm_version_note(version)
     assert (note is not None) == warned

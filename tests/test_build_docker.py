@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.build.flags import TRTLLM_VERSION_CHECKED
+from specbuild.engines.flags import TRTLLM_VERSION_CHECKED
 from specbuild.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent

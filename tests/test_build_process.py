@@ -12,7 +12,7 @@ import time
 import pytest
 
 from fakes.build_fixtures import FAKE_TRTLLM_BUILD, fake_checkpoint, make_spec
-from specbuild.build.engines import build_engines
+from specbuild.engines.stage import build_engines
 from specbuild.errors import ArtifactError, BuildError
 
 
@@ -115,7 +115,7 @@ def test_two_builds_at_once_on_the_same_output(spec, monkeypatch):
         f"sys.path.insert(0, {str(FAKE_TRTLLM_BUILD.parent.parent)!r})\n"
         "from fakes.build_fixtures import make_spec, FAKE_TRTLLM_BUILD\n"
         "from pathlib import Path\n"
-        "from specbuild.build.engines import build_engines\n"
+        "from specbuild.engines.stage import build_engines\n"
         f"spec = make_spec(Path({str(spec.output_dir.parent)!r}))\n"
         "build_engines(spec, ['draft'], 'trtllm', trtllm_build=str(FAKE_TRTLLM_BUILD))\n"
     )
@@ -142,7 +142,7 @@ def test_tensor_parallel_engine_needs_every_rank(spec, tmp_path):
 
 
 def test_dry_run_predicts_the_input_hash_a_build_records(spec):
-    from specbuild.build.engines import dry_run
+    from specbuild.engines.stage import dry_run
 
     planned = {e["role"]: e["input_hash"] for e in dry_run(spec, ["target", "draft"], "trtllm",
                                                            str(FAKE_TRTLLM_BUILD))["engines"]}
@@ -164,7 +164,7 @@ def test_ctrl_c_stops_trtllm_build_and_leaves_nothing(spec, tmp_path):
         f"sys.path.insert(0, {str(FAKE_TRTLLM_BUILD.parent.parent)!r})\n"
         "from fakes.build_fixtures import make_spec, FAKE_TRTLLM_BUILD\n"
         "from pathlib import Path\n"
-        "from specbuild.build.engines import build_engines\n"
+        "from specbuild.engines.stage import build_engines\n"
         f"spec = make_spec(Path({str(spec.output_dir.parent)!r}))\n"
         "build_engines(spec, ['target'], 'trtllm', trtllm_build=str(FAKE_TRTLLM_BUILD))\n"
     )
@@ -203,8 +203,8 @@ def engine_config(plan, **changes):
     ({"kv_cache_type": "CONTINUOUS"}, "kv_cache_type = 'CONTINUOUS'"),
 ])
 def test_verify_engine_refuses_what_the_builder_changed(spec, tmp_path, changes, message):
-    from specbuild.build.plan import plan_role
-    from specbuild.build.trtllm import verify_engine
+    from specbuild.engines.plan import plan_role
+    from specbuild.engines.trtllm import verify_engine
 
     plan = plan_role(spec, "target")
     (tmp_path / "rank0.engine").write_bytes(b"x")
@@ -217,8 +217,8 @@ def test_verify_engine_refuses_what_the_builder_changed(spec, tmp_path, changes,
 
 
 def test_verify_engine_accepts_the_mode_as_a_name_and_needs_config_and_ranks(spec, tmp_path):
-    from specbuild.build.plan import plan_role
-    from specbuild.build.trtllm import verify_engine
+    from specbuild.engines.plan import plan_role
+    from specbuild.engines.trtllm import verify_engine
 
     plan = plan_role(spec, "target")
     with pytest.raises(BuildError, match="config.json is missing or has no build_config"):
@@ -273,8 +273,8 @@ def test_engine_built_on_an_older_gpu_than_the_spec_is_refused_with_the_reason(t
 
 
 def test_verify_engine_names_the_gpu_when_it_is_known(spec, tmp_path):
-    from specbuild.build.plan import plan_role
-    from specbuild.build.trtllm import verify_engine
+    from specbuild.engines.plan import plan_role
+    from specbuild.engines.trtllm import verify_engine
 
     plan = plan_role(spec, "target")
     (tmp_path / "rank0.engine").write_bytes(b"x")

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 
 from fakes.build_fixtures import make_spec  # noqa: E402
-from specbuild.build.engines import build_engines  # noqa: E402
+from specbuild.engines.stage import build_engines  # noqa: E402
 from specbuild.cli import main  # noqa: E402
 
 VOCAB = 96
@@ -134,8 +134,8 @@ def test_engine_json_has_the_limits_a_trtllm_engine_would_have(pair):
 
 def test_engine_json_takes_the_logits_dtype_of_the_checkpoint(pair):
     """modelopt writes logits_dtype into the checkpoint; trtllm-build keeps it (specbuild passes no --logits_dtype)."""
-    from specbuild.build.plan import plan_role
-    from specbuild.build.reference import engine_json
+    from specbuild.engines.plan import plan_role
+    from specbuild.engines.reference_engine import engine_json
 
     spec, _ = pair
     plan = plan_role(spec, "target")
@@ -180,7 +180,7 @@ def test_cli_reference_build_json(pair, tmp_path):
 
 
 def test_dry_run_input_hash_is_the_cache_key_of_the_build(pair):
-    from specbuild.build.engines import dry_run
+    from specbuild.engines.stage import dry_run
 
     spec, _ = pair
     planned = [e["input_hash"] for e in dry_run(spec, ["target", "draft"], "reference")["engines"]]

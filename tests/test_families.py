@@ -127,7 +127,7 @@ def test_the_llm_api_stand_in_runs_a_model_as_the_pinned_release_does(tmp_path):
     """The stand-in stops where 1.2.1's LLM stops (an architecture it does not register) and attends as its attention
     does (Mistral's and Phi-3's sliding_window not applied)."""
     from specbuild.llmapi.llm import release_args
-    from specbuild.runtime.model import args_from_config
+    from specbuild.reference.model import args_from_config
 
     for family, window in (("mistral", 8), ("phi3", 8)):
         config = json.loads((make_family(tmp_path / family, family, sliding_window=window) / "config.json").read_text())
@@ -168,7 +168,7 @@ def hf_model(folder: Path):
 @pytest.mark.parametrize("family,window", [(f, None) for f in REFERENCE_FAMILIES] + [("mistral", 8), ("phi3", 8),
                                                                                   ("gemma2", 8)])
 def test_the_runtime_gives_transformers_logits_prefilled_or_decoded(tmp_path, family, window):
-    from specbuild.runtime.model import LlamaModel
+    from specbuild.reference.model import LlamaModel
 
     extra = {"sliding_window": window} if window else {}
     folder = make_family(tmp_path / family, family, tokenizer=False, **extra)
@@ -311,7 +311,7 @@ def test_every_family_streams_through_each_repository_kind_it_has(tmp_path, pair
     token for token the greedy text of in-process decoding (speculative, K = 3). Qwen3 (q/k norm, tied embeddings,
     head_dim apart from hidden / heads) also gets a chat prompt: the template applied on the client, its one BOS
     kept once by the server."""
-    from specbuild.build.engines import build_engines
+    from specbuild.engines.stage import build_engines
     from specbuild.config import load_spec
     from specbuild.convert import convert_pair
     from specbuild.llmapi import build as llmapi_build

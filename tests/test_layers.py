@@ -22,11 +22,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("specbuild.decode",),
     ("specbuild.contract",),
     ("specbuild.check",),
-    ("specbuild.runtime",),
+    ("specbuild.reference",),
     ("specbuild.triton.client",),
     ("specbuild.session",),
     ("specbuild.example", "specbuild.bench"),
-    ("specbuild.build", "specbuild.convert", "specbuild.triton", "specbuild.llmapi",
+    ("specbuild.engines", "specbuild.convert", "specbuild.triton", "specbuild.llmapi",
      "specbuild.deploy"),
     ("specbuild.up",),
     ("specbuild.cli", "specbuild.__main__"),
@@ -34,9 +34,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 # Inside the stages' band, bottom to top: a stage imports only stages before it here (`check`, the facts about a pair
 # that every stage reads, sits below the band); `convert` and `build` check what they take; the LLM API path reuses
-# convert's export and verification; `triton` plans serving for either repository kind (`triton.deploy`); `deploy` writes
+# convert's export and verification; `triton` plans serving for either repository kind (`triton.serve_plan`); `deploy` writes
 # the Helm chart from the facts of `triton` (serve's options, the supervisor) and `llmapi` (the multi-node launcher).
-STAGE_ORDER = ("specbuild.convert", "specbuild.build", "specbuild.llmapi", "specbuild.triton",
+STAGE_ORDER = ("specbuild.convert", "specbuild.engines", "specbuild.llmapi", "specbuild.triton",
                "specbuild.deploy")
 
 

@@ -47,7 +47,7 @@ def test_check_refuses_on_a_gpu_exactly_the_formats_convert_refuses_there(gpu, t
 def test_build_refuses_before_any_argv_every_gpu_format_pair_check_refuses(gpu, tmp_path):
     """`build --dry-run` once printed a trtllm-build argv for fp8 on an A100 that check refused: the three stages
     now ask one gate (build_rules.gpu_refusals), for each weight format and KV cache on each GPU."""
-    from specbuild.build.engines import plan_build
+    from specbuild.engines.stage import plan_build
 
     for name in QUANTIZATIONS:
         for kv_cache in ("none", "fp8"):

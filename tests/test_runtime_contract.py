@@ -7,9 +7,9 @@ import pytest
 
 from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
 from specbuild.errors import RequestError
-from specbuild.runtime.contract_model import ContractModel, Limits
-from specbuild.runtime.engine import ReferenceEngine
-from specbuild.runtime.model import LlamaModel
+from specbuild.reference.contract_model import ContractModel, Limits
+from specbuild.reference.engine import ReferenceEngine
+from specbuild.reference.model import LlamaModel
 from specbuild.contract.sampling import TrtllmSampling
 
 VOCAB = 97

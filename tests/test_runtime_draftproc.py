@@ -1,4 +1,4 @@
-"""The draft model in a child process (runtime/draftproc.py): the same answers as in this process, early drafts
+"""The draft model in a child process (reference/draftproc.py): the same answers as in this process, early drafts
 that never block the caller, errors raised in the caller, the overlapped loop over it equal to the sequential loop."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import pytest
 
 from runtime_models import single_thread  # noqa: F401 (autouse fixture)
 from specbuild.errors import GenerationError, RequestError
-from specbuild.runtime.contract_model import ContractModel, Limits
-from specbuild.runtime.draftproc import DraftProcess
-from specbuild.runtime.engine import ReferenceEngine
-from specbuild.runtime.loading import HF_CHECKPOINT, ModelSource
-from specbuild.runtime.model import LlamaModel
+from specbuild.reference.contract_model import ContractModel, Limits
+from specbuild.reference.draftproc import DraftProcess
+from specbuild.reference.engine import ReferenceEngine
+from specbuild.reference.loading import HF_CHECKPOINT, ModelSource
+from specbuild.reference.model import LlamaModel
 from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.speculative.interfaces import AheadDrafter, SamplingParams
 from specbuild.speculative.loop import GenerationRequest, run

@@ -1,4 +1,4 @@
-"""The row-block probe (runtime/exactness.py): the runtime picks a block that passes on this machine, falls
+"""The row-block probe (reference/exactness.py): the runtime picks a block that passes on this machine, falls
 back to one row per call when none does, and stays exact either way.
 
 A kernel that breaks invariance is simulated by wrapping the model's matmul (or attention) so that a row's
@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-import specbuild.runtime.model as model_module
+import specbuild.reference.model as model_module
 from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
 from specbuild.errors import SpecError
-from specbuild.runtime.contract_model import ContractModel, Limits
-from specbuild.runtime.engine import ReferenceEngine
-from specbuild.runtime.blocks import run_blocks
-from specbuild.runtime.exactness import CPU_CANDIDATES, WIDE_BLOCKS, attention_ends, probe, probe_wide
-from specbuild.runtime.model import LlamaModel
+from specbuild.reference.contract_model import ContractModel, Limits
+from specbuild.reference.engine import ReferenceEngine
+from specbuild.reference.blocks import run_blocks
+from specbuild.reference.exactness import CPU_CANDIDATES, WIDE_BLOCKS, attention_ends, probe, probe_wide
+from specbuild.reference.model import LlamaModel
 from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.speculative.loop import GenerationRequest, run
 
@@ -96,7 +96,7 @@ def test_speculative_greedy_equals_target_only_on_the_example_pair(tiny_spec_pat
 
     from specbuild.config import load_spec
     from specbuild.corpus import heldout_prompts
-    from specbuild.runtime.loading import load_pair
+    from specbuild.reference.loading import load_pair
 
     pair = load_pair(load_spec(tiny_spec_path), device="cpu")
     assert pair.target_model.engine.model.exactness.exact
@@ -239,7 +239,7 @@ def test_attention_ends_cover_every_bucket_up_to_1024_then_powers_of_two_and_the
 def test_load_contract_model_logs_its_choice_with_verbose(tmp_path, capsys, monkeypatch):
     """The row block is for contributors: on stderr with --verbose (SPECBUILD_VERBOSE) only."""
     from specbuild.progress import VERBOSE_ENV
-    from specbuild.runtime.loading import HF_CHECKPOINT, ModelSource, load_contract_model
+    from specbuild.reference.loading import HF_CHECKPOINT, ModelSource, load_contract_model
 
     make_llama(tmp_path, layers=1)
     source = ModelSource("target", tmp_path, HF_CHECKPOINT, {"max_seq_len": 700})

@@ -4,7 +4,7 @@ This is what makes speculative greedy output equal target-only output (a k + 1-t
 and k + 1 one-token steps see identical numbers) and what makes the KV rollback and the prefix
 cache invisible in the output.
 
-Whether a row block is invariant depends on the machine's BLAS code path (runtime/exactness.py), so
+Whether a row block is invariant depends on the machine's BLAS code path (reference/exactness.py), so
 these tests never assume a block passes: `probed` is the runtime's own choice on this machine, and a
 fixed block is tested only where the probe accepts it (a block the probe accepts must be exact in
 decoding; a rejected one makes no claim to check). tests/test_runtime_exactness.py covers the probe.
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
-from specbuild.runtime.engine import ReferenceEngine
-from specbuild.runtime.exactness import probe
-from specbuild.runtime.kvcache import PrefixCache, common_prefix
-from specbuild.runtime.model import LlamaModel
+from specbuild.reference.engine import ReferenceEngine
+from specbuild.reference.exactness import probe
+from specbuild.reference.kvcache import PrefixCache, common_prefix
+from specbuild.reference.model import LlamaModel
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def test_common_prefix():
 def _kv(tokens, capacity=4):
     import torch
 
-    from specbuild.runtime.kvcache import SequenceKV
+    from specbuild.reference.kvcache import SequenceKV
 
     kv = SequenceKV(2, 1, 2, torch.device("cpu"), torch.float32)
     kv.reserve(capacity)

@@ -10,7 +10,7 @@ import pytest
 from runtime_models import make_llama, single_thread  # noqa: F401 (autouse fixture)
 from specbuild.config import spec_from_dict
 from specbuild.errors import CheckpointError
-from specbuild.runtime.loading import HF_CHECKPOINT, REFERENCE_ENGINE, load_pair, model_source
+from specbuild.reference.loading import HF_CHECKPOINT, REFERENCE_ENGINE, load_pair, model_source
 from specbuild.decode.textstream import TextStream
 
 

@@ -10,8 +10,8 @@ import torch
 
 from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
 from specbuild.errors import CheckpointError
-from specbuild.runtime.engine import ReferenceEngine
-from specbuild.runtime.model import LlamaModel
+from specbuild.reference.engine import ReferenceEngine
+from specbuild.reference.model import LlamaModel
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 16}

@@ -2,7 +2,7 @@
 
 The pair runs through the same path as `generate --local` and the Triton BLS: the draft/verify
 loop -> ContractDrafter / ContractVerifier -> the tensorrt_llm tensor contract -> the reference
-engine. Equality is exact (token for token); the batch-invariant forward (runtime/model.py) is
+engine. Equality is exact (token for token); the batch-invariant forward (reference/model.py) is
 what makes a k + 1-token verification see the same numbers as one-token steps.
 """
 
@@ -17,9 +17,9 @@ import torch
 
 from runtime_models import single_thread  # noqa: F401 (autouse fixture)
 from specbuild.errors import GenerationError
-from specbuild.runtime.contract_model import ContractModel, Limits
-from specbuild.runtime.engine import ReferenceEngine
-from specbuild.runtime.model import LlamaModel
+from specbuild.reference.contract_model import ContractModel, Limits
+from specbuild.reference.engine import ReferenceEngine
+from specbuild.reference.model import LlamaModel
 from specbuild.contract.adapters import ContractDraft, ContractDrafter, ContractVerifier
 from specbuild.speculative.interfaces import Draft, SamplingParams
 from specbuild.speculative.loop import GenerationRequest, run

@@ -177,7 +177,7 @@ def test_served_reference_models_do_not_oversubscribe_the_cpu(example_tiny):
     """Each served LLM model runs in its own process: a small model gets one torch thread."""
     import torch
 
-    from specbuild.runtime.loading import HF_CHECKPOINT, ModelSource
+    from specbuild.reference.loading import HF_CHECKPOINT, ModelSource
 
     before = torch.get_num_threads()
     try:

@@ -38,7 +38,7 @@ def local_greedy(deployment):
     """Target-only greedy text, decoded in-process by the same reference engine and tokenizer."""
     from transformers import AutoTokenizer
 
-    from specbuild.runtime.loading import load_contract_model, model_source
+    from specbuild.reference.loading import load_contract_model, model_source
 
     source = model_source(deployment.spec, "target")
     model = load_contract_model(source, device="cpu")
@@ -182,7 +182,7 @@ def test_tensorrt_llm_verifies_drafts_like_the_contract(server, deployment):
     return_perf_metrics, as from the C++ backend."""
     import tritonclient.http as httpclient
 
-    from specbuild.runtime.loading import load_contract_model, model_source
+    from specbuild.reference.loading import load_contract_model, model_source
 
     local = load_contract_model(model_source(deployment.spec, "target"), device="cpu")
     ids, draft = [5, 6, 7, 8], [9, 10, 11]

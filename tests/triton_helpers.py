@@ -33,7 +33,7 @@ def make_deployment(root: Path, example_tiny) -> TinyDeployment:
     deployment still goes through both stages, and no test can change another's engines."""
     import shutil
 
-    from specbuild.build.engines import build_engines
+    from specbuild.engines.stage import build_engines
     from specbuild.config import load_spec
     from specbuild.convert import convert_pair
     from specbuild.example import specfile

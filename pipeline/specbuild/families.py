@@ -3,7 +3,7 @@
 Every stage reads this table: `check` (its verdict per backend, `support`), `convert` (the same refusals,
 before any work), the TensorRT-LLM checkpoint loader (the family's names and stored forms) and the reference
 runtime (what it computes differently). Adding a family is its record here and, where the reference runtime
-must compute something new, that computation in `runtime/model.py`.
+must compute something new, that computation in `reference/model.py`.
 
 Paths:
 - the engine path (backends trtllm and reference) converts with modelopt's `export_tensorrt_llm_checkpoint`,

@@ -97,12 +97,12 @@ class LocalTransport:
 
 def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | None = None,
               row_block: int | None = None, overlap: bool | str | None = None) -> LocalTransport:
-    """The spec's pair in-process: reference engines when built, else the HF checkpoints (`runtime.loading`).
+    """The spec's pair in-process: reference engines when built, else the HF checkpoints (`reference.loading`).
 
     overlap: the schedule (None = the spec's speculative.overlap), "auto" resolved for this machine by
-    `runtime.loading.resolve_overlap`.
+    `reference.loading.resolve_overlap`.
 
-    Concurrent requests share the models through `runtime.batcher.Batcher` (their sequences share forward
+    Concurrent requests share the models through `reference.batcher.Batcher` (their sequences share forward
     passes, like Triton's dynamic batching); single requests call the models directly.
     """
     from specbuild.session.local import LocalSession
@@ -117,7 +117,7 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
 
     def batched() -> tuple[Drafter, Verifier]:
         from specbuild.contract.adapters import ContractDrafter, ContractVerifier
-        from specbuild.runtime.batcher import Batcher
+        from specbuild.reference.batcher import Batcher
 
         target, draft = Batcher(pair.target_model), Batcher(pair.draft_model)
         batchers.extend([target, draft])
@@ -144,7 +144,7 @@ def plain_target(transport: LocalTransport, device: str | None = None) -> LocalT
     this copy is the fastest plain decoding the runtime has, so the honest speedup compares against the
     faster of the two target-only runs."""
     from specbuild.contract.adapters import ContractVerifier
-    from specbuild.runtime.loading import load_contract_model
+    from specbuild.reference.loading import load_contract_model
 
     pair = transport.session.pair
     model = load_contract_model(pair.target, device, row_block=1, probe=False)  # one row: exact by construction

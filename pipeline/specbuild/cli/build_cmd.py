@@ -62,7 +62,7 @@ def command(spec_path, backend, trtllm_build, role, force, dry_run, as_json):
     Exit codes: 0 built or up to date, 1 error (trtllm-build missing or failed, engine
     disagrees with the request, inputs missing, output locked), 2 usage error.
     """
-    from specbuild.build.engines import build_engines, dry_run as plan_dry_run
+    from specbuild.engines.stage import build_engines, dry_run as plan_dry_run
 
     spec = get_spec(spec_path)
     backend = backend or backends.default(spec.build.backend, trtllm_build)

@@ -91,7 +91,7 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
     \b
     Exit codes: 0 stopped by a signal (or --once done), 1 error (a failed stop included), 2 usage error.
     """
-    from specbuild.triton import deploy
+    from specbuild.triton import serve_plan
     from specbuild.triton.supervisor import Supervisor
 
     spec = get_spec(spec_path)
@@ -104,7 +104,7 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
 
         return serve_trtllm(spec, host, http_port, trtllm_serve, nodes, launcher, timeout, once, dry_run, as_json,
                             stop_timeout=exit_timeout if _given("exit_timeout") else None)
-    plan = deploy.plan_serve(spec, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control,
+    plan = serve_plan.plan_serve(spec, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control,
                              allow_apis, exit_timeout)
     if backend is not None and backend != plan.backend:
         from specbuild.errors import ArtifactError
@@ -120,7 +120,7 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
 
             click.echo(shlex.join(document["argv"]))
         return
-    deploy.check_engines(plan.backend, plan.engines)
+    serve_plan.check_engines(plan.backend, plan.engines)
     settings = SupervisorSettings(enabled=not no_supervise, canary_interval_s=canary_interval, start_timeout_s=timeout,
                                   max_restarts=max_restarts)
     supervisor = Supervisor.for_repo(plan.options, plan.install, settings, log=log)

@@ -1,6 +1,6 @@
 """What trtllm-build and the TensorRT-LLM runtime do to an engine by themselves, in one place.
 
-The plan (`specbuild.build.plan`), `check`, `convert` and the fake trtllm-build in the tests all
+The plan (`specbuild.engines.plan`), `check`, `convert` and the fake trtllm-build in the tests all
 follow these rules, so a plan the real builder would quietly change is refused before any GPU time.
 No torch, no TensorRT-LLM: plain arithmetic on checkpoint and spec values.
 

@@ -69,9 +69,9 @@ def load_model(folder: Path, limits: dict[str, int], device: str = "cpu"):
     """A ContractModel over a checkpoint written by `convert --backend llmapi` (FP8 weights read back)."""
     from specbuild.llmapi.hfexport import load_export
     from specbuild.contract.executor import Limits
-    from specbuild.runtime.contract_model import ContractModel
-    from specbuild.runtime.engine import ReferenceEngine
-    from specbuild.runtime.model import LlamaModel, args_from_config
+    from specbuild.reference.contract_model import ContractModel
+    from specbuild.reference.engine import ReferenceEngine
+    from specbuild.reference.model import LlamaModel, args_from_config
 
     loaded = load_export(folder)
     model = LlamaModel(release_args(args_from_config(loaded.hf_config, str(folder)), loaded.hf_config),

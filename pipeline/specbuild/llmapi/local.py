@@ -26,7 +26,7 @@ def local_session(spec: Spec, device: str | None = "cpu") -> LocalSession:
     from specbuild.contract.adapters import ContractDrafter, ContractVerifier
     from specbuild.hfmodel import listed_end_ids
     from specbuild.llmapi.llm import NoDraft, StandInLLM
-    from specbuild.runtime.loading import resolve_device
+    from specbuild.reference.loading import resolve_device
 
     folders = {role: checkpoint_dir(spec, role) for role in ("target", "draft")}
     for role, folder in folders.items():

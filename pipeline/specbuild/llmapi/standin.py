@@ -21,7 +21,7 @@ are refused with UNAVAILABLE (`specbuild.contract.serving_gate.gated`); the chec
 tokenizer's eos go with every request as stop_token_ids (`specbuild.llmapi.end_ids.every_end_id`), since the LLM,
 and this stand-in like it, ends at the tokenizer's eos only; a non-streaming request a `stop` request aborted gets
 CANCELLED as its final response (`specbuild.llmapi.answered.every_request_answered`).
-Where it differs: concurrent requests share forward passes through `runtime.batcher.Batcher` (NVIDIA: the LLM's
+Where it differs: concurrent requests share forward passes through `reference.batcher.Batcher` (NVIDIA: the LLM's
 own in-flight batching).
 """
 
@@ -51,7 +51,7 @@ class SharedModel:
     forward passes) while several do. Either way one call at a time reaches the model (the lock)."""
 
     def __init__(self, model: Any, active: "ActiveCount"):
-        from specbuild.runtime.batcher import Batcher
+        from specbuild.reference.batcher import Batcher
 
         self.model, self.active, self.lock = model, active, threading.Lock()
         self.batcher = Batcher(self, max_batch_size=model.limits.max_batch_size)
@@ -129,8 +129,8 @@ class StandInModel:
 
     @staticmethod
     def _threads(target_dir: Path) -> None:
-        """One torch thread for small models (the in-process runtime's choice, runtime.loading)."""
-        from specbuild.runtime.loading import HF_CHECKPOINT, ModelSource, configure_threads
+        """One torch thread for small models (the in-process runtime's choice, reference.loading)."""
+        from specbuild.reference.loading import HF_CHECKPOINT, ModelSource, configure_threads
 
         configure_threads(None, ModelSource("target", target_dir, HF_CHECKPOINT), "cpu")
 

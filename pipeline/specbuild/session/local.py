@@ -4,13 +4,13 @@
     gen = session.generate("def f(x):", Options(max_tokens=32), on_text=print)
     gen.to_dict()                                       # the `generate --local --json` document
 
-The pair runs on the reference runtime (`runtime.loading.load_pair`: reference engines when built,
+The pair runs on the reference runtime (`reference.loading.load_pair`: reference engines when built,
 else the Hugging Face checkpoints), behind the same Drafter/Verifier adapters as the Triton BLS.
 
 The schedule: `overlap` is the session's default (the spec's speculative.overlap, "auto" resolved for this
-machine by `runtime.loading.resolve_overlap`), `Options.overlap` a request's own. When the session drafts
+machine by `reference.loading.resolve_overlap`), `Options.overlap` a request's own. When the session drafts
 ahead, its early drafts come from a second copy of the draft model in a child process
-(`runtime.draftproc`); a request that drafts ahead on a session loaded without one runs the early drafts
+(`reference.draftproc`); a request that drafts ahead on a session loaded without one runs the early drafts
 on a thread (`speculative.overlap.ThreadedAhead`: the same text, but two threads of one process mostly
 wait for each other's GIL). Call `close()` when done (it stops the child process).
 """
@@ -51,7 +51,7 @@ class LocalSession:
         self.rules = RequestRules(tokenizer, end_ids(end_id, other_end_ids), verifier.max_draft_len, default_k,
                                   adaptive)
         self.max_seq_len = max_seq_len  # prompt + generated tokens the engines take (None: no limit known)
-        self.pair = pair  # runtime.loading.LocalPair when loaded from a spec
+        self.pair = pair  # reference.loading.LocalPair when loaded from a spec
         self.overlap = overlap  # the schedule when a request does not say: False, True or "auto"
         self.overlap_reason = overlap_reason or f"overlap {overlap}"  # why (how "auto" was resolved here)
         self.ahead_drafter = ahead_drafter  # the drafter of requests that draft ahead (None: `drafter`)
@@ -62,12 +62,12 @@ class LocalSession:
     @classmethod
     def from_spec(cls, spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
                   row_block: int | None = None, overlap: bool | str | None = None) -> "LocalSession":
-        """The spec's pair on the reference runtime (row_block: see runtime.loading.load_contract_model); the spec
+        """The spec's pair on the reference runtime (row_block: see reference.loading.load_contract_model); the spec
         gives the default K, whether K adapts, and the schedule (`overlap`: None = the spec's
         speculative.overlap)."""
         from transformers import AutoTokenizer
 
-        from specbuild.runtime.loading import load_pair
+        from specbuild.reference.loading import load_pair
 
         pair = load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache, threads=threads,
                          row_block=row_block, overlap=spec.speculative.overlap if overlap is None else overlap)

@@ -20,7 +20,7 @@ module holds the schedule's state and what it runs on (docs/speculative.md has t
   steps in each mode (one per deployment, across requests); `Segments` is a request's side of it.
 - `resolve_auto`: `overlap = "auto"` for a deployment: kept where the drafter and the target can run at
   the same time (enough cores), else off. Its callers say what "enough" is: in-process
-  (`runtime.loading.resolve_overlap`) 2 x torch's threads, in the Triton BLS a core per model process.
+  (`reference.loading.resolve_overlap`) 2 x torch's threads, in the Triton BLS a core per model process.
 """
 
 from __future__ import annotations

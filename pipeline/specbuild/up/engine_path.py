@@ -53,7 +53,7 @@ def run_convert_stage(ctx: UpContext) -> dict[str, Any]:
 
 
 def run_build_stage(ctx: UpContext) -> dict[str, Any]:
-    from specbuild.build.engines import build_engines, dry_run
+    from specbuild.engines.stage import build_engines, dry_run
 
     if ctx.dry_run:
         detail = dry_run(ctx.spec, ["target", "draft"], ctx.backend, ctx.trtllm_build)

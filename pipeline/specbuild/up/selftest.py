@@ -118,7 +118,7 @@ def _convert(run: Run) -> str:
 
 
 def _build(run: Run) -> str:
-    from specbuild.build.engines import build_engines
+    from specbuild.engines.stage import build_engines
 
     build_engines(run.spec, ["target", "draft"], run.backend)
     return f"{run.backend} engines under {run.spec.pair_dir}"
@@ -144,7 +144,7 @@ def _fp8_convert(run: Run) -> str:
 
 
 def _fp8_build(run: Run) -> str:
-    from specbuild.build.engines import build_engines
+    from specbuild.engines.stage import build_engines
 
     if run.gpu["sm"] < 89:
         return f"not applicable: fp8 needs SM89 or newer, this GPU is SM{run.gpu['sm']}"
@@ -155,12 +155,12 @@ def _fp8_build(run: Run) -> str:
 
 def _start_server(run: Run, repo: Path, log_name: str, check_engines: bool = False):
     """tritonserver on `repo` as `specbuild serve` plans it (the spec's options, free ports), started and ready."""
-    from specbuild.triton import deploy
+    from specbuild.triton import serve_plan
     from specbuild.triton.server import ServerHandle
 
-    plan = deploy.plan_serve(run.spec, repo)
+    plan = serve_plan.plan_serve(run.spec, repo)
     if check_engines:
-        deploy.check_engines(plan.backend, plan.engines)
+        serve_plan.check_engines(plan.backend, plan.engines)
     server = ServerHandle(plan.options, log_path=run.workdir / log_name, install=plan.install)
     server.start(timeout=600)
     return server

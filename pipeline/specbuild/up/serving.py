@@ -23,15 +23,15 @@ def demo_prompts() -> list[tuple[str, str]]:
 
 
 def run_serve_stage(ctx) -> dict[str, Any]:
-    from specbuild.triton import deploy
+    from specbuild.triton import serve_plan
 
     repo = Path(ctx.results.get("repo", {}).get("repo") or ctx.repo or default_repo_dir(ctx.spec.output_dir))
     if ctx.dry_run:
         return {"status": "planned", "detail": f"tritonserver on {repo}, then {len(demo_prompts())} demo prompts"}
     from specbuild.triton.supervisor import Supervisor
 
-    plan = deploy.plan_serve(ctx.spec, repo)
-    deploy.check_engines(plan.backend, plan.engines)
+    plan = serve_plan.plan_serve(ctx.spec, repo)
+    serve_plan.check_engines(plan.backend, plan.engines)
     supervisor = Supervisor.for_repo(plan.options, plan.install, log=ctx.log)
     handle = supervisor.handle
     ctx.log(f"starting tritonserver ({plan.install.kind}) on {plan.repo} ({plan.backend}); log: {handle.log_path}")

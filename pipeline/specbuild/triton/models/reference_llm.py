@@ -139,7 +139,7 @@ def assemble(inputs: dict[str, np.ndarray], results: list[dict[str, np.ndarray]]
 def load_engine(engine_dir: Path, device: str | None = None):
     """The runtime's ContractModel over a reference engine folder (config.json, weights, engine.json), with the
     engine's limits: max_num_tokens (the input limit) and logits_dtype included."""
-    from specbuild.runtime.loading import REFERENCE_ENGINE, ModelSource, load_contract_model
+    from specbuild.reference.loading import REFERENCE_ENGINE, ModelSource, load_contract_model
 
     try:
         limits = json.loads((engine_dir / "engine.json").read_text())
@@ -173,7 +173,7 @@ def _share_cpu(source, device: str | None) -> None:
 
     import torch
 
-    from specbuild.runtime.loading import configure_threads, resolve_device
+    from specbuild.reference.loading import configure_threads, resolve_device
 
     if resolve_device(device) != "cpu":
         return

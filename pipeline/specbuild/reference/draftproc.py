@@ -19,7 +19,7 @@ would, with the same weights, thread count and row block as the parent's draft m
 numbers: seeded sampling gives the same text either way). It answers requests one at a time, in
 order; an answer nobody waits for any more (a missed early draft) is read and dropped before the
 next. Exceptions come back and are raised in the caller. It is a fresh interpreter
-(`python -m specbuild.runtime.draftchild FD`, over a socket pair; the child's side is in draftchild.py): a fork would copy the parent's
+(`python -m specbuild.reference.draftchild FD`, over a socket pair; the child's side is in draftchild.py): a fork would copy the parent's
 OpenMP and MKL thread state, and multiprocessing's "spawn" would re-run the caller's main script,
 which a script without an `if __name__ == "__main__"` guard does not survive. It exits when the
 socket closes, so it never outlives its parent.
@@ -70,7 +70,7 @@ class DraftProcess:
         end_id, use_logits: as ContractDrafter's."""
         ours, theirs = socket.socketpair()
         with theirs:
-            process = subprocess.Popen([sys.executable, "-m", "specbuild.runtime.draftchild", str(theirs.fileno())],
+            process = subprocess.Popen([sys.executable, "-m", "specbuild.reference.draftchild", str(theirs.fileno())],
                                        pass_fds=[theirs.fileno()])
         conn = Connection(ours.detach())
         args = (source, device, threads, row_block, use_cache, end_id, use_logits)

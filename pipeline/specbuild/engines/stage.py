@@ -1,6 +1,6 @@
 """The build stage's entry points: engines for the target and the draft.
 
-- backend "trtllm": `trtllm-build` per role (GPU; the flag table is in `specbuild.build.flags`);
+- backend "trtllm": `trtllm-build` per role (GPU; the flag table is in `specbuild.engines.flags`);
 - backend "reference": a float32 PyTorch engine from the same TensorRT-LLM checkpoint (any machine).
 
 Public API:
@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 from specbuild import backends
 from specbuild.artifacts import MANIFEST
-from specbuild.build.flags import FLAGS, TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv
-from specbuild.build.plan import RolePlan, check_consistent, plan_build, plan_role
-from specbuild.build.versions import runtime_versions, versions_mismatch
+from specbuild.engines.flags import FLAGS, TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv
+from specbuild.engines.plan import RolePlan, check_consistent, plan_build, plan_role
+from specbuild.engines.versions import runtime_versions, versions_mismatch
 from specbuild.config import Spec
 from specbuild.errors import BuildError, SpecbuildError
 
@@ -45,10 +45,10 @@ def _planned_input_hash(spec: Spec, plan: RolePlan, backend: str, executable: st
     if backends.get(backend).builder == "trtllm-build":
         if executable is None:
             return None
-        from specbuild.build.trtllm import trtllm_input_hash
+        from specbuild.engines.trtllm import trtllm_input_hash
 
         return trtllm_input_hash(plan, executable)[0]
-    from specbuild.build.reference import reference_input_hash
+    from specbuild.engines.reference_engine import reference_input_hash
 
     try:
         return reference_input_hash(plan, Path(spec.role(plan.role).checkpoint))[0]
@@ -116,13 +116,13 @@ def build_engines(spec: Spec, roles: list[str], backend: str, force: bool = Fals
     _check_against_existing(plans)
     results = []
     if backends.get(backend).builder == "trtllm-build":
-        from specbuild.build.trtllm import build_trtllm_role, find_trtllm_build
+        from specbuild.engines.trtllm import build_trtllm_role, find_trtllm_build
 
         executable = find_trtllm_build(trtllm_build)
         for plan in plans:
             results.append(build_trtllm_role(plan, spec.name, executable, force=force, log=log))
     else:
-        from specbuild.build.reference import build_reference_role
+        from specbuild.engines.reference_engine import build_reference_role
 
         for plan in plans:
             hf_dir = Path(spec.role(plan.role).checkpoint)

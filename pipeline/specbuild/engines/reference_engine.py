@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specbuild.artifacts import hash_file, stage_output, tool_versions, write_json
-from specbuild.build.plan import RolePlan
-from specbuild.build.trtllm import engine_input_hash
-from specbuild.build.versions import REFERENCE_FORMAT
+from specbuild.engines.plan import RolePlan
+from specbuild.engines.trtllm import engine_input_hash
+from specbuild.engines.versions import REFERENCE_FORMAT
 from specbuild.errors import BuildError, CheckpointError
 from specbuild.progress import quiet_library_bars
 

@@ -1,6 +1,6 @@
-"""The child's side of `runtime.draftproc`: load the draft model, then answer the parent until it goes.
+"""The child's side of `reference.draftproc`: load the draft model, then answer the parent until it goes.
 
-Run as `python -m specbuild.runtime.draftchild FD` by `DraftProcess.start`, with FD one end of a socket
+Run as `python -m specbuild.reference.draftchild FD` by `DraftProcess.start`, with FD one end of a socket
 pair. The first message is the load arguments; the answer is ("ready", row block) or the exception. Then
 each message is ("call", contract request), ("propose", tokens, k, sampling) or ("ahead", tokens, k,
 sampling), answered in order with the result or the exception. EOF (the parent closed the socket or
@@ -23,7 +23,7 @@ def _serve(conn: Connection) -> None:
         import torch
 
         from specbuild.contract.adapters import ContractDrafter
-        from specbuild.runtime.loading import load_contract_model
+        from specbuild.reference.loading import load_contract_model
         from specbuild.speculative.overlap import propose_ahead
 
         source, device, threads, row_block, use_cache, end_id, use_logits = conn.recv()

@@ -39,7 +39,7 @@ from specbuild.contract.executor import Limits, ParsedRequest, parse_request
 from specbuild.contract.logits import engine_logits
 from specbuild.contract.sampling import TrtllmSampling
 from specbuild.errors import RequestError
-from specbuild.runtime.engine import ReferenceEngine
+from specbuild.reference.engine import ReferenceEngine
 from specbuild.speculative.acceptance import accept_greedy, accept_sampling
 from specbuild.speculative.sampling import sample
 

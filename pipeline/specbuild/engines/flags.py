@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from specbuild.build.plan import RolePlan
+    from specbuild.engines.plan import RolePlan
 
 TRTLLM_VERSION_CHECKED = "1.2.1"  # the release specbuild targets (the GPU image's); its tag was not read
 TRTLLM_SOURCE_CHECKED = "NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py @65f1d15, plugin/plugin.py @c20322ff"

@@ -14,7 +14,7 @@ Batch invariance. A row's numbers never depend on which other rows share its for
   (the key length depends on the position only).
 A fixed shape is necessary but not sufficient: a row's result must also not depend on its place in
 the block or on the other rows, and that is up to the BLAS code path the CPU gets. So the block is
-chosen by probing this machine (runtime/exactness.py) when the model is made: the first candidate
+chosen by probing this machine (reference/exactness.py) when the model is made: the first candidate
 that passes, else one row per call. Then the logits at a position are bit-identical whether it is
 computed in a prompt prefill, in one-token decoding, in a (k + 1)-token verification, next to other
 sequences, or after a KV rollback: speculative greedy output equals target-only output token for
@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from specbuild import families
 from specbuild.errors import CheckpointError
-from specbuild.runtime.blocks import key_bucket_end, run_blocks
-from specbuild.runtime.kvcache import SequenceKV
+from specbuild.reference.blocks import key_bucket_end, run_blocks
+from specbuild.reference.kvcache import SequenceKV
 
 
 
@@ -191,10 +191,10 @@ class LlamaModel:
         max_len: int | None = None,
     ):
         """row_block None: the first of the device's candidates that passes the probe on this machine, else
-        1 (runtime/exactness.py); N: N if it passes the probe, else SpecError. probe=False takes row_block (or
+        1 (reference/exactness.py); N: N if it passes the probe, else SpecError. probe=False takes row_block (or
         the device's first candidate) unchecked: for tests of the probe and for baselines that need no
         invariance. max_len: the longest sequence the attention probe covers (default: the config's)."""
-        from specbuild.runtime.exactness import default_candidates
+        from specbuild.reference.exactness import default_candidates
 
         self.args, self.device, self.dtype = args, torch.device(device), dtype
         self.row_block = row_block or default_candidates(self.device.type)[0]
@@ -264,7 +264,7 @@ class LlamaModel:
         self._cos = self._sin = torch.empty(0, args.head_dim, device=self.device, dtype=dtype)
         self.max_len = max_len or args.max_position_embeddings
         if probe:
-            from specbuild.runtime.exactness import settle
+            from specbuild.reference.exactness import settle
 
             settle(self, requested=row_block)
 
@@ -376,7 +376,7 @@ class LlamaModel:
         Returns one float32 tensor [want[i], vocab] per sequence.
         """
         if self.exactness is not None and self.exactness.threads not in (None, torch.get_num_threads()):
-            from specbuild.runtime.exactness import reprobe_for_threads
+            from specbuild.reference.exactness import reprobe_for_threads
 
             reprobe_for_threads(self)  # the BLAS code path can depend on the thread count
         a, block = self.args, self.row_block

@@ -19,7 +19,7 @@ from typing import Any
 # Keys of a manifest's `tool_versions` that decide whether a runtime can load the engine.
 TRTLLM_KEYS = ("tensorrt_llm", "tensorrt", "cuda", "gpu_name", "gpu_sm")
 REFERENCE_KEYS = ("reference_format",)
-REFERENCE_FORMAT = "1"  # the reference engine layout (see specbuild.build.reference)
+REFERENCE_FORMAT = "1"  # the reference engine layout (see specbuild.engines.reference_engine)
 
 # Run with the build environment's interpreter: fast (package metadata, nvidia-smi), no heavy imports.
 _PROBE = r"""

@@ -80,14 +80,14 @@ def load_contract_model(source: ModelSource, device: str | None = None, use_cach
                         row_block: int | None = None, probe: bool = True, announce: bool = False):
     """A ContractModel (the tensorrt_llm contract) over the reference engine built from source.
 
-    row_block: rows per matmul block (runtime/model.py). None: the first of the device's candidates
-    that passes the exactness probe on this machine, else 1 (runtime/exactness.py); N: N if it passes
+    row_block: rows per matmul block (reference/model.py). None: the first of the device's candidates
+    that passes the exactness probe on this machine, else 1 (reference/exactness.py); N: N if it passes
     the probe, else SpecError. probe=False: row_block (or the device's first candidate) unchecked, for
     a baseline that needs no invariance. The choice goes to model.exactness, and to stderr with --verbose, when
     `announce` (a server's log, where operators look) or when it fell back to the safe mode (slower)."""
-    from specbuild.runtime.contract_model import ContractModel, Limits
-    from specbuild.runtime.engine import ReferenceEngine
-    from specbuild.runtime.model import LlamaModel
+    from specbuild.reference.contract_model import ContractModel, Limits
+    from specbuild.reference.engine import ReferenceEngine
+    from specbuild.reference.model import LlamaModel
 
     max_seq_len = source.limits.get("max_seq_len")
     model = LlamaModel.from_folder(source.path, device=resolve_device(device), row_block=row_block, probe=probe,
@@ -184,9 +184,9 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
 
     overlap: the schedule asked for (the spec's speculative.overlap, or a CLI override), resolved by
     resolve_overlap. When it drafts ahead, a second copy of the draft model is started in a child process
-    (runtime/draftproc.py: two models on two threads of one process mostly wait for each other's GIL);
+    (reference/draftproc.py: two models on two threads of one process mostly wait for each other's GIL);
     `pair.drafter_for(pair.overlap)` is then that drafter. Call pair.close() when done."""
-    from specbuild.runtime.draftproc import DraftProcess
+    from specbuild.reference.draftproc import DraftProcess
     from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 
     target, draft = model_source(spec, "target"), model_source(spec, "draft")

@@ -48,7 +48,7 @@ def engine_dirs(repo: Path, manifest: dict[str, Any]) -> dict[str, Path]:
 
 def check_engines(backend: str, engines: dict[str, Path], python: str | None = None) -> None:
     """Every engine must be built, for this backend, with the versions this runtime has."""
-    from specbuild.build.versions import runtime_versions, versions_mismatch
+    from specbuild.engines.versions import runtime_versions, versions_mismatch
 
     if backends.is_llm_api(backend):  # no engines: the Hugging Face checkpoints written for the LLM API
         from specbuild.llmapi.repository import check_checkpoint_dirs

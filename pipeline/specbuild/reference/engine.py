@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specbuild.runtime.kvcache import PrefixCache, SequenceKV
-from specbuild.runtime.model import LlamaModel
+from specbuild.reference.kvcache import PrefixCache, SequenceKV
+from specbuild.reference.model import LlamaModel
 
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30  # K/V bytes the prefix cache may hold, over all sequences
 

@@ -44,7 +44,7 @@ import torch
 
 from specbuild.errors import SpecError
 from specbuild.progress import detail
-from specbuild.runtime.blocks import KEY_BUCKET, key_bucket_end, run_blocks
+from specbuild.reference.blocks import KEY_BUCKET, key_bucket_end, run_blocks
 
 CPU_CANDIDATES = (4, 8, 2)  # 4 first: the fastest on the machines measured (docs/runtime.md, speed check)
 CUDA_CANDIDATES = (16, 8, 32)

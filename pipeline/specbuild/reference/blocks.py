@@ -1,6 +1,6 @@
 """The fixed shapes batch invariance rests on: matmuls over row blocks, attention over key buckets.
 
-Shared by the model (runtime/model.py), which computes on them, and the probe (runtime/exactness.py),
+Shared by the model (reference/model.py), which computes on them, and the probe (reference/exactness.py),
 which checks on this machine that a row's result does not depend on its place or neighbours in them.
 """
 
@@ -17,7 +17,7 @@ def run_blocks(fn: Callable[..., torch.Tensor], xs: list[torch.Tensor], block: i
 
     wide (multiples of block, largest first): long runs of rows (a prompt's prefill) go in calls of as many of the
     largest size as fit, then the next, the rest in blocks. Only sizes the probe found give every row the bits its
-    block gives it (runtime/exactness.py), so which rows share a call still never changes a row's result."""
+    block gives it (reference/exactness.py), so which rows share a call still never changes a row's result."""
     rows = xs[0].shape[0]
     if rows == block:
         return fn(*xs)

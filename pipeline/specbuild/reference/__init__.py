@@ -1,9 +1,9 @@
 """The reference runtime: a PyTorch Llama (CPU, or CUDA when present) behind TensorRT-LLM's tensor contract.
 
-    from specbuild.runtime.loading import load_pair
+    from specbuild.reference.loading import load_pair
     pair = load_pair(spec)                     # target + draft in-process
     pair.drafter, pair.verifier                # Drafter / Verifier for specbuild.speculative.loop
-    pair.target_model(request_dict)            # the tensorrt_llm model's tensors (runtime/contract_model.py)
+    pair.target_model(request_dict)            # the tensorrt_llm model's tensors (reference/contract_model.py)
 
 Modules: model (the Llama forward, batch-invariant), blocks (the fixed row blocks and key buckets it
 computes on), exactness (the probe that checks them on this machine), kvcache (per-sequence KV with

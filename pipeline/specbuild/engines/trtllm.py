@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 from specbuild.artifacts import hash_tree, stage_output, tool_versions
 from specbuild.contract import build_rules as rules
-from specbuild.build.flags import TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv, trtllm_version_note
-from specbuild.build.plan import RolePlan
-from specbuild.build.versions import interpreter_for, probe_versions
+from specbuild.engines.flags import TRTLLM_VERSION_CHECKED, argv_text, trtllm_argv, trtllm_version_note
+from specbuild.engines.plan import RolePlan
+from specbuild.engines.versions import interpreter_for, probe_versions
 from specbuild.errors import BuildError, ToolNotFoundError
 
 GPU_IMAGE = "docker/Dockerfile.gpu"
