@@ -36,6 +36,6 @@ fi
 
 stub="${root}/backends/python/triton_python_backend_stub"
 stub_python="$(ldd "${stub}" 2>/dev/null | grep -o 'libpython3\.[0-9]*' | head -n 1 | sed 's/^lib//' || true)"
-"${stub_python:-python3}" -c "import specbuild.session.request, specbuild.triton.models.serving_gate" \
+"${stub_python:-python3}" -c "import specbuild.decode.request, specbuild.triton.models.serving_gate" \
   || { echo "${stub_python:-python3}, the Python of ${stub}, cannot import specbuild"; exit 1; }
 specbuild --version
