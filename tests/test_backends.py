@@ -23,7 +23,8 @@ def test_every_backend_option_and_the_spec_take_the_registry_names():
 
 def test_the_records_say_what_the_stages_ask():
     assert backends.ENGINE_BACKENDS == ("trtllm", "reference")
-    assert [b.name for b in backends.BACKENDS.values() if b.llm_api] == ["llmapi"] and not backends.is_llm_api(None)
+    assert [b.name for b in backends.BACKENDS.values() if b.path == "llmapi"] == ["llmapi"]
+    assert backends.path_of(None) == "engine" and backends.path_of("reference") == "engine"
     assert backends.get("trtllm").builder == "trtllm-build" and backends.get("trtllm").triton_backend == "tensorrtllm"
     assert not backends.get("reference").gpu and backends.get("reference").triton_backend == "python"
     with pytest.raises(SpecError, match="backend 'vllm' is not supported. Choose one of: trtllm, reference, llmapi"):

@@ -49,7 +49,7 @@ def pairs(tmp_path_factory) -> dict[str, Path]:
 # ---- check agrees with convert ---------------------------------------------------------------------------------
 def verdicts(spec_path: Path, backend: str) -> tuple[bool, bool, str]:
     """(check calls the pair usable as far as its family goes, convert plans it, convert's refusal)."""
-    from specbuild.backends import is_llm_api
+    from specbuild.backends import path_of
     from specbuild.check.pair import run_check
     from specbuild.config import load_spec
     from specbuild.convert.plan import ConvertOptions, plan_roles
@@ -59,7 +59,7 @@ def verdicts(spec_path: Path, backend: str) -> tuple[bool, bool, str]:
     report = run_check(spec, scan_weights=False, backend=backend)
     usable = "unsupported_architecture" not in [p["code"] for p in report.to_dict()["problems"]]
     try:
-        plan_roles(spec, ["target", "draft"], ConvertOptions(), llm_api=is_llm_api(backend))
+        plan_roles(spec, ["target", "draft"], ConvertOptions(), path=path_of(backend))
         return usable, True, ""
     except SpecError as err:
         return usable, False, str(err)
@@ -369,15 +369,13 @@ def test_every_family_streams_through_each_repository_kind_it_has(tmp_path, pair
 def test_a_draft_with_more_vocabulary_rows_than_the_target_converts_trimmed(tmp_path, family):
     """The draft's embedding has rows past the shared tokenizer (as Qwen2.5 0.5B's 151936 beside 7B's 152064, or
     Llama 3.2 beside 3.1): check says the rows are cut, convert cuts them and verifies, on the family's path."""
-    from specbuild.backends import is_llm_api
-
     backend = "llmapi" if family in LLMAPI_ONLY_FAMILIES else "reference"
     target = make_family(tmp_path / "target", family, vocab_size=256, tokenizer_vocab=256)
     draft = make_family(tmp_path / "draft", family, vocab_size=288, tokenizer_vocab=256, hidden=32, layers=1, seed=1)
     spec = write_spec(tmp_path, target, draft)
     doc = json.loads(run("check", "-c", str(spec), "--backend", backend, "--json", "--no-weight-scan"))
     assert "vocab_trim" in [w["code"] for w in doc["warnings"]] and not doc["problems"], doc["problems"]
-    converted = run("convert", "-c", str(spec), "--verify", *(["--backend", "llmapi"] if is_llm_api(backend) else []))
+    converted = run("convert", "-c", str(spec), "--verify", *(["--backend", backend] if backend == "llmapi" else []))
     assert converted.count("verify: passed") == 2 and "vocab 256" in converted.split("draft:")[1]
 
 

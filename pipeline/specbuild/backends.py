@@ -19,17 +19,19 @@ class Backend:
     engines: bool  # `build` makes engines from TensorRT-LLM checkpoints
     builder: str | None  # what makes them: "trtllm-build", or specbuild's "reference" builder; None: no engines
     gpu: bool  # served only on an NVIDIA GPU, in NVIDIA's TensorRT-LLM image
-    llm_api: bool  # TensorRT-LLM's LLM API: Hugging Face checkpoints, Triton's llmapi model (no BLS, no engines)
+    path: str  # the pipeline path that builds and serves it (`specbuild.paths.for_backend`), also the family rules'
+    # path (`families.support`): "engine" (TensorRT-LLM checkpoints, engines, the BLS) or "llmapi" (TensorRT-LLM's
+    # LLM API: Hugging Face checkpoints, Triton's llmapi model; no BLS, no engines)
     triton_backend: str  # the Triton backend of the served tensorrt_llm model(s)
     summary: str  # one line for help texts
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("trtllm", engines=True, builder="trtllm-build", gpu=True, llm_api=False, triton_backend="tensorrtllm",
+    Backend("trtllm", engines=True, builder="trtllm-build", gpu=True, path="engine", triton_backend="tensorrtllm",
             summary="TensorRT engines served by the tensorrtllm C++ backend (GPU image)"),
-    Backend("reference", engines=True, builder="reference", gpu=False, llm_api=False, triton_backend="python",
+    Backend("reference", engines=True, builder="reference", gpu=False, path="engine", triton_backend="python",
             summary="specbuild's PyTorch reference engines behind the same tensors (any machine)"),
-    Backend("llmapi", engines=False, builder=None, gpu=True, llm_api=True, triton_backend="python",
+    Backend("llmapi", engines=False, builder=None, gpu=True, path="llmapi", triton_backend="python",
             summary="TensorRT-LLM's LLM API, Triton's llmapi model (GPU image; a CPU stand-in elsewhere)"),
 )}
 NAMES = tuple(BACKENDS)
@@ -55,6 +57,6 @@ DEFAULT_HELP = ("Default: the spec's build.backend, else trtllm where trtllm-bui
                 "else reference.")
 
 
-def is_llm_api(name: str | None) -> bool:
-    """The LLM API path (an unknown or absent name is not)."""
-    return name in BACKENDS and BACKENDS[name].llm_api
+def path_of(name: str | None) -> str:
+    """The path of backend `name`; where no backend is named, the engine path (the default rule's backends)."""
+    return get(name).path if name is not None else "engine"

@@ -216,14 +216,15 @@ def layer_windows(family: Family, config: Mapping[str, Any], num_layers: int) ->
 STANDALONE_EXPORT_SINCE = {"qwen": (0, 44)}  # decoder type -> the modelopt release that exports it alone
 
 
-def export_refusal(role: str, architecture: str | None) -> tuple[str, str] | None:
+def export_refusal(role: str, architecture: str | None, path: str = "engine") -> tuple[str, str] | None:
     """(why, fix) when this machine's modelopt cannot write the engine path's checkpoint of this family (the rule
-    `check` reports too); None when it can or when modelopt is not installed (convert says so itself)."""
+    `check` reports too); None when it can, when modelopt is not installed (convert says so itself), or on another
+    path (the LLM API's Hugging Face export is another exporter)."""
     import importlib.metadata
     import importlib.util
 
     family = family_of(architecture)
-    since = STANDALONE_EXPORT_SINCE.get(family.model_type) if family else None
+    since = STANDALONE_EXPORT_SINCE.get(family.model_type) if family and path == "engine" else None
     if since is None or importlib.util.find_spec("tensorrt_llm") is not None:
         return None
     try:

@@ -9,7 +9,7 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 from __future__ import annotations
 
 from specbuild import families
-from specbuild.backends import is_llm_api
+from specbuild import backends
 from specbuild.contract import build_rules as rules
 from specbuild.contract import llmapi as llmapi_contract
 from specbuild.check.advice import plan_memory
@@ -40,6 +40,10 @@ def read_pair_infos(spec: Spec, allow_pickle: bool = False) -> dict[str, ModelIn
     return infos
 
 
+# A path's memory plan: (what `up --dry-run` calls it, the planner), by `backends.Backend.path`.
+MEMORY_PLANS = {"engine": ("memory plan", plan_memory), "llmapi": ("LLM API memory plan", plan_llmapi_memory)}
+
+
 def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True, progress: bool = False,
               backend: str = "trtllm") -> CheckReport:
     """scan_weights: read every weight for NaN/Inf (check.weights); progress: a progress bar on stderr for it.
@@ -58,14 +62,12 @@ def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True,
                 "--allow-pickle. Its parameter count is estimated from config.json.",
                 "Convert it to safetensors (save_pretrained(dir, safe_serialization=True)).",
             )
-    if not is_llm_api(backend):
+    if backends.get(backend).engines:  # max_num_tokens is a limit trtllm-build writes into an engine
         check_max_num_tokens(report, spec)
     tokenizer_size = check_tokenizers(report, spec)
     check_vocab(report, infos["target"], infos["draft"], tokenizer_size)
-    if is_llm_api(backend):
-        plan = plan_llmapi_memory(spec, infos["target"], infos["draft"])
-    else:
-        plan = plan_memory(spec, infos["target"], infos["draft"])
+    _, planner = MEMORY_PLANS[backends.path_of(backend)]
+    plan = planner(spec, infos["target"], infos["draft"])
     report.memory = plan.to_dict()
     report.problems.extend(plan.problems)
     report.warnings.extend(plan.warnings)
@@ -79,12 +81,13 @@ def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True,
 def check_architecture(report: CheckReport, role: str, info: ModelInfo, spec: Spec, backend: str) -> None:
     """The family rules convert and the reference runtime apply (specbuild.families.support), for this backend; where
     only the other path takes the model, the fix names it."""
-    verdict = families.support(info.architecture, info.config, "llmapi" if is_llm_api(backend) else "engine",
-                               spec.build.max_seq_len, llmapi_contract.installed_release())
+    path = backends.path_of(backend)
+    verdict = families.support(info.architecture, info.config, path, spec.build.max_seq_len,
+                               llmapi_contract.installed_release())
     if not verdict.ok:
         report.problem("unsupported_architecture", f"{role}: {verdict.reason}.", verdict.fix[:1].upper() + verdict.fix[1:]
                        + ".")
-    elif not is_llm_api(backend) and (refusal := families.export_refusal(role, info.architecture)):
+    elif refusal := families.export_refusal(role, info.architecture, path):
         report.problem("modelopt_cannot_export", *refusal)
 
 

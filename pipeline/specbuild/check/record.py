@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.artifacts import combined_hash, hash_file, write_json
-from specbuild.backends import default as default_backend, is_llm_api
+from specbuild.backends import default as default_backend, path_of
 from specbuild.config import Spec
 
 CHECK_RECORD = "check.json"  # in the pair folder
@@ -45,7 +45,8 @@ def record_path(spec: Spec) -> Path:
 
 
 def _key(spec: Spec, backend: str | None) -> str:
-    return check_inputs_hash(spec) + (":llmapi" if is_llm_api(backend) else "")
+    path = path_of(backend)
+    return check_inputs_hash(spec) + ("" if path == "engine" else f":{path}")  # one record per path's checks
 
 
 def passed_unchanged(spec: Spec, backend: str | None = None) -> bool:
@@ -76,7 +77,9 @@ def run_stage(spec: Spec, backend: str | None, force: bool, dry_run: bool, log, 
 
     fresh = not force and passed_unchanged(spec, backend)
     if dry_run:
-        plan = "LLM API memory plan" if is_llm_api(backend) else "memory plan"
+        from specbuild.check.pair import MEMORY_PLANS
+
+        plan = MEMORY_PLANS[path_of(backend)][0]
         return ({"status": "skipped", "detail": UP_TO_DATE} if fresh else
                 {"status": "planned", "detail": f"read both checkpoints' configs and tokenizers; {plan}"})
     if fresh:

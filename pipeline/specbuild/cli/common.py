@@ -79,32 +79,15 @@ def emit_json(document: Any) -> None:
         ctx.meta[JSON_EMITTED] = True
 
 
-def report_repo_plan(out_dir: Path, what: str, files: list[str], warnings: list[str], as_json: bool,
-                     **fields: Any) -> None:
-    """`repo --dry-run` (either layout): the warnings, then the files it would write, as JSON with `fields`
-    (backend, settings, ...) or as a list under "# would write <out_dir> (<what>):"."""
-    for warning in warnings:
-        log(f"warning: {warning}")
-    planned = [*files, "manifest.json"]
-    if as_json:
-        emit_json({"stage": "repo", "dry_run": True, **fields, "out_dir": str(out_dir.resolve()), "files": planned,
-                   "warnings": warnings})
-        return
-    click.echo(f"# would write {out_dir.resolve()} ({what}):")
-    for rel in planned:
-        click.echo(f"  {rel}")
-
-
-def report_repo_result(result: Any, as_json: bool, what: str) -> None:
-    """`repo` (either layout) after writing or skipping: the warnings, then the result's JSON document or one line
-    "<out_dir>: written|up to date ..., <what>"."""
-    for warning in result.warnings:
+def show(outcome: Any, as_json: bool) -> None:
+    """A path's `paths.interface.Outcome`: its warnings on stderr, then its JSON document or its lines on stdout."""
+    for warning in outcome.warnings:
         log(f"warning: {warning}")
     if as_json:
-        emit_json({"stage": "repo", **result.to_dict()})
+        emit_json(outcome.document)
         return
-    state = "up to date (unchanged inputs; --force rewrites)" if result.skipped else "written"
-    click.echo(f"{result.out_dir}: {state}, {what}")
+    for line in outcome.lines:
+        click.echo(line)
 
 
 def failure_document(command: str | None, message: str, error_type: str, exit_code: int) -> dict[str, Any]:

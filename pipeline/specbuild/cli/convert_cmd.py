@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from specbuild import backends
-from specbuild.cli.common import (dry_run_option, emit_json, force_option, get_spec, json_option, log,
-                                  progress_enabled, role_option, roles, spec_option)
+from specbuild import backends, paths
+from specbuild.cli.common import (dry_run_option, force_option, get_spec, json_option, log,
+                                  progress_enabled, role_option, roles, show, spec_option)
 from specbuild.config import KV_CACHE_DTYPES, QUANTIZATIONS, replace
 
 
@@ -53,7 +53,7 @@ def command(spec_path: Path, backend: str | None, role: str, quantization: str |
       specbuild convert --role draft --quantization fp8 --verify
       specbuild convert --dry-run --json
     """
-    from specbuild.convert.plan import ConvertOptions, describe, plan_roles
+    from specbuild.convert.plan import ConvertOptions
 
     spec = get_spec(spec_path)
     selected = roles(role)
@@ -63,43 +63,6 @@ def command(spec_path: Path, backend: str | None, role: str, quantization: str |
             spec = replace(spec, name, **changes)
     options = ConvertOptions(device=device, calib_file=calib_file, calib_size=calib_size,
                              calib_seq_len=calib_seq_len, awq_block_size=int(awq_block_size) if awq_block_size else None)
-    if backends.is_llm_api(backend or spec.build.backend):
-        from specbuild.cli.llmapi_cmds import convert as llmapi_convert
-
-        llmapi_convert(spec, selected, options, force=force, verify=verify, dry_run=dry_run, as_json=as_json)
-        return
-    plans = plan_roles(spec, selected, options)
-    if dry_run:
-        document = {"command": "convert", "dry_run": True, "pair": spec.name, "roles": [describe(p) for p in plans]}
-        if as_json:
-            emit_json(document)
-        else:
-            for p in plans:
-                d = describe(p)
-                click.echo(f"{p.role}: {p.hf_dir} -> {p.out_dir}")
-                click.echo(f"  quantization {p.quantization} (quant_algo {p.quant_algo}), kv_cache {p.kv_cache}, "
-                           f"dtype {p.dtype}, tp {p.tp_size}, pp {p.pp_size}, vocab {p.vocab_rows}"
-                           + (f" padded to {p.pad_vocab_to}" if p.pad_vocab_to else ""))
-                if p.calibration:
-                    click.echo(f"  calibration: {p.calibration.source}, {p.calibration.size} samples x "
-                               f"{p.calibration.seq_len} tokens")
-                click.echo("  would write: " + ", ".join(Path(f).name for f in d["would_write"]))
-        return
-
-    from specbuild.convert.export import convert_role
-
-    results = [convert_role(p, options, force=force, verify=verify, log=log, progress=progress_enabled())
-               for p in plans]
-    if as_json:
-        emit_json({"command": "convert", "pair": spec.name, "roles": results})
-        return
-    for r in results:
-        m = r["manifest"]
-        state = "up to date, skipped" if r["status"] == "skipped" else "written"
-        click.echo(f"{r['role']}: {r['checkpoint']} ({state}; quant_algo {m.get('quant_algo')}, "
-                   f"kv_cache_quant_algo {m.get('kv_cache_quant_algo')}, vocab {m.get('vocab_size')}, "
-                   f"tp {m.get('mapping', {}).get('tp_size')} pp {m.get('mapping', {}).get('pp_size')})")
-        if r.get("verification"):
-            v = r["verification"]
-            click.echo(f"  verify: {'passed' if v['passed'] else 'FAILED'}: top-1 {v['top1_agreement']:.1%}, "
-                       f"max |logit error| {v['max_abs_logit_error']:.3g} vs {v['reference']}")
+    path = paths.for_backend(backend or backends.default(spec.build.backend))
+    show(path.convert(spec, selected, options, force=force, verify=verify, dry_run=dry_run, log=log,
+                      progress=progress_enabled()), as_json)

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from specbuild import backends
+from specbuild import backends, paths
 from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_path, spec_option
 
 
@@ -87,16 +87,10 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
                       top_p=top_p, seed=seed, adaptive=adaptive, overlap=None if local else overlap,
                       stop=tuple(stop))
     echo = None if as_json or not stream else _echo_stdout
-    if local and backends.is_llm_api(backend or backends.default(spec.build.backend)):
-        from specbuild.llmapi.local import local_session
-
-        with local_session(spec, device=device) as session:
-            generation = session.generate(prompt, options, on_text=echo)
-    elif local:
-        from specbuild.session.local import LocalSession
-
-        with LocalSession.from_spec(spec, device=device, use_cache=not no_cache, threads=threads,
-                                    overlap=overlap) as session:
+    if local:
+        path = paths.for_backend(backend or backends.default(spec.build.backend))
+        with path.local_session(spec, device=device, use_cache=not no_cache, threads=threads,
+                                overlap=overlap) as session:
             generation = session.generate(prompt, options, on_text=echo)
     else:
         from specbuild.session.served import ServedSession

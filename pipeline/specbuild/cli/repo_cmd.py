@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from specbuild import backends
+from specbuild import backends, paths
 from specbuild.artifacts import default_repo_dir
-from specbuild.cli.common import (dry_run_option, force_option, get_spec, json_option, report_repo_plan,
-                                  report_repo_result, spec_option)
+from specbuild.cli.common import (dry_run_option, force_option, get_spec, json_option, show,
+                                  spec_option)
 
 
 def detect_backend(spec) -> str:
@@ -64,23 +64,9 @@ def command(spec_path, backend, runtime, checkpoints_dir, out_dir, engines_dir, 
     \b
     Exit codes: 0 written or up to date, 1 error (bad spec, engines that disagree, locked output), 2 usage.
     """
-    from specbuild.triton import repository
-
     spec = get_spec(spec_path)
     out_dir = out_dir or default_repo_dir(spec.output_dir)
     backend = backend or spec.build.backend or detect_backend(spec)
-    if backends.is_llm_api(backend):
-        from specbuild.cli.llmapi_cmds import repo as llmapi_repo
-
-        llmapi_repo(spec, out_dir, runtime, checkpoints_dir, force=force, dry_run=dry_run, as_json=as_json)
-        return
-    if dry_run:
-        from dataclasses import asdict
-
-        settings, warnings = repository.plan_settings(spec, backend, out_dir, engines_dir, tokenizer_dir)
-        files = repository.render(settings)
-        report_repo_plan(out_dir, backend, files, warnings, as_json, backend=backend, settings=asdict(settings))
-        return
-    result = repository.write_repository(spec, backend, out_dir, engines_dir, tokenizer_dir, force=force)
-    models = ", ".join(sorted({f.split("/")[0] for f in result.files}))
-    report_repo_result(result, as_json, f"backend {backend}, models: {models}")
+    show(paths.for_backend(backend).repo(spec, backend, out_dir, runtime=runtime, checkpoints_dir=checkpoints_dir,
+                                         engines_dir=engines_dir, tokenizer_dir=tokenizer_dir, force=force,
+                                         dry_run=dry_run), as_json)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import Any
 
 import click
 
-from specbuild import backends
+from specbuild import backends, paths
 from specbuild.artifacts import default_repo_dir
 from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, spec_option
 from specbuild.triton.server import RESTRICTED_APIS, ServerOptions
@@ -97,11 +99,9 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
     spec = get_spec(spec_path)
     repo = repo or default_repo_dir(spec.output_dir)
     if server == "trtllm-serve":
-        if backend is not None and not backends.is_llm_api(backend):
+        if backend is not None and not paths.for_backend(backend).trtllm_serve:
             raise click.UsageError("--server trtllm-serve serves the LLM API path: use --backend llmapi.")
         _refuse_tritonserver_only_options()
-        from specbuild.cli.llmapi_cmds import serve_trtllm
-
         return serve_trtllm(spec, host, http_port, trtllm_serve, nodes, launcher, timeout, once, dry_run, as_json,
                             stop_timeout=exit_timeout if _given("exit_timeout") else None)
     plan = serve_plan.plan_serve(spec, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control,
@@ -158,3 +158,64 @@ def _refuse_tritonserver_only_options() -> None:
     if given:
         raise click.UsageError(f"{', '.join(given)}: for tritonserver (Triton's restricted APIs, the supervisor); "
                                "--server trtllm-serve has neither.")
+
+
+def serve_trtllm(spec, host: str | None, port: int | None, binary: str | None, nodes: int, launcher: str,
+                 timeout: float, once: bool, dry_run: bool, as_json: bool, stop_timeout: float | None = None) -> None:
+    """trtllm-serve in the foreground until SIGINT/SIGTERM (or --once: until healthy, then stop). A stop
+    kills it after stop_timeout seconds (None: the handle's default)."""
+    from specbuild.llmapi import trtllm_serve
+
+    if dry_run:
+        command = trtllm_serve.plan(spec, binary or "trtllm-serve", host, port, nodes, launcher, require_built=False)
+        document: dict[str, Any] = {"stage": "serve", "dry_run": True, **command.to_dict()}
+        if as_json:
+            emit_json(document)
+        else:
+            click.echo(shlex.join(command.launch or command.argv))
+            if command.end_ids_hint():
+                log(command.end_ids_hint())
+        return
+    if nodes > 1:
+        raise click.UsageError("--nodes > 1 starts on a cluster: print the command with --dry-run and run it with "
+                               "your scheduler (srun / mpirun).")
+    command = trtllm_serve.plan(spec, trtllm_serve.find_trtllm_serve(binary), host, port)
+    handle = trtllm_serve.TrtllmServeHandle(command, log_path=spec.pair_dir / ".trtllm-serve.log",
+                                            stop_timeout=stop_timeout)
+    log(f"starting trtllm-serve on {command.argv[1]}; log: {handle.log_path}")
+    handle.start(timeout=timeout)
+    document = {"stage": "serve", "status": "ready", "server": "trtllm-serve", "endpoints":
+                {"http": command.health_url.removesuffix(trtllm_serve.contract.SERVE_HEALTH)},
+                "pid": handle.process.pid if handle.process else None, "end_id": command.end_id,
+                "stop_token_ids": command.stop_token_ids}
+    if as_json:
+        emit_json(document)
+    else:
+        click.echo(f"http     {document['endpoints']['http']}  (OpenAI-compatible)")
+        if command.end_ids_hint():
+            click.echo(command.end_ids_hint())
+    if once:
+        handle.stop()
+        return
+    _until_signal(handle)
+    log("trtllm-serve stopped")
+
+
+def _until_signal(handle) -> None:
+    import signal
+    import threading
+
+    from specbuild.errors import ServeError
+
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        log("serving; press Ctrl-C (or send SIGTERM) to stop")
+        while not stop.wait(1.0):
+            if handle.process is None or handle.process.poll() is not None:
+                code = handle.process.returncode if handle.process else None
+                raise ServeError(f"trtllm-serve exited unexpectedly (code {code}). Last log lines:\n{handle.log_tail()}")
+    finally:
+        handle.stop()
+        for sig, old in previous.items():
+            signal.signal(sig, old)

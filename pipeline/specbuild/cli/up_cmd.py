@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from specbuild import backends
+from specbuild import backends, paths
 from specbuild.cli.common import (dry_run_option, emit_json, force_option, get_spec, json_option, log,
                                   progress_enabled, spec_option)
 from specbuild.up.stages import STAGE_NAMES, UpContext, run_up
@@ -54,9 +54,10 @@ def next_steps(spec, grpc_url: str, serving: bool, backend: str | None = None) -
         rows += [(f"{cmd} generate{c}{url} {NEXT_PROMPT}", "through this server"),
                  (f"{cmd} bench{c} --url {grpc_url} --protocol grpc", "speed with and without speculation")]
     else:
-        llmapi = backends.is_llm_api(backend) and not backends.is_llm_api(backends.default(spec.build.backend))
-        rows += [(f"{cmd} generate{c} --local{' --backend llmapi' if llmapi else ''} {NEXT_PROMPT}",
-                  "in-process, no server" + (", on the weights the llmapi server loads" if llmapi else "")),
+        path = paths.for_backend(backend)  # a path of its own for --local: name the backend
+        other = path is not paths.for_backend(backends.default(spec.build.backend))
+        rows += [(f"{cmd} generate{c} --local{f' --backend {backend}' if other else ''} {NEXT_PROMPT}",
+                  "in-process, no server" + (f", {path.local_note}" if other and path.local_note else "")),
                  (f"{cmd} serve{c}", "serve again (Ctrl-C stops it) ..."),
                  (f"{cmd} generate{c} {NEXT_PROMPT}", "... and ask it, from another terminal"),
                  (f"{cmd} bench{c} --local", "speed with and without speculation")]

@@ -74,13 +74,13 @@ class RolePlan:
         return self.pad_vocab_to or self.trim_vocab_to or self.vocab_rows
 
 
-def _check_architecture(info: ModelInfo, role: str, llm_api: bool, max_seq_len: int) -> None:
+def _check_architecture(info: ModelInfo, role: str, path: str, max_seq_len: int) -> None:
     """The family rules `check` applies too (specbuild.families.support), and what this machine's modelopt exports."""
-    verdict = families.support(info.architecture, info.config, "llmapi" if llm_api else "engine", max_seq_len,
+    verdict = families.support(info.architecture, info.config, path, max_seq_len,
                                llmapi_contract.installed_release())
     if not verdict.ok:
         raise SpecError(f"{role}.checkpoint: {verdict.reason}. Fix: {verdict.fix}.")
-    refusal = None if llm_api else families.export_refusal(role, info.architecture)
+    refusal = families.export_refusal(role, info.architecture, path)
     if refusal:
         raise SpecError(f"{refusal[0]} Fix: {refusal[1]}")
 
@@ -111,11 +111,12 @@ def _check_tp(info: ModelInfo, tp: int, role: str) -> None:
 
 
 def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: ModelInfo | None = None,
-              llm_api: bool = False) -> RolePlan:
-    """llm_api: for the LLM API path (Hugging Face export), whose family rules differ (specbuild.families)."""
+              path: str = "engine") -> RolePlan:
+    """path: the backend's path (`backends.Backend.path`); the LLM API's ("llmapi", a Hugging Face export) has
+    family rules of its own (specbuild.families)."""
     model = spec.role(role)
     info = read_model_info(model.checkpoint, role=role)
-    _check_architecture(info, role, llm_api, spec.build.max_seq_len)
+    _check_architecture(info, role, path, spec.build.max_seq_len)
     fmt = formats.get_format(model.quantization)
     kv_algo = formats.check_kv_cache(model.kv_cache, role)
     formats.check_gpu(fmt, model.kv_cache, spec.gpu.sm, spec.gpu.name, role)
@@ -204,12 +205,12 @@ def trim_draft_rows_to(spec: Spec, draft_rows: int, target_rows: int) -> int:
     return target_rows
 
 
-def plan_roles(spec: Spec, roles: list[str], options: ConvertOptions, llm_api: bool = False) -> list[RolePlan]:
+def plan_roles(spec: Spec, roles: list[str], options: ConvertOptions, path: str = "engine") -> list[RolePlan]:
     if options.calib_size < 1 or options.calib_seq_len < 8:
         raise SpecError(f"--calib-size {options.calib_size} / --calib-seq-len {options.calib_seq_len}: "
                         "need at least 1 sample of at least 8 tokens.")
     target_info = read_model_info(spec.target.checkpoint, role="target") if "draft" in roles else None
-    return [plan_role(spec, role, options, target_info, llm_api) for role in roles]
+    return [plan_role(spec, role, options, target_info, path) for role in roles]
 
 
 def describe(plan: RolePlan) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from specbuild import __version__, backends
+from specbuild import __version__, backends, paths
 from specbuild.artifacts import claim_output, combined_hash, read_manifest, resolve_output, stage_output
 from specbuild.config import Spec
 from specbuild import yamltext
@@ -118,7 +118,7 @@ def plan_chart(spec: Spec, out_dir: Path | None = None, backend: str | None = No
     backend = backend or spec.build.backend or "trtllm"
     if backend not in backends.NAMES:
         raise SpecError(f"backend {backend!r}: choose one of {', '.join(backends.NAMES)}.")
-    if nodes > 1 and not backends.is_llm_api(backend):
+    if nodes > 1 and not paths.for_backend(backend).multi_node:
         raise SpecError(f"--nodes {nodes}: only the LLM API path (--backend llmapi) spans nodes; the engine path runs "
                         "draft and target in one server on one node (orchestrator mode) and scales by replicas.")
     name = chart_name(spec.name)

@@ -17,7 +17,7 @@ import dataclasses
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from specbuild import backends
+from specbuild import paths
 from specbuild.config import GPUS, Spec
 from specbuild.contract.images import TRITON_IMAGE
 from specbuild.triton.server import ServerOptions
@@ -88,13 +88,7 @@ def container_spec(spec: Spec) -> Spec:
 def build_outputs(cspec: Spec, backend: str) -> list[str]:
     """The manifest.json files the serving pods wait for: each is written last, when its stage's folder is complete
     and renamed into place (specbuild.artifacts), so their presence means the build finished."""
-    if backends.is_llm_api(backend):
-        from specbuild.llmapi.build import config_dir
-        from specbuild.llmapi.checkpoint import checkpoint_dir
-
-        folders = [checkpoint_dir(cspec, "target"), checkpoint_dir(cspec, "draft"), config_dir(cspec)]
-    else:
-        folders = [cspec.pair_dir / role / "engine" for role in ("target", "draft")]
+    folders = paths.for_backend(backend).build_outputs(cspec)
     return [str(PurePosixPath(str(folder)) / "manifest.json") for folder in folders]
 
 
@@ -106,11 +100,7 @@ def build_command(backend: str) -> list[str]:
 def repo_command(backend: str) -> list[str]:
     """The serving pod's init step: the model repository in the pod's own emptyDir, on the built engines."""
     argv = ["specbuild", "repo", "-c", str(SPEC_FILE), "--backend", backend, "--out-dir", str(REPO_DIR)]
-    if backend == "trtllm":
-        argv += ["--engines-dir", str(ENGINES_DIR)]
-    elif backends.is_llm_api(backend):
-        argv += ["--runtime", "tensorrt_llm", "--checkpoints-dir", str(ENGINES_DIR)]
-    return argv
+    return argv + paths.for_backend(backend).repo_argv_extra(backend, Path(str(ENGINES_DIR)))
 
 
 def serve_command(backend: str) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbuild import backends
+from specbuild import backends, paths
 from specbuild.config import Spec
 from specbuild.deploy import facts as f
 from specbuild.triton.models.bls_metrics import QUEUE_GAUGES
@@ -64,7 +64,7 @@ def default_values(spec: Spec, backend: str, nodes: int, spec_text: str) -> dict
         "service": {"type": "ClusterIP"},
         "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1},
         "monitoring": {"kind": "ServiceMonitor", "interval": "15s", "labels": {}},
-        "autoscaling": {"engine": "hpa" if not backends.is_llm_api(backend) else "none", "minReplicas": 1,
+        "autoscaling": {"engine": "hpa" if paths.for_backend(backend).queue_metric else "none", "minReplicas": 1,
                         "maxReplicas": 4, "metric": QUEUE_METRIC, "targetAverageValue": str(queue_target),
                         "keda": {"serverAddress": "http://prometheus-operated.monitoring.svc:9090",
                                  "threshold": str(queue_target)}},

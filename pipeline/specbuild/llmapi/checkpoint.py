@@ -53,7 +53,7 @@ def plan_roles(spec: Spec, roles: list[str], options: ConvertOptions) -> list[Ro
                             "would have quant_algo null, which TensorRT-LLM refuses (\"Pre-quantized checkpoint must "
                             f"have quant_algo.\"). Set {role}.quantization = \"fp8\", or kv_cache = \"none\".")
     return [dataclasses.replace(plan, out_dir=checkpoint_dir(spec, plan.role))
-            for plan in engine_plans(spec, roles, options, llm_api=True)]
+            for plan in engine_plans(spec, roles, options, path="llmapi")]
 
 
 def describe(plan: RolePlan) -> dict[str, Any]:

@@ -27,10 +27,17 @@ def repo_backend(repo: Path) -> str | None:
         return None
 
 
+def _serves_engines(repo: Path) -> bool:
+    """The repository serves engines behind the BLS and the ensemble (else Triton's llmapi model); one written before
+    its manifest named a backend is an engine repository."""
+    backend = repo_backend(repo)
+    return backend is None or backends.get(backend).engines
+
+
 def entry_models(repo: Path) -> list[str]:
     """The models clients call: the BLS and the ensemble (those the repository has); an llmapi repository's
     one model. The periodic canary goes through the first; a drain unloads them all."""
-    if backends.is_llm_api(repo_backend(repo)):
+    if not _serves_engines(repo):
         from specbuild.contract.llmapi import MODEL_NAME
 
         return [MODEL_NAME]
@@ -55,7 +62,7 @@ def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[
     model over both); raises on failure."""
     from specbuild.triton.client import SpecbuildClient
 
-    if models is None and backends.is_llm_api(repo_backend(handle.opts.repo)):
+    if models is None and not _serves_engines(handle.opts.repo):
         return llmapi_canary(handle)
     loaded = models or ("tensorrt_llm_bls", "ensemble")
     answers = {}

@@ -50,7 +50,7 @@ def check_engines(backend: str, engines: dict[str, Path], python: str | None = N
     """Every engine must be built, for this backend, with the versions this runtime has."""
     from specbuild.engines.versions import runtime_versions, versions_mismatch
 
-    if backends.is_llm_api(backend):  # no engines: the Hugging Face checkpoints written for the LLM API
+    if not backends.get(backend).engines:  # the Hugging Face checkpoints written for the LLM API
         from specbuild.llmapi.repository import check_checkpoint_dirs
 
         return check_checkpoint_dirs(engines)
@@ -96,7 +96,7 @@ def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int |
         gpu_count=spec.gpu.count, exit_timeout_s=exit_timeout_s,
     )
     options.restricted_apis()  # an unknown API name fails here, before anything starts
-    if backends.is_llm_api(backend):
+    if not backends.get(backend).engines:
         from specbuild.llmapi.repository import checkpoint_dirs
 
         return ServePlan(repo, backend, options, find_tritonserver(tritonserver), checkpoint_dirs(repo, manifest))

@@ -1,7 +1,7 @@
 """The stages of `specbuild up` and how they run: each stage is a name and a function of the shared `UpContext`
 that returns its summary ({"status": "ran" | "skipped" | "planned", ...}); `stages_for(backend)` is the one stage
-list for a path (the engine path: `up.engine_path`; the LLM API path: `up.llmapi_path`; both serve with
-`up.serving`); `run_up` runs them in order and stops at the first failure."""
+list: the backend's path (`specbuild.paths`) gives check, convert, build and repo, and every path serves with
+`up.serving`; `run_up` runs them in order and stops at the first failure."""
 
 from __future__ import annotations
 
@@ -10,21 +10,18 @@ import sys
 import time
 from typing import Any
 
+from specbuild import paths
 from specbuild.errors import SpecbuildError
-from specbuild import backends
-from specbuild.up.context import STAGE_NAMES, Stage, UpContext  # noqa: F401 (UpContext: callers build one)
+from specbuild.paths.context import STAGE_NAMES, Stage, UpContext  # noqa: F401 (UpContext: callers build one)
 
 
 def stages_for(backend: str) -> list[Stage]:
     """The one stage list of a path, in order."""
     from specbuild.up.serving import run_serve_stage  # the supervisor serves either repository kind
 
-    if backends.is_llm_api(backend):
-        from specbuild.up import llmapi_path as path
-    else:
-        from specbuild.up import engine_path as path
-    runs = {"check": path.run_check_stage, "convert": path.run_convert_stage, "build": path.run_build_stage,
-            "repo": path.run_repo_stage, "serve": run_serve_stage}
+    path = paths.for_backend(backend)
+    runs = {"check": path.check_stage, "convert": path.convert_stage, "build": path.build_stage,
+            "repo": path.repo_stage, "serve": run_serve_stage}
     return [Stage(name, runs[name]) for name in STAGE_NAMES]
 
 
