@@ -10,10 +10,11 @@ through the template; max_tokens is optional.
 from __future__ import annotations
 
 import functools
-import json
+
 from dataclasses import dataclass
 from pathlib import Path
 
+from specbuild import jsonl
 from specbuild.errors import BenchError
 
 BUILTIN = ("code", "prose", "json")  # the corpus's kinds (check --measure measures each)
@@ -69,26 +70,20 @@ def from_jsonl(path: Path, tokenizer_dir: Path | None = None) -> Workload:
     if not path.is_file():
         raise BenchError(f"workload file {str(path)!r} not found: pass code, prose, json, or an existing .jsonl file.")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise BenchError(f"workload file {path} cannot be read ({err}).") from None
     prompts = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise BenchError(f"{path}:{number}: not valid JSON ({err.msg}). "
-                             'Write one object per line, e.g. {"prompt": "def add(a, b):"}.') from None
+    example = 'Write one object per line, e.g. {"prompt": "def add(a, b):"}.'
+    for where, line, record in jsonl.records(text, path, BenchError, example):
         if isinstance(record, dict) and isinstance(record.get("messages"), list) and "prompt" not in record:
-            record["prompt"] = _chat(tokenizer_dir, record["messages"], f"{path}:{number}")
+            record["prompt"] = _chat(tokenizer_dir, record["messages"], where)
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"]:
-            raise BenchError(f'{path}:{number}: expected an object with a non-empty "prompt" string (or "messages"), '
+            raise BenchError(f'{where}: expected an object with a non-empty "prompt" string (or "messages"), '
                              f"got {line[:80]!r}.")
         max_tokens = record.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-            raise BenchError(f"{path}:{number}: max_tokens = {max_tokens!r} must be a positive integer.")
+            raise BenchError(f"{where}: max_tokens = {max_tokens!r} must be a positive integer.")
         prompts.append(Prompt(record["prompt"], max_tokens))
     if not prompts:
         raise BenchError(f"workload file {path} has no prompts: add lines like {{\"prompt\": \"...\"}}.")

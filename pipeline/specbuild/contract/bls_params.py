@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from specbuild.contract import models
 from specbuild.speculative.overlap import parse_setting
 
 __all__ = ["BlsParameters"]
@@ -29,8 +30,8 @@ class BlsParameters:
     max_input_len: int  # prompt tokens
     max_output_len: int  # the most max_tokens one request may ask for
     tokenizer_dir: str  # absolute, or relative to the repository's parent folder
-    tensorrt_llm_model_name: str = "tensorrt_llm"  # the target model
-    tensorrt_llm_draft_model_name: str = "tensorrt_llm_draft"
+    tensorrt_llm_model_name: str = models.TARGET
+    tensorrt_llm_draft_model_name: str = models.DRAFT
     use_draft_logits: bool = False  # the target verifies against the draft's logits (sampling requests)
     adaptive_draft_len: bool = True  # K adapts to the running acceptance
     overlap: bool | str = False  # draft the next step while the target verifies this one: true, false or "auto"

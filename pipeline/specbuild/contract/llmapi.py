@@ -33,13 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild.contract import models
 from specbuild.quantization import FORMATS
 
 RELEASE = "1.2.1"
 NVIDIA_MODEL_DIR = "/app/all_models/llmapi/tensorrt_llm/1"  # the Triton image's copy of model.py + helpers.py
 # (tensorrtllm_backend dockerfile/Dockerfile.triton.trt_llm_backend @r26.05 copies all_models to /app;
 #  triton-inference-server/tutorials Feature_Guide/Speculative_Decoding/TRT-LLM/README.md @e848952 uses it)
-MODEL_NAME = "tensorrt_llm"  # CONFIG: name: "tensorrt_llm"
+MODEL_NAME = models.TARGET  # CONFIG: name: "tensorrt_llm", the engine path's target model's name
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ available, else the short fallback below. Nothing is ever downloaded.
 
 from __future__ import annotations
 
-import json
+
 from pathlib import Path
 
+from specbuild import jsonl
 from specbuild.errors import SpecError
 
 _FALLBACK = [
@@ -54,16 +55,9 @@ def read_calib_file(path: Path) -> list[str]:
         raise SpecError(f"--calib-file {str(path)!r} cannot be read ({err}). Pass a UTF-8 text or JSONL file.") from None
     if path.suffix == ".jsonl":
         samples = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise SpecError(f"{path}:{number}: not valid JSON ({err.msg}). Each line must be "
-                                '{"text": "..."}.') from None
+        for where, _, record in jsonl.records(text, path, SpecError, 'Each line must be {"text": "..."}.'):
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise SpecError(f'{path}:{number}: no string "text" field. Each line must be {{"text": "..."}}.')
+                raise SpecError(f'{where}: no string "text" field. Each line must be {{"text": "..."}}.')
             if record["text"].strip():
                 samples.append(record["text"])
     else:

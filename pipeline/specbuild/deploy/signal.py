@@ -20,9 +20,10 @@ import threading
 import time
 from typing import Any
 
+from specbuild.contract import models
 from specbuild.triton.drain import parse_metrics, read_metrics
 
-BLS = "tensorrt_llm_bls"
+BLS = models.BLS
 PROMPT = '{"name": '
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild.contract import models
 from specbuild.config import Spec
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.llmapi import ADD_SPECIAL_TOKENS as LLMAPI_ADD_SPECIAL_TOKENS
@@ -47,7 +48,7 @@ from specbuild.speculative.stats import SpeculationStats
 
 __all__ = ["Deployment", "MODEL", "ServedSession", "read_stream", "server_url"]
 
-MODEL = "tensorrt_llm_bls"
+MODEL = models.BLS  # the model a client calls by default
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")  # a server bound to every address is reached on loopback
 
 

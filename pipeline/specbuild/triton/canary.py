@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from specbuild.contract import models as names
 from specbuild import backends
 from specbuild.artifacts import read_manifest
 from specbuild.errors import ArtifactError, ClientError, ServeError
@@ -41,7 +42,7 @@ def entry_models(repo: Path) -> list[str]:
         from specbuild.contract.llmapi import MODEL_NAME
 
         return [MODEL_NAME]
-    return [model for model in ("tensorrt_llm_bls", "ensemble") if (Path(repo) / model).is_dir()]
+    return [model for model in names.ENTRY_MODELS if (Path(repo) / model).is_dir()]
 
 
 def gate_model(repo: Path) -> str | None:
@@ -54,7 +55,7 @@ def gate_model(repo: Path) -> str | None:
 
 def entry_model(repo: Path) -> str:
     """The model a periodic canary goes through: the BLS, else the ensemble; an llmapi repository's one model."""
-    return (entry_models(repo) or ["ensemble"])[0]
+    return (entry_models(repo) or [names.ENSEMBLE])[0]
 
 
 def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[str, str]:
@@ -64,9 +65,9 @@ def canary(handle: ServerHandle, models: tuple[str, ...] | None = None) -> dict[
 
     if models is None and not _serves_engines(handle.opts.repo):
         return llmapi_canary(handle)
-    loaded = models or ("tensorrt_llm_bls", "ensemble")
+    loaded = models or names.ENTRY_MODELS
     answers = {}
-    for model, url, protocol in (("tensorrt_llm_bls", handle.grpc_url, "grpc"), ("ensemble", handle.http_url, "http")):
+    for model, url, protocol in ((names.BLS, handle.grpc_url, "grpc"), (names.ENSEMBLE, handle.http_url, "http")):
         if model not in loaded:
             continue
         try:

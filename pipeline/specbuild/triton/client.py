@@ -19,17 +19,10 @@ Two wire formats, one gRPC loop and one HTTP loop: the BLS's and the ensemble's 
 names, tensors [1, ...]), and Triton's llmapi model's (the LLM API path), found once per client
 (`is_llmapi`: asked for the BLS on a server that has none, or for `tensorrt_llm`, and that model's inputs
 are NVIDIA's llmapi ones; then `model` becomes "tensorrt_llm"). For the llmapi model (no batch
-dimension, max_batch_size 0):
-
-    client field                    llmapi input (specbuild.contract.llmapi INPUTS)
-    max_tokens                      sampling_param_max_tokens
-    temperature/top_k/top_p/seed    sampling_param_<same>
-    stream                          streaming
-    exclude_input_in_output         sampling_param_exclude_input_from_output (sent true unless asked: chunks
-                                    carry new text, as from the BLS; NVIDIA's default would repeat the prompt)
-    stop_words                      sampling_param_stop
-    num_draft_tokens                none: the LLM API drafts its configured max_draft_len at every step; not sent
-
+dimension, max_batch_size 0) a client field travels as the llmapi input `LLMAPI_FIELDS` names (types from
+`contract.llmapi.INPUTS`); `exclude_input_in_output` is sent true unless asked (chunks carry new text, as from the
+BLS; NVIDIA's default would repeat the prompt); stop words go as `sampling_param_stop`; `num_draft_tokens` is not
+sent (the LLM API drafts its configured max_draft_len at every step);
 and every request asks for finish_reason, stop_reason and the perf metrics. The model streams cumulative
 text, so the chunks carry the difference; only the final response's other outputs are read (each response
 repeats them), and its metrics arrive as strings ("None" before the end) and are returned as numbers. The
@@ -49,6 +42,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from specbuild.contract import models
 from specbuild.contract import tensors
 from specbuild.errors import ClientError
 from specbuild.contract import llmapi
@@ -61,25 +55,28 @@ STAT_OUTPUTS = tensors.BLS_FINAL_OUTPUTS  # what the BLS sends on its final resp
 TEXT_OUTPUTS = tuple(name for name in STAT_OUTPUTS  # strings (BYTES) that are not JSON documents
                      if tensors.BLS_OUTPUT[name].dtype == "TYPE_STRING" and name not in tensors.JSON_OUTPUTS)
 ID_OUTPUTS = tuple(name for name in STAT_OUTPUTS if tensors.BLS_OUTPUT[name].dims == (-1,))  # token ids
-LLMAPI_FIELDS = {  # request field -> (llmapi input, Triton datatype, numpy dtype)
-    "max_tokens": ("sampling_param_max_tokens", "INT32", np.int32),
-    "temperature": ("sampling_param_temperature", "FP32", np.float32),
-    "top_k": ("sampling_param_top_k", "INT32", np.int32),
-    "top_p": ("sampling_param_top_p", "FP32", np.float32),
-    "seed": ("sampling_param_seed", "UINT64", np.uint64),
-    "stream": ("streaming", "BOOL", np.bool_),
-    "exclude_input_in_output": ("sampling_param_exclude_input_from_output", "BOOL", np.bool_),
-    "return_perf_metrics": ("sampling_param_return_perf_metrics", "BOOL", np.bool_),
-}
+
+
+def _wire(data_type: str) -> tuple[str, type]:
+    """A config.pbtxt data type as a request carries it: (Triton's wire datatype, numpy dtype), TYPE_INT32 ->
+    ("INT32", numpy.int32), TYPE_STRING -> ("BYTES", object)."""
+    return data_type.removeprefix("TYPE_").replace("STRING", "BYTES"), np.dtype(tensors.NUMPY_DTYPES[data_type]).type
+
+
+_LLMAPI_INPUT = {t.name: t.data_type for t in llmapi.INPUTS}
+LLMAPI_FIELDS = {  # request field -> (llmapi input, Triton datatype, numpy dtype); the types are the contract's
+    field: (name, *_wire(_LLMAPI_INPUT[name])) for field, name in (
+        ("max_tokens", "sampling_param_max_tokens"), ("temperature", "sampling_param_temperature"),
+        ("top_k", "sampling_param_top_k"), ("top_p", "sampling_param_top_p"), ("seed", "sampling_param_seed"),
+        ("stream", "streaming"), ("exclude_input_in_output", "sampling_param_exclude_input_from_output"),
+        ("return_perf_metrics", "sampling_param_return_perf_metrics"))}
 LLMAPI_ALWAYS = ("return_finish_reason", "return_stop_reason", "sampling_param_return_perf_metrics")
 LLMAPI_FLOATS = ("acceptance_rate", "kv_cache_hit_rate", "cumulative_logprob")
-_INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype), NVIDIA's BLS input names
-    "max_tokens": ("INT32", np.int32), "num_draft_tokens": ("INT32", np.int32), "top_k": ("INT32", np.int32),
-    "end_id": ("INT32", np.int32), "pad_id": ("INT32", np.int32), "min_tokens": ("INT32", np.int32),
-    "temperature": ("FP32", np.float32), "top_p": ("FP32", np.float32), "seed": ("UINT64", np.uint64),
-    "stream": ("BOOL", np.bool_), "use_draft_logits": ("BOOL", np.bool_), "exclude_input_in_output": ("BOOL", np.bool_),
-    "return_perf_metrics": ("BOOL", np.bool_),
-}
+_BLS_INPUT = {t.name: t.dtype for t in tensors.BLS_INPUTS}
+_INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype): NVIDIA's BLS input names, the contract's types
+    name: _wire(_BLS_INPUT[name]) for name in (
+        "max_tokens", "num_draft_tokens", "top_k", "end_id", "pad_id", "min_tokens", "temperature", "top_p", "seed",
+        "stream", "use_draft_logits", "exclude_input_in_output", "return_perf_metrics")}
 
 
 @dataclass
@@ -186,7 +183,7 @@ class _LlmapiResponses:
 
 
 class SpecbuildClient:
-    def __init__(self, url: str, protocol: str = "grpc", model: str = "tensorrt_llm_bls", timeout: float = 300.0):
+    def __init__(self, url: str, protocol: str = "grpc", model: str = models.BLS, timeout: float = 300.0):
         if protocol not in ("grpc", "http"):
             raise ClientError(f"protocol {protocol!r} is not supported: use 'grpc' or 'http'.")
         self.url = url.removeprefix("http://").removeprefix("grpc://").rstrip("/")
@@ -242,7 +239,7 @@ class SpecbuildClient:
             found = False
             if self.model == llmapi.MODEL_NAME:
                 found = llmapi.is_llmapi_config(self._config(self.model))
-            elif self.model == "tensorrt_llm_bls" and self._config(self.model) is None:
+            elif self.model == models.BLS and self._config(self.model) is None:
                 found = llmapi.is_llmapi_config(self._config(llmapi.MODEL_NAME))
             self._llmapi = found
             self.model = llmapi.MODEL_NAME if found else self.model
@@ -274,13 +271,13 @@ class SpecbuildClient:
         as a value of its input's type (INT32, UINT64, FP32, BOOL): a number outside it raises ClientError rather than
         reach the server as another number (`_typed`)."""
         llmapi = self.is_llmapi()  # first: it may change self.model to the llmapi model
-        if self.model == "tensorrt_llm_bls" or llmapi:
+        if self.model == models.BLS or llmapi:
             extra.setdefault("exclude_input_in_output", True)
         fields: dict[str, Any] = {"max_tokens": max_tokens, "num_draft_tokens": num_draft_tokens,
                                   "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
                                   "stream": stream, **extra}
         fields = {k: v for k, v in fields.items() if v is not None}
-        if self.model != "tensorrt_llm_bls":
+        if self.model != models.BLS:
             fields.pop("num_draft_tokens", None)  # the target-only ensemble and the llmapi model have no such input
         known = LLMAPI_FIELDS if llmapi else _INPUT_TYPES
         unknown = [k for k in fields if k not in known]
@@ -294,7 +291,7 @@ class SpecbuildClient:
             fields["top_p"] = 1.0
         parameters = {}
         if overlap is not None:
-            if llmapi or self.model != "tensorrt_llm_bls":
+            if llmapi or self.model != models.BLS:
                 raise ClientError(f"overlap is a setting of the speculative BLS; {self.model} has no such setting: "
                                   "leave it unset.")
             parameters["overlap"] = overlap

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from specbuild.contract import models
 from specbuild import backends
 from specbuild.errors import SpecError
 from specbuild.contract import tensors as T
@@ -35,9 +36,9 @@ if TYPE_CHECKING:  # tritonclient is imported lazily: `specbuild repo --help` mu
     from tritonclient.grpc import model_config_pb2
 
 BACKENDS = backends.ENGINE_BACKENDS  # the two flavours of the BLS repository
-MODEL_NAMES = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble",
+MODEL_NAMES = (models.PREPROCESSING, models.POSTPROCESSING, models.TARGET, models.DRAFT, models.BLS, models.ENSEMBLE,
                gate.MODEL_NAME)
-LLM_MODEL = {"target": "tensorrt_llm", "draft": "tensorrt_llm_draft"}
+LLM_MODEL = {"target": models.TARGET, "draft": models.DRAFT}
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"  # the template's fixed value
 # Read with no fallback by the C++ backend; empty = not set (guided decoding off). Allowed empty, nowhere else.
 UNSET_LLM_PARAMS = {"tokenizer_dir": "", "guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
@@ -250,7 +251,7 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     if s.num_draft_tokens > s.max_draft_len:
         raise SpecError(f"num_draft_tokens = {s.num_draft_tokens} exceeds max_draft_len = {s.max_draft_len}: "
                         "lower speculative.num_draft_tokens in the spec.")
-    c = pb.ModelConfig(name="tensorrt_llm_bls", backend="python", max_batch_size=s.max_batch_size)
+    c = pb.ModelConfig(name=models.BLS, backend="python", max_batch_size=s.max_batch_size)
     c.model_transaction_policy.SetInParent()
     c.model_transaction_policy.decoupled = s.bls_decoupled
     # Its queue is its own: execute never waits, the BLS runs max_concurrent_requests at once, keeps up to
@@ -342,7 +343,7 @@ def build_all(s: RepoSettings) -> dict[str, "model_config_pb2.ModelConfig"]:
         "postprocessing": postprocessing(s),
         "tensorrt_llm": llm(s, "target"),
         "tensorrt_llm_draft": llm(s, "draft"),
-        "tensorrt_llm_bls": bls(s),
+        models.BLS: bls(s),
         "ensemble": ensemble(s),
         gate.MODEL_NAME: gate.model_config(),  # READY while the deployment takes new requests
     }

@@ -18,6 +18,7 @@ import queue
 from typing import Any
 
 import numpy as np
+from specbuild.contract import models
 
 OUTPUT_LEN = 12  # tokens per request, as small as NVIDIA's test runs use
 SPECULATIVE_K = 5  # the draft length NVIDIA's speculative-decoding test sends
@@ -113,7 +114,7 @@ def speculative_decoding_check(client, prompt: str, k: int = SPECULATIVE_K,
     client-side speculation at K; they must be equal."""
     return {
         "ensemble": streamed(client, "ensemble", run_inference_inputs(prompt, output_len)),
-        "bls": streamed(client, "tensorrt_llm_bls", run_inference_inputs(
+        "bls": streamed(client, models.BLS, run_inference_inputs(
             prompt, output_len, num_draft_tokens=scalar(k, np.int32), use_draft_logits=scalar(False, bool))),
         "client-side": client_side_speculation(client, prompt, k, output_len),
     }

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild.contract import models
 from specbuild import backends
 from specbuild.contract.pbtxt import to_pbtxt
 from specbuild.artifacts import combined_hash, read_manifest, stage_output, tool_versions
@@ -41,7 +42,7 @@ DEFAULT_KV_FRACTIONS = (0.5, 0.5)  # (target, draft) when no memory plan is avai
 SHIMS = {
     "preprocessing": "specbuild.triton.models.preprocessing",
     "postprocessing": "specbuild.triton.models.postprocessing",
-    "tensorrt_llm_bls": "specbuild.triton.models.bls",
+    models.BLS: "specbuild.triton.models.bls",
     "reference_llm": "specbuild.triton.models.reference_llm",
     "serving_gate": serving_gate.MODEL_MODULE,
 }
@@ -216,7 +217,7 @@ def render(settings: RepoSettings) -> dict[str, str]:
         files[f"{name}/config.pbtxt"] = to_pbtxt(config)
     files["preprocessing/1/model.py"] = shim_source(SHIMS["preprocessing"])
     files["postprocessing/1/model.py"] = shim_source(SHIMS["postprocessing"])
-    files["tensorrt_llm_bls/1/model.py"] = shim_source(SHIMS["tensorrt_llm_bls"])
+    files[f"{models.BLS}/1/model.py"] = shim_source(SHIMS[models.BLS])
     files["serving_gate/1/model.py"] = shim_source(SHIMS["serving_gate"])
     for name in ("tensorrt_llm", "tensorrt_llm_draft"):
         if backends.get(settings.backend).triton_backend == "python":

@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from specbuild.contract import models
 from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.logits import NUMPY_NAMES
@@ -87,7 +88,7 @@ class TritonPythonModel:
 
         self.pb = pb_utils
         config = json.loads(args["model_config"])
-        self.model_name = args.get("model_name", "tensorrt_llm_bls")
+        self.model_name = args.get("model_name", models.BLS)
         settings = BlsParameters.from_parameters(parameters(args))
         self.target_model, self.draft_model = settings.tensorrt_llm_model_name, settings.tensorrt_llm_draft_model_name
         self.max_draft_len = settings.max_draft_len
