@@ -14,7 +14,8 @@ root="${TRITON_ROOT:-/opt/tritonserver}"
 before="$(python3 -m pip check 2>&1 || true)"
 
 python3 -m pip install --no-deps .
-python3 -m pip install "click>=8.1,<9" "platformdirs>=3,<5" "filelock>=3.12,<5" "tqdm>=4.64,<5"
+python3 -m pip install "click>=8.1,<9" "platformdirs>=3,<5" "filelock>=3.12,<5" "tqdm>=4.64,<5" \
+  "prometheus-client>=0.20,<1"
 if python3 -c "import tritonclient.grpc, tritonclient.http" 2>/dev/null; then
   echo "tritonclient: the image's own"
 else

@@ -149,3 +149,21 @@ def test_dockerignore_sends_only_the_package():
         for sources in copied:
             for source in sources.split():
                 assert f"!{source}" in lines or f"!{source}/" in lines, source
+
+
+def test_the_images_install_the_pins_pyproject_declares():
+    """The GPU images install specbuild with --no-deps, then its small dependencies by hand: each at the range
+    pyproject.toml declares (the core list, and the serve extra's prometheus-client, which the supervisor needs)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=!~ ;\[]", req, 1)[0].lower(): req.split(";")[0].strip()
+                for req in [*project["dependencies"], *project["optional-dependencies"]["serve"]]}
+    script = (DOCKER / "install_specbuild.sh").read_text()
+    section = script.split("pip install --no-deps .")[1].split("import tritonclient")[0]
+    installed = re.findall(r'"([a-z][a-z0-9-]*[<>=~][^"]*)"', section)
+    assert installed, "no pinned requirements found in docker/install_specbuild.sh"
+    for req in installed:
+        name = re.split(r"[<>=!~ ]", req, 1)[0].lower()
+        assert declared.get(name) == req, (req, declared.get(name))
+    assert {"click", "prometheus-client"} <= {re.split(r"[<>=!~ ]", r, 1)[0] for r in installed}

@@ -88,7 +88,7 @@ class Served:
                 text = open(self.document["supervisor_metrics"]).read()
             except OSError:
                 text = ""
-            if len(self.servers()) == 1 and "\nspecbuild_supervisor_serving 1\n" in text:
+            if len(self.servers()) == 1 and "\nspecbuild_supervisor_serving 1.0\n" in text:
                 self.serving_again(time.monotonic(), limit=max(1.0, deadline - time.monotonic()))
                 return
             time.sleep(0.2)

@@ -105,16 +105,23 @@ def test_python_stubs_are_found_by_their_argv_and_zombies_are_dead(tmp_path):
 
 
 def test_metrics_file_is_prometheus_text(tmp_path):
+    """Written by prometheus_client after every change, and parsed back by its own text parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     metrics = SupervisorMetrics(tmp_path / "sup.prom")
     metrics.add("specbuild_supervisor_failures_total", model="tensorrt_llm_draft", kind="stub_died")
     metrics.add("specbuild_supervisor_failures_total", model="tensorrt_llm_draft", kind="stub_died")
     metrics.set("specbuild_supervisor_recovery_seconds", 2.5, model="tensorrt_llm_draft")
     metrics.set("specbuild_supervisor_serving", 1)
     text = (tmp_path / "sup.prom").read_text()
-    assert 'specbuild_supervisor_failures_total{kind="stub_died",model="tensorrt_llm_draft"} 2\n' in text
+    assert 'specbuild_supervisor_failures_total{kind="stub_died",model="tensorrt_llm_draft"} 2.0\n' in text
     assert "# TYPE specbuild_supervisor_failures_total counter" in text
     assert 'specbuild_supervisor_recovery_seconds{model="tensorrt_llm_draft"} 2.5\n' in text
-    assert "specbuild_supervisor_serving 1\n" in text
+    assert "specbuild_supervisor_serving 1.0\n" in text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("specbuild_supervisor_failures_total", (("kind", "stub_died"), ("model", "tensorrt_llm_draft")))] == 2
+    assert metrics.get("specbuild_supervisor_failures_total", kind="stub_died", model="tensorrt_llm_draft") == 2
     assert list(tmp_path.iterdir()) == [tmp_path / "sup.prom"]  # no temporary file left
 
 

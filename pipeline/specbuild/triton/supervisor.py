@@ -85,55 +85,53 @@ class SupervisorSettings:
 
 
 class SupervisorMetrics:
-    """Counters and gauges written as a Prometheus text file after every change."""
+    """The supervisor's counters and gauges, in a registry of their own (prometheus_client), written to `path` as a
+    Prometheus text file after every change (`write_to_textfile`: a temporary file renamed into place, so a reader
+    never sees half a file). Label names are sorted, as the file shows them."""
 
-    HELP = {
-        "specbuild_supervisor_failures_total": ("counter", "Failures detected, by model and kind."),
-        "specbuild_supervisor_recoveries_total": ("counter", "Recoveries, by model and action (reload, restart)."),
-        "specbuild_supervisor_recovery_seconds": ("gauge", "Seconds from detection to serving again, last recovery."),
-        "specbuild_supervisor_server_starts_total": ("counter", "tritonserver starts, the first one included."),
-        "specbuild_supervisor_canary_total": ("counter", "Periodic canary requests, by result."),
-        "specbuild_supervisor_serving": ("gauge", "Whether the server is ready and watched (1) or not (0)."),
+    COUNTERS = {
+        "specbuild_supervisor_failures_total": ("Failures detected, by model and kind.", ("kind", "model")),
+        "specbuild_supervisor_recoveries_total": ("Recoveries, by model and action (reload, restart).",
+                                                  ("action", "model")),
+        "specbuild_supervisor_server_starts_total": ("tritonserver starts, the first one included.", ()),
+        "specbuild_supervisor_canary_total": ("Periodic canary requests, by result.", ("result",)),
+    }
+    GAUGES = {
+        "specbuild_supervisor_recovery_seconds": ("Seconds from detection to serving again, last recovery.",
+                                                  ("model",)),
+        "specbuild_supervisor_serving": ("Whether the server is ready and watched (1) or not (0).", ()),
     }
 
     def __init__(self, path: Path | None):
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
         self.path = path
-        self.values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.metrics = {name: Counter(name, text, labels, registry=self.registry)
+                        for name, (text, labels) in self.COUNTERS.items()}
+        self.metrics.update({name: Gauge(name, text, labels, registry=self.registry)
+                             for name, (text, labels) in self.GAUGES.items()})
+
+    def _child(self, name: str, labels: dict[str, str]):
+        metric = self.metrics[name]
+        return metric.labels(**labels) if labels else metric
 
     def add(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        key = (name, tuple(sorted(labels.items())))
-        self.values[key] = self.values.get(key, 0.0) + amount
+        self._child(name, labels).inc(amount)
         self.write()
 
     def set(self, name: str, value: float, **labels: str) -> None:
-        self.values[(name, tuple(sorted(labels.items())))] = value
+        self._child(name, labels).set(value)
         self.write()
 
     def get(self, name: str, **labels: str) -> float:
-        return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
-
-    def render(self) -> str:
-        lines = []
-        for name, (kind, text) in self.HELP.items():
-            rows = [(labels, value) for (metric, labels), value in sorted(self.values.items()) if metric == name]
-            if not rows:
-                continue
-            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-            for labels, value in rows:
-                label_text = ",".join(f'{k}="{v}"' for k, v in labels)
-                lines.append(f"{name}{{{label_text}}} {value:g}" if label_text else f"{name} {value:g}")
-        return "\n".join(lines) + "\n"
+        return self.registry.get_sample_value(name, labels) or 0.0
 
     def write(self) -> None:
-        if self.path is None:
-            return
-        tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
-        try:
-            tmp.write_text(self.render())
-            os.replace(tmp, self.path)  # a reader never sees half a file
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        if self.path is not None:
+            from prometheus_client import write_to_textfile
+
+            write_to_textfile(str(self.path), self.registry)
 
 
 def python_models(repo: Path, only: tuple[str, ...] | None = None) -> list[str]:
