@@ -8,7 +8,7 @@ BIN     := $(VENV)/bin
 DEMO    := .demo
 UP_FLAGS ?=            # e.g. UP_FLAGS=--once to stop the server after the demo prompts
 
-.PHONY: setup demo test clean-demo cli-docs
+.PHONY: setup demo test lint format clean-demo cli-docs
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,15 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# ruff over the whole tree (its settings: pyproject.toml [tool.ruff]); `make format` rewrites what `make lint` refuses
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 cli-docs: setup
 	$(BIN)/python scripts/cli_reference.py --write

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-CALLERS = '''
+CALLERS = """
 import json
 import threading
 import time
@@ -61,9 +61,9 @@ class TritonPythonModel:
             out = np.array(sorted(times, reverse=True), np.float32)
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("TIMES", out)]))
         return responses
-'''
+"""
 
-BUSY = '''
+BUSY = """
 import time
 import triton_python_backend_utils as pb_utils
 
@@ -76,7 +76,7 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", x + 1)]))
         return responses
-'''
+"""
 CONFIGS = ("generated", "bounded")
 BOUNDED_QUEUE = 16  # the bound generated before (4 x the example's max_batch_size of 4)
 STALL_S = 0.25  # a 2 ms call past this waited the batcher's 500 ms
@@ -108,7 +108,8 @@ def write_repo(repo: Path, cases: list[tuple[str, int]]) -> dict[tuple[str, int]
     (callers / "1" / "model.py").write_text(CALLERS)
     (callers / "config.pbtxt").write_text(
         'name: "callers"\nbackend: "python"\nmax_batch_size: 0\ninput { name: "X" data_type: TYPE_FP32 dims: 1 }\n'
-        'output { name: "TIMES" data_type: TYPE_FP32 dims: -1 }\ninstance_group { count: 1 kind: KIND_CPU }\n')
+        'output { name: "TIMES" data_type: TYPE_FP32 dims: -1 }\ninstance_group { count: 1 kind: KIND_CPU }\n'
+    )
     prefetching = {}
     for kind, delay in cases:
         config = busy_config(f"busy_{kind}_{delay}", kind, delay)
@@ -125,8 +126,11 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"configurations to measure: {', '.join(CONFIGS)}")
     parser.add_argument("--delays", default="0", help="queue delays to measure, microseconds")
     parser.add_argument("--callers", type=int, default=2, help="threads that call the busy model at once")
-    parser.add_argument("--distinct-shapes", action="store_true",
-                        help="each caller sends its own input length, so no two calls can share a batch")
+    parser.add_argument(
+        "--distinct-shapes",
+        action="store_true",
+        help="each caller sends its own input length, so no two calls can share a batch",
+    )
     args = parser.parse_args()
     kinds = [k for k in args.configs.split(",") if k]
     if not set(kinds) <= set(CONFIGS) or args.callers < 1:
@@ -146,14 +150,20 @@ def main() -> None:
                 for kind, delay in cases:
                     x = grpcclient.InferInput("X", [1], "FP32")
                     x.set_data_from_numpy(np.array([0.0], np.float32))
-                    asked = {"model": f"busy_{kind}_{delay}", "n": args.pairs, "callers": args.callers,
-                             "distinct": args.distinct_shapes}
+                    asked = {
+                        "model": f"busy_{kind}_{delay}",
+                        "n": args.pairs,
+                        "callers": args.callers,
+                        "distinct": args.distinct_shapes,
+                    }
                     times = client.infer("callers", [x], parameters=asked, client_timeout=3600).as_numpy("TIMES")
                     stalls = int((times > STALL_S).sum())
-                    print(f"{kind:>9} (prefetches: {'yes' if prefetching[kind, delay] else 'no'}), queue delay "
-                          f"{delay:>4} us, {args.callers} callers: {stalls} of {len(times)} calls over {STALL_S} s; "
-                          f"longest {', '.join(f'{t:.3f}' for t in times[:3])} s; median {np.median(times):.4f} s",
-                          flush=True)
+                    print(
+                        f"{kind:>9} (prefetches: {'yes' if prefetching[kind, delay] else 'no'}), queue delay "
+                        f"{delay:>4} us, {args.callers} callers: {stalls} of {len(times)} calls over {STALL_S} s; "
+                        f"longest {', '.join(f'{t:.3f}' for t in times[:3])} s; median {np.median(times):.4f} s",
+                        flush=True,
+                    )
         finally:
             server.stop()
 

@@ -43,8 +43,9 @@ def post(url: str, body: bytes, timeout: float = 120) -> int:
 def slots_taken(metrics_url: str) -> float:
     with urllib.request.urlopen(metrics_url, timeout=30) as response:
         text = response.read().decode()
-    match = re.search(r'^specbuild_bls_started_requests_total\{[^}]*model="tensorrt_llm_bls"[^}]*\} ([0-9.e+-]+)$',
-                      text, re.MULTILINE)
+    match = re.search(
+        r'^specbuild_bls_started_requests_total\{[^}]*model="tensorrt_llm_bls"[^}]*\} ([0-9.e+-]+)$', text, re.MULTILINE
+    )
     return float(match.group(1)) if match else 0.0
 
 
@@ -76,8 +77,12 @@ def small_streams(grpc_url: str, clients: int, per_client: int) -> list[float]:
 
 def figures(seconds: list[float]) -> dict:
     ordered = sorted(seconds)
-    return {"requests": len(ordered), "median_s": round(statistics.median(ordered), 4),
-            "p90_s": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 4), "max_s": round(ordered[-1], 4)}
+    return {
+        "requests": len(ordered),
+        "median_s": round(statistics.median(ordered), 4),
+        "p90_s": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 4),
+        "max_s": round(ordered[-1], 4),
+    }
 
 
 def main() -> None:
@@ -109,8 +114,8 @@ def main() -> None:
                 for _ in range(args.big_per_client):
                     started = time.monotonic()
                     code = post(url, body)
-                    with lock:
-                        answers.append((code, time.monotonic() - started))
+                    with lock:  # noqa: B023 (called within this iteration)
+                        answers.append((code, time.monotonic() - started))  # noqa: B023 (called within this iteration)
 
             before = slots_taken(handle.metrics_url)
             bigs = [threading.Thread(target=big_client) for _ in range(args.big_clients)]
@@ -121,16 +126,31 @@ def main() -> None:
             for t in bigs:
                 t.join()
             taken = slots_taken(handle.metrics_url) - before
-            rounds.append({
-                "alone": figures(alone), "beside_big_prompts": figures(loaded),
-                "median_ratio": round(statistics.median(loaded) / statistics.median(alone), 2),
-                "big_prompts": {"sent": len(answers), "http_codes": sorted({code for code, _ in answers}),
-                                "median_s": round(statistics.median(s for _, s in answers), 4)},
-                "slots_taken": {"small": len(loaded), "all": int(taken)},
-            })
-        print(json.dumps({"repo": str(repo), "big_prompt_mib": args.big_mib, "rounds": rounds,
-                          "worst_median_ratio": max(r["median_ratio"] for r in rounds),
-                          "load_average": Path("/proc/loadavg").read_text().split()[:3]}, indent=2))
+            rounds.append(
+                {
+                    "alone": figures(alone),
+                    "beside_big_prompts": figures(loaded),
+                    "median_ratio": round(statistics.median(loaded) / statistics.median(alone), 2),
+                    "big_prompts": {
+                        "sent": len(answers),
+                        "http_codes": sorted({code for code, _ in answers}),
+                        "median_s": round(statistics.median(s for _, s in answers), 4),
+                    },
+                    "slots_taken": {"small": len(loaded), "all": int(taken)},
+                }
+            )
+        print(
+            json.dumps(
+                {
+                    "repo": str(repo),
+                    "big_prompt_mib": args.big_mib,
+                    "rounds": rounds,
+                    "worst_median_ratio": max(r["median_ratio"] for r in rounds),
+                    "load_average": Path("/proc/loadavg").read_text().split()[:3],
+                },
+                indent=2,
+            )
+        )
     finally:
         handle.stop()
 

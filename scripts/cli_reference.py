@@ -1,7 +1,7 @@
 """Generate docs/cli.md, the CLI reference, from the commands' own --help.
 
-    python scripts/cli_reference.py --write    # rewrite docs/cli.md
-    python scripts/cli_reference.py --check    # exit 1 if docs/cli.md is out of date (used by the tests)
+python scripts/cli_reference.py --write    # rewrite docs/cli.md
+python scripts/cli_reference.py --check    # exit 1 if docs/cli.md is out of date (used by the tests)
 """
 
 from __future__ import annotations

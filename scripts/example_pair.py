@@ -38,8 +38,13 @@ def build(variant: str, work: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default="full", choices=["full", "tiny"])
-    parser.add_argument("--from", dest="built", type=Path, default=None,
-                        help="a built pair folder (target/, draft/, example.json) to pack instead of training")
+    parser.add_argument(
+        "--from",
+        dest="built",
+        type=Path,
+        default=None,
+        help="a built pair folder (target/, draft/, example.json) to pack instead of training",
+    )
     parser.add_argument("--write", action="store_true", help="write the pack over pairs/<variant>/")
     parser.add_argument("--pairs-dir", type=Path, default=packaged.PAIRS_DIR, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -56,15 +61,20 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 shutil.rmtree(committed)
             shutil.copytree(fresh, committed)
-            print(f"wrote {committed} ({sum(f['bytes'] for f in files['files'].values()) / 1e6:.1f} MB, "
-                  f"recipe key {files['recipe_key']})")
+            print(
+                f"wrote {committed} ({sum(f['bytes'] for f in files['files'].values()) / 1e6:.1f} MB, "
+                f"recipe key {files['recipe_key']})"
+            )
             return 0
         if not (committed / packaged.FILES_JSON).is_file():
             print(f"no committed pair at {committed}; pass --write to create it.", file=sys.stderr)
             return 1
         old = json.loads((committed / packaged.FILES_JSON).read_text())
-        differ = sorted(rel for rel in set(old["files"]) | set(files["files"])
-                        if rel != packaged.EXAMPLE_JSON and old["files"].get(rel) != files["files"].get(rel))
+        differ = sorted(
+            rel
+            for rel in set(old["files"]) | set(files["files"])
+            if rel != packaged.EXAMPLE_JSON and old["files"].get(rel) != files["files"].get(rel)
+        )
         # example.json holds timings and the cost ratio measured on the building machine: compare the rest.
         info_old = json.loads((committed / packaged.EXAMPLE_JSON).read_text())
         info_new = json.loads((fresh / packaged.EXAMPLE_JSON).read_text())

@@ -20,13 +20,19 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # (system, machine) pairs the CPU index has wheels for (platform.system(), platform.machine().lower()).
-CPU_INDEX_PLATFORMS = {("Linux", "x86_64"), ("Linux", "amd64"), ("Linux", "aarch64"), ("Linux", "arm64"),
-                       ("Windows", "amd64"), ("Windows", "x86_64")}
+CPU_INDEX_PLATFORMS = {
+    ("Linux", "x86_64"),
+    ("Linux", "amd64"),
+    ("Linux", "aarch64"),
+    ("Linux", "arm64"),
+    ("Windows", "amd64"),
+    ("Windows", "x86_64"),
+}
 PROBE_TIMEOUT_S = 5.0
 
 
@@ -53,21 +59,31 @@ def reachable(index: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
         return str(getattr(err, "reason", err))
 
 
-def plan(requirement: str, python: str, system: str, machine: str,
-         probe: Callable[[str], str | None] = reachable) -> Plan:
+def plan(
+    requirement: str, python: str, system: str, machine: str, probe: Callable[[str], str | None] = reachable
+) -> Plan:
     pip = [python, "-m", "pip", "install", "--progress-bar", "off", requirement]
     index = cpu_index_for(system, machine)
     if index is None:
-        return Plan(pip, None, None if system == "Darwin" else
-                    f"note: PyTorch has no CPU wheel index for {system} {machine}; installing {requirement} "
-                    "from the default index.")
+        return Plan(
+            pip,
+            None,
+            None
+            if system == "Darwin"
+            else f"note: PyTorch has no CPU wheel index for {system} {machine}; installing {requirement} "
+            "from the default index.",
+        )
     problem = probe(index)
     if problem is None:
         return Plan([*pip, "--index-url", index], index, None)
-    return Plan(pip, None, f"note: PyTorch's CPU wheel index {index} does not answer ({problem}); installing "
-                           f"{requirement} from the default index instead (your pip configuration: mirrors, "
-                           "--find-links, cache). On Linux that can be the CUDA build, several GB: check the "
-                           "line printed after the install.")
+    return Plan(
+        pip,
+        None,
+        f"note: PyTorch's CPU wheel index {index} does not answer ({problem}); installing "
+        f"{requirement} from the default index instead (your pip configuration: mirrors, "
+        "--find-links, cache). On Linux that can be the CUDA build, several GB: check the "
+        "line printed after the install.",
+    )
 
 
 def describe_installed(python: str) -> str:
@@ -77,9 +93,11 @@ def describe_installed(python: str) -> str:
         return "torch does not import: " + (out.stderr.strip().splitlines() or ["?"])[-1]
     version, _, cuda = out.stdout.strip().partition(" ")
     if cuda:
-        return (f"torch {version} is a CUDA {cuda} build: it works on CPU, but its CUDA libraries take several GB. "
-                f"For the CPU build: pip install --force-reinstall 'torch=={version.split('+')[0]}' "
-                f"--index-url {CPU_INDEX}")
+        return (
+            f"torch {version} is a CUDA {cuda} build: it works on CPU, but its CUDA libraries take several GB. "
+            f"For the CPU build: pip install --force-reinstall 'torch=={version.split('+')[0]}' "
+            f"--index-url {CPU_INDEX}"
+        )
     return f"torch {version}: CPU build"
 
 

@@ -72,13 +72,32 @@ def fingerprint(two_threads: bool = True) -> dict:
     torch.set_num_threads(1)
     w, x, bias = randn(192, 2048), randn(16, 192), randn(2048)
     q, k = randn(1, 4, 4, 16), randn(1, 2, 576, 16)
-    args = LlamaArgs(vocab_size=211, hidden_size=64, intermediate_size=160, num_layers=1, num_heads=4, num_kv_heads=2,
-                     head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, rope={}, tie_word_embeddings=False,
-                     max_position_embeddings=512)
+    args = LlamaArgs(
+        vocab_size=211,
+        hidden_size=64,
+        intermediate_size=160,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope={},
+        tie_word_embeddings=False,
+        max_position_embeddings=512,
+    )
     shapes = {"model.embed_tokens.weight": (211, 64), "model.norm.weight": (64,), "lm_head.weight": (211, 64)}
-    layer = {"input_layernorm.weight": (64,), "post_attention_layernorm.weight": (64,), "self_attn.q_proj.weight": (64, 64),
-             "self_attn.k_proj.weight": (32, 64), "self_attn.v_proj.weight": (32, 64), "self_attn.o_proj.weight": (64, 64),
-             "mlp.gate_proj.weight": (160, 64), "mlp.up_proj.weight": (160, 64), "mlp.down_proj.weight": (64, 160)}
+    layer = {
+        "input_layernorm.weight": (64,),
+        "post_attention_layernorm.weight": (64,),
+        "self_attn.q_proj.weight": (64, 64),
+        "self_attn.k_proj.weight": (32, 64),
+        "self_attn.v_proj.weight": (32, 64),
+        "self_attn.o_proj.weight": (64, 64),
+        "mlp.gate_proj.weight": (160, 64),
+        "mlp.up_proj.weight": (160, 64),
+        "mlp.down_proj.weight": (64, 160),
+    }
     shapes.update({f"model.layers.0.{name}": shape for name, shape in layer.items()})
     state = {name: 0.2 * randn(*shape) for name, shape in shapes.items()}
     model = LlamaModel(args, state, probe=False)
@@ -102,8 +121,9 @@ def fingerprint(two_threads: bool = True) -> dict:
         "chosen_row_block": chosen.row_block,
         "accepted_but_not_exact": sorted(unfaithful),
         "wide_rejected": [t.row_block for t in chosen.exactness.wide_tried if t.failures],
-        "wide_accepted_but_not_exact": (list(chosen.wide_blocks) if chosen.wide_blocks
-                                        and not decodes_exactly(chosen, rng) else []),
+        "wide_accepted_but_not_exact": (
+            list(chosen.wide_blocks) if chosen.wide_blocks and not decodes_exactly(chosen, rng) else []
+        ),
     }
 
 
@@ -161,16 +181,18 @@ def main() -> int:
             continue
         info = json.loads(fp.stdout.strip().splitlines()[-1])
         if info["accepted_but_not_exact"] or info["wide_accepted_but_not_exact"]:
-            print(f"{name}: the probe accepted row blocks {info['accepted_but_not_exact']} or wide calls "
-                  f"{info['wide_accepted_but_not_exact']} that decoding shows are not exact: the probe is too weak for "
-                  "these kernels", file=sys.stderr)
+            print(
+                f"{name}: the probe accepted row blocks {info['accepted_but_not_exact']} or wide calls "
+                f"{info['wide_accepted_but_not_exact']} that decoding shows are not exact: the probe is too weak for "
+                "these kernels",
+                file=sys.stderr,
+            )
             failed = True
         key = json.dumps({k: v for k, v in info.items() if k != "chosen_row_block"}, sort_keys=True)
         if key in tested and not args.all:
             rows.append((name, selection, info, f"same kernels as {tested[key]!r}: not tested again"))
             continue
-        tests = run_child([sys.executable, "-m", "pytest", "-q", *TESTS], env,
-                          deadline - time.monotonic())
+        tests = run_child([sys.executable, "-m", "pytest", "-q", *TESTS], env, deadline - time.monotonic())
         seconds = time.monotonic() - started
         if tests is None:
             rows.append((name, selection, info, f"TIMED OUT (budget {args.budget:.0f} s)"))
@@ -179,21 +201,28 @@ def main() -> int:
         summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else "no output"
         if tests.returncode != 0:
             failed = True
-            print(f"--- {name}: {' '.join(f'{k}={v}' for k, v in selection.items())}\n{tests.stdout[-6000:]}",
-                  file=sys.stderr)
+            print(
+                f"--- {name}: {' '.join(f'{k}={v}' for k, v in selection.items())}\n{tests.stdout[-6000:]}",
+                file=sys.stderr,
+            )
         tested.setdefault(key, name)
-        rows.append((name, selection, info, f"{'passed' if tests.returncode == 0 else 'FAILED'}: {summary} "
-                                            f"({seconds:.0f} s)"))
+        rows.append(
+            (name, selection, info, f"{'passed' if tests.returncode == 0 else 'FAILED'}: {summary} ({seconds:.0f} s)")
+        )
 
-    print(f"{'selection':<22} {'capability':<10} {'matmul':<8} {'attn':<8} {'elem':<8} {'rejected blocks 1 / 2 threads':<32} "
-          f"{'chosen':<6} {'wide rejected':<13} tests")
-    for name, selection, info, result in rows:
+    print(
+        f"{'selection':<22} {'capability':<10} {'matmul':<8} {'attn':<8} {'elem':<8} {'rejected blocks 1 / 2 threads':<32} "
+        f"{'chosen':<6} {'wide rejected':<13} tests"
+    )
+    for name, _selection, info, result in rows:
         if info is None:
             print(f"{name:<22} {result}")
             continue
         rejected = f"{_ranges(info['rejected_1_thread'])} / {_ranges(info['rejected_2_threads'])}"
-        print(f"{name:<22} {info['capability']:<10} {info['matmul']:<8} {info['attention']:<8} {info['elementwise']:<8} "
-              f"{rejected:<32} {info['chosen_row_block']:<6} {_ranges(info['wide_rejected']):<13} {result}")
+        print(
+            f"{name:<22} {info['capability']:<10} {info['matmul']:<8} {info['attention']:<8} {info['elementwise']:<8} "
+            f"{rejected:<32} {info['chosen_row_block']:<6} {_ranges(info['wide_rejected']):<13} {result}"
+        )
     for name, selection, _, _ in rows:
         print(f"  {name}: {' '.join(f'{k}={v}' for k, v in selection.items()) or '(no controls set)'}")
     return 1 if failed else 0

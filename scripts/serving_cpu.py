@@ -84,16 +84,31 @@ def main() -> None:
                 totals["served"][1] += time.perf_counter() - wall
                 totals["served"][2] += result.output_tokens
         totals["served"][0] = sum(parts.values())
-        report = {name: {"cpu_ms_per_token": round(1000 * cpu / tokens, 3), "tokens_per_s": round(tokens / wall, 1),
-                         "tokens": tokens} for name, (cpu, wall, tokens) in totals.items()}
-        report["served_cpu_ms_per_token_parts"] = {name: round(1000 * v / totals["served"][2], 3)
-                                                   for name, v in parts.items()}
-        report["cpu_ratio_in_process_over_served"] = round(report["in_process"]["cpu_ms_per_token"]
-                                                           / report["served"]["cpu_ms_per_token"], 3)
-        report["wall_ratio_served_over_in_process"] = round(report["served"]["tokens_per_s"]
-                                                            / report["in_process"]["tokens_per_s"], 3)
-        report.update({"num_draft_tokens": k, "workload": args.workload, "reps": args.reps,
-                       "load_average": Path("/proc/loadavg").read_text().split()[:3]})
+        report = {
+            name: {
+                "cpu_ms_per_token": round(1000 * cpu / tokens, 3),
+                "tokens_per_s": round(tokens / wall, 1),
+                "tokens": tokens,
+            }
+            for name, (cpu, wall, tokens) in totals.items()
+        }
+        report["served_cpu_ms_per_token_parts"] = {
+            name: round(1000 * v / totals["served"][2], 3) for name, v in parts.items()
+        }
+        report["cpu_ratio_in_process_over_served"] = round(
+            report["in_process"]["cpu_ms_per_token"] / report["served"]["cpu_ms_per_token"], 3
+        )
+        report["wall_ratio_served_over_in_process"] = round(
+            report["served"]["tokens_per_s"] / report["in_process"]["tokens_per_s"], 3
+        )
+        report.update(
+            {
+                "num_draft_tokens": k,
+                "workload": args.workload,
+                "reps": args.reps,
+                "load_average": Path("/proc/loadavg").read_text().split()[:3],
+            }
+        )
         print(json.dumps(report, indent=2))
     finally:
         handle.stop()

@@ -60,17 +60,25 @@ def llama_tensors(config: dict) -> dict[str, np.ndarray]:
         shapes["lm_head.weight"] = (v, h)
     for layer in range(config["num_hidden_layers"]):
         p = f"model.layers.{layer}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, h),
-            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-        })
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (h, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, h),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
     return {name: np.zeros(shape, dtype=np.float16) for name, shape in shapes.items()}
 
 
-def write_checkpoint(folder: Path, vocab_rows: int, tokens: list[str] | None = None, weights: str = "safetensors",
-                     **config_overrides) -> Path:
+def write_checkpoint(
+    folder: Path, vocab_rows: int, tokens: list[str] | None = None, weights: str = "safetensors", **config_overrides
+) -> Path:
     """A model folder: config.json, weights ("safetensors", "pickle" or "none") and a tokenizer."""
     from safetensors.numpy import save_file
 
@@ -96,8 +104,9 @@ def write_spec(path: Path, target: Path, draft: Path, extra: str = "", gpu: str 
     return path
 
 
-def make_pair(root: Path, target_rows: int = 1000, draft_rows: int = 1000, draft_tokens: list[str] | None = None,
-              **spec_kwargs) -> Path:
+def make_pair(
+    root: Path, target_rows: int = 1000, draft_rows: int = 1000, draft_tokens: list[str] | None = None, **spec_kwargs
+) -> Path:
     """A target/draft pair under `root` and its spec file; returns the spec path."""
     target = write_checkpoint(root / "target", target_rows, tokens=words(1000))
     draft_tokens = draft_tokens if draft_tokens is not None else words(1000)

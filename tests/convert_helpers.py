@@ -13,8 +13,10 @@ FALLBACK_TEXT = [
 
 
 # A chat template in the style of Llama 3's: it writes the BOS token itself
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> {% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
 
 
 def make_tokenizer(folder: Path, vocab_size: int, chat_template: str | None = None, adds_bos: bool = False) -> None:
@@ -36,16 +38,34 @@ def make_tokenizer(folder: Path, vocab_size: int, chat_template: str | None = No
     fast.save_pretrained(folder)
 
 
-def make_llama(folder: Path, vocab_size: int = 256, hidden: int = 64, layers: int = 2, heads: int = 4,
-               kv_heads: int = 2, intermediate: int = 128, seed: int = 0, tokenizer: bool = True,
-               architecture: str = "LlamaForCausalLM", std: float = 0.15) -> Path:
+def make_llama(
+    folder: Path,
+    vocab_size: int = 256,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    seed: int = 0,
+    tokenizer: bool = True,
+    architecture: str = "LlamaForCausalLM",
+    std: float = 0.15,
+) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate,
-                         max_position_embeddings=256, tie_word_embeddings=False, rope_theta=50000.0)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        rope_theta=50000.0,
+    )
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # larger weights than the 0.02 init, so logits have real margins
         for p in model.parameters():
@@ -63,8 +83,16 @@ def make_llama(folder: Path, vocab_size: int = 256, hidden: int = 64, layers: in
     return folder
 
 
-def write_spec(path: Path, target: Path, draft: Path, output_dir: Path, target_q: str = "none",
-               draft_q: str = "none", extra: str = "", kv_cache: str = "none") -> Path:
+def write_spec(
+    path: Path,
+    target: Path,
+    draft: Path,
+    output_dir: Path,
+    target_q: str = "none",
+    draft_q: str = "none",
+    extra: str = "",
+    kv_cache: str = "none",
+) -> Path:
     path.write_text(
         f'name = "pair"\noutput_dir = "{output_dir}"\n'
         f'[target]\ncheckpoint = "{target}"\nquantization = "{target_q}"\nkv_cache = "{kv_cache}"\n'

@@ -20,8 +20,15 @@ KUBERNETES_VERSIONS = ("1.32.0", "1.37.0")  # two minor versions kubernetes-vali
 
 def write_spec(folder: Path, **sections: dict[str, Any]) -> Path:
     """A spec for a pair whose checkpoints need not exist (deploy reads none)."""
-    lines = ['name = "pair-7b"', "", "[target]", 'checkpoint = "models/target-7b"', "", "[draft]",
-             'checkpoint = "models/draft-1b"']
+    lines = [
+        'name = "pair-7b"',
+        "",
+        "[target]",
+        'checkpoint = "models/target-7b"',
+        "",
+        "[draft]",
+        'checkpoint = "models/draft-1b"',
+    ]
     for section, values in sections.items():
         lines += ["", f"[{section}]"] + [f"{key} = {json.dumps(value)}" for key, value in values.items()]
     path = folder / "specbuild.toml"
@@ -33,8 +40,9 @@ def deploy(*args: str) -> Any:
     return CliRunner().invoke(main, ["deploy", *args], catch_exceptions=False)
 
 
-def render(chart: Path, values: dict[str, Any] | None = None, name: str = "demo",
-           namespace: str = "serving") -> list[dict[str, Any]]:
+def render(
+    chart: Path, values: dict[str, Any] | None = None, name: str = "demo", namespace: str = "serving"
+) -> list[dict[str, Any]]:
     """Every object `helm template` renders for the chart (real Helm: the Go SDK through helm-python-sdk)."""
     import helm_python as helm
 
@@ -66,8 +74,11 @@ def _closed(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     closed = {key: _closed(value) for key, value in schema.items()}
-    if ("properties" in closed and "additionalProperties" not in closed
-            and not closed.get("x-kubernetes-preserve-unknown-fields")):
+    if (
+        "properties" in closed
+        and "additionalProperties" not in closed
+        and not closed.get("x-kubernetes-preserve-unknown-fields")
+    ):
         closed["additionalProperties"] = False
     return closed
 

@@ -28,9 +28,22 @@ REFERENCE_FAMILIES = ENGINE_FAMILIES + LLMAPI_ONLY_FAMILIES + PATHLESS_FAMILIES 
 SERVED_FAMILIES = ENGINE_FAMILIES + LLMAPI_ONLY_FAMILIES  # those some path of 1.2.1 serves
 
 
-def make_family(folder: Path, family: str, vocab_size: int = 256, hidden: int = 64, layers: int = 2, heads: int = 4,
-                kv_heads: int = 2, intermediate: int = 128, seed: int = 0, std: float | None = None, tokenizer: bool = True,
-                chat: bool = False, tokenizer_vocab: int | None = None, **config_extra) -> Path:
+def make_family(
+    folder: Path,
+    family: str,
+    vocab_size: int = 256,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    seed: int = 0,
+    std: float | None = None,
+    tokenizer: bool = True,
+    chat: bool = False,
+    tokenizer_vocab: int | None = None,
+    **config_extra,
+) -> Path:
     """Save a random `family` model to folder (every weight, biases and norms included, drawn larger than
     transformers' init so logits have real margins), with a trained BPE tokenizer of vocab_size tokens (chat: one that
     adds BOS and has a chat template writing BOS itself, as Llama 3's). tokenizer_vocab: a tokenizer smaller than the
@@ -42,9 +55,17 @@ def make_family(folder: Path, family: str, vocab_size: int = 256, hidden: int = 
     std = STD.get(family, 0.15) if std is None else std
     torch.manual_seed(seed)
     config = getattr(transformers, config_name)(
-        vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=256,
-        bos_token_id=1, eos_token_id=2, **{**extra, **config_extra})
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        **{**extra, **config_extra},
+    )
     model = getattr(transformers, model_name)(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -58,6 +79,7 @@ def make_family(folder: Path, family: str, vocab_size: int = 256, hidden: int = 
             model.get_input_embeddings().weight.normal_(0.0, EMBED_STD[family])
     model.save_pretrained(folder, safe_serialization=True)
     if tokenizer:
-        make_tokenizer(folder, tokenizer_vocab or vocab_size, chat_template=CHAT_TEMPLATE if chat else None,
-                       adds_bos=chat)
+        make_tokenizer(
+            folder, tokenizer_vocab or vocab_size, chat_template=CHAT_TEMPLATE if chat else None, adds_bos=chat
+        )
     return folder

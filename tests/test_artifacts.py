@@ -73,11 +73,13 @@ def test_second_writer_is_refused_while_locked(tmp_path):
 
 def test_temp_folder_of_a_killed_run_is_removed_at_the_next_run(tmp_path):
     final = tmp_path / "out"
-    script = ("import os, signal, sys\n"
-              "from specbuild.artifacts import stage_output\n"
-              "with stage_output(sys.argv[1], stage='convert') as out:\n"
-              "    (out.tmp / 'rank0.safetensors').write_bytes(b'half')\n"
-              "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    script = (
+        "import os, signal, sys\n"
+        "from specbuild.artifacts import stage_output\n"
+        "with stage_output(sys.argv[1], stage='convert') as out:\n"
+        "    (out.tmp / 'rank0.safetensors').write_bytes(b'half')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     killed = subprocess.run([sys.executable, "-c", script, str(final)], capture_output=True)
     assert killed.returncode == -signal.SIGKILL
     [left] = [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
@@ -119,7 +121,8 @@ def test_a_folder_specbuild_did_not_write_is_refused_and_kept(tmp_path, force):
     assert str(err.value) == (
         f"{final} exists and was not written by specbuild (it has no specbuild manifest.json): repo will not "
         "replace it or delete anything in it, not even with --force. Choose another folder (a new or empty one), "
-        "or move its contents away.")
+        "or move its contents away."
+    )
     assert contents(final) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no lock file or temp folder beside it
 
@@ -166,7 +169,8 @@ def test_specbuilds_own_output_of_another_stage_is_refused(tmp_path, force):
     assert str(err.value) == (
         f"{engine} holds specbuild's engine (build), not a Triton model repository (repo): it will not be "
         "replaced, not even with --force. Choose another folder, or delete that one yourself if you no longer "
-        "need it.")
+        "need it."
+    )
     assert (engine / "rank0.engine").read_bytes() == b"engine"
 
 
@@ -202,7 +206,8 @@ def test_files_someone_added_to_specbuilds_own_output_stop_a_replacement(tmp_pat
         assert str(err.value) == (
             f"{final} is specbuild's Triton model repository (repo), but holds files specbuild did not write "
             "(notes.txt): repo will not replace it, not even with --force. Move those files out of it, or choose "
-            "another folder.")
+            "another folder."
+        )
     assert (final / "notes.txt").read_text() == "mine" and read_manifest(final)["input_hash"] == "h2"
 
 

@@ -38,8 +38,11 @@ def _backends_chosen(spec_path) -> dict[str, str]:
     from click.testing import CliRunner
 
     chosen = {}
-    for command in (["check", "--json", "--no-weight-scan"], ["build", "--dry-run", "--json"],
-                    ["up", "--dry-run", "--json"]):
+    for command in (
+        ["check", "--json", "--no-weight-scan"],
+        ["build", "--dry-run", "--json"],
+        ["up", "--dry-run", "--json"],
+    ):
         result = CliRunner().invoke(main, [command[0], "-c", str(spec_path), *command[1:]])
         assert result.exit_code == 0, result.output
         chosen[command[0]] = json.loads(result.stdout)["backend"]

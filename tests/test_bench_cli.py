@@ -44,7 +44,9 @@ def test_vs_hf_needs_local(spec_file):
 
 def test_overlap_shows_in_the_plan_local_or_served(spec_file):
     r = bench("-c", spec_file, "--overlap", "compare", "--dry-run", "--json")
-    assert r.exit_code == 0 and json.loads(r.stdout)["overlap"] == "compare" and json.loads(r.stdout)["mode"] == "triton"
+    assert (
+        r.exit_code == 0 and json.loads(r.stdout)["overlap"] == "compare" and json.loads(r.stdout)["mode"] == "triton"
+    )
     r = bench("-c", spec_file, "--local", "--overlap", "compare", "--dry-run", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["overlap"] == "compare"
@@ -54,8 +56,10 @@ def test_overlap_shows_in_the_plan_local_or_served(spec_file):
 def test_bad_k_list_is_a_usage_error(spec_file):
     r = bench("-c", spec_file, "--local", "--num-draft-tokens", "0,two", "--dry-run")
     assert r.exit_code == 2
-    assert r.output.strip().splitlines()[-1] == ("Error: --num-draft-tokens: 'two' in '0,two' is not an integer "
-                                                 ">= 0. Pass a comma-separated list such as 0,1,2,4.")
+    assert r.output.strip().splitlines()[-1] == (
+        "Error: --num-draft-tokens: 'two' in '0,two' is not an integer "
+        ">= 0. Pass a comma-separated list such as 0,1,2,4."
+    )
     r = bench("-c", spec_file, "--local", "--concurrency", "0", "--dry-run")
     assert r.exit_code == 2 and "--concurrency: '0' in '0' is not an integer >= 1" in r.output
 
@@ -66,23 +70,39 @@ def test_missing_spec_is_an_error(tmp_path):
 
 
 def test_dry_run_prints_the_plan_as_json(spec_file, tmp_path):
-    r = bench("-c", spec_file, "--num-draft-tokens", "auto", "--concurrency", "1,4", "--plot", tmp_path / "p",
-              "--dry-run", "--json")
+    r = bench(
+        "-c",
+        spec_file,
+        "--num-draft-tokens",
+        "auto",
+        "--concurrency",
+        "1,4",
+        "--plot",
+        tmp_path / "p",
+        "--dry-run",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     plan = json.loads(r.stdout)
     assert plan["mode"] == "triton" and plan["url"] == "127.0.0.1:8000" and plan["num_draft_tokens"] == "auto"
     assert plan["concurrency"] == [1, 4]
-    assert [p.rsplit("/", 1)[1] for p in plan["files"]] == ["speedup_vs_k.png", "acceptance_by_position.png",
-                                                            "throughput_vs_concurrency.png"]
+    assert [p.rsplit("/", 1)[1] for p in plan["files"]] == [
+        "speedup_vs_k.png",
+        "acceptance_by_position.png",
+        "throughput_vs_concurrency.png",
+    ]
     assert not (tmp_path / "p").exists()
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", "has no prompts"),
-    ("not json\n", ":1: not valid JSON"),
-    ('{"prompt": "ok"}\n{"text": "x"}\n', ':2: expected an object with a non-empty "prompt" string'),
-    ('{"prompt": "ok", "max_tokens": 0}\n', ":1: max_tokens = 0 must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "has no prompts"),
+        ("not json\n", ":1: not valid JSON"),
+        ('{"prompt": "ok"}\n{"text": "x"}\n', ':2: expected an object with a non-empty "prompt" string'),
+        ('{"prompt": "ok", "max_tokens": 0}\n', ":1: max_tokens = 0 must be a positive integer"),
+    ],
+)
 def test_bad_workload_file_is_an_error(spec_file, tmp_path, content, message):
     path = tmp_path / "w.jsonl"
     path.write_text(content)

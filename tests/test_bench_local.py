@@ -2,14 +2,14 @@
 
 import numpy as np
 import pytest
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
-from specbuild.bench import report, runner
 from specbuild.bench import measure as qualify
+from specbuild.bench import report, runner
 from specbuild.bench.local import LocalTransport
 from specbuild.bench.workloads import Prompt, Workload
 from specbuild.config import spec_from_dict
 from specbuild.session.local import LocalSession
-from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 VOCAB = 24
 
@@ -18,8 +18,11 @@ def toy_pair(noise: float, max_draft_len: int = 4) -> LocalTransport:
     target = random_model(VOCAB, order=2, scale=3.0, seed=1)
     rng = np.random.default_rng(2)
     draft = NGramModel(target.table + rng.normal(0.0, noise, size=target.table.shape))
-    session = LocalSession(ToyDrafter(draft), ToyVerifier(target, max_draft_len=max_draft_len),
-                           encode=lambda text: [ord(ch) % VOCAB for ch in text])
+    session = LocalSession(
+        ToyDrafter(draft),
+        ToyVerifier(target, max_draft_len=max_draft_len),
+        encode=lambda text: [ord(ch) % VOCAB for ch in text],
+    )
     return LocalTransport(session)
 
 
@@ -58,8 +61,15 @@ def test_local_bench_document_is_consistent():
 
 
 def _spec(tmp_path, max_draft_len=4):
-    return spec_from_dict({"name": "toy", "target": {"checkpoint": "t"}, "draft": {"checkpoint": "d"},
-                           "speculative": {"max_draft_len": max_draft_len, "num_draft_tokens": 2}}, tmp_path)
+    return spec_from_dict(
+        {
+            "name": "toy",
+            "target": {"checkpoint": "t"},
+            "draft": {"checkpoint": "d"},
+            "speculative": {"max_draft_len": max_draft_len, "num_draft_tokens": 2},
+        },
+        tmp_path,
+    )
 
 
 def test_qualify_reports_alpha_c_predictions_and_a_recommendation(tmp_path):
@@ -91,7 +101,8 @@ def test_qualify_reports_alpha_c_predictions_and_a_recommendation(tmp_path):
         assert row["overlapped_gpu"] >= row["gpu"] - 1e-9  # drafting ahead never costs more in the model
     gain = good["overlap"]["gpu"]
     assert gain["over_sequential"] == pytest.approx(
-        max(r["overlapped_gpu"] for r in rows[1:]) / max(r["gpu"] for r in rows[1:]), rel=1e-3)
+        max(r["overlapped_gpu"] for r in rows[1:]) / max(r["gpu"] for r in rows[1:]), rel=1e-3
+    )
     assert any(line.startswith("overlapped on GPU") for line in lines)
 
 

@@ -84,8 +84,9 @@ class SimulatedTransport:
             target_s += TARGET_STEP
             out += a + 1
             ttft = ttft or seconds
-        return RequestResult(0, k, out, seconds, ttft, drafted, accepted, steps, rejections,
-                             pos_d, pos_a, draft_s, target_s)
+        return RequestResult(
+            0, k, out, seconds, ttft, drafted, accepted, steps, rejections, pos_d, pos_a, draft_s, target_s
+        )
 
 
 WORKLOAD = Workload("unit", tuple(Prompt(f"prompt {i}") for i in range(3)))
@@ -100,7 +101,10 @@ def test_parse_int_list():
 
 
 def test_clamp_and_auto_k():
-    assert runner.clamp_ks((2, 8), 4) == ((0, 2, 4), ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"])
+    assert runner.clamp_ks((2, 8), 4) == (
+        (0, 2, 4),
+        ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"],
+    )
     assert runner.clamp_ks(None, 6) == ((0, 1, 2, 4, 6), [])
     # the default sweep's 8 is not a K the user asked for: clamped to the deployment's limit without a note
     assert runner.clamp_ks(runner.DEFAULT_KS, 6) == ((0, 1, 2, 4, 6), [])
@@ -127,7 +131,7 @@ def document():
     ticks = []
     with pytest.MonkeyPatch.context() as monkeypatch:
         t = SimulatedTransport(on_clock(monkeypatch), alpha=0.75)
-        measured = runner.run(t, WORKLOAD, settings, progress=lambda total: (lambda: ticks.append(total)))
+        measured = runner.run(t, WORKLOAD, settings, progress=lambda total: lambda: ticks.append(total))
     rows = report.cells(measured["sim"].summaries())
     doc = report.document("sim", "unit-pair", "unit", {"max_tokens": 24}, rows, measured["sim"].notes)
     return doc, ticks
@@ -164,8 +168,10 @@ def test_document_fields_are_consistent(document):
     # the K actually drafted per step: at most the K asked (the last steps draft fewer), none at K = 0
     for r in doc["runs"]:
         assert (r["mean_k"] == 0) if r["num_draft_tokens"] == 0 else (0 < r["mean_k"] <= r["num_draft_tokens"])
-    assert all(row["mean_k"] == rows[(row["concurrency"], row["best_num_draft_tokens"])]["mean_k"]
-               for row in doc["concurrency"])
+    assert all(
+        row["mean_k"] == rows[(row["concurrency"], row["best_num_draft_tokens"])]["mean_k"]
+        for row in doc["concurrency"]
+    )
 
 
 def test_table_lists_every_cell(document):
@@ -180,9 +186,15 @@ def test_the_best_k_line_gives_the_bound_its_own_row_shows(document):
     """Seen: "best K = 2 ... bound 1.68x" under a K = 2 row that drafted ahead and showed 2.05 (the summary took the
     sequential bound)."""
     doc, _ = document
-    top = next(r for r in doc["runs"] if r["concurrency"] == 1 and r["num_draft_tokens"] == doc["best_num_draft_tokens"])
-    overlapped = {**doc, "runs": [{**r, "schedule": "overlapped", "overlap_bound": 2.05} if r is top else r
-                                  for r in doc["runs"]], "schedule": "overlapped", "overlap_bound": 2.05}
+    top = next(
+        r for r in doc["runs"] if r["concurrency"] == 1 and r["num_draft_tokens"] == doc["best_num_draft_tokens"]
+    )
+    overlapped = {
+        **doc,
+        "runs": [{**r, "schedule": "overlapped", "overlap_bound": 2.05} if r is top else r for r in doc["runs"]],
+        "schedule": "overlapped",
+        "overlap_bound": 2.05,
+    }
     for shown, expected in ((doc, top["bound"]), (overlapped, 2.05)):
         lines = report.table(shown).splitlines()
         cell = next(line for line in lines[4:] if line.split()[:2] == ["1", str(top["num_draft_tokens"])]).split()[7]
@@ -199,7 +211,9 @@ def test_table_columns_carry_units_and_times_are_milliseconds(document):
     # each unit sits right-aligned under its column: "ms" under the four latency columns
     assert units.rstrip().endswith("ms") and lines[1].rstrip().endswith("tpot p99")
     first = doc["runs"][0]
-    row = next(line for line in lines[4:] if line.split()[:2] == [str(first["concurrency"]), str(first["num_draft_tokens"])])
+    row = next(
+        line for line in lines[4:] if line.split()[:2] == [str(first["concurrency"]), str(first["num_draft_tokens"])]
+    )
     assert row.split()[-4] == f"{1000 * first['ttft_seconds']['median']:.2f}"
     assert row.split()[-3] == f"{1000 * first['ttft_seconds']['max']:.2f}"
 
@@ -207,8 +221,11 @@ def test_table_columns_carry_units_and_times_are_milliseconds(document):
 def test_plots_are_valid_pngs(document, tmp_path):
     doc, _ = document
     files = plots.write_plots(doc, tmp_path / "plots")
-    assert sorted(p.name for p in files) == ["acceptance_by_position.png", "speedup_vs_k.png",
-                                             "throughput_vs_concurrency.png"]
+    assert sorted(p.name for p in files) == [
+        "acceptance_by_position.png",
+        "speedup_vs_k.png",
+        "throughput_vs_concurrency.png",
+    ]
     for path in files:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from triton_helpers import make_deployment, serving
 
 from specbuild.cli import main
-from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -27,9 +27,29 @@ def server(deployment):
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_bench_url_reports_the_local_fields_plus_serving_overhead(server, deployment, protocol):
     url = server.grpc_url if protocol == "grpc" else server.http_url
-    r = CliRunner().invoke(main, ["bench", "-c", str(deployment.spec_path), "--url", url, "--protocol", protocol,
-                                  "--json", "--num-draft-tokens", "0,2,16", "--concurrency", "1,2",
-                                  "--max-tokens", "8", "--requests", "2", "--threads", "1"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "-c",
+            str(deployment.spec_path),
+            "--url",
+            url,
+            "--protocol",
+            protocol,
+            "--json",
+            "--num-draft-tokens",
+            "0,2,16",
+            "--concurrency",
+            "1,2",
+            "--max-tokens",
+            "8",
+            "--requests",
+            "2",
+            "--threads",
+            "1",
+        ],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["mode"] == "triton" and doc["settings"]["url"] == url
@@ -48,7 +68,8 @@ def test_bench_url_reports_the_local_fields_plus_serving_overhead(server, deploy
     rows = {row["num_draft_tokens"]: row for row in overhead["runs"]}
     assert set(rows) == {0, 2, 6}
     assert rows[2]["triton_over_local"] == pytest.approx(
-        rows[2]["triton_tokens_per_s"] / rows[2]["local_tokens_per_s"], rel=1e-2)
+        rows[2]["triton_tokens_per_s"] / rows[2]["local_tokens_per_s"], rel=1e-2
+    )
     # Triton's floor, measured after the runs with the best K's shape: its draft length, in-process call as the work
     best = overhead["num_draft_tokens"]
     assert overhead["floor"]["draft_len"] == best and overhead["floor"]["work_s"] == rows[best]["local_s_per_call"] > 0
@@ -57,8 +78,22 @@ def test_bench_url_reports_the_local_fields_plus_serving_overhead(server, deploy
 
 
 def test_a_sweep_the_deployment_cannot_run_fails_before_the_floor_and_the_local_runtime(server, deployment):
-    r = CliRunner().invoke(main, ["bench", "-c", str(deployment.spec_path), "--url", server.grpc_url, "--protocol",
-                                  "grpc", "--num-draft-tokens", "0", "--requests", "1"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "-c",
+            str(deployment.spec_path),
+            "--url",
+            server.grpc_url,
+            "--protocol",
+            "grpc",
+            "--num-draft-tokens",
+            "0",
+            "--requests",
+            "1",
+        ],
+    )
     assert r.exit_code == 1
     assert "Error: the K sweep [0] leaves no K > 0 for this deployment (max_draft_len = 6)" in r.output
     assert "floor" not in r.output and "local runtime" not in r.output  # nothing slow ran first
@@ -75,9 +110,29 @@ def test_bench_url_without_a_server_is_a_clear_error(deployment):
 
 
 def test_bench_url_compares_the_servers_two_schedules_with_in_process_sequential(server, deployment):
-    r = CliRunner().invoke(main, ["bench", "-c", str(deployment.spec_path), "--url", server.grpc_url, "--protocol",
-                                  "grpc", "--json", "--num-draft-tokens", "0,3", "--max-tokens", "16", "--requests", "2",
-                                  "--threads", "1", "--overlap", "compare"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "-c",
+            str(deployment.spec_path),
+            "--url",
+            server.grpc_url,
+            "--protocol",
+            "grpc",
+            "--json",
+            "--num-draft-tokens",
+            "0,3",
+            "--max-tokens",
+            "16",
+            "--requests",
+            "2",
+            "--threads",
+            "1",
+            "--overlap",
+            "compare",
+        ],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["settings"]["overlap"] == "compare" and doc["greedy_equal"] is True
@@ -86,6 +141,7 @@ def test_bench_url_compares_the_servers_two_schedules_with_in_process_sequential
     run = section["runs"][0]
     assert run["num_draft_tokens"] == 3 and run["early_drafts"] > 0 and 0 < run["early_draft_hit_rate"] <= 1
     assert run["overlapped_over_sequential"] == pytest.approx(
-        run["overlapped_tokens_per_s"] / run["sequential_tokens_per_s"], rel=1e-2)
+        run["overlapped_tokens_per_s"] / run["sequential_tokens_per_s"], rel=1e-2
+    )
     overlapped = doc["serving_overhead"]["overlapped"]
     assert overlapped["num_draft_tokens"] in (0, 3) and overlapped["triton_over_local"] > 0

@@ -5,8 +5,14 @@ import math
 import pytest
 
 from specbuild.bench import theory
-from specbuild.bench.stats import (Distribution, RequestResult, alpha_from_acceptance_rate, percentile,
-                                   per_token_alpha, summarize)
+from specbuild.bench.stats import (
+    Distribution,
+    RequestResult,
+    alpha_from_acceptance_rate,
+    per_token_alpha,
+    percentile,
+    summarize,
+)
 
 
 def test_percentile_matches_numpy_linear_interpolation():
@@ -40,10 +46,21 @@ def test_alpha_from_acceptance_rate_inverts_the_iid_model():
 
 def _request(i, k, tokens, seconds, ttft, drafted=0, accepted=0, steps=0, rejections=None, pos=None):
     pos_d, pos_a = pos or ([], [])
-    return RequestResult(prompt_index=i, num_draft_tokens=k, output_tokens=tokens, seconds=seconds,
-                         ttft_seconds=ttft, drafted=drafted, accepted=accepted, steps=steps,
-                         rejections=rejections, per_position_drafted=pos_d, per_position_accepted=pos_a,
-                         draft_seconds=0.1 * drafted, target_seconds=0.2 * steps)
+    return RequestResult(
+        prompt_index=i,
+        num_draft_tokens=k,
+        output_tokens=tokens,
+        seconds=seconds,
+        ttft_seconds=ttft,
+        drafted=drafted,
+        accepted=accepted,
+        steps=steps,
+        rejections=rejections,
+        per_position_drafted=pos_d,
+        per_position_accepted=pos_a,
+        draft_seconds=0.1 * drafted,
+        target_seconds=0.2 * steps,
+    )
 
 
 def test_summarize_one_cell():

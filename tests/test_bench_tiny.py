@@ -24,8 +24,24 @@ def tiny_doc(tmp_path_factory, example_tiny):
     folder = tmp_path_factory.mktemp("bench")
     text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="bench test")
     spec = specfile.write_spec(folder / "specbuild.toml", text)
-    args = ["-c", spec, "--local", "--json", "--num-draft-tokens", "0,2", "--max-tokens", 10,
-            "--requests", 2, "--vs-hf", "--vs-plain", "--threads", 1, "--plot", folder / "plots"]
+    args = [
+        "-c",
+        spec,
+        "--local",
+        "--json",
+        "--num-draft-tokens",
+        "0,2",
+        "--max-tokens",
+        10,
+        "--requests",
+        2,
+        "--vs-hf",
+        "--vs-plain",
+        "--threads",
+        1,
+        "--plot",
+        folder / "plots",
+    ]
     result = CliRunner().invoke(main, ["bench", *map(str, args)])
     assert result.exit_code == 0, result.output
     (folder / "stderr.txt").write_text(result.stderr)
@@ -95,9 +111,27 @@ def test_plots_written(tiny_doc):
 
 def test_local_concurrency_batches_the_streams(tiny_doc):
     _, folder = tiny_doc
-    r = CliRunner().invoke(main, ["bench", "-c", str(folder / "specbuild.toml"), "--local", "--json",
-                                  "--num-draft-tokens", "0,2", "--concurrency", "1,3", "--max-tokens", "6",
-                                  "--requests", "3", "--no-warmup", "--threads", "1"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "-c",
+            str(folder / "specbuild.toml"),
+            "--local",
+            "--json",
+            "--num-draft-tokens",
+            "0,2",
+            "--concurrency",
+            "1,3",
+            "--max-tokens",
+            "6",
+            "--requests",
+            "3",
+            "--no-warmup",
+            "--threads",
+            "1",
+        ],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     cells = {(row["concurrency"], row["num_draft_tokens"]): row for row in doc["runs"]}
@@ -106,7 +140,8 @@ def test_local_concurrency_batches_the_streams(tiny_doc):
     assert len({row["output_tokens"] for row in cells.values()}) == 1
     assert cells[(3, 2)]["drafted"] > 0 and cells[(3, 0)]["drafted"] == 0
     assert cells[(3, 2)]["speedup"] == pytest.approx(
-        cells[(3, 2)]["tokens_per_s"] / cells[(3, 0)]["tokens_per_s"], rel=2e-3)
+        cells[(3, 2)]["tokens_per_s"] / cells[(3, 0)]["tokens_per_s"], rel=2e-3
+    )
     assert not any("skipped" in note for note in doc["notes"])
 
 
@@ -128,8 +163,15 @@ def test_check_measure_section_on_the_tiny_pair(tiny_doc, tmp_path):
     assert gpu["gpu"] == spec.gpu.name and gpu["target_parameters"] > gpu["draft_parameters"] > 0
     assert m["cost_ratio"]["gpu"] == pytest.approx(gpu["cost_ratio"], abs=1e-4)
     rows = m["predicted_speedup"]
-    assert rows[0] == {"num_draft_tokens": 0, "expected_tokens_per_step": 1.0, "this_machine": 1.0, "gpu": 1.0,
-                       "hit_rate": None, "overlapped_this_machine": 1.0, "overlapped_gpu": 1.0}
+    assert rows[0] == {
+        "num_draft_tokens": 0,
+        "expected_tokens_per_step": 1.0,
+        "this_machine": 1.0,
+        "gpu": 1.0,
+        "hit_rate": None,
+        "overlapped_this_machine": 1.0,
+        "overlapped_gpu": 1.0,
+    }
     assert m["overlap"]["gpu"]["over_sequential"] >= 1.0 and m["overlap"]["cores"] >= 1
     best_gpu = max(rows, key=lambda r: (r["gpu"], -r["num_draft_tokens"]))
     assert m["recommended_max_draft_len"] == best_gpu["num_draft_tokens"]

@@ -21,10 +21,10 @@ import urllib.error
 import urllib.request
 
 import pytest
+from triton_helpers import make_deployment, serving
 
 from specbuild.errors import ClientError
 from specbuild.triton.client import SpecbuildClient
-from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "import os\nimport sys\n"]
@@ -144,9 +144,11 @@ def test_big_prompts_do_not_hold_up_small_streams(server):
     for code, text, _ in refusals:  # each refused by its size, with the numbers
         assert code == 400 and "'text_input' is 4194300 bytes, above the 5120 bytes that can fit" in text, text[:300]
     # The figures, printed for reading (pytest -s), asserted nowhere: they are this machine's at this moment.
-    print(f"\nsmall requests: median {statistics.median(s for *_, s in baseline):.3f} s alone, "
-          f"{statistics.median(s for *_, s in loaded):.3f} s beside big prompts; big prompts refused in median "
-          f"{statistics.median(s for *_, s in refusals):.3f} s")
+    print(
+        f"\nsmall requests: median {statistics.median(s for *_, s in baseline):.3f} s alone, "
+        f"{statistics.median(s for *_, s in loaded):.3f} s beside big prompts; big prompts refused in median "
+        f"{statistics.median(s for *_, s in refusals):.3f} s"
+    )
 
 
 def test_past_its_queue_bound_the_bls_refuses_and_the_queue_is_visible(small_queue_server):

@@ -18,10 +18,10 @@ import urllib.request
 
 import numpy as np
 import pytest
+from triton_helpers import make_deployment, run_concurrently, serving
 
 from specbuild.errors import ClientError
 from specbuild.triton.client import SpecbuildClient
-from triton_helpers import make_deployment, run_concurrently, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "import os\nimport sys\n", "class Parser:"]
@@ -81,9 +81,11 @@ def test_greedy_bls_equals_target_only_for_every_k(server, target_only, protocol
 
 def test_seeded_sampling_is_reproducible(server):
     with SpecbuildClient(server.grpc_url) as client:
+
         def sample(seed):
-            return client.complete("def add(a, b):", max_tokens=16, num_draft_tokens=3, temperature=1.0,
-                                   seed=seed)[1]["output_ids"]
+            return client.complete("def add(a, b):", max_tokens=16, num_draft_tokens=3, temperature=1.0, seed=seed)[1][
+                "output_ids"
+            ]
 
         runs = {seed: sample(seed) for seed in (1, 2, 3, 4)}
         assert sample(1) == runs[1] and sample(3) == runs[3]
@@ -136,7 +138,10 @@ def test_metrics_agree_with_the_responses(server):
         ({"prompt": "hi", "max_tokens": 4, "end_id": -5}, "end_id = -5 is invalid"),
         ({"prompt": "x = 1\n" * 400, "max_tokens": 4}, "above this deployment's max_input_len = 256"),
         # the size first: max_input_len 256 x at most 20 bytes per token of the example's tokenizer = 5120 bytes
-        ({"prompt": "x" * 5121, "max_tokens": 4}, "input 'text_input' is 5121 bytes, above the 5120 bytes that can fit"),
+        (
+            {"prompt": "x" * 5121, "max_tokens": 4},
+            "input 'text_input' is 5121 bytes, above the 5120 bytes that can fit",
+        ),
         ({"prompt": "hi", "max_tokens": 4, "pad_id": 768}, "pad_id = 768 is invalid"),
     ],
 )
@@ -159,26 +164,37 @@ def test_the_final_response_says_why_it_ended(server, target_only, local, protoc
         final = list(client.generate(prompt, max_tokens=12, num_draft_tokens=2, stream=stream))[-1].stats
         assert final["output_ids"] == expected
         assert (final["finish_reason"], "stop_reason" in final) == (
-            ("length", False) if len(expected) == 12 else ("stop", False))  # end_id: "stop", no stop_reason
+            ("length", False) if len(expected) == 12 else ("stop", False)
+        )  # end_id: "stop", no stop_reason
         # a stop word from the greedy text: "stop", the word as stop_reason, the output ends with it
         tokenizer = local.tokenizer
-        def round_trips(ids):
-            return bool(tokenizer.decode(ids)) and tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
 
-        seq = next(expected[i:i + n] for n in (2, 1) for i in range(1, len(expected) - n + 1)
-                   if round_trips(expected[i:i + n]))
+        def round_trips(ids):
+            return (
+                bool(tokenizer.decode(ids)) and tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
+            )
+
+        seq = next(
+            expected[i : i + n]
+            for n in (2, 1)
+            for i in range(1, len(expected) - n + 1)
+            if round_trips(expected[i : i + n])
+        )
         word = tokenizer.decode(seq)
-        ends = next(j for j in range(len(seq), len(expected) + 1) if expected[j - len(seq):j] == seq)
-        final = list(client.generate(prompt, max_tokens=12, num_draft_tokens=2, stream=stream,
-                                     stop_words=[word]))[-1].stats
+        ends = next(j for j in range(len(seq), len(expected) + 1) if expected[j - len(seq) : j] == seq)
+        final = list(client.generate(prompt, max_tokens=12, num_draft_tokens=2, stream=stream, stop_words=[word]))[
+            -1
+        ].stats
     assert (final["finish_reason"], final["stop_reason"]) == ("stop", word)
     assert final["output_ids"] == expected[:ends]
 
 
 def _generate(server, body: dict) -> tuple[int, str]:
-    request = urllib.request.Request(f"http://{server.http_url.removeprefix('http://')}/v2/models/tensorrt_llm_bls/"
-                                     "generate", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{server.http_url.removeprefix('http://')}/v2/models/tensorrt_llm_bls/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, response.read().decode()
@@ -186,8 +202,9 @@ def _generate(server, body: dict) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-@pytest.mark.parametrize("field, value", [("end_id", 10**6), ("end_id", -5), ("pad_id", 10**6), ("pad_id", -5),
-                                          ("pad_id", 2**31 - 1)])
+@pytest.mark.parametrize(
+    "field, value", [("end_id", 10**6), ("end_id", -5), ("pad_id", 10**6), ("pad_id", -5), ("pad_id", 2**31 - 1)]
+)
 def test_token_ids_outside_the_vocabulary_are_invalid_arg_not_an_internal_error(server, field, value):
     log_before = server.log_path.read_text(errors="replace").count("Traceback")
     code, text = _generate(server, {"text_input": "def add(a, b):", "max_tokens": 4, field: value})
@@ -226,12 +243,22 @@ def _bytes(value: bytes) -> tuple[np.ndarray, str]:
 
 def test_stop_words_that_are_not_utf8_are_refused_like_the_prompt(server):
     four = (np.array([[4]], np.int32), "INT32")
-    assert _stream_error(server, {"text_input": _bytes(b"\xff\xfe"), "max_tokens": four}) == \
-        "input 'text_input' is not valid UTF-8."
-    assert _stream_error(server, {"text_input": _bytes(b"def add(a, b):"), "max_tokens": four,
-                                  "stop_words": _bytes(b"\xff\xfe")}) == "input 'stop_words' is not valid UTF-8."
-    assert _stream_error(server, {"text_input": _bytes(b"def add(a, b):"), "max_tokens": four,
-                                  "stop_words": _bytes("é".encode())}) is None
+    assert (
+        _stream_error(server, {"text_input": _bytes(b"\xff\xfe"), "max_tokens": four})
+        == "input 'text_input' is not valid UTF-8."
+    )
+    assert (
+        _stream_error(
+            server, {"text_input": _bytes(b"def add(a, b):"), "max_tokens": four, "stop_words": _bytes(b"\xff\xfe")}
+        )
+        == "input 'stop_words' is not valid UTF-8."
+    )
+    assert (
+        _stream_error(
+            server, {"text_input": _bytes(b"def add(a, b):"), "max_tokens": four, "stop_words": _bytes("é".encode())}
+        )
+        is None
+    )
 
 
 def test_integer_inputs_are_int32_and_json_integers_past_32_bits_wrap_in_triton(server, target_only):
@@ -244,8 +271,9 @@ def test_integer_inputs_are_int32_and_json_integers_past_32_bits_wrap_in_triton(
     assert code == 400 and "'max_tokens' = -2147483643: must be in 1..256" in text  # wrapped negative: refused
     code, text = _generate(server, {"text_input": PROMPTS[1], "max_tokens": 2**63})
     assert code == 500 and "attempt to access JSON non-signed-integer as signed-integer" in text
-    error = _stream_error(server, {"text_input": _bytes(PROMPTS[1].encode()),
-                                   "max_tokens": (np.array([[4]], np.int64), "INT64")})
+    error = _stream_error(
+        server, {"text_input": _bytes(PROMPTS[1].encode()), "max_tokens": (np.array([[4]], np.int64), "INT64")}
+    )
     assert "inference input 'max_tokens' data-type is 'INT64', but model 'tensorrt_llm_bls' expects 'INT32'" in error
     with SpecbuildClient(server.http_url, protocol="http") as client:  # the client never sends such a number
         with pytest.raises(ClientError, match="outside the range of its input type INT32"):
@@ -337,10 +365,12 @@ def test_a_cancelled_stream_stops_generating(server, target_only):
     try:
         raw.start_stream(callback=lambda result=None, error=None: chunks.put((result, error)))
         inputs = []
-        for name, value, dtype in (("text_input", np.array([[b"# Copyright"]], dtype=object), "BYTES"),
-                                   ("max_tokens", np.array([[128]], np.int32), "INT32"),
-                                   ("num_draft_tokens", np.array([[1]], np.int32), "INT32"),
-                                   ("stream", np.array([[True]]), "BOOL")):
+        for name, value, dtype in (
+            ("text_input", np.array([[b"# Copyright"]], dtype=object), "BYTES"),
+            ("max_tokens", np.array([[128]], np.int32), "INT32"),
+            ("num_draft_tokens", np.array([[1]], np.int32), "INT32"),
+            ("stream", np.array([[True]]), "BOOL"),
+        ):
             tensor = grpcclient.InferInput(name, [1, 1], dtype)
             tensor.set_data_from_numpy(value)
             inputs.append(tensor)
@@ -371,8 +401,9 @@ def test_greedy_with_overlap_on_or_off_equals_target_only(server, target_only, p
             expected = target_only(prompt, 24)
             for k in (2, 4):
                 for overlap in (True, False):
-                    stats = list(client.generate(prompt, max_tokens=24, num_draft_tokens=k, stream=stream,
-                                                 overlap=overlap))[-1].stats
+                    stats = list(
+                        client.generate(prompt, max_tokens=24, num_draft_tokens=k, stream=stream, overlap=overlap)
+                    )[-1].stats
                     assert stats["output_ids"] == expected, (prompt, k, overlap)
                     figures = stats["speculation_stats"]
                     assert figures["overlap"] is overlap  # the schedule the BLS ran, as asked
@@ -388,9 +419,17 @@ def test_greedy_with_overlap_on_or_off_equals_target_only(server, target_only, p
 def test_seeded_sampling_gives_the_same_text_with_overlap_on_or_off(server, use_draft_logits):
     early = 0
     with SpecbuildClient(server.grpc_url) as client:
+
         def sample(seed, overlap):
-            return client.complete("def add(a, b):", max_tokens=16, num_draft_tokens=3, temperature=1.0, seed=seed,
-                                   overlap=overlap, use_draft_logits=use_draft_logits)[1]
+            return client.complete(
+                "def add(a, b):",
+                max_tokens=16,
+                num_draft_tokens=3,
+                temperature=1.0,
+                seed=seed,
+                overlap=overlap,
+                use_draft_logits=use_draft_logits,
+            )[1]
 
         texts = set()
         for seed in (1, 2, 3):
@@ -409,7 +448,9 @@ def test_the_deployments_schedule_and_a_bad_overlap_parameter(server, target_onl
     configured = "auto" if len(os.sched_getaffinity(0)) >= AUTO_CORES else False  # the spec's "auto", by the BLS
     with SpecbuildClient(server.grpc_url) as client:
         stats = client.complete(PROMPTS[0], max_tokens=12, num_draft_tokens=2)[1]
-        assert stats["speculation_stats"]["overlap"] == configured and stats["output_ids"] == target_only(PROMPTS[0], 12)
+        assert stats["speculation_stats"]["overlap"] == configured and stats["output_ids"] == target_only(
+            PROMPTS[0], 12
+        )
         with pytest.raises(ClientError, match=re.escape("request parameter 'overlap' = 'sometimes' is invalid")):
             client.complete(PROMPTS[0], max_tokens=4, overlap="sometimes")
         assert client.is_ready()

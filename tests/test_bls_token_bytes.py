@@ -11,9 +11,14 @@ import pytest
 
 from specbuild.triton.models.token_bytes import max_token_bytes
 
-CORPUS = ["def add(a, b):\n    return a + b\n", "import os\nimport sys\n", '{"name": "x", "id": 12}',
-          "The quick brown fox jumps over the lazy dog.", "    for i in range(10):\n        print(i)\n",
-          "naïve café — ünïcödé 東京 🙂"] * 20
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "import os\nimport sys\n",
+    '{"name": "x", "id": 12}',
+    "The quick brown fox jumps over the lazy dog.",
+    "    for i in range(10):\n        print(i)\n",
+    "naïve café — ünïcödé 東京 🙂",
+] * 20
 
 
 def _fast(tok):
@@ -22,8 +27,7 @@ def _fast(tok):
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
-def _bpe(normalizer=None, pre_tokenizer=None, byte_fallback=False, fuse_unk=False, added=None, decoder=None,
-         also=""):
+def _bpe(normalizer=None, pre_tokenizer=None, byte_fallback=False, fuse_unk=False, added=None, decoder=None, also=""):
     from tokenizers import Tokenizer, models, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=byte_fallback, fuse_unk=fuse_unk))
@@ -36,8 +40,10 @@ def _bpe(normalizer=None, pre_tokenizer=None, byte_fallback=False, fuse_unk=Fals
 
         alphabet = pre_tokenizers.ByteLevel.alphabet()
     specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] * byte_fallback
-    tok.train_from_iterator(CORPUS + [also] * 50, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                                        initial_alphabet=alphabet, show_progress=False))
+    tok.train_from_iterator(
+        CORPUS + [also] * 50,
+        trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=alphabet, show_progress=False),
+    )
     if added is not None:
         tok.add_special_tokens([added])
     return _fast(tok)
@@ -52,8 +58,10 @@ def _byte_level():
 def _sentencepiece_style():  # Llama-2 style: "\u2581" for spaces, byte fallback
     from tokenizers import normalizers
 
-    return _bpe(normalizer=normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]),
-                byte_fallback=True)
+    return _bpe(
+        normalizer=normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]),
+        byte_fallback=True,
+    )
 
 
 def _hard_texts(tokenizer, rng: random.Random) -> list[str]:
@@ -64,7 +72,7 @@ def _hard_texts(tokenizer, rng: random.Random) -> list[str]:
     texts = [p * 50 for p in pieces[:10]]
     texts += [" " * 500, "\n" * 300, "\n" + " " * 19 + "x", "🙂" * 100, "東京" * 100, "é" * 200]
     texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 60))) for _ in range(150)]
-    texts += ["".join(rng.choice(CORPUS)[rng.randint(0, 10):] for _ in range(5)) for _ in range(50)]
+    texts += ["".join(rng.choice(CORPUS)[rng.randint(0, 10) :] for _ in range(5)) for _ in range(50)]
     return [t for t in texts if t]
 
 
@@ -96,12 +104,24 @@ def _shortening_cases():
 
     return [  # each tokenizer learns a long token of the shortened text, then meets the long form of it
         ("nfc", lambda: _bpe(normalizer=normalizers.NFC(), also="\u00e9" * 32), "e\u0301" * 32, "normalizer NFC"),
-        ("lowercase", lambda: _bpe(normalizer=normalizers.Lowercase(), also="k" * 32), "\u212a" * 32,
-         "normalizer Lowercase"),
-        ("whitespace", lambda: _bpe(pre_tokenizer=pre_tokenizers.WhitespaceSplit()), "a" + " " * 2000 + "b",
-         "pre-tokenizer WhitespaceSplit"),
-        ("lstrip", lambda: _bpe(added=AddedToken("<mask>", lstrip=True, special=True)), " " * 2000 + "<mask>",
-         "swallows neighbouring whitespace"),
+        (
+            "lowercase",
+            lambda: _bpe(normalizer=normalizers.Lowercase(), also="k" * 32),
+            "\u212a" * 32,
+            "normalizer Lowercase",
+        ),
+        (
+            "whitespace",
+            lambda: _bpe(pre_tokenizer=pre_tokenizers.WhitespaceSplit()),
+            "a" + " " * 2000 + "b",
+            "pre-tokenizer WhitespaceSplit",
+        ),
+        (
+            "lstrip",
+            lambda: _bpe(added=AddedToken("<mask>", lstrip=True, special=True)),
+            " " * 2000 + "<mask>",
+            "swallows neighbouring whitespace",
+        ),
         ("fused-unk", lambda: _bpe(fuse_unk=True), "\u0f00" * 500, "fuses a run of unknown characters"),
     ]
 

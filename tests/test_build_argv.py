@@ -7,11 +7,11 @@ the recipe in `examples/draft_target_model/README.md`; the builder's own adjustm
 from __future__ import annotations
 
 import pytest
-
 from fakes.build_fixtures import fake_checkpoint, make_spec
-from specbuild.engines.stage import dry_run, plan_build
+
 from specbuild.engines.flags import FLAG_NAMES, FORBIDDEN, trtllm_argv
 from specbuild.engines.plan import check_consistent, plan_role
+from specbuild.engines.stage import dry_run, plan_build
 from specbuild.errors import ArtifactError, BuildError, SpecError
 
 
@@ -98,9 +98,11 @@ def test_workers_only_for_multi_gpu(tmp_path):
 
 
 def test_expected_build_config_accounts_for_the_builder(tmp_path):
-    spec = make_spec(tmp_path, build={"max_batch_size": 64, "max_input_len": 256, "max_seq_len": 384,
-                                      "max_num_tokens": 256},
-                     speculative={"max_draft_len": 7, "num_draft_tokens": 5})
+    spec = make_spec(
+        tmp_path,
+        build={"max_batch_size": 64, "max_input_len": 256, "max_seq_len": 384, "max_num_tokens": 256},
+        speculative={"max_draft_len": 7, "num_draft_tokens": 5},
+    )
     target = plan_role(spec, "target", require_checkpoint=False).expected_build_config()
     draft = plan_role(spec, "draft", require_checkpoint=False).expected_build_config()
     assert target["max_seq_len"] == 384 + 7 and draft["max_seq_len"] == 384
@@ -111,8 +113,9 @@ def test_expected_build_config_accounts_for_the_builder(tmp_path):
 
 
 def test_max_num_tokens_is_clipped_like_trtllm_build_and_noted(tmp_path):
-    spec = make_spec(tmp_path, build={"max_batch_size": 1, "max_input_len": 100, "max_seq_len": 512,
-                                      "max_num_tokens": 8192})
+    spec = make_spec(
+        tmp_path, build={"max_batch_size": 1, "max_input_len": 100, "max_seq_len": 512, "max_num_tokens": 8192}
+    )
     plan = plan_role(spec, "draft", require_checkpoint=False)
     assert plan.limits.max_num_tokens == 512
     assert plan.notes and "8192 -> 512" in plan.notes[0]
@@ -128,8 +131,9 @@ def test_max_input_len_above_max_seq_len_is_refused(tmp_path):
 @pytest.mark.parametrize("k, message", [(0, "at least 1 draft token"), (1025, "above the generation budget")])
 def test_max_draft_len_zero_or_beyond_the_budget_is_refused(tmp_path, k, message):
     spec = make_spec(tmp_path)
-    bad = spec.__class__(**{**spec.__dict__, "speculative": spec.speculative.__class__(max_draft_len=k,
-                                                                                       num_draft_tokens=0)})
+    bad = spec.__class__(
+        **{**spec.__dict__, "speculative": spec.speculative.__class__(max_draft_len=k, num_draft_tokens=0)}
+    )
     with pytest.raises(SpecError, match=message):
         plan_role(bad, "target", require_checkpoint=False)
 
@@ -161,8 +165,9 @@ def test_int8_kv_cache_checkpoint_is_refused(tmp_path):
         plan_build(spec, ["draft"])
 
 
-@pytest.mark.parametrize("quant_algo, gpu", [(None, "H100-80GB"), ("W4A16_AWQ", "H100-80GB"), ("W8A16", "L40S"),
-                                             ("FP8", "A100-80GB")])
+@pytest.mark.parametrize(
+    "quant_algo, gpu", [(None, "H100-80GB"), ("W4A16_AWQ", "H100-80GB"), ("W8A16", "L40S"), ("FP8", "A100-80GB")]
+)
 def test_fp8_kv_cache_checkpoint_the_builder_would_downgrade_is_refused(tmp_path, quant_algo, gpu):
     # builder.py turns paged context FMHA off for an FP8 KV cache unless the weights are FP8/W4A8_AWQ/NVFP4 on SM89+
     spec = make_spec(tmp_path, gpu={"name": gpu})
@@ -190,8 +195,9 @@ def test_max_num_tokens_is_raised_to_the_longest_input_the_loop_sends(tmp_path):
     # BLS re-sends prompt + generated tokens every step, so inputs reach max_seq_len - 1 tokens.
     from specbuild.contract.build_rules import runtime_max_input_len
 
-    spec = make_spec(tmp_path, build={"max_batch_size": 2, "max_input_len": 100, "max_seq_len": 4096,
-                                      "max_num_tokens": 1024})
+    spec = make_spec(
+        tmp_path, build={"max_batch_size": 2, "max_input_len": 100, "max_seq_len": 4096, "max_num_tokens": 1024}
+    )
     for role in ("target", "draft"):
         plan = plan_role(spec, role, require_checkpoint=False)
         built = plan.expected_build_config()
@@ -217,8 +223,9 @@ def test_dry_run_needs_no_checkpoint_and_reads_one_when_present(tmp_path):
     assert doc["engines"][0]["checkpoint_ready"] and doc["engines"][0]["argv"] is None
 
 
-@pytest.mark.parametrize("version, warned", [("1.2.1", False), ("1.2.0rc3", False), ("1.1.0", True),
-                                             ("1.20.0", True), (None, True)])
+@pytest.mark.parametrize(
+    "version, warned", [("1.2.1", False), ("1.2.0rc3", False), ("1.1.0", True), ("1.20.0", True), (None, True)]
+)
 def test_trtllm_version_is_checked(version, warned):
     from specbuild.engines.flags import trtllm_version_note
 

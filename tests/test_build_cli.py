@@ -6,8 +6,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from fakes.build_fixtures import FAKE_TRTLLM_BUILD, fake_checkpoint
+
 from specbuild.cli import main
 
 
@@ -17,7 +17,7 @@ def write_spec(tmp_path, extra: str = "") -> str:
         'name = "pair"\noutput_dir = "engines"\n'
         '[target]\ncheckpoint = "hf-target"\n[draft]\ncheckpoint = "hf-draft"\n'
         "[speculative]\nmax_draft_len = 5\nnum_draft_tokens = 4\n"
-        "[build]\nbackend = \"trtllm\"\nmax_batch_size = 2\nmax_input_len = 512\nmax_seq_len = 1024\n"
+        '[build]\nbackend = "trtllm"\nmax_batch_size = 2\nmax_input_len = 512\nmax_seq_len = 1024\n'
         "max_num_tokens = 2048\n" + extra
     )
     return str(path)

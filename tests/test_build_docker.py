@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.engines.flags import TRTLLM_VERSION_CHECKED
 from specbuild.cli import COMMANDS
+from specbuild.engines.flags import TRTLLM_VERSION_CHECKED
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
@@ -46,8 +46,10 @@ def test_every_gpu_image_and_the_docs_name_the_one_triton_image_constant():
     compose = (DOCKER / "compose.yaml").read_text()
     assert compose.count(f":-{TRITON_IMAGE}}}") == 2  # compose builds the same base by default, for both services
     assert TRITON_IMAGE in (ROOT / "docs" / "build.md").read_text()
-    assert not {tag for tag in re.findall(r"tritonserver:(\d\d\.\d\d)-trtllm", compose + (ROOT / "docs" / "build.md")
-                                          .read_text())} - {month.group(1)}  # no other tag anywhere
+    assert not {
+        tag
+        for tag in re.findall(r"tritonserver:(\d\d\.\d\d)-trtllm", compose + (ROOT / "docs" / "build.md").read_text())
+    } - {month.group(1)}  # no other tag anywhere
 
 
 def test_the_images_install_specbuild_without_disturbing_nvidias_stack():
@@ -58,13 +60,15 @@ def test_the_images_install_specbuild_without_disturbing_nvidias_stack():
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0  # it parses
     text = script.read_text()
     assert "pip install --no-deps ." in text and "tritonclient[all]" not in text.replace("[all] extra", "")
-    assert 'tritonclient[grpc,http]==${release}' in text and "TRITON_VERSION" in text
+    assert "tritonclient[grpc,http]==${release}" in text and "TRITON_VERSION" in text
     assert "pip check" in text and "comm -13" in text  # only the conflicts the install added fail it
     assert "triton_python_backend_stub" in text and "import specbuild.decode.request" in text
     for name in ("Dockerfile.gpu", "Dockerfile.llmapi"):
         dockerfile = (DOCKER / name).read_text()
-        assert "COPY docker/install_specbuild.sh ./docker/" in dockerfile and "RUN bash docker/install_specbuild.sh" \
-            in dockerfile, name
+        assert (
+            "COPY docker/install_specbuild.sh ./docker/" in dockerfile
+            and "RUN bash docker/install_specbuild.sh" in dockerfile
+        ), name
         assert "pip install" not in dockerfile, name  # the script is the one place
     assert "!docker/install_specbuild.sh" in (ROOT / ".dockerignore").read_text()
 
@@ -129,8 +133,9 @@ def test_compose_commands_use_real_specbuild_options():
     from specbuild.cli import main
 
     doc = yaml.safe_load((DOCKER / "compose.yaml").read_text())
-    calls = [call for service in doc["services"].values()
-             for call in specbuild_invocations(" ".join(service["command"]))]
+    calls = [
+        call for service in doc["services"].values() for call in specbuild_invocations(" ".join(service["command"]))
+    ]
     assert len(calls) >= 6
     for call in calls:
         assert call[0] in COMMANDS, call
@@ -141,8 +146,11 @@ def test_compose_commands_use_real_specbuild_options():
 
 
 def test_dockerignore_sends_only_the_package():
-    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    lines = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert lines[0] == "*" and {"!pyproject.toml", "!README.md", "!pipeline/"} <= set(lines)
     for dockerfile in ("Dockerfile.gpu", "Dockerfile.cpu", "Dockerfile.llmapi"):
         copied = re.findall(r"^COPY (.+) \S+$", (DOCKER / dockerfile).read_text(), re.M)
@@ -157,13 +165,15 @@ def test_the_images_install_the_pins_pyproject_declares():
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = {re.split(r"[<>=!~ ;\[]", req, 1)[0].lower(): req.split(";")[0].strip()
-                for req in [*project["dependencies"], *project["optional-dependencies"]["serve"]]}
+    declared = {
+        re.split(r"[<>=!~ ;\[]", req, maxsplit=1)[0].lower(): req.split(";")[0].strip()
+        for req in [*project["dependencies"], *project["optional-dependencies"]["serve"]]
+    }
     script = (DOCKER / "install_specbuild.sh").read_text()
     section = script.split("pip install --no-deps .")[1].split("import tritonclient")[0]
     installed = re.findall(r'"([a-z][a-z0-9-]*[<>=~][^"]*)"', section)
     assert installed, "no pinned requirements found in docker/install_specbuild.sh"
     for req in installed:
-        name = re.split(r"[<>=!~ ]", req, 1)[0].lower()
+        name = re.split(r"[<>=!~ ]", req, maxsplit=1)[0].lower()
         assert declared.get(name) == req, (req, declared.get(name))
-    assert {"click", "prometheus-client"} <= {re.split(r"[<>=!~ ]", r, 1)[0] for r in installed}
+    assert {"click", "prometheus-client"} <= {re.split(r"[<>=!~ ]", r, maxsplit=1)[0] for r in installed}

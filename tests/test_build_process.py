@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
-
 from fakes.build_fixtures import FAKE_TRTLLM_BUILD, fake_checkpoint, make_spec
+
 from specbuild.engines.stage import build_engines
 from specbuild.errors import ArtifactError, BuildError
 
@@ -38,7 +38,9 @@ def test_success_writes_engine_manifest_and_timing_cache_in_the_engine_dir(spec)
     results = build(spec)
     assert [(r["role"], r["status"]) for r in results] == [("target", "ran"), ("draft", "ran")]
     engine = spec.pair_dir / "target" / "engine"
-    assert {"config.json", "rank0.engine", "model.cache", "build.log", "manifest.json"} <= {p.name for p in engine.iterdir()}
+    assert {"config.json", "rank0.engine", "model.cache", "build.log", "manifest.json"} <= {
+        p.name for p in engine.iterdir()
+    }
     manifest = json.loads((engine / "manifest.json").read_text())
     assert manifest["backend"] == "trtllm" and manifest["role"] == "target" and manifest["pair"] == "pair"
     assert manifest["checkpoint_input_hash"] == "ckpt-hash-1"
@@ -144,8 +146,10 @@ def test_tensor_parallel_engine_needs_every_rank(spec, tmp_path):
 def test_dry_run_predicts_the_input_hash_a_build_records(spec):
     from specbuild.engines.stage import dry_run
 
-    planned = {e["role"]: e["input_hash"] for e in dry_run(spec, ["target", "draft"], "trtllm",
-                                                           str(FAKE_TRTLLM_BUILD))["engines"]}
+    planned = {
+        e["role"]: e["input_hash"]
+        for e in dry_run(spec, ["target", "draft"], "trtllm", str(FAKE_TRTLLM_BUILD))["engines"]
+    }
     assert all(planned.values())
     recorded = {r["role"]: r["manifest"]["input_hash"] for r in build(spec)}
     assert planned == recorded
@@ -185,23 +189,32 @@ def test_ctrl_c_stops_trtllm_build_and_leaves_nothing(spec, tmp_path):
 
 
 def engine_config(plan, **changes):
-    build_config = {**plan.expected_build_config(), "speculative_decoding_mode": 2 if plan.role == "target" else 1,
-                    "kv_cache_type": "PAGED",
-                    "plugin_config": {"use_paged_context_fmha": True, "remove_input_padding": True}}
+    build_config = {
+        **plan.expected_build_config(),
+        "speculative_decoding_mode": 2 if plan.role == "target" else 1,
+        "kv_cache_type": "PAGED",
+        "plugin_config": {"use_paged_context_fmha": True, "remove_input_padding": True},
+    }
     plugin = changes.pop("plugin_config", {})
     build_config.update(changes)
     build_config["plugin_config"].update(plugin)
-    return {"version": "1.2.1", "pretrained_config": {"quantization": {"quant_algo": plan.quant_algo}},
-            "build_config": build_config}
+    return {
+        "version": "1.2.1",
+        "pretrained_config": {"quantization": {"quant_algo": plan.quant_algo}},
+        "build_config": build_config,
+    }
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"plugin_config": {"use_paged_context_fmha": False}}, "plugin_config.use_paged_context_fmha = False"),
-    ({"speculative_decoding_mode": 1}, "speculative_decoding_mode = 'none' (asked 'draft_tokens_external')"),
-    ({"max_seq_len": 2048}, "max_seq_len = 2048 (asked 2052)"),
-    ({"gather_context_logits": True}, "gather_context_logits = True (asked False)"),
-    ({"kv_cache_type": "CONTINUOUS"}, "kv_cache_type = 'CONTINUOUS'"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"plugin_config": {"use_paged_context_fmha": False}}, "plugin_config.use_paged_context_fmha = False"),
+        ({"speculative_decoding_mode": 1}, "speculative_decoding_mode = 'none' (asked 'draft_tokens_external')"),
+        ({"max_seq_len": 2048}, "max_seq_len = 2048 (asked 2052)"),
+        ({"gather_context_logits": True}, "gather_context_logits = True (asked False)"),
+        ({"kv_cache_type": "CONTINUOUS"}, "kv_cache_type = 'CONTINUOUS'"),
+    ],
+)
 def test_verify_engine_refuses_what_the_builder_changed(spec, tmp_path, changes, message):
     from specbuild.engines.plan import plan_role
     from specbuild.engines.trtllm import verify_engine
@@ -223,7 +236,9 @@ def test_verify_engine_accepts_the_mode_as_a_name_and_needs_config_and_ranks(spe
     plan = plan_role(spec, "target")
     with pytest.raises(BuildError, match="config.json is missing or has no build_config"):
         verify_engine(plan, tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps(engine_config(plan, speculative_decoding_mode="DRAFT_TOKENS_EXTERNAL")))
+    (tmp_path / "config.json").write_text(
+        json.dumps(engine_config(plan, speculative_decoding_mode="DRAFT_TOKENS_EXTERNAL"))
+    )
     with pytest.raises(BuildError, match="missing rank0.engine"):
         verify_engine(plan, tmp_path)
     (tmp_path / "rank0.engine").write_bytes(b"x")
@@ -237,19 +252,45 @@ def test_verify_engine_accepts_the_mode_as_a_name_and_needs_config_and_ranks(spe
 
 def test_fake_builder_drops_paged_context_fmha_like_builder_py(spec, tmp_path):
     """The stand-in applies builder.py's rule on its own: FP8 KV cache without FP8 weights, or INT8 KV."""
-    cases = [((None, "FP8", "90"), False), (("FP8", "FP8", "90"), True), (("FP8", "FP8", "86"), False),
-             (("W4A8_AWQ", "FP8", "89"), True), (("W4A16_AWQ", "FP8", "90"), False), (("FP8", "INT8", "90"), False),
-             ((None, None, "80"), True)]
+    cases = [
+        ((None, "FP8", "90"), False),
+        (("FP8", "FP8", "90"), True),
+        (("FP8", "FP8", "86"), False),
+        (("W4A8_AWQ", "FP8", "89"), True),
+        (("W4A16_AWQ", "FP8", "90"), False),
+        (("FP8", "INT8", "90"), False),
+        ((None, None, "80"), True),
+    ]
     for (quant_algo, kv_algo, sm), kept in cases:
         ckpt = tmp_path / f"ckpt-{quant_algo}-{kv_algo}-{sm}"
         ckpt.mkdir()
-        (ckpt / "config.json").write_text(json.dumps({"mapping": {"world_size": 1}, "quantization": {
-            "quant_algo": quant_algo, "kv_cache_quant_algo": kv_algo}}))
+        (ckpt / "config.json").write_text(
+            json.dumps(
+                {
+                    "mapping": {"world_size": 1},
+                    "quantization": {"quant_algo": quant_algo, "kv_cache_quant_algo": kv_algo},
+                }
+            )
+        )
         out = ckpt / "engine"
-        done = subprocess.run([sys.executable, str(FAKE_TRTLLM_BUILD), "--checkpoint_dir", str(ckpt), "--output_dir",
-                               str(out), "--use_paged_context_fmha", "enable", "--output_timing_cache",
-                               str(ckpt / "model.cache")], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "FAKE_TRTLLM_SM": sm})
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(FAKE_TRTLLM_BUILD),
+                "--checkpoint_dir",
+                str(ckpt),
+                "--output_dir",
+                str(out),
+                "--use_paged_context_fmha",
+                "enable",
+                "--output_timing_cache",
+                str(ckpt / "model.cache"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "FAKE_TRTLLM_SM": sm},
+        )
         assert done.returncode == 0, done.stderr
         plugin = json.loads((out / "config.json").read_text())["build_config"]["plugin_config"]
         assert plugin["use_paged_context_fmha"] is kept, (quant_algo, kv_algo, sm)
@@ -265,7 +306,9 @@ def test_engine_built_on_an_older_gpu_than_the_spec_is_refused_with_the_reason(t
         build(spec, ["target"])
     message = str(err.value)
     assert "plugin_config.use_paged_context_fmha = False" in message
-    assert "trtllm-build turned paged context FMHA off (an FP8 KV cache keeps paged context FMHA only on SM89+" in message
+    assert (
+        "trtllm-build turned paged context FMHA off (an FP8 KV cache keeps paged context FMHA only on SM89+" in message
+    )
     assert "cannot take external draft tokens" in message
     assert not (spec.pair_dir / "target" / "engine").exists()
     monkeypatch.setenv("FAKE_TRTLLM_SM", "89")

@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
-
 from fakes.build_fixtures import make_spec  # noqa: E402
-from specbuild.engines.stage import build_engines  # noqa: E402
+
 from specbuild.cli import main  # noqa: E402
+from specbuild.engines.stage import build_engines  # noqa: E402
 
 VOCAB = 96
 
@@ -28,9 +28,18 @@ def tiny_hf_model(folder: Path, seed: int, layers: int = 2):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     model = transformers.LlamaForCausalLM(config).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder))
@@ -48,15 +57,24 @@ def write_trtllm_checkpoint(model, folder: Path, role: str, pair: str, fp8: bool
 
     c = model.config
     sd = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
-    out = {"transformer.vocab_embedding.weight": sd["model.embed_tokens.weight"],
-           "transformer.ln_f.weight": sd["model.norm.weight"], "lm_head.weight": sd["lm_head.weight"]}
+    out = {
+        "transformer.vocab_embedding.weight": sd["model.embed_tokens.weight"],
+        "transformer.ln_f.weight": sd["model.norm.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
     for i in range(c.num_hidden_layers):
         hf, trt = f"model.layers.{i}", f"transformer.layers.{i}"
         out[f"{trt}.attention.qkv.weight"] = torch.cat(
-            [sd[f"{hf}.self_attn.{p}_proj.weight"] for p in "qkv"], dim=0).contiguous()
-        for src, dst in (("self_attn.o_proj", "attention.dense"), ("mlp.gate_proj", "mlp.fc"),
-                         ("mlp.up_proj", "mlp.gate"), ("mlp.down_proj", "mlp.proj"),
-                         ("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "post_layernorm")):
+            [sd[f"{hf}.self_attn.{p}_proj.weight"] for p in "qkv"], dim=0
+        ).contiguous()
+        for src, dst in (
+            ("self_attn.o_proj", "attention.dense"),
+            ("mlp.gate_proj", "mlp.fc"),
+            ("mlp.up_proj", "mlp.gate"),
+            ("mlp.down_proj", "mlp.proj"),
+            ("input_layernorm", "input_layernorm"),
+            ("post_attention_layernorm", "post_layernorm"),
+        ):
             out[f"{trt}.{dst}.weight"] = sd[f"{hf}.{src}.weight"]
     if fp8:  # per-tensor FP8 weights with static FP8 activation scales, like modelopt's FP8 export
         for name in [k for k in out if ".attention." in k or ".mlp." in k]:
@@ -68,26 +86,48 @@ def write_trtllm_checkpoint(model, folder: Path, role: str, pair: str, fp8: bool
             out[f"{prefix}.activation_scaling_factor"] = torch.tensor(0.05)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(out, str(folder / "rank0.safetensors"))
-    config = {"architecture": "LlamaForCausalLM", "dtype": "float32", "vocab_size": c.vocab_size,
-              "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-              "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-              "num_key_value_heads": c.num_key_value_heads, "hidden_act": "silu", "norm_epsilon": c.rms_norm_eps,
-              "max_position_embeddings": c.max_position_embeddings, "position_embedding_type": "rope_gpt_neox",
-              "rotary_base": c.rope_theta if hasattr(c, "rope_theta") else 10000.0,
-              "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
-              "quantization": {"quant_algo": "FP8" if fp8 else None, "kv_cache_quant_algo": None}}
+    config = {
+        "architecture": "LlamaForCausalLM",
+        "dtype": "float32",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "hidden_act": "silu",
+        "norm_epsilon": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "position_embedding_type": "rope_gpt_neox",
+        "rotary_base": c.rope_theta if hasattr(c, "rope_theta") else 10000.0,
+        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+        "quantization": {"quant_algo": "FP8" if fp8 else None, "kv_cache_quant_algo": None},
+    }
     (folder / "config.json").write_text(json.dumps(config))
-    (folder / "manifest.json").write_text(json.dumps({
-        "stage": "convert", "role": role, "pair": pair, "input_hash": f"hand-written-{role}",
-        "quant_algo": "FP8" if fp8 else None,
-        "kv_cache_quant_algo": None, "mapping": config["mapping"], "vocab_size": c.vocab_size}))
+    (folder / "manifest.json").write_text(
+        json.dumps(
+            {
+                "stage": "convert",
+                "role": role,
+                "pair": pair,
+                "input_hash": f"hand-written-{role}",
+                "quant_algo": "FP8" if fp8 else None,
+                "kv_cache_quant_algo": None,
+                "mapping": config["mapping"],
+                "vocab_size": c.vocab_size,
+            }
+        )
+    )
 
 
 @pytest.fixture
 def pair(tmp_path):
-    spec = make_spec(tmp_path, build={"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128,
-                                      "max_num_tokens": 256},
-                     target={"dtype": "float32"}, draft={"dtype": "float32"})
+    spec = make_spec(
+        tmp_path,
+        build={"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256},
+        target={"dtype": "float32"},
+        draft={"dtype": "float32"},
+    )
     models = {}
     for role, seed, layers in (("target", 1, 2), ("draft", 2, 1)):
         models[role] = tiny_hf_model(tmp_path / f"hf-{role}", seed, layers)
@@ -102,8 +142,14 @@ def test_reference_engines_are_self_contained_and_match_the_original_model(pair)
     for role, model in models.items():
         engine = spec.pair_dir / role / "engine"
         names = {p.name for p in engine.iterdir()}
-        assert {"config.json", "model.safetensors", "engine.json", "tokenizer.json", "tokenizer_config.json",
-                "manifest.json"} <= names
+        assert {
+            "config.json",
+            "model.safetensors",
+            "engine.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "manifest.json",
+        } <= names
         assert not {"rank0.engine", "activation_quant.json"} & names
         loaded = transformers.AutoModelForCausalLM.from_pretrained(str(engine), dtype=torch.float32).eval()
         assert loaded.config.eos_token_id == 2
@@ -171,12 +217,15 @@ def test_cli_reference_build_json(pair, tmp_path):
         f'[target]\ncheckpoint = "{spec.target.checkpoint}"\ndtype = "float32"\n'
         f'[draft]\ncheckpoint = "{spec.draft.checkpoint}"\ndtype = "float32"\n'
         "[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 4\n"
-        "[build]\nmax_batch_size = 2\nmax_input_len = 64\nmax_seq_len = 128\nmax_num_tokens = 256\n")
+        "[build]\nmax_batch_size = 2\nmax_input_len = 64\nmax_seq_len = 128\nmax_num_tokens = 256\n"
+    )
     result = CliRunner().invoke(main, ["build", "-c", str(spec_file), "--backend", "reference", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert [(e["role"], e["status"], e["backend"]) for e in doc["engines"]] == [
-        ("target", "ran", "reference"), ("draft", "ran", "reference")]
+        ("target", "ran", "reference"),
+        ("draft", "ran", "reference"),
+    ]
 
 
 def test_dry_run_input_hash_is_the_cache_key_of_the_build(pair):
@@ -198,16 +247,21 @@ def test_fp8_checkpoint_is_dequantized_and_keeps_its_activation_scales(pair, tmp
     engine = spec.pair_dir / "draft" / "engine"
     raw = load_file(str(ckpt / "rank0.safetensors"))
     weights = load_file(str(engine / "model.safetensors"))
-    dense = raw["transformer.layers.0.attention.dense.weight"].float() * raw[
-        "transformer.layers.0.attention.dense.weights_scaling_factor"]
+    dense = (
+        raw["transformer.layers.0.attention.dense.weight"].float()
+        * raw["transformer.layers.0.attention.dense.weights_scaling_factor"]
+    )
     assert weights["model.layers.0.self_attn.o_proj.weight"].dtype == torch.float32
     torch.testing.assert_close(weights["model.layers.0.self_attn.o_proj.weight"], dense, atol=0, rtol=0)
     assert not torch.equal(dense, models["draft"].model.layers[0].self_attn.o_proj.weight)  # FP8 error is kept
     info = json.loads((engine / "engine.json").read_text())
     assert info["quant_algo"] == "FP8" and info["activation_quant"] == "activation_quant.json"
     acts = json.loads((engine / "activation_quant.json").read_text())
-    assert acts["model.layers.0.self_attn.o_proj"] == {"kind": "fp8", "scale": pytest.approx(0.05),
-                                                       "pre_quant_scale": False}
+    assert acts["model.layers.0.self_attn.o_proj"] == {
+        "kind": "fp8",
+        "scale": pytest.approx(0.05),
+        "pre_quant_scale": False,
+    }
 
 
 def test_smoke_test_names_non_finite_weights_of_the_source_checkpoint(pair):
@@ -217,7 +271,9 @@ def test_smoke_test_names_non_finite_weights_of_the_source_checkpoint(pair):
     with torch.no_grad():
         models["draft"].model.layers[0].mlp.down_proj.weight[0, :3] = float("nan")
     models["draft"].save_pretrained(str(spec.draft.checkpoint))  # a corrupt source ...
-    write_trtllm_checkpoint(models["draft"], spec.pair_dir / "draft" / "checkpoint", "draft", spec.name)  # ... converted
+    write_trtllm_checkpoint(
+        models["draft"], spec.pair_dir / "draft" / "checkpoint", "draft", spec.name
+    )  # ... converted
     with pytest.raises(BuildError) as err:
         build_engines(spec, ["draft"], "reference")
     assert str(err.value) == (
@@ -225,7 +281,8 @@ def test_smoke_test_names_non_finite_weights_of_the_source_checkpoint(pair):
         f"{spec.draft.checkpoint} holds non-finite weights (model.safetensors: tensor "
         "'model.layers.0.mlp.down_proj.weight' (F32) has 3 NaN of 2,048 values): conversion copies them, so "
         "`specbuild convert --force` cannot help. Download or save the checkpoint again, and run `specbuild check`, "
-        "which scans for them.")
+        "which scans for them."
+    )
     assert not (spec.pair_dir / "draft" / "engine").exists()
 
 
@@ -245,4 +302,5 @@ def test_smoke_test_blames_the_conversion_when_only_the_converted_weights_are_no
         "the reference engine's smoke test failed: its logits hold NaN or Inf. The source weights are finite but "
         f"the converted checkpoint {ckpt} is not (rank0.safetensors: tensor 'transformer.layers.0.mlp.proj.weight' "
         "(F32) has 1 Inf of 2,048 values): the conversion produced them. Run `specbuild convert --force` and check "
-        "its log.")
+        "its log."
+    )

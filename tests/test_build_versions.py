@@ -7,8 +7,14 @@ import sys
 from specbuild.engines.stage import runtime_versions, versions_mismatch
 from specbuild.engines.versions import interpreter_for, probe_versions
 
-BUILT = {"tensorrt_llm": "1.2.1", "tensorrt": "10.13.3.9", "cuda": "13.0.2.006", "gpu_name": "NVIDIA H100 80GB HBM3",
-         "gpu_sm": 90, "torch": "2.9.0"}
+BUILT = {
+    "tensorrt_llm": "1.2.1",
+    "tensorrt": "10.13.3.9",
+    "cuda": "13.0.2.006",
+    "gpu_name": "NVIDIA H100 80GB HBM3",
+    "gpu_sm": 90,
+    "torch": "2.9.0",
+}
 
 
 def test_same_versions_are_compatible():

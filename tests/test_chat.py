@@ -8,9 +8,9 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from convert_helpers import CHAT_TEMPLATE, make_tokenizer
 from family_models import make_family
+
 from specbuild.cli import main
 from specbuild.errors import RequestError
 from specbuild.session.chat import chat_prompt, load_tokenizer
@@ -38,16 +38,32 @@ def test_a_tokenizer_without_a_template_is_refused_by_name(tmp_path):
 def chat_pair(tmp_path):
     folder = make_family(tmp_path / "m", "llama", chat=True)
     spec = tmp_path / "specbuild.toml"
-    spec.write_text(f'name = "chat"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "{folder}"\n'
-                    f'[draft]\ncheckpoint = "{folder}"\n[build]\nmax_seq_len = 252\nmax_input_len = 128\n'
-                    "[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 2\n")
+    spec.write_text(
+        f'name = "chat"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "{folder}"\n'
+        f'[draft]\ncheckpoint = "{folder}"\n[build]\nmax_seq_len = 252\nmax_input_len = 128\n'
+        "[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 2\n"
+    )
     return folder, spec
 
 
 def test_generate_chat_locally_sends_the_template(tmp_path):
     folder, spec = chat_pair(tmp_path)
-    result = CliRunner().invoke(main, ["generate", "-c", str(spec), "--local", "--json", "--max-tokens", "6", "--chat",
-                                       "--system", "Be brief.", "brown fox"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "-c",
+            str(spec),
+            "--local",
+            "--json",
+            "--max-tokens",
+            "6",
+            "--chat",
+            "--system",
+            "Be brief.",
+            "brown fox",
+        ],
+    )
     assert result.exit_code == 0, result.output
     tokenizer = load_tokenizer(folder)
     want = list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -92,6 +108,7 @@ def test_trtllm_serves_chat_endpoint_reads_the_same_template_from_the_llm_api_ex
     text = exported.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     served = exported.encode(text, add_special_tokens=False)
     source = load_tokenizer(folder)
-    assert served == list(source.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False))
+    assert served == list(
+        source.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
     assert served == source(chat_prompt(source, "brown fox", system="Be brief."))["input_ids"]  # generate --chat's

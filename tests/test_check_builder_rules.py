@@ -6,33 +6,51 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
-
 from check_fixtures import make_pair
-from specbuild.contract import build_rules as rules
+from click.testing import CliRunner
+from test_check_memory import LLAMA3_8B, LLAMA3_70B, LLAMA32_1B, spec
+
 from specbuild.check import memory
 from specbuild.check.advice import plan_memory
 from specbuild.check.pair import check_max_num_tokens
 from specbuild.check.report import CheckReport
 from specbuild.cli import main
+from specbuild.contract import build_rules as rules
 from specbuild.hfmodel import info_from_config
-from test_check_memory import LLAMA3_8B, LLAMA3_70B, LLAMA32_1B, spec
 
 
-@pytest.mark.parametrize("quant_algo, kv, sm, lost", [
-    (None, "FP8", 90, True), ("W8A16", "FP8", 90, True), ("W4A16_AWQ", "FP8", 90, True),
-    ("W8A8_SQ_PER_CHANNEL", "FP8", 90, True), ("FP8", "FP8", 86, True), ("FP8", "FP8", 89, False),
-    ("W4A8_AWQ", "FP8", 90, False), ("NVFP4", "FP8", 100, False), ("FP8", "INT8", 90, True),
-    (None, None, 80, False), ("FP8", None, 90, False), ("QuantAlgo.FP8", "QuantAlgo.FP8", 90, False),
-    ("FP8", "FP8", None, False), (None, "FP8", None, True),
-])
+@pytest.mark.parametrize(
+    "quant_algo, kv, sm, lost",
+    [
+        (None, "FP8", 90, True),
+        ("W8A16", "FP8", 90, True),
+        ("W4A16_AWQ", "FP8", 90, True),
+        ("W8A8_SQ_PER_CHANNEL", "FP8", 90, True),
+        ("FP8", "FP8", 86, True),
+        ("FP8", "FP8", 89, False),
+        ("W4A8_AWQ", "FP8", 90, False),
+        ("NVFP4", "FP8", 100, False),
+        ("FP8", "INT8", 90, True),
+        (None, None, 80, False),
+        ("FP8", None, 90, False),
+        ("QuantAlgo.FP8", "QuantAlgo.FP8", 90, False),
+        ("FP8", "FP8", None, False),
+        (None, "FP8", None, True),
+    ],
+)
 def test_paged_context_fmha_rule_table(quant_algo, kv, sm, lost):
     # builder.py::build: FP8 KV keeps paged context FMHA only with FP8/W4A8_AWQ/NVFP4 weights on SM89+; INT8 KV never
     assert (rules.paged_context_fmha_loss(quant_algo, kv, sm) is not None) is lost
 
 
-@pytest.mark.parametrize("target", [{"kv_cache": "fp8"}, {"quantization": "int4_awq", "kv_cache": "fp8"},
-                                    {"quantization": "int8_sq", "kv_cache": "fp8"}])
+@pytest.mark.parametrize(
+    "target",
+    [
+        {"kv_cache": "fp8"},
+        {"quantization": "int4_awq", "kv_cache": "fp8"},
+        {"quantization": "int8_sq", "kv_cache": "fp8"},
+    ],
+)
 def test_fp8_kv_cache_the_builder_would_downgrade_is_a_problem(target):
     plan = plan_memory(spec(target), info_from_config(LLAMA3_8B), info_from_config(LLAMA32_1B))
     [problem] = [p for p in plan.problems if p.code == "paged_context_fmha_disabled"]
@@ -42,16 +60,19 @@ def test_fp8_kv_cache_the_builder_would_downgrade_is_a_problem(target):
 
 
 def test_draft_is_checked_too_and_fp8_with_fp8_kv_passes():
-    plan = plan_memory(spec({"quantization": "fp8", "kv_cache": "fp8"}, {"kv_cache": "fp8"}),
-                       info_from_config(LLAMA3_8B), info_from_config(LLAMA32_1B))
-    assert [(p.code, p.message.split(".")[0]) for p in plan.problems] == [
-        ("paged_context_fmha_disabled", "draft")]
+    plan = plan_memory(
+        spec({"quantization": "fp8", "kv_cache": "fp8"}, {"kv_cache": "fp8"}),
+        info_from_config(LLAMA3_8B),
+        info_from_config(LLAMA32_1B),
+    )
+    assert [(p.code, p.message.split(".")[0]) for p in plan.problems] == [("paged_context_fmha_disabled", "draft")]
 
 
 def test_advice_never_proposes_an_fp8_kv_cache_the_builder_would_drop():
     # Llama-3-70B bf16 + 1B on one H100 does not fit; before, the first suggestion was target.kv_cache = "fp8"
-    plan = plan_memory(spec({"dtype": "bfloat16"}, {"dtype": "bfloat16"}), info_from_config(LLAMA3_70B),
-                       info_from_config(LLAMA32_1B))
+    plan = plan_memory(
+        spec({"dtype": "bfloat16"}, {"dtype": "bfloat16"}), info_from_config(LLAMA3_70B), info_from_config(LLAMA32_1B)
+    )
     assert not plan.fits and plan.suggestions
     changes = [s["change"] for s in plan.suggestions]
     assert not any("kv_cache" in change for change in changes), changes
@@ -65,8 +86,11 @@ def test_advice_keeps_fp8_kv_only_where_the_builder_keeps_paged_context_fmha():
     plan = plan_memory(fp8, target, draft)
     assert plan.suggestions[0]["change"] == 'target.kv_cache = "fp8"'  # FP8 weights on SM90: the builder keeps it
     # with an FP8 KV cache already set, a switch to int4_awq weights would lose paged context FMHA
-    fp8_kv = spec({"quantization": "fp8", "kv_cache": "fp8", "dtype": "bfloat16"}, {"dtype": "bfloat16"},
-                  build={"max_batch_size": 10})
+    fp8_kv = spec(
+        {"quantization": "fp8", "kv_cache": "fp8", "dtype": "bfloat16"},
+        {"dtype": "bfloat16"},
+        build={"max_batch_size": 10},
+    )
     plan = plan_memory(fp8_kv, target, draft)
     assert plan.max_batch < 10 and plan.suggestions
     assert not any("int4_awq" in s["change"] for s in plan.suggestions), plan.suggestions
@@ -89,8 +113,16 @@ def test_max_num_tokens_below_the_longest_input_is_raised_and_warned():
 
 def test_max_tokens_in_paged_kv_cache_fits_the_backends_int32():
     # model_state.cc reads it with std::stoi: a larger value throws, and the backend silently drops the cap
-    tiny = dict(LLAMA32_1B, vocab_size=512, hidden_size=64, num_hidden_layers=1, num_attention_heads=16,
-                num_key_value_heads=1, head_dim=4, intermediate_size=128)
+    tiny = dict(
+        LLAMA32_1B,
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=16,
+        num_key_value_heads=1,
+        head_dim=4,
+        intermediate_size=128,
+    )
     plan = plan_memory(spec(gpu={"name": "H200"}), info_from_config(tiny), info_from_config(tiny))
     for role in ("target", "draft"):
         kv_tokens = plan.kv_available_bytes // (2 * plan.target.kv_bytes_per_token)

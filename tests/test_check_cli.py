@@ -6,9 +6,9 @@ import json
 import re
 
 import pytest
+from check_fixtures import make_pair, words, write_checkpoint, write_spec
 from click.testing import CliRunner
 
-from check_fixtures import make_pair, words, write_checkpoint, write_spec
 from specbuild.cli import main
 
 
@@ -25,11 +25,29 @@ def test_identical_pair_is_ok(tmp_path):
     result, doc = check_json(make_pair(tmp_path))
     assert result.exit_code == 0, result.output
     assert doc["ok"] is True and doc["problems"] == []
-    assert list(doc) == ["ok", "pair", "backend", "models", "tokenizer", "vocab", "memory", "weights", "problems", "warnings"]
+    assert list(doc) == [
+        "ok",
+        "pair",
+        "backend",
+        "models",
+        "tokenizer",
+        "vocab",
+        "memory",
+        "weights",
+        "problems",
+        "warnings",
+    ]
     assert doc["tokenizer"]["identical"] is True
-    assert doc["vocab"] == {"tokenizer_size": 1000, "target_rows": 1000, "draft_rows": 1000, "padded_vocab_size": 1000,
-                            "pad_rows": {"target": 0, "draft": 0}, "will_pad": False,
-                            "trim_rows": {"target": 0, "draft": 0}, "will_trim": False}
+    assert doc["vocab"] == {
+        "tokenizer_size": 1000,
+        "target_rows": 1000,
+        "draft_rows": 1000,
+        "padded_vocab_size": 1000,
+        "pad_rows": {"target": 0, "draft": 0},
+        "will_pad": False,
+        "trim_rows": {"target": 0, "draft": 0},
+        "will_trim": False,
+    }
     memory = doc["memory"]
     assert memory["fits"] and memory["max_batch_at_max_seq_len"] >= 2
     assert 0 < memory["target"]["kv_cache_free_gpu_mem_fraction"] <= 0.95
@@ -53,8 +71,10 @@ def test_different_tokenizers_exit_1_naming_the_first_token(tmp_path):
     assert doc["ok"] is False
     [problem] = doc["problems"]
     assert problem["code"] == "tokenizer_mismatch"
-    assert problem["message"] == ("the target and draft tokenizers differ: vocabulary differs at 1 id(s), "
-                                  "the first is id 421: target has 'w421', draft has 'zebra'.")
+    assert problem["message"] == (
+        "the target and draft tokenizers differ: vocabulary differs at 1 id(s), "
+        "the first is id 421: target has 'w421', draft has 'zebra'."
+    )
     assert doc["tokenizer"]["first_difference"] == {"id": 421, "target": "w421", "draft": "zebra"}
     human = check("-c", str(tmp_path / "specbuild.toml"))
     assert human.exit_code == 1
@@ -99,8 +119,10 @@ def test_missing_checkpoint_dir(tmp_path):
     target = write_checkpoint(tmp_path / "target", 1000)
     result = check("-c", str(write_spec(tmp_path / "s.toml", target, tmp_path / "gone")))
     assert result.exit_code == 1
-    assert result.stderr == (f"Error: draft checkpoint '{tmp_path / 'gone'}' does not exist. "
-                             "Fix draft.checkpoint in the spec, or download the model there.\n")
+    assert result.stderr == (
+        f"Error: draft checkpoint '{tmp_path / 'gone'}' does not exist. "
+        "Fix draft.checkpoint in the spec, or download the model there.\n"
+    )
 
 
 def test_missing_target_and_draft_are_reported_together(tmp_path):
@@ -111,16 +133,22 @@ def test_missing_target_and_draft_are_reported_together(tmp_path):
         f"  target checkpoint '{tmp_path / 'no-target'}' does not exist. "
         "Fix target.checkpoint in the spec, or download the model there.\n"
         f"  draft checkpoint '{tmp_path / 'no-draft'}' does not exist. "
-        "Fix draft.checkpoint in the spec, or download the model there.\n")
+        "Fix draft.checkpoint in the spec, or download the model there.\n"
+    )
 
 
 def test_json_prints_one_failure_document_when_the_input_is_bad(tmp_path):
     target = write_checkpoint(tmp_path / "target", 1000)
     result, doc = check_json(write_spec(tmp_path / "s.toml", target, tmp_path / "gone"))
     assert result.exit_code == 1
-    assert doc == {"command": "check", "ok": False, "error_type": "CheckpointError", "exit_code": 1,
-                   "error": f"draft checkpoint '{tmp_path / 'gone'}' does not exist. "
-                            "Fix draft.checkpoint in the spec, or download the model there."}
+    assert doc == {
+        "command": "check",
+        "ok": False,
+        "error_type": "CheckpointError",
+        "exit_code": 1,
+        "error": f"draft checkpoint '{tmp_path / 'gone'}' does not exist. "
+        "Fix draft.checkpoint in the spec, or download the model there.",
+    }
     assert result.stderr.startswith("Error: draft checkpoint")
 
 
@@ -141,7 +169,10 @@ def test_unknown_architecture(tmp_path):
     assert result.exit_code == 1
     [problem] = doc["problems"]
     assert problem["code"] == "unsupported_architecture"
-    assert problem["message"] == "target: architecture 'MambaForCausalLM' is not one of the model families specbuild supports."
+    assert (
+        problem["message"]
+        == "target: architecture 'MambaForCausalLM' is not one of the model families specbuild supports."
+    )
     assert "LlamaForCausalLM" in problem["fix"]
 
 
@@ -193,7 +224,7 @@ def test_does_not_fit_exits_1_with_the_arithmetic(tmp_path):
 @pytest.mark.parametrize(
     "section, line, message",
     [
-        ("target", 'quantisation = "fp8"', '[target]: unknown key \'quantisation\'. Did you mean "quantization"?'),
+        ("target", 'quantisation = "fp8"', "[target]: unknown key 'quantisation'. Did you mean \"quantization\"?"),
         ("target", 'quantization = "fp9"', "target.quantization = 'fp9' is not supported. Did you mean \"fp8\"?"),
         ("gpu", 'name = "H100"', "gpu.name = 'H100' is not supported."),
         ("build", "max_seq_len = 0", "build.max_seq_len = 0: must be >= 1."),
@@ -246,8 +277,9 @@ def test_heads_not_divisible_by_tp(tmp_path):
     result, doc = check_json(spec)
     assert result.exit_code == 1
     messages = [p["message"] for p in doc["problems"] if p["code"] == "heads_not_divisible_by_tp"]
-    assert messages == [f"the {role} model has 4 attention heads, which tp_size = 3 does not divide."
-                        for role in ("target", "draft")]
+    assert messages == [
+        f"the {role} model has 4 attention heads, which tp_size = 3 does not divide." for role in ("target", "draft")
+    ]
 
 
 def test_bf16_checkpoint_served_in_fp16_warns(tmp_path):
@@ -287,10 +319,12 @@ def test_check_imports_neither_torch_nor_transformers(tmp_path):
     import sys
 
     spec = make_pair(tmp_path)
-    code = ("import sys; from specbuild.cli import main\n"
-            f"try:\n    main(['check', '-c', {str(spec)!r}, '--json'])\n"
-            "except SystemExit as e:\n    rc = e.code\n"
-            "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)")
+    code = (
+        "import sys; from specbuild.cli import main\n"
+        f"try:\n    main(['check', '-c', {str(spec)!r}, '--json'])\n"
+        "except SystemExit as e:\n    rc = e.code\n"
+        "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stderr.strip().splitlines()[-1] == "0 False False"
 

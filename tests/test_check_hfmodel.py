@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from check_fixtures import llama_config, llama_tensors, write_checkpoint
+
 from specbuild.errors import CheckpointError
 from specbuild.hfmodel import SUPPORTED_ARCHITECTURES, info_from_config, read_model_info
 
@@ -18,8 +18,15 @@ def test_reads_a_real_transformers_checkpoint(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     model = LlamaForCausalLM(config)
     model.save_pretrained(tmp_path, safe_serialization=True)
     info = read_model_info(tmp_path)

@@ -7,40 +7,96 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.contract.build_rules import TOKENS_PER_BLOCK
 from specbuild.check import advice, memory
 from specbuild.check.advice import plan_memory
 from specbuild.check.memory import GIB, kv_bytes_per_token, weight_bytes
 from specbuild.config import spec_from_dict
+from specbuild.contract.build_rules import TOKENS_PER_BLOCK
 from specbuild.hfmodel import info_from_config
 
 # Published Hugging Face configs (the fields the plan reads).
-LLAMA3_70B = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=8192,
-                  num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8, intermediate_size=28672,
-                  max_position_embeddings=8192, tie_word_embeddings=False)
-LLAMA3_8B = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
-                 num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
-                 max_position_embeddings=8192, tie_word_embeddings=False)
-LLAMA32_1B = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=2048,
-                  num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-                  intermediate_size=8192, max_position_embeddings=131072, tie_word_embeddings=True,
-                  rope_scaling={"factor": 32.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"})
-QWEN25_7B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=152064, hidden_size=3584,
-                 num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
-                 max_position_embeddings=32768, tie_word_embeddings=False)
-QWEN25_05B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=151936, hidden_size=896,
-                  num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
-                  max_position_embeddings=32768, tie_word_embeddings=True)
+LLAMA3_70B = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    vocab_size=128256,
+    hidden_size=8192,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    intermediate_size=28672,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+)
+LLAMA3_8B = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    vocab_size=128256,
+    hidden_size=4096,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=14336,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+)
+LLAMA32_1B = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    vocab_size=128256,
+    hidden_size=2048,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    intermediate_size=8192,
+    max_position_embeddings=131072,
+    tie_word_embeddings=True,
+    rope_scaling={"factor": 32.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+)
+QWEN25_7B = dict(
+    architectures=["Qwen2ForCausalLM"],
+    model_type="qwen2",
+    vocab_size=152064,
+    hidden_size=3584,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    intermediate_size=18944,
+    max_position_embeddings=32768,
+    tie_word_embeddings=False,
+)
+QWEN25_05B = dict(
+    architectures=["Qwen2ForCausalLM"],
+    model_type="qwen2",
+    vocab_size=151936,
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
+)
 
 
-def spec(target: dict | None = None, draft: dict | None = None, build: dict | None = None, gpu: dict | None = None,
-         speculative: dict | None = None):
+def spec(
+    target: dict | None = None,
+    draft: dict | None = None,
+    build: dict | None = None,
+    gpu: dict | None = None,
+    speculative: dict | None = None,
+):
     raw = {
         "speculative": speculative or {},
         "target": {"checkpoint": "t", **(target or {})},
         "draft": {"checkpoint": "d", **(draft or {})},
-        "build": {"max_batch_size": 4, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 8192,
-                  **(build or {})},
+        "build": {
+            "max_batch_size": 4,
+            "max_input_len": 1024,
+            "max_seq_len": 2048,
+            "max_num_tokens": 8192,
+            **(build or {}),
+        },
         "gpu": gpu or {"name": "H100-80GB"},
     }
     return spec_from_dict(raw, base_dir=Path("/nonexistent"))
@@ -214,14 +270,18 @@ def test_gpu_feature_gates(gpu, target, code):
 
 
 def test_gates_pass_where_the_format_is_supported():
-    plan = plan_memory(spec({"quantization": "fp8", "kv_cache": "fp8"}, gpu={"name": "L40S"}),
-                       info_from_config(LLAMA3_8B), info_from_config(LLAMA32_1B))
+    plan = plan_memory(
+        spec({"quantization": "fp8", "kv_cache": "fp8"}, gpu={"name": "L40S"}),
+        info_from_config(LLAMA3_8B),
+        info_from_config(LLAMA32_1B),
+    )
     assert plan.problems == ()
 
 
 def test_custom_gpu_warns_that_sm_is_unknown():
-    plan = plan_memory(spec(gpu={"name": "MI-lab-card", "memory_gib": 48}),
-                       info_from_config(LLAMA3_8B), info_from_config(LLAMA32_1B))
+    plan = plan_memory(
+        spec(gpu={"name": "MI-lab-card", "memory_gib": 48}), info_from_config(LLAMA3_8B), info_from_config(LLAMA32_1B)
+    )
     assert plan.memory_per_gpu_bytes == 48 * GIB
     assert "gpu_sm_unknown" in [w.code for w in plan.warnings]
 
@@ -265,8 +325,10 @@ def test_runtime_buffers_against_a_real_tensorrt_llm_log():
     """NVIDIA/TensorRT-LLM#1188: Qwen2.5-0.5B, defaults (max_batch_size 2048, max_num_tokens 8192) logged
     773.51 MiB execution context + 2.66 GB runtime buffers + 5.76 GB decoder; ~1.2 GB in all at batch 1."""
     qwen = info_from_config(QWEN25_05B)
-    big = spec(build={"max_batch_size": 2048, "max_num_tokens": 8192, "max_seq_len": 2048},
-               speculative={"max_draft_len": 1, "num_draft_tokens": 1})
+    big = spec(
+        build={"max_batch_size": 2048, "max_num_tokens": 8192, "max_seq_len": 2048},
+        speculative={"max_draft_len": 1, "num_draft_tokens": 1},
+    )
     logged = 773.51 * 2**20 + 2.66e9 + 5.76e9
     estimate = memory.runtime_bytes(qwen, "float16", big, 151936, is_target=False) - memory.CUDA_CONTEXT_BYTES
     assert logged <= estimate <= 1.5 * logged

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from check_fixtures import words, write_tokenizer
+
 from specbuild.check.tokenizer import compare_tokenizers, first_differing_id, load_tokenizer_facts
 from specbuild.errors import CheckpointError
 
@@ -33,7 +33,8 @@ def test_one_token_differs_and_is_named(tmp_path):
     assert not result.identical
     assert result.first_difference == {"id": 17, "target": "w17", "draft": "hello"}
     assert result.differences[0] == (
-        "vocabulary differs at 2 id(s), the first is id 17: target has 'w17', draft has 'hello'")
+        "vocabulary differs at 2 id(s), the first is id 17: target has 'w17', draft has 'hello'"
+    )
 
 
 def test_token_missing_on_one_side(tmp_path):
@@ -56,8 +57,9 @@ def test_added_tokens_differ(tmp_path):
     result = compare_tokenizers(a, b)
     assert not result.identical
     assert result.first_difference == {"id": 20, "target": "<tool>", "draft": "<call>"}
-    assert ("added tokens differ, the first is id 20: target has '<tool> (special=True)', "
-            "draft has '<call> (special=True)'") in result.differences
+    assert (
+        "added tokens differ, the first is id 20: target has '<tool> (special=True)', draft has '<call> (special=True)'"
+    ) in result.differences
 
 
 def test_eos_differs(tmp_path):
@@ -99,8 +101,9 @@ def test_slow_tokenizer_falls_back_to_transformers(tmp_path):
         folder.mkdir()
         (folder / "vocab.json").write_text(json.dumps({**vocab, **extra}))
         (folder / "merges.txt").write_text("#version: 0.2\na b\n")
-        (folder / "tokenizer_config.json").write_text(json.dumps(
-            {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}))
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps({"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"})
+        )
     x, y = load_tokenizer_facts(tmp_path / "x"), load_tokenizer_facts(tmp_path / "y")
     assert x.source == "transformers"
     assert x.id_to_token == {0: "<|endoftext|>", 1: "a", 2: "b", 3: "ab"}

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from check_fixtures import make_pair
 from click.testing import CliRunner
 
-from check_fixtures import make_pair
 from specbuild.check import weights
 from specbuild.cli import main
 
@@ -39,12 +39,12 @@ def poison(path: Path, tensor: str, positions: list[int], value: float = float("
     """Overwrite values of one float16/float32 tensor in place: the file keeps its size."""
     raw = bytearray(path.read_bytes())
     (n,) = struct.unpack("<Q", raw[:8])
-    entry = json.loads(raw[8:8 + n])[tensor]
+    entry = json.loads(raw[8 : 8 + n])[tensor]
     dtype = {"F16": np.float16, "F32": np.float32}[entry["dtype"]]
     start = 8 + n + entry["data_offsets"][0]
     size = np.dtype(dtype).itemsize
     for i in positions:
-        raw[start + i * size:start + (i + 1) * size] = np.array([value], dtype=dtype).tobytes()
+        raw[start + i * size : start + (i + 1) * size] = np.array([value], dtype=dtype).tobytes()
     before = path.stat().st_size
     path.write_bytes(bytes(raw))
     assert path.stat().st_size == before
@@ -62,8 +62,10 @@ def test_every_float16_and_bfloat16_bit_pattern_is_classified_like_the_float_it_
     patterns = np.arange(1 << 16, dtype=np.uint16)
     as_f16 = patterns.view(np.float16)
     as_bf16 = (patterns.astype(np.uint32) << 16).view(np.float32)  # bfloat16 is float32's upper half
-    write_raw(tmp_path / "m.safetensors", {"f16": ("F16", [1 << 16], patterns.tobytes()),
-                                           "bf16": ("BF16", [1 << 16], patterns.tobytes())})
+    write_raw(
+        tmp_path / "m.safetensors",
+        {"f16": ("F16", [1 << 16], patterns.tobytes()), "bf16": ("BF16", [1 << 16], patterns.tobytes())},
+    )
     found = counts(scan(tmp_path, "m.safetensors"))
     assert found["f16"] == (int(np.isnan(as_f16).sum()), int(np.isinf(as_f16).sum())) == (2046, 2)
     assert found["bf16"] == (int(np.isnan(as_bf16).sum()), int(np.isinf(as_bf16).sum())) == (254, 2)
@@ -73,8 +75,12 @@ def test_every_fp8_bit_pattern_matches_torch(tmp_path):
     torch = pytest.importorskip("torch")
     patterns = np.arange(256, dtype=np.uint8)
     tensors, expected = {}, {}
-    for dtype, torch_dtype in (("F8_E4M3", torch.float8_e4m3fn), ("F8_E5M2", torch.float8_e5m2),
-                               ("F8_E4M3FNUZ", torch.float8_e4m3fnuz), ("F8_E5M2FNUZ", torch.float8_e5m2fnuz)):
+    for dtype, torch_dtype in (
+        ("F8_E4M3", torch.float8_e4m3fn),
+        ("F8_E5M2", torch.float8_e5m2),
+        ("F8_E4M3FNUZ", torch.float8_e4m3fnuz),
+        ("F8_E5M2FNUZ", torch.float8_e5m2fnuz),
+    ):
         values = torch.from_numpy(patterns.copy()).view(torch_dtype).float()
         tensors[dtype] = (dtype, [256], patterns.tobytes())
         expected[dtype] = (int(values.isnan().sum()), int(values.isinf().sum()))
@@ -90,8 +96,15 @@ def test_float32_float64_values_and_integer_tensors(tmp_path):
     f64 = np.zeros(10, np.float64)
     f64[0] = np.inf
     ints = np.full(100, -1, np.int32)  # all bits set: an integer is never NaN
-    write_raw(tmp_path / "m.safetensors", {"a": ("F32", [1000], f32.tobytes()), "b": ("F64", [10], f64.tobytes()),
-                                           "ids": ("I32", [100], ints.tobytes()), "ok": ("F32", [4], bytes(16))})
+    write_raw(
+        tmp_path / "m.safetensors",
+        {
+            "a": ("F32", [1000], f32.tobytes()),
+            "b": ("F64", [10], f64.tobytes()),
+            "ids": ("I32", [100], ints.tobytes()),
+            "ok": ("F32", [4], bytes(16)),
+        },
+    )
     result = scan(tmp_path, "m.safetensors")
     assert counts(result) == {"a": (2, 1), "b": (0, 1)}
     assert result.tensors == 3 and result.not_scanned == {"I32": 1}
@@ -117,8 +130,10 @@ def test_truncated_file_is_named(tmp_path):
     path.write_bytes(path.read_bytes()[:-100])
     result = scan(tmp_path, "m.safetensors")
     assert not result.ok and result.tensors == 1
-    assert result.damaged == [f"m.safetensors: tensor 'b' ends at byte {path.stat().st_size + 100:,} but the file has "
-                              f"{path.stat().st_size:,} bytes (truncated)"]
+    assert result.damaged == [
+        f"m.safetensors: tensor 'b' ends at byte {path.stat().st_size + 100:,} but the file has "
+        f"{path.stat().st_size:,} bytes (truncated)"
+    ]
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmHWM from /proc")
@@ -126,16 +141,18 @@ def test_scanning_a_file_larger_than_the_release_window_keeps_memory_bounded(tmp
     size = 96 << 20
     ones = np.full(size // 4, 1.5, np.float32)
     write_raw(tmp_path / "big.safetensors", {"w": ("F32", [size // 4], ones.tobytes())})
-    script = ("import sys\n"
-              "from pathlib import Path\n"
-              "from specbuild.check import weights\n"
-              "def peak_kib():  # VmHWM: this process's peak resident memory (ru_maxrss survives exec)\n"
-              "    return int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))\n"
-              "weights.RELEASE_BYTES = 8 << 20\n"
-              "before = peak_kib()\n"
-              "result = weights.scan_checkpoint(Path(sys.argv[1]), ['big.safetensors'])\n"
-              "assert result.ok and result.bytes == 96 << 20\n"
-              "print((peak_kib() - before) // 1024)\n")
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from specbuild.check import weights\n"
+        "def peak_kib():  # VmHWM: this process's peak resident memory (ru_maxrss survives exec)\n"
+        "    return int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))\n"
+        "weights.RELEASE_BYTES = 8 << 20\n"
+        "before = peak_kib()\n"
+        "result = weights.scan_checkpoint(Path(sys.argv[1]), ['big.safetensors'])\n"
+        "assert result.ok and result.bytes == 96 << 20\n"
+        "print((peak_kib() - before) // 1024)\n"
+    )
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)
     assert int(out.stdout) < 40, f"peak resident memory grew by {out.stdout.strip()} MiB for a 96 MiB file"
 
@@ -155,12 +172,15 @@ def test_check_names_the_file_tensor_and_count_of_a_same_size_nan_corruption(tmp
     assert problem["code"] == "nonfinite_weights"
     assert problem["message"] == (
         f"the draft checkpoint {(tmp_path / 'draft').resolve()} holds non-finite weights: model.safetensors: tensor "
-        "'lm_head.weight' (F16) has 1 Inf of 32,000 values; 1 more tensor(s) too: model.layers.0.mlp.up_proj.weight.")
+        "'lm_head.weight' (F16) has 1 Inf of 32,000 values; 1 more tensor(s) too: model.layers.0.mlp.up_proj.weight."
+    )
     assert "cannot repair" in problem["fix"] or "no later stage can repair" in problem["fix"]
     draft = doc["weights"]["draft"]
     assert draft["scanned"] is True and draft["files"] == 1 and draft["bytes"] > 0 and draft["seconds"] >= 0
     assert [(t["tensor"], t["nan"], t["inf"]) for t in draft["nonfinite"]] == [
-        ("lm_head.weight", 0, 1), ("model.layers.0.mlp.up_proj.weight", 3, 0)]
+        ("lm_head.weight", 0, 1),
+        ("model.layers.0.mlp.up_proj.weight", 3, 0),
+    ]
     assert doc["weights"]["target"]["nonfinite"] == [] and doc["weights"]["target"]["damaged"] == []
     human = CliRunner().invoke(main, ["check", "-c", str(spec)])
     assert human.exit_code == 1
@@ -172,9 +192,22 @@ def test_no_weight_scan_skips_it(tmp_path):
     poison(tmp_path / "target" / "model.safetensors", "model.norm.weight", [0])
     result, doc = check_json(spec, "--no-weight-scan")
     assert result.exit_code == 0 and doc["ok"] is True
-    assert doc["weights"] == {"target": {"scanned": False, "reason": "--no-weight-scan"},
-                              "draft": {"scanned": False, "reason": "--no-weight-scan"}}
-    assert list(doc) == ["ok", "pair", "backend", "models", "tokenizer", "vocab", "memory", "weights", "problems", "warnings"]
+    assert doc["weights"] == {
+        "target": {"scanned": False, "reason": "--no-weight-scan"},
+        "draft": {"scanned": False, "reason": "--no-weight-scan"},
+    }
+    assert list(doc) == [
+        "ok",
+        "pair",
+        "backend",
+        "models",
+        "tokenizer",
+        "vocab",
+        "memory",
+        "weights",
+        "problems",
+        "warnings",
+    ]
 
 
 def test_sharded_checkpoint_names_the_shard(tmp_path):
@@ -182,8 +215,8 @@ def test_sharded_checkpoint_names_the_shard(tmp_path):
     folder = tmp_path / "target"
     raw = (folder / "model.safetensors").read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
+    header = json.loads(raw[8 : 8 + n])
+    data = raw[8 + n :]
     names = sorted(header)
     shards = {"model-00001-of-00002.safetensors": names[:3], "model-00002-of-00002.safetensors": names[3:]}
     for shard, members in shards.items():

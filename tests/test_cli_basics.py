@@ -92,8 +92,9 @@ def test_without_c_the_demo_spec_is_found_from_the_repository_root(tmp_path, mon
     missing = CliRunner().invoke(main, ["check"])
     assert "spec file 'specbuild.toml' not found" in missing.stderr
     (tmp_path / ".demo").mkdir()
-    (tmp_path / ".demo" / "specbuild.toml").write_text('name = "demo"\n[target]\ncheckpoint = "t"\n'
-                                                       '[draft]\ncheckpoint = "d"\n')
+    (tmp_path / ".demo" / "specbuild.toml").write_text(
+        'name = "demo"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
+    )
     found = CliRunner().invoke(main, ["check"])
     assert "using the demo's spec .demo/specbuild.toml" in found.stderr
     assert "target checkpoint" in found.stderr and str(tmp_path / ".demo" / "t") in found.stderr
@@ -115,6 +116,7 @@ def test_python_dash_m_entry_point():
 
 
 def test_cli_reference_page_is_current():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "cli_reference.py"), "--check"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cli_reference.py"), "--check"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr

@@ -35,8 +35,10 @@ def test_minimal_spec_gets_the_defaults():
     assert spec.pair_dir == Path("/specs/engines/pair")
     assert spec.speculative.overlap == "auto"
     for value in (True, False, "auto"):
-        assert spec_from_dict(raw(speculative={"overlap": value}), base_dir=BASE).speculative.overlap is value \
+        assert (
+            spec_from_dict(raw(speculative={"overlap": value}), base_dir=BASE).speculative.overlap is value
             or value == "auto"
+        )
 
 
 def test_home_folder_paths_are_expanded(monkeypatch, tmp_path):
@@ -51,8 +53,10 @@ def test_home_folder_paths_are_expanded(monkeypatch, tmp_path):
     [
         ({**raw(), "targte": {}}, "spec: unknown key 'targte'. Did you mean \"target\"?"),
         (raw(build={"max_seqlen": 10}), "[build]: unknown key 'max_seqlen'. Did you mean \"max_seq_len\"?"),
-        (raw(speculative={"max_draft_length": 3}),
-         "[speculative]: unknown key 'max_draft_length'. Did you mean \"max_draft_len\"?"),
+        (
+            raw(speculative={"max_draft_length": 3}),
+            "[speculative]: unknown key 'max_draft_length'. Did you mean \"max_draft_len\"?",
+        ),
         (raw(gpu={"memory": 80}), "[gpu]: unknown key 'memory'. Did you mean \"memory_gib\"?"),
         (raw(gpu={"zzz": 1}), "[gpu]: unknown key 'zzz'. Known keys: name, memory_gib, count, draft_device_ids."),
     ],
@@ -64,12 +68,14 @@ def test_unknown_keys_suggest_the_closest(data, message):
 @pytest.mark.parametrize(
     "data, message",
     [
-        (raw(target={"quantization": "fp9"}),
-         "target.quantization = 'fp9' is not supported. Did you mean \"fp8\"? Choose one of: none, fp8, int8_sq, "
-         "int4_awq, w4a8_awq, int8_wo, int4_wo."),
+        (
+            raw(target={"quantization": "fp9"}),
+            "target.quantization = 'fp9' is not supported. Did you mean \"fp8\"? Choose one of: none, fp8, int8_sq, "
+            "int4_awq, w4a8_awq, int8_wo, int4_wo.",
+        ),
         (raw(draft={"quantization": "awq"}), "draft.quantization = 'awq' is not supported."),
         (raw(target={"dtype": "fp16"}), "target.dtype = 'fp16' is not supported."),
-        (raw(gpu={"name": "H100"}), "gpu.name = 'H100' is not supported. Did you mean \"H100-80GB\" or \"H100-94GB\"?"),
+        (raw(gpu={"name": "H100"}), 'gpu.name = \'H100\' is not supported. Did you mean "H100-80GB" or "H100-94GB"?'),
         (raw(gpu={"name": "h200"}), "gpu.name = 'h200' is not supported. Did you mean \"H200\"?"),
         (raw(gpu={"name": "A100-80G"}), "gpu.name = 'A100-80G' is not supported. Did you mean \"A100-80GB\"?"),
         (raw(gpu={"name": "TPU-v5"}), "gpu.name = 'TPU-v5' is not supported. Choose one of: H100-80GB"),
@@ -115,7 +121,7 @@ def test_gpu_memory_must_be_positive():
         (raw(build={"tp_size": True}), "build.tp_size = True: expected an integer."),
         (raw(speculative={"adaptive": "yes"}), "speculative.adaptive = 'yes': expected true or false."),
         (raw(speculative={"overlap": "yes"}), "speculative.overlap = 'yes': expected true, false or \"auto\"."),
-        (raw(speculative={"overlap": 1}), "speculative.overlap = 1: expected true, false or \"auto\"."),
+        (raw(speculative={"overlap": 1}), 'speculative.overlap = 1: expected true, false or "auto".'),
         (raw(gpu={"memory_gib": "80"}), "gpu.memory_gib = '80': expected a number."),
         (raw(target={"checkpoint": ""}), "target.checkpoint = '': expected a non-empty string."),
         ({**raw(), "build": 4}, "[build] must be a table, got 4."),
@@ -129,17 +135,21 @@ def test_wrong_types(data, message):
 
 def test_missing_tables_and_fields():
     assert error({"target": {"checkpoint": "t"}}) == (
-        'the spec has no [draft] table: add [draft] with checkpoint = "<HF model dir>".')
+        'the spec has no [draft] table: add [draft] with checkpoint = "<HF model dir>".'
+    )
     assert error(raw(draft={"checkpoint": None}) | {"draft": {}}).startswith("[draft] is missing checkpoint")
 
 
 def test_cross_field_rules():
     assert error(raw(speculative={"num_draft_tokens": 5})).startswith(
-        "speculative.num_draft_tokens = 5 exceeds max_draft_len = 4")
+        "speculative.num_draft_tokens = 5 exceeds max_draft_len = 4"
+    )
     assert error(raw(build={"max_input_len": 2048})).startswith(
-        "build.max_input_len = 2048 must be below build.max_seq_len = 2048")
+        "build.max_input_len = 2048 must be below build.max_seq_len = 2048"
+    )
     assert error(raw(build={"tp_size": 2})).startswith(
-        "build.tp_size x pp_size = 2 needs that many GPUs, but gpu.count = 1.")
+        "build.tp_size x pp_size = 2 needs that many GPUs, but gpu.count = 1."
+    )
     assert error(raw(serve={"http_port": 70000})).startswith("serve.http_port = 70000: must be a TCP port")
     assert error(raw(gpu={"name": "custom"})).startswith("gpu.name = 'custom' is not supported.")
 
@@ -153,12 +163,15 @@ def test_draft_device_ids_place_the_draft_and_are_checked():
     assert four.device_ids("target") == (0, 1) and four.device_ids("draft") == (3, 2)
     assert spec_from_dict(four.to_dict(), base_dir=BASE).gpu.draft_device_ids == (3, 2)  # manifests round-trip
     assert error(raw(gpu={"count": 2, "draft_device_ids": [1, 0]})) == (
-        "gpu.draft_device_ids = [1, 0]: the draft engine runs on tp_size x pp_size = 1 GPU; list 1.")
+        "gpu.draft_device_ids = [1, 0]: the draft engine runs on tp_size x pp_size = 1 GPU; list 1."
+    )
     assert error(raw(gpu={"count": 2, "draft_device_ids": [2]})) == (
-        "gpu.draft_device_ids = [2]: list distinct GPU numbers in 0..1 (gpu.count = 2).")
+        "gpu.draft_device_ids = [2]: list distinct GPU numbers in 0..1 (gpu.count = 2)."
+    )
     assert error(raw(gpu={"count": 4, "draft_device_ids": [1, 2]}, build={"tp_size": 2})).startswith(
         "gpu.draft_device_ids = [1, 2] shares some GPUs with the target's [0, 1]: give the draft the target's GPUs "
-        "or GPUs of its own")
+        "or GPUs of its own"
+    )
     assert error(raw(gpu={"draft_device_ids": 1})) == "gpu.draft_device_ids = 1: expected a list of integers, e.g. [1]."
 
 

@@ -23,15 +23,32 @@ def run(*args: str):
 
 
 def example_spec(tmp_path: Path, example_tiny, quantization: str = "none", extra: str = "") -> Path:
-    return write_spec(tmp_path / "specbuild.toml", example_tiny.target, example_tiny.draft, tmp_path / "engines",
-                      target_q=quantization, draft_q=quantization, extra=extra)
+    return write_spec(
+        tmp_path / "specbuild.toml",
+        example_tiny.target,
+        example_tiny.draft,
+        tmp_path / "engines",
+        target_q=quantization,
+        draft_q=quantization,
+        extra=extra,
+    )
 
 
-@pytest.mark.parametrize("quantization,algo", [("none", None), ("fp8", "FP8"), ("int8_sq", "W8A8_SQ_PER_CHANNEL"),
-                                               ("int8_wo", "W8A16"), ("int4_wo", "W4A16"), ("int4_awq", "W4A16_AWQ"),
-                                               ("w4a8_awq", "W4A8_AWQ")])
-def test_example_pair_converts_verifies_and_reruns_as_noop(tmp_path: Path, example_tiny, quantization: str,
-                                                           algo: str | None) -> None:
+@pytest.mark.parametrize(
+    "quantization,algo",
+    [
+        ("none", None),
+        ("fp8", "FP8"),
+        ("int8_sq", "W8A8_SQ_PER_CHANNEL"),
+        ("int8_wo", "W8A16"),
+        ("int4_wo", "W4A16"),
+        ("int4_awq", "W4A16_AWQ"),
+        ("w4a8_awq", "W4A8_AWQ"),
+    ],
+)
+def test_example_pair_converts_verifies_and_reruns_as_noop(
+    tmp_path: Path, example_tiny, quantization: str, algo: str | None
+) -> None:
     spec = example_spec(tmp_path, example_tiny, quantization)
     result = run("convert", "-c", str(spec), "--verify", "--json", *FAST)
     assert result.exit_code == 0, result.output
@@ -133,8 +150,9 @@ def test_refusals_name_the_problem(tmp_path: Path) -> None:
     bad = write_spec(tmp_path / "b.toml", target, target, tmp_path / "out", target_q="int3")
     result = run("convert", "-c", str(bad), "--dry-run")
     assert result.exit_code == 1 and "target.quantization = 'int3' is not supported" in result.output
-    a100 = write_spec(tmp_path / "a.toml", target, target, tmp_path / "out", target_q="fp8",
-                      extra='[gpu]\nname = "A100-80GB"\n')
+    a100 = write_spec(
+        tmp_path / "a.toml", target, target, tmp_path / "out", target_q="fp8", extra='[gpu]\nname = "A100-80GB"\n'
+    )
     result = run("convert", "-c", str(a100), "--dry-run")
     assert result.exit_code == 1 and "needs an SM89+ GPU" in result.output and "SM80" in result.output
 
@@ -184,8 +202,12 @@ def test_tensor_parallel_export_of_the_example_pair(tmp_path: Path, example_tiny
     assert result.exit_code == 0, result.output
     for entry in json.loads(result.stdout)["roles"]:
         folder = Path(entry["checkpoint"])
-        assert sorted(p.name for p in folder.iterdir()) == ["config.json", "manifest.json", "rank0.safetensors",
-                                                            "rank1.safetensors"]
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "config.json",
+            "manifest.json",
+            "rank0.safetensors",
+            "rank1.safetensors",
+        ]
         assert entry["manifest"]["mapping"] == {"world_size": 2, "tp_size": 2, "pp_size": 1}
         assert entry["verification"]["passed"] and entry["verification"]["max_abs_logit_error"] == 0.0
     again = run("convert", "-c", str(spec), "--role", "draft", "--verify", "--json")
@@ -224,9 +246,11 @@ def test_a_qwen_engine_export_works_exactly_where_the_rule_says_it_does(tmp_path
 
     target = make_family(tmp_path / "qwen", "qwen2")
     spec_path = tmp_path / "specbuild.toml"
-    spec_path.write_text(f'name = "q"\noutput_dir = "{tmp_path / "out"}"\n[target]\ncheckpoint = "{target}"\n'
-                         f'[draft]\ncheckpoint = "{target}"\n[build]\nmax_batch_size = 2\nmax_input_len = 64\n'
-                         'max_seq_len = 128\nmax_num_tokens = 256\n[gpu]\nname = "H100-80GB"\n')
+    spec_path.write_text(
+        f'name = "q"\noutput_dir = "{tmp_path / "out"}"\n[target]\ncheckpoint = "{target}"\n'
+        f'[draft]\ncheckpoint = "{target}"\n[build]\nmax_batch_size = 2\nmax_input_len = 64\n'
+        'max_seq_len = 128\nmax_num_tokens = 256\n[gpu]\nname = "H100-80GB"\n'
+    )
     spec = load_spec(spec_path)
     predicted = families.export_refusal("target", read_model_info(target, role="target").architecture)
     monkeypatch.setattr(families, "export_refusal", lambda role, architecture: None)

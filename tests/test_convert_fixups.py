@@ -14,8 +14,14 @@ from specbuild.convert.fixups import apply_fixups, hf_rope
 from specbuild.convert.plan import ConvertOptions, plan_roles
 from specbuild.errors import PairError, SpecError
 
-EXPORTED = {"architecture": "LlamaForCausalLM", "dtype": "float16", "vocab_size": 256, "hidden_size": 64,
-            "quantization": {"quant_algo": None, "kv_cache_quant_algo": None}, "mapping": {"world_size": 1}}
+EXPORTED = {
+    "architecture": "LlamaForCausalLM",
+    "dtype": "float16",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+    "mapping": {"world_size": 1},
+}
 
 
 def test_weight_only_and_full_precision_quant_algo_like_quantize_py() -> None:
@@ -40,8 +46,13 @@ def test_kv_cache_quant_algo_follows_the_spec() -> None:
 
 
 def test_rope_from_transformers_4_and_5_configs() -> None:
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 8192}
+    llama3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     v4 = {"rope_theta": 500000.0, "rope_scaling": dict(llama3)}
     v5 = {"rope_parameters": {**llama3, "rope_theta": 500000.0}}
     for hf in (v4, v5):
@@ -76,7 +87,9 @@ def test_format_rules() -> None:
         formats.check_gpu(formats.get_format("int8_sq"), "none", 100, "B200", "target")
     # W4A16_AWQ is int4 weight-only to TensorRT-LLM (quantization/mode.py), which builder.py refuses on SM100-119;
     # convert used to accept (and recommend) it there while check refused it
-    with pytest.raises(SpecError, match="refuses INT8/INT4 weight-only .* Use target.quantization = 'none', 'fp8' or 'w4a8_awq'"):
+    with pytest.raises(
+        SpecError, match="refuses INT8/INT4 weight-only .* Use target.quantization = 'none', 'fp8' or 'w4a8_awq'"
+    ):
         formats.check_gpu(formats.get_format("int4_awq"), "none", 100, "B200", "target")
 
 
@@ -114,21 +127,38 @@ def test_calibration_files(tmp_path: Path) -> None:
     assert len(samples) == 6 and all(0 < len(s) <= 200 for s in samples)
 
 
-def _hf(folder: Path, vocab: int = 256, intermediate: int = 128, hidden: int = 64, arch: str = "LlamaForCausalLM",
-        **extra) -> Path:
+def _hf(
+    folder: Path, vocab: int = 256, intermediate: int = 128, hidden: int = 64, arch: str = "LlamaForCausalLM", **extra
+) -> Path:
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": [arch], "model_type": "llama", "vocab_size": vocab, "hidden_size": hidden,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "intermediate_size": intermediate, **extra}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": [arch],
+                "model_type": "llama",
+                "vocab_size": vocab,
+                "hidden_size": hidden,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "intermediate_size": intermediate,
+                **extra,
+            }
+        )
+    )
     header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
     (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0\0\0")
     return folder
 
 
 def _spec(tmp_path: Path, target_dir: Path, draft_dir: Path, **sections) -> object:
-    raw = {"name": "p", "output_dir": str(tmp_path / "out"), "target": {"checkpoint": str(target_dir)},
-           "draft": {"checkpoint": str(draft_dir)}, **sections}
+    raw = {
+        "name": "p",
+        "output_dir": str(tmp_path / "out"),
+        "target": {"checkpoint": str(target_dir)},
+        "draft": {"checkpoint": str(draft_dir)},
+        **sections,
+    }
     return spec_from_dict(raw, base_dir=tmp_path)
 
 
@@ -144,14 +174,21 @@ def test_plan_resolves_padding_blocks_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(PairError, match="draft's embedding has 300 rows, more than the target's 256"):
         plan_roles(_spec(tmp_path, draft, target), ["draft"], ConvertOptions())
     with pytest.raises(SpecError, match="exported in float16 or bfloat16"):
-        plan_roles(_spec(tmp_path, target, target, target={"checkpoint": str(target), "dtype": "float32"}),
-                   ["target"], ConvertOptions())
+        plan_roles(
+            _spec(tmp_path, target, target, target={"checkpoint": str(target), "dtype": "float32"}),
+            ["target"],
+            ConvertOptions(),
+        )
     with pytest.raises(SpecError, match="tp_size = 3 does not divide"):
-        plan_roles(_spec(tmp_path, target, target, build={"tp_size": 3}, gpu={"count": 4}), ["target"],
-                   ConvertOptions())
+        plan_roles(
+            _spec(tmp_path, target, target, build={"tp_size": 3}, gpu={"count": 4}), ["target"], ConvertOptions()
+        )
     with pytest.raises(SpecError, match="--calib-file .* does not exist"):
-        plan_roles(_spec(tmp_path, target, target, target={"checkpoint": str(target), "quantization": "fp8"}),
-                   ["target"], ConvertOptions(calib_file=tmp_path / "nope.txt"))
+        plan_roles(
+            _spec(tmp_path, target, target, target={"checkpoint": str(target), "quantization": "fp8"}),
+            ["target"],
+            ConvertOptions(calib_file=tmp_path / "nope.txt"),
+        )
     mistral = _hf(tmp_path / "m", arch="MistralForCausalLM", sliding_window=1024)  # shorter than max_seq_len 2048
     with pytest.raises(SpecError, match="sliding window of 1024 tokens .* set build.max_seq_len <= 1024"):
         plan_roles(_spec(tmp_path, mistral, mistral), ["target"], ConvertOptions())

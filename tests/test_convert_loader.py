@@ -23,8 +23,15 @@ from specbuild.convert.loader import load_trtllm_checkpoint, to_hf_model, unpack
 from specbuild.convert.plan import Calibration, ConvertOptions, RolePlan  # noqa: E402
 from specbuild.errors import CheckpointError  # noqa: E402
 
-QUANT_ALGO = {"none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ",
-              "w4a8_awq": "W4A8_AWQ", "int8_wo": "W8A16", "int4_wo": "W4A16"}
+QUANT_ALGO = {
+    "none": None,
+    "fp8": "FP8",
+    "int8_sq": "W8A8_SQ_PER_CHANNEL",
+    "int4_awq": "W4A16_AWQ",
+    "w4a8_awq": "W4A8_AWQ",
+    "int8_wo": "W8A16",
+    "int4_wo": "W4A16",
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +43,25 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _plan(hf_dir: Path, quantization: str, tp: int = 1, pp: int = 1, block: int | None = 64) -> RolePlan:
     calibrated = quantization in ("fp8", "int8_sq", "int4_awq", "w4a8_awq")
     return RolePlan(
-        role="target", pair="t", hf_dir=hf_dir, out_dir=hf_dir.parent / "unused", architecture="LlamaForCausalLM",
-        model_type="llama", quantization=quantization, quant_algo=QUANT_ALGO[quantization], kv_cache="none",
-        kv_cache_quant_algo=None, dtype="float16", tp_size=tp, pp_size=pp, vocab_rows=256, pad_vocab_to=None,
-        awq_block_size=block if "awq" in quantization else None, pad_intermediate_to=None,
-        calibration=Calibration("builtin", 4, 32) if calibrated else None, spec_settings={},
+        role="target",
+        pair="t",
+        hf_dir=hf_dir,
+        out_dir=hf_dir.parent / "unused",
+        architecture="LlamaForCausalLM",
+        model_type="llama",
+        quantization=quantization,
+        quant_algo=QUANT_ALGO[quantization],
+        kv_cache="none",
+        kv_cache_quant_algo=None,
+        dtype="float16",
+        tp_size=tp,
+        pp_size=pp,
+        vocab_rows=256,
+        pad_vocab_to=None,
+        awq_block_size=block if "awq" in quantization else None,
+        pad_intermediate_to=None,
+        calibration=Calibration("builtin", 4, 32) if calibrated else None,
+        spec_settings={},
     )
 
 
@@ -111,8 +132,9 @@ def test_unquantized_round_trip_is_exact_and_tp_pp_shards_merge(hf_dir: Path, tm
     want = _logits(original, IDS)
     single = load_trtllm_checkpoint(tmp_path / "tp1")
     sharded = load_trtllm_checkpoint(tmp_path / "tp2pp2")
-    assert sorted((tmp_path / "tp2pp2").glob("rank*.safetensors")) == [tmp_path / "tp2pp2" / f"rank{r}.safetensors"
-                                                                        for r in range(4)]
+    assert sorted((tmp_path / "tp2pp2").glob("rank*.safetensors")) == [
+        tmp_path / "tp2pp2" / f"rank{r}.safetensors" for r in range(4)
+    ]
     assert sharded.trtllm_config["mapping"] == {"world_size": 4, "tp_size": 2, "pp_size": 2}
     assert single.trtllm_config["rotary_base"] == 50000.0 == single.hf_config["rope_theta"]
     assert single.state_dict.keys() == sharded.state_dict.keys()

@@ -10,8 +10,8 @@ import shlex
 import pytest
 import yaml
 from click.testing import CliRunner
-
 from deploy_support import by_kind, deploy, lint, render, validate_all, write_spec
+
 from specbuild.cli import main
 from specbuild.deploy import facts
 
@@ -44,8 +44,16 @@ def test_example_chart_lints_and_every_object_is_valid(example_chart):
     assert [m for m in report["messages"] if m["severity"] >= 2] == [] and report["errors"] == []
     objects = render(example_chart)
     kinds = by_kind(objects)
-    assert {"ConfigMap", "PersistentVolumeClaim", "Job", "Deployment", "Service", "PodDisruptionBudget",
-            "ServiceMonitor", "HorizontalPodAutoscaler"} <= set(kinds)
+    assert {
+        "ConfigMap",
+        "PersistentVolumeClaim",
+        "Job",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "ServiceMonitor",
+        "HorizontalPodAutoscaler",
+    } <= set(kinds)
     assert "LeaderWorkerSet" not in kinds
     checked = validate_all(objects)
     assert "ServiceMonitor: CRD schema" in checked and len(checked) == len(objects)
@@ -53,8 +61,15 @@ def test_example_chart_lints_and_every_object_is_valid(example_chart):
 
 def test_the_alternatives_render_valid_objects(example_chart):
     """PodMonitor instead of ServiceMonitor, KEDA instead of the HPA, an existing claim, the CPU backend."""
-    objects = render(example_chart, {"monitoring": {"kind": "PodMonitor"}, "autoscaling": {"engine": "keda"},
-                                     "storage": {"existingClaim": "engines"}, "models": {"existingClaim": "hf"}})
+    objects = render(
+        example_chart,
+        {
+            "monitoring": {"kind": "PodMonitor"},
+            "autoscaling": {"engine": "keda"},
+            "storage": {"existingClaim": "engines"},
+            "models": {"existingClaim": "hf"},
+        },
+    )
     kinds = by_kind(objects)
     assert "PodMonitor" in kinds and "ScaledObject" in kinds and "HorizontalPodAutoscaler" not in kinds
     assert "PersistentVolumeClaim" not in kinds
@@ -87,8 +102,11 @@ def test_the_deployment_serves_with_the_gpu_the_spec_names(example_chart):
     serve = spec["containers"][0]
     assert serve["resources"]["limits"]["nvidia.com/gpu"] == 2 == serve["resources"]["requests"]["nvidia.com/gpu"]
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms[0]["matchExpressions"][0] == {"key": "nvidia.com/gpu.product", "operator": "In",
-                                               "values": list(facts.GPU_PRODUCT_LABELS["H200"])}
+    assert terms[0]["matchExpressions"][0] == {
+        "key": "nvidia.com/gpu.product",
+        "operator": "In",
+        "values": list(facts.GPU_PRODUCT_LABELS["H200"]),
+    }
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     shm = [v for v in spec["volumes"] if v["name"] == "shm"][0]
     assert shm["emptyDir"]["medium"] == "Memory"
@@ -106,7 +124,7 @@ def test_the_grace_period_follows_serves_exit_timeout(example_chart):
 def test_the_pods_commands_are_specbuilds_own(example_chart):
     """The Deployment's and the Job's argv parse as `specbuild serve`, `repo` and `up` options, and the Service
     names the ports serve binds."""
-    from specbuild.cli import serve_cmd, repo_cmd, up_cmd
+    from specbuild.cli import repo_cmd, serve_cmd, up_cmd
 
     kinds = by_kind(render(example_chart, {"ports": {"http": 9000, "grpc": 9001, "metrics": 9002}}))
     pod = kinds["Deployment"][0]["spec"]["template"]["spec"]
@@ -117,8 +135,11 @@ def test_the_pods_commands_are_specbuilds_own(example_chart):
     assert (params["http_port"], params["grpc_port"], params["metrics_port"]) == (9000, 9001, 9002)
     assert params["host"] == "0.0.0.0" and str(params["spec_path"]) == str(facts.SPEC_FILE)
     assert {p["name"]: p["containerPort"] for p in serve["ports"]} == {"http": 9000, "grpc": 9001, "metrics": 9002}
-    assert {p["name"]: p["port"] for p in kinds["Service"][0]["spec"]["ports"]} == {"http": 9000, "grpc": 9001,
-                                                                                     "metrics": 9002}
+    assert {p["name"]: p["port"] for p in kinds["Service"][0]["spec"]["ports"]} == {
+        "http": 9000,
+        "grpc": 9001,
+        "metrics": 9002,
+    }
     repo = pod["initContainers"][1]["command"]
     assert repo_cmd.command.make_context("repo", repo[2:]).params["out_dir"].as_posix() == str(facts.REPO_DIR)
     job = kinds["Job"][0]["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -132,8 +153,17 @@ def test_the_build_key_follows_the_spec_the_image_and_the_gpu(example_chart):
     base = key({})
     assert key({"replicas": 3}) == base
     spec = yaml.safe_load((example_chart / "values.yaml").read_text())["spec"]
-    assert len({base, key({"gpu": {"name": "H200"}}), key({"image": {"tag": "v2"}}),
-                key({"spec": spec.replace("max_batch_size = 4", "max_batch_size = 8")})}) == 4
+    assert (
+        len(
+            {
+                base,
+                key({"gpu": {"name": "H200"}}),
+                key({"image": {"tag": "v2"}}),
+                key({"spec": spec.replace("max_batch_size = 4", "max_batch_size = 8")}),
+            }
+        )
+        == 4
+    )
     pod = by_kind(render(example_chart))["Deployment"][0]["spec"]["template"]["spec"]
     mounts = {m["mountPath"]: m.get("subPath") for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["/work"] == base and mounts["/engines"] == f"{base}/engines"
@@ -147,33 +177,43 @@ def test_a_build_key_of_digits_only_stays_a_string(example_chart):
     values = yaml.safe_load((example_chart / "values.yaml").read_text())
 
     def key(tag: str) -> str:
-        text = (f"{values['spec']}\n{values['image']['repository']}:{tag}\n{values['gpu']['name']}\n"
-                f"{values['backend']}")
+        text = f"{values['spec']}\n{values['image']['repository']}:{tag}\n{values['gpu']['name']}\n{values['backend']}"
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     tag = next(f"v{n}" for n in range(100_000) if key(f"v{n}").isdigit())
-    objects = render(example_chart, {"image": {"tag": tag}, "storage": {"existingClaim": "7"},
-                                     "models": {"existingClaim": "8"}}, name="2026")
+    objects = render(
+        example_chart,
+        {"image": {"tag": tag}, "storage": {"existingClaim": "7"}, "models": {"existingClaim": "8"}},
+        name="2026",
+    )
     kinds = by_kind(objects)
     assert kinds["Job"][0]["metadata"]["name"].endswith(f"-build-{key(tag)}")  # the key the chart made
-    mounts = {m["mountPath"]: m.get("subPath") for m in
-              kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    mounts = {
+        m["mountPath"]: m.get("subPath")
+        for m in kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    }
     assert mounts["/work"] == key(tag) and mounts["/engines"] == f"{key(tag)}/engines"
     assert kinds["Deployment"][0]["metadata"]["labels"]["app.kubernetes.io/instance"] == "2026"
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in
-              kinds["Deployment"][0]["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in kinds["Deployment"][0]["spec"]["template"]["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    }
     assert claims == {"engines": "7", "models": "8"}
     validate_all(objects)
 
 
-@pytest.mark.parametrize("values, named", [
-    ({"gpu": {"count": 0}}, "gpu.count"),
-    ({"replicas": 0}, "replicas"),
-    ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "autoscaling.minReplicas"),
-    ({"gpu": {"name": "X100"}}, "gpu.name"),
-    ({"storage": {"size": "lots"}}, "storage.size"),
-    ({"nodes": 2}, "nodes"),
-])
+@pytest.mark.parametrize(
+    "values, named",
+    [
+        ({"gpu": {"count": 0}}, "gpu.count"),
+        ({"replicas": 0}, "replicas"),
+        ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "autoscaling.minReplicas"),
+        ({"gpu": {"name": "X100"}}, "gpu.name"),
+        ({"storage": {"size": "lots"}}, "storage.size"),
+        ({"nodes": 2}, "nodes"),
+    ],
+)
 def test_bad_values_are_refused_naming_the_value(example_chart, values, named):
     import helm_python as helm
 
@@ -204,18 +244,50 @@ def test_two_node_llmapi_chart_is_a_leaderworkerset_running_serves_launcher(two_
     lws = kinds["LeaderWorkerSet"][0]["spec"]["leaderWorkerTemplate"]
     assert lws["size"] == 2
     leader = lws["leaderTemplate"]["spec"]["containers"][0]
-    printed = CliRunner().invoke(main, ["serve", "-c", str(spec), "--backend", "llmapi", "--server", "trtllm-serve",
-                                        "--nodes", "2", "--launcher", "mpirun", "--host", "0.0.0.0", "--dry-run",
-                                        "--json"])
+    printed = CliRunner().invoke(
+        main,
+        [
+            "serve",
+            "-c",
+            str(spec),
+            "--backend",
+            "llmapi",
+            "--server",
+            "trtllm-serve",
+            "--nodes",
+            "2",
+            "--launcher",
+            "mpirun",
+            "--host",
+            "0.0.0.0",
+            "--dry-run",
+            "--json",
+        ],
+    )
     launch = json.loads(printed.output)["multi_node"]
     # the same command, with the pods' paths where serve printed this machine's
     here = str(spec.parent / "engines")
     expected = [str(facts.HOSTFILE) if a == "<hostfile>" else a.replace(here, str(facts.OUTPUT_DIR)) for a in launch]
     # ... with mpirun reaching the workers through the chart's rsh agent (kubectl exec), as LWS's TensorRT-LLM example
     assert leader["args"] == expected[:1] + ["-mca", "plm_rsh_agent", str(facts.RSH_AGENT)] + expected[1:]
-    assert leader["args"][:11] == ["mpirun", "-mca", "plm_rsh_agent", str(facts.RSH_AGENT), "--allow-run-as-root",
-                                   "-np", "4", "--npernode", "2", "--hostfile", str(facts.HOSTFILE)]
-    assert leader["args"][11:14] == ["trtllm-llmapi-launch", "trtllm-serve", "/work/engines/pair-7b/target/hf_checkpoint"]
+    assert leader["args"][:11] == [
+        "mpirun",
+        "-mca",
+        "plm_rsh_agent",
+        str(facts.RSH_AGENT),
+        "--allow-run-as-root",
+        "-np",
+        "4",
+        "--npernode",
+        "2",
+        "--hostfile",
+        str(facts.HOSTFILE),
+    ]
+    assert leader["args"][11:14] == [
+        "trtllm-llmapi-launch",
+        "trtllm-serve",
+        "/work/engines/pair-7b/target/hf_checkpoint",
+    ]
     assert leader["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert leader["readinessProbe"]["httpGet"]["path"] == "/health"
     assert "readinessProbe" not in lws["workerTemplate"]["spec"]["containers"][0]
@@ -240,9 +312,15 @@ def test_the_group_starts_as_lws_and_nvidias_example_start_one(two_node_chart):
     account = leader["serviceAccountName"]
     assert [o["metadata"]["name"] for o in kinds["ServiceAccount"]] == [account]
     binding = kinds["RoleBinding"][0]
-    assert binding["subjects"][0]["name"] == account and binding["roleRef"]["name"] == kinds["Role"][0]["metadata"]["name"]
-    rules = {(resource, verb) for rule in kinds["Role"][0]["rules"] for resource in rule["resources"]
-             for verb in rule["verbs"]}
+    assert (
+        binding["subjects"][0]["name"] == account and binding["roleRef"]["name"] == kinds["Role"][0]["metadata"]["name"]
+    )
+    rules = {
+        (resource, verb)
+        for rule in kinds["Role"][0]["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
     assert {("pods", "get"), ("pods/exec", "create")} <= rules
     mounts = {m["name"]: m["mountPath"] for m in leader["containers"][0]["volumeMounts"]}
     volume = next(v for v in leader["volumes"] if v["name"] == "mpi")
@@ -253,7 +331,9 @@ def test_the_group_starts_as_lws_and_nvidias_example_start_one(two_node_chart):
     assert worker["command"] == facts.WORKER_COMMAND and "sshd" not in json.dumps(worker)
     assert "readinessProbe" not in worker and "livenessProbe" not in worker
     checked = validate_all(objects)  # strictly, each against Kubernetes' schemas or its CRD's
-    assert len(checked) == len(objects) and {"ServiceAccount", "Role", "RoleBinding"} <= {c.split(":")[0] for c in checked}
+    assert len(checked) == len(objects) and {"ServiceAccount", "Role", "RoleBinding"} <= {
+        c.split(":")[0] for c in checked
+    }
 
 
 def test_the_leader_starts_mpirun_only_once_its_workers_run(two_node_chart, tmp_path):
@@ -267,12 +347,22 @@ def test_the_leader_starts_mpirun_only_once_its_workers_run(two_node_chart, tmp_
     leader = by_kind(objects)["LeaderWorkerSet"][0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
     script = leader["containers"][0]["command"][2].replace("/run/specbuild/hostfile", str(tmp_path / "hostfile"))
     env = {"PATH": "/usr/bin:/bin", "LWS_LEADER_ADDRESS": "pair-0.pair.ns.svc.cluster.local"}
-    alone = subprocess.run(["/bin/sh", "-c", script, "launch", "echo", "launched"], env={**env, "LWS_GROUP_SIZE": "1"},
-                           capture_output=True, text=True, timeout=60)
+    alone = subprocess.run(
+        ["/bin/sh", "-c", script, "launch", "echo", "launched"],
+        env={**env, "LWS_GROUP_SIZE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert alone.returncode == 0 and alone.stdout.strip() == "launched", alone.stderr
     assert (tmp_path / "hostfile").read_text() == "pair-0 slots=2\n"
-    waiting = subprocess.run(["/bin/sh", "-c", script, "launch", "echo", "launched"],
-                             env={**env, "LWS_GROUP_SIZE": "2"}, capture_output=True, text=True, timeout=60)
+    waiting = subprocess.run(
+        ["/bin/sh", "-c", script, "launch", "echo", "launched"],
+        env={**env, "LWS_GROUP_SIZE": "2"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert waiting.returncode == 1 and "launched" not in waiting.stdout
     assert "waiting for worker pod pair-0-1" in waiting.stdout
     assert "worker pod pair-0-1 is not running after 1 s" in waiting.stderr

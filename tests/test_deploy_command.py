@@ -65,13 +65,15 @@ def test_nodes_above_one_need_the_llm_api_path(tmp_path):
 def test_the_signal_benchmark_reads_a_metric_of_one_model_from_triton_text():
     from specbuild.deploy.signal import _value
 
-    text = "\n".join([
-        "# HELP nv_inference_queue_duration_us Cumulative inference queuing duration in microseconds",
-        'nv_inference_queue_duration_us{model="tensorrt_llm_bls",version="1"} 1500',
-        'nv_inference_queue_duration_us{model="tensorrt_llm",version="1"} 900',
-        'specbuild_bls_queue_depth{model="tensorrt_llm_bls",version="1"} 3',
-        'specbuild_bls_queue_depth_other{model="tensorrt_llm_bls",version="1"} 7',
-    ])
+    text = "\n".join(
+        [
+            "# HELP nv_inference_queue_duration_us Cumulative inference queuing duration in microseconds",
+            'nv_inference_queue_duration_us{model="tensorrt_llm_bls",version="1"} 1500',
+            'nv_inference_queue_duration_us{model="tensorrt_llm",version="1"} 900',
+            'specbuild_bls_queue_depth{model="tensorrt_llm_bls",version="1"} 3',
+            'specbuild_bls_queue_depth_other{model="tensorrt_llm_bls",version="1"} 7',
+        ]
+    )
     assert _value(text, "nv_inference_queue_duration_us", "tensorrt_llm_bls") == 1500
     assert _value(text, "nv_inference_queue_duration_us") == 2400
     assert _value(text, "specbuild_bls_queue_depth") == 3  # not the metric whose name it begins

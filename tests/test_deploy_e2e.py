@@ -19,10 +19,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from deploy_support import by_kind, deploy, render
-from specbuild.triton.server import free_ports
 from test_triton_drain import Serving
+
+from specbuild.triton.server import free_ports
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 HANG_S = 300.0  # no step may take longer: a deadline against hanging, not an aim
@@ -65,7 +65,9 @@ class Pod:
 
 
 def _run(argv: list[str], what: str) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=HANG_S, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert done.returncode == 0, f"{what} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
 
 
@@ -95,8 +97,13 @@ def rendered_pods(tmp_path, example_tiny, tiny_spec_path, values: dict | None = 
     pod = deployment["spec"]["template"]["spec"]
     serve = pod["containers"][0]
     key = deployment["spec"]["template"]["metadata"]["annotations"]["specbuild.dev/build-key"]
-    mapped = Pod(tmp_path / "pod", serve["volumeMounts"], key, configmap,
-                 {"target": example_tiny.target, "draft": example_tiny.draft})
+    mapped = Pod(
+        tmp_path / "pod",
+        serve["volumeMounts"],
+        key,
+        configmap,
+        {"target": example_tiny.target, "draft": example_tiny.draft},
+    )
 
     # the build Job, then the init containers in order: wait for the build's manifests, write the repository
     builder = job["spec"]["template"]["spec"]["containers"][0]
@@ -125,7 +132,8 @@ def test_the_rendered_pods_build_serve_and_drain_here(tmp_path, example_tiny, ti
     grpc = ports["grpc"]
     # the Service's ports are the container's, by name
     assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
-        name: (port, name) for name, port in ports.items()}
+        name: (port, name) for name, port in ports.items()
+    }
 
     serving = Serving(mapped.argv(serve["command"], serve.get("args", [])), root)
     try:
@@ -160,16 +168,20 @@ def test_a_supervisor_that_gives_up_ends_the_container(tmp_path, example_tiny, t
     non-zero (the kubelet then restarts the container; no probe needed)."""
     from specbuild.triton import procfs
 
-    serve, pod, _, ports, mapped, _ = rendered_pods(tmp_path, example_tiny, tiny_spec_path,
-                                                     {"serve": {"maxRestarts": 0}})
+    serve, pod, _, ports, mapped, _ = rendered_pods(
+        tmp_path, example_tiny, tiny_spec_path, {"serve": {"maxRestarts": 0}}
+    )
     assert "--max-restarts=0" in serve["args"]
     serving = Serving(mapped.argv(serve["command"], serve.get("args", [])), tmp_path / "pod")
     try:
         ready = pod["containers"][0]["readinessProbe"]["httpGet"]
         _wait_ready(serving, f"http://127.0.0.1:{ports[ready['port']]}{ready['path']}")
         serving.wait_line("serving; press")  # past the start-up canary: the supervisor watches
-        server = next(pid for pid in procfs.descendants(serving.process.pid)
-                      if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].endswith(b"tritonserver"))
+        server = next(
+            pid
+            for pid in procfs.descendants(serving.process.pid)
+            if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].endswith(b"tritonserver")
+        )
         os.kill(server, signal.SIGKILL)
         code = serving.process.wait(timeout=HANG_S)
         assert code != 0, serving.log()

@@ -11,10 +11,10 @@ import json
 import urllib.request
 
 import pytest
+from triton_helpers import make_deployment, serving
 
 from specbuild.decode.generation import Options
 from specbuild.triton.client import SpecbuildClient
-from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPT = "def add(a, b):"
@@ -34,13 +34,16 @@ def three_end_ids(deployment) -> tuple[list[int], int, list[int], list[int]]:
         before.close()
     # an id the greedy text reaches at its fourth token or later, not before
     cut = next(i for i in range(3, len(undisturbed)) if undisturbed[i] not in undisturbed[:i] and undisturbed[i] != eos)
-    later = next((t for t in undisturbed[cut + 1:] if t not in undisturbed[:cut + 1] and t != eos),
-                 next(t for t in range(3, 10**6) if t not in undisturbed and t != eos))
+    later = next(
+        (t for t in undisturbed[cut + 1 :] if t not in undisturbed[: cut + 1] and t != eos),
+        next(t for t in range(3, 10**6) if t not in undisturbed and t != eos),
+    )
     return undisturbed, cut, [eos, later, undisturbed[cut]], prompt_ids
 
 
 def test_a_listed_end_id_or_a_stop_word_ends_the_local_and_the_served_generation_at_the_same_token(
-        tmp_path, example_tiny):
+    tmp_path, example_tiny
+):
     from specbuild.session.local import LocalSession
     from specbuild.session.served import ServedSession
 
@@ -54,14 +57,17 @@ def test_a_listed_end_id_or_a_stop_word_ends_the_local_and_the_served_generation
         here = local.generate(PROMPT, Options(max_tokens=24, num_draft_tokens=2, adaptive=False))
         # a stop word: the text of a token the greedy text reaches before `cut`, which tokenizes back to that token
         tokenizer = local.tokenizer
-        stop_at, word = next((i, tokenizer.decode([undisturbed[i]])) for i in range(1, cut)
-                             if tokenizer.encode(tokenizer.decode([undisturbed[i]]), add_special_tokens=False)
-                             == [undisturbed[i]] and undisturbed[i] not in undisturbed[:i])
+        stop_at, word = next(
+            (i, tokenizer.decode([undisturbed[i]]))
+            for i in range(1, cut)
+            if tokenizer.encode(tokenizer.decode([undisturbed[i]]), add_special_tokens=False) == [undisturbed[i]]
+            and undisturbed[i] not in undisturbed[:i]
+        )
         stopped = local.generate(PROMPT, Options(max_tokens=24, num_draft_tokens=2, adaptive=False, stop=(word,)))
     finally:
         local.close()
     assert here.output_ids == undisturbed[:cut] and here.finish_reason == "stop"
-    assert stopped.output_ids == undisturbed[:stop_at + 1]  # the stop word is kept, as TensorRT-LLM keeps it
+    assert stopped.output_ids == undisturbed[: stop_at + 1]  # the stop word is kept, as TensorRT-LLM keeps it
     assert (stopped.finish_reason, stopped.stop_reason) == ("stop", word)
 
     with serving(deployment.repo, tmp_path / "server.log") as server:
@@ -74,7 +80,7 @@ def test_a_listed_end_id_or_a_stop_word_ends_the_local_and_the_served_generation
         with SpecbuildClient(server.grpc_url, model="ensemble") as client:  # NVIDIA's pipeline, straight to the engine
             text, _ = client.complete(PROMPT, max_tokens=24, stream=False)
         # the other end ids reach the engine as stop words, which TensorRT-LLM keeps in the output
-        assert text == tokenizer.decode(prompt_ids + undisturbed[:cut + 1], skip_special_tokens=True)
+        assert text == tokenizer.decode(prompt_ids + undisturbed[: cut + 1], skip_special_tokens=True)
         with ServedSession(server.grpc_url) as session:
             served = session.generate(PROMPT, Options(max_tokens=24, num_draft_tokens=2, stop=(word,)))
         assert served.output_ids == stopped.output_ids
@@ -110,10 +116,16 @@ def test_the_llmapi_repository_stops_at_the_first_listed_end_id_as_the_engine_pa
     with serving(tmp_path / "llmapi_repo", log) as server:
         with ServedSession.for_spec(deployment.spec, url=server.grpc_url) as session:  # text only, no ids
             served = session.generate(PROMPT, Options(max_tokens=24))
-        body = {"text_input": PROMPT, "sampling_param_max_tokens": 24, "sampling_param_exclude_input_from_output": True,
-                "return_finish_reason": True, "return_stop_reason": True}
-        request = urllib.request.Request(f"http://{server.http_url}/v2/models/tensorrt_llm/generate",
-                                         data=json.dumps(body).encode(), method="POST")
+        body = {
+            "text_input": PROMPT,
+            "sampling_param_max_tokens": 24,
+            "sampling_param_exclude_input_from_output": True,
+            "return_finish_reason": True,
+            "return_stop_reason": True,
+        }
+        request = urllib.request.Request(
+            f"http://{server.http_url}/v2/models/tensorrt_llm/generate", data=json.dumps(body).encode(), method="POST"
+        )
         with urllib.request.urlopen(request, timeout=120) as response:
             doc = json.loads(response.read())
     assert served.text == here.text and served.output_ids is None and served.finish_reason == "stop"

@@ -96,11 +96,16 @@ def test_same_recipe_builds_identical_weights_and_force_rebuilds(example_tiny, m
     result = CliRunner().invoke(main, ["example", "--variant", "tiny", "--force"])
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
-    assert lines[:3] == ["example pair (tiny): tokenizer ...", "example pair (tiny): data ...",
-                         "example pair (tiny): training (loss target/draft) ..."]
+    assert lines[:3] == [
+        "example pair (tiny): tokenizer ...",
+        "example pair (tiny): data ...",
+        "example pair (tiny): training (loss target/draft) ...",
+    ]
     total = VARIANTS["tiny"].target_steps + VARIANTS["tiny"].distill_steps
-    assert any(line.startswith(f"example pair (tiny): training (loss target/draft): {total}/{total} step (100%), ")
-               for line in lines), lines
+    assert any(
+        line.startswith(f"example pair (tiny): training (loss target/draft): {total}/{total} step (100%), ")
+        for line in lines
+    ), lines
     assert "example pair (tiny): measuring ..." in lines
     forced = ensure_example("tiny", progress=False)
     assert json.loads((forced.root / "manifest.json").read_text())["created_unix"] > first_manifest["created_unix"]

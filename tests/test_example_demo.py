@@ -10,8 +10,8 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-
 from runtime_models import single_thread  # noqa: F401 (autouse fixture: one torch thread)
+
 from specbuild.bench.stats import top_token_share
 from specbuild.cli import main
 from specbuild.example.demo import DEMO_MAX_TOKENS, DEMO_PROMPTS, MAX_TOP_TOKEN_SHARE
@@ -35,8 +35,9 @@ def demo_outputs(demo_root):
     from specbuild.session.local import LocalSession
 
     session = LocalSession.from_spec(load_spec(demo_root / ".demo" / "specbuild.toml"), threads=1)
-    return {kind: session.generate(prompt, Options(max_tokens=DEMO_MAX_TOKENS)).to_dict()
-            for kind, prompt in DEMO_PROMPTS}
+    return {
+        kind: session.generate(prompt, Options(max_tokens=DEMO_MAX_TOKENS)).to_dict() for kind, prompt in DEMO_PROMPTS
+    }
 
 
 def test_the_demo_has_one_prompt_per_workload():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from runtime_models import single_thread  # noqa: F401 (autouse fixture: one torch thread)
+
 from specbuild import corpus
 from specbuild.example import ensure_example
 from specbuild.example.recipe import VARIANTS
@@ -19,8 +19,10 @@ def full_models(example_cache_dir):
     from transformers import AutoModelForCausalLM
 
     pair = ensure_example("full", progress=False)
-    models = [AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-              for folder in (pair.target, pair.draft)]
+    models = [
+        AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+        for folder in (pair.target, pair.draft)
+    ]
     return pair, Tokenizer.from_file(str(pair.target / "tokenizer.json")), *models
 
 

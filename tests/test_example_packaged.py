@@ -20,8 +20,10 @@ MAX_COMMITTED_BYTES = 20 * 1000 * 1000  # the issue's budget for committed weigh
 
 def test_the_committed_full_pair_matches_its_hashes_and_the_current_recipe():
     pair = packaged.find("full")
-    assert pair is not None, ("no committed full pair built from the current recipe: rebuild it with "
-                              "`python scripts/example_pair.py --variant full --write`")
+    assert pair is not None, (
+        "no committed full pair built from the current recipe: rebuild it with "
+        "`python scripts/example_pair.py --variant full --write`"
+    )
     assert packaged.damaged_files(pair) == []
     listed = {p.relative_to(pair.folder).as_posix() for p in pair.folder.rglob("*") if p.is_file()}
     assert listed - {packaged.FILES_JSON} == set(pair.files["files"])  # nothing unlisted, nothing missing
@@ -89,8 +91,9 @@ def test_a_damaged_committed_file_is_refused_with_the_fix(example_tiny, tmp_path
     weights.write_bytes(bytes(data))
     found = packaged.find("tiny", pairs_dir=pairs)
     assert packaged.damaged_files(found) == ["draft/model.float16.safetensors"]
-    with pytest.raises(ArtifactError, match="is damaged: draft/model.float16.safetensors differ from files.json. "
-                                            "Restore it"):
+    with pytest.raises(
+        ArtifactError, match="is damaged: draft/model.float16.safetensors differ from files.json. Restore it"
+    ):
         packaged.unpack(found, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

@@ -50,8 +50,12 @@ def test_tokenizer_round_trip_and_special_ids(example_tiny):
     tok = AutoTokenizer.from_pretrained(example_tiny.draft)
     assert (tok.unk_token_id, tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (UNK_ID, BOS_ID, EOS_ID, PAD_ID)
     assert (tok.bos_token, tok.eos_token, tok.pad_token, tok.unk_token) == ("<s>", "</s>", "<pad>", "<unk>")
-    for text in ['{"id": 7, "name": "Ada Lovelace", "active": true}', "    for x in range(10):\n\tpass\n",
-                 "naïve café ✓ 中文", ""]:
+    for text in [
+        '{"id": 7, "name": "Ada Lovelace", "active": true}',
+        "    for x in range(10):\n\tpass\n",
+        "naïve café ✓ 中文",
+        "",
+    ]:
         ids = tok(text)["input_ids"]
         assert ids[0] == BOS_ID
         assert UNK_ID not in ids

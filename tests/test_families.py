@@ -12,22 +12,30 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from family_models import (ENGINE_FAMILIES, LLMAPI_FAMILIES, LLMAPI_ONLY_FAMILIES, PATHLESS_FAMILIES, REFERENCE_FAMILIES,
-                           SERVED_FAMILIES, SHAPES, make_family)
+from family_models import (
+    ENGINE_FAMILIES,
+    LLMAPI_FAMILIES,
+    LLMAPI_ONLY_FAMILIES,
+    PATHLESS_FAMILIES,
+    REFERENCE_FAMILIES,
+    SERVED_FAMILIES,
+    SHAPES,
+    make_family,
+)
 
 BACKENDS = ("trtllm", "reference", "llmapi")
 PROMPT = "The quick brown fox"
 
 
-def write_spec(folder: Path, target: Path, draft: Path, max_seq_len: int = 252, draft_logits: bool = False,
-               max_draft_len: int = 4) -> Path:
+def write_spec(
+    folder: Path, target: Path, draft: Path, max_seq_len: int = 252, draft_logits: bool = False, max_draft_len: int = 4
+) -> Path:
     path = folder / "specbuild.toml"
     path.write_text(
         f'name = "fam"\noutput_dir = "{folder / "engines"}"\n'
         f'[target]\ncheckpoint = "{target}"\n[draft]\ncheckpoint = "{draft}"\n'
         f"[build]\nmax_batch_size = 2\nmax_input_len = 128\nmax_seq_len = {max_seq_len}\nmax_num_tokens = 512\n"
-        f'[speculative]\nmax_draft_len = {max_draft_len}\nnum_draft_tokens = 3\n'
+        f"[speculative]\nmax_draft_len = {max_draft_len}\nnum_draft_tokens = 3\n"
         f'use_draft_logits = {"true" if draft_logits else "false"}\n[gpu]\nname = "H100-80GB"\n'
     )
     return path
@@ -66,8 +74,8 @@ def verdicts(spec_path: Path, backend: str) -> tuple[bool, bool, str]:
 
 
 EXPECTED = {  # family -> the backends that take it (the LLM API path: TensorRT-LLM 1.2.1's registered architectures)
-    family: (("trtllm", "reference") if family in ENGINE_FAMILIES else ()) + (("llmapi",) if family in LLMAPI_FAMILIES
-                                                                               else ())
+    family: (("trtllm", "reference") if family in ENGINE_FAMILIES else ())
+    + (("llmapi",) if family in LLMAPI_FAMILIES else ())
     for family in SHAPES
 }
 
@@ -97,9 +105,16 @@ def test_a_release_the_probe_recorded_decides_what_the_llm_api_path_loads(tmp_pa
     monkeypatch.setenv(llmapi.SPELLING_RECORD_ENV, str(record))
     gemma = make_family(tmp_path / "gemma", "gemma")
     spec_path = write_spec(tmp_path, gemma, gemma)
-    monkeypatch.setitem(families.LLM_API_RELEASES, "9.9.9", families.LlmApiRelease(
-        "9.9.9", loads=families.LLM_API_RELEASES["1.2.1"].loads | {"GemmaForCausalLM"}, applies_window=frozenset(),
-        source="a release made up by this test"))
+    monkeypatch.setitem(
+        families.LLM_API_RELEASES,
+        "9.9.9",
+        families.LlmApiRelease(
+            "9.9.9",
+            loads=families.LLM_API_RELEASES["1.2.1"].loads | {"GemmaForCausalLM"},
+            applies_window=frozenset(),
+            source="a release made up by this test",
+        ),
+    )
     for installed, takes in (("1.2.1", False), ("9.9.9.post1", True), ("1.2.2", False)):
         record.write_text(json.dumps({"spelling": "pinned", "tensorrt_llm": installed}))
         usable, planned, refusal = verdicts(spec_path, "llmapi")
@@ -165,8 +180,9 @@ def hf_model(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
 
 
-@pytest.mark.parametrize("family,window", [(f, None) for f in REFERENCE_FAMILIES] + [("mistral", 8), ("phi3", 8),
-                                                                                  ("gemma2", 8)])
+@pytest.mark.parametrize(
+    "family,window", [(f, None) for f in REFERENCE_FAMILIES] + [("mistral", 8), ("phi3", 8), ("gemma2", 8)]
+)
 def test_the_runtime_gives_transformers_logits_prefilled_or_decoded(tmp_path, family, window):
     from specbuild.reference.model import LlamaModel
 
@@ -192,16 +208,20 @@ def test_speculative_greedy_output_equals_target_only_and_transformers_generate(
     pair = load_spec(pairs[family])
     spec = load_spec(write_spec(tmp_path, pair.target.checkpoint, pair.draft.checkpoint, max_draft_len=8))
     with LocalSession.from_spec(spec, device="cpu", threads=1, overlap=False) as session:
-        runs = {k: session.generate(PROMPT, Options(max_tokens=16, num_draft_tokens=k, adaptive=False))
-                for k in range(0, 9)}  # K = 0 and every K up to 8
+        runs = {
+            k: session.generate(PROMPT, Options(max_tokens=16, num_draft_tokens=k, adaptive=False)) for k in range(0, 9)
+        }  # K = 0 and every K up to 8
         prompt = session.encode(PROMPT)
     assert all(runs[k].steps[0].k == k for k in range(1, 9))  # each K ran as asked, none clamped
     outputs = {k: run.output_ids for k, run in runs.items()}
     assert len(set(outputs[0])) > 4, outputs[0]  # a text that varies, or equality would prove little
     assert all(out == outputs[0] for out in outputs.values()), outputs
     with torch.no_grad():
-        generated = hf_model(spec.target.checkpoint).generate(torch.tensor([prompt]), max_new_tokens=16,
-                                                              do_sample=False)[0, len(prompt):].tolist()
+        generated = (
+            hf_model(spec.target.checkpoint)
+            .generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt) :]
+            .tolist()
+        )
     ends = [i for i, token in enumerate(generated) if token == 2]  # transformers keeps the end id; specbuild does not
     assert outputs[0] == generated[: ends[0] if ends else None]
 
@@ -238,21 +258,25 @@ def test_speculative_sampling_follows_the_targets_own_distribution(tmp_path, pai
     taken where the target samples the same. The draft is the target with noise on every matrix, so drafts are both
     accepted and rejected."""
     import numpy as np
+    from test_speculative_distribution import P_CORRECT, chi_square_pvalue
 
     from specbuild.config import load_spec
     from specbuild.decode.generation import Options
     from specbuild.session.local import LocalSession
     from specbuild.speculative.interfaces import SamplingParams
     from specbuild.speculative.sampling import process_logits
-    from test_speculative_distribution import P_CORRECT, chi_square_pvalue
 
     target = load_spec(pairs[family]).target.checkpoint
     draft = noisy_copy(Path(target), tmp_path / "draft", scale=0.1)  # agrees with the target some of the time
     spec = load_spec(write_spec(tmp_path, target, draft, draft_logits=draft_logits))
     with LocalSession.from_spec(spec, device="cpu", threads=1, overlap=False) as session:
         prompt, eos = session.encode(PROMPT), session.end_id
-        outputs = [session.generate(PROMPT, Options(max_tokens=2, num_draft_tokens=2, adaptive=False, temperature=1.0,
-                                                    top_k=4, seed=seed)) for seed in range(SAMPLES)]
+        outputs = [
+            session.generate(
+                PROMPT, Options(max_tokens=2, num_draft_tokens=2, adaptive=False, temperature=1.0, top_k=4, seed=seed)
+            )
+            for seed in range(SAMPLES)
+        ]
         drafted = sum(step.drafted for out in outputs for step in out.steps)
         accepted = sum(step.accepted for out in outputs for step in out.steps)
     sampling = SamplingParams(temperature=1.0, top_k=4)
@@ -290,8 +314,12 @@ def test_the_engine_path_converts_verifies_builds_and_generates(pairs, family):
     spec = str(pairs[family])
     assert "verify: passed" in run("convert", "-c", spec, "--verify")
     run("build", "-c", spec, "--backend", "reference")
-    docs = [json.loads(run("generate", "-c", spec, "--local", "--json", "--max-tokens", "12", "--num-draft-tokens",
-                           str(k), PROMPT)) for k in (0, 3)]
+    docs = [
+        json.loads(
+            run("generate", "-c", spec, "--local", "--json", "--max-tokens", "12", "--num-draft-tokens", str(k), PROMPT)
+        )
+        for k in (0, 3)
+    ]
     assert docs[0]["engine_source"] == "reference-engine" and docs[0]["output_ids"] == docs[1]["output_ids"]
 
 
@@ -311,18 +339,19 @@ def test_every_family_streams_through_each_repository_kind_it_has(tmp_path, pair
     token for token the greedy text of in-process decoding (speculative, K = 3). Qwen3 (q/k norm, tied embeddings,
     head_dim apart from hidden / heads) also gets a chat prompt: the template applied on the client, its one BOS
     kept once by the server."""
-    from specbuild.engines.stage import build_engines
+    from triton_helpers import serving
+
     from specbuild.config import load_spec
     from specbuild.convert import convert_pair
+    from specbuild.decode.generation import Options
+    from specbuild.engines.stage import build_engines
     from specbuild.llmapi import build as llmapi_build
     from specbuild.llmapi import checkpoint as llmapi_checkpoint
     from specbuild.llmapi.repository import write_repository as write_llmapi_repository
     from specbuild.session.chat import chat_prompt
-    from specbuild.decode.generation import Options
     from specbuild.session.local import LocalSession
     from specbuild.session.served import ServedSession
     from specbuild.triton.repository import write_repository
-    from triton_helpers import serving
 
     source = load_spec(pairs[family])
     options = Options(max_tokens=12, num_draft_tokens=3, adaptive=False)
@@ -341,12 +370,18 @@ def test_every_family_streams_through_each_repository_kind_it_has(tmp_path, pair
         llmapi_build.build(spec, log=lambda m: None)
         write_llmapi_repository(spec, tmp_path / "llmapi_repo", runtime="reference")
         (tmp_path / "exported").mkdir()
-        repos["llmapi_repo"] = load_spec(write_spec(tmp_path / "exported", llmapi_checkpoint.checkpoint_dir(spec, "target"),
-                                                    llmapi_checkpoint.checkpoint_dir(spec, "draft")))  # what it serves
+        repos["llmapi_repo"] = load_spec(
+            write_spec(
+                tmp_path / "exported",
+                llmapi_checkpoint.checkpoint_dir(spec, "target"),
+                llmapi_checkpoint.checkpoint_dir(spec, "draft"),
+            )
+        )  # what it serves
     for repo, local_spec in repos.items():
         with LocalSession.from_spec(local_spec, device="cpu", threads=1, overlap=False) as session:
-            prompts = [PROMPT] + ([chat_prompt(session.tokenizer, "brown fox", system="Be brief.")]
-                                  if family == "qwen3" else [])
+            prompts = [PROMPT] + (
+                [chat_prompt(session.tokenizer, "brown fox", system="Be brief.")] if family == "qwen3" else []
+            )
             expected = [session.generate(prompt, options) for prompt in prompts]
             tokenizer = session.tokenizer
         with serving(tmp_path / repo, tmp_path / f"{repo}.log") as server:
@@ -360,7 +395,10 @@ def test_every_family_streams_through_each_repository_kind_it_has(tmp_path, pair
         if family == "qwen3":
             template = tokenizer.apply_chat_template(
                 [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "brown fox"}],
-                add_generation_prompt=True, tokenize=True, return_dict=False)
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
             assert expected[1].prompt_ids == list(template)  # one BOS: the template's, written once
 
 
@@ -399,6 +437,7 @@ def test_the_loader_reads_each_familys_fp8_export_back_within_fp8s_rounding(tmp_
     convert_pair(spec, ["target"], log=lambda m: None)
     loaded = load_trtllm_checkpoint(spec.pair_dir / "target" / "checkpoint").state_dict
     original = load_file(str(folder / "model.safetensors"))
+
     def fused(name: str) -> str:  # q/k/v and gate/up share one fp8 scale: TensorRT-LLM fuses them
         for parts, group in ((("q_proj", "k_proj", "v_proj"), "qkv"), (("gate_proj", "up_proj"), "gate_up")):
             for part in parts:
@@ -421,15 +460,17 @@ def test_the_loader_reads_each_familys_fp8_export_back_within_fp8s_rounding(tmp_
 
 
 @pytest.mark.parametrize("modelopt, refused", [("0.37.0", True), ("0.44.0", False), ("0.47.0", False)])
-def test_a_qwen_engine_export_modelopt_cannot_write_here_is_refused_by_check_and_convert_alike(pairs, monkeypatch,
-                                                                                               modelopt, refused):
+def test_a_qwen_engine_export_modelopt_cannot_write_here_is_refused_by_check_and_convert_alike(
+    pairs, monkeypatch, modelopt, refused
+):
     """nvidia-modelopt below 0.44 writes a qwen TensorRT-LLM checkpoint only through tensorrt_llm (absent here): check
     reports it and convert refuses it before any work, naming the two ways out; Llama needs nothing of the kind."""
     import importlib.metadata
 
     version = importlib.metadata.version
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: modelopt if name == "nvidia-modelopt"
-                        else version(name))
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: modelopt if name == "nvidia-modelopt" else version(name)
+    )
     for family, expect in (("qwen2", refused), ("qwen3", refused), ("llama", False)):
         from specbuild.check.pair import run_check
         from specbuild.config import load_spec

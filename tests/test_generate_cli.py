@@ -6,8 +6,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from runtime_models import single_thread  # noqa: F401 (autouse fixture)
+
 from specbuild.cli import main
 
 PROMPT = 'def read_config(path):\n    """Read'
@@ -24,9 +24,21 @@ def as_doc(result):
 
 def test_json_document_has_the_figures(tiny_spec_path):
     doc = as_doc(generate("--local", "-c", tiny_spec_path, "--json", "--max-tokens", 12, "--no-adaptive", PROMPT))
-    for key in ("text", "output_ids", "num_draft_tokens", "acceptance_rate", "mean_accepted_len", "tokens_per_s",
-                "finish_reason", "engine_source", "drafted", "accepted", "per_position_acceptance",
-                "draft_seconds", "target_seconds"):
+    for key in (
+        "text",
+        "output_ids",
+        "num_draft_tokens",
+        "acceptance_rate",
+        "mean_accepted_len",
+        "tokens_per_s",
+        "finish_reason",
+        "engine_source",
+        "drafted",
+        "accepted",
+        "per_position_acceptance",
+        "draft_seconds",
+        "target_seconds",
+    ):
         assert key in doc, key
     assert doc["engine_source"] == "hf-checkpoint"  # nothing built for this spec yet
     from specbuild.config import load_spec
@@ -34,8 +46,9 @@ def test_json_document_has_the_figures(tiny_spec_path):
     assert doc["num_draft_tokens"] == load_spec(tiny_spec_path).speculative.num_draft_tokens  # the spec's K
     assert 1 <= len(doc["output_ids"]) <= 12
     # NVIDIA's LLM API finish reasons: "length" at max_tokens, else "stop" (end_id: no stop_reason)
-    assert (doc["finish_reason"], doc["stop_reason"]) == (("length", None) if len(doc["output_ids"]) == 12
-                                                          else ("stop", None))
+    assert (doc["finish_reason"], doc["stop_reason"]) == (
+        ("length", None) if len(doc["output_ids"]) == 12 else ("stop", None)
+    )
     assert doc["drafted"] > 0 and 0 <= doc["accepted"] <= doc["drafted"]
     assert doc["acceptance_rate"] == pytest.approx(doc["accepted"] / doc["drafted"])
     assert doc["mean_accepted_len"] >= 1.0 and doc["tokens_per_s"] > 0
@@ -63,8 +76,22 @@ def test_num_draft_tokens_is_clamped_to_max_draft_len(tiny_spec_path):
 @pytest.mark.parametrize("adaptive", ["--no-adaptive", "--adaptive"])
 def test_sampling_with_a_seed_is_reproducible(tiny_spec_path, adaptive):
     # With a seed, adaptive K uses a fixed cost ratio: measured timings must not change the random draws.
-    args = ("--local", "-c", tiny_spec_path, "--json", "--max-tokens", 10, "--temperature", 0.8, "--top-p", 0.9,
-            "--seed", 3, adaptive, PROMPT)
+    args = (
+        "--local",
+        "-c",
+        tiny_spec_path,
+        "--json",
+        "--max-tokens",
+        10,
+        "--temperature",
+        0.8,
+        "--top-p",
+        0.9,
+        "--seed",
+        3,
+        adaptive,
+        PROMPT,
+    )
     assert as_doc(generate(*args))["output_ids"] == as_doc(generate(*args))["output_ids"]
 
 
@@ -129,9 +156,11 @@ def test_no_server_at_the_address_says_so_and_what_to_do(tmp_path, monkeypatch, 
     result = generate("-c", "s.toml", "--url", f"127.0.0.1:{port}", "--protocol", protocol, "--json", "hello")
     assert result.exit_code == 1
     other = "http" if protocol == "grpc" else "grpc"
-    message = (f"no Triton server answers at 127.0.0.1:{port} ({protocol}). Start one with `specbuild serve -c "
-               f"s.toml` (or `specbuild up -c s.toml`), pass --url with its address (with --protocol {other} if it "
-               f"is Triton's {other} port), or run in-process with `specbuild generate -c s.toml --local ...`.")
+    message = (
+        f"no Triton server answers at 127.0.0.1:{port} ({protocol}). Start one with `specbuild serve -c "
+        f"s.toml` (or `specbuild up -c s.toml`), pass --url with its address (with --protocol {other} if it "
+        f"is Triton's {other} port), or run in-process with `specbuild generate -c s.toml --local ...`."
+    )
     assert result.stderr == f"Error: {message}\n"
     assert json.loads(result.stdout)["error"] == message
 

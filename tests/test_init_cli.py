@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 
+import tomllib
 from click.testing import CliRunner
 
 from specbuild.cli import main
@@ -15,8 +15,10 @@ from specbuild.example import specfile
 
 def _defaults() -> dict:
     """Spec.to_dict() of an all-defaults spec with placeholder checkpoints, built from the dataclasses."""
-    sections = {name: cls(**({"checkpoint": "x"} if name in ("target", "draft") else {}))
-                for name, cls in specfile.SECTIONS.items()}
+    sections = {
+        name: cls(**({"checkpoint": "x"} if name in ("target", "draft") else {}))
+        for name, cls in specfile.SECTIONS.items()
+    }
     return Spec(name="pair", **sections).to_dict()
 
 
@@ -53,8 +55,9 @@ def test_init_refuses_to_overwrite_without_force(tmp_path):
     out.write_text("# mine\n")
     result = CliRunner().invoke(main, ["init", "--out", str(out)])
     assert result.exit_code == 1
-    assert result.output == (f"Error: {out} already exists; not overwriting it. "
-                             "Pass --force to replace it, or --out to write elsewhere.\n")
+    assert result.output == (
+        f"Error: {out} already exists; not overwriting it. Pass --force to replace it, or --out to write elsewhere.\n"
+    )
     assert out.read_text() == "# mine\n"
     result = CliRunner().invoke(main, ["init", "--out", str(out), "--force"])
     assert result.exit_code == 0, result.output
@@ -80,8 +83,13 @@ def test_init_example_points_at_the_example_pair(example_tiny, tmp_path):
     result = CliRunner().invoke(main, ["init", "--example", "--variant", "tiny", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert document == {"path": str(out.resolve()), "written": True, "example": str(example_tiny.root),
-                        "target": str(example_tiny.target), "draft": str(example_tiny.draft)}
+    assert document == {
+        "path": str(out.resolve()),
+        "written": True,
+        "example": str(example_tiny.root),
+        "target": str(example_tiny.target),
+        "draft": str(example_tiny.draft),
+    }
     spec = load_spec(out)
     assert spec.name == "example-tiny"
     assert spec.target.checkpoint == example_tiny.target and spec.draft.checkpoint == example_tiny.draft
@@ -105,9 +113,11 @@ def test_best_num_draft_tokens_follows_the_closed_form():
 
 
 def test_init_from_check_refuses_a_report_without_a_measurement(tmp_path):
-    for content, message in (("{}", "has no measurement: write it with `specbuild check --measure --json"),
-                             ("{", "is not a JSON check report"),
-                             (None, "cannot read the check report")):
+    for content, message in (
+        ("{}", "has no measurement: write it with `specbuild check --measure --json"),
+        ("{", "is not a JSON check report"),
+        (None, "cannot read the check report"),
+    ):
         report = tmp_path / "check.json"
         report.unlink(missing_ok=True)
         if content is not None:
@@ -119,8 +129,11 @@ def test_init_from_check_refuses_a_report_without_a_measurement(tmp_path):
 
 
 def test_a_check_report_saying_speculation_does_not_pay_gives_k_0(tmp_path):
-    report = {"pair": "p", "models": {"target": {"path": "/m/t"}, "draft": {"path": "/m/d"}},
-              "measure": {"recommended_max_draft_len": 0, "alpha": 0.1, "cost_ratio": {"this_machine": 0.9, "gpu": None}}}
+    report = {
+        "pair": "p",
+        "models": {"target": {"path": "/m/t"}, "draft": {"path": "/m/d"}},
+        "measure": {"recommended_max_draft_len": 0, "alpha": 0.1, "cost_ratio": {"this_machine": 0.9, "gpu": None}},
+    }
     (tmp_path / "check.json").write_text(json.dumps(report))
     out = tmp_path / "spec.toml"
     result = CliRunner().invoke(main, ["init", "--from-check", str(tmp_path / "check.json"), "--out", str(out)])
@@ -171,11 +184,14 @@ def test_init_keeps_a_sliding_window_pair_within_its_window_or_says_why_no_path_
     spec = load_spec(out)
     assert spec.build.max_seq_len == 64 and spec.build.max_input_len == 32 and spec.build.backend is None
     for backend in ("reference", "llmapi"):
-        checked = CliRunner().invoke(main, ["check", "-c", str(out), "--json", "--no-weight-scan", "--backend", backend])
+        checked = CliRunner().invoke(
+            main, ["check", "-c", str(out), "--json", "--no-weight-scan", "--backend", backend]
+        )
         assert not json.loads(checked.stdout)["problems"], (backend, checked.stdout)
 
     gemma2 = make_family(tmp_path / "gemma2", "gemma2")
-    refused = CliRunner().invoke(main, ["init", "--target", str(gemma2), "--draft", str(gemma2), "--out",
-                                        str(tmp_path / "g.toml")])
+    refused = CliRunner().invoke(
+        main, ["init", "--target", str(gemma2), "--draft", str(gemma2), "--out", str(tmp_path / "g.toml")]
+    )
     assert refused.exit_code != 0 and not (tmp_path / "g.toml").exists()
     assert "no path takes this pair" in refused.output and "Unknown architecture" in refused.output

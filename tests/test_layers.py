@@ -101,8 +101,9 @@ def imports(module: str) -> set[str]:
     specbuild modules itself (a docstring-only __init__ can neither cycle nor reach up); a module's own
     packages are not counted (they are already being imported)."""
     own = ancestors(module) + [module]
-    return DIRECT[module] | {a for name in DIRECT[module] for a in ancestors(name)
-                             if a in MODULES and DIRECT[a] and a not in own}
+    return DIRECT[module] | {
+        a for name in DIRECT[module] for a in ancestors(name) if a in MODULES and DIRECT[a] and a not in own
+    }
 
 
 GRAPH = {module: imports(module) for module in MODULES}
@@ -125,8 +126,14 @@ def stage(module: str) -> int | None:
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == layer("specbuild.convert")))
 def test_no_stage_imports_a_stage_after_it(module):
-    after = sorted(name for name in GRAPH[module] if layer(name) == layer(module)
-                   and stage(name) is not None and stage(module) is not None and stage(name) > stage(module))
+    after = sorted(
+        name
+        for name in GRAPH[module]
+        if layer(name) == layer(module)
+        and stage(name) is not None
+        and stage(module) is not None
+        and stage(name) > stage(module)
+    )
     assert not after, f"{module} imports stages after it in STAGE_ORDER: {after}"
 
 
@@ -138,7 +145,7 @@ def test_no_import_cycles():
         state[module] = 1
         for name in sorted(GRAPH[module]):
             if state.get(name) == 1:
-                cycles.append(path[path.index(name):] + [name])
+                cycles.append(path[path.index(name) :] + [name])
             elif name not in state:
                 visit(name, path + [name])
         state[module] = 2

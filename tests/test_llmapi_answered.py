@@ -9,10 +9,10 @@ import asyncio
 import sys
 
 import pytest
+from test_llmapi_end_ids import Logger
 
 from specbuild.contract import llmapi as contract
 from specbuild.llmapi.answered import every_request_answered
-from test_llmapi_end_ids import Logger
 
 FINAL = 1
 
@@ -31,6 +31,7 @@ class InferenceResponse:
 
 class BackendUtils:
     """What the wrapper uses of triton_python_backend_utils."""
+
     Logger, TritonError, InferenceResponse = Logger, TritonError, InferenceResponse
     TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
 
@@ -144,8 +145,9 @@ def test_a_non_streaming_request_a_stop_aborted_is_answered_cancelled_once(model
     assert len(request.sender.sent) == 1
     response, flags = request.sender.sent[0]
     assert flags == FINAL and response.error.text == contract.MSG_CANCELLED and response.error.code == 7
-    assert Logger.lines == [("info", "[specbuild] request 'r1' ended without a response (a `stop` request aborted "
-                                     "it): answered CANCELLED")]
+    assert Logger.lines == [
+        ("info", "[specbuild] request 'r1' ended without a response (a `stop` request aborted it): answered CANCELLED")
+    ]
 
 
 @pytest.mark.parametrize("model_class", [NvidiaLike, StandInLike])
@@ -157,7 +159,11 @@ def test_every_other_request_is_left_to_nvidias_code(model_class):
     model.aborted.clear()
     run(model, answered)
     assert [[r.outputs for r, _ in x.sender.sent] for x in (answered, streaming, stop, failing)] == [
-        [["text"]], [], [[]], [["N/A"]]]
+        [["text"]],
+        [],
+        [[]],
+        [["N/A"]],
+    ]
     assert Logger.lines == []
 
 

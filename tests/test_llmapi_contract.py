@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from fakes.build_fixtures import make_spec
+
+from specbuild.contract import llmapi as contract
+from specbuild.contract.pbtxt import parse_pbtxt
 from specbuild.errors import SpecError
 from specbuild.llmapi import args as args_mod
-from specbuild.contract import llmapi as contract
 from specbuild.llmapi import build, repository
-from specbuild.contract.pbtxt import parse_pbtxt
 
 
 @pytest.fixture
 def spec(tmp_path):
-    return make_spec(tmp_path, speculative={"max_draft_len": 6, "num_draft_tokens": 3},
-                     build={"tp_size": 2, "pp_size": 1}, gpu={"count": 2})
+    return make_spec(
+        tmp_path,
+        speculative={"max_draft_len": 6, "num_draft_tokens": 3},
+        build={"tp_size": 2, "pp_size": 1},
+        gpu={"count": 2},
+    )
 
 
 def _files(spec, runtime="reference", checkpoints_dir=None):
@@ -81,8 +85,11 @@ def test_every_model_yaml_key_is_an_llm_argument_of_the_pinned_release(spec):
     assert contract.unknown_llm_args(data) == []
     assert data["backend"] == "pytorch" and data["model"] == where.target
     assert data["tensor_parallel_size"] == 2 and data["pipeline_parallel_size"] == 1
-    assert data["speculative_config"] == {"decoding_type": "DraftTarget", "max_draft_len": 3,
-                                          "speculative_model_dir": where.draft}
+    assert data["speculative_config"] == {
+        "decoding_type": "DraftTarget",
+        "max_draft_len": 3,
+        "speculative_model_dir": where.draft,
+    }
     assert data["kv_cache_config"] == {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": True}
     assert data["disable_overlap_scheduler"] is True
     assert (data["max_batch_size"], data["max_seq_len"], data["max_num_tokens"]) == (4, 2048, 8192)
@@ -131,38 +138,57 @@ def test_no_speculation_writes_no_speculative_config(tmp_path):
     assert "speculative_config" not in data
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"extra_key": 1}, "not fields of TensorRT-LLM 1.2.1"),
-    ({"kv_cache_config": {"free_gpu_memory_fraction": 0.9, "fraction": 1}}, "kv_cache_config.fraction"),
-    ({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model_dir": "/d"}},
-     "Invalid decoding type: Draft_Target"),
-    ({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 3, "speculative_model": "/d"}},
-     "speculative_config.speculative_model"),
-    ({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 0, "speculative_model_dir": "/d"}},
-     "max_draft_len must be > 0"),
-    ({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 2}}, "Path to draft model"),
-    ({"backend": "tensorrt"}, "backend must be 'pytorch'"),
-    ({"kv_cache_config": {"free_gpu_memory_fraction": 1.5}}, "between 0 and 1"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"extra_key": 1}, "not fields of TensorRT-LLM 1.2.1"),
+        ({"kv_cache_config": {"free_gpu_memory_fraction": 0.9, "fraction": 1}}, "kv_cache_config.fraction"),
+        (
+            {
+                "speculative_config": {
+                    "decoding_type": "Draft_Target",
+                    "max_draft_len": 3,
+                    "speculative_model_dir": "/d",
+                }
+            },
+            "Invalid decoding type: Draft_Target",
+        ),
+        (
+            {"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 3, "speculative_model": "/d"}},
+            "speculative_config.speculative_model",
+        ),
+        (
+            {"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 0, "speculative_model_dir": "/d"}},
+            "max_draft_len must be > 0",
+        ),
+        ({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 2}}, "Path to draft model"),
+        ({"backend": "tensorrt"}, "backend must be 'pytorch'"),
+        ({"kv_cache_config": {"free_gpu_memory_fraction": 1.5}}, "between 0 and 1"),
+    ],
+)
 def test_validation_refuses_what_the_release_refuses(spec, change, message):
     data = {**args_mod.llm_args(spec, args_mod.Locations("/t", "/d")), **change}
     with pytest.raises(SpecError, match=message):
         args_mod.validate_llm_args(data)
 
 
-@pytest.mark.parametrize("section, values, message", [
-    ("build", {"backend": "llmapi2"}, "build.backend = 'llmapi2' is not supported"),
-    ("llmapi", {"free_gpu_memory_fraction": 0.0}, r"must be a number in \(0, 1\]"),
-    ("llmapi", {"free_gpu_memory_fraction": 1.2}, "free_gpu_memory_fraction = 1.2"),
-])
+@pytest.mark.parametrize(
+    "section, values, message",
+    [
+        ("build", {"backend": "llmapi2"}, "build.backend = 'llmapi2' is not supported"),
+        ("llmapi", {"free_gpu_memory_fraction": 0.0}, r"must be a number in \(0, 1\]"),
+        ("llmapi", {"free_gpu_memory_fraction": 1.2}, "free_gpu_memory_fraction = 1.2"),
+    ],
+)
 def test_spec_keys_are_validated(tmp_path, section, values, message):
     with pytest.raises(SpecError, match=message):
         make_spec(tmp_path, **{section: values})
 
 
 def test_spec_backend_and_fraction_reach_the_arguments(tmp_path):
-    spec = make_spec(tmp_path, build={"backend": "llmapi"}, llmapi={"free_gpu_memory_fraction": 0.5,
-                                                                   "enable_block_reuse": False})
+    spec = make_spec(
+        tmp_path, build={"backend": "llmapi"}, llmapi={"free_gpu_memory_fraction": 0.5, "enable_block_reuse": False}
+    )
     assert spec.build.backend == "llmapi"
     data = args_mod.llm_args(spec, args_mod.Locations("/t", "/d"))
     assert data["kv_cache_config"] == {"free_gpu_memory_fraction": 0.5, "enable_block_reuse": False}

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.errors import CheckpointError, SpecError
 from specbuild.contract import llmapi as contract
+from specbuild.errors import CheckpointError, SpecError
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +52,10 @@ def test_modelopt_037_quant_config_for_an_unquantized_model_is_removed_or_refuse
     from specbuild.llmapi.checkpoint import check_written
     from specbuild.llmapi.hfexport import quant_algo
 
-    null = {"producer": {"name": "modelopt", "version": "0.37.0"},
-            "quantization": {"quant_algo": None, "kv_cache_quant_algo": None}}
+    null = {
+        "producer": {"name": "modelopt", "version": "0.37.0"},
+        "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+    }
     (tmp_path / contract.HF_QUANT_CONFIG).write_text(json.dumps(null))
     with pytest.raises(CheckpointError, match="Pre-quantized checkpoint must have quant_algo"):
         quant_algo(tmp_path)
@@ -95,13 +97,14 @@ def test_a_folder_specbuild_did_not_write_is_not_replaced(tiny_spec_path):
 def test_the_stand_in_llm_gives_the_engine_paths_target_only_ids(tmp_path, example_tiny):
     """Token for token: the llmapi checkpoints in the stand-in LLM (speculating) vs the engine path's reference
     engines decoding target-only in-process (`generate --local`, K = 0)."""
+    from triton_helpers import make_deployment
+
+    from specbuild.decode.generation import Options
     from specbuild.llmapi.args import llm_args
     from specbuild.llmapi.build import locations
     from specbuild.llmapi.checkpoint import convert_pair
     from specbuild.llmapi.llm import StandInLLM, sampling_from_request
-    from specbuild.decode.generation import Options
     from specbuild.session.local import LocalSession
-    from triton_helpers import make_deployment
 
     deployment = make_deployment(tmp_path, example_tiny)
     convert_pair(deployment.spec, ["target", "draft"], log=lambda m: None)
@@ -110,8 +113,9 @@ def test_the_stand_in_llm_gives_the_engine_paths_target_only_ids(tmp_path, examp
     local = LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
     for prompt in ("# Copyright", "def add(a, b):", '{"name": '):
         expected = local.generate(prompt, Options(max_tokens=24, num_draft_tokens=0, adaptive=False)).to_dict()
-        sampling = sampling_from_request({"max_tokens": 24, "exclude_input_from_output": True,
-                                          "return_perf_metrics": True})
+        sampling = sampling_from_request(
+            {"max_tokens": 24, "exclude_input_from_output": True, "return_perf_metrics": True}
+        )
         outputs = []
         outputs.append(llm.generate(prompt, sampling, streaming=True, on_output=outputs.append))
         final = outputs[-1].outputs[0]
@@ -131,7 +135,11 @@ def test_spec_backend_key_is_every_commands_default(tiny_spec_path):
     text = tiny_spec_path.read_text().replace('# backend = "llmapi"', 'backend = "llmapi"', 1)
     assert 'backend = "llmapi"' in text
     tiny_spec_path.write_text(text)
-    for command in (["convert", "--dry-run", "--json"], ["build", "--dry-run", "--json"], ["repo", "--dry-run", "--json"]):
+    for command in (
+        ["convert", "--dry-run", "--json"],
+        ["build", "--dry-run", "--json"],
+        ["repo", "--dry-run", "--json"],
+    ):
         result = CliRunner().invoke(main, [command[0], "-c", str(tiny_spec_path), *command[1:]])
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout)["backend"] == "llmapi", command

@@ -24,10 +24,16 @@ def test_build_checks_what_the_path_runs_then_probes_the_pinned_names():
     assert model_dir == contract.NVIDIA_MODEL_DIR  # where the nvidia_model shim looks
     [checks] = [b for b in re.split(r"\n(?=RUN )", text) if "trtllm-serve" in b and b.startswith("RUN")]
     assert " || " in checks and "\\\n" in checks
-    for needle in ('test -x "${TRITON_ROOT}/bin/tritonserver"', "backends/python/libtriton_python.so",
-                   'test -f "${LLMAPI_MODEL_DIR}/model.py"', 'test -f "${LLMAPI_MODEL_DIR}/helpers.py"',
-                   "command -v trtllm-serve", "command -v trtllm-llmapi-launch", "m.version('tensorrt_llm')",
-                   "export_hf_checkpoint"):
+    for needle in (
+        'test -x "${TRITON_ROOT}/bin/tritonserver"',
+        "backends/python/libtriton_python.so",
+        'test -f "${LLMAPI_MODEL_DIR}/model.py"',
+        'test -f "${LLMAPI_MODEL_DIR}/helpers.py"',
+        "command -v trtllm-serve",
+        "command -v trtllm-llmapi-launch",
+        "m.version('tensorrt_llm')",
+        "export_hf_checkpoint",
+    ):
         assert needle in checks, needle
     assert text.index(checks) < text.index("COPY pipeline")
     assert "python3 -m specbuild.llmapi.probe" in text.split("COPY pipeline", 1)[1]

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from convert_helpers import make_tokenizer
+
 from specbuild.llmapi.end_ids import every_end_id, stop_token_ids
 
 
 class Logger:
     """triton_python_backend_utils.Logger, keeping what it was told (also for test_llmapi_answered)."""
+
     lines: list[tuple[str, str]] = []
 
     @classmethod
@@ -33,6 +34,7 @@ class Logger:
 
 class BackendUtils:
     """What the wrapper uses of triton_python_backend_utils: its Logger."""
+
     Logger = Logger
 
 
@@ -57,8 +59,9 @@ def model_folder(root: Path, listed, tokenizer: bool = True) -> Path:
     (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": listed}))
     version = root / "tensorrt_llm" / "1"
     version.mkdir(parents=True)
-    (version / "model.yaml").write_text(f"model: {checkpoint}\nbackend: pytorch\n"
-                                        "triton_config:\n  max_batch_size: 4\n  decoupled: true\n")
+    (version / "model.yaml").write_text(
+        f"model: {checkpoint}\nbackend: pytorch\ntriton_config:\n  max_batch_size: 4\n  decoupled: true\n"
+    )
     return version
 
 
@@ -67,8 +70,7 @@ def loaded(model_class, version: Path):
     sys.modules["triton_python_backend_utils"] = BackendUtils
     try:
         model = every_end_id(model_class)()
-        model.initialize({"model_repository": str(version.parent), "model_version": version.name,
-                          "model_config": "{}"})
+        model.initialize({"model_repository": str(version.parent), "model_version": version.name, "model_config": "{}"})
     finally:
         del sys.modules["triton_python_backend_utils"]
     return model
@@ -82,8 +84,13 @@ def test_the_checkpoints_other_end_ids_go_with_every_request_as_stop_token_ids(t
     # ids a request already has come first, each id once
     _, sampling, _, _ = model._convert_request({"prompt": "hi", "sampling": {"stop_token_ids": [7, 30]}})
     assert sampling["stop_token_ids"] == [7, 30, 9]
-    assert Logger.lines == [("info", "[specbuild] end ids: the LLM ends at the tokenizer's eos 2; the checkpoint's "
-                                     "other end ids [9, 7] go with every request as stop_token_ids")]
+    assert Logger.lines == [
+        (
+            "info",
+            "[specbuild] end ids: the LLM ends at the tokenizer's eos 2; the checkpoint's "
+            "other end ids [9, 7] go with every request as stop_token_ids",
+        )
+    ]
 
 
 @pytest.mark.parametrize("listed", [[2], []])

@@ -7,13 +7,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from fakes.build_fixtures import make_spec
+from test_check_memory import LLAMA3_8B, LLAMA32_1B
+
+from specbuild.check.llmapi_memory import plan_memory
 from specbuild.check.memory import CUDA_CONTEXT_BYTES, compute_plan, kv_bytes_per_token
 from specbuild.cli import main
 from specbuild.hfmodel import info_from_config
-from specbuild.check.llmapi_memory import plan_memory
-from test_check_memory import LLAMA3_8B, LLAMA32_1B
 
 
 @pytest.fixture
@@ -23,13 +23,18 @@ def infos():
 
 def test_one_pool_for_both_models_at_the_default_fraction(tmp_path, infos):
     target, draft = infos
-    spec = make_spec(tmp_path, speculative={"max_draft_len": 4, "num_draft_tokens": 3},
-                     build={"max_seq_len": 4096, "max_input_len": 2048})
+    spec = make_spec(
+        tmp_path,
+        speculative={"max_draft_len": 4, "num_draft_tokens": 3},
+        build={"max_seq_len": 4096, "max_input_len": 2048},
+    )
     plan = plan_memory(spec, target, draft)
     engines = compute_plan(spec, target, draft)
     assert plan.fits and plan.free_gpu_memory_fraction == 0.9 and plan.fraction_source == "TensorRT-LLM default"
-    assert plan.weight_bytes_per_gpu == {"target": engines.target.weight_bytes_per_gpu,
-                                         "draft": engines.draft.weight_bytes_per_gpu}
+    assert plan.weight_bytes_per_gpu == {
+        "target": engines.target.weight_bytes_per_gpu,
+        "draft": engines.draft.weight_bytes_per_gpu,
+    }
     # one CUDA context for both models (one process), where the engine plan counts one per model
     assert plan.runtime_bytes_per_gpu < engines.target.runtime_bytes_per_gpu + engines.draft.runtime_bytes_per_gpu
     assert plan.tokens_per_sequence == 4128  # 4096 + K 3 + 1, in blocks of 32
@@ -58,8 +63,13 @@ def test_does_not_fit_names_a_change_that_does(tmp_path, infos):
 
 
 def test_gates_of_this_path(tmp_path, infos):
-    spec = make_spec(tmp_path, gpu={"name": "A100-80GB"}, target={"quantization": "fp8"},
-                     draft={"quantization": "int4_awq"}, speculative={"max_draft_len": 4, "num_draft_tokens": 0})
+    spec = make_spec(
+        tmp_path,
+        gpu={"name": "A100-80GB"},
+        target={"quantization": "fp8"},
+        draft={"quantization": "int4_awq"},
+        speculative={"max_draft_len": 4, "num_draft_tokens": 0},
+    )
     plan = plan_memory(spec, *infos)
     codes = [f.code for f in plan.problems]
     assert "quantization_unsupported_on_gpu" in codes and "quantization_unsupported_on_llmapi" in codes
@@ -67,8 +77,9 @@ def test_gates_of_this_path(tmp_path, infos):
 
 
 def test_check_cli_shows_this_paths_plan(tiny_spec_path):
-    result = CliRunner().invoke(main, ["check", "-c", str(tiny_spec_path), "--backend", "llmapi", "--json",
-                                       "--no-weight-scan"])
+    result = CliRunner().invoke(
+        main, ["check", "-c", str(tiny_spec_path), "--backend", "llmapi", "--json", "--no-weight-scan"]
+    )
     assert result.exit_code == 0, result.output
     memory = json.loads(result.stdout)["memory"]
     assert memory["path"] == "llmapi" and memory["free_gpu_memory_fraction"] == 0.9

@@ -13,11 +13,23 @@ import pytest
 
 from specbuild.contract import llmapi as contract
 
-WRITTEN = ["model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "dtype", "trust_remote_code",
-           "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "kv_cache_config",
-           "disable_overlap_scheduler", "speculative_config"]
+WRITTEN = [
+    "model",
+    "backend",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "dtype",
+    "trust_remote_code",
+    "max_batch_size",
+    "max_input_len",
+    "max_seq_len",
+    "max_num_tokens",
+    "kv_cache_config",
+    "disable_overlap_scheduler",
+    "speculative_config",
+]
 
-ERA_B = '''
+ERA_B = """
 from typing import Optional, Union
 from pydantic import BaseModel, ConfigDict
 
@@ -46,9 +58,9 @@ class KvCacheConfig(StrictBaseModel):
 
 class TorchLlmArgs(StrictBaseModel):
 FIELDS
-'''
+"""
 
-ERA_C = '''
+ERA_C = """
 from typing import Literal, Optional, Union
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from typing_extensions import Annotated
@@ -71,7 +83,7 @@ class KvCacheConfig(StrictBaseModel):
 
 class TorchLlmArgs(StrictBaseModel):
 FIELDS
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -87,8 +99,11 @@ def _stand_ins_end_with_their_test():
 def _install(tmp_path, monkeypatch, source: str, fields: list[str]):
     body = "\n".join(f"    {name}: object = None" for name in fields)
     if "Draft_Target" in source:
-        body = body.replace("    speculative_config: object = None", "    speculative_config: Optional[Annotated[Union["
-                            "DraftTargetDecodingConfig, EagleDecodingConfig], Field(discriminator='decoding_type')]] = None")
+        body = body.replace(
+            "    speculative_config: object = None",
+            "    speculative_config: Optional[Annotated[Union["
+            "DraftTargetDecodingConfig, EagleDecodingConfig], Field(discriminator='decoding_type')]] = None",
+        )
     package = tmp_path / "tensorrt_llm"
     (package / "llmapi").mkdir(parents=True)
     (package / "__init__.py").write_text("")

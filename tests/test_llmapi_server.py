@@ -18,10 +18,10 @@ import uuid
 
 import numpy as np
 import pytest
+from triton_helpers import make_deployment, serving
 
 from specbuild.errors import ClientError
 from specbuild.triton.client import SpecbuildClient
-from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ', "class Parser:"]
@@ -43,8 +43,10 @@ def deployment(tmp_path_factory, example_tiny):
 
 @pytest.fixture(scope="module")
 def servers(deployment):
-    with serving(deployment.llmapi_repo, deployment.root / "llmapi.log") as llmapi, \
-            serving(deployment.repo, deployment.root / "bls.log") as engines:
+    with (
+        serving(deployment.llmapi_repo, deployment.root / "llmapi.log") as llmapi,
+        serving(deployment.repo, deployment.root / "bls.log") as engines,
+    ):
         yield llmapi, engines
 
 
@@ -60,7 +62,8 @@ def target_only(deployment):
     def run(prompt: str, max_tokens: int) -> dict:
         if (prompt, max_tokens) not in cache:
             cache[prompt, max_tokens] = local.generate(
-                prompt, Options(max_tokens=max_tokens, num_draft_tokens=0, adaptive=False)).to_dict()
+                prompt, Options(max_tokens=max_tokens, num_draft_tokens=0, adaptive=False)
+            ).to_dict()
         return cache[prompt, max_tokens]
 
     return run
@@ -71,8 +74,10 @@ def target_only(deployment):
 def test_greedy_text_equals_the_bls_and_target_only(servers, target_only, protocol, stream):
     llmapi, engines = servers
     url = {"grpc": lambda h: h.grpc_url, "http": lambda h: h.http_url}[protocol]
-    with SpecbuildClient(url(llmapi), protocol=protocol) as client, \
-            SpecbuildClient(url(engines), protocol=protocol) as bls:
+    with (
+        SpecbuildClient(url(llmapi), protocol=protocol) as client,
+        SpecbuildClient(url(engines), protocol=protocol) as bls,
+    ):
         for prompt in PROMPTS:
             expected = target_only(prompt, 20)["text"]
             chunks = list(client.generate(prompt, max_tokens=20, stream=stream))
@@ -81,14 +86,16 @@ def test_greedy_text_equals_the_bls_and_target_only(servers, target_only, protoc
             stats = chunks[-1].stats
             assert chunks[-1].final and stats["finish_reason"] == "length" and stats["total_draft_tokens"] > 0
             assert stats["acceptance_rate"] == pytest.approx(
-                stats["total_accepted_draft_tokens"] / stats["total_draft_tokens"], rel=1e-6)
+                stats["total_accepted_draft_tokens"] / stats["total_draft_tokens"], rel=1e-6
+            )
             assert bls.complete(prompt, max_tokens=20, stream=stream)[0] == expected, prompt
             if stream and protocol == "grpc":
                 assert sum(1 for c in chunks if c.text) >= 2  # text arrived in several pieces
 
 
-def _grpc_stream(url, inputs: dict, request_id: str | None = None, timeout: float = 120,
-                 first: threading.Event | None = None) -> list[dict]:
+def _grpc_stream(
+    url, inputs: dict, request_id: str | None = None, timeout: float = 120, first: threading.Event | None = None
+) -> list[dict]:
     """Plain tritonclient: one streamed request; every response's outputs (as numpy) and its final flag."""
     import tritonclient.grpc as grpcclient
 
@@ -101,8 +108,9 @@ def _grpc_stream(url, inputs: dict, request_id: str | None = None, timeout: floa
     out = []
     with grpcclient.InferenceServerClient(url) as client:
         client.start_stream(callback=lambda result=None, error=None: results.put((result, error)))
-        client.async_stream_infer("tensorrt_llm", tensors, request_id=request_id or uuid.uuid4().hex,
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            "tensorrt_llm", tensors, request_id=request_id or uuid.uuid4().hex, enable_empty_final_response=True
+        )
         try:
             while True:
                 result, error = results.get(timeout=timeout)
@@ -130,13 +138,16 @@ def _text(value) -> str:
 def test_plain_tritonclient_stream_is_cumulative_with_data_on_the_final_response(servers, target_only):
     llmapi, _ = servers
     prompt = "def add(a, b):"
-    responses = _grpc_stream(llmapi.grpc_url, {
-        "text_input": (np.array([prompt.encode()], dtype=object), "BYTES"),
-        "sampling_param_max_tokens": (np.array([16], np.int32), "INT32"),
-        "streaming": (np.array([True]), "BOOL"),
-        "return_finish_reason": (np.array([True]), "BOOL"),
-        "sampling_param_return_perf_metrics": (np.array([True]), "BOOL"),
-    })
+    responses = _grpc_stream(
+        llmapi.grpc_url,
+        {
+            "text_input": (np.array([prompt.encode()], dtype=object), "BYTES"),
+            "sampling_param_max_tokens": (np.array([16], np.int32), "INT32"),
+            "streaming": (np.array([True]), "BOOL"),
+            "return_finish_reason": (np.array([True]), "BOOL"),
+            "sampling_param_return_perf_metrics": (np.array([True]), "BOOL"),
+        },
+    )
     texts = [_text(r["outputs"]["text_output"]) for r in responses]
     assert len(responses) >= 3 and responses[-1]["final"] and not any(r["final"] for r in responses[:-1])
     assert all(a and b.startswith(a) for a, b in zip(texts, texts[1:]))  # cumulative, never a delta
@@ -149,14 +160,17 @@ def test_plain_tritonclient_stream_is_cumulative_with_data_on_the_final_response
     drafted = int(_text(metrics["total_draft_tokens"]))
     accepted = int(_text(metrics["total_accepted_draft_tokens"]))
     assert drafted > 0 and float(_text(metrics["acceptance_rate"])) == pytest.approx(accepted / drafted, rel=1e-6)
-    times = [int(_text(metrics[n])) for n in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
-                                              "last_token_time_ns")]
+    times = [
+        int(_text(metrics[n]))
+        for n in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+    ]
     assert times == sorted(times) and times[0] > 0
 
 
 def _generate_http(url, body, endpoint="generate"):
-    request = urllib.request.Request(f"http://{url}/v2/models/tensorrt_llm/{endpoint}", data=json.dumps(body).encode(),
-                                     method="POST")
+    request = urllib.request.Request(
+        f"http://{url}/v2/models/tensorrt_llm/{endpoint}", data=json.dumps(body).encode(), method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, response.read().decode()
@@ -166,8 +180,10 @@ def _generate_http(url, body, endpoint="generate"):
 
 def test_http_generate_as_nvidia_documents_it(servers, target_only):
     llmapi, _ = servers
-    status, body = _generate_http(llmapi.http_url, {"text_input": "# Copyright", "sampling_param_max_tokens": 12,
-                                                    "sampling_param_return_perf_metrics": True})
+    status, body = _generate_http(
+        llmapi.http_url,
+        {"text_input": "# Copyright", "sampling_param_max_tokens": 12, "sampling_param_return_perf_metrics": True},
+    )
     assert status == 200
     doc = json.loads(body)
     assert doc["text_output"] == "# Copyright" + target_only("# Copyright", 12)["text"]
@@ -175,12 +191,15 @@ def test_http_generate_as_nvidia_documents_it(servers, target_only):
     assert isinstance(doc["acceptance_rate"], str) and isinstance(doc["total_draft_tokens"], str)  # NVIDIA's sample
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"sampling_param_max_tokens": 0}, "Error generating request: max_tokens (0) must be greater than 0"),
-    ({"sampling_param_best_of": 2}, "Error generating request: best_of = 2"),
-    ({"stop": True}, "A request id must be provided for request cancellation"),
-    ({"sampling_param_top_p": 1.5}, "Error generating request: top_p (1.5)"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"sampling_param_max_tokens": 0}, "Error generating request: max_tokens (0) must be greater than 0"),
+        ({"sampling_param_best_of": 2}, "Error generating request: best_of = 2"),
+        ({"stop": True}, "A request id must be provided for request cancellation"),
+        ({"sampling_param_top_p": 1.5}, "Error generating request: top_p (1.5)"),
+    ],
+)
 def test_bad_requests_get_nvidias_messages_and_the_server_stays_ready(servers, body, message):
     llmapi, _ = servers
     status, text = _generate_http(llmapi.http_url, {"text_input": "hello", **body})
@@ -191,8 +210,13 @@ def test_bad_requests_get_nvidias_messages_and_the_server_stays_ready(servers, b
 
 def test_wrong_types_and_shapes_are_refused_by_triton(servers):
     llmapi, _ = servers
-    responses = _grpc_stream(llmapi.grpc_url, {"text_input": (np.array([b"hi"], dtype=object), "BYTES"),
-                                               "sampling_param_max_tokens": (np.array([4.0], np.float32), "FP32")})
+    responses = _grpc_stream(
+        llmapi.grpc_url,
+        {
+            "text_input": (np.array([b"hi"], dtype=object), "BYTES"),
+            "sampling_param_max_tokens": (np.array([4.0], np.float32), "FP32"),
+        },
+    )
     assert "error" in responses[-1] and "sampling_param_max_tokens" in responses[-1]["error"]
     responses = _grpc_stream(llmapi.grpc_url, {"text_input": (np.array([[b"hi"]], dtype=object), "BYTES")})
     assert "error" in responses[-1]
@@ -205,8 +229,12 @@ def test_stop_strings_end_the_text_and_are_left_out(servers, deployment, target_
     tokenizer = AutoTokenizer.from_pretrained(str(deployment.spec.pair_dir / "target" / "hf_checkpoint"))
     prompt = "class Parser:"
     ids = target_only(prompt, 20)["output_ids"]
-    index = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i]
-                 and tokenizer(tokenizer.decode([ids[i]]), add_special_tokens=False)["input_ids"] == [ids[i]])
+    index = next(
+        i
+        for i in range(2, len(ids))
+        if ids[i] not in ids[:i]
+        and tokenizer(tokenizer.decode([ids[i]]), add_special_tokens=False)["input_ids"] == [ids[i]]
+    )
     stop = tokenizer.decode([ids[index]])
     with SpecbuildClient(llmapi.http_url, protocol="http") as client:
         text, stats = client.complete(prompt, max_tokens=20, stop_words=[stop])
@@ -220,17 +248,26 @@ def test_a_stop_request_cancels_the_request_with_that_id(servers):
     started = threading.Event()
 
     def long_stream():
-        found["responses"] = _grpc_stream(llmapi.grpc_url, {
-            "text_input": (np.array([b"def add(a, b):"], dtype=object), "BYTES"),
-            "sampling_param_max_tokens": (np.array([500], np.int32), "INT32"),
-            "streaming": (np.array([True]), "BOOL"), "return_finish_reason": (np.array([True]), "BOOL")},
-            request_id="stop-me", first=started)
+        found["responses"] = _grpc_stream(
+            llmapi.grpc_url,
+            {
+                "text_input": (np.array([b"def add(a, b):"], dtype=object), "BYTES"),
+                "sampling_param_max_tokens": (np.array([500], np.int32), "INT32"),
+                "streaming": (np.array([True]), "BOOL"),
+                "return_finish_reason": (np.array([True]), "BOOL"),
+            },
+            request_id="stop-me",
+            first=started,
+        )
 
     worker = threading.Thread(target=long_stream)
     worker.start()
     assert started.wait(60)
-    stopped = _grpc_stream(llmapi.grpc_url, {"text_input": (np.array([b""], dtype=object), "BYTES"),
-                                             "stop": (np.array([True]), "BOOL")}, request_id="stop-me")
+    stopped = _grpc_stream(
+        llmapi.grpc_url,
+        {"text_input": (np.array([b""], dtype=object), "BYTES"), "stop": (np.array([True]), "BOOL")},
+        request_id="stop-me",
+    )
     worker.join(60)
     assert "Request cancelled by client" in stopped[-1]["error"]
     last = found["responses"][-1]
@@ -255,19 +292,28 @@ def test_a_stop_request_ends_a_non_streaming_request_with_cancelled(servers):
 
         def long_request():
             try:
-                found["responses"] = _grpc_stream(llmapi.grpc_url, {
-                    "text_input": (np.array([b"def add(a, b):"], dtype=object), "BYTES"),
-                    "sampling_param_max_tokens": (np.array([500], np.int32), "INT32"),
-                    "streaming": (np.array([False]), "BOOL"), "return_finish_reason": (np.array([True]), "BOOL")},
-                    request_id=request_id, timeout=60)
+                found["responses"] = _grpc_stream(  # noqa: B023 (called within this iteration)
+                    llmapi.grpc_url,
+                    {
+                        "text_input": (np.array([b"def add(a, b):"], dtype=object), "BYTES"),
+                        "sampling_param_max_tokens": (np.array([500], np.int32), "INT32"),
+                        "streaming": (np.array([False]), "BOOL"),
+                        "return_finish_reason": (np.array([True]), "BOOL"),
+                    },
+                    request_id=request_id,  # noqa: B023 (called within this iteration)
+                    timeout=60,
+                )
             except Exception as err:  # noqa: BLE001 - no answer within the deadline
-                found["error"] = err
+                found["error"] = err  # noqa: B023 (called within this iteration)
 
         worker = threading.Thread(target=long_request)
         worker.start()
         while worker.is_alive():  # each stop is answered at once, whether it found the request or not
-            stopped = _grpc_stream(llmapi.grpc_url, {"text_input": (np.array([b""], dtype=object), "BYTES"),
-                                                     "stop": (np.array([True]), "BOOL")}, request_id=request_id)
+            stopped = _grpc_stream(
+                llmapi.grpc_url,
+                {"text_input": (np.array([b""], dtype=object), "BYTES"), "stop": (np.array([True]), "BOOL")},
+                request_id=request_id,
+            )
             assert "Request cancelled by client" in stopped[-1]["error"]
             worker.join(0.05)
         assert "error" not in found, f"the stopped request got no answer: {found['error']!r}"
@@ -316,13 +362,25 @@ def test_triton_metrics_count_the_llmapi_model(servers):
 def test_generate_cli_and_bench_url_work_against_it(servers, deployment, target_only):
     from click.testing import CliRunner
 
-    from specbuild.bench.runner import Settings
     from specbuild.bench.run import run_bench
+    from specbuild.bench.runner import Settings
     from specbuild.cli import main
 
     llmapi, _ = servers
-    result = CliRunner().invoke(main, ["generate", "-c", str(deployment.spec_path), "--url", llmapi.grpc_url,
-                                       "--max-tokens", "12", "--json", "def add(a, b):"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "-c",
+            str(deployment.spec_path),
+            "--url",
+            llmapi.grpc_url,
+            "--max-tokens",
+            "12",
+            "--json",
+            "def add(a, b):",
+        ],
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["text"] == target_only("def add(a, b):", 12)["text"] and doc["finish_reason"] == "length"
@@ -334,12 +392,33 @@ def test_generate_cli_and_bench_url_work_against_it(servers, deployment, target_
     local = target_only("def add(a, b):", 12)
     assert doc["output_ids"] is None and doc["token_ids"].startswith("not sent")
     assert doc["num_output_tokens_estimated"] is False and doc["prompt_ids"] == local["prompt_ids"]
-    through_bls = CliRunner().invoke(main, ["generate", "-c", str(deployment.spec_path), "--url", servers[1].grpc_url,
-                                            "--max-tokens", "12", "--json", "def add(a, b):"])
+    through_bls = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "-c",
+            str(deployment.spec_path),
+            "--url",
+            servers[1].grpc_url,
+            "--max-tokens",
+            "12",
+            "--json",
+            "def add(a, b):",
+        ],
+    )
     bls = json.loads(through_bls.stdout)
-    assert (bls["output_ids"], bls["prompt_ids"]) == (local["output_ids"], local["prompt_ids"]) and "token_ids" not in bls
-    bench = run_bench(deployment.spec, Settings(num_draft_tokens=(0, 1, k), requests=2, max_tokens=12), "json",
-                      url=llmapi.grpc_url, protocol="grpc", threads=1)
+    assert (bls["output_ids"], bls["prompt_ids"]) == (
+        local["output_ids"],
+        local["prompt_ids"],
+    ) and "token_ids" not in bls
+    bench = run_bench(
+        deployment.spec,
+        Settings(num_draft_tokens=(0, 1, k), requests=2, max_tokens=12),
+        "json",
+        url=llmapi.grpc_url,
+        protocol="grpc",
+        threads=1,
+    )
     assert [(r["num_draft_tokens"], r["concurrency"]) for r in bench["runs"]] == [(k, 1)]
     assert bench["runs"][0]["tokens_per_s"] > 0
     assert bench["serving_overhead"]["num_draft_tokens"] == k and bench["serving_overhead"]["triton_over_local"] > 0
@@ -367,9 +446,11 @@ def test_a_stream_the_client_cancels_stops_generating(servers, target_only):
     try:
         raw.start_stream(callback=lambda result=None, error=None: chunks.put((result, error)))
         inputs = []
-        for name, value, dtype in (("text_input", np.array([b"# Copyright"], dtype=object), "BYTES"),
-                                   ("sampling_param_max_tokens", np.array([500], np.int32), "INT32"),
-                                   ("streaming", np.array([True]), "BOOL")):
+        for name, value, dtype in (
+            ("text_input", np.array([b"# Copyright"], dtype=object), "BYTES"),
+            ("sampling_param_max_tokens", np.array([500], np.int32), "INT32"),
+            ("streaming", np.array([True]), "BOOL"),
+        ):
             tensor = grpcclient.InferInput(name, [1], dtype)
             tensor.set_data_from_numpy(value)
             inputs.append(tensor)
@@ -380,8 +461,10 @@ def test_a_stream_the_client_cancels_stops_generating(servers, target_only):
         raw.close()
     deadline, found = time.monotonic() + 60, None  # a deadline: the cancellation loop looks every 100 ms
     while time.monotonic() < deadline and found is None:
-        found = re.search(r"request 'cancel-me' cancelled: stopped after (\d+) characters",
-                          llmapi.log_path.read_text(errors="replace"))
+        found = re.search(
+            r"request 'cancel-me' cancelled: stopped after (\d+) characters",
+            llmapi.log_path.read_text(errors="replace"),
+        )
         time.sleep(0.2)
     # found by the cancellation loop (every 100 ms) before the 500 tokens were done
     assert found is not None and int(found.group(1)) < len(target_only("# Copyright", 500)["text"])
@@ -394,14 +477,23 @@ def test_a_non_decoupled_target_only_deployment(deployment, target_only):
 
     from specbuild.llmapi.repository import write_repository
 
-    spec = dataclasses.replace(deployment.spec, serve=dataclasses.replace(deployment.spec.serve, decoupled=False),
-                               speculative=dataclasses.replace(deployment.spec.speculative, num_draft_tokens=0))
+    spec = dataclasses.replace(
+        deployment.spec,
+        serve=dataclasses.replace(deployment.spec.serve, decoupled=False),
+        speculative=dataclasses.replace(deployment.spec.speculative, num_draft_tokens=0),
+    )
     repo = deployment.root / "llmapi_repo_plain"
     write_repository(spec, repo, runtime="reference")
     with serving(repo, deployment.root / "plain.log") as handle:
-        status, body = _generate_http(handle.http_url, {"text_input": "def add(a, b):", "sampling_param_max_tokens": 12,
-                                                        "sampling_param_exclude_input_from_output": True,
-                                                        "sampling_param_return_perf_metrics": True})
+        status, body = _generate_http(
+            handle.http_url,
+            {
+                "text_input": "def add(a, b):",
+                "sampling_param_max_tokens": 12,
+                "sampling_param_exclude_input_from_output": True,
+                "sampling_param_return_perf_metrics": True,
+            },
+        )
         doc = json.loads(body)
         assert status == 200 and doc["text_output"] == target_only("def add(a, b):", 12)["text"]
         assert doc["total_draft_tokens"] == "0" and doc["acceptance_rate"] == "0.0"
@@ -433,11 +525,11 @@ def test_the_local_llmapi_session_follows_the_export_not_the_original_checkpoint
 
     from safetensors.torch import load_file, save_file
 
+    from specbuild.decode.generation import Options
     from specbuild.llmapi import args as llm_args
     from specbuild.llmapi.checkpoint import checkpoint_dir
     from specbuild.llmapi.llm import Sampling, StandInLLM
     from specbuild.llmapi.local import local_session
-    from specbuild.decode.generation import Options
 
     spec = dataclasses.replace(deployment.spec, output_dir=tmp_path)
     for role in ("target", "draft"):

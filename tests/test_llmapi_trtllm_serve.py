@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from fakes.build_fixtures import make_spec
+from triton_helpers import alive
+
 from specbuild.cli import main
-from specbuild.errors import ArtifactError, ServeError, ToolNotFoundError
 from specbuild.contract import llmapi as contract
+from specbuild.errors import ArtifactError, ServeError, ToolNotFoundError
 from specbuild.llmapi import trtllm_serve
 from specbuild.triton.server import free_port
-from triton_helpers import alive
 
 FAKE = Path(__file__).resolve().parent / "fakes" / "trtllm-serve"
 
@@ -27,8 +27,12 @@ FAKE = Path(__file__).resolve().parent / "fakes" / "trtllm-serve"
 def spec(tmp_path, monkeypatch):
     for name in ("FAKE_TRTLLM_SERVE_MODE", "FAKE_TRTLLM_SERVE_LOAD_S", "FAKE_TRTLLM_SERVE_ARGV"):
         monkeypatch.delenv(name, raising=False)
-    return make_spec(tmp_path, build={"tp_size": 4, "max_seq_len": 2048}, gpu={"count": 4},
-                     speculative={"max_draft_len": 4, "num_draft_tokens": 3})
+    return make_spec(
+        tmp_path,
+        build={"tp_size": 4, "max_seq_len": 2048},
+        gpu={"count": 4},
+        speculative={"max_draft_len": 4, "num_draft_tokens": 3},
+    )
 
 
 def test_argv_is_a_list_of_serve_options_with_the_target_first(spec):
@@ -38,11 +42,19 @@ def test_argv_is_a_list_of_serve_options_with_the_target_first(spec):
     flags = argv[2::2]
     assert set(flags) <= set(contract.SERVE_OPTIONS)
     values = dict(zip(argv[2::2], argv[3::2]))
-    assert values == {"--host": "127.0.0.1", "--port": "9000", "--backend": "pytorch", "--tp_size": "4",
-                      "--pp_size": "1", "--max_batch_size": "4", "--max_num_tokens": "8192", "--max_seq_len": "2048",
-                      "--kv_cache_free_gpu_memory_fraction": "0.9",
-                      "--extra_llm_api_options": str(spec.pair_dir / "llmapi" / "llm_api_options.yaml"),
-                      "--log_level": "info"}
+    assert values == {
+        "--host": "127.0.0.1",
+        "--port": "9000",
+        "--backend": "pytorch",
+        "--tp_size": "4",
+        "--pp_size": "1",
+        "--max_batch_size": "4",
+        "--max_num_tokens": "8192",
+        "--max_seq_len": "2048",
+        "--kv_cache_free_gpu_memory_fraction": "0.9",
+        "--extra_llm_api_options": str(spec.pair_dir / "llmapi" / "llm_api_options.yaml"),
+        "--log_level": "info",
+    }
     assert command.health_url == "http://127.0.0.1:9000/health"
 
 
@@ -51,15 +63,18 @@ def test_serving_needs_the_build_stage(spec):
         trtllm_serve.plan(spec)
 
 
-@pytest.mark.parametrize("launcher, head", [
-    ("srun", ["srun", "-N", "2", "--ntasks", "4", "--ntasks-per-node=2", "--mpi=pmix", "--gres=gpu:2"]),
-    ("mpirun", ["mpirun", "--allow-run-as-root", "-np", "4", "--npernode", "2", "--hostfile", "<hostfile>"]),
-])
+@pytest.mark.parametrize(
+    "launcher, head",
+    [
+        ("srun", ["srun", "-N", "2", "--ntasks", "4", "--ntasks-per-node=2", "--mpi=pmix", "--gres=gpu:2"]),
+        ("mpirun", ["mpirun", "--allow-run-as-root", "-np", "4", "--npernode", "2", "--hostfile", "<hostfile>"]),
+    ],
+)
 def test_multi_node_runs_trtllm_llmapi_launch_on_every_rank(spec, launcher, head):
     command = trtllm_serve.plan(spec, "trtllm-serve", nodes=2, launcher=launcher, require_built=False)
     assert command.launch[: len(head)] == head
     assert command.launch[len(head)] == "trtllm-llmapi-launch"
-    assert command.launch[len(head) + 1:] == command.argv
+    assert command.launch[len(head) + 1 :] == command.argv
 
 
 def test_multi_node_refuses_an_uneven_split(spec):
@@ -69,19 +84,25 @@ def test_multi_node_refuses_an_uneven_split(spec):
 
 def test_dry_run_prints_the_multi_node_command(spec, tmp_path):
     spec_path = tmp_path / "specbuild.toml"
-    spec_path.write_text(f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n'
-                         '[draft]\ncheckpoint = "d"\n[build]\ntp_size = 4\n[gpu]\ncount = 4\n')
-    result = CliRunner().invoke(main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--nodes", "2",
-                                       "--dry-run"])
+    spec_path.write_text(
+        f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n'
+        '[draft]\ncheckpoint = "d"\n[build]\ntp_size = 4\n[gpu]\ncount = 4\n'
+    )
+    result = CliRunner().invoke(
+        main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--nodes", "2", "--dry-run"]
+    )
     assert result.exit_code == 0, result.output
     argv = shlex.split(result.output.strip())
     assert argv[:3] == ["srun", "-N", "2"] and "trtllm-llmapi-launch" in argv and "trtllm-serve" in argv
-    result = CliRunner().invoke(main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--dry-run", "--json"])
+    result = CliRunner().invoke(
+        main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--dry-run", "--json"]
+    )
     document = json.loads(result.output)
     assert document["server"] == "trtllm-serve" and document["multi_node"] is None
     assert document["argv"][0] == "trtllm-serve"
-    result = CliRunner().invoke(main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--backend",
-                                       "reference", "--dry-run"])
+    result = CliRunner().invoke(
+        main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--backend", "reference", "--dry-run"]
+    )
     assert result.exit_code == 2 and "use --backend llmapi" in result.output
 
 
@@ -128,8 +149,9 @@ def test_a_server_that_never_gets_healthy_times_out_and_is_stopped(spec, tmp_pat
 
 def test_cli_once_starts_the_fake_waits_for_health_and_stops(spec, tmp_path, monkeypatch):
     spec_path = tmp_path / "specbuild.toml"
-    spec_path.write_text(f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n'
-                         '[draft]\ncheckpoint = "d"\n')
+    spec_path.write_text(
+        f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
+    )
     folder = tmp_path / "engines" / "pair" / "llmapi"  # what `build --backend llmapi` records
     folder.mkdir(parents=True)
     from specbuild.config import load_spec
@@ -137,11 +159,26 @@ def test_cli_once_starts_the_fake_waits_for_health_and_stops(spec, tmp_path, mon
     from specbuild.llmapi.build import locations
 
     args = llm_args(load_spec(spec_path), locations(load_spec(spec_path)))
-    (folder / "manifest.json").write_text(json.dumps({"manifest_version": 1, "stage": "build-llmapi",
-                                                      "llm_args": args}))
+    (folder / "manifest.json").write_text(
+        json.dumps({"manifest_version": 1, "stage": "build-llmapi", "llm_args": args})
+    )
     port = free_port()
-    result = CliRunner().invoke(main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--trtllm-serve",
-                                       str(FAKE), "--http-port", str(port), "--once", "--json"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "serve",
+            "-c",
+            str(spec_path),
+            "--server",
+            "trtllm-serve",
+            "--trtllm-serve",
+            str(FAKE),
+            "--http-port",
+            str(port),
+            "--once",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["status"] == "ready" and document["endpoints"]["http"] == f"http://127.0.0.1:{port}"
@@ -151,9 +188,24 @@ def test_cli_once_starts_the_fake_waits_for_health_and_stops(spec, tmp_path, mon
 
     monkeypatch.setenv("FAKE_TRTLLM_SERVE_MODE", "ignore-sigterm")  # --exit-timeout bounds the stop
     started = time.monotonic()
-    result = CliRunner().invoke(main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--trtllm-serve",
-                                       str(FAKE), "--http-port", str(free_port()), "--once", "--json",
-                                       "--exit-timeout", "1"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "serve",
+            "-c",
+            str(spec_path),
+            "--server",
+            "trtllm-serve",
+            "--trtllm-serve",
+            str(FAKE),
+            "--http-port",
+            str(free_port()),
+            "--once",
+            "--json",
+            "--exit-timeout",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     # --exit-timeout 1 reached the handle: with the default the stop alone would take STOP_TIMEOUT_S (60 s). The
     # whole run (the fake starts in about 1 s, then 1 s and a SIGKILL) took under 3 s; 5 times that is far below.
@@ -165,18 +217,21 @@ def test_serve_names_the_end_ids_a_client_must_send_as_stop_token_ids(tmp_path):
     """trtllm-serve's LLM ends at its tokenizer's eos only: a checkpoint listing more end ids (Llama 3.x instruct lists
     three) gets them printed, and in the JSON documents, for clients to send as stop_token_ids."""
     from convert_helpers import make_tokenizer
+
     from specbuild.config import load_spec
     from specbuild.llmapi.args import llm_args
     from specbuild.llmapi.build import locations
 
     spec_path = tmp_path / "specbuild.toml"
-    spec_path.write_text(f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n'
-                         '[draft]\ncheckpoint = "d"\n')
+    spec_path.write_text(
+        f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
+    )
     folder = tmp_path / "engines" / "pair" / "llmapi"
     folder.mkdir(parents=True)
     args = llm_args(load_spec(spec_path), locations(load_spec(spec_path)))
-    (folder / "manifest.json").write_text(json.dumps({"manifest_version": 1, "stage": "build-llmapi",
-                                                      "llm_args": args}))
+    (folder / "manifest.json").write_text(
+        json.dumps({"manifest_version": 1, "stage": "build-llmapi", "llm_args": args})
+    )
     checkpoint = Path(args["model"])  # the target's Hugging Face export: its tokenizer's eos is 2
     checkpoint.mkdir(parents=True)
     make_tokenizer(checkpoint, 64)
@@ -185,8 +240,9 @@ def test_serve_names_the_end_ids_a_client_must_send_as_stop_token_ids(tmp_path):
 
     result = CliRunner().invoke(main, [*serve, "--http-port", str(free_port()), "--once"])
     assert result.exit_code == 0, result.output
-    assert ("end ids: trtllm-serve ends at the tokenizer's eos 2 only; send \"stop_token_ids\": [9, 7] with each "
-            "request") in result.stdout
+    assert (
+        'end ids: trtllm-serve ends at the tokenizer\'s eos 2 only; send "stop_token_ids": [9, 7] with each request'
+    ) in result.stdout
     result = CliRunner().invoke(main, [*serve, "--http-port", str(free_port()), "--once", "--json"])
     document = json.loads(result.stdout)
     assert (document["end_id"], document["stop_token_ids"]) == (2, [9, 7])
@@ -211,23 +267,30 @@ def test_a_stop_that_hangs_is_killed_after_the_stop_timeout(spec, tmp_path, monk
     assert code == -9 and 1.0 <= seconds < 30 and not alive(pid)
 
 
-@pytest.mark.parametrize("option", [["--allow-api", "logging"], ["--no-supervise"], ["--canary-interval", "5"],
-                                    ["--max-restarts", "3"]])
+@pytest.mark.parametrize(
+    "option", [["--allow-api", "logging"], ["--no-supervise"], ["--canary-interval", "5"], ["--max-restarts", "3"]]
+)
 def test_tritonserver_only_options_are_refused_with_trtllm_serve(tmp_path, option):
     spec_path = tmp_path / "specbuild.toml"
-    spec_path.write_text(f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n'
-                         '[draft]\ncheckpoint = "d"\n')
+    spec_path.write_text(
+        f'name = "pair"\noutput_dir = "{tmp_path / "engines"}"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
+    )
     result = CliRunner().invoke(main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", *option, "--dry-run"])
     assert result.exit_code == 2
     assert f"{option[0]}: for tritonserver (Triton's restricted APIs, the supervisor)" in result.output
-    result = CliRunner().invoke(main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--exit-timeout",
-                                       "5", "--dry-run"])
+    result = CliRunner().invoke(
+        main, ["serve", "-c", str(spec_path), "--server", "trtllm-serve", "--exit-timeout", "5", "--dry-run"]
+    )
     assert result.exit_code == 0, result.output
 
 
 def test_fake_refuses_unknown_options(tmp_path):
     import subprocess
 
-    out = subprocess.run([sys.executable, str(FAKE), "/m", "--speculative_config", "x"], capture_output=True, text=True,
-                         env={**os.environ})
+    out = subprocess.run(
+        [sys.executable, str(FAKE), "/m", "--speculative_config", "x"],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+    )
     assert out.returncode == 2 and "No such option" in out.stderr

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from specbuild.triton.client import SpecbuildClient
-from specbuild.triton import procfs
 from triton_helpers import alive, read_ready_document
+
+from specbuild.triton import procfs
+from specbuild.triton.client import SpecbuildClient
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 STAGES = ["check", "convert", "build", "repo", "serve"]
@@ -30,8 +30,14 @@ def _free_ports(spec_path):
 
 
 def _run(spec_path, *argv, timeout=900):
-    return subprocess.run([sys.executable, "-m", "specbuild", *argv, "-c", str(spec_path)], capture_output=True,
-                          text=True, timeout=timeout, cwd=spec_path.parent, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "specbuild", *argv, "-c", str(spec_path)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=spec_path.parent,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_up_llmapi_once_then_serve_and_sigterm(tiny_spec_path):
@@ -65,10 +71,26 @@ def test_up_llmapi_once_then_serve_and_sigterm(tiny_spec_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert [s["status"] for s in json.loads(again.stdout)["stages"]] == ["skipped"] * 4 + ["planned"], again.stdout
 
-    process = subprocess.Popen([sys.executable, "-m", "specbuild", "serve", "-c", str(tiny_spec_path), "--repo",
-                                str(repo), "--backend", "llmapi", "--json"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=tiny_spec_path.parent,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specbuild",
+            "serve",
+            "-c",
+            str(tiny_spec_path),
+            "--repo",
+            str(repo),
+            "--backend",
+            "llmapi",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tiny_spec_path.parent,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         document = read_ready_document(process)
         assert document["status"] == "ready" and document["backend"] == "llmapi"
@@ -90,9 +112,9 @@ def test_up_llmapi_once_then_serve_and_sigterm(tiny_spec_path):
     assert wrong.returncode == 1 and "is a 'llmapi' repository, not 'reference'" in wrong.stderr
 
 
-
-def test_up_writes_the_llm_api_repository_on_the_checkpoints_it_converted_where_tensorrt_llm_runs(tiny_spec_path,
-                                                                                               monkeypatch):
+def test_up_writes_the_llm_api_repository_on_the_checkpoints_it_converted_where_tensorrt_llm_runs(
+    tiny_spec_path, monkeypatch
+):
     """Where tensorrt_llm is importable (a GPU image; faked importable here) the repository's runtime is NVIDIA's
     model, and `up` (so `selftest`'s LLM API step) must name the checkpoints its own convert stage wrote, not the
     compose mount /engines/<pair> that `specbuild repo` defaults to there: NVIDIA's model.py calls LLM() on them."""
@@ -105,8 +127,11 @@ def test_up_writes_the_llm_api_repository_on_the_checkpoints_it_converted_where_
     from specbuild.up.stages import UpContext, run_up
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: importlib.machinery.ModuleSpec(name, None)
-                        if name == "tensorrt_llm" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: importlib.machinery.ModuleSpec(name, None) if name == "tensorrt_llm" else find_spec(name, *a),
+    )
     spec = load_spec(tiny_spec_path)
     repo = tiny_spec_path.parent / "llmapi_repo"
     ctx = UpContext(spec=spec, backend="llmapi", force=False, dry_run=False, once=True, repo=repo, log=lambda m: None)

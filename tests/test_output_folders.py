@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from fakes.build_fixtures import FAKE_TRTLLM_BUILD, fake_checkpoint
+
 from specbuild.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,15 +39,19 @@ def contents(path: Path) -> dict[str, bytes]:
 
 def repo_spec(tmp_path: Path) -> Path:
     path = tmp_path / "specbuild.toml"
-    path.write_text('name = "pair-x"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
-                    '[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 2\n')
+    path.write_text(
+        'name = "pair-x"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
+        "[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 2\n"
+    )
     return path
 
 
 def not_ours(path: Path, stage: str) -> str:
-    return (f"Error: {path} exists and was not written by specbuild (it has no specbuild manifest.json): {stage} "
-            "will not replace it or delete anything in it, not even with --force. Choose another folder (a new or "
-            "empty one), or move its contents away.\n")
+    return (
+        f"Error: {path} exists and was not written by specbuild (it has no specbuild manifest.json): {stage} "
+        "will not replace it or delete anything in it, not even with --force. Choose another folder (a new or "
+        "empty one), or move its contents away.\n"
+    )
 
 
 @pytest.mark.parametrize("force", [[], ["--force"]])
@@ -76,8 +80,10 @@ def test_repo_refuses_a_checkpoint_folder_even_with_force(tmp_path):
     before = contents(engine)
     result = run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(engine), "--force")
     assert result.exit_code == 1
-    assert result.output.startswith(f"Error: {engine} holds specbuild's TensorRT-LLM checkpoint (convert), not a "
-                                    "Triton model repository (repo): it will not be replaced, not even with --force.")
+    assert result.output.startswith(
+        f"Error: {engine} holds specbuild's TensorRT-LLM checkpoint (convert), not a "
+        "Triton model repository (repo): it will not be replaced, not even with --force."
+    )
     assert contents(engine) == before
 
 
@@ -121,9 +127,11 @@ def test_repo_keeps_files_added_to_its_own_folder(tmp_path):
     assert again.exit_code == 0 and "up to date" in again.output
     forced = run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(out), "--force")
     assert forced.exit_code == 1
-    assert forced.output == (f"Error: {out} is specbuild's Triton model repository (repo), but holds files specbuild "
-                             "did not write (tensorrt_llm_bls/NOTES.md): repo will not replace it, not even with "
-                             "--force. Move those files out of it, or choose another folder.\n")
+    assert forced.output == (
+        f"Error: {out} is specbuild's Triton model repository (repo), but holds files specbuild "
+        "did not write (tensorrt_llm_bls/NOTES.md): repo will not replace it, not even with "
+        "--force. Move those files out of it, or choose another folder.\n"
+    )
     assert (out / "tensorrt_llm_bls" / "NOTES.md").read_text() == "tuning notes"
 
 
@@ -148,7 +156,7 @@ def test_up_refuses_the_repo_folder_before_converting(tiny_spec_path):
     assert result.exit_code == 1
     doc = json.loads(result.stdout)
     assert [(s["stage"], s["status"]) for s in doc["stages"]] == [("check", "failed")]
-    assert doc["stages"][0]["error"] == not_ours(out, "repo")[len("Error: "):-1]
+    assert doc["stages"][0]["error"] == not_ours(out, "repo")[len("Error: ") : -1]
     assert contents(out) == before
     assert not (tiny_spec_path.parent / "engines").exists()  # nothing converted first
 
@@ -176,9 +184,11 @@ def test_convert_refuses_a_checkpoint_folder_it_did_not_write(tmp_path, force):
 
 def build_spec(tmp_path: Path) -> Path:
     path = tmp_path / "specbuild.toml"
-    path.write_text('name = "pair"\noutput_dir = "engines"\n[target]\ncheckpoint = "hf-target"\n'
-                    '[draft]\ncheckpoint = "hf-draft"\n[speculative]\nmax_draft_len = 5\nnum_draft_tokens = 4\n'
-                    "[build]\nmax_batch_size = 2\nmax_input_len = 512\nmax_seq_len = 1024\nmax_num_tokens = 2048\n")
+    path.write_text(
+        'name = "pair"\noutput_dir = "engines"\n[target]\ncheckpoint = "hf-target"\n'
+        '[draft]\ncheckpoint = "hf-draft"\n[speculative]\nmax_draft_len = 5\nnum_draft_tokens = 4\n'
+        "[build]\nmax_batch_size = 2\nmax_input_len = 512\nmax_seq_len = 1024\nmax_num_tokens = 2048\n"
+    )
     return path
 
 

@@ -12,17 +12,19 @@ import pytest
 
 from specbuild import quantization
 from specbuild.bench import theory
-from specbuild.contract import build_rules as rules
 from specbuild.check import advice, memory
 from specbuild.config import GPUS, QUANTIZATIONS, GpuSpec, Spec, spec_from_dict
+from specbuild.contract import build_rules as rules
+from specbuild.contract import llmapi as contract
 from specbuild.convert import formats, verify
 from specbuild.errors import BuildError, SpecError
-from specbuild.contract import llmapi as contract
 
 
 def spec_on(gpu: str, quantization_name: str, tmp_path) -> Spec:
-    spec = spec_from_dict({"name": "p", "target": {"checkpoint": str(tmp_path / "t")},
-                           "draft": {"checkpoint": str(tmp_path / "d")}}, base_dir=tmp_path)
+    spec = spec_from_dict(
+        {"name": "p", "target": {"checkpoint": str(tmp_path / "t")}, "draft": {"checkpoint": str(tmp_path / "d")}},
+        base_dir=tmp_path,
+    )
     target = dataclasses.replace(spec.target, quantization=quantization_name)
     return dataclasses.replace(spec, target=target, gpu=GpuSpec(name=gpu))
 

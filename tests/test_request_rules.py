@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 from specbuild.contract.words import to_word_list, word_sequences
-from specbuild.errors import RequestError
 from specbuild.decode.generation import Options
-from specbuild.session.local import LocalSession
 from specbuild.decode.request import NO_END_ID, RequestRules
+from specbuild.errors import RequestError
+from specbuild.session.local import LocalSession
 from specbuild.speculative.interfaces import SamplingParams
-from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 VOCAB = 24
 
@@ -33,7 +33,9 @@ def test_k_is_the_requests_else_the_default_clamped_to_max_draft_len_and_nothing
     clamped = rules().prepare(max_tokens=8, sampling=SamplingParams(), num_draft_tokens=50)
     assert (clamped.k.k, clamped.k.clamped, clamped.request.num_draft_tokens) == (6, True, 6)
     assert rules(adaptive=True).prepare(max_tokens=8, sampling=SamplingParams()).request.adaptive
-    assert not rules(adaptive=True).prepare(max_tokens=8, sampling=SamplingParams(), num_draft_tokens=0).request.adaptive
+    assert (
+        not rules(adaptive=True).prepare(max_tokens=8, sampling=SamplingParams(), num_draft_tokens=0).request.adaptive
+    )
     assert not rules(adaptive=True).prepare(max_tokens=8, sampling=SamplingParams(), adaptive=False).request.adaptive
 
 
@@ -67,14 +69,16 @@ def test_a_local_generation_ends_with_the_first_stop_word_it_produces():
     target = random_model(VOCAB, order=2, scale=3.0, seed=1)
     draft = NGramModel(target.table + np.random.default_rng(2).normal(0.0, 0.5, size=target.table.shape))
     tokenizer = CharTokenizer()
-    session = LocalSession(ToyDrafter(draft), ToyVerifier(target, max_draft_len=4), encode=tokenizer.encode,
-                           tokenizer=tokenizer)
+    session = LocalSession(
+        ToyDrafter(draft), ToyVerifier(target, max_draft_len=4), encode=tokenizer.encode, tokenizer=tokenizer
+    )
     options = Options(max_tokens=24, num_draft_tokens=3, adaptive=False)
     undisturbed = session.generate("abc", options, text=False).output_ids
     at = next(i for i in range(2, len(undisturbed)) if undisturbed[i] not in undisturbed[:i])
     word = chr(ord("a") + (undisturbed[at] - ord("a")) % VOCAB)  # a character that tokenizes to that id
     assert tokenizer.encode(word, add_special_tokens=False) == [undisturbed[at]]
-    stopped = session.generate("abc", Options(max_tokens=24, num_draft_tokens=3, adaptive=False, stop=(word,)),
-                               text=False)
-    assert stopped.output_ids == undisturbed[:at + 1]
+    stopped = session.generate(
+        "abc", Options(max_tokens=24, num_draft_tokens=3, adaptive=False, stop=(word,)), text=False
+    )
+    assert stopped.output_ids == undisturbed[: at + 1]
     assert (stopped.finish_reason, stopped.stop_reason) == ("stop", word)

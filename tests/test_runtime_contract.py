@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
+
+from specbuild.contract.sampling import TrtllmSampling
 from specbuild.errors import RequestError
 from specbuild.reference.contract_model import ContractModel, Limits
 from specbuild.reference.engine import ReferenceEngine
 from specbuild.reference.model import LlamaModel
-from specbuild.contract.sampling import TrtllmSampling
 
 VOCAB = 97
 
@@ -28,14 +28,17 @@ def contract(model):
 
 
 def req(ids, out_len, **extra):
-    r = {"input_ids": np.array(ids, np.int32), "input_lengths": np.array([len(ids)], np.int32),
-         "request_output_len": np.array([out_len], np.int32)}
+    r = {
+        "input_ids": np.array(ids, np.int32),
+        "input_lengths": np.array([len(ids)], np.int32),
+        "request_output_len": np.array([out_len], np.int32),
+    }
     r.update({k: np.asarray(v) for k, v in extra.items()})
     return r
 
 
 def greedy_continuation(contract, ids, n):
-    return contract(req(ids, n))["output_ids"][0, len(ids):].tolist()
+    return contract(req(ids, n))["output_ids"][0, len(ids) :].tolist()
 
 
 def test_decode_outputs_names_dtypes_shapes(contract):
@@ -47,7 +50,7 @@ def test_decode_outputs_names_dtypes_shapes(contract):
     assert out["sequence_length"].dtype == np.int32 and out["sequence_length"].tolist() == [len(ids) + 5]
     logits = out["generation_logits"]
     assert logits.dtype == np.float32 and logits.shape == (1, 5, VOCAB)
-    assert out["output_ids"][0, len(ids):].tolist() == np.argmax(logits[0], axis=1).tolist()
+    assert out["output_ids"][0, len(ids) :].tolist() == np.argmax(logits[0], axis=1).tolist()
 
 
 def test_verify_accepts_the_targets_own_continuation_plus_bonus(contract):
@@ -73,8 +76,9 @@ def test_verify_rejects_at_first_mismatch_and_recovers_the_targets_token(contrac
     ids = prompts(1, VOCAB, seed=3)[0]
     cont = greedy_continuation(contract, ids, 4)
     wrong = (cont[2] + 1) % VOCAB
-    out = contract(req(ids, 5, draft_input_ids=np.array(cont[:2] + [wrong, cont[3]], np.int32),
-                       return_perf_metrics=[True]))
+    out = contract(
+        req(ids, 5, draft_input_ids=np.array(cont[:2] + [wrong, cont[3]], np.int32), return_perf_metrics=[True])
+    )
     assert out["output_ids"][0].tolist() == ids + cont[:3]  # 2 accepted, then the target's own token
     assert out["total_accepted_draft_tokens"].tolist() == [2]
     assert out["acceptance_rate"].tolist() == [0.5]
@@ -100,11 +104,11 @@ def test_a_stop_word_ends_the_output_and_stays_in_it(contract):
     ids = prompts(1, VOCAB, seed=4)[0]
     cont = greedy_continuation(contract, ids, 8)
     at = next(i for i in range(2, 8) if cont[i] not in cont[:i])
-    words = from_sequences([[cont[at - 1:at + 1], [VOCAB + 5]]])  # a two-token word, and one never generated
+    words = from_sequences([[cont[at - 1 : at + 1], [VOCAB + 5]]])  # a two-token word, and one never generated
     out = contract(req(ids, 8, stop_words_list=words))
-    assert out["output_ids"][0].tolist() == ids + cont[:at + 1]
+    assert out["output_ids"][0].tolist() == ids + cont[: at + 1]
     verified = contract(req(ids, 8, draft_input_ids=np.array(cont[:6], np.int32), stop_words_list=words))
-    assert verified["output_ids"][0].tolist() == ids + cont[:min(at + 1, 7)]
+    assert verified["output_ids"][0].tolist() == ids + cont[: min(at + 1, 7)]
 
 
 def test_batched_call_equals_single_calls(model, contract):
@@ -126,14 +130,21 @@ def test_batched_call_equals_single_calls(model, contract):
 
 def test_sampling_is_deterministic_given_the_seed(contract):
     ids = prompts(1, VOCAB, seed=6)[0]
-    sampling = {"temperature": np.array([1.0], np.float32), "runtime_top_k": np.array([20], np.int32),
-                "runtime_top_p": np.array([0.9], np.float32)}
+    sampling = {
+        "temperature": np.array([1.0], np.float32),
+        "runtime_top_k": np.array([20], np.int32),
+        "runtime_top_p": np.array([0.9], np.float32),
+    }
     runs = [contract(req(ids, 12, seed=np.array([s], np.uint64), **sampling))["output_ids"].tolist() for s in (1, 1, 2)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
     logits = np.random.default_rng(0).normal(size=(3, VOCAB)).astype(np.float32)
     draft = np.argmax(logits, axis=1).astype(np.int32)
-    verify = [contract(req(ids, 4, draft_input_ids=draft, draft_logits=logits, seed=np.array([9], np.uint64),
-                           **sampling))["output_ids"].tolist() for _ in range(2)]
+    verify = [
+        contract(req(ids, 4, draft_input_ids=draft, draft_logits=logits, seed=np.array([9], np.uint64), **sampling))[
+            "output_ids"
+        ].tolist()
+        for _ in range(2)
+    ]
     assert verify[0] == verify[1]
 
 
@@ -145,15 +156,23 @@ def test_sampling_is_deterministic_given_the_seed(contract):
         (lambda r: r.update(input_ids=np.array([1.5, 2.0])), "must be a 1-D integer array"),
         (lambda r: r.update(input_lengths=np.array([9], np.int32)), "input_lengths = 9 does not fit input_ids"),
         (lambda r: r.update(request_output_len=np.array([0], np.int32)), "request_output_len = 0"),
-        (lambda r: r.update(draft_input_ids=np.arange(9, dtype=np.int32)),
-         "Draft tokens length (9) exceeds maximum draft tokens length (8)."),
-        (lambda r: r.update(draft_input_ids=np.array([1, 2], np.int32), draft_logits=np.zeros((3, 97), np.float32)),
-         "draft_logits has shape (3, 97), expected [num_draft_tokens, vocab] = [2, 97]"),
-        (lambda r: r.update(input_ids=np.arange(64, dtype=np.int32) % 97, input_lengths=np.array([64], np.int32)),
-         "Prompt length (64) exceeds maximum input length (63). Set log level to info and check TRTGptModel logs"),
+        (
+            lambda r: r.update(draft_input_ids=np.arange(9, dtype=np.int32)),
+            "Draft tokens length (9) exceeds maximum draft tokens length (8).",
+        ),
+        (
+            lambda r: r.update(draft_input_ids=np.array([1, 2], np.int32), draft_logits=np.zeros((3, 97), np.float32)),
+            "draft_logits has shape (3, 97), expected [num_draft_tokens, vocab] = [2, 97]",
+        ),
+        (
+            lambda r: r.update(input_ids=np.arange(64, dtype=np.int32) % 97, input_lengths=np.array([64], np.int32)),
+            "Prompt length (64) exceeds maximum input length (63). Set log level to info and check TRTGptModel logs",
+        ),
         (lambda r: r.update(end_id=np.array([97], np.int32)), "EndId (97) is not within acceptable range [-1, 97)."),
-        (lambda r: r.update(temperature=np.array([-1.0], np.float32)),
-         "[TensorRT-LLM][ERROR] Assertion failed: temperature.value() >= 0.f"),
+        (
+            lambda r: r.update(temperature=np.array([-1.0], np.float32)),
+            "[TensorRT-LLM][ERROR] Assertion failed: temperature.value() >= 0.f",
+        ),
         (lambda r: r.update(runtime_top_p=np.array([1.5], np.float32)), "Assertion failed: topP.value() <= 1.f"),
         (lambda r: r.update(runtime_top_k=np.array([-1], np.int32)), "Assertion failed: topK.value() >= 0"),
     ],
@@ -177,6 +196,7 @@ def test_one_bad_request_does_not_fail_the_others(contract):
 
 
 # --- TensorRT-LLM's sampling-parameter semantics (runtime.trtllm_sampling) ------------------------
+
 
 @pytest.mark.parametrize(
     "tensors, greedy, top_k, top_p",
@@ -203,25 +223,44 @@ def test_temperature_scaling_happens_in_the_logits_dtype():
     half = sampling.probs(np.array([3.0, 2.0, 0.1, -1.0]), "float16")
     np.testing.assert_allclose(half, [1 / 3, 1 / 3, 1 / 3, 0.0], atol=1e-12)
     # float32: no saturation, but logits 1.2e-7 apart stay close after the 1e6 scale: still a coin flip.
-    single = sampling.probs(np.array([1.0, np.nextafter(np.float32(1.0), np.float32(2.0)), -3.0], np.float32), "float32")
+    single = sampling.probs(
+        np.array([1.0, np.nextafter(np.float32(1.0), np.float32(2.0)), -3.0], np.float32), "float32"
+    )
     assert 0.3 < single[0] < 0.5 and 0.5 < single[1] < 0.7 and single[2] == 0.0
     # temperature 1.0 is not applied at all; 0.5 doubles the logits (1 / (0.5 + 1e-6) in float32).
-    np.testing.assert_allclose(TrtllmSampling.from_tensors(temperature=1.0, top_p=1.0).probs(np.array([0.0, 1.0]), "float32"),
-                               [1 / (1 + np.e), np.e / (1 + np.e)], rtol=1e-6)
-    np.testing.assert_allclose(TrtllmSampling.from_tensors(temperature=0.5, top_p=1.0).probs(np.array([0.0, 1.0]), "float32"),
-                               [1 / (1 + np.e**2), np.e**2 / (1 + np.e**2)], rtol=1e-5)
+    np.testing.assert_allclose(
+        TrtllmSampling.from_tensors(temperature=1.0, top_p=1.0).probs(np.array([0.0, 1.0]), "float32"),
+        [1 / (1 + np.e), np.e / (1 + np.e)],
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+        TrtllmSampling.from_tensors(temperature=0.5, top_p=1.0).probs(np.array([0.0, 1.0]), "float32"),
+        [1 / (1 + np.e**2), np.e**2 / (1 + np.e**2)],
+        rtol=1e-5,
+    )
 
 
 def test_temperature_zero_with_top_k_zero_samples_instead_of_greedy(model):
     """What every draft/verify call used to send: on float16 logits TensorRT-LLM samples among saturated logits."""
-    half = ContractModel(ReferenceEngine(model), Limits(max_batch_size=4, max_seq_len=64, max_draft_len=8,
-                                                        logits_dtype="float16"))
+    half = ContractModel(
+        ReferenceEngine(model), Limits(max_batch_size=4, max_seq_len=64, max_draft_len=8, logits_dtype="float16")
+    )
     ids = prompts(1, VOCAB, seed=7)[0]
     greedy = half(req(ids, 8))["output_ids"].tolist()
     assert half(req(ids, 8, runtime_top_k=np.array([1], np.int32)))["output_ids"].tolist() == greedy
-    old = [half(req(ids, 8, temperature=np.array([0.0], np.float32), runtime_top_k=np.array([0], np.int32),
-                    runtime_top_p=np.array([1.0], np.float32), seed=np.array([s], np.uint64)))["output_ids"].tolist()
-           for s in range(4)]
+    old = [
+        half(
+            req(
+                ids,
+                8,
+                temperature=np.array([0.0], np.float32),
+                runtime_top_k=np.array([0], np.int32),
+                runtime_top_p=np.array([1.0], np.float32),
+                seed=np.array([s], np.uint64),
+            )
+        )["output_ids"].tolist()
+        for s in range(4)
+    ]
     assert all(run != greedy for run in old) and len({str(run) for run in old}) > 1
 
 
@@ -229,7 +268,11 @@ def test_unseeded_sampling_uses_the_default_seed_zero(contract):
     ids = prompts(1, VOCAB, seed=8)[0]
     sampling = {"temperature": np.array([1.0], np.float32), "runtime_top_p": np.array([1.0], np.float32)}
     unseeded = [contract(req(ids, 10, **sampling))["output_ids"].tolist() for _ in range(2)]
-    assert unseeded[0] == unseeded[1] == contract(req(ids, 10, seed=np.array([0], np.uint64), **sampling))["output_ids"].tolist()
+    assert (
+        unseeded[0]
+        == unseeded[1]
+        == contract(req(ids, 10, seed=np.array([0], np.uint64), **sampling))["output_ids"].tolist()
+    )
 
 
 def test_generation_logits_are_in_the_engines_logits_dtype(model):
@@ -239,6 +282,7 @@ def test_generation_logits_are_in_the_engines_logits_dtype(model):
 
 
 # --- the executor's length rules (LlmRequest::validate) ------------------------------------------
+
 
 def test_largest_input_is_min_of_max_seq_len_minus_one_and_max_num_tokens(model):
     limited = ContractModel(ReferenceEngine(model), Limits(max_seq_len=64, max_draft_len=8, max_num_tokens=8))
@@ -263,8 +307,21 @@ def test_a_draft_beyond_the_input_limit_is_cut(model):
 
 
 def test_limits_come_from_engine_json():
-    limits = Limits.from_engine({"max_batch_size": 4, "max_seq_len": 518, "max_draft_len": 6, "max_num_tokens": 2048,
-                                 "logits_dtype": "float16"}, default_max_seq_len=512)
-    assert (limits.max_seq_len, limits.max_num_tokens, limits.logits_dtype, limits.max_input_len) == (518, 2048, "float16", 517)
+    limits = Limits.from_engine(
+        {
+            "max_batch_size": 4,
+            "max_seq_len": 518,
+            "max_draft_len": 6,
+            "max_num_tokens": 2048,
+            "logits_dtype": "float16",
+        },
+        default_max_seq_len=512,
+    )
+    assert (limits.max_seq_len, limits.max_num_tokens, limits.logits_dtype, limits.max_input_len) == (
+        518,
+        2048,
+        "float16",
+        517,
+    )
     older = Limits.from_engine({"max_seq_len": 100}, default_max_seq_len=512)
     assert older.logits_dtype == "float32" and older.max_num_tokens is None

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from runtime_models import single_thread  # noqa: F401 (autouse fixture)
+
+from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.errors import GenerationError, RequestError
 from specbuild.reference.contract_model import ContractModel, Limits
 from specbuild.reference.draftproc import DraftProcess
 from specbuild.reference.engine import ReferenceEngine
 from specbuild.reference.loading import HF_CHECKPOINT, ModelSource
 from specbuild.reference.model import LlamaModel
-from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.speculative.interfaces import AheadDrafter, SamplingParams
 from specbuild.speculative.loop import GenerationRequest, run
 from specbuild.speculative.overlap import propose_ahead
@@ -25,8 +25,9 @@ def tiny(example_tiny):
 
     tokenizer = AutoTokenizer.from_pretrained(str(example_tiny.target), local_files_only=True)
     local = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.draft)), Limits())
-    process = DraftProcess.start(ModelSource("draft", example_tiny.draft, HF_CHECKPOINT, {}), "cpu", threads=1,
-                                 end_id=tokenizer.eos_token_id)
+    process = DraftProcess.start(
+        ModelSource("draft", example_tiny.draft, HF_CHECKPOINT, {}), "cpu", threads=1, end_id=tokenizer.eos_token_id
+    )
     process = process.matching(local.engine.model.row_block)
     yield tokenizer, local, process
     process.close()
@@ -35,12 +36,22 @@ def tiny(example_tiny):
 def test_the_child_answers_bit_for_bit_like_the_model_here(tiny):
     tokenizer, local, process = tiny
     ids = np.asarray(tokenizer('def read(path):\n    """')["input_ids"], np.int32)
-    for extra in ({"runtime_top_k": np.array([1], np.int32)},
-                  {"temperature": np.array([0.8], np.float32), "runtime_top_k": np.array([0], np.int32),
-                   "runtime_top_p": np.array([0.9], np.float32), "seed": np.array([7], np.uint64)}):
-        request = {"input_ids": ids, "input_lengths": np.array([len(ids)], np.int32),
-                   "request_output_len": np.array([6], np.int32), "return_generation_logits": np.array([True]),
-                   **extra}
+    for extra in (
+        {"runtime_top_k": np.array([1], np.int32)},
+        {
+            "temperature": np.array([0.8], np.float32),
+            "runtime_top_k": np.array([0], np.int32),
+            "runtime_top_p": np.array([0.9], np.float32),
+            "seed": np.array([7], np.uint64),
+        },
+    ):
+        request = {
+            "input_ids": ids,
+            "input_lengths": np.array([len(ids)], np.int32),
+            "request_output_len": np.array([6], np.int32),
+            "return_generation_logits": np.array([True]),
+            **extra,
+        }
         ours, theirs = local(request), process(request)
         assert ours.keys() == theirs.keys()
         for key in ours:
@@ -51,8 +62,13 @@ def test_a_bad_request_raises_in_the_caller_and_the_child_keeps_serving(tiny):
     _, _, process = tiny
     with pytest.raises(RequestError, match="missing required input"):
         process({"input_ids": np.array([1, 2], np.int32)})
-    ok = process({"input_ids": np.array([1, 2], np.int32), "input_lengths": np.array([2], np.int32),
-                  "request_output_len": np.array([1], np.int32)})
+    ok = process(
+        {
+            "input_ids": np.array([1, 2], np.int32),
+            "input_lengths": np.array([2], np.int32),
+            "request_output_len": np.array([1], np.int32),
+        }
+    )
     assert ok["sequence_length"].tolist() == [3]
 
 
@@ -82,8 +98,9 @@ def test_overlapped_loop_over_the_child_equals_the_sequential_loop_here(tiny, ex
     hits = 0
     for seed, ids in enumerate(tiny_prompts(tokenizer, 2)):
         for sampling in (SamplingParams(), SamplingParams(temperature=0.9, top_p=0.95, seed=seed)):
-            request = GenerationRequest(max_tokens=20, num_draft_tokens=3, end_id=tokenizer.eos_token_id,
-                                        sampling=sampling)
+            request = GenerationRequest(
+                max_tokens=20, num_draft_tokens=3, end_id=tokenizer.eos_token_id, sampling=sampling
+            )
             sequential = run(ids, here, verifier, request)
             overlapped = run(ids, there, verifier, GenerationRequest(**{**vars(request), "overlap": True}))
             assert overlapped.tokens == sequential.tokens

@@ -13,16 +13,16 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
 
 import specbuild.reference.model as model_module
-from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
+from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.errors import SpecError
+from specbuild.reference.blocks import run_blocks
 from specbuild.reference.contract_model import ContractModel, Limits
 from specbuild.reference.engine import ReferenceEngine
-from specbuild.reference.blocks import run_blocks
 from specbuild.reference.exactness import CPU_CANDIDATES, WIDE_BLOCKS, attention_ends, probe, probe_wide
 from specbuild.reference.model import LlamaModel
-from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.speculative.loop import GenerationRequest, run
 
 VOCAB = 211
@@ -65,8 +65,10 @@ def greedy_outputs(target, draft_folder, ks=(0, 1, 3)) -> list[dict[int, list[in
     """Greedy tokens for K in ks, per prompt, through the contract path the CLI and the BLS use."""
     verifier = ContractVerifier(ContractModel(ReferenceEngine(target), Limits(max_draft_len=4)), max_draft_len=4)
     drafter = ContractDrafter(ContractModel(ReferenceEngine(LlamaModel.from_folder(draft_folder))))
-    return [{k: run(ids, drafter, verifier, GenerationRequest(max_tokens=16, num_draft_tokens=k)).tokens for k in ks}
-            for ids in prompts(6, VOCAB, seed=21)]
+    return [
+        {k: run(ids, drafter, verifier, GenerationRequest(max_tokens=16, num_draft_tokens=k)).tokens for k in ks}
+        for ids in prompts(6, VOCAB, seed=21)
+    ]
 
 
 def test_the_runtime_takes_the_first_candidate_that_passes_here(folder):
@@ -114,7 +116,8 @@ def test_speculative_greedy_equals_target_only_on_the_example_pair(tiny_spec_pat
 
 
 def test_a_matmul_that_depends_on_the_rows_place_makes_the_runtime_fall_back_to_one_row_and_stay_exact(
-        folder, draft_folder, monkeypatch):
+    folder, draft_folder, monkeypatch
+):
     place_dependent_matmul(monkeypatch)
     fixed = LlamaModel.from_folder(folder, row_block=4, probe=False)  # the block the runtime assumed before probing
     model = LlamaModel.from_folder(folder)
@@ -151,13 +154,13 @@ def test_a_prefill_runs_in_wide_calls_only_where_they_give_each_row_its_blocks_b
     assert prefill_equals_single_steps(model)  # and reality agrees with it
 
     real = model_module._linear  # now a matmul whose bits change once a call holds more than 8 rows
-    monkeypatch.setattr(model_module, "_linear",
-                        lambda x, *args: real(x, *args) + (1e-3 if x.shape[0] > 8 else 0.0))
+    monkeypatch.setattr(model_module, "_linear", lambda x, *args: real(x, *args) + (1e-3 if x.shape[0] > 8 else 0.0))
     model = LlamaModel.from_folder(folder)
     assert model.row_block == 4 and model.wide_blocks == () and model.exactness.exact
     assert [t.failures for t in model.exactness.wide_tried] == [
         ("qkv 64x128: 64-row call", "o 64x64 + mlp 64x320, 160x64: 64-row call"),
-        ("qkv 64x128: 16-row call", "o 64x64 + mlp 64x320, 160x64: 16-row call")]
+        ("qkv 64x128: 16-row call", "o 64x64 + mlp 64x320, 160x64: 16-row call"),
+    ]
     assert "prefill in blocks (64-row calls differ: qkv 64x128: 64-row call" in model.exactness.describe()
     assert prefill_equals_single_steps(model)
     model.wide_blocks = WIDE_BLOCKS  # the perturbation is real: wide calls unprobed would not be exact
@@ -178,8 +181,11 @@ def test_attention_that_depends_on_its_neighbours_is_caught_and_one_row_is_exact
     import torch.nn.functional as F
 
     real = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention",
-                        lambda q, *args, **kwargs: real(q, *args, **kwargs) + q.mean(dim=2, keepdim=True))
+    monkeypatch.setattr(
+        F,
+        "scaled_dot_product_attention",
+        lambda q, *args, **kwargs: real(q, *args, **kwargs) + q.mean(dim=2, keepdim=True),
+    )
     fixed = LlamaModel.from_folder(folder, row_block=4, probe=False)
     failures = probe(fixed, 4)
     assert failures == [f"attention over {end} keys: place/neighbours" for end in attention_ends(512)]
@@ -207,8 +213,11 @@ def test_a_requested_block_is_used_only_if_it_passes(folder, monkeypatch):
         with pytest.raises(SpecError, match="row block 8 is not exact on this machine"):
             LlamaModel.from_folder(folder, row_block=8)
     place_dependent_matmul(monkeypatch)
-    with pytest.raises(SpecError, match=r"row block 4 is not exact on this machine: .*\(qkv 64x128: place, .*"
-                                        r"Leave --row-block out"):
+    with pytest.raises(
+        SpecError,
+        match=r"row block 4 is not exact on this machine: .*\(qkv 64x128: place, .*"
+        r"Leave --row-block out",
+    ):
         LlamaModel.from_folder(folder, row_block=4)
     assert LlamaModel.from_folder(folder, row_block=1).exactness.mode == "requested"
 
@@ -226,7 +235,10 @@ def test_a_new_thread_count_is_probed_again_before_the_next_forward(folder, monk
         assert exact
     finally:
         torch.set_num_threads(previous)
-    assert "torch threads changed from 1 to 2 since the row-block probe; probed again: row block 1" in capsys.readouterr().err
+    assert (
+        "torch threads changed from 1 to 2 since the row-block probe; probed again: row block 1"
+        in capsys.readouterr().err
+    )
 
 
 def test_attention_ends_cover_every_bucket_up_to_1024_then_powers_of_two_and_the_longest():
@@ -251,8 +263,9 @@ def test_load_contract_model_logs_its_choice_with_verbose(tmp_path, capsys, monk
     choice = model.engine.model.exactness
     assert model.engine.model.max_len == 700  # the attention probe covers the engine's longest sequence
     assert f"specbuild: target (cpu, 1 thread): row block {choice.row_block} (probed" in capsys.readouterr().err
-    plain = load_contract_model(ModelSource("target", tmp_path, HF_CHECKPOINT, {}), device="cpu", row_block=1,
-                                probe=False)
+    plain = load_contract_model(
+        ModelSource("target", tmp_path, HF_CHECKPOINT, {}), device="cpu", row_block=1, probe=False
+    )
     assert plain.engine.model.exactness is None and plain.engine.model.row_block == 1
 
 
@@ -266,8 +279,22 @@ def generate_json(spec_path, *args, verbose=False):
 
     from specbuild.cli import main
 
-    result = CliRunner().invoke(main, [*["--verbose"] * verbose, "generate", "--local", "-c", str(spec_path), "--json", "--max-tokens", "12",
-                                       "--no-adaptive", *map(str, args), "def read_config(path):"])
+    result = CliRunner().invoke(
+        main,
+        [
+            *["--verbose"] * verbose,
+            "generate",
+            "--local",
+            "-c",
+            str(spec_path),
+            "--json",
+            "--max-tokens",
+            "12",
+            "--no-adaptive",
+            *map(str, args),
+            "def read_config(path):",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout), result.stderr
 
@@ -284,7 +311,10 @@ def test_generate_json_reports_the_row_block_choice(tiny_spec_path, monkeypatch)
         choice = doc["exactness"][role]
         last = choice["tried"][-1]
         assert choice["exact"] is True and (last["row_block"], last["passed"], last["failures"]) == (
-            choice["row_block"], True, [])
+            choice["row_block"],
+            True,
+            [],
+        )
         assert all(not t["passed"] and t["failures"] for t in choice["tried"][:-1])
         assert f"specbuild: {role} (cpu, 1 thread): row block {choice['row_block']} (" in stderr
     assert doc["row_block"] == doc["exactness"]["target"]["row_block"]
@@ -308,8 +338,9 @@ def test_each_triton_reference_model_probes_in_its_own_process(tmp_path, capsys)
     from specbuild.triton.models.reference_llm import load_engine
 
     make_llama(tmp_path, layers=1)
-    (tmp_path / "engine.json").write_text(json.dumps({"role": "target", "max_batch_size": 2, "max_seq_len": 300,
-                                                               "max_draft_len": 4}))
+    (tmp_path / "engine.json").write_text(
+        json.dumps({"role": "target", "max_batch_size": 2, "max_seq_len": 300, "max_draft_len": 4})
+    )
     (tmp_path / "manifest.json").write_text(json.dumps({"backend": "reference"}))
     model = load_engine(tmp_path, device="cpu").engine.model
     assert model.exactness.exact and model.max_len == 300

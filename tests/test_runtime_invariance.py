@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
+
 from specbuild.reference.engine import ReferenceEngine
 from specbuild.reference.exactness import probe
 from specbuild.reference.kvcache import PrefixCache, common_prefix
@@ -38,8 +38,10 @@ def model(folder, request):
     model = LlamaModel.from_folder(folder, row_block=request.param, probe=False)
     failures = probe(model, request.param)
     if failures:
-        pytest.skip(f"the probe rejects row_block={request.param} on this machine ({', '.join(failures[:2])}): "
-                    "the runtime would not use it, so there is no exactness claim to check")
+        pytest.skip(
+            f"the probe rejects row_block={request.param} on this machine ({', '.join(failures[:2])}): "
+            "the runtime would not use it, so there is no exactness claim to check"
+        )
     return model
 
 

@@ -7,7 +7,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from runtime_models import single_thread  # noqa: F401 (autouse fixture)
 
 

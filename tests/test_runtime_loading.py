@@ -6,20 +6,25 @@ import json
 import shutil
 
 import pytest
-
 from runtime_models import make_llama, single_thread  # noqa: F401 (autouse fixture)
+
 from specbuild.config import spec_from_dict
+from specbuild.decode.textstream import TextStream
 from specbuild.errors import CheckpointError
 from specbuild.reference.loading import HF_CHECKPOINT, REFERENCE_ENGINE, load_pair, model_source
-from specbuild.decode.textstream import TextStream
 
 
 @pytest.fixture
 def spec(tmp_path):
     make_llama(tmp_path / "target", seed=1)
     make_llama(tmp_path / "draft", seed=2, layers=1)
-    raw = {"name": "p", "target": {"checkpoint": "target"}, "draft": {"checkpoint": "draft"},
-           "speculative": {"max_draft_len": 5, "num_draft_tokens": 3}, "build": {"max_input_len": 200, "max_seq_len": 300}}
+    raw = {
+        "name": "p",
+        "target": {"checkpoint": "target"},
+        "draft": {"checkpoint": "draft"},
+        "speculative": {"max_draft_len": 5, "num_draft_tokens": 3},
+        "build": {"max_input_len": 200, "max_seq_len": 300},
+    }
     return spec_from_dict(raw, base_dir=tmp_path)
 
 
@@ -79,4 +84,4 @@ def test_text_stream_never_splits_a_character(example_tiny):
     stream = TextStream(tokenizer, prompt)
     deltas = [stream.push([i]) for i in ids] + [stream.finish()]
     assert all("\ufffd" not in d for d in deltas)
-    assert "".join(deltas) == stream.text == tokenizer.decode(prompt + ids, skip_special_tokens=True)[len("print("):]
+    assert "".join(deltas) == stream.text == tokenizer.decode(prompt + ids, skip_special_tokens=True)[len("print(") :]

@@ -7,14 +7,19 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from runtime_models import make_llama, prompts, single_thread  # noqa: F401 (autouse fixture)
+
 from specbuild.errors import CheckpointError
 from specbuild.reference.engine import ReferenceEngine
 from specbuild.reference.model import LlamaModel
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 
 
 @pytest.mark.parametrize(
@@ -43,12 +48,19 @@ def test_greedy_decoding_equals_transformers_generate(tmp_path):
     hf = make_llama(tmp_path, layers=3, rope_scaling=LLAMA3)
     engine = ReferenceEngine(LlamaModel.from_folder(tmp_path))
     cases = prompts(12, 97, seed=2)
-    decoded = engine.decode(cases, [20] * len(cases), [lambda row: int(np.argmax(row))] * len(cases), [None] * len(cases))
+    decoded = engine.decode(
+        cases, [20] * len(cases), [lambda row: int(np.argmax(row))] * len(cases), [None] * len(cases)
+    )
     distinct = set()
     for ids, ours in zip(cases, decoded):
         with torch.no_grad():
-            theirs = hf.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False, eos_token_id=None,
-                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+            theirs = hf.generate(
+                torch.tensor([ids]),
+                max_new_tokens=20,
+                do_sample=False,
+                eos_token_id=None,
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            )[0, len(ids) :].tolist()
         assert ours.tokens == theirs
         distinct.update(theirs)
     assert len(distinct) > 10  # the model really varies its output
@@ -59,7 +71,9 @@ def test_unsupported_architecture_is_refused(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="architecture 'GPT2LMHeadModel' is not one of the model families specbuild supports"):
+    with pytest.raises(
+        CheckpointError, match="architecture 'GPT2LMHeadModel' is not one of the model families specbuild supports"
+    ):
         LlamaModel.from_folder(tmp_path)
 
 

@@ -14,13 +14,13 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from runtime_models import single_thread  # noqa: F401 (autouse fixture)
+
+from specbuild.contract.adapters import ContractDraft, ContractDrafter, ContractVerifier
 from specbuild.errors import GenerationError
 from specbuild.reference.contract_model import ContractModel, Limits
 from specbuild.reference.engine import ReferenceEngine
 from specbuild.reference.model import LlamaModel
-from specbuild.contract.adapters import ContractDraft, ContractDrafter, ContractVerifier
 from specbuild.speculative.interfaces import Draft, SamplingParams
 from specbuild.speculative.loop import GenerationRequest, run
 
@@ -41,10 +41,14 @@ def pair(example_tiny):
     tokenizer = AutoTokenizer.from_pretrained(str(example_tiny.target), local_files_only=True)
 
     def build(use_cache=True, logits_dtype="float32"):
-        target = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.target), use_cache=use_cache),
-                               Limits(max_draft_len=8, logits_dtype=logits_dtype))
-        draft = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.draft), use_cache=use_cache),
-                              Limits(logits_dtype=logits_dtype))
+        target = ContractModel(
+            ReferenceEngine(LlamaModel.from_folder(example_tiny.target), use_cache=use_cache),
+            Limits(max_draft_len=8, logits_dtype=logits_dtype),
+        )
+        draft = ContractModel(
+            ReferenceEngine(LlamaModel.from_folder(example_tiny.draft), use_cache=use_cache),
+            Limits(logits_dtype=logits_dtype),
+        )
         eos = tokenizer.eos_token_id
         return ContractDrafter(draft, end_id=eos), ContractVerifier(target, max_draft_len=8, end_id=eos)
 
@@ -84,8 +88,12 @@ def test_sampling_is_reproducible_with_a_seed(pair):
     ids = tiny_prompts(tokenizer, 1)[0]
     drafter, verifier = build()
     drafter.use_logits = True
-    request = GenerationRequest(max_tokens=20, num_draft_tokens=3, end_id=tokenizer.eos_token_id,
-                                sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=11))
+    request = GenerationRequest(
+        max_tokens=20,
+        num_draft_tokens=3,
+        end_id=tokenizer.eos_token_id,
+        sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=11),
+    )
     first, second = run(ids, drafter, verifier, request), run(ids, *build(), request)
     assert first.tokens == second.tokens and first.stats.drafted > 0
 
@@ -102,8 +110,13 @@ def test_target_only_equals_transformers_generate_on_the_hf_checkpoint(pair, exa
     hf = AutoModelForCausalLM.from_pretrained(str(example_tiny.target), dtype=torch.float32).eval()
     for ids in tiny_prompts(tokenizer, 4):
         with torch.no_grad():
-            theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None)[0, len(ids):]
+            theirs = hf.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+            )[0, len(ids) :]
         for k in (0, 4):
             ours = run(ids, drafter, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=k)).tokens
             assert ours == theirs.tolist(), (k, logits_dtype)
@@ -118,8 +131,9 @@ def test_greedy_steps_send_tensorrt_llms_greedy_and_sampling_steps_send_all_thre
         assert not {"temperature", "runtime_top_p", "seed"} & set(request)
     call, seen = fake_model([5, 6])
     ContractDrafter(call, end_id=2, use_logits=False).propose([1, 3], 2, SamplingParams(temperature=0.8, seed=4))
-    assert {k: v.tolist() for k, v in seen[0].items() if k in ("temperature", "runtime_top_k", "runtime_top_p", "seed")} \
-        == {"temperature": [pytest.approx(0.8)], "runtime_top_k": [0], "runtime_top_p": [1.0], "seed": [4]}
+    assert {
+        k: v.tolist() for k, v in seen[0].items() if k in ("temperature", "runtime_top_k", "runtime_top_p", "seed")
+    } == {"temperature": [pytest.approx(0.8)], "runtime_top_k": [0], "runtime_top_p": [1.0], "seed": [4]}
 
 
 def test_verifier_sends_draft_logits_in_the_declared_dtype():
@@ -174,14 +188,18 @@ def test_an_end_id_accepted_from_the_draft_ends_the_step():
     assert (v.accepted, v.tokens) == (1, [5, 2])
 
 
-@pytest.mark.parametrize("new, reported, accepted, tokens", [
-    ([5, 9], 2, 1, [5, 9]),  # says 2 accepted, but the second token differs from the draft
-    ([5, 6, 7, 8], 2, 3, [5, 6, 7, 8]),  # says 2 accepted, but the whole draft and a bonus token came back
-    ([5], 3, 1, [5, 2]),  # stopped, and the token after the last one back is not end_id: the figure overcounts
-    ([5, 9], None, 1, [5, 9]),  # a model that ignores return_perf_metrics
-])
-def test_the_tokens_decide_the_acceptance_and_the_targets_own_figure_is_only_cross_checked(new, reported, accepted,
-                                                                                          tokens):
+@pytest.mark.parametrize(
+    "new, reported, accepted, tokens",
+    [
+        ([5, 9], 2, 1, [5, 9]),  # says 2 accepted, but the second token differs from the draft
+        ([5, 6, 7, 8], 2, 3, [5, 6, 7, 8]),  # says 2 accepted, but the whole draft and a bonus token came back
+        ([5], 3, 1, [5, 2]),  # stopped, and the token after the last one back is not end_id: the figure overcounts
+        ([5, 9], None, 1, [5, 9]),  # a model that ignores return_perf_metrics
+    ],
+)
+def test_the_tokens_decide_the_acceptance_and_the_targets_own_figure_is_only_cross_checked(
+    new, reported, accepted, tokens
+):
     """A performance figure never fails a request: the accepted count comes from the tokens (as NVIDIA's BLS reads
     it), and a missing or different total_accepted_draft_tokens is reported for the log and the metrics."""
     call, _ = fake_model(new, accepted=reported)
@@ -190,8 +208,9 @@ def test_the_tokens_decide_the_acceptance_and_the_targets_own_figure_is_only_cro
     v = verifier.verify([1], Draft(tokens=[5, 6, 7]), SamplingParams())
     assert (v.accepted, v.tokens) == (accepted, tokens)
     assert verifier.disagreements == 1 and len(told) == 1
-    assert ("no total_accepted_draft_tokens" if reported is None else f"total_accepted_draft_tokens = {reported}") \
-        in told[0] and f"accept {accepted}: the tokens decide" in told[0]
+    assert (
+        "no total_accepted_draft_tokens" if reported is None else f"total_accepted_draft_tokens = {reported}"
+    ) in told[0] and f"accept {accepted}: the tokens decide" in told[0]
 
 
 def test_an_agreeing_figure_is_not_reported():
@@ -218,8 +237,11 @@ def test_drafter_sends_the_contract_tensors_and_reads_logits():
 
     def call(request):
         ids = request["input_ids"].tolist() + [4, 8]
-        return {"output_ids": np.array([ids], np.int32), "sequence_length": np.array([len(ids)], np.int32),
-                "generation_logits": logits[None]}
+        return {
+            "output_ids": np.array([ids], np.int32),
+            "sequence_length": np.array([len(ids)], np.int32),
+            "generation_logits": logits[None],
+        }
 
     calls = []
     draft = ContractDrafter(lambda r: calls.append(r) or call(r), end_id=2).propose([1, 3], 2, sampling)
@@ -266,8 +288,9 @@ def test_stateless_verify_calls_reuse_the_kv_of_earlier_calls(tmp_path):
     make_llama(tmp_path / "m", seed=3, vocab=61)
     counts = {}
     for use_cache in (True, False):
-        target = ContractModel(ReferenceEngine(LlamaModel.from_folder(tmp_path / "m"), use_cache=use_cache),
-                               Limits(max_draft_len=4))
+        target = ContractModel(
+            ReferenceEngine(LlamaModel.from_folder(tmp_path / "m"), use_cache=use_cache), Limits(max_draft_len=4)
+        )
         drafter, verifier = ContractDrafter(target), ContractVerifier(target, max_draft_len=4)  # self-drafting
         ids = prompts(1, 61, seed=4, min_len=20, max_len=20)[0]
         result = run(ids, drafter, verifier, GenerationRequest(max_tokens=40, num_draft_tokens=4))
@@ -320,11 +343,20 @@ def test_overlapped_equals_sequential_with_the_draft_model_on_another_thread(pai
     hits = 0
     for ids in tiny_prompts(tokenizer, 3):
         for k in (2, 4):
-            sequential = run(ids, drafter, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=k, end_id=eos))
-            overlapped = run(ids, drafter, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=k,
-                                                                       end_id=eos, overlap=True))
+            sequential = run(
+                ids, drafter, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=k, end_id=eos)
+            )
+            overlapped = run(
+                ids,
+                drafter,
+                verifier,
+                GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=k, end_id=eos, overlap=True),
+            )
             assert overlapped.tokens == sequential.tokens, (k, tokenizer.decode(ids))
-            assert (overlapped.stats.drafted, overlapped.stats.accepted) == (sequential.stats.drafted, sequential.stats.accepted)
+            assert (overlapped.stats.drafted, overlapped.stats.accepted) == (
+                sequential.stats.drafted,
+                sequential.stats.accepted,
+            )
             hits += overlapped.stats.early_draft_hits
     assert hits > 0
     assert watch.together > 0  # the draft model really ran beside the target
@@ -345,8 +377,12 @@ def test_even_without_the_engine_lock_the_loop_never_sends_the_draft_model_two_c
     watch.wrap(drafter.call.engine, "draft")
     misses = 0
     for ids in tiny_prompts(tokenizer, 3):
-        result = run(ids, drafter, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=4,
-                                                               end_id=tokenizer.eos_token_id, overlap=True))
+        result = run(
+            ids,
+            drafter,
+            verifier,
+            GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=4, end_id=tokenizer.eos_token_id, overlap=True),
+        )
         misses += result.stats.early_drafts - result.stats.early_draft_hits
     assert misses > 0  # early drafts missed: each time the loop wanted the draft model while it had one
     assert watch.most["draft"] == 1
@@ -380,9 +416,14 @@ def test_a_draft_that_ends_early_at_end_id_still_gives_the_targets_output(pair, 
     draft = ContractModel(ReferenceEngine(LlamaModel.from_folder(example_tiny.draft)), Limits())
 
     def greedy(model, prompt, n):
-        out = model({"input_ids": np.array(prompt, np.int32), "input_lengths": np.array([len(prompt)], np.int32),
-                     "request_output_len": np.array([n], np.int32)})
-        return out["output_ids"][0].tolist()[len(prompt):]
+        out = model(
+            {
+                "input_ids": np.array(prompt, np.int32),
+                "input_lengths": np.array([len(prompt)], np.int32),
+                "request_output_len": np.array([n], np.int32),
+            }
+        )
+        return out["output_ids"][0].tolist()[len(prompt) :]
 
     for prompt in tiny_prompts(tokenizer, 5):  # one where the draft, decoding alone, says what the target does not
         by_target, by_draft = greedy(target, prompt, MAX_TOKENS), greedy(draft, prompt, MAX_TOKENS)

@@ -17,13 +17,31 @@ from specbuild.up.selftest import Step, StepFailed, selftest
 @pytest.mark.slow
 @pytest.mark.server
 def test_selftest_on_cpu_passes_its_cpu_steps_and_does_not_claim_the_gpu_ones(tmp_path, example_tiny):
-    done = subprocess.run([sys.executable, "-m", "specbuild", "selftest", "--variant", "tiny", "--workdir",
-                           str(tmp_path / "work"), "--json"], capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specbuild",
+            "selftest",
+            "--variant",
+            "tiny",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)
     statuses = {row["step"]: row["status"] for row in doc["steps"]}
-    assert (statuses.pop("fp8 convert on the GPU") == statuses.pop("fp8 engine build") == statuses.pop("LLM API probe")
-            == "not run (no GPU)")
+    assert (
+        statuses.pop("fp8 convert on the GPU")
+        == statuses.pop("fp8 engine build")
+        == statuses.pop("LLM API probe")
+        == "not run (no GPU)"
+    )
     assert set(statuses.values()) == {"passed"}, statuses
     assert doc["ok"] and doc["backend"] == "reference" and doc["gpu"] is None
     assert json.loads((tmp_path / "work" / "selftest.json").read_text())["steps"] == doc["steps"]
@@ -38,13 +56,17 @@ def test_a_failed_step_says_why_and_the_fix_and_what_needs_it_is_skipped(tmp_pat
     def broken(run):
         raise StepFailed("K = 3 gave [1], K = 0 gave [2]", "check the build flags")
 
-    monkeypatch.setattr(selftest_module, "STEPS", (
-        Step("first", lambda run: "fine"),
-        Step("broken", broken, needs=("first",)),
-        Step("after", lambda run: "never", needs=("broken",)),
-        Step("gpu", lambda run: "never", requires="gpu"),
-        Step("crash", lambda run: 1 / 0),
-    ))
+    monkeypatch.setattr(
+        selftest_module,
+        "STEPS",
+        (
+            Step("first", lambda run: "fine"),
+            Step("broken", broken, needs=("first",)),
+            Step("after", lambda run: "never", needs=("broken",)),
+            Step("gpu", lambda run: "never", requires="gpu"),
+            Step("crash", lambda run: 1 / 0),
+        ),
+    )
     report = selftest(tmp_path, log=lambda message: None)
     rows = {row["step"]: row for row in report["steps"]}
     assert not report["ok"] and rows["first"]["status"] == "passed"
@@ -57,11 +79,15 @@ def test_a_gpu_without_tensorrt_llm_runs_the_gpu_steps_it_can_and_says_why_not_t
     """Seen on an H200 with torch but no TensorRT-LLM: the GPU steps said "not run (no GPU)". The fp8 calibration
     needs only the GPU; the engine build and the LLM API probe need TensorRT-LLM, and say so."""
     ran = []
-    monkeypatch.setattr(selftest_module, "STEPS", (
-        Step("calibrate", lambda run: ran.append("calibrate") or "ok", requires="gpu"),
-        Step("engine", lambda run: ran.append("engine") or "ok", requires="tensorrt_llm"),
-        Step("anywhere", lambda run: ran.append("anywhere") or "ok"),
-    ))
+    monkeypatch.setattr(
+        selftest_module,
+        "STEPS",
+        (
+            Step("calibrate", lambda run: ran.append("calibrate") or "ok", requires="gpu"),
+            Step("engine", lambda run: ran.append("engine") or "ok", requires="tensorrt_llm"),
+            Step("anywhere", lambda run: ran.append("anywhere") or "ok"),
+        ),
+    )
     h200 = {"name": "NVIDIA H200", "sm": 90, "memory_gib": 139.8, "tensorrt_llm": None}  # detect_gpu on one
     report = selftest(tmp_path, log=lambda message: None, gpu=h200)
     rows = {row["step"]: row["status"] for row in report["steps"]}
@@ -71,12 +97,18 @@ def test_a_gpu_without_tensorrt_llm_runs_the_gpu_steps_it_can_and_says_why_not_t
     assert report["backend"] == "trtllm" and ran[2:] == ["calibrate", "engine", "anywhere"]
 
 
-@pytest.mark.parametrize(("memory_gib", "sm", "expected"), [
-    (139.8, 90, "H200"),  # torch's total_memory on an H200, as seen on one (143771 MiB by nvidia-smi)
-    (79.6, 90, "H100-80GB"), (93.6, 90, "H100-94GB"), (44.5, 89, "L40S"), (79.3, 80, "A100-80GB"),
-    (140.4, 80, None),  # the memory of one, the SM of another
-    (31.4, 120, None),  # a GPU the table does not know
-])
+@pytest.mark.parametrize(
+    ("memory_gib", "sm", "expected"),
+    [
+        (139.8, 90, "H200"),  # torch's total_memory on an H200, as seen on one (143771 MiB by nvidia-smi)
+        (79.6, 90, "H100-80GB"),
+        (93.6, 90, "H100-94GB"),
+        (44.5, 89, "L40S"),
+        (79.3, 80, "A100-80GB"),
+        (140.4, 80, None),  # the memory of one, the SM of another
+        (31.4, 120, None),  # a GPU the table does not know
+    ],
+)
 def test_the_spec_knows_a_gpu_seen_by_its_memory_and_sm_not_by_the_drivers_spelling(memory_gib, sm, expected):
     from specbuild.config import known_gpu
 

@@ -9,18 +9,18 @@ import socket
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 from specbuild.cli import main
-from specbuild.errors import RequestError
-from specbuild.decode.driver import drive
 from specbuild.contract.bls_params import BlsParameters
+from specbuild.decode.driver import drive
 from specbuild.decode.generation import Options, finish_reason
+from specbuild.errors import RequestError
 from specbuild.session.local import LocalSession
 from specbuild.session.served import Deployment, ServedSession, read_stream, server_url
 from specbuild.speculative.draft_len import resolve_fixed_k, resolve_k, resolve_ks
 from specbuild.speculative.loop import GenerationRequest
 from specbuild.speculative.stats import SpeculationStats
-from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 from specbuild.triton.client import Chunk
 
 VOCAB = 24
@@ -29,8 +29,13 @@ DRAFT = NGramModel(TARGET.table + np.random.default_rng(2).normal(0.0, 0.5, size
 
 
 def toy_session(end_id=None, **kwargs) -> LocalSession:
-    return LocalSession(ToyDrafter(DRAFT, end_id=end_id), ToyVerifier(TARGET, max_draft_len=4),
-                        encode=lambda text: [ord(ch) % VOCAB for ch in text], end_id=end_id, **kwargs)
+    return LocalSession(
+        ToyDrafter(DRAFT, end_id=end_id),
+        ToyVerifier(TARGET, max_draft_len=4),
+        encode=lambda text: [ord(ch) % VOCAB for ch in text],
+        end_id=end_id,
+        **kwargs,
+    )
 
 
 # ---- the one K rule ---------------------------------------------------------------------------------------
@@ -43,8 +48,10 @@ def test_k_rule_default_clamp_and_refusal():
         resolve_k(-1, 6)
     with pytest.raises(RequestError, match="no default K"):
         resolve_k(None, 6)
-    assert resolve_ks((8, 2, 4), 4) == ((0, 2, 4),
-                                        ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"])
+    assert resolve_ks((8, 2, 4), 4) == (
+        (0, 2, 4),
+        ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"],
+    )
 
 
 def test_a_fixed_k_deployment_uses_its_k_and_says_so():
@@ -52,8 +59,10 @@ def test_a_fixed_k_deployment_uses_its_k_and_says_so():
     assert resolve_fixed_k(None, 4) == resolve_k(None, 4, default=4) and not resolve_fixed_k(4, 4).clamped
     asked = resolve_fixed_k(2, 4)
     assert (asked.k, asked.requested, asked.clamped) == (4, 2, True)
-    assert asked.note() == ("num_draft_tokens = 2 cannot be asked of this deployment: it drafts max_draft_len = 4 "
-                            "tokens at every step (the LLM API path); using 4.")
+    assert asked.note() == (
+        "num_draft_tokens = 2 cannot be asked of this deployment: it drafts max_draft_len = 4 "
+        "tokens at every step (the LLM API path); using 4."
+    )
     assert resolve_fixed_k(6, 4).k == 4
     with pytest.raises(RequestError, match="num_draft_tokens = -1 is invalid"):
         resolve_fixed_k(-1, 4)
@@ -70,7 +79,12 @@ def test_the_loop_and_the_session_clamp_by_the_same_rule():
 # ---- the driver and finish reasons ------------------------------------------------------------------------
 def test_finish_reasons_are_nvidias():
     assert [finish_reason(r) for r in ("length", "eos", "stop", "cancelled", None)] == [
-        "length", "stop", "stop", "cancelled", None]
+        "length",
+        "stop",
+        "stop",
+        "cancelled",
+        None,
+    ]
 
 
 def test_length_eos_and_stop_word_finish_as_the_llm_api_says():
@@ -93,9 +107,13 @@ def test_length_eos_and_stop_word_finish_as_the_llm_api_says():
 def test_cancellation_stops_at_the_next_step():
     session = toy_session()
     polls = []
-    gen = drive(session.encode("abc"), session.drafter, session.verifier,
-                GenerationRequest(max_tokens=40, num_draft_tokens=2),
-                cancelled=lambda: polls.append(1) or len(polls) > 2)
+    gen = drive(
+        session.encode("abc"),
+        session.drafter,
+        session.verifier,
+        GenerationRequest(max_tokens=40, num_draft_tokens=2),
+        cancelled=lambda: polls.append(1) or len(polls) > 2,
+    )
     assert gen.finish_reason == "cancelled" and 0 < len(gen.output_ids) < 40 and len(gen.steps) == 2
 
 
@@ -117,15 +135,22 @@ def test_a_request_beyond_the_engines_length_is_refused():
 def test_read_stream_joins_text_and_takes_the_final_outputs():
     seen = []
     final = {"finish_reason": "length", "output_ids": [1, 2, 3], "num_output_tokens": 3}
-    streamed = read_stream([Chunk("", False), Chunk("ab", False), Chunk("c", False), Chunk("", True, final)],
-                           on_text=seen.append)
+    streamed = read_stream(
+        [Chunk("", False), Chunk("ab", False), Chunk("c", False), Chunk("", True, final)], on_text=seen.append
+    )
     assert streamed.text == "abc" and seen == ["ab", "c"] and streamed.outputs == final
     assert streamed.ttft_seconds is not None and streamed.ttft_seconds >= 0
 
 
 def test_deployment_from_the_bls_config_reads_what_the_writer_wrote():
-    written = BlsParameters(max_draft_len=6, num_draft_tokens=4, max_input_len=64, max_output_len=32,
-                            tokenizer_dir="t", adaptive_draft_len=False)
+    written = BlsParameters(
+        max_draft_len=6,
+        num_draft_tokens=4,
+        max_input_len=64,
+        max_output_len=32,
+        tokenizer_dir="t",
+        adaptive_draft_len=False,
+    )
     config = {"parameters": {key: {"string_value": value} for key, value in written.to_parameters().items()}}
     assert Deployment.from_config(config) == Deployment(6, 4, False, False, add_special_tokens=True)
     assert Deployment.from_config({}) == Deployment(None, None, None)  # not a BLS's config: nothing known
@@ -149,9 +174,14 @@ class RecordingDrafter(ToyDrafter):
 
 def test_the_schedule_is_the_sessions_unless_a_request_says_and_the_text_is_the_same():
     used = set()
-    session = LocalSession(RecordingDrafter("plain", used), ToyVerifier(TARGET, max_draft_len=4),
-                           encode=lambda text: [ord(ch) % VOCAB for ch in text], overlap="auto",
-                           overlap_reason="auto: 2 cores", ahead_drafter=RecordingDrafter("ahead", used))
+    session = LocalSession(
+        RecordingDrafter("plain", used),
+        ToyVerifier(TARGET, max_draft_len=4),
+        encode=lambda text: [ord(ch) % VOCAB for ch in text],
+        overlap="auto",
+        overlap_reason="auto: 2 cores",
+        ahead_drafter=RecordingDrafter("ahead", used),
+    )
     default = session.generate("abc", Options(max_tokens=24, num_draft_tokens=3, adaptive=False))
     # "auto": early drafts from the draft's own process, a step's own drafts in this one (its sequential segments
     # are the sequential schedule, without a round trip to the other process)
@@ -164,7 +194,9 @@ def test_the_schedule_is_the_sessions_unless_a_request_says_and_the_text_is_the_
     used.clear()
     always = session.generate("abc", Options(max_tokens=24, num_draft_tokens=3, adaptive=False, overlap=True))
     assert always.stats.early_drafts > 0 and used == {"ahead"}
-    assert default.output_ids == sequential.output_ids == always.output_ids  # greedy: the schedule never changes the text
+    assert (
+        default.output_ids == sequential.output_ids == always.output_ids
+    )  # greedy: the schedule never changes the text
 
 
 class BlsClient:
@@ -177,8 +209,9 @@ class BlsClient:
         return False
 
     def model_config(self):
-        written = BlsParameters(max_draft_len=4, num_draft_tokens=3, max_input_len=64, max_output_len=64,
-                                tokenizer_dir="t", overlap="auto").to_parameters()
+        written = BlsParameters(
+            max_draft_len=4, num_draft_tokens=3, max_input_len=64, max_output_len=64, tokenizer_dir="t", overlap="auto"
+        ).to_parameters()
         return {"parameters": {key: {"string_value": value} for key, value in written.items()}}
 
     def close(self):
@@ -186,13 +219,23 @@ class BlsClient:
 
     def generate(self, prompt, **fields):
         self.sent.append(fields)
-        figures = SpeculationStats(drafted=6, accepted=4, steps=3, per_position_drafted=[3, 2, 1],
-                                   per_position_accepted=[2, 1, 1], draft_seconds=0.1, target_seconds=0.2,
-                                   early_drafts=2, early_draft_hits=1, hidden_seconds=0.05).to_dict()
+        figures = SpeculationStats(
+            drafted=6,
+            accepted=4,
+            steps=3,
+            per_position_drafted=[3, 2, 1],
+            per_position_accepted=[2, 1, 1],
+            draft_seconds=0.1,
+            target_seconds=0.2,
+            early_drafts=2,
+            early_draft_hits=1,
+            hidden_seconds=0.05,
+        ).to_dict()
         if fields.get("overlap") is not None:
             figures["overlap"] = fields["overlap"]
-        yield Chunk("ab", True, {"finish_reason": "length", "output_ids": [1, 2, 3, 4, 5, 6, 7],
-                                 "speculation_stats": figures})
+        yield Chunk(
+            "ab", True, {"finish_reason": "length", "output_ids": [1, 2, 3, 4, 5, 6, 7], "speculation_stats": figures}
+        )
 
 
 def test_a_served_request_sends_its_schedule_and_reads_the_early_draft_figures():
@@ -223,8 +266,16 @@ class LlmapiClient:
     def generate(self, prompt, **fields):
         self.sent.append(fields)
         yield Chunk("Hello", False)
-        yield Chunk(" world", True, {"finish_reason": self.finish, "stop_reason": None if self.finish == "length"
-                                     else "\n", "total_draft_tokens": 12, "total_accepted_draft_tokens": 5})
+        yield Chunk(
+            " world",
+            True,
+            {
+                "finish_reason": self.finish,
+                "stop_reason": None if self.finish == "length" else "\n",
+                "total_draft_tokens": 12,
+                "total_accepted_draft_tokens": 5,
+            },
+        )
 
 
 class WordTokenizer:
@@ -246,8 +297,9 @@ def test_a_generation_on_an_llmapi_deployment_gets_the_specs_k_and_its_token_cou
     assert (gen.k.k, gen.k.requested) == (4, 2) and gen.text == "Hello world" and gen.finish_reason == finish
     tokens = 9 if finish == "length" else 2  # max_tokens on "length" (the LLM API's meaning), else counted
     assert gen.output_tokens == tokens and gen.count_estimated == (finish != "length")
-    assert gen.count_text() == ("9 tokens" if finish == "length" else
-                                "~2 tokens (estimated from the text: the server sends no token ids)")
+    assert gen.count_text() == (
+        "9 tokens" if finish == "length" else "~2 tokens (estimated from the text: the server sends no token ids)"
+    )
     doc = gen.to_dict()  # no ids made up from the text (a text tokenized again is not the model's ids)
     assert gen.output_ids is None and doc["output_ids"] is None and doc["token_ids"].startswith("not sent")
     assert doc["num_output_tokens_estimated"] is (finish != "length") and gen.prompt_ids == [1, 2]  # BOS: LLM API's
@@ -265,8 +317,15 @@ def _free_port() -> int:
 def test_url_rule(tmp_path):
     from specbuild.config import spec_from_dict
 
-    spec = spec_from_dict({"name": "p", "target": {"checkpoint": "t"}, "draft": {"checkpoint": "d"},
-                           "serve": {"host": "0.0.0.0", "grpc_port": 9001, "http_port": 9000}}, tmp_path)
+    spec = spec_from_dict(
+        {
+            "name": "p",
+            "target": {"checkpoint": "t"},
+            "draft": {"checkpoint": "d"},
+            "serve": {"host": "0.0.0.0", "grpc_port": 9001, "http_port": 9000},
+        },
+        tmp_path,
+    )
     assert server_url(spec, "grpc") == "127.0.0.1:9001" and server_url(spec, "http") == "127.0.0.1:9000"
     assert server_url(spec, "http", "http://10.0.0.2:8000/") == "10.0.0.2:8000"
 
@@ -275,13 +334,16 @@ def test_url_rule(tmp_path):
 def test_generate_and_bench_reach_a_wildcard_host_on_loopback(tmp_path, monkeypatch, command):
     port = _free_port()
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "s.toml").write_text('name = "p"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
-                                     f'[serve]\nhost = "0.0.0.0"\nhttp_port = {port}\ngrpc_port = {port}\n')
+    (tmp_path / "s.toml").write_text(
+        'name = "p"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
+        f'[serve]\nhost = "0.0.0.0"\nhttp_port = {port}\ngrpc_port = {port}\n'
+    )
     result = CliRunner().invoke(main, [command[0], "-c", "s.toml", "--protocol", "http", "--json", *command[1:]])
     assert result.exit_code == 1
     message = json.loads(result.stdout)["error"]
-    assert message.startswith(f"no Triton server answers at 127.0.0.1:{port} (http). Start one with "
-                              "`specbuild serve -c s.toml`"), message
+    assert message.startswith(
+        f"no Triton server answers at 127.0.0.1:{port} (http). Start one with `specbuild serve -c s.toml`"
+    ), message
 
 
 def test_the_pinned_llmapi_outputs_carry_no_ids_and_no_count():

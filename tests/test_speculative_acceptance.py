@@ -97,9 +97,7 @@ SAMPLING_TABLE = [
 ]
 
 
-@pytest.mark.parametrize(
-    "case,draft,q,p,accepted,tokens", SAMPLING_TABLE, ids=[c[0] for c in SAMPLING_TABLE]
-)
+@pytest.mark.parametrize("case,draft,q,p,accepted,tokens", SAMPLING_TABLE, ids=[c[0] for c in SAMPLING_TABLE])
 def test_accept_sampling_table(case, draft, q, p, accepted, tokens):
     for seed in range(20):  # the outcome must not depend on the random draws
         result = accept_sampling(draft, q, p, np.random.default_rng(seed))
@@ -117,7 +115,9 @@ def test_recovered_token_follows_the_residual_distribution():
     _, _, q, p, _, _ = SAMPLING_TABLE[3]
     n = 20000
     draft = np.tile([1, 2, 3], (n, 1))
-    accepted, tokens = accept_sampling_batch(draft, np.tile(q, (n, 1, 1)), np.tile(p, (n, 1, 1)), np.random.default_rng(0))
+    accepted, tokens = accept_sampling_batch(
+        draft, np.tile(q, (n, 1, 1)), np.tile(p, (n, 1, 1)), np.random.default_rng(0)
+    )
     assert (accepted == 1).all()
     share_of_0 = np.mean(tokens[:, 1] == 0)
     assert abs(share_of_0 - 0.2) < 4 * np.sqrt(0.2 * 0.8 / n)
@@ -161,7 +161,9 @@ def test_single_and_batch_agree_and_are_seeded():
     assert (tokens[0, single.accepted + 1 :] == -1).all()
     runs = {tuple(accept_sampling(draft, q, p, np.random.default_rng(s)).tokens) for s in range(40)}
     assert len(runs) > 1  # different seeds explore different outcomes
-    assert accept_sampling(draft, q, p, np.random.default_rng(11)) == accept_sampling(draft, q, p, np.random.default_rng(11))
+    assert accept_sampling(draft, q, p, np.random.default_rng(11)) == accept_sampling(
+        draft, q, p, np.random.default_rng(11)
+    )
 
 
 def test_never_emits_a_zero_probability_token():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 from specbuild.speculative.adaptive import AdaptiveK, best_k, expected_tokens_per_step, predicted_speedup
 from specbuild.speculative.loop import GenerationRequest, generate
-from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.6, 0.9])

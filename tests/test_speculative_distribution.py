@@ -20,12 +20,12 @@ import itertools
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 from specbuild.speculative.acceptance import accept_sampling_batch
 from specbuild.speculative.interfaces import SamplingParams, Verification
 from specbuild.speculative.loop import GenerationRequest, run
 from specbuild.speculative.sampling import process_logits, sample_rows
-from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 PROMPT = [2, 3]
 P_CORRECT, P_WRONG = 1e-3, 1e-6

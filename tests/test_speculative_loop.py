@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 from specbuild.errors import GenerationError, RequestError
 from specbuild.speculative.acceptance import accept_greedy
 from specbuild.speculative.draft_len import resolve_k
 from specbuild.speculative.interfaces import Draft, SamplingParams, Verification
 from specbuild.speculative.loop import DRAFTER, VERIFIER, GenerationRequest, derive_seed, generate, run
-from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 V = 12
 EOS = 11
@@ -90,7 +90,9 @@ def test_greedy_speculative_equals_greedy_target_only(k, drafter_kind):
         request = GenerationRequest(max_tokens=30, num_draft_tokens=k, end_id=EOS)
         result = run(prompt, drafter, ToyVerifier(target, max_draft_len=8), request)
         assert (result.tokens, result.finish_reason) == greedy_reference(target, prompt, 30, EOS)
-        baseline = run(prompt, drafter, ToyVerifier(target), GenerationRequest(max_tokens=30, num_draft_tokens=0, end_id=EOS))
+        baseline = run(
+            prompt, drafter, ToyVerifier(target), GenerationRequest(max_tokens=30, num_draft_tokens=0, end_id=EOS)
+        )
         assert baseline.tokens == result.tokens
         if drafter_kind == "perfect":
             assert result.stats.acceptance_rate == 1.0
@@ -351,13 +353,15 @@ def test_numpy_prompt_and_numpy_token_ids_come_out_as_python_ints():
 
 def test_seeded_adaptive_sampling_ignores_wall_clock(monkeypatch):
     """Same seed -> same text even when step timings differ (adaptive K must not read the clock)."""
-    from specbuild.speculative import loop as loop_module
-    from specbuild.speculative.interfaces import SamplingParams
     from toy_model import ToyDrafter, ToyVerifier, random_model
 
+    from specbuild.speculative import loop as loop_module
+    from specbuild.speculative.interfaces import SamplingParams
+
     target, draft = random_model(12, seed=1), random_model(12, seed=2)
-    request = loop_module.GenerationRequest(max_tokens=40, num_draft_tokens=4, adaptive=True,
-                                            sampling=SamplingParams(temperature=1.0, seed=7))
+    request = loop_module.GenerationRequest(
+        max_tokens=40, num_draft_tokens=4, adaptive=True, sampling=SamplingParams(temperature=1.0, seed=7)
+    )
     clock = iter(range(10**6))
     monkeypatch.setattr(loop_module.time, "perf_counter", lambda: float(next(clock)) ** 1.5)
     first = loop_module.run([1, 2], ToyDrafter(draft), ToyVerifier(target, max_draft_len=4), request).tokens

@@ -14,6 +14,10 @@ import time
 
 import numpy as np
 import pytest
+from test_speculative_distribution import P_CORRECT, P_WRONG, chi_square_pvalue, exact_joint
+from test_speculative_distribution import PROMPT as DIST_PROMPT
+from test_speculative_distribution import pair as dist_pair
+from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 import specbuild.speculative.overlap as overlap_module
 from specbuild.errors import RequestError
@@ -21,10 +25,6 @@ from specbuild.speculative.adaptive import expected_hit_rate, predicted_overlap_
 from specbuild.speculative.interfaces import Ahead, AheadDrafter, Draft, SamplingParams
 from specbuild.speculative.loop import GenerationRequest, generate, run
 from specbuild.speculative.overlap import AutoSchedule, ThreadedAhead, propose_ahead
-from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
-from test_speculative_distribution import PROMPT as DIST_PROMPT
-from test_speculative_distribution import P_CORRECT, P_WRONG, chi_square_pvalue, exact_joint
-from test_speculative_distribution import pair as dist_pair
 
 V = 12
 PROMPTS = [list(p) for p in np.random.default_rng(0).integers(0, V, size=(10, 3))]
@@ -84,8 +84,12 @@ def test_greedy_overlapped_equals_sequential_and_target_only(k, kind):
         request = GenerationRequest(max_tokens=30, num_draft_tokens=k, end_id=end_id)
         timing = list(TIMINGS)[i % len(TIMINGS)] if i < 4 else "no delays"
         sequential, overlapped = both_schedules(prompt, DRAFTS[kind], request, timing, seed=i)
-        target_only = run(prompt, ToyDrafter(TARGET), ToyVerifier(TARGET), GenerationRequest(
-            max_tokens=30, num_draft_tokens=0, end_id=end_id))
+        target_only = run(
+            prompt,
+            ToyDrafter(TARGET),
+            ToyVerifier(TARGET),
+            GenerationRequest(max_tokens=30, num_draft_tokens=0, end_id=end_id),
+        )
         assert overlapped.tokens == sequential.tokens == target_only.tokens, (kind, k, prompt, timing)
         assert overlapped.finish_reason == sequential.finish_reason
         assert same_work(overlapped, sequential)
@@ -96,8 +100,11 @@ def test_greedy_overlapped_equals_sequential_and_target_only(k, kind):
 
 def test_a_perfect_drafter_hits_every_early_draft_and_drafts_once_per_step():
     drafter = ToyDrafter(TARGET)
-    steps = list(generate([1, 2], drafter, ToyVerifier(TARGET), GenerationRequest(
-        max_tokens=40, num_draft_tokens=3, overlap=True)))
+    steps = list(
+        generate(
+            [1, 2], drafter, ToyVerifier(TARGET), GenerationRequest(max_tokens=40, num_draft_tokens=3, overlap=True)
+        )
+    )
     stats = steps[-1].stats
     assert [s.early_hit for s in steps] == [False] + [True] * (len(steps) - 1)
     assert stats.early_drafts == stats.early_draft_hits == len(steps) - 1
@@ -106,8 +113,10 @@ def test_a_perfect_drafter_hits_every_early_draft_and_drafts_once_per_step():
 
 
 def test_k0_and_overlap_off_never_draft_ahead():
-    for request in (GenerationRequest(max_tokens=12, num_draft_tokens=0, overlap=True),
-                    GenerationRequest(max_tokens=12, num_draft_tokens=3, overlap=False)):
+    for request in (
+        GenerationRequest(max_tokens=12, num_draft_tokens=0, overlap=True),
+        GenerationRequest(max_tokens=12, num_draft_tokens=3, overlap=False),
+    ):
         drafter = ToyDrafter(TARGET)
         result = run([1, 2], drafter, ToyVerifier(TARGET), request)
         assert result.stats.early_drafts == 0
@@ -117,8 +126,10 @@ def test_k0_and_overlap_off_never_draft_ahead():
 def test_no_early_draft_for_a_step_that_would_not_run():
     """The last step's draft ends the request under the hit hypothesis (budget, EOS, stop): nothing is started."""
     script = list(range(1, V - 1))
-    for request in (GenerationRequest(max_tokens=4, num_draft_tokens=3, overlap=True),  # 3 + bonus = the budget
-                    GenerationRequest(max_tokens=30, num_draft_tokens=3, overlap=True, stop_sequences=[[2, 3]])):
+    for request in (
+        GenerationRequest(max_tokens=4, num_draft_tokens=3, overlap=True),  # 3 + bonus = the budget
+        GenerationRequest(max_tokens=30, num_draft_tokens=3, overlap=True, stop_sequences=[[2, 3]]),
+    ):
         steps = list(generate([0], ScriptDrafter(script), ScriptVerifier(script), request))
         assert steps[-1].stats.early_drafts == 0, request
 
@@ -165,8 +176,9 @@ def test_seeded_sampling_overlapped_equals_sequential_whatever_the_timing(timing
     for seed in range(6):
         sampling = SamplingParams(**{**vars(SAMPLINGS[seed % 2]), "seed": seed})
         request = GenerationRequest(max_tokens=24, num_draft_tokens=1 + seed % 3, sampling=sampling, adaptive=adaptive)
-        sequential, overlapped = both_schedules([1, 2], DRAFTS["partial" if seed % 3 else "perfect"], request,
-                                                timing, seed=seed)
+        sequential, overlapped = both_schedules(
+            [1, 2], DRAFTS["partial" if seed % 3 else "perfect"], request, timing, seed=seed
+        )
         assert overlapped.tokens == sequential.tokens, (timing, adaptive, seed)
         assert same_work(overlapped, sequential)
         hits += overlapped.stats.early_draft_hits
@@ -175,16 +187,22 @@ def test_seeded_sampling_overlapped_equals_sequential_whatever_the_timing(timing
 
 def sampled_pairs(n=12):
     for seed in range(n):
-        request = GenerationRequest(max_tokens=24, num_draft_tokens=2,
-                                    sampling=SamplingParams(temperature=1.0, seed=seed))
+        request = GenerationRequest(
+            max_tokens=24, num_draft_tokens=2, sampling=SamplingParams(temperature=1.0, seed=seed)
+        )
         yield both_schedules([1, 2], DRAFTS["perfect"], request)
 
 
 def test_the_comparison_catches_an_early_draft_drawn_with_the_wrong_seed(monkeypatch):
     """Negative control: the early draft for step i + 1 drawn with step i's drafter seed."""
     real = overlap_module.DraftAhead.start
-    monkeypatch.setattr(overlap_module.DraftAhead, "start", lambda self, context, output, draft, seconds, step, stats:
-                        real(self, context, output, draft, seconds, step - 1, stats))
+    monkeypatch.setattr(
+        overlap_module.DraftAhead,
+        "start",
+        lambda self, context, output, draft, seconds, step, stats: real(
+            self, context, output, draft, seconds, step - 1, stats
+        ),
+    )
     assert any(o.tokens != s.tokens for s, o in sampled_pairs())
 
 
@@ -212,8 +230,9 @@ def overlapped_samples(n: int) -> np.ndarray:
     out = np.zeros((n, 5), dtype=np.int64)
     hits = 0
     for i in range(n):
-        request = GenerationRequest(max_tokens=5, num_draft_tokens=2, overlap=True,
-                                    sampling=SamplingParams(temperature=1.0, seed=i))
+        request = GenerationRequest(
+            max_tokens=5, num_draft_tokens=2, overlap=True, sampling=SamplingParams(temperature=1.0, seed=i)
+        )
         result = run(DIST_PROMPT, drafter, verifier, request)
         out[i], hits = result.tokens, hits + result.stats.early_draft_hits
     assert hits > n // 5  # a real share of the samples went through an early draft
@@ -226,8 +245,13 @@ def test_overlapped_output_matches_the_target_distribution_and_a_seed_bug_is_cau
     joint = exact_joint(target, DIST_PROMPT, 5, SamplingParams(temperature=1.0))
     assert chi_square_pvalue(overlapped_samples(12_000), joint) > P_CORRECT
     real = overlap_module.DraftAhead.start  # negative control: the early draft reuses the current step's drafter seed
-    monkeypatch.setattr(overlap_module.DraftAhead, "start", lambda self, context, output, draft, seconds, step, stats:
-                        real(self, context, output, draft, seconds, step - 1, stats))
+    monkeypatch.setattr(
+        overlap_module.DraftAhead,
+        "start",
+        lambda self, context, output, draft, seconds, step, stats: real(
+            self, context, output, draft, seconds, step - 1, stats
+        ),
+    )
     assert chi_square_pvalue(overlapped_samples(6_000), joint) < P_WRONG
 
 
@@ -261,7 +285,9 @@ def test_a_drafter_with_its_own_propose_ahead_is_used_as_is():
 
     drafter = Own(TARGET)
     assert isinstance(drafter, AheadDrafter) and not isinstance(ToyDrafter(TARGET), AheadDrafter)
-    result = run([1, 2], drafter, ToyVerifier(TARGET), GenerationRequest(max_tokens=20, num_draft_tokens=2, overlap=True))
+    result = run(
+        [1, 2], drafter, ToyVerifier(TARGET), GenerationRequest(max_tokens=20, num_draft_tokens=2, overlap=True)
+    )
     assert Own.started == result.stats.early_drafts > 0 and result.stats.early_draft_hits == Own.started
 
 
@@ -283,9 +309,18 @@ def test_threaded_ahead_runs_off_the_callers_thread_and_closes():
 
 def test_the_worker_thread_ends_with_the_request():
     before = {t.name for t in threading.enumerate()}
-    run([1, 2], ToyDrafter(TARGET), ToyVerifier(TARGET), GenerationRequest(max_tokens=20, num_draft_tokens=2, overlap=True))
-    steps = generate([1, 2], ToyDrafter(TARGET), ToyVerifier(TARGET),
-                     GenerationRequest(max_tokens=20, num_draft_tokens=2, overlap=True))
+    run(
+        [1, 2],
+        ToyDrafter(TARGET),
+        ToyVerifier(TARGET),
+        GenerationRequest(max_tokens=20, num_draft_tokens=2, overlap=True),
+    )
+    steps = generate(
+        [1, 2],
+        ToyDrafter(TARGET),
+        ToyVerifier(TARGET),
+        GenerationRequest(max_tokens=20, num_draft_tokens=2, overlap=True),
+    )
     next(steps)
     steps.close()  # a consumer that stops reading
     left = {t.name for t in threading.enumerate()} - before
@@ -343,8 +378,12 @@ def test_auto_drafts_ahead_where_it_is_faster_and_not_where_it_costs():
     assert fast.stats.early_drafts >= 0.6 * fast.stats.steps
     core = threading.Lock()
     slow = run([1, 2], Timed(ToyDrafter(OTHER), 1.0, 1.5, core), Timed(ToyVerifier(TARGET), 4.0, lock=core), request)
-    always = run([1, 2], ToyDrafter(OTHER), ToyVerifier(TARGET), GenerationRequest(
-        max_tokens=150, num_draft_tokens=2, overlap=True))
+    always = run(
+        [1, 2],
+        ToyDrafter(OTHER),
+        ToyVerifier(TARGET),
+        GenerationRequest(max_tokens=150, num_draft_tokens=2, overlap=True),
+    )
     assert slow.tokens == always.tokens  # the schedule never changes the text
     assert slow.stats.early_drafts <= 0.4 * slow.stats.steps
 
@@ -364,14 +403,23 @@ def test_invalid_overlap_setting_is_a_request_error():
 
 
 def test_settings_and_the_auto_rule_for_a_deployment():
-    assert [overlap_module.parse_setting(v) for v in (True, "False", " auto ", "on", "0")] == [True, False, "auto",
-                                                                                                 True, False]
+    assert [overlap_module.parse_setting(v) for v in (True, "False", " auto ", "on", "0")] == [
+        True,
+        False,
+        "auto",
+        True,
+        False,
+    ]
     with pytest.raises(ValueError, match=r"request parameter 'overlap' = 'sometimes' is invalid"):
         overlap_module.parse_setting("sometimes", "request parameter 'overlap'")
-    assert overlap_module.resolve_auto("auto", 2, 2, "two model processes") == ("auto", "auto: 2 cores for two model "
-                                                                                         "processes")
+    assert overlap_module.resolve_auto("auto", 2, 2, "two model processes") == (
+        "auto",
+        "auto: 2 cores for two model processes",
+    )
     assert overlap_module.resolve_auto("auto", 1, 2, "two model processes") == (
-        False, "auto: off, 1 core cannot run two model processes at once")
+        False,
+        "auto: off, 1 core cannot run two model processes at once",
+    )
     assert overlap_module.resolve_auto(True, 1, 2, "x") == (True, "overlap on as asked")  # as asked, whatever the cores
     assert overlap_module.resolve_auto(False, 8, 2, "x") == (False, "overlap off as asked")
     assert overlap_module.available_cores() >= 1

@@ -20,13 +20,12 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from triton_helpers import serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 SLEEP = 1.0
 
-SLOW = f'''
+SLOW = f"""
 import time
 
 import numpy as np
@@ -43,9 +42,9 @@ class TritonPythonModel:
             span = pb_utils.Tensor("SPAN", np.array([start, time.monotonic()], np.float64))
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", x + 1), span]))
         return responses
-'''
+"""
 
-BOTH = '''
+BOTH = """
 import json
 import threading
 
@@ -84,12 +83,14 @@ class TritonPythonModel:
                        pb_utils.Tensor("PARAMETERS", np.array([json.dumps(seen).encode()], dtype=object))]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
-'''
+"""
 
 
 def _config(name: str, inputs: str, outputs: str) -> str:
-    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{inputs}{outputs}'
-            'instance_group { count: 1 kind: KIND_CPU }\n')
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{inputs}{outputs}'
+        "instance_group { count: 1 kind: KIND_CPU }\n"
+    )
 
 
 X = 'input { name: "X" data_type: TYPE_FP32 dims: 1 }\n'
@@ -102,9 +103,12 @@ def server(tmp_path_factory):
     models = {
         "slow_a": (SLOW, X + Y_AND_SPAN),
         "slow_b": (SLOW, X + Y_AND_SPAN),
-        "both": (BOTH, X + 'output { name: "SPANS" data_type: TYPE_FP64 dims: [ 4, 2 ] }\n'
-                 'output { name: "OK" data_type: TYPE_BOOL dims: 1 }\n'
-                 'output { name: "PARAMETERS" data_type: TYPE_STRING dims: 1 }\n'),
+        "both": (
+            BOTH,
+            X + 'output { name: "SPANS" data_type: TYPE_FP64 dims: [ 4, 2 ] }\n'
+            'output { name: "OK" data_type: TYPE_BOOL dims: 1 }\n'
+            'output { name: "PARAMETERS" data_type: TYPE_STRING dims: 1 }\n',
+        ),
     }
     for name, (code, io) in models.items():
         (repo / name / "1").mkdir(parents=True)
@@ -123,8 +127,10 @@ def test_two_threads_of_one_bls_request_run_their_calls_at_once_and_parameters_a
         result = client.infer("both", [x], parameters={"overlap": True})
     (a, b, a2, b2) = ((float(start), float(end)) for start, end in result.as_numpy("SPANS"))
     assert bool(result.as_numpy("OK")[0])  # each thread got its own model's answer (and its span)
-    print(f"\ntwo threads: {max(a[1], b[1]) - min(a[0], b[0]):.2f} s for two {SLEEP} s calls, started "
-          f"{abs(a[0] - b[0]) * 1000:.1f} ms apart; one after the other: {b2[1] - a2[0]:.2f} s")
+    print(
+        f"\ntwo threads: {max(a[1], b[1]) - min(a[0], b[0]):.2f} s for two {SLEEP} s calls, started "
+        f"{abs(a[0] - b[0]) * 1000:.1f} ms apart; one after the other: {b2[1] - a2[0]:.2f} s"
+    )
     assert a[0] < b[1] and b[0] < a[1], (a, b)  # at once: each started before the other ended
     assert a2[1] <= b2[0], (a2, b2)  # the control: calls made one after the other do not overlap
     assert json.loads(result.as_numpy("PARAMETERS")[0]) == {"overlap": True}
@@ -132,9 +138,12 @@ def test_two_threads_of_one_bls_request_run_their_calls_at_once_and_parameters_a
 
 def test_the_http_generate_body_parameters_reach_the_model(server):
     body = json.dumps({"X": [3.0], "parameters": {"overlap": "auto"}}).encode()
-    request = urllib.request.Request(f"http://{server.http_url}/v2/models/both/generate", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/both/generate",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         outputs = json.loads(response.read())
     assert json.loads(outputs["PARAMETERS"]) == {"overlap": "auto"}
-

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from specbuild.config import spec_from_dict
-from specbuild.errors import SpecError
 from specbuild.contract import pbtxt, tensors
+from specbuild.errors import SpecError
 from specbuild.triton import configs, repository
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -40,8 +40,17 @@ def params(config: pb.ModelConfig) -> dict[str, str]:
 
 
 def io(entries) -> list[tuple]:
-    return [(e.name, pb.DataType.Name(e.data_type), list(e.dims), getattr(e, "optional", None),
-             e.HasField("reshape"), getattr(e, "allow_ragged_batch", None)) for e in entries]
+    return [
+        (
+            e.name,
+            pb.DataType.Name(e.data_type),
+            list(e.dims),
+            getattr(e, "optional", None),
+            e.HasField("reshape"),
+            getattr(e, "allow_ragged_batch", None),
+        )
+        for e in entries
+    ]
 
 
 @pytest.mark.parametrize("backend", ["trtllm", "reference"])
@@ -113,13 +122,20 @@ def test_llm_tensor_contract_matches_nvidias_template(tmp_path):
     inputs = {e.name: e for e in config.input}
     outputs = {e.name: e for e in config.output}
     expect = {
-        "input_ids": ("TYPE_INT32", [-1]), "input_lengths": ("TYPE_INT32", [1]),
-        "request_output_len": ("TYPE_INT32", [1]), "draft_input_ids": ("TYPE_INT32", [-1]),
-        "draft_logits": ("TYPE_FP16", [-1, -1]), "draft_acceptance_threshold": ("TYPE_FP32", [1]),
-        "end_id": ("TYPE_INT32", [1]), "stop_words_list": ("TYPE_INT32", [2, -1]),
-        "runtime_top_k": ("TYPE_INT32", [1]), "runtime_top_p": ("TYPE_FP32", [1]),
-        "min_tokens": ("TYPE_INT32", [1]), "seed": ("TYPE_UINT64", [1]),
-        "return_generation_logits": ("TYPE_BOOL", [1]), "streaming": ("TYPE_BOOL", [1]),
+        "input_ids": ("TYPE_INT32", [-1]),
+        "input_lengths": ("TYPE_INT32", [1]),
+        "request_output_len": ("TYPE_INT32", [1]),
+        "draft_input_ids": ("TYPE_INT32", [-1]),
+        "draft_logits": ("TYPE_FP16", [-1, -1]),
+        "draft_acceptance_threshold": ("TYPE_FP32", [1]),
+        "end_id": ("TYPE_INT32", [1]),
+        "stop_words_list": ("TYPE_INT32", [2, -1]),
+        "runtime_top_k": ("TYPE_INT32", [1]),
+        "runtime_top_p": ("TYPE_FP32", [1]),
+        "min_tokens": ("TYPE_INT32", [1]),
+        "seed": ("TYPE_UINT64", [1]),
+        "return_generation_logits": ("TYPE_BOOL", [1]),
+        "streaming": ("TYPE_BOOL", [1]),
     }
     for name, (dtype, dims) in expect.items():
         assert (pb.DataType.Name(inputs[name].data_type), list(inputs[name].dims)) == (dtype, dims), name
@@ -129,9 +145,14 @@ def test_llm_tensor_contract_matches_nvidias_template(tmp_path):
     assert required == ["input_lengths", "request_output_len"]
     assert inputs["input_lengths"].HasField("reshape") and not inputs["input_ids"].HasField("reshape")
     assert inputs["draft_input_ids"].allow_ragged_batch
-    for name, dtype in (("output_ids", "TYPE_INT32"), ("sequence_length", "TYPE_INT32"),
-                        ("generation_logits", "TYPE_FP16"), ("acceptance_rate", "TYPE_FP32"),
-                        ("total_accepted_draft_tokens", "TYPE_INT32"), ("total_draft_tokens", "TYPE_INT32")):
+    for name, dtype in (
+        ("output_ids", "TYPE_INT32"),
+        ("sequence_length", "TYPE_INT32"),
+        ("generation_logits", "TYPE_FP16"),
+        ("acceptance_rate", "TYPE_FP32"),
+        ("total_accepted_draft_tokens", "TYPE_INT32"),
+        ("total_draft_tokens", "TYPE_INT32"),
+    ):
         assert pb.DataType.Name(outputs[name].data_type) == dtype
     assert list(outputs["output_ids"].dims) == [-1, -1]
 
@@ -146,15 +167,30 @@ def test_bls_config(tmp_path):
     assert (p["max_draft_len"], p["num_draft_tokens"]) == ("5", "3")
     assert (p["max_input_len"], p["max_output_len"]) == ("100", "200")
     names = {e.name: pb.DataType.Name(e.data_type) for e in bls.input}
-    for name, dtype in (("text_input", "TYPE_STRING"), ("max_tokens", "TYPE_INT32"), ("num_draft_tokens", "TYPE_INT32"),
-                        ("use_draft_logits", "TYPE_BOOL"), ("stream", "TYPE_BOOL"), ("temperature", "TYPE_FP32"),
-                        ("top_k", "TYPE_INT32"), ("top_p", "TYPE_FP32"), ("seed", "TYPE_UINT64"),
-                        ("end_id", "TYPE_INT32"), ("stop_words", "TYPE_STRING")):
+    for name, dtype in (
+        ("text_input", "TYPE_STRING"),
+        ("max_tokens", "TYPE_INT32"),
+        ("num_draft_tokens", "TYPE_INT32"),
+        ("use_draft_logits", "TYPE_BOOL"),
+        ("stream", "TYPE_BOOL"),
+        ("temperature", "TYPE_FP32"),
+        ("top_k", "TYPE_INT32"),
+        ("top_p", "TYPE_FP32"),
+        ("seed", "TYPE_UINT64"),
+        ("end_id", "TYPE_INT32"),
+        ("stop_words", "TYPE_STRING"),
+    ):
         assert names[name] == dtype, name
     assert [e.name for e in bls.input if not e.optional] == ["text_input", "max_tokens"]
     outs = {e.name for e in bls.output}
-    assert {"text_output", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
-            "mean_accepted_len", "output_ids"} <= outs
+    assert {
+        "text_output",
+        "acceptance_rate",
+        "total_accepted_draft_tokens",
+        "total_draft_tokens",
+        "mean_accepted_len",
+        "output_ids",
+    } <= outs
     assert bls.instance_group[0].count == 2
     _, files = rendered(tmp_path, "reference", serve={"decoupled": False})
     assert pbtxt.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]).model_transaction_policy.decoupled is False
@@ -183,8 +219,12 @@ def test_no_model_has_a_triton_queue_bound_so_the_batcher_prefetches(tmp_path, b
 def test_the_bls_bounds_its_own_queue_split_over_its_instances(tmp_path):
     """By default 4 waiting requests per request the BLS runs at once (max_batch_size 6 x 2 instances here), all
     instances together; each instance refuses past its share (rounded up). 0 = no bound."""
-    for serve, per_instance in (({"bls_instance_count": 2}, "24"), ({}, "24"), ({"max_queue_size": 0}, "0"),
-                                ({"bls_instance_count": 2, "max_queue_size": 5}, "3")):
+    for serve, per_instance in (
+        ({"bls_instance_count": 2}, "24"),
+        ({}, "24"),
+        ({"max_queue_size": 0}, "0"),
+        ({"bls_instance_count": 2, "max_queue_size": 5}, "3"),
+    ):
         _, files = rendered(tmp_path, "reference", serve=serve)
         bls = pbtxt.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"])
         assert (params(bls)["max_queue_size"], params(bls)["max_concurrent_requests"]) == (per_instance, "6"), serve
@@ -213,7 +253,11 @@ def test_ensemble_wiring_is_consistent(tmp_path):
         for key, value in step.output_map.items():
             assert key in model_outputs, (step.model_name, key)
             available.add(value)
-    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == [
+        "preprocessing",
+        "tensorrt_llm",
+        "postprocessing",
+    ]
     assert {e.name for e in ensemble.output} <= available
     required = {e.name for e in models["tensorrt_llm"].input if not e.optional}
     assert required <= set(ensemble.ensemble_scheduling.step[1].input_map)
@@ -229,17 +273,29 @@ def test_reference_paths_are_relative_to_the_repository(tmp_path):
     assert "from specbuild.triton.models.bls import TritonPythonModel" in files["tensorrt_llm_bls/1/model.py"]
 
 
-@pytest.mark.parametrize("count,tp,target,draft", [(1, 1, "0", "0"), (2, 1, "0", "1"), (4, 2, "0,1", "2,3"),
-                                                   (2, 2, "0,1", "0,1")])
+@pytest.mark.parametrize(
+    "count,tp,target,draft", [(1, 1, "0", "0"), (2, 1, "0", "1"), (4, 2, "0,1", "2,3"), (2, 2, "0,1", "0,1")]
+)
 def test_gpu_device_ids(tmp_path, count, tp, target, draft):
-    spec = make_spec(tmp_path, gpu={"name": "H100-80GB", "count": count},
-                     build={"max_batch_size": 6, "max_input_len": 100, "max_seq_len": 300, "tp_size": tp})
+    spec = make_spec(
+        tmp_path,
+        gpu={"name": "H100-80GB", "count": count},
+        build={"max_batch_size": 6, "max_input_len": 100, "max_seq_len": 300, "tp_size": tp},
+    )
     assert (repository.gpu_device_ids(spec, "target"), repository.gpu_device_ids(spec, "draft")) == (target, draft)
 
 
-@pytest.mark.parametrize("count,tp,ids,draft,separate", [(2, 1, [1], "1", True), (2, 1, [0], "0", False),
-                                                         (3, 1, [2], "2", True), (4, 2, [2, 3], "2,3", True),
-                                                         (4, 2, [3, 2], "3,2", True), (4, 2, [0, 1], "0,1", False)])
+@pytest.mark.parametrize(
+    "count,tp,ids,draft,separate",
+    [
+        (2, 1, [1], "1", True),
+        (2, 1, [0], "0", False),
+        (3, 1, [2], "2", True),
+        (4, 2, [2, 3], "2,3", True),
+        (4, 2, [3, 2], "3,2", True),
+        (4, 2, [0, 1], "0,1", False),
+    ],
+)
 def test_draft_device_ids_place_the_draft_in_the_generated_config(tmp_path, count, tp, ids, draft, separate):
     """[gpu] draft_device_ids is what the draft's tensorrt_llm config gets as gpu_device_ids, and what the memory
     plan counts as shared or not."""
@@ -249,15 +305,17 @@ def test_draft_device_ids_place_the_draft_in_the_generated_config(tmp_path, coun
     build = {"max_batch_size": 6, "max_input_len": 100, "max_seq_len": 300, "tp_size": tp}
     _, files = rendered(tmp_path, "trtllm", gpu=gpu, build=build)
     assert params(pbtxt.parse_pbtxt(files["tensorrt_llm_draft/config.pbtxt"]))["gpu_device_ids"] == draft
-    assert params(pbtxt.parse_pbtxt(files["tensorrt_llm/config.pbtxt"]))["gpu_device_ids"] == \
-        ",".join(str(i) for i in range(tp))
+    assert params(pbtxt.parse_pbtxt(files["tensorrt_llm/config.pbtxt"]))["gpu_device_ids"] == ",".join(
+        str(i) for i in range(tp)
+    )
     assert separate_gpus(make_spec(tmp_path, gpu=gpu, build=build)) is separate
 
 
 @pytest.mark.parametrize("setting,written", [("auto", "auto"), (True, "true"), (False, "false")])
 def test_bls_config_carries_the_overlap_setting(tmp_path, setting, written):
-    _, files = rendered(tmp_path, "reference", speculative={"max_draft_len": 5, "num_draft_tokens": 3,
-                                                            "overlap": setting})
+    _, files = rendered(
+        tmp_path, "reference", speculative={"max_draft_len": 5, "num_draft_tokens": 3, "overlap": setting}
+    )
     assert params(pbtxt.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]))["overlap"] == written
 
 
@@ -271,7 +329,9 @@ def test_missing_values_raise_instead_of_writing_placeholders(tmp_path):
     placeholder = dataclasses.replace(settings, tokenizer_dir="${tokenizer_dir}")
     with pytest.raises(SpecError, match="placeholder"):
         configs.build_all(placeholder)
-    bad_fraction = dataclasses.replace(settings, draft=dataclasses.replace(settings.draft, kv_cache_free_gpu_mem_fraction=1.5))
+    bad_fraction = dataclasses.replace(
+        settings, draft=dataclasses.replace(settings.draft, kv_cache_free_gpu_mem_fraction=1.5)
+    )
     with pytest.raises(SpecError, match="kv_cache_free_gpu_mem_fraction"):
         configs.build_all(bad_fraction)
     with pytest.raises(SpecError, match="not supported"):
@@ -279,8 +339,15 @@ def test_missing_values_raise_instead_of_writing_placeholders(tmp_path):
 
 
 def test_tensor_tables_have_unique_names_and_known_dtypes():
-    for table in (tensors.LLM_INPUTS, tensors.LLM_OUTPUTS, tensors.PRE_INPUTS, tensors.PRE_OUTPUTS,
-                  tensors.BLS_INPUTS, tensors.BLS_OUTPUTS, tensors.ENSEMBLE_INPUTS):
+    for table in (
+        tensors.LLM_INPUTS,
+        tensors.LLM_OUTPUTS,
+        tensors.PRE_INPUTS,
+        tensors.PRE_OUTPUTS,
+        tensors.BLS_INPUTS,
+        tensors.BLS_OUTPUTS,
+        tensors.ENSEMBLE_INPUTS,
+    ):
         names = [t.name for t in table]
         assert len(names) == len(set(names))
         for t in table:
@@ -297,8 +364,11 @@ def test_llm_configs_carry_every_parameter_the_backend_reads_without_fallback(tm
         p = params(pbtxt.parse_pbtxt(files[f"{name}/config.pbtxt"]))
         assert set(REQUIRED) <= set(p), name
         assert p["gpt_model_type"] == "inflight_fused_batching" and p["gpt_model_path"]
-        assert {k: p[k] for k in ("tokenizer_dir", "guided_decoding_backend", "xgrammar_tokenizer_info_path")} == \
-            {"tokenizer_dir": "", "guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
+        assert {k: p[k] for k in ("tokenizer_dir", "guided_decoding_backend", "xgrammar_tokenizer_info_path")} == {
+            "tokenizer_dir": "",
+            "guided_decoding_backend": "",
+            "xgrammar_tokenizer_info_path": "",
+        }
 
 
 def test_empty_values_are_allowed_for_exactly_the_unset_llm_parameters(tmp_path):
@@ -324,15 +394,23 @@ def logits_types(files: dict[str, str]) -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("dtype, expected", [("float16", "TYPE_FP16"), ("bfloat16", "TYPE_FP16"), ("float32", "TYPE_FP32")])
+@pytest.mark.parametrize(
+    "dtype, expected", [("float16", "TYPE_FP16"), ("bfloat16", "TYPE_FP16"), ("float32", "TYPE_FP32")]
+)
 def test_logits_are_declared_in_the_dtype_modelopt_will_write(tmp_path, dtype, expected):
     """Before convert: modelopt writes logits_dtype float16 for a bfloat16 model, else the model dtype."""
-    _, files = rendered(tmp_path, "trtllm", target={"checkpoint": str(tmp_path / "t"), "dtype": dtype},
-                        draft={"checkpoint": str(tmp_path / "d"), "dtype": dtype})
+    _, files = rendered(
+        tmp_path,
+        "trtllm",
+        target={"checkpoint": str(tmp_path / "t"), "dtype": dtype},
+        draft={"checkpoint": str(tmp_path / "d"), "dtype": dtype},
+    )
     found = logits_types(files)
-    assert set(found) == {f"{m}.{t}" for m in ("tensorrt_llm", "tensorrt_llm_draft")
-                          for t in ("draft_logits", "context_logits", "generation_logits")} | \
-        {f"{m}.{t}" for m in ("tensorrt_llm_bls", "ensemble") for t in ("context_logits", "generation_logits")}
+    assert set(found) == {
+        f"{m}.{t}"
+        for m in ("tensorrt_llm", "tensorrt_llm_draft")
+        for t in ("draft_logits", "context_logits", "generation_logits")
+    } | {f"{m}.{t}" for m in ("tensorrt_llm_bls", "ensemble") for t in ("context_logits", "generation_logits")}
     assert set(found.values()) == {expected}, found
 
 
@@ -380,7 +458,10 @@ def test_the_bls_final_response_is_one_table_sent_and_read():
 
     declared = {t.name: t for t in tensors.BLS_OUTPUTS}
     assert set(tensors.BLS_FINAL_OUTPUTS) <= set(declared)
-    assert client.STAT_OUTPUTS == tensors.BLS_FINAL_OUTPUTS and set(client.TEXT_OUTPUTS) == {"finish_reason", "stop_reason"}
+    assert client.STAT_OUTPUTS == tensors.BLS_FINAL_OUTPUTS and set(client.TEXT_OUTPUTS) == {
+        "finish_reason",
+        "stop_reason",
+    }
     values = {name: None for name in tensors.BLS_FINAL_OUTPUTS}
     values.update(finish_reason="stop", output_ids=[5, 6], num_output_tokens=2, speculation_stats={"k": {"k": 2}})
     arrays = tensors.final_values(values)
@@ -394,12 +475,14 @@ def test_the_bls_final_response_is_one_table_sent_and_read():
 
 def test_the_bls_reads_back_the_record_repo_wrote(tmp_path):
     """contract.bls_params is the one record: the config writer writes it, the BLS and clients read it back."""
-    from specbuild.contract.bls_params import BlsParameters
     from specbuild.contract import serving_gate
+    from specbuild.contract.bls_params import BlsParameters
 
-    settings, files = rendered(tmp_path, "reference",
-                               speculative={"max_draft_len": 5, "num_draft_tokens": 3, "overlap": "auto",
-                                            "adaptive": False})
+    settings, files = rendered(
+        tmp_path,
+        "reference",
+        speculative={"max_draft_len": 5, "num_draft_tokens": 3, "overlap": "auto", "adaptive": False},
+    )
     written = params(pbtxt.parse_pbtxt(files["tensorrt_llm_bls/config.pbtxt"]))
     read = BlsParameters.from_parameters(written)
     assert read.to_parameters() == written  # every parameter the writer writes is a field, and nothing else
@@ -411,13 +494,16 @@ def test_the_bls_reads_back_the_record_repo_wrote(tmp_path):
 def test_the_bls_record_refuses_a_missing_or_bad_parameter_by_name():
     from specbuild.contract.bls_params import BlsParameters
 
-    good = BlsParameters(max_draft_len=4, num_draft_tokens=2, max_input_len=8, max_output_len=8,
-                         tokenizer_dir="t").to_parameters()
-    for key, value, message in (("tokenizer_dir", "", "'tokenizer_dir' is required"),
-                                ("max_input_len", "${max_input_len}", "'max_input_len' is required"),
-                                ("max_draft_len", "four", "'max_draft_len' = 'four' is invalid: use an integer"),
-                                ("use_draft_logits", "maybe", "'use_draft_logits' = 'maybe' is invalid"),
-                                ("overlap", "sometimes", "'overlap' = 'sometimes' is invalid")):
+    good = BlsParameters(
+        max_draft_len=4, num_draft_tokens=2, max_input_len=8, max_output_len=8, tokenizer_dir="t"
+    ).to_parameters()
+    for key, value, message in (
+        ("tokenizer_dir", "", "'tokenizer_dir' is required"),
+        ("max_input_len", "${max_input_len}", "'max_input_len' is required"),
+        ("max_draft_len", "four", "'max_draft_len' = 'four' is invalid: use an integer"),
+        ("use_draft_logits", "maybe", "'use_draft_logits' = 'maybe' is invalid"),
+        ("overlap", "sometimes", "'overlap' = 'sometimes' is invalid"),
+    ):
         with pytest.raises(ValueError, match=message):
             BlsParameters.from_parameters({**good, key: value})
     older = {key: value for key, value in good.items() if key not in ("overlap", "max_queue_size", "serving_gate")}

@@ -23,10 +23,10 @@ import urllib.error
 import urllib.request
 
 import pytest
-
-from specbuild.triton import procfs
-from specbuild.contract.serving_gate import REFUSAL
 from triton_helpers import make_deployment, make_llmapi_deployment, read_ready_document
+
+from specbuild.contract.serving_gate import REFUSAL
+from specbuild.triton import procfs
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPT = "def add(a, b):"
@@ -56,8 +56,14 @@ class Serving:
     come, its ready document, and every process under it (killed at the end whatever happened)."""
 
     def __init__(self, argv: list[str], cwd):
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                                        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -95,8 +101,26 @@ class Serving:
 
 
 def serve(spec_path, repo, *extra: str) -> tuple[Serving, dict]:
-    argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(spec_path), "--repo", str(repo), "--http-port", "0",
-            "--grpc-port", "0", "--metrics-port", "0", "--json", "--canary-interval", "0", *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "specbuild",
+        "serve",
+        "-c",
+        str(spec_path),
+        "--repo",
+        str(repo),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--json",
+        "--canary-interval",
+        "0",
+        *extra,
+    ]
     serving = Serving(argv, spec_path.parent)
     try:
         return serving, serving.ready_document()
@@ -113,8 +137,9 @@ class Streams:
     def __init__(self, grpc_url: str, count: int, max_tokens: int, model: str = "tensorrt_llm_bls"):
         self.results: dict[int, dict] = {}
         self.first = [threading.Event() for _ in range(count)]
-        self.threads = [threading.Thread(target=self._run, args=(grpc_url, i, max_tokens, model), daemon=True)
-                        for i in range(count)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(grpc_url, i, max_tokens, model), daemon=True) for i in range(count)
+        ]
         for thread in self.threads:
             thread.start()
 
@@ -202,13 +227,21 @@ def http_request(http_url: str, model: str = "ensemble") -> tuple[int | str, str
     import json
 
     if model == "ensemble":
-        body = {"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": [PROMPT]},
-                           {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [2]}]}
+        body = {
+            "inputs": [
+                {"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": [PROMPT]},
+                {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [2]},
+            ]
+        }
         endpoint = "infer"
     else:  # the llmapi model's tensors (contract.llmapi.INPUTS), by name
         body, endpoint = {"text_input": PROMPT, "sampling_param_max_tokens": 2}, "generate"
-    request = urllib.request.Request(f"{http_url}/v2/models/{model}/{endpoint}", data=json.dumps(body).encode(),
-                                     method="POST", headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{http_url}/v2/models/{model}/{endpoint}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, response.read().decode(errors="replace"), endpoint
@@ -216,8 +249,9 @@ def http_request(http_url: str, model: str = "ensemble") -> tuple[int | str, str
         return err.code, err.read().decode(errors="replace"), endpoint
 
 
-def signal_during_streams(serving: Serving, document: dict, max_tokens: int, model: str = "tensorrt_llm_bls",
-                          count: int = STREAMS):
+def signal_during_streams(
+    serving: Serving, document: dict, max_tokens: int, model: str = "tensorrt_llm_bls", count: int = STREAMS
+):
     """Open `count` streams, SIGTERM serve once STREAMS of them have their first response (any more wait in the
     model's queue for a slot), check what a client sees during the drain; returns (the streams' results, serve's
     exit code, how many were still running at the signal, what a client saw during the drain)."""
@@ -228,8 +262,12 @@ def signal_during_streams(serving: Serving, document: dict, max_tokens: int, mod
     running_at_signal = streams.running()
     serving.wait_line("draining: ")
     running = streams.running()
-    during = (ready_status(http), new_request_error(grpc, model), running,
-              http_request(http, "ensemble" if model == "tensorrt_llm_bls" else model))
+    during = (
+        ready_status(http),
+        new_request_error(grpc, model),
+        running,
+        http_request(http, "ensemble" if model == "tensorrt_llm_bls" else model),
+    )
     results = streams.join()
     code = serving.process.wait(HANG_S)
     return results, code, running_at_signal, during
@@ -240,9 +278,11 @@ def assert_drained(serving: Serving, results: dict, expected: dict, running_at_s
     counts its running requests (the BLS's gauges; the llmapi model's, by the gate's wrapper), so the log line says
     how many ran to their end."""
     readiness, refusal, running_during, over_http = during
-    print(f"\nat the signal {running_at_signal} of {len(results)} streams ran; during the drain: ready {readiness}, "
-          f"a new request got {refusal!r}, over HTTP {over_http}\n"
-          + "".join(line for line in serving.lines if "drain" in line))
+    print(
+        f"\nat the signal {running_at_signal} of {len(results)} streams ran; during the drain: ready {readiness}, "
+        f"a new request got {refusal!r}, over HTTP {over_http}\n"
+        + "".join(line for line in serving.lines if "drain" in line)
+    )
     assert running_at_signal > 0 and running_during > 0, "no stream was in flight during the drain"
     assert readiness == 400, readiness
     assert REFUSAL in refusal, refusal  # gRPC: a stream's error carries its message, not a status code
@@ -305,9 +345,24 @@ def test_sigterm_as_soon_as_triton_answers_ready_drains_too(deployment):
     from specbuild.triton.server import free_ports
 
     http_port, grpc_port, metrics_port = free_ports("127.0.0.1", 3)
-    argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(deployment.spec_path), "--repo",
-            str(deployment.repo), "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port",
-            str(metrics_port), "--canary-interval", "0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "specbuild",
+        "serve",
+        "-c",
+        str(deployment.spec_path),
+        "--repo",
+        str(deployment.repo),
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+        "--canary-interval",
+        "0",
+    ]
     serving = Serving(argv, deployment.spec_path.parent)
     try:
         deadline = time.monotonic() + HANG_S * 3
@@ -386,8 +441,17 @@ def test_up_drains_its_server_on_sigterm(deployment, tmp_path):
     """`up` (no --once) serves under the same supervisor: SIGTERM while streams run drains them too."""
     import json
 
-    argv = [sys.executable, "-m", "specbuild", "up", "-c", str(deployment.spec_path), "--repo", str(deployment.repo),
-            "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "specbuild",
+        "up",
+        "-c",
+        str(deployment.spec_path),
+        "--repo",
+        str(deployment.repo),
+        "--json",
+    ]
     serving = Serving(argv, deployment.root)
     try:
         serving.wait_line("serving; press Ctrl-C", timeout=600)

@@ -31,10 +31,10 @@ import time
 
 import numpy as np
 import pytest
+from triton_helpers import make_deployment, make_llmapi_deployment, read_ready_document
 
 from specbuild.triton import procfs
 from specbuild.triton.server import SHM_ROOT
-from triton_helpers import make_deployment, make_llmapi_deployment, read_ready_document
 
 pytestmark = [pytest.mark.fault, pytest.mark.server, pytest.mark.slow]
 # Deadlines, not aims (those are 10 s and 30 s, docs/triton.md). A stream ended 0.1-1.1 s after the kill on
@@ -50,8 +50,13 @@ TRANSPORT_ERRORS = ("UNAVAILABLE", "Socket closed")  # the server went away unde
 
 
 class Served:
-    def __init__(self, process: subprocess.Popen, document: dict, root,
-                 entry_models: tuple[str, ...] = ("tensorrt_llm_bls", "ensemble")):
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        document: dict,
+        root,
+        entry_models: tuple[str, ...] = ("tensorrt_llm_bls", "ensemble"),
+    ):
         self.process, self.document, self.root = process, document, root
         self.entry_models = entry_models  # serving again = each of these answers
         self.lines: list[str] = []
@@ -62,8 +67,11 @@ class Served:
         self.expected["specbuild_supervisor_server_starts_total"] = 1
 
     def servers(self) -> list[int]:
-        return [p for p in procfs.descendants(self.process.pid)
-                if any(a.startswith("--model-repository=") for a in procfs.cmdline(p)) and procfs.alive(p)]
+        return [
+            p
+            for p in procfs.descendants(self.process.pid)
+            if any(a.startswith("--model-repository=") for a in procfs.cmdline(p)) and procfs.alive(p)
+        ]
 
     def server_pid(self) -> int:
         pids = self.servers()
@@ -76,7 +84,7 @@ class Served:
             log = open(self.document["log"], errors="replace").read().splitlines()[-lines:]
         except OSError:
             log = ["(no server log)"]
-        return ("serve's stderr:\n" + "".join(self.lines[-lines:]) + "tritonserver's log:\n" + "\n".join(log))
+        return "serve's stderr:\n" + "".join(self.lines[-lines:]) + "tritonserver's log:\n" + "\n".join(log)
 
     def settle(self, limit: float | None = None) -> None:
         """Wait until the supervisor is done with the last fault: one live server, serving, metrics say so
@@ -109,8 +117,10 @@ class Served:
             self.expected[f'specbuild_supervisor_recoveries_total{{action="reload",model="{model}"}}'] += 1
             return "reload", again
         assert self.saw("supervisor: tritonserver exited with code"), self.tail()
-        assert self.saw("supervisor: tritonserver restarted, serving again",
-                        times=self.expected["specbuild_supervisor_server_starts_total"]), self.tail()
+        assert self.saw(
+            "supervisor: tritonserver restarted, serving again",
+            times=self.expected["specbuild_supervisor_server_starts_total"],
+        ), self.tail()
         self.server_exited()  # serving_again above held it to restart_limit()
         return "server exited", again
 
@@ -121,8 +131,10 @@ class Served:
         restarts_before = self.expected["specbuild_supervisor_server_starts_total"] - 1
         assert any(text in message for text in TRANSPORT_ERRORS), message
         again = self.serving_again(killed, limit=self.restart_limit())
-        print(f"\n{model} stub killed mid-stream: stream ended with an error after {ended:.1f} s, serving again "
-              f"after {again:.1f} s (first start {self.startup_s:.1f} s)")
+        print(
+            f"\n{model} stub killed mid-stream: stream ended with an error after {ended:.1f} s, serving again "
+            f"after {again:.1f} s (first start {self.startup_s:.1f} s)"
+        )
         self.settle()
         assert self.saw("supervisor: tritonserver restarted, serving again", times=restarts_before + 1), self.tail()
         if self.saw(f"supervisor: the Python backend stub of {model} ({model}_0_0) died", timeout=0):
@@ -145,7 +157,7 @@ class Served:
 
     def shm_prefix(self) -> str:
         flag = "--backend-config=python,shm-region-prefix-name="
-        return next(a[len(flag):] for a in procfs.cmdline(self.server_pid()) if a.startswith(flag))
+        return next(a[len(flag) :] for a in procfs.cmdline(self.server_pid()) if a.startswith(flag))
 
     def saw(self, text: str, times: int = 1, timeout: float = 10.0) -> bool:
         """The serve process has logged a line containing text (at least `times` times)."""
@@ -178,12 +190,36 @@ class Served:
 
 def serve(root, spec_path, repo, entry_models: tuple[str, ...] = ("tensorrt_llm_bls", "ensemble")):
     """`specbuild serve --json` on repo as a subprocess, until its ready document; stopped and cleaned after."""
-    argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(spec_path), "--repo", str(repo),
-            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--json",
-            "--exit-timeout", str(EXIT_TIMEOUT_S), "--max-restarts", "20"]  # a server that dies with each stub: 6
+    argv = [
+        sys.executable,
+        "-m",
+        "specbuild",
+        "serve",
+        "-c",
+        str(spec_path),
+        "--repo",
+        str(repo),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--json",
+        "--exit-timeout",
+        str(EXIT_TIMEOUT_S),
+        "--max-restarts",
+        "20",
+    ]  # a server that dies with each stub: 6
     started = time.monotonic()
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     lines: list[str] = []
 
     def read_stderr() -> None:
@@ -221,13 +257,23 @@ class Stream:
     """A gRPC stream to the BLS (or to an llmapi repository's model) as any tritonclient user opens one, and
     the time it ends."""
 
-    BLS = ("tensorrt_llm_bls", (("text_input", np.array([[b"def add(a, b):"]], dtype=object), "BYTES"),
-                                ("max_tokens", np.array([[256]], np.int32), "INT32"),
-                                ("num_draft_tokens", np.array([[1]], np.int32), "INT32"),
-                                ("stream", np.array([[True]]), "BOOL")))
-    LLMAPI = ("tensorrt_llm", (("text_input", np.array([b"def add(a, b):"], dtype=object), "BYTES"),
-                               ("sampling_param_max_tokens", np.array([256], np.int32), "INT32"),
-                               ("streaming", np.array([True]), "BOOL")))
+    BLS = (
+        "tensorrt_llm_bls",
+        (
+            ("text_input", np.array([[b"def add(a, b):"]], dtype=object), "BYTES"),
+            ("max_tokens", np.array([[256]], np.int32), "INT32"),
+            ("num_draft_tokens", np.array([[1]], np.int32), "INT32"),
+            ("stream", np.array([[True]]), "BOOL"),
+        ),
+    )
+    LLMAPI = (
+        "tensorrt_llm",
+        (
+            ("text_input", np.array([b"def add(a, b):"], dtype=object), "BYTES"),
+            ("sampling_param_max_tokens", np.array([256], np.int32), "INT32"),
+            ("streaming", np.array([True]), "BOOL"),
+        ),
+    )
 
     def __init__(self, url: str, request=BLS):
         import tritonclient.grpc as grpcclient
@@ -286,14 +332,17 @@ def test_a_killed_draft_stub_ends_the_stream_with_an_error_and_the_model_is_relo
     old_server = served.server_pid()
     old, killed, ended, message = kill_during_stream(served, "tensorrt_llm_draft")
     path, again = served.recovered("tensorrt_llm_draft", old_server, killed)
-    print(f"\ndraft stub killed mid-stream: stream ended with an error after {ended:.1f} s ({message}); "
-          f"{path}; serving again after {again:.1f} s")
+    print(
+        f"\ndraft stub killed mid-stream: stream ended with an error after {ended:.1f} s ({message}); "
+        f"{path}; serving again after {again:.1f} s"
+    )
     if path == "reload":  # the BLS names the model that failed, in either of Triton's answers for a dead stub:
         # the stub's failed health check, or, once the reload has begun (an early draft on the BLS's second thread
         # met the dead stub first, and the step's own draft came after), the model not ready
         assert "model 'tensorrt_llm_draft' failed: " in message and (
             "Stub process 'tensorrt_llm_draft_0_0' is not healthy." in message
-            or "Model 'tensorrt_llm_draft' is not ready." in message), message
+            or "Model 'tensorrt_llm_draft' is not ready." in message
+        ), message
     else:
         assert any(text in message for text in TRANSPORT_ERRORS), message
     assert served.stub("tensorrt_llm_draft").pid != old.pid
@@ -322,8 +371,10 @@ def test_a_killed_server_is_restarted_and_its_regions_removed(served):
     print(f"\ntritonserver killed: serving again after {again:.1f} s (first start {served.startup_s:.1f} s)")
     assert served.saw("tritonserver exited with code -9 (SIGKILL)"), served.tail()
     served.server_exited()
-    assert served.saw("supervisor: tritonserver restarted, serving again",
-                      times=served.expected["specbuild_supervisor_server_starts_total"] - 1), served.tail()
+    assert served.saw(
+        "supervisor: tritonserver restarted, serving again",
+        times=served.expected["specbuild_supervisor_server_starts_total"] - 1,
+    ), served.tail()
     served.settle()
     assert served.server_pid() != old_server
     assert not list(SHM_ROOT.glob(old_prefix + "*")), "the killed server's shared-memory regions were left behind"
@@ -349,8 +400,9 @@ def counted_faults(served: Served) -> dict[str, float]:
     """The supervisor's metrics file: each `*_total` row but the canary's (a canary may fail in a fault)."""
     text = open(served.document["supervisor_metrics"]).read()
     rows = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-    return {name: float(value) for name, value in rows if name.split("{")[0].endswith("_total")
-            and "canary" not in name}
+    return {
+        name: float(value) for name, value in rows if name.split("{")[0].endswith("_total") and "canary" not in name
+    }
 
 
 def test_a_stop_that_fails_exits_1_within_the_servers_timeout(served):
@@ -373,8 +425,9 @@ def test_a_stop_that_fails_exits_1_within_the_servers_timeout(served):
     # The budget was this run's --exit-timeout, not the default 30 s: the stop it reports is the budget plus the
     # reaping of the SIGKILLed server (ServerHandle.stop waits at most 10 s for that, else it fails otherwise),
     # rounded to whole seconds: 15-26 s here against 35 s or more with the default, whatever the machine's speed.
-    reported = [int(m.group(1)) for line in served.lines for m in [re.search(r"it did not stop within (\d+) s", line)]
-                if m]
+    reported = [
+        int(m.group(1)) for line in served.lines for m in [re.search(r"it did not stop within (\d+) s", line)] if m
+    ]
     assert reported and EXIT_TIMEOUT_S + 5 <= reported[-1] <= EXIT_TIMEOUT_S + 5 + 10 + 1, reported
     assert served.saw(f"(--exit-timeout-secs={EXIT_TIMEOUT_S})")
     assert served.saw("was killed (SIGKILL)")

@@ -67,8 +67,10 @@ def test_the_caller_takes_the_identitys_work_off_each_call(monkeypatch):
     from specbuild.triton.models import floor as models
 
     pb_utils = types.SimpleNamespace(
-        Tensor=_Tensor, InferenceResponse=lambda output_tensors: _Message(output_tensors),
-        get_input_tensor_by_name=lambda request, name: next(t for t in request.inputs() if t.name() == name))
+        Tensor=_Tensor,
+        InferenceResponse=lambda output_tensors: _Message(output_tensors),
+        get_input_tensor_by_name=lambda request, name: next(t for t in request.inputs() if t.name() == name),
+    )
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb_utils)
     clock = _Clock()
     monkeypatch.setattr(models, "time", clock)
@@ -80,11 +82,27 @@ def test_the_caller_takes_the_identitys_work_off_each_call(monkeypatch):
         return {t.name(): t.as_numpy() for t in response.output_tensors()}
 
     monkeypatch.setattr(models, "call_model", call_model)
-    request = _Message([_Tensor(name, [[value]]) for name, value in (("CALLS", 3), ("PROMPT_LEN", 8), ("DRAFT_LEN", 2))])
+    request = _Message(
+        [_Tensor(name, [[value]]) for name, value in (("CALLS", 3), ("PROMPT_LEN", 8), ("DRAFT_LEN", 2))]
+    )
     seconds = models.Caller(work_s=0.005).execute([request])[0].output_tensors()[0].as_numpy().reshape(-1)
     # a verify call's tensors at K = 2, each answer accepted by the ContractVerifier (else execute raised)
-    assert asked == [["draft_input_ids", "end_id", "input_ids", "input_lengths", "pad_id", "request_output_len",
-                      "return_perf_metrics", "runtime_top_k"]] * 3
+    assert (
+        asked
+        == [
+            [
+                "draft_input_ids",
+                "end_id",
+                "input_ids",
+                "input_lengths",
+                "pad_id",
+                "request_output_len",
+                "return_perf_metrics",
+                "runtime_top_k",
+            ]
+        ]
+        * 3
+    )
     # each call took the identity's 5 ms spin and a few clock readings more: what is left is those readings only
     assert seconds.shape == (3,) and all(0 <= s <= 1e-3 for s in seconds)
 
@@ -111,8 +129,16 @@ def test_a_floor_of_long_calls_takes_fewer_of_them():
 
 def _cell(k: int, seconds: float, steps: int) -> Measurements:
     measured = Measurements()
-    measured.add(k, 1, [RequestResult(prompt_index=0, num_draft_tokens=k, output_tokens=60, seconds=seconds,
-                                      ttft_seconds=0.01, steps=steps)], seconds)
+    measured.add(
+        k,
+        1,
+        [
+            RequestResult(
+                prompt_index=0, num_draft_tokens=k, output_tokens=60, seconds=seconds, ttft_seconds=0.01, steps=steps
+            )
+        ],
+        seconds,
+    )
     return measured
 
 

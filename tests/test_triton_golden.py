@@ -18,8 +18,11 @@ COMMITTED = ROOT / "triton_repo"
 
 
 def files_of(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): p.read_text() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != "manifest.json" and "__pycache__" not in p.parts}
+    return {
+        p.relative_to(folder).as_posix(): p.read_text()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != "manifest.json" and "__pycache__" not in p.parts
+    }
 
 
 def test_committed_repository_regenerates_identically(tmp_path):

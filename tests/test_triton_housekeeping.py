@@ -78,12 +78,24 @@ def test_python_stubs_are_found_by_their_argv_and_zombies_are_dead(tmp_path):
     model_path = tmp_path / "repo" / "tensorrt_llm_draft" / "1" / "model.py"
     model_path.parent.mkdir(parents=True)
     model_path.write_text("import time\ntime.sleep(60)\n")
-    parent_code = ("import subprocess, sys, time\n"
-                   "p = subprocess.Popen(sys.argv[1:], executable=sys.executable)\n"
-                   "print(p.pid, flush=True)\n"
-                   "time.sleep(60)\n")
-    argv = [str(tmp_path / procfs.STUB_NAME), str(model_path), "specbuild_abcd1234_u", "1048576", "1048576", "0",
-            "/lib", "h", "tensorrt_llm_draft_0_0", "DEFAULT"]
+    parent_code = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen(sys.argv[1:], executable=sys.executable)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    argv = [
+        str(tmp_path / procfs.STUB_NAME),
+        str(model_path),
+        "specbuild_abcd1234_u",
+        "1048576",
+        "1048576",
+        "0",
+        "/lib",
+        "h",
+        "tensorrt_llm_draft_0_0",
+        "DEFAULT",
+    ]
     parent = subprocess.Popen([sys.executable, "-c", parent_code, *argv], stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())
@@ -91,8 +103,9 @@ def test_python_stubs_are_found_by_their_argv_and_zombies_are_dead(tmp_path):
         while time.monotonic() < deadline and not procfs.python_stubs(parent.pid):
             time.sleep(0.05)
         found = procfs.python_stubs(parent.pid)
-        assert [(s.instance, s.model, s.region) for s in found] == \
-            [("tensorrt_llm_draft_0_0", "tensorrt_llm_draft", "specbuild_abcd1234_u")]
+        assert [(s.instance, s.model, s.region) for s in found] == [
+            ("tensorrt_llm_draft_0_0", "tensorrt_llm_draft", "specbuild_abcd1234_u")
+        ]
         os.kill(child, 9)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and procfs.state(child) != "Z":
@@ -118,9 +131,14 @@ def test_metrics_file_is_prometheus_text(tmp_path):
     assert "# TYPE specbuild_supervisor_failures_total counter" in text
     assert 'specbuild_supervisor_recovery_seconds{model="tensorrt_llm_draft"} 2.5\n' in text
     assert "specbuild_supervisor_serving 1.0\n" in text
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
-    assert samples[("specbuild_supervisor_failures_total", (("kind", "stub_died"), ("model", "tensorrt_llm_draft")))] == 2
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert (
+        samples[("specbuild_supervisor_failures_total", (("kind", "stub_died"), ("model", "tensorrt_llm_draft")))] == 2
+    )
     assert metrics.get("specbuild_supervisor_failures_total", kind="stub_died", model="tensorrt_llm_draft") == 2
     assert list(tmp_path.iterdir()) == [tmp_path / "sup.prom"]  # no temporary file left
 
@@ -144,13 +162,19 @@ def test_a_canary_answered_with_a_full_queue_is_busy_not_a_failure(tmp_path):
     from specbuild.triton.supervisor import Supervisor, SupervisorSettings
 
     install = TritonInstall(binary=tmp_path / "tritonserver", kind="explicit")
-    supervisor = Supervisor(ServerOptions(repo=tmp_path), install, log_path=tmp_path / "server.log",
-                            settings=SupervisorSettings(canary_failures=2))
+    supervisor = Supervisor(
+        ServerOptions(repo=tmp_path),
+        install,
+        log_path=tmp_path / "server.log",
+        settings=SupervisorSettings(canary_failures=2),
+    )
     restarts = []
     supervisor._restart = lambda model, detected: restarts.append(model)
-    busy = SimpleNamespace(model="tensorrt_llm_bls",
-                           error="tensorrt_llm_bls: Exceeds maximum queue size: 16 requests wait for the 4 this BLS "
-                                 "runs at once; retry later")
+    busy = SimpleNamespace(
+        model="tensorrt_llm_bls",
+        error="tensorrt_llm_bls: Exceeds maximum queue size: 16 requests wait for the 4 this BLS "
+        "runs at once; retry later",
+    )
     for _ in range(5):
         supervisor._canary_result(busy)
     assert restarts == [] and supervisor.metrics.get("specbuild_supervisor_canary_total", result="busy") == 5
@@ -167,16 +191,24 @@ def test_a_server_that_exits_is_named_with_its_signal_and_log_and_restarts_are_b
     from specbuild.triton.supervisor import Supervisor, SupervisorSettings
 
     install = TritonInstall(binary=tmp_path / "tritonserver", kind="explicit")
-    supervisor = Supervisor(ServerOptions(repo=tmp_path), install, log_path=tmp_path / "server.log",
-                            settings=SupervisorSettings(max_restarts=2))
+    supervisor = Supervisor(
+        ServerOptions(repo=tmp_path),
+        install,
+        log_path=tmp_path / "server.log",
+        settings=SupervisorSettings(max_restarts=2),
+    )
     (tmp_path / "server.log").write_text("I1203 loading\nE1203 pb_stub.cc:123] Failed to process the request\n")
     crashed = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
     crashed.wait(30)
     message = supervisor._exit_message(crashed)
-    assert message == ("tritonserver exited with code -11 (SIGSEGV); last lines of its log:\n"
-                       "I1203 loading\nE1203 pb_stub.cc:123] Failed to process the request")
-    assert supervisor._exit_message(None) == "tritonserver exited with code None; last lines of its log:\n" \
+    assert message == (
+        "tritonserver exited with code -11 (SIGSEGV); last lines of its log:\n"
         "I1203 loading\nE1203 pb_stub.cc:123] Failed to process the request"
+    )
+    assert (
+        supervisor._exit_message(None) == "tritonserver exited with code None; last lines of its log:\n"
+        "I1203 loading\nE1203 pb_stub.cc:123] Failed to process the request"
+    )
 
     starts = []
     supervisor.handle.stop = lambda graceful=True: None

@@ -13,7 +13,6 @@ import signal
 import time
 
 import pytest
-
 from test_triton_faults import serve  # noqa: F401 (the same `specbuild serve` subprocess and its Served view)
 from triton_helpers import make_deployment
 
@@ -58,8 +57,11 @@ def test_a_frozen_bls_stub_restarts_the_server(served):
     served.settle()
     server = served.server_pid()
     frozen = served.stub("tensorrt_llm_bls")
-    again = freeze(served, frozen.pid, "supervisor: the Python backend stub of tensorrt_llm_bls (tensorrt_llm_bls_0_0, "
-                                       f"pid {frozen.pid}) is frozen")
+    again = freeze(
+        served,
+        frozen.pid,
+        f"supervisor: the Python backend stub of tensorrt_llm_bls (tensorrt_llm_bls_0_0, pid {frozen.pid}) is frozen",
+    )
     print(f"\nBLS stub frozen: serving again after {again:.1f} s (first start {served.startup_s:.1f} s)")
     served.settle()
     assert served.server_pid() != server

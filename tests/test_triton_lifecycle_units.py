@@ -32,10 +32,14 @@ def test_running_requests_counts_the_bls_gauges_and_tritons_queue_of_the_entry_m
 
 def test_the_drains_verdicts_name_what_happened():
     assert DrainResult(["m"], 3.04, 4).describe() == "drained in 3.0 s; 4 requests ran to their end"
-    assert DrainResult(["m"], 1.0, 4, 3, "timeout").describe() == \
-        "the drain gave up after 1.0 s (--exit-timeout): cut 3 requests"
-    assert DrainResult(["m"], 0.1, None, None, "second signal").describe() == \
-        "the drain was stopped by a second signal after 0.1 s: cut the requests still running"
+    assert (
+        DrainResult(["m"], 1.0, 4, 3, "timeout").describe()
+        == "the drain gave up after 1.0 s (--exit-timeout): cut 3 requests"
+    )
+    assert (
+        DrainResult(["m"], 0.1, None, None, "second signal").describe()
+        == "the drain was stopped by a second signal after 0.1 s: cut the requests still running"
+    )
     assert DrainResult(["m"], 1.0, 4, 3, "timeout").cut_short and not DrainResult(["m"], 1.0, 4).cut_short
     assert not DrainResult(["m"], 0.0, None, None, "error", "frozen").cut_short  # the server's own stop then
 
@@ -44,8 +48,10 @@ def test_the_server_log_is_read_once_for_unhealthy_stubs(tmp_path: Path):
     (tmp_path / "repo").mkdir()
     supervisor = Supervisor(ServerOptions(repo=tmp_path / "repo"), install=object(), log_path=tmp_path / "server.log")
     log = tmp_path / "server.log"
-    log.write_text("I1203 model loaded\nE1203 tensorrt_llm_bls: model 'tensorrt_llm' failed: Stub process "
-                   "'tensorrt_llm_0_0' is not healthy.\n")
+    log.write_text(
+        "I1203 model loaded\nE1203 tensorrt_llm_bls: model 'tensorrt_llm' failed: Stub process "
+        "'tensorrt_llm_0_0' is not healthy.\n"
+    )
     assert supervisor._unhealthy_in_log() == {"tensorrt_llm_0_0"}
     assert supervisor._unhealthy_in_log() == set()  # the same line is not read twice
     with log.open("a") as f:
@@ -139,6 +145,7 @@ def test_gated_refuses_new_requests_of_a_class_it_does_not_change_and_counts_the
                 class Gauge:
                     def set(self, value):
                         Utils.gauges[(family.name, labels["model"])] = value
+
                 return Gauge()
 
         @staticmethod
@@ -146,6 +153,7 @@ def test_gated_refuses_new_requests_of_a_class_it_does_not_change_and_counts_the
             class Tensor:
                 def as_numpy(self):
                     return np.array([request.stop])
+
             return Tensor() if name == "stop" and request.stop is not None else None
 
     class NvidiaLike:
@@ -160,8 +168,12 @@ def test_gated_refuses_new_requests_of_a_class_it_does_not_change_and_counts_the
     sys.modules["triton_python_backend_utils"] = utils
     try:
         model = gated(NvidiaLike)()
-        model.initialize({"model_name": "tensorrt_llm", "model_config": json.dumps(
-            {"parameters": {GATE_PARAMETER: {"string_value": MODEL_NAME}}})})
+        model.initialize(
+            {
+                "model_name": "tensorrt_llm",
+                "model_config": json.dumps({"parameters": {GATE_PARAMETER: {"string_value": MODEL_NAME}}}),
+            }
+        )
     finally:
         del sys.modules["triton_python_backend_utils"]
     running = lambda: Utils.gauges[(RUNNING_GAUGE, "tensorrt_llm")]  # noqa: E731
@@ -178,7 +190,7 @@ def test_gated_refuses_new_requests_of_a_class_it_does_not_change_and_counts_the
     new, stop = FakeRequest(False), FakeRequest(True)
     assert model.execute([new, stop]) is None
     assert [r.stop for r in model.seen[-1]] == [True]  # the cancellation of a running stream still reaches it
-    (response, flags), = new.sent
+    ((response, flags),) = new.sent
     assert flags == Utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL  # its one, final response
     assert response.error.code == "UNAVAILABLE" and response.error.message == REFUSAL
     assert running() == 2  # the refused request was never counted; the stop request is, until it is answered
@@ -187,19 +199,28 @@ def test_gated_refuses_new_requests_of_a_class_it_does_not_change_and_counts_the
 
 
 # ---- the stop after a reload: an old instance that never unloads ------------------------------------------------
-BEFORE_STOP = "\n".join([
-    '"successfully loaded \'serving_gate\'"', '"successfully loaded \'tensorrt_llm\'"',
-    '"successfully loaded \'tensorrt_llm_draft\'"', '"successfully loaded \'tensorrt_llm_bls\'"',
-    '"successfully loaded \'tensorrt_llm_draft\'"',  # the reload (the old instance's unload never logged)
-    '"successfully unloaded \'tensorrt_llm_bls\' version 1"', '"successfully unloaded \'serving_gate\' version 1"',
-])  # the drain unloaded the entry models before the stop
+BEFORE_STOP = "\n".join(
+    [
+        "\"successfully loaded 'serving_gate'\"",
+        "\"successfully loaded 'tensorrt_llm'\"",
+        "\"successfully loaded 'tensorrt_llm_draft'\"",
+        "\"successfully loaded 'tensorrt_llm_bls'\"",
+        "\"successfully loaded 'tensorrt_llm_draft'\"",  # the reload (the old instance's unload never logged)
+        "\"successfully unloaded 'tensorrt_llm_bls' version 1\"",
+        "\"successfully unloaded 'serving_gate' version 1\"",
+    ]
+)  # the drain unloaded the entry models before the stop
 
 
 def _since_stop(*live_after: int) -> str:
-    lines = ['"Timeout 29: Found 3 live models and 0 in-flight non-inference requests"',
-             '"successfully unloaded \'tensorrt_llm\' version 1"', '"successfully unloaded \'tensorrt_llm_draft\' version 1"']
-    return "\n".join(lines + [f'"Timeout 26: Found {n} live models and 0 in-flight non-inference requests"'
-                              for n in live_after])
+    lines = [
+        '"Timeout 29: Found 3 live models and 0 in-flight non-inference requests"',
+        "\"successfully unloaded 'tensorrt_llm' version 1\"",
+        "\"successfully unloaded 'tensorrt_llm_draft' version 1\"",
+    ]
+    return "\n".join(
+        lines + [f'"Timeout 26: Found {n} live models and 0 in-flight non-inference requests"' for n in live_after]
+    )
 
 
 def test_the_stop_gives_up_waiting_only_for_the_old_instances_of_reloaded_models():
@@ -212,7 +233,7 @@ def test_the_stop_gives_up_waiting_only_for_the_old_instances_of_reloaded_models
     assert lingering_only(BEFORE_STOP, _since_stop(1), set()) is None  # nothing was reloaded: wait as usual
     assert lingering_only(BEFORE_STOP, _since_stop(), {"tensorrt_llm_draft"}) is None  # not counted since: exiting
     assert lingering_only(BEFORE_STOP, _since_stop(2), {"tensorrt_llm_draft"}) is None  # more live than reloaded
-    unloading = _since_stop(1).replace('"successfully unloaded \'tensorrt_llm\' version 1"', "")
+    unloading = _since_stop(1).replace("\"successfully unloaded 'tensorrt_llm' version 1\"", "")
     assert lingering_only(BEFORE_STOP, unloading, {"tensorrt_llm_draft"}) is None  # a model still unloading
 
 

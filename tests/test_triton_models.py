@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specbuild.triton.models import reference_llm
+from specbuild.contract.words import to_word_list, word_sequences
 from specbuild.errors import RequestError
+from specbuild.triton.models import reference_llm
 from specbuild.triton.models.common import resolve_path
 from specbuild.triton.models.postprocessing import Postprocessor
-from specbuild.contract.words import to_word_list, word_sequences
 from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
 
 
@@ -23,19 +23,28 @@ def tokenizer(example_tiny):
 
 def test_preprocessing_encodes_with_nvidia_outputs(tokenizer):
     pre = Preprocessor(tokenizer)
-    out = pre({"QUERY": np.array([[b"def add(a, b):"], [b"x"]], dtype=object),
-               "REQUEST_OUTPUT_LEN": np.array([[7], [3]], dtype=np.int32)})
+    out = pre(
+        {
+            "QUERY": np.array([[b"def add(a, b):"], [b"x"]], dtype=object),
+            "REQUEST_OUTPUT_LEN": np.array([[7], [3]], dtype=np.int32),
+        }
+    )
     first = tokenizer.encode("def add(a, b):")
     assert out["REQUEST_INPUT_LEN"].tolist() == [[len(first)], [len(tokenizer.encode("x"))]]
     assert out["INPUT_ID"].dtype == np.int32 and out["INPUT_ID"].shape == (2, len(first))
     assert out["INPUT_ID"][0].tolist() == first
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    assert out["INPUT_ID"][1, len(tokenizer.encode("x")):].tolist() == [pad] * (len(first) - len(tokenizer.encode("x")))
+    assert out["INPUT_ID"][1, len(tokenizer.encode("x")) :].tolist() == [pad] * (
+        len(first) - len(tokenizer.encode("x"))
+    )
     assert out["OUT_END_ID"].tolist() == [[tokenizer.eos_token_id]] * 2
     assert out["REQUEST_OUTPUT_LEN"].tolist() == [[7], [3]]
     assert out["EMBEDDING_BIAS"].shape == (2, 0)
     assert out["STOP_WORDS_IDS"].shape == (2, 2, 0)  # not sent: NVIDIA's np.empty([batch, 2, 0])
-    assert out["DECODER_INPUT_ID"].tolist() == [[pad], [pad]] and out["REQUEST_DECODER_INPUT_LEN"].tolist() == [[1], [1]]
+    assert out["DECODER_INPUT_ID"].tolist() == [[pad], [pad]] and out["REQUEST_DECODER_INPUT_LEN"].tolist() == [
+        [1],
+        [1],
+    ]
     with pytest.raises(RequestError, match="REQUEST_OUTPUT_LEN"):
         pre({"QUERY": np.array([[b"x"]], dtype=object)})
     with pytest.raises(RequestError, match="UTF-8"):
@@ -44,17 +53,27 @@ def test_preprocessing_encodes_with_nvidia_outputs(tokenizer):
 
 def test_preprocessing_takes_nvidia_clients_neutral_inputs(tokenizer):
     """What NVIDIA's end-to-end clients send: empty bad/stop words ([[""]]) and empty bias words/weights."""
-    out = Preprocessor(tokenizer)({
-        "QUERY": np.array([[b"def f("]], dtype=object), "REQUEST_OUTPUT_LEN": np.array([[4]], np.int32),
-        "BAD_WORDS_DICT": np.array([[b""]], dtype=object), "STOP_WORDS_DICT": np.array([[b""]], dtype=object),
-        "EMBEDDING_BIAS_WORDS": np.empty((1, 0), dtype=object), "EMBEDDING_BIAS_WEIGHTS": np.empty((1, 0), np.float32)})
+    out = Preprocessor(tokenizer)(
+        {
+            "QUERY": np.array([[b"def f("]], dtype=object),
+            "REQUEST_OUTPUT_LEN": np.array([[4]], np.int32),
+            "BAD_WORDS_DICT": np.array([[b""]], dtype=object),
+            "STOP_WORDS_DICT": np.array([[b""]], dtype=object),
+            "EMBEDDING_BIAS_WORDS": np.empty((1, 0), dtype=object),
+            "EMBEDDING_BIAS_WEIGHTS": np.empty((1, 0), np.float32),
+        }
+    )
     assert out["EMBEDDING_BIAS"].shape == (1, 0)  # no word: no bias, which the engine treats as absent
     for name in ("BAD_WORDS_IDS", "STOP_WORDS_IDS"):
         assert out[name].tolist() == [[[0], [-1]]]  # NVIDIA's padding of a list without words
-    bias = Preprocessor(tokenizer)({
-        "QUERY": np.array([[b"x"]], dtype=object), "REQUEST_OUTPUT_LEN": np.array([[4]], np.int32),
-        "EMBEDDING_BIAS_WORDS": np.array([[b"return"]], dtype=object),
-        "EMBEDDING_BIAS_WEIGHTS": np.array([[2.0]], np.float32)})["EMBEDDING_BIAS"]
+    bias = Preprocessor(tokenizer)(
+        {
+            "QUERY": np.array([[b"x"]], dtype=object),
+            "REQUEST_OUTPUT_LEN": np.array([[4]], np.int32),
+            "EMBEDDING_BIAS_WORDS": np.array([[b"return"]], dtype=object),
+            "EMBEDDING_BIAS_WEIGHTS": np.array([[2.0]], np.float32),
+        }
+    )["EMBEDDING_BIAS"]
     assert bias.shape == (1, len(tokenizer)) and bias.max() == 2.0
 
 
@@ -73,13 +92,21 @@ def test_postprocessing_decodes_up_to_sequence_length(tokenizer):
     tokens = np.array([[ids + [0, 0]]], dtype=np.int32)  # [b, beam, len]
     out = post({"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": np.array([[len(ids)]], np.int32)})
     assert out["OUTPUT"].shape == (1,) and out["OUTPUT"][0].decode() == tokenizer.decode(ids, skip_special_tokens=True)
-    two = post({"TOKENS_BATCH": np.array([[ids, ids[:2] + [0] * (len(ids) - 2)]], np.int32),
-                "SEQUENCE_LENGTH": np.array([[len(ids), 2]], np.int32)})["OUTPUT"]
+    two = post(
+        {
+            "TOKENS_BATCH": np.array([[ids, ids[:2] + [0] * (len(ids) - 2)]], np.int32),
+            "SEQUENCE_LENGTH": np.array([[len(ids), 2]], np.int32),
+        }
+    )["OUTPUT"]
     assert two.shape == (2,) and two[1].decode() == tokenizer.decode(ids[:2], skip_special_tokens=True)  # batch x beam
     with pytest.raises(RequestError, match="SEQUENCE_LENGTH"):
         post({"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": np.array([[99]], np.int32)})
-    padded = post({"TOKENS_BATCH": np.array([[ids[:2] + [len(tokenizer) + 3]]], np.int32),
-                   "SEQUENCE_LENGTH": np.array([[3]], np.int32)})["OUTPUT"]  # a padded vocabulary row: no text
+    padded = post(
+        {
+            "TOKENS_BATCH": np.array([[ids[:2] + [len(tokenizer) + 3]]], np.int32),
+            "SEQUENCE_LENGTH": np.array([[3]], np.int32),
+        }
+    )["OUTPUT"]  # a padded vocabulary row: no text
     assert padded[0].decode() == tokenizer.decode(ids[:2], skip_special_tokens=True)
     with pytest.raises(RequestError, match="negative ids"):
         post({"TOKENS_BATCH": np.array([[[-3]]], np.int32), "SEQUENCE_LENGTH": np.array([[1]], np.int32)})
@@ -92,18 +119,25 @@ def test_resolve_path_is_relative_to_the_repository(tmp_path):
 
 
 def _llm_inputs(**extra):
-    inputs = {"input_ids": np.array([[5, 6, 7, 0]], np.int32), "input_lengths": np.array([[3]], np.int32),
-              "request_output_len": np.array([[2]], np.int32)}
+    inputs = {
+        "input_ids": np.array([[5, 6, 7, 0]], np.int32),
+        "input_lengths": np.array([[3]], np.int32),
+        "request_output_len": np.array([[2]], np.int32),
+    }
     inputs.update(extra)
     return inputs
 
 
 def test_reference_llm_refuses_what_it_cannot_honour():
-    reference_llm.check_supported(_llm_inputs(beam_width=np.array([[1]], np.int32),
-                                              embedding_bias=np.zeros((1, 0), np.float32),
-                                              stop_words_list=np.array([[[0], [-1]]], np.int32),
-                                              bad_words_list=np.empty((1, 2, 0), np.int32),
-                                              min_tokens=np.array([[2]], np.int32)))
+    reference_llm.check_supported(
+        _llm_inputs(
+            beam_width=np.array([[1]], np.int32),
+            embedding_bias=np.zeros((1, 0), np.float32),
+            stop_words_list=np.array([[[0], [-1]]], np.int32),
+            bad_words_list=np.empty((1, 2, 0), np.int32),
+            min_tokens=np.array([[2]], np.int32),
+        )
+    )
     for name, value, match in (
         ("beam_width", np.array([[2]], np.int32), "beam_width"),
         ("streaming", np.array([[True]]), "Streaming is only supported if model is deployed using decoupled mode."),
@@ -136,34 +170,55 @@ def test_reference_llm_passes_stop_words_on_per_row():
 def test_reference_llm_accepts_what_the_backend_treats_as_absent():
     """NVIDIA's clients pass preprocessing's DECODER_INPUT_ID on; a decoder-only engine does not read it. An
     empty bias is dropped (utils.cc); an all-zero one adds nothing."""
-    rows = reference_llm.split_rows(_llm_inputs(decoder_input_ids=np.array([[0]], np.int32),
-                                                decoder_input_lengths=np.array([[1]], np.int32),
-                                                embedding_bias=np.zeros((1, 97), np.float32)))
+    rows = reference_llm.split_rows(
+        _llm_inputs(
+            decoder_input_ids=np.array([[0]], np.int32),
+            decoder_input_lengths=np.array([[1]], np.int32),
+            embedding_bias=np.zeros((1, 97), np.float32),
+        )
+    )
     assert len(rows) == 1 and "decoder_input_ids" not in rows[0]
 
 
 def test_batch_above_one_needs_a_decoupled_model():
-    batched = _llm_inputs(input_ids=np.array([[5, 6], [7, 8]], np.int32), input_lengths=np.array([[2], [2]], np.int32),
-                          request_output_len=np.array([[2], [2]], np.int32))
-    with pytest.raises(RequestError, match="^Batch size > 1 requires the tensorrt_llm backend to be using decoupled "
-                                           "transaction policy$"):
+    batched = _llm_inputs(
+        input_ids=np.array([[5, 6], [7, 8]], np.int32),
+        input_lengths=np.array([[2], [2]], np.int32),
+        request_output_len=np.array([[2], [2]], np.int32),
+    )
+    with pytest.raises(
+        RequestError,
+        match="^Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy$",
+    ):
         reference_llm.split_rows(batched)
     assert len(reference_llm.split_rows(batched, decoupled=True)) == 2
 
 
 def test_reference_llm_rows_and_assembly():
-    inputs = _llm_inputs(input_ids=np.array([[5, 6, 7], [8, 9, 0]], np.int32),
-                         input_lengths=np.array([[3], [2]], np.int32),
-                         request_output_len=np.array([[2], [2]], np.int32),
-                         pad_id=np.array([[0], [0]], np.int32))
+    inputs = _llm_inputs(
+        input_ids=np.array([[5, 6, 7], [8, 9, 0]], np.int32),
+        input_lengths=np.array([[3], [2]], np.int32),
+        request_output_len=np.array([[2], [2]], np.int32),
+        pad_id=np.array([[0], [0]], np.int32),
+    )
     rows = reference_llm.split_rows(inputs, decoupled=True)
     assert [r["input_ids"].tolist() for r in rows] == [[5, 6, 7], [8, 9, 0]]
-    results = [{"output_ids": np.array([[5, 6, 7, 1, 2]], np.int32), "sequence_length": np.array([5], np.int32),
-                "acceptance_rate": np.array([0.5], np.float32), "total_accepted_draft_tokens": np.array([1], np.int32),
-                "total_draft_tokens": np.array([2], np.int32)},
-               {"output_ids": np.array([[8, 9, 3]], np.int32), "sequence_length": np.array([3], np.int32),
-                "acceptance_rate": np.array([0.0], np.float32), "total_accepted_draft_tokens": np.array([0], np.int32),
-                "total_draft_tokens": np.array([0], np.int32)}]
+    results = [
+        {
+            "output_ids": np.array([[5, 6, 7, 1, 2]], np.int32),
+            "sequence_length": np.array([5], np.int32),
+            "acceptance_rate": np.array([0.5], np.float32),
+            "total_accepted_draft_tokens": np.array([1], np.int32),
+            "total_draft_tokens": np.array([2], np.int32),
+        },
+        {
+            "output_ids": np.array([[8, 9, 3]], np.int32),
+            "sequence_length": np.array([3], np.int32),
+            "acceptance_rate": np.array([0.0], np.float32),
+            "total_accepted_draft_tokens": np.array([0], np.int32),
+            "total_draft_tokens": np.array([0], np.int32),
+        },
+    ]
     out = reference_llm.assemble(inputs, results, exclude_default=False)
     assert out["output_ids"].shape == (2, 1, 5)
     assert out["output_ids"][1, 0].tolist() == [8, 9, 3, 0, 0]
@@ -190,9 +245,16 @@ def test_served_reference_models_do_not_oversubscribe_the_cpu(example_tiny):
 
 # --- the C++ backend's parameter rules (specbuild.contract.backend_params) ---------------------------------
 
+
 def backend_config(tmp_path, **changes):
-    params = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": str(tmp_path), "tokenizer_dir": "",
-              "guided_decoding_backend": "", "xgrammar_tokenizer_info_path": "", "exclude_input_in_output": "false"}
+    params = {
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": str(tmp_path),
+        "tokenizer_dir": "",
+        "guided_decoding_backend": "",
+        "xgrammar_tokenizer_info_path": "",
+        "exclude_input_in_output": "false",
+    }
     params.update(changes)
     return {"parameters": {k: {"string_value": v} for k, v in params.items() if v is not None}}
 
@@ -203,25 +265,34 @@ def test_parameters_read_without_fallback_fail_the_load_with_the_backends_messag
     resolve = lambda value: Path(value)  # noqa: E731
     assert BackendParams(backend_config(tmp_path)).check_required(resolve) == tmp_path
     for key in REQUIRED:
-        with pytest.raises(ModelLoadError, match="^unexpected error when creating modelInstanceState: Cannot find "
-                                                 f"parameter with name: {key}$"):
+        with pytest.raises(
+            ModelLoadError,
+            match=f"^unexpected error when creating modelInstanceState: Cannot find parameter with name: {key}$",
+        ):
             BackendParams(backend_config(tmp_path, **{key: None})).check_required(resolve)
     for changes, message in (
         ({"gpt_model_type": "static"}, "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching."),
         ({"gpt_model_path": None}, "Both encoder and decoder model paths are empty"),
         ({"gpt_model_path": str(tmp_path / "missing")}, "Both encoder and decoder model paths are empty"),
-        ({"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": str(tmp_path / "no.json")},
-         "Xgrammar's tokenizer info path at"),
-        ({"guided_decoding_backend": "outlines", "xgrammar_tokenizer_info_path": str(tmp_path)},
-         "Guided decoding is currently supported with 'xgrammar' backend."),
+        (
+            {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": str(tmp_path / "no.json")},
+            "Xgrammar's tokenizer info path at",
+        ),
+        (
+            {"guided_decoding_backend": "outlines", "xgrammar_tokenizer_info_path": str(tmp_path)},
+            "Guided decoding is currently supported with 'xgrammar' backend.",
+        ),
     ):
         with pytest.raises(ModelLoadError, match=re.escape(message)):
             BackendParams(backend_config(tmp_path, **changes)).check_required(resolve)
     with pytest.raises(ModelLoadError, match="doesn't have a parameters section"):
         BackendParams({})
     # placeholders and empty values mean "not set", as in NVIDIA's template
-    BackendParams(backend_config(tmp_path, guided_decoding_backend="${guided_decoding_backend}",
-                                 xgrammar_tokenizer_info_path="/nowhere")).check_required(resolve)
+    BackendParams(
+        backend_config(
+            tmp_path, guided_decoding_backend="${guided_decoding_backend}", xgrammar_tokenizer_info_path="/nowhere"
+        )
+    ).check_required(resolve)
 
 
 def test_boolean_parameters_follow_the_backends_spellings(tmp_path):
@@ -234,8 +305,12 @@ def test_boolean_parameters_follow_the_backends_spellings(tmp_path):
 
 
 def test_declared_logits_type_is_the_first_logits_output():
-    config = {"output": [{"name": "output_ids", "data_type": "TYPE_INT32"},
-                         {"name": "context_logits", "data_type": "TYPE_FP16"},
-                         {"name": "generation_logits", "data_type": "TYPE_FP32"}]}
+    config = {
+        "output": [
+            {"name": "output_ids", "data_type": "TYPE_INT32"},
+            {"name": "context_logits", "data_type": "TYPE_FP16"},
+            {"name": "generation_logits", "data_type": "TYPE_FP32"},
+        ]
+    }
     assert reference_llm.declared_logits_type(config) == "TYPE_FP16"
     assert reference_llm.declared_logits_type({"output": []}) is None

@@ -21,12 +21,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from triton_helpers import make_deployment, serving
 
 from specbuild.errors import ServeError
-from specbuild.triton.nvidia_requests import (OUTPUT_LEN, infer, run_inference_inputs, scalar,
-                                              speculative_decoding_check, streamed, tensors, text)
+from specbuild.triton.nvidia_requests import (
+    OUTPUT_LEN,
+    infer,
+    run_inference_inputs,
+    scalar,
+    speculative_decoding_check,
+    streamed,
+    tensors,
+    text,
+)
 from specbuild.triton.server import ServerHandle, ServerOptions
-from triton_helpers import make_deployment, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["def add(a, b):", '{"name": ', "import os\nimport sys\n"]
@@ -74,27 +82,54 @@ def grpc(server):
 
 # --- end_to_end_test.py, test_functionality_ifb --------------------------------------------------------
 
+
 def test_end_to_end_models_by_hand_then_ensemble_then_bls_agree(grpc):
     for prompt in PROMPTS:
-        pre = infer(grpc, "preprocessing", {"QUERY": text(prompt), "BAD_WORDS_DICT": text(""),
-                                            "STOP_WORDS_DICT": text(""),
-                                            "REQUEST_OUTPUT_LEN": scalar(OUTPUT_LEN, np.int32)})
-        llm = infer(grpc, "tensorrt_llm", {
-            "input_ids": pre.as_numpy("INPUT_ID"), "decoder_input_ids": pre.as_numpy("DECODER_INPUT_ID"),
-            "input_lengths": pre.as_numpy("REQUEST_INPUT_LEN"), "request_output_len": pre.as_numpy("REQUEST_OUTPUT_LEN"),
-            "end_id": pre.as_numpy("OUT_END_ID"), "pad_id": pre.as_numpy("OUT_PAD_ID")})
-        post = infer(grpc, "postprocessing", {"TOKENS_BATCH": llm.as_numpy("output_ids").astype(np.int32),
-                                              "SEQUENCE_LENGTH": llm.as_numpy("sequence_length")})
+        pre = infer(
+            grpc,
+            "preprocessing",
+            {
+                "QUERY": text(prompt),
+                "BAD_WORDS_DICT": text(""),
+                "STOP_WORDS_DICT": text(""),
+                "REQUEST_OUTPUT_LEN": scalar(OUTPUT_LEN, np.int32),
+            },
+        )
+        llm = infer(
+            grpc,
+            "tensorrt_llm",
+            {
+                "input_ids": pre.as_numpy("INPUT_ID"),
+                "decoder_input_ids": pre.as_numpy("DECODER_INPUT_ID"),
+                "input_lengths": pre.as_numpy("REQUEST_INPUT_LEN"),
+                "request_output_len": pre.as_numpy("REQUEST_OUTPUT_LEN"),
+                "end_id": pre.as_numpy("OUT_END_ID"),
+                "pad_id": pre.as_numpy("OUT_PAD_ID"),
+            },
+        )
+        post = infer(
+            grpc,
+            "postprocessing",
+            {
+                "TOKENS_BATCH": llm.as_numpy("output_ids").astype(np.int32),
+                "SEQUENCE_LENGTH": llm.as_numpy("sequence_length"),
+            },
+        )
         by_hand = post.as_numpy("OUTPUT")
         assert by_hand.shape == (1,) and by_hand[0].decode().startswith(prompt[:3])  # one string, prompt included
-        request = {"text_input": text(prompt), "max_tokens": scalar(OUTPUT_LEN, np.int32),
-                   "bad_words": text(""), "stop_words": text("")}
+        request = {
+            "text_input": text(prompt),
+            "max_tokens": scalar(OUTPUT_LEN, np.int32),
+            "bad_words": text(""),
+            "stop_words": text(""),
+        }
         ensemble = infer(grpc, "ensemble", request).as_numpy("text_output")
         bls = infer(grpc, "tensorrt_llm_bls", request).as_numpy("text_output")
         assert by_hand == ensemble and by_hand == bls, (prompt, by_hand, ensemble, bls)
 
 
 # --- speculative_decoding_test.py: the control, the BLS, and client-side speculation ------------------------
+
 
 def test_speculative_decoding_test_inputs_give_the_control_output(grpc):
     for prompt in PROMPTS:
@@ -108,13 +143,24 @@ def test_sampling_with_draft_logits_sends_them_in_the_declared_type(grpc, deploy
     and the BLS hands them to the target's TYPE_FP16 draft_logits input (Triton refuses any other type)."""
     engine = json.loads((deployment.spec.pair_dir / "target" / "engine" / "engine.json").read_text())
     assert engine["logits_dtype"] == "float16"
-    draft = infer(grpc, "tensorrt_llm_draft", {"input_ids": np.array([[5, 6, 7]], np.int32),
-                                               "input_lengths": scalar(3, np.int32),
-                                               "request_output_len": scalar(2, np.int32),
-                                               "return_generation_logits": scalar(True, bool)})
+    draft = infer(
+        grpc,
+        "tensorrt_llm_draft",
+        {
+            "input_ids": np.array([[5, 6, 7]], np.int32),
+            "input_lengths": scalar(3, np.int32),
+            "request_output_len": scalar(2, np.int32),
+            "return_generation_logits": scalar(True, bool),
+        },
+    )
     assert draft.as_numpy("generation_logits").dtype == np.float16
-    inputs = run_inference_inputs(PROMPTS[0], num_draft_tokens=scalar(3, np.int32), use_draft_logits=scalar(True, bool),
-                                  top_p=scalar(0.9, np.float32), seed=scalar(3, np.uint64))
+    inputs = run_inference_inputs(
+        PROMPTS[0],
+        num_draft_tokens=scalar(3, np.int32),
+        use_draft_logits=scalar(True, bool),
+        top_p=scalar(0.9, np.float32),
+        seed=scalar(3, np.uint64),
+    )
     assert streamed(grpc, "tensorrt_llm_bls", inputs) == streamed(grpc, "tensorrt_llm_bls", inputs)
 
 
@@ -122,8 +168,11 @@ def test_ensemble_passes_generation_logits_on_in_the_declared_type(grpc):
     """end_to_end_test.py --return-generation-logits: [1, beam, output length, vocab] from the ensemble."""
     import tritonclient.grpc as grpcclient
 
-    request = {"text_input": text(PROMPTS[1]), "max_tokens": scalar(4, np.int32),
-               "return_generation_logits": scalar(True, bool)}
+    request = {
+        "text_input": text(PROMPTS[1]),
+        "max_tokens": scalar(4, np.int32),
+        "return_generation_logits": scalar(True, bool),
+    }
     outputs = [grpcclient.InferRequestedOutput(name) for name in ("text_output", "generation_logits")]
     logits = grpc.infer("ensemble", tensors(request), outputs=outputs).as_numpy("generation_logits")
     assert logits.dtype == np.float16 and logits.ndim == 4 and logits.shape[:2] == (1, 1) and logits.shape[3] > 0
@@ -132,11 +181,17 @@ def test_ensemble_passes_generation_logits_on_in_the_declared_type(grpc):
 def test_a_declared_logits_type_other_than_the_engines_fails_the_response(grpc):
     from tritonclient.utils import InferenceServerException
 
-    request = {"input_ids": np.array([[5, 6, 7]], np.int32), "input_lengths": scalar(3, np.int32),
-               "request_output_len": scalar(2, np.int32)}
+    request = {
+        "input_ids": np.array([[5, 6, 7]], np.int32),
+        "input_lengths": scalar(3, np.int32),
+        "request_output_len": scalar(2, np.int32),
+    }
     assert infer(grpc, FP32_MODEL, request).as_numpy("sequence_length").tolist() == [[5]]  # no logits: served
-    with pytest.raises(InferenceServerException, match=r"Assertion failed: generationLogitsType == "
-                                                        r"model_state_->getLogitsDataType\(\)"):
+    with pytest.raises(
+        InferenceServerException,
+        match=r"Assertion failed: generationLogitsType == "
+        r"model_state_->getLogitsDataType\(\)",
+    ):
         infer(grpc, FP32_MODEL, {**request, "return_generation_logits": scalar(True, bool)})
 
 

@@ -14,10 +14,10 @@ import sys
 import time
 
 import pytest
+from triton_helpers import make_deployment, read_ready_document
 
 from specbuild.triton import procfs
 from specbuild.triton.server import SHM_ROOT, free_port
-from triton_helpers import make_deployment, read_ready_document
 
 pytestmark = [pytest.mark.fault, pytest.mark.server, pytest.mark.slow]
 EXIT_TIMEOUT_S = 10
@@ -32,11 +32,34 @@ def deployment(tmp_path_factory, example_tiny):
 
 
 def _serve(deployment, ports: tuple[int, int, int], *extra: str) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(deployment.spec_path), "--repo", str(deployment.repo),
-            "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
-            "--exit-timeout", str(EXIT_TIMEOUT_S), "--json", *extra]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=deployment.root,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    argv = [
+        sys.executable,
+        "-m",
+        "specbuild",
+        "serve",
+        "-c",
+        str(deployment.spec_path),
+        "--repo",
+        str(deployment.repo),
+        "--http-port",
+        str(ports[0]),
+        "--grpc-port",
+        str(ports[1]),
+        "--metrics-port",
+        str(ports[2]),
+        "--exit-timeout",
+        str(EXIT_TIMEOUT_S),
+        "--json",
+        *extra,
+    ]
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=deployment.root,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def _gone(pids: list[int], limit: float) -> float:
@@ -49,7 +72,7 @@ def _gone(pids: list[int], limit: float) -> float:
 
 def _prefix(server_pid: int) -> str:
     flag = "--backend-config=python,shm-region-prefix-name="
-    return next(a[len(flag):] for a in procfs.cmdline(server_pid) if a.startswith(flag))
+    return next(a[len(flag) :] for a in procfs.cmdline(server_pid) if a.startswith(flag))
 
 
 def test_the_server_dies_with_serve_and_the_next_start_gets_the_ports(deployment):

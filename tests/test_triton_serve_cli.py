@@ -17,8 +17,10 @@ from specbuild.triton.server import ServerOptions, TritonInstall, build_argv, fi
 
 def write_spec(tmp_path: Path, name: str = "pair-x") -> Path:
     path = tmp_path / "specbuild.toml"
-    path.write_text(f'name = "{name}"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
-                    '[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 2\n')
+    path.write_text(
+        f'name = "{name}"\n[target]\ncheckpoint = "t"\n[draft]\ncheckpoint = "d"\n'
+        "[speculative]\nmax_draft_len = 4\nnum_draft_tokens = 2\n"
+    )
     return path
 
 
@@ -26,8 +28,9 @@ def run(*args: str):
     return CliRunner().invoke(main, list(args))
 
 
-def fake_engine(root: Path, role: str, backend: str = "reference", build_config: dict | None = None,
-                **versions) -> Path:
+def fake_engine(
+    root: Path, role: str, backend: str = "reference", build_config: dict | None = None, **versions
+) -> Path:
     folder = root / "engines" / "pair-x" / role / "engine"
     folder.mkdir(parents=True, exist_ok=True)
     manifest = {"backend": backend, "tool_versions": versions, "build_config": build_config or {}}
@@ -51,12 +54,16 @@ def test_repo_writes_once_then_skips_and_force_rewrites(tmp_path):
     assert json.loads(forced.stdout)["skipped"] is False
     switched = run("repo", "-c", str(spec), "--backend", "trtllm", "--out-dir", str(out), "--json")
     assert json.loads(switched.stdout)["skipped"] is False
-    assert (out / "tensorrt_llm" / "1" / ".gitkeep").is_file() and not (out / "tensorrt_llm" / "1" / "model.py").exists()
+    assert (out / "tensorrt_llm" / "1" / ".gitkeep").is_file() and not (
+        out / "tensorrt_llm" / "1" / "model.py"
+    ).exists()
 
 
 def test_repo_dry_run_writes_nothing(tmp_path):
     spec = write_spec(tmp_path)
-    result = run("repo", "-c", str(spec), "--out-dir", str(tmp_path / "r"), "--dry-run", "--json", "--backend", "trtllm")
+    result = run(
+        "repo", "-c", str(spec), "--out-dir", str(tmp_path / "r"), "--dry-run", "--json", "--backend", "trtllm"
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["backend"] == "trtllm" and "tensorrt_llm/config.pbtxt" in doc["files"]
@@ -100,10 +107,17 @@ def test_serve_refuses_missing_repo_unbuilt_and_mismatched_engines(tmp_path):
     spec = write_spec(tmp_path)
     no_repo = run("serve", "-c", str(spec), "--repo", str(tmp_path / "triton_repo"))
     assert no_repo.exit_code == 1 and "specbuild repo" in no_repo.output
-    assert run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(tmp_path / "triton_repo")).exit_code == 0
+    assert (
+        run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(tmp_path / "triton_repo")).exit_code
+        == 0
+    )
     unbuilt = run("serve", "-c", str(spec), "--repo", str(tmp_path / "triton_repo"))
     assert unbuilt.exit_code == 1
-    assert "target engine" in unbuilt.output and "is not built" in unbuilt.output and "--backend reference" in unbuilt.output
+    assert (
+        "target engine" in unbuilt.output
+        and "is not built" in unbuilt.output
+        and "--backend reference" in unbuilt.output
+    )
     fake_engine(tmp_path, "target", reference_format="0")
     fake_engine(tmp_path, "draft", reference_format="0")
     old = run("serve", "-c", str(spec), "--repo", str(tmp_path / "triton_repo"))
@@ -118,8 +132,9 @@ def test_serve_refuses_missing_repo_unbuilt_and_mismatched_engines(tmp_path):
 def test_serve_dry_run_prints_the_argv(tmp_path):
     spec = write_spec(tmp_path)
     run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(tmp_path / "triton_repo"))
-    result = run("serve", "-c", str(spec), "--repo", str(tmp_path / "triton_repo"), "--dry-run", "--json",
-                 "--http-port", "9000")
+    result = run(
+        "serve", "-c", str(spec), "--repo", str(tmp_path / "triton_repo"), "--dry-run", "--json", "--http-port", "9000"
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["gpu"] is False and doc["http_port"] == 9000 and doc["host"] == "127.0.0.1"
@@ -140,12 +155,21 @@ def test_argv_cpu_defaults_are_loopback_with_every_non_inference_api_restricted(
     opts = ServerOptions(repo=tmp_path, http_port=1, grpc_port=2, metrics_port=3)
     argv, env = build_argv(install(tmp_path), opts, "K", "specbuild_0123abcd_")
     assert argv[0] == "/opt/tritonserver/bin/tritonserver"
-    for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
-                 "--http-port=1", "--grpc-port=2", "--metrics-port=3", "--exit-timeout-secs=30",
-                 "--model-control-mode=explicit", "--load-model=*",  # explicit, for the supervisor's reloads
-                 "--disable-auto-complete-config", f"--http-restricted-api={RESTRICTED}",
-                 f"--grpc-restricted-protocol={RESTRICTED}",
-                 "--backend-config=python,shm-region-prefix-name=specbuild_0123abcd_"):
+    for flag in (
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--http-port=1",
+        "--grpc-port=2",
+        "--metrics-port=3",
+        "--exit-timeout-secs=30",
+        "--model-control-mode=explicit",
+        "--load-model=*",  # explicit, for the supervisor's reloads
+        "--disable-auto-complete-config",
+        f"--http-restricted-api={RESTRICTED}",
+        f"--grpc-restricted-protocol={RESTRICTED}",
+        "--backend-config=python,shm-region-prefix-name=specbuild_0123abcd_",
+    ):
         assert flag in argv, flag
     assert "mpirun" not in argv and "TRTLLM_ORCHESTRATOR" not in env
 
@@ -154,8 +178,9 @@ def test_argv_opens_the_apis_asked_for(tmp_path):
     argv, _ = build_argv(install(tmp_path), ServerOptions(repo=tmp_path, allow_model_control=True), "K")
     group = "shared-memory,logging,trace,statistics:specbuild-admin-key=K"
     assert f"--http-restricted-api={group}" in argv and f"--grpc-restricted-protocol={group}" in argv
-    every = ServerOptions(repo=tmp_path, open_apis=("shared-memory", "logging", "trace", "statistics"),
-                          allow_model_control=True)
+    every = ServerOptions(
+        repo=tmp_path, open_apis=("shared-memory", "logging", "trace", "statistics"), allow_model_control=True
+    )
     assert not any("restricted" in a for a in build_argv(install(tmp_path), every, "K")[0])
     argv, _ = build_argv(install(tmp_path), ServerOptions(repo=tmp_path, models=("preprocessing",)), "K")
     assert "--load-model=preprocessing" in argv and "--load-model=*" not in argv
@@ -177,14 +202,21 @@ def test_serve_allow_api_is_checked_and_shown_in_the_dry_run(tmp_path):
 
 
 def test_argv_gpu_is_the_multi_model_orchestrator_launch(tmp_path):
-    argv, env = build_argv(install(tmp_path), ServerOptions(repo=tmp_path, gpu=True, gpu_count=2), "K", "specbuild_x1234567_")
+    argv, env = build_argv(
+        install(tmp_path), ServerOptions(repo=tmp_path, gpu=True, gpu_count=2), "K", "specbuild_x1234567_"
+    )
     assert argv[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"]
     assert argv[-1] == ":"
     assert env["TRTLLM_ORCHESTRATOR"] == "1" and env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
     # NVIDIA's launcher names the region prefix per rank (prefix0_); a per-start prefix is unique per rank too.
-    for flag in ("--backend-config=python,shm-region-prefix-name=specbuild_x1234567_", "--pinned-memory-pool-byte-size=0",
-                 "--enable-peer-access=false", "--cuda-memory-pool-byte-size=0:0", "--cuda-memory-pool-byte-size=1:0",
-                 "--disable-auto-complete-config"):
+    for flag in (
+        "--backend-config=python,shm-region-prefix-name=specbuild_x1234567_",
+        "--pinned-memory-pool-byte-size=0",
+        "--enable-peer-access=false",
+        "--cuda-memory-pool-byte-size=0:0",
+        "--cuda-memory-pool-byte-size=1:0",
+        "--disable-auto-complete-config",
+    ):
         assert flag in argv, flag
 
 

@@ -11,12 +11,12 @@ import sys
 import time
 
 import pytest
+from triton_helpers import alive, make_deployment, read_ready_document
 
 from specbuild.errors import ClientError
-from specbuild.triton.client import SpecbuildClient
 from specbuild.triton import procfs
+from specbuild.triton.client import SpecbuildClient
 from specbuild.triton.server import SHM_ROOT
-from triton_helpers import alive, make_deployment, read_ready_document
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -24,10 +24,31 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, example_tiny):
     deployment = make_deployment(tmp_path_factory.mktemp("tiny-serve"), example_tiny)
-    argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(deployment.spec_path), "--repo", str(deployment.repo),
-            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--json"]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               cwd=deployment.root, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    argv = [
+        sys.executable,
+        "-m",
+        "specbuild",
+        "serve",
+        "-c",
+        str(deployment.spec_path),
+        "--repo",
+        str(deployment.repo),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--json",
+    ]
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=deployment.root,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     document = read_ready_document(process)
     server_pid = document["pid"]
     yield process, document

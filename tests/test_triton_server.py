@@ -9,14 +9,13 @@ shutdown leaves no process.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
+from triton_helpers import PYTHON_MODELS, make_deployment, run_concurrently, serving
 
 from specbuild.errors import ClientError, ServeError
 from specbuild.triton.client import SpecbuildClient
 from specbuild.triton.server import ServerHandle, ServerOptions
-from triton_helpers import PYTHON_MODELS, make_deployment, run_concurrently, serving
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 PROMPTS = ["# Copyright", "def add(a, b):", '{"name": ']  # the tiny target's greedy text is mostly "....."
@@ -46,9 +45,14 @@ def local_greedy(deployment):
 
     def run(prompt: str, max_tokens: int) -> str:
         ids = tok.encode(prompt)
-        out = model({"input_ids": np.array(ids, np.int32), "input_lengths": np.array([len(ids)], np.int32),
-                     "request_output_len": np.array([max_tokens], np.int32),
-                     "end_id": np.array([tok.eos_token_id], np.int32)})
+        out = model(
+            {
+                "input_ids": np.array(ids, np.int32),
+                "input_lengths": np.array([len(ids)], np.int32),
+                "request_output_len": np.array([max_tokens], np.int32),
+                "end_id": np.array([tok.eos_token_id], np.int32),
+            }
+        )
         return tok.decode(out["output_ids"][0][: int(out["sequence_length"][0])], skip_special_tokens=True)
 
     return run
@@ -68,7 +72,12 @@ def test_server_binds_loopback_and_hides_the_repository_api(server):
 # Every restricted API, called as a client without the header would: (category, HTTP method, path, body).
 RESTRICTED_HTTP = [
     ("shared-memory", "GET", "/v2/systemsharedmemory/status", None),
-    ("shared-memory", "POST", "/v2/systemsharedmemory/region/r/register", b'{"key": "/x", "offset": 0, "byte_size": 8}'),
+    (
+        "shared-memory",
+        "POST",
+        "/v2/systemsharedmemory/region/r/register",
+        b'{"key": "/x", "offset": 0, "byte_size": 8}',
+    ),
     ("logging", "GET", "/v2/logging", None),
     ("logging", "POST", "/v2/logging", b'{"log_verbose_level": 1}'),
     ("trace", "GET", "/v2/trace/setting", None),
@@ -80,7 +89,9 @@ RESTRICTED_HTTP = [
 ]
 
 
-@pytest.mark.parametrize("api,method,path,body", RESTRICTED_HTTP, ids=[f"{a}-{m}-{p}" for a, m, p, _ in RESTRICTED_HTTP])
+@pytest.mark.parametrize(
+    "api,method,path,body", RESTRICTED_HTTP, ids=[f"{a}-{m}-{p}" for a, m, p, _ in RESTRICTED_HTTP]
+)
 def test_every_non_inference_http_api_is_refused_without_the_header(server, api, method, path, body):
     import urllib.error
     import urllib.request
@@ -93,16 +104,26 @@ def test_every_non_inference_http_api_is_refused_without_the_header(server, api,
 
 
 RESTRICTED_GRPC = {
-    "shared-memory": [lambda c, h: c.get_system_shared_memory_status(headers=h),
-                      lambda c, h: c.register_system_shared_memory("r", "/x", 8, headers=h)],
-    "logging": [lambda c, h: c.get_log_settings(headers=h),
-                lambda c, h: c.update_log_settings({"log_verbose_level": 1}, headers=h)],
-    "trace": [lambda c, h: c.get_trace_settings(headers=h),
-              lambda c, h: c.update_trace_settings("preprocessing", {"trace_level": ["TIMESTAMPS"]}, headers=h)],
-    "model-repository": [lambda c, h: c.get_model_repository_index(headers=h),
-                         lambda c, h: c.unload_model("preprocessing", headers=h)],
-    "statistics": [lambda c, h: c.get_inference_statistics(headers=h),
-                   lambda c, h: c.get_inference_statistics("preprocessing", headers=h)],
+    "shared-memory": [
+        lambda c, h: c.get_system_shared_memory_status(headers=h),
+        lambda c, h: c.register_system_shared_memory("r", "/x", 8, headers=h),
+    ],
+    "logging": [
+        lambda c, h: c.get_log_settings(headers=h),
+        lambda c, h: c.update_log_settings({"log_verbose_level": 1}, headers=h),
+    ],
+    "trace": [
+        lambda c, h: c.get_trace_settings(headers=h),
+        lambda c, h: c.update_trace_settings("preprocessing", {"trace_level": ["TIMESTAMPS"]}, headers=h),
+    ],
+    "model-repository": [
+        lambda c, h: c.get_model_repository_index(headers=h),
+        lambda c, h: c.unload_model("preprocessing", headers=h),
+    ],
+    "statistics": [
+        lambda c, h: c.get_inference_statistics(headers=h),
+        lambda c, h: c.get_inference_statistics("preprocessing", headers=h),
+    ],
 }
 
 
@@ -117,8 +138,10 @@ def test_every_non_inference_grpc_api_is_refused_without_the_header(server, api)
             with pytest.raises(InferenceServerException) as err:
                 call(client, {})
             assert err.value.status() == "StatusCode.UNAVAILABLE"
-            assert "This protocol is restricted, expecting header 'triton-grpc-protocol-specbuild-admin-key'" \
+            assert (
+                "This protocol is restricted, expecting header 'triton-grpc-protocol-specbuild-admin-key'"
                 in err.value.message()
+            )
             with pytest.raises(InferenceServerException, match="restricted"):  # a wrong key is no better
                 call(client, {"triton-grpc-protocol-specbuild-admin-key": "guess"})
     finally:
@@ -146,10 +169,15 @@ def test_the_open_apis_and_the_admin_key(server):
 
 
 def test_a_port_in_use_is_refused_with_its_pid(server, deployment, tmp_path):
-    other = ServerHandle(ServerOptions(repo=deployment.repo, models=("preprocessing",), http_port=server.opts.http_port),
-                         log_path=tmp_path / "other.log")
-    with pytest.raises(ServeError, match=rf"HTTP port 127.0.0.1:{server.opts.http_port} is already in use by "
-                                         rf"PID {server.process.pid} \(.*tritonserver --model-repository="):
+    other = ServerHandle(
+        ServerOptions(repo=deployment.repo, models=("preprocessing",), http_port=server.opts.http_port),
+        log_path=tmp_path / "other.log",
+    )
+    with pytest.raises(
+        ServeError,
+        match=rf"HTTP port 127.0.0.1:{server.opts.http_port} is already in use by "
+        rf"PID {server.process.pid} \(.*tritonserver --model-repository=",
+    ):
         other.start(timeout=120)
     # refused before starting anything: a start opens its log first (and a failed one leaves process None too)
     assert other.process is None and not (tmp_path / "other.log").exists()
@@ -160,10 +188,15 @@ def test_readiness_is_checked_against_its_own_server(server, deployment, tmp_pat
     from specbuild.triton import server as server_module
 
     monkeypatch.setattr(server_module, "refuse_busy_ports", lambda host, ports: None)
-    other = ServerHandle(ServerOptions(repo=deployment.repo, models=("preprocessing",), http_port=server.opts.http_port),
-                         log_path=tmp_path / "other.log")
-    with pytest.raises(ServeError, match=rf"HTTP port 127.0.0.1:{server.opts.http_port} answers, but "
-                                         rf"PID {server.process.pid} \(.*\) holds it, not this server"):
+    other = ServerHandle(
+        ServerOptions(repo=deployment.repo, models=("preprocessing",), http_port=server.opts.http_port),
+        log_path=tmp_path / "other.log",
+    )
+    with pytest.raises(
+        ServeError,
+        match=rf"HTTP port 127.0.0.1:{server.opts.http_port} answers, but "
+        rf"PID {server.process.pid} \(.*\) holds it, not this server",
+    ):
         other.start(timeout=120)
     assert other.process is None and server.ready()
 
@@ -186,8 +219,12 @@ def test_tensorrt_llm_verifies_drafts_like_the_contract(server, deployment):
 
     local = load_contract_model(model_source(deployment.spec, "target"), device="cpu")
     ids, draft = [5, 6, 7, 8], [9, 10, 11]
-    request = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[4]], np.int32),
-               "request_output_len": np.array([[4]], np.int32), "draft_input_ids": np.array([draft], np.int32)}
+    request = {
+        "input_ids": np.array([ids], np.int32),
+        "input_lengths": np.array([[4]], np.int32),
+        "request_output_len": np.array([[4]], np.int32),
+        "draft_input_ids": np.array([draft], np.int32),
+    }
     client = httpclient.InferenceServerClient(server.http_url)
 
     def infer(**extra):
@@ -224,8 +261,9 @@ def test_concurrent_requests_all_succeed_with_the_sequential_answers(server, loc
     import json
     import urllib.request
 
-    request = urllib.request.Request(f"http://{server.http_url}/v2/models/tensorrt_llm/stats",
-                                     headers={"specbuild-admin-key": server.admin_key})  # statistics are restricted
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/tensorrt_llm/stats", headers={"specbuild-admin-key": server.admin_key}
+    )  # statistics are restricted
     with urllib.request.urlopen(request, timeout=10) as r:
         stats = json.loads(r.read())["model_stats"][0]["batch_stats"]
     assert max(int(b["batch_size"]) for b in stats) >= 2, stats
@@ -262,8 +300,7 @@ def test_a_model_that_cannot_load_fails_fast_with_the_log(deployment, tmp_path):
     repo = tmp_path / "broken_repo"
     shutil.copytree(deployment.repo / "postprocessing", repo / "postprocessing")
     config = repo / "postprocessing" / "config.pbtxt"
-    config.write_text(config.read_text().replace(
-        '"../engines/example-tiny/target/engine"', '"../no/such/tokenizer"'))
+    config.write_text(config.read_text().replace('"../engines/example-tiny/target/engine"', '"../no/such/tokenizer"'))
     handle = ServerHandle(ServerOptions(repo=repo), log_path=tmp_path / "server.log")
     with pytest.raises(ServeError, match="exited with code") as err:
         handle.start(timeout=240)

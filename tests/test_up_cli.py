@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.up.stages import STAGE_NAMES, Stage, UpContext, run_stages, stages_for
 from specbuild.errors import BuildError
+from specbuild.up.stages import STAGE_NAMES, Stage, UpContext, run_stages, stages_for
 
 
 def stage(name, status=None, error=None, calls=None):
@@ -25,17 +25,24 @@ def stage(name, status=None, error=None, calls=None):
 
 def test_stage_list_is_the_pipeline_in_order():
     for backend in ("reference", "trtllm", "llmapi"):  # one stage list per path, the same names
-        assert [s.name for s in stages_for(backend)] == list(STAGE_NAMES) == ["check", "convert", "build", "repo", "serve"]
+        assert (
+            [s.name for s in stages_for(backend)] == list(STAGE_NAMES) == ["check", "convert", "build", "repo", "serve"]
+        )
 
 
 def test_run_stages_stops_at_the_first_failure(tmp_path):
     from fakes.build_fixtures import make_spec
 
     calls = []
-    ctx = UpContext(spec=make_spec(tmp_path), backend="reference", force=False, dry_run=False, once=False,
-                    log=lambda m: None)
-    stages = [stage("a", "ran", calls=calls), stage("b", "skipped", calls=calls),
-              stage("c", error=BuildError("boom: do X"), calls=calls), stage("d", "ran", calls=calls)]
+    ctx = UpContext(
+        spec=make_spec(tmp_path), backend="reference", force=False, dry_run=False, once=False, log=lambda m: None
+    )
+    stages = [
+        stage("a", "ran", calls=calls),
+        stage("b", "skipped", calls=calls),
+        stage("c", error=BuildError("boom: do X"), calls=calls),
+        stage("d", "ran", calls=calls),
+    ]
     summary, error = run_stages(ctx, stages)
     assert calls == ["a", "b", "c"]
     assert [(s["stage"], s["status"]) for s in summary] == [("a", "ran"), ("b", "skipped"), ("c", "failed")]
@@ -59,7 +66,12 @@ def test_dry_run_plans_every_stage_and_writes_nothing(tiny_spec_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert [(s["stage"], s["status"]) for s in doc["stages"]] == [
-        ("check", "planned"), ("convert", "planned"), ("build", "planned"), ("repo", "planned"), ("serve", "planned")]
+        ("check", "planned"),
+        ("convert", "planned"),
+        ("build", "planned"),
+        ("repo", "planned"),
+        ("serve", "planned"),
+    ]
     assert [e["role"] for e in doc["stages"][2]["detail"]["engines"]] == ["target", "draft"]
     assert not (tiny_spec_path.parent / "engines").exists()
 
@@ -71,11 +83,15 @@ def test_up_runs_through_build_then_skips_everything(tiny_spec_path):
     assert first.exit_code == 0, first.output
     doc = json.loads(first.stdout)  # stdout stays one JSON document although modelopt prints
     assert doc["ok"] and [(s["stage"], s["status"]) for s in doc["stages"]] == [
-        ("check", "ran"), ("convert", "ran"), ("build", "ran")]
+        ("check", "ran"),
+        ("convert", "ran"),
+        ("build", "ran"),
+    ]
     engines = doc["stages"][2]["engines"]
     for role in ("target", "draft"):
-        manifest = json.loads((tiny_spec_path.parent / "engines" / "example-tiny" / role / "engine" /
-                               "manifest.json").read_text())
+        manifest = json.loads(
+            (tiny_spec_path.parent / "engines" / "example-tiny" / role / "engine" / "manifest.json").read_text()
+        )
         assert manifest["backend"] == "reference" and manifest["smoke_test"]["finite"]
         assert engines[role].endswith(f"{role}/engine")
     second = json.loads(CliRunner().invoke(main, args).stdout)
@@ -85,13 +101,20 @@ def test_up_runs_through_build_then_skips_everything(tiny_spec_path):
     # A dry run says which stages are up to date (the repository is not written yet; serve always runs).
     dry = CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--dry-run", "--json"])
     assert [(s["stage"], s["status"]) for s in json.loads(dry.stdout)["stages"]] == [
-        ("check", "skipped"), ("convert", "skipped"), ("build", "skipped"), ("repo", "planned"), ("serve", "planned")]
+        ("check", "skipped"),
+        ("convert", "skipped"),
+        ("build", "skipped"),
+        ("repo", "planned"),
+        ("serve", "planned"),
+    ]
     assert CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--until", "repo"]).exit_code == 0
     text = CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--dry-run"]).stdout.splitlines()
-    assert text == [f"{stage:<8} would be skipped (up to date)" for stage in ("check", "convert", "build", "repo")] \
-        + [f"{'serve':<8} would run"]
-    forced_dry = json.loads(CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--dry-run", "--json",
-                                                      "--force"]).stdout)
+    assert text == [f"{stage:<8} would be skipped (up to date)" for stage in ("check", "convert", "build", "repo")] + [
+        f"{'serve':<8} would run"
+    ]
+    forced_dry = json.loads(
+        CliRunner().invoke(main, ["up", "-c", str(tiny_spec_path), "--dry-run", "--json", "--force"]).stdout
+    )
     assert {s["status"] for s in forced_dry["stages"]} == {"planned"}
 
 

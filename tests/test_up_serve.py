@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from triton_helpers import alive
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -27,8 +26,14 @@ def _free_ports(spec_path):
 
 def _up(spec_path, *extra):
     argv = [sys.executable, "-m", "specbuild", "up", "-c", str(spec_path), "--once", *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=spec_path.parent,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=spec_path.parent,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def _tritonservers_under(folder) -> list[int]:
@@ -59,10 +64,12 @@ def test_up_once_serves_the_pair_streams_prompts_and_stops(tiny_spec_path):
     assert second.returncode == 0, second.stderr[-3000:]
     for row in serve["demo"]:
         assert row["text"] in second.stdout  # greedy: the same text again, printed as it streamed
-    statuses = {line.split()[0]: line.split()[1] for line in second.stdout.splitlines()
-                if line.split() and line.split()[0] in ("check", "convert", "build", "repo", "serve")}
-    assert statuses == {"check": "skipped", "convert": "skipped", "build": "skipped", "repo": "skipped",
-                        "serve": "ran"}
+    statuses = {
+        line.split()[0]: line.split()[1]
+        for line in second.stdout.splitlines()
+        if line.split() and line.split()[0] in ("check", "convert", "build", "repo", "serve")
+    }
+    assert statuses == {"check": "skipped", "convert": "skipped", "build": "skipped", "repo": "skipped", "serve": "ran"}
     # What now: the commands to run next, for this spec, after the demo.
     assert "next (from this folder):" in second.stderr
     assert "specbuild generate -c specbuild.toml --local " in second.stderr
@@ -80,8 +87,23 @@ def test_your_own_pair_from_init_to_up(tmp_path):
     target = make_family(tmp_path / "Qwen3-target", "qwen3")
     draft = make_family(tmp_path / "Qwen3-draft", "qwen3", hidden=32, layers=1, seed=1)
     spec_path = tmp_path / "specbuild.toml"
-    init = subprocess.run([sys.executable, "-m", "specbuild", "init", "--target", str(target), "--draft", str(draft),
-                           "--out", str(spec_path)], capture_output=True, text=True, timeout=120)
+    init = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specbuild",
+            "init",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--out",
+            str(spec_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert init.returncode == 0, init.stderr
     _free_ports(spec_path)
     up = _up(spec_path, "--json")
@@ -113,8 +135,14 @@ def test_a_model_frozen_during_the_demo_is_recovered_its_prompt_sent_again_and_u
 
     _free_ports(tiny_spec_path)
     argv = [sys.executable, "-m", "specbuild", "up", "-c", str(tiny_spec_path)]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               cwd=tiny_spec_path.parent, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tiny_spec_path.parent,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     lines: list[str] = []
     frozen: list[int] = []
     serving = threading.Event()

@@ -7,10 +7,10 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "ensemble")
 
@@ -33,9 +33,9 @@ def make_deployment(root: Path, example_tiny) -> TinyDeployment:
     deployment still goes through both stages, and no test can change another's engines."""
     import shutil
 
-    from specbuild.engines.stage import build_engines
     from specbuild.config import load_spec
     from specbuild.convert import convert_pair
+    from specbuild.engines.stage import build_engines
     from specbuild.example import specfile
     from specbuild.triton.repository import write_repository
 
@@ -82,8 +82,9 @@ def alive(pid: int) -> bool:
     return procfs.alive(pid)
 
 
-def read_ready_document(process: subprocess.Popen, timeout: float = 400.0,
-                        stderr_tail: Callable[[], str] | None = None) -> dict:
+def read_ready_document(
+    process: subprocess.Popen, timeout: float = 400.0, stderr_tail: Callable[[], str] | None = None
+) -> dict:
     """`specbuild serve --json`'s ready document: its stdout up to the line that closes it. If serve exits first,
     an AssertionError with the end of its stderr (stderr_tail() where another reader consumes the stream)."""
     lines, deadline = [], time.monotonic() + timeout

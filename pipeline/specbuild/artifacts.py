@@ -28,11 +28,12 @@ import os
 import platform
 import shutil
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -61,7 +62,7 @@ def default_repo_dir(output_dir: Path | str) -> Path:
     return Path(output_dir).parent / REPO_FOLDER
 
 
-def hash_file(path: Path, h: "hashlib._Hash | None" = None) -> str:
+def hash_file(path: Path, h: hashlib._Hash | None = None) -> str:
     h = h or hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -100,8 +101,10 @@ def tool_versions(*distributions: str) -> dict[str, str | None]:
 def read_manifest(folder: Path) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
     if not path.is_file():
-        raise ArtifactError(f"{folder} has no {MANIFEST}: it was not written by specbuild, or its stage did not finish. "
-                            "Run the previous stage again.")
+        raise ArtifactError(
+            f"{folder} has no {MANIFEST}: it was not written by specbuild, or its stage did not finish. "
+            "Run the previous stage again."
+        )
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -263,8 +266,13 @@ class StageOutput:
             raise ValueError(f"a {self.stage} output cannot record stage {manifest['stage']!r}")
         (self.tmp / PARTIAL).rmdir()
         contents = sorted(p.relative_to(self.tmp).as_posix() for p in self.tmp.rglob("*") if not p.is_dir())
-        manifest = {"manifest_version": MANIFEST_VERSION, "created_unix": round(time.time(), 3), **manifest,
-                    "stage": self.stage, "contents": contents}
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "created_unix": round(time.time(), 3),
+            **manifest,
+            "stage": self.stage,
+            "contents": contents,
+        }
         write_json(self.tmp / MANIFEST, manifest)
         claim = claim_output(self.final, self.stage)  # again: the folder may have changed since the start
         if claim == "own":

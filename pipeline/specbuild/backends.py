@@ -26,14 +26,38 @@ class Backend:
     summary: str  # one line for help texts
 
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("trtllm", engines=True, builder="trtllm-build", gpu=True, path="engine", triton_backend="tensorrtllm",
-            summary="TensorRT engines served by the tensorrtllm C++ backend (GPU image)"),
-    Backend("reference", engines=True, builder="reference", gpu=False, path="engine", triton_backend="python",
-            summary="specbuild's PyTorch reference engines behind the same tensors (any machine)"),
-    Backend("llmapi", engines=False, builder=None, gpu=True, path="llmapi", triton_backend="python",
-            summary="TensorRT-LLM's LLM API, Triton's llmapi model (GPU image; a CPU stand-in elsewhere)"),
-)}
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend(
+            "trtllm",
+            engines=True,
+            builder="trtllm-build",
+            gpu=True,
+            path="engine",
+            triton_backend="tensorrtllm",
+            summary="TensorRT engines served by the tensorrtllm C++ backend (GPU image)",
+        ),
+        Backend(
+            "reference",
+            engines=True,
+            builder="reference",
+            gpu=False,
+            path="engine",
+            triton_backend="python",
+            summary="specbuild's PyTorch reference engines behind the same tensors (any machine)",
+        ),
+        Backend(
+            "llmapi",
+            engines=False,
+            builder=None,
+            gpu=True,
+            path="llmapi",
+            triton_backend="python",
+            summary="TensorRT-LLM's LLM API, Triton's llmapi model (GPU image; a CPU stand-in elsewhere)",
+        ),
+    )
+}
 NAMES = tuple(BACKENDS)
 ENGINE_BACKENDS = tuple(name for name, backend in BACKENDS.items() if backend.engines)
 
@@ -53,8 +77,9 @@ def default(configured: str | None, trtllm_build: str | None = None) -> str:
     return "trtllm" if trtllm_build or shutil.which("trtllm-build") else "reference"
 
 
-DEFAULT_HELP = ("Default: the spec's build.backend, else trtllm where trtllm-build is on PATH (NVIDIA's image), "
-                "else reference.")
+DEFAULT_HELP = (
+    "Default: the spec's build.backend, else trtllm where trtllm-build is on PATH (NVIDIA's image), else reference."
+)
 
 
 def path_of(name: str | None) -> str:

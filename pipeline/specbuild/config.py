@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specbuild import quantization
-from specbuild import backends
+import tomllib
+
+from specbuild import backends, quantization
 from specbuild.errors import SpecError
 
 QUANTIZATIONS = quantization.NAMES  # specbuild.quantization: one record per format
@@ -43,7 +43,6 @@ GPUS: dict[str, tuple[float, int]] = {
 }
 
 
-
 def known_gpu(memory_gib: float, sm: int) -> str | None:
     """The GPUS key of a device seen (torch's total memory in GiB, its SM): the one of that SM whose usable memory is
     within 3 % of it; None when none is (the spec then gives memory_gib). Device names are not matched: drivers
@@ -51,6 +50,7 @@ def known_gpu(memory_gib: float, sm: int) -> str | None:
     close = [(abs(gib - memory_gib) / gib, name) for name, (gib, gpu_sm) in GPUS.items() if gpu_sm == sm]
     best = min(close, default=None)
     return best[1] if best and best[0] <= 0.03 else None
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -66,7 +66,9 @@ class SpeculativeSpec:
     num_draft_tokens: int = 4  # default K per request (<= max_draft_len; 0 = target only)
     use_draft_logits: bool = False  # exact rejection sampling needs the draft's logits
     adaptive: bool = True  # adapt K to the running acceptance rate, fall back to K = 0
-    overlap: bool | str = "auto"  # draft the next step while the target verifies: true, false, or "auto" (where it pays)
+    overlap: bool | str = (
+        "auto"  # draft the next step while the target verifies: true, false, or "auto" (where it pays)
+    )
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,7 @@ def _coerce(where: str, value: Any, annotation: str) -> Any:
     if kind == "bool|str":  # a switch with an "auto" setting (validate checks the word)
         if isinstance(value, (bool, str)):
             return value
-        raise SpecError(f"{where} = {value!r}: expected true, false or \"auto\".")
+        raise SpecError(f'{where} = {value!r}: expected true, false or "auto".')
     if kind == "int":
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -254,15 +256,18 @@ def _section(name: str, cls: type, raw: Any, base_dir: Path) -> Any:
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values
     ]
     if missing:
-        raise SpecError(f"[{name}] is missing {', '.join(missing)}: add e.g. {missing[0]} = \"...\" to the spec.")
+        raise SpecError(f'[{name}] is missing {", ".join(missing)}: add e.g. {missing[0]} = "..." to the spec.')
     return cls(**values)
 
 
 def _choice(where: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
     if value not in choices:
         lowered = value.lower()  # "h100-80gb" or "H100" first match by case and prefix, then by spelling
-        close = ([c for c in choices if c.lower() == lowered] or [c for c in choices if c.lower().startswith(lowered)]
-                 or difflib.get_close_matches(value, list(choices), n=1))
+        close = (
+            [c for c in choices if c.lower() == lowered]
+            or [c for c in choices if c.lower().startswith(lowered)]
+            or difflib.get_close_matches(value, list(choices), n=1)
+        )
         hint = " Did you mean " + " or ".join(f'"{c}"' for c in close[:2]) + "?" if close else ""
         raise SpecError(f"{where} = {value!r} is not supported.{hint} Choose one of: {', '.join(choices)}.")
 
@@ -296,22 +301,24 @@ def validate(spec: Spec) -> Spec:
             "the target engine rejects longer drafts. Lower num_draft_tokens or raise max_draft_len."
         )
     if isinstance(sp.overlap, str) and sp.overlap != "auto":
-        raise SpecError(f"speculative.overlap = {sp.overlap!r}: expected true, false or \"auto\".")
+        raise SpecError(f'speculative.overlap = {sp.overlap!r}: expected true, false or "auto".')
     for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tp_size", "pp_size"):
         _positive(f"build.{key}", getattr(b, key))
     if b.backend is not None:
         _choice("build.backend", b.backend, BACKENDS)
     fraction = spec.llmapi.free_gpu_memory_fraction
     if fraction is not None and not 0.0 < fraction <= 1.0:
-        raise SpecError(f"llmapi.free_gpu_memory_fraction = {fraction!r}: must be a number in (0, 1] (TensorRT-LLM's "
-                        "KvCacheConfig rejects others). Remove it for TensorRT-LLM's default, 0.9.")
+        raise SpecError(
+            f"llmapi.free_gpu_memory_fraction = {fraction!r}: must be a number in (0, 1] (TensorRT-LLM's "
+            "KvCacheConfig rejects others). Remove it for TensorRT-LLM's default, 0.9."
+        )
     if b.max_input_len >= b.max_seq_len:
         raise SpecError(
             f"build.max_input_len = {b.max_input_len} must be below build.max_seq_len = {b.max_seq_len} "
             "(max_seq_len counts prompt and generated tokens). Raise max_seq_len or lower max_input_len."
         )
     if g.name is None and g.memory_gib is None:
-        raise SpecError("[gpu] needs a name (e.g. \"H100-80GB\") or memory_gib.")
+        raise SpecError('[gpu] needs a name (e.g. "H100-80GB") or memory_gib.')
     if g.name is not None and g.name not in GPUS and g.memory_gib is None:
         _choice("gpu.name", g.name, list(GPUS))
     if g.memory_gib is not None:
@@ -342,14 +349,17 @@ def _check_draft_device_ids(spec: Spec) -> None:
     ids, n, count = list(spec.gpu.draft_device_ids or ()), spec.build.tp_size * spec.build.pp_size, spec.gpu.count
     where = f"gpu.draft_device_ids = {ids}"
     if len(ids) != n:
-        raise SpecError(f"{where}: the draft engine runs on tp_size x pp_size = {n} GPU{'s' if n != 1 else ''}; "
-                        f"list {n}.")
+        raise SpecError(
+            f"{where}: the draft engine runs on tp_size x pp_size = {n} GPU{'s' if n != 1 else ''}; list {n}."
+        )
     if len(set(ids)) != len(ids) or not all(0 <= i < count for i in ids):
         raise SpecError(f"{where}: list distinct GPU numbers in 0..{count - 1} (gpu.count = {count}).")
     target = set(spec.device_ids("target"))
     if set(ids) != target and not target.isdisjoint(ids):
-        raise SpecError(f"{where} shares some GPUs with the target's {sorted(target)}: give the draft the target's "
-                        "GPUs or GPUs of its own, not a mix.")
+        raise SpecError(
+            f"{where} shares some GPUs with the target's {sorted(target)}: give the draft the target's "
+            "GPUs or GPUs of its own, not a mix."
+        )
 
 
 def spec_from_dict(raw: dict[str, Any], base_dir: Path, path: Path | None = None) -> Spec:
@@ -358,7 +368,7 @@ def spec_from_dict(raw: dict[str, Any], base_dir: Path, path: Path | None = None
             raise _unknown_key("spec", key, list(_TOP_LEVEL))
     for required in ("target", "draft"):
         if required not in raw:
-            raise SpecError(f"the spec has no [{required}] table: add [{required}] with checkpoint = \"<HF model dir>\".")
+            raise SpecError(f'the spec has no [{required}] table: add [{required}] with checkpoint = "<HF model dir>".')
     sections = {name: _section(name, cls, raw[name], base_dir) for name, cls in _SECTIONS.items() if name in raw}
     name = raw.get("name", "pair")
     if not isinstance(name, str) or not name:

@@ -107,17 +107,63 @@ def prose_texts(split: str = "train") -> list[str]:
     return list(_prose(_split(split)))
 
 
-_FIRST = ["Ada", "Alan", "Grace", "Linus", "Guido", "Barbara", "Ken", "Dennis", "Margaret", "John", "Frances",
-          "Edsger", "Donald", "Radia", "Tim", "Katherine", "Bjarne", "Niklaus", "Leslie", "Hedy"]
-_LAST = ["Lovelace", "Turing", "Hopper", "Torvalds", "Rossum", "Liskov", "Thompson", "Ritchie", "Hamilton",
-         "McCarthy", "Allen", "Dijkstra", "Knuth", "Perlman", "Peters", "Johnson", "Stroustrup", "Wirth"]
+_FIRST = [
+    "Ada",
+    "Alan",
+    "Grace",
+    "Linus",
+    "Guido",
+    "Barbara",
+    "Ken",
+    "Dennis",
+    "Margaret",
+    "John",
+    "Frances",
+    "Edsger",
+    "Donald",
+    "Radia",
+    "Tim",
+    "Katherine",
+    "Bjarne",
+    "Niklaus",
+    "Leslie",
+    "Hedy",
+]
+_LAST = [
+    "Lovelace",
+    "Turing",
+    "Hopper",
+    "Torvalds",
+    "Rossum",
+    "Liskov",
+    "Thompson",
+    "Ritchie",
+    "Hamilton",
+    "McCarthy",
+    "Allen",
+    "Dijkstra",
+    "Knuth",
+    "Perlman",
+    "Peters",
+    "Johnson",
+    "Stroustrup",
+    "Wirth",
+]
 _CITIES = ["Berlin", "Paris", "Lagos", "Tokyo", "Lima", "Oslo", "Austin", "Pune", "Seoul", "Nairobi", "Quito"]
 _ITEMS = ["keyboard", "monitor", "cable", "laptop", "mouse", "headset", "webcam", "dock", "charger", "stand"]
 _TAGS = ["new", "sale", "priority", "gift", "bulk", "returned", "vip", "backorder"]
 _LEVELS = ["DEBUG", "INFO", "INFO", "INFO", "WARNING", "ERROR"]
 _EVENTS = ["login", "logout", "page_view", "purchase", "signup", "search", "click"]
-_MESSAGES = ["request served", "cache miss", "retrying connection", "user not found", "slow query",
-             "token refreshed", "disk usage high", "job finished"]
+_MESSAGES = [
+    "request served",
+    "cache miss",
+    "retrying connection",
+    "user not found",
+    "slow query",
+    "token refreshed",
+    "disk usage high",
+    "job finished",
+]
 
 
 def _date(rng: random.Random) -> str:
@@ -128,21 +174,51 @@ def _record(rng: random.Random, index: int) -> dict:
     kind = rng.choice(("user", "order", "event", "log"))
     if kind == "user":
         first, last = rng.choice(_FIRST), rng.choice(_LAST)
-        return {"id": index, "type": "user", "name": f"{first} {last}",
-                "email": f"{first.lower()}.{last.lower()}@example.com", "age": rng.randint(18, 90),
-                "city": rng.choice(_CITIES), "active": rng.random() < 0.8, "signup_date": _date(rng)}
+        return {
+            "id": index,
+            "type": "user",
+            "name": f"{first} {last}",
+            "email": f"{first.lower()}.{last.lower()}@example.com",
+            "age": rng.randint(18, 90),
+            "city": rng.choice(_CITIES),
+            "active": rng.random() < 0.8,
+            "signup_date": _date(rng),
+        }
     if kind == "order":
-        lines = [{"sku": f"{rng.choice(_ITEMS)}-{rng.randint(100, 999)}", "qty": rng.randint(1, 5),
-                  "price": round(rng.uniform(2, 900), 2)} for _ in range(rng.randint(1, 3))]
-        return {"id": index, "type": "order", "customer_id": rng.randint(1, 5000), "items": lines,
-                "total": round(sum(l["qty"] * l["price"] for l in lines), 2),
-                "tags": sorted(rng.sample(_TAGS, rng.randint(0, 2))), "status": rng.choice(("paid", "shipped", "open"))}
+        lines = [
+            {
+                "sku": f"{rng.choice(_ITEMS)}-{rng.randint(100, 999)}",
+                "qty": rng.randint(1, 5),
+                "price": round(rng.uniform(2, 900), 2),
+            }
+            for _ in range(rng.randint(1, 3))
+        ]
+        return {
+            "id": index,
+            "type": "order",
+            "customer_id": rng.randint(1, 5000),
+            "items": lines,
+            "total": round(sum(item["qty"] * item["price"] for item in lines), 2),
+            "tags": sorted(rng.sample(_TAGS, rng.randint(0, 2))),
+            "status": rng.choice(("paid", "shipped", "open")),
+        }
     if kind == "event":
-        return {"id": index, "type": "event", "event": rng.choice(_EVENTS), "user_id": rng.randint(1, 5000),
-                "timestamp": f"{_date(rng)}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}Z",
-                "properties": {"path": f"/{rng.choice(_ITEMS)}s/{rng.randint(1, 300)}", "ms": rng.randint(5, 2000)}}
-    return {"id": index, "type": "log", "level": rng.choice(_LEVELS), "logger": f"app.{rng.choice(_EVENTS)}",
-            "message": rng.choice(_MESSAGES), "line": rng.randint(1, 900)}
+        return {
+            "id": index,
+            "type": "event",
+            "event": rng.choice(_EVENTS),
+            "user_id": rng.randint(1, 5000),
+            "timestamp": f"{_date(rng)}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}Z",
+            "properties": {"path": f"/{rng.choice(_ITEMS)}s/{rng.randint(1, 300)}", "ms": rng.randint(5, 2000)},
+        }
+    return {
+        "id": index,
+        "type": "log",
+        "level": rng.choice(_LEVELS),
+        "logger": f"app.{rng.choice(_EVENTS)}",
+        "message": rng.choice(_MESSAGES),
+        "line": rng.randint(1, 900),
+    }
 
 
 def json_records(n: int, seed: int = TRAIN_JSON_SEED) -> list[str]:

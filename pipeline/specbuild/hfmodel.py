@@ -14,16 +14,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from specbuild.errors import CheckpointError
 from specbuild.families import FAMILIES
 
-
 SUPPORTED_ARCHITECTURES: dict[str, str] = {  # HF class name -> the TensorRT-LLM / modelopt model_type
-    name: family.model_type for name, family in FAMILIES.items()}
+    name: family.model_type for name, family in FAMILIES.items()
+}
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
@@ -255,8 +256,9 @@ def _weight_files(folder: Path) -> tuple[list[Path], list[Path]]:
                 "The download is incomplete: download the missing files."
             )
         safetensors = sorted(folder / n for n in named)
-    pickles = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES
-                     and p.name != "training_args.bin")
+    pickles = sorted(
+        p for p in folder.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES and p.name != "training_args.bin"
+    )
     return safetensors, pickles
 
 
@@ -324,8 +326,11 @@ def listed_end_ids(folder: str | Path) -> list[int]:
             value = json.loads((Path(folder) / name).read_text()).get("eos_token_id")
         except (OSError, ValueError, AttributeError):
             continue
-        ids = [v for v in (value if isinstance(value, list) else [value])
-               if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+        ids = [
+            v
+            for v in (value if isinstance(value, list) else [value])
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        ]
         if ids:
             return list(dict.fromkeys(ids))
     return []

@@ -4,8 +4,9 @@ skipped, every error naming the file and line."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 
 def records(text: str, path: Path, error: Callable[[str], Exception], example: str) -> Iterator[tuple[str, str, Any]]:

@@ -16,11 +16,13 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any, Callable, TextIO
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
 
 EVERY_S = 10.0  # seconds between log lines when stderr is not a terminal
-VERBOSE_ENV = "SPECBUILD_VERBOSE"  # `specbuild --verbose` sets it, so child processes (the draft's, Triton's) see it too
+VERBOSE_ENV = (
+    "SPECBUILD_VERBOSE"  # `specbuild --verbose` sets it, so child processes (the draft's, Triton's) see it too
+)
 
 
 def verbose() -> bool:
@@ -66,9 +68,16 @@ def duration(seconds: float) -> str:
 class Progress:
     """mode: "bar" (tqdm), "lines" (a line every `every_s` s) or "off"; None = bar on a terminal, else lines."""
 
-    def __init__(self, total: int, desc: str, unit: str = "step", mode: str | None = None,
-                 stream: TextIO | None = None, every_s: float = EVERY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        unit: str = "step",
+        mode: str | None = None,
+        stream: TextIO | None = None,
+        every_s: float = EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         if mode is None:
             isatty = getattr(self.stream, "isatty", None)
@@ -130,7 +139,7 @@ class Progress:
         self.last_line = self.clock()
         print(text, file=self.stream, flush=True)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -59,21 +59,70 @@ class QuantFormat:
 _AWQ_BYTES = 0.5 + 2 / AWQ_GROUP  # int4 weights and one fp16 scale per group
 # Verify bounds are loose on purpose: they catch a broken loader or export (a wrong layout, scale or shard order
 # gives near-random logits), not small accuracy differences.
-FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
-    QuantFormat("none", None, None, calibrated=False, weight_bytes=None, verify_bounds=None, llmapi=True),
-    QuantFormat("fp8", "FP8", "FP8_DEFAULT_CFG", calibrated=True, weight_bytes=1.0, verify_bounds=(0.80, 0.25),
-                min_sm=FP8_MIN_SM, llmapi=True),
-    QuantFormat("int8_sq", "W8A8_SQ_PER_CHANNEL", "INT8_SMOOTHQUANT_CFG", calibrated=True, weight_bytes=1.0,
-                verify_bounds=(0.80, 0.25), blackwell="refused"),
-    QuantFormat("int4_awq", "W4A16_AWQ", "INT4_AWQ_CFG", calibrated=True, weight_bytes=_AWQ_BYTES,
-                verify_bounds=(0.60, 0.50), blackwell="refused", awq=True),
-    QuantFormat("w4a8_awq", "W4A8_AWQ", "W4A8_AWQ_BETA_CFG", calibrated=True, weight_bytes=_AWQ_BYTES,
-                verify_bounds=(0.60, 0.50), min_sm=FP8_MIN_SM, blackwell="unverified", awq=True),
-    QuantFormat("int8_wo", "W8A16", None, calibrated=False, weight_bytes=1.0, verify_bounds=(0.90, 0.10),
-                blackwell="refused"),
-    QuantFormat("int4_wo", "W4A16", None, calibrated=False, weight_bytes=0.5, verify_bounds=(0.50, 0.60),
-                blackwell="refused"),
-)}
+FORMATS: dict[str, QuantFormat] = {
+    f.name: f
+    for f in (
+        QuantFormat("none", None, None, calibrated=False, weight_bytes=None, verify_bounds=None, llmapi=True),
+        QuantFormat(
+            "fp8",
+            "FP8",
+            "FP8_DEFAULT_CFG",
+            calibrated=True,
+            weight_bytes=1.0,
+            verify_bounds=(0.80, 0.25),
+            min_sm=FP8_MIN_SM,
+            llmapi=True,
+        ),
+        QuantFormat(
+            "int8_sq",
+            "W8A8_SQ_PER_CHANNEL",
+            "INT8_SMOOTHQUANT_CFG",
+            calibrated=True,
+            weight_bytes=1.0,
+            verify_bounds=(0.80, 0.25),
+            blackwell="refused",
+        ),
+        QuantFormat(
+            "int4_awq",
+            "W4A16_AWQ",
+            "INT4_AWQ_CFG",
+            calibrated=True,
+            weight_bytes=_AWQ_BYTES,
+            verify_bounds=(0.60, 0.50),
+            blackwell="refused",
+            awq=True,
+        ),
+        QuantFormat(
+            "w4a8_awq",
+            "W4A8_AWQ",
+            "W4A8_AWQ_BETA_CFG",
+            calibrated=True,
+            weight_bytes=_AWQ_BYTES,
+            verify_bounds=(0.60, 0.50),
+            min_sm=FP8_MIN_SM,
+            blackwell="unverified",
+            awq=True,
+        ),
+        QuantFormat(
+            "int8_wo",
+            "W8A16",
+            None,
+            calibrated=False,
+            weight_bytes=1.0,
+            verify_bounds=(0.90, 0.10),
+            blackwell="refused",
+        ),
+        QuantFormat(
+            "int4_wo",
+            "W4A16",
+            None,
+            calibrated=False,
+            weight_bytes=0.5,
+            verify_bounds=(0.50, 0.60),
+            blackwell="refused",
+        ),
+    )
+}
 NAMES = tuple(FORMATS)
 
 
@@ -95,5 +144,8 @@ def dtype_refusal(role: str, dtype: str) -> tuple[str, str] | None:
     """(why, fix) when `convert` exports no checkpoint in `dtype` (the rule `check` reports too); None otherwise."""
     if dtype in EXPORT_DTYPES:
         return None
-    return (f"{role}.dtype = {dtype!r}: TensorRT-LLM checkpoints are exported in float16 or bfloat16 (modelopt would "
-            "silently write float16), so convert refuses it.", f'Set {role}.dtype = "float16" or "bfloat16".')
+    return (
+        f"{role}.dtype = {dtype!r}: TensorRT-LLM checkpoints are exported in float16 or bfloat16 (modelopt would "
+        "silently write float16), so convert refuses it.",
+        f'Set {role}.dtype = "float16" or "bfloat16".',
+    )

@@ -24,8 +24,9 @@ def scalar(value: Any) -> str:
     raise TypeError(f"no YAML scalar for {value!r}")
 
 
-def dump(data: dict[str, Any], comments: dict[str, str] | None = None, path: str = "", indent: int = 0,
-         header: str = "") -> str:
+def dump(
+    data: dict[str, Any], comments: dict[str, str] | None = None, path: str = "", indent: int = 0, header: str = ""
+) -> str:
     """`data` as YAML; `comments` maps a dotted key path ("gpu.count") to the comment written above it; `header` is
     written first, as comment lines."""
     comments = comments or {}

@@ -28,13 +28,27 @@ def make_spec(tmp_path: Path, **sections) -> Spec:
     return spec_from_dict(raw, base_dir=tmp_path)
 
 
-def fake_checkpoint(spec: Spec, role: str, quant_algo=None, kv_cache_quant_algo=None, world_size: int = 1,
-                    pair: str | None = None, manifest: bool = True, input_hash: str = "ckpt-hash-1") -> Path:
+def fake_checkpoint(
+    spec: Spec,
+    role: str,
+    quant_algo=None,
+    kv_cache_quant_algo=None,
+    world_size: int = 1,
+    pair: str | None = None,
+    manifest: bool = True,
+    input_hash: str = "ckpt-hash-1",
+) -> Path:
     folder = spec.pair_dir / role / "checkpoint"
     folder.mkdir(parents=True, exist_ok=True)
     config = {
-        "architecture": "LlamaForCausalLM", "dtype": "float16", "vocab_size": 512, "hidden_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_act": "silu",
+        "architecture": "LlamaForCausalLM",
+        "dtype": "float16",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
         "max_position_embeddings": 4096,
         "mapping": {"world_size": world_size, "tp_size": world_size, "pp_size": 1},
         "quantization": {"quant_algo": quant_algo, "kv_cache_quant_algo": kv_cache_quant_algo},
@@ -43,9 +57,19 @@ def fake_checkpoint(spec: Spec, role: str, quant_algo=None, kv_cache_quant_algo=
     for rank in range(world_size):
         (folder / f"rank{rank}.safetensors").write_bytes(b"placeholder %d" % rank)
     if manifest:
-        (folder / "manifest.json").write_text(json.dumps({
-            "stage": "convert", "role": role, "pair": pair or spec.name, "input_hash": input_hash,
-            "quant_algo": quant_algo, "kv_cache_quant_algo": kv_cache_quant_algo,
-            "mapping": config["mapping"], "vocab_size": 512, "tool_versions": {},
-        }))
+        (folder / "manifest.json").write_text(
+            json.dumps(
+                {
+                    "stage": "convert",
+                    "role": role,
+                    "pair": pair or spec.name,
+                    "input_hash": input_hash,
+                    "quant_algo": quant_algo,
+                    "kv_cache_quant_algo": kv_cache_quant_algo,
+                    "mapping": config["mapping"],
+                    "vocab_size": 512,
+                    "tool_versions": {},
+                }
+            )
+        )
     return folder

@@ -46,45 +46,62 @@ class HFPeer:
         self.torch = torch
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or target_dir), local_files_only=True)
-            self.target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32,
-                                                               local_files_only=True).eval()
-            self.draft = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32,
-                                                              local_files_only=True).eval()
+            self.target = AutoModelForCausalLM.from_pretrained(
+                str(target_dir), dtype=torch.float32, local_files_only=True
+            ).eval()
+            self.draft = AutoModelForCausalLM.from_pretrained(
+                str(draft_dir), dtype=torch.float32, local_files_only=True
+            ).eval()
         except (OSError, ValueError) as err:
-            raise CheckpointError(f"--vs-hf: cannot load the pair with transformers ({err}). "
-                                  "The spec's checkpoints must be Hugging Face model folders.") from None
+            raise CheckpointError(
+                f"--vs-hf: cannot load the pair with transformers ({err}). "
+                "The spec's checkpoints must be Hugging Face model folders."
+            ) from None
         self.end_id = end_id if end_id is not None else self.tokenizer.eos_token_id
         gc = self.draft.generation_config
         gc.num_assistant_tokens_schedule = "constant"
         gc.assistant_confidence_threshold = 0.0
 
     @classmethod
-    def from_spec(cls, spec: Spec, end_id: int | None = None) -> "HFPeer":
+    def from_spec(cls, spec: Spec, end_id: int | None = None) -> HFPeer:
         for role in ("target", "draft"):
             if not (Path(spec.role(role).checkpoint) / "config.json").is_file():
-                raise BenchError(f"--vs-hf needs the {role}'s Hugging Face folder, but {spec.role(role).checkpoint} "
-                                 "has no config.json. Point the spec at the HF checkpoints.")
+                raise BenchError(
+                    f"--vs-hf needs the {role}'s Hugging Face folder, but {spec.role(role).checkpoint} "
+                    "has no config.json. Point the spec at the HF checkpoints."
+                )
         return cls(spec.target.checkpoint, spec.draft.checkpoint, end_id=end_id)
 
-    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
-                concurrent: bool = False) -> RequestResult:
+    def request(
+        self, prompt: Prompt, k: int, max_tokens: int, settings: Settings, concurrent: bool = False
+    ) -> RequestResult:
         if settings.temperature > 0:
             raise BenchError("--vs-hf compares greedy decoding only: drop --temperature or set it to 0.")
         torch = self.torch
         start = time.perf_counter()
         ids = self.tokenizer(prompt.text, return_tensors="pt").input_ids  # [1, prompt_len], as `generate --local`
         clock = _FirstTokenClock()
-        kwargs = {"max_new_tokens": max_tokens, "do_sample": False, "streamer": clock,
-                  "eos_token_id": self.end_id, "pad_token_id": self.end_id}
+        kwargs = {
+            "max_new_tokens": max_tokens,
+            "do_sample": False,
+            "streamer": clock,
+            "eos_token_id": self.end_id,
+            "pad_token_id": self.end_id,
+        }
         if k > 0:
             self.draft.generation_config.num_assistant_tokens = k
             kwargs["assistant_model"] = self.draft
         with torch.inference_mode():
             out = self.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)  # [1, prompt_len + n]
         seconds = time.perf_counter() - start
-        generated = out[0, ids.shape[1]:].tolist()
+        generated = out[0, ids.shape[1] :].tolist()
         if self.end_id in generated:
             generated = generated[: generated.index(self.end_id)]
-        return RequestResult(prompt_index=0, num_draft_tokens=k, output_tokens=len(generated), seconds=seconds,
-                             ttft_seconds=(clock.first - start) if clock.first else seconds,
-                             top_token_share=top_token_share(generated))
+        return RequestResult(
+            prompt_index=0,
+            num_draft_tokens=k,
+            output_tokens=len(generated),
+            seconds=seconds,
+            ttft_seconds=(clock.first - start) if clock.first else seconds,
+            top_token_share=top_token_share(generated),
+        )

@@ -33,14 +33,25 @@ def request_result(gen: Generation, k: int) -> RequestResult:
             tried[i] += 1
     stats = gen.stats
     return RequestResult(
-        prompt_index=0, num_draft_tokens=k, output_tokens=gen.output_tokens, seconds=gen.seconds,
+        prompt_index=0,
+        num_draft_tokens=k,
+        output_tokens=gen.output_tokens,
+        seconds=gen.seconds,
         ttft_seconds=gen.ttft_seconds if gen.ttft_seconds is not None else gen.seconds,
-        drafted=stats.drafted, accepted=stats.accepted, steps=stats.steps,
+        drafted=stats.drafted,
+        accepted=stats.accepted,
+        steps=stats.steps,
         rejections=sum(1 for step in gen.steps if step.accepted < step.drafted),
-        per_position_drafted=list(stats.per_position_drafted), per_position_accepted=list(stats.per_position_accepted),
-        draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
-        early_drafts=stats.early_drafts, early_draft_hits=stats.early_draft_hits, hidden_seconds=stats.hidden_seconds,
-        per_position_tried=tried, top_token_share=top_token_share(gen.output_ids), output_ids=list(gen.output_ids),
+        per_position_drafted=list(stats.per_position_drafted),
+        per_position_accepted=list(stats.per_position_accepted),
+        draft_seconds=stats.draft_seconds,
+        target_seconds=stats.target_seconds,
+        early_drafts=stats.early_drafts,
+        early_draft_hits=stats.early_draft_hits,
+        hidden_seconds=stats.hidden_seconds,
+        per_position_tried=tried,
+        top_token_share=top_token_share(gen.output_ids),
+        output_ids=list(gen.output_ids),
     )
 
 
@@ -81,12 +92,19 @@ class LocalTransport:
             self.close_batched()
         self._batched_pair = None
 
-    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
-                concurrent: bool = False) -> RequestResult:
+    def request(
+        self, prompt: Prompt, k: int, max_tokens: int, settings: Settings, concurrent: bool = False
+    ) -> RequestResult:
         """One generation; `concurrent` requests (several threads at once) go through the batching pair."""
         overlap = False if concurrent and self.overlap == "auto" else self.overlap
-        options = Options(max_tokens=max_tokens, num_draft_tokens=k, temperature=settings.temperature,
-                          seed=settings.seed if settings.temperature > 0 else None, adaptive=False, overlap=overlap)
+        options = Options(
+            max_tokens=max_tokens,
+            num_draft_tokens=k,
+            temperature=settings.temperature,
+            seed=settings.seed if settings.temperature > 0 else None,
+            adaptive=False,
+            overlap=overlap,
+        )
         gen = self.session.generate(prompt.text, options, pair=self._pair(concurrent), text=False)
         return request_result(gen, gen.k.k)
 
@@ -95,8 +113,13 @@ class LocalTransport:
         return LocalTransport(self.session, name=name, overlap=overlap)
 
 
-def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | None = None,
-              row_block: int | None = None, overlap: bool | str | None = None) -> LocalTransport:
+def from_spec(
+    spec,
+    log: Callable[[str], None] = lambda m: None,
+    threads: int | None = None,
+    row_block: int | None = None,
+    overlap: bool | str | None = None,
+) -> LocalTransport:
     """The spec's pair in-process: reference engines when built, else the HF checkpoints (`reference.loading`).
 
     overlap: the schedule (None = the spec's speculative.overlap), "auto" resolved for this machine by
@@ -111,8 +134,10 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
     setting = True if compare else spec.speculative.overlap if overlap is None else overlap
     session = LocalSession.from_spec(spec, threads=threads, row_block=row_block, overlap=setting)
     pair = session.pair
-    log(f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}; "
-        f"{'comparing the sequential and overlapped schedules' if compare else session.overlap_reason}")
+    log(
+        f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}; "
+        f"{'comparing the sequential and overlapped schedules' if compare else session.overlap_reason}"
+    )
     batchers: list = []
 
     def batched() -> tuple[Drafter, Verifier]:
@@ -121,19 +146,24 @@ def from_spec(spec, log: Callable[[str], None] = lambda m: None, threads: int | 
 
         target, draft = Batcher(pair.target_model), Batcher(pair.draft_model)
         batchers.extend([target, draft])
-        return (ContractDrafter(draft, end_id=pair.end_id, use_logits=spec.speculative.use_draft_logits),
-                ContractVerifier(target, max_draft_len=pair.max_draft_len, end_id=pair.end_id))
+        return (
+            ContractDrafter(draft, end_id=pair.end_id, use_logits=spec.speculative.use_draft_logits),
+            ContractVerifier(target, max_draft_len=pair.max_draft_len, end_id=pair.end_id),
+        )
 
     def close() -> None:
         while batchers:
             batchers.pop().close()
         session.close()
 
-    transport = LocalTransport(session, concurrent=True, batched=batched, close_batched=close,
-                               overlap=False if compare else session.overlap)
+    transport = LocalTransport(
+        session, concurrent=True, batched=batched, close_batched=close, overlap=False if compare else session.overlap
+    )
     if compare:
-        transport.peers = [transport.with_overlap(session.overlap, f"{transport.name}-overlap"),
-                           transport.with_overlap("auto", f"{transport.name}-auto")]
+        transport.peers = [
+            transport.with_overlap(session.overlap, f"{transport.name}-overlap"),
+            transport.with_overlap("auto", f"{transport.name}-auto"),
+        ]
     return transport
 
 

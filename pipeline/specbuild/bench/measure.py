@@ -19,8 +19,9 @@ benchmark's (`specbuild.bench`: its in-process transport, statistics and closed 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from specbuild.bench import theory, workloads
 from specbuild.bench.report import DEGENERATE_SHARE, rounded
@@ -43,9 +44,14 @@ def _prompts(prompts_file: Path | None) -> list[tuple[str, workloads.Prompt]]:
     return [(kind, p) for kind in workloads.BUILTIN for p in workloads.builtin(kind, PROMPTS_PER_KIND).prompts]
 
 
-def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]], spec: Spec,
-                 max_tokens: int = MAX_TOKENS, gpu: dict[str, Any] | None = None,
-                 progress: Callable[[], None] = lambda: None) -> dict[str, Any]:
+def measure_with(
+    transport: Any,
+    prompts: Sequence[tuple[str, workloads.Prompt]],
+    spec: Spec,
+    max_tokens: int = MAX_TOKENS,
+    gpu: dict[str, Any] | None = None,
+    progress: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
     """The measurement on a local transport (see `bench.local.LocalTransport`)."""
     k_max = max(MAX_K, spec.speculative.max_draft_len)
     limit = transport.max_draft_len
@@ -73,10 +79,14 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
     ks = range(0, k_max + 1)
     rows = []
     for k in ks:
-        rows.append({"num_draft_tokens": k,
-                     "expected_tokens_per_step": round(theory.expected_tokens(alpha, k), 4) if k else 1.0,
-                     "this_machine": round(theory.bound(alpha, k, c_here), 4) if c_here is not None else None,
-                     "gpu": round(theory.bound(alpha, k, c_gpu), 4) if c_gpu is not None else None})
+        rows.append(
+            {
+                "num_draft_tokens": k,
+                "expected_tokens_per_step": round(theory.expected_tokens(alpha, k), 4) if k else 1.0,
+                "this_machine": round(theory.bound(alpha, k, c_here), 4) if c_here is not None else None,
+                "gpu": round(theory.bound(alpha, k, c_gpu), 4) if c_gpu is not None else None,
+            }
+        )
     best_here = best_k(alpha, c_here, k_max)[0] if c_here is not None else None
     best_gpu = best_k(alpha, c_gpu, k_max)[0] if c_gpu is not None else None
     recommended = best_gpu if best_gpu is not None else best_here
@@ -84,7 +94,9 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
     for row, h in zip(rows, hits):
         k = row["num_draft_tokens"]
         row["hit_rate"] = round(h, 4) if k else None
-        row["overlapped_this_machine"] = round(theory.overlap_bound(alpha, k, c_here, h), 4) if c_here is not None else None
+        row["overlapped_this_machine"] = (
+            round(theory.overlap_bound(alpha, k, c_here, h), 4) if c_here is not None else None
+        )
         row["overlapped_gpu"] = round(theory.overlap_bound(alpha, k, c_gpu, h), 4) if c_gpu is not None else None
     overlap = {}
     for where, c, best in (("this_machine", c_here, best_here), ("gpu", c_gpu, best_gpu)):
@@ -93,8 +105,11 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
             continue
         k, speedup = best_k(alpha, c, k_max, speedup=lambda a, n, cost: theory.overlap_bound(a, n, cost, hits[n]))
         sequential = rows[best][where] if best else 1.0
-        overlap[where] = {"best_num_draft_tokens": k, "speedup": round(speedup, 4),
-                          "over_sequential": round(speedup / sequential, 4)}
+        overlap[where] = {
+            "best_num_draft_tokens": k,
+            "speedup": round(speedup, 4),
+            "over_sequential": round(speedup / sequential, 4),
+        }
     return {
         "prompts": {"source": str(prompts_file_name(prompts)), "count": len(prompts), "max_tokens": max_tokens},
         "num_draft_tokens": k_run,
@@ -104,8 +119,10 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
         "per_position_alpha": [rounded(a) for a in pooled.per_position_alpha],
         "per_position_acceptance": [rounded(a) for a in pooled.per_position_acceptance],
         "alpha_by_workload": {kind: rounded(summarize(rs, 1.0).alpha) for kind, rs in spec_runs.items()},
-        "step_seconds": {"target": rounded(base.target_seconds_per_step, 7),
-                         "draft": rounded(pooled.draft_seconds_per_token, 7)},
+        "step_seconds": {
+            "target": rounded(base.target_seconds_per_step, 7),
+            "draft": rounded(pooled.draft_seconds_per_token, 7),
+        },
         "cost_ratio": {"this_machine": rounded(c_here), "gpu": rounded(c_gpu)},
         "gpu_estimate": gpu,
         "predicted_speedup": rows,
@@ -113,8 +130,11 @@ def measure_with(transport: Any, prompts: Sequence[tuple[str, workloads.Prompt]]
         "overlap": {**overlap, "cores": available_cores()},
         "recommended_max_draft_len": recommended,
         "speculation_pays": bool(recommended),
-        "degenerate_workloads": sorted(kind for kind, rs in plain_by_kind.items()
-                                       if (summarize(rs, 1.0).top_token_share or 0.0) >= DEGENERATE_SHARE),
+        "degenerate_workloads": sorted(
+            kind
+            for kind, rs in plain_by_kind.items()
+            if (summarize(rs, 1.0).top_token_share or 0.0) >= DEGENERATE_SHARE
+        ),
     }
 
 
@@ -138,15 +158,23 @@ def gpu_cost(spec: Spec) -> dict[str, Any] | None:
     from specbuild.errors import SpecbuildError
 
     try:
-        return theory.gpu_estimate(spec, theory.ModelSize.of_checkpoint(spec.target.checkpoint, "target"),
-                                   theory.ModelSize.of_checkpoint(spec.draft.checkpoint, "draft"))
+        return theory.gpu_estimate(
+            spec,
+            theory.ModelSize.of_checkpoint(spec.target.checkpoint, "target"),
+            theory.ModelSize.of_checkpoint(spec.draft.checkpoint, "draft"),
+        )
     except SpecbuildError:
         return None
 
 
-def measure(spec: Spec, prompts_file: Path | None = None, max_tokens: int = MAX_TOKENS,
-            log: Callable[[str], None] = lambda m: None, progress: bool = False,
-            threads: int | None = None) -> dict[str, Any]:
+def measure(
+    spec: Spec,
+    prompts_file: Path | None = None,
+    max_tokens: int = MAX_TOKENS,
+    log: Callable[[str], None] = lambda m: None,
+    progress: bool = False,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """The "measure" section of `specbuild check --measure` for `spec` (loads the pair in-process)."""
     from specbuild.bench.local import from_spec
 
@@ -155,8 +183,13 @@ def measure(spec: Spec, prompts_file: Path | None = None, max_tokens: int = MAX_
     transport = from_spec(spec, log=log, threads=threads, overlap=False)  # measures alpha and c: sequential
     from specbuild.progress import Progress
 
-    bar = Progress(total=2 * len(prompts), desc="check --measure", unit="requests", mode=None if progress else "off",
-                   stream=sys.stderr)
+    bar = Progress(
+        total=2 * len(prompts),
+        desc="check --measure",
+        unit="requests",
+        mode=None if progress else "off",
+        stream=sys.stderr,
+    )
     try:
         return measure_with(transport, prompts, spec, max_tokens, gpu_cost(spec), progress=lambda: bar.update(1))
     finally:
@@ -166,6 +199,7 @@ def measure(spec: Spec, prompts_file: Path | None = None, max_tokens: int = MAX_
 
 def summary_lines(section: dict[str, Any]) -> list[str]:
     """The human lines of the "measure" section (for `specbuild check --measure`)."""
+
     def f(value: Any, spec: str = ".2f") -> str:
         return "-" if value is None else format(value, spec)
 
@@ -189,14 +223,21 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         o = overlap.get(where) or {}
         key = "overlapped_this_machine" if where == "this_machine" else "overlapped_gpu"
         values = " ".join(f"K{r['num_draft_tokens']}={f(r.get(key))}" for r in rows[1:])
-        lines.append(f"overlapped {label} {values} (best K {o.get('best_num_draft_tokens')}, "
-                     f"{f(o.get('over_sequential'))}x the sequential best)")
+        lines.append(
+            f"overlapped {label} {values} (best K {o.get('best_num_draft_tokens')}, "
+            f"{f(o.get('over_sequential'))}x the sequential best)"
+        )
     if overlap.get("cores", 2) < 2:
         lines.append(f"note: {overlap['cores']} core here: the overlapped schedule needs a second one to pay")
     if section.get("degenerate_workloads"):
-        lines.append(f"warning: the target's output repeats one token on {', '.join(section['degenerate_workloads'])} "
-                     "prompts, so their acceptance is trivially high: judge the pair on the others")
+        lines.append(
+            f"warning: the target's output repeats one token on {', '.join(section['degenerate_workloads'])} "
+            "prompts, so their acceptance is trivially high: judge the pair on the others"
+        )
     recommended = section["recommended_max_draft_len"]
-    lines.append(f"recommended max_draft_len = {recommended}" if recommended
-                 else "speculation is not predicted to pay for this pair (recommended K = 0)")
+    lines.append(
+        f"recommended max_draft_len = {recommended}"
+        if recommended
+        else "speculation is not predicted to pay for this pair (recommended K = 0)"
+    )
     return lines

@@ -41,13 +41,20 @@ def write_plots(doc: dict[str, Any], folder: Path) -> list[Path]:
     ks = [r["num_draft_tokens"] for r in one]
     ax.plot(ks, [r["speedup"] for r in one], "o-", label="measured")
     bound_ks = [r["num_draft_tokens"] for r in one if r["bound"] is not None or r["num_draft_tokens"] == 0]
-    bounds = [1.0 if r["num_draft_tokens"] == 0 else r["bound"] for r in one
-              if r["bound"] is not None or r["num_draft_tokens"] == 0]
+    bounds = [
+        1.0 if r["num_draft_tokens"] == 0 else r["bound"]
+        for r in one
+        if r["bound"] is not None or r["num_draft_tokens"] == 0
+    ]
     ax.plot(bound_ks, bounds, "s--", label="bound (1-a^(K+1))/(1-a)/(Kc+1)")
     hf_rows = (doc.get("hf") or {}).get("runs") or []
     if hf_rows:
-        ax.plot([r["num_draft_tokens"] for r in hf_rows], [r["speedup_vs_ours_k0"] for r in hf_rows], "^:",
-                label="HF assisted generation (vs our K=0)")
+        ax.plot(
+            [r["num_draft_tokens"] for r in hf_rows],
+            [r["speedup_vs_ours_k0"] for r in hf_rows],
+            "^:",
+            label="HF assisted generation (vs our K=0)",
+        )
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set(xlabel="K (num_draft_tokens)", ylabel="speedup over K = 0", title=title, xticks=ks)
     ax.legend()
@@ -57,8 +64,12 @@ def write_plots(doc: dict[str, Any], folder: Path) -> list[Path]:
     for r in one:
         acc = r["per_position_acceptance"]
         if r["num_draft_tokens"] and acc:
-            ax.plot(range(1, len(acc) + 1), [a if a is not None else float("nan") for a in acc], "o-",
-                    label=f"K = {r['num_draft_tokens']}")
+            ax.plot(
+                range(1, len(acc) + 1),
+                [a if a is not None else float("nan") for a in acc],
+                "o-",
+                label=f"K = {r['num_draft_tokens']}",
+            )
     ax.set(xlabel="draft position", ylabel="acceptance rate at position", ylim=(0, 1.05), title=title)
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
@@ -67,10 +78,18 @@ def write_plots(doc: dict[str, Any], folder: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in sorted({r["num_draft_tokens"] for r in runs}):
         at = sorted((r for r in runs if r["num_draft_tokens"] == k), key=lambda r: r["concurrency"])
-        ax.plot([r["concurrency"] for r in at], [r["tokens_per_s"] for r in at], "o-",
-                label="speculation off" if k == 0 else f"K = {k}")
-    ax.set(xlabel="concurrent requests", ylabel="output tokens/s (all streams)", title=title,
-           xticks=sorted({r["concurrency"] for r in runs}))
+        ax.plot(
+            [r["concurrency"] for r in at],
+            [r["tokens_per_s"] for r in at],
+            "o-",
+            label="speculation off" if k == 0 else f"K = {k}",
+        )
+    ax.set(
+        xlabel="concurrent requests",
+        ylabel="output tokens/s (all streams)",
+        title=title,
+        xticks=sorted({r["concurrency"] for r in runs}),
+    )
     ax.legend()
     written.append(_save(fig, plt, folder / "throughput_vs_concurrency.png"))
     return written

@@ -23,8 +23,8 @@ from specbuild.bench.runner import Settings
 from specbuild.bench.stats import RequestResult, top_token_share
 from specbuild.bench.workloads import Prompt
 from specbuild.config import Spec
-from specbuild.errors import ClientError
 from specbuild.decode.generation import Options
+from specbuild.errors import ClientError
 
 
 class RemoteTransport:
@@ -32,9 +32,16 @@ class RemoteTransport:
     only_ks = None
     fixed_k: int | None = None  # the one K of a deployment that takes no K per request (llmapi)
 
-    def __init__(self, url: str, protocol: str = "http", max_draft_len: int | None = None,
-                 spec_path: str | None = None, spec: Spec | None = None, overlap: bool | str | None = None,
-                 name: str = "triton"):
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "http",
+        max_draft_len: int | None = None,
+        spec_path: str | None = None,
+        spec: Spec | None = None,
+        overlap: bool | str | None = None,
+        name: str = "triton",
+    ):
         self.name = name
         self.overlap = overlap  # the schedule each request asks for (None: the server's)
         self.url = url
@@ -53,8 +60,9 @@ class RemoteTransport:
         self._lock = threading.Lock()
 
     @classmethod
-    def connect(cls, url: str, protocol: str = "http", spec_path: str | None = None,
-                spec: Spec | None = None) -> "RemoteTransport":
+    def connect(
+        cls, url: str, protocol: str = "http", spec_path: str | None = None, spec: Spec | None = None
+    ) -> RemoteTransport:
         """Check the server is ready and read the BLS's max_draft_len from its config (an llmapi deployment:
         its one K, from the spec)."""
         from specbuild.errors import BenchError
@@ -71,15 +79,19 @@ class RemoteTransport:
             return transport
         k = session.resolve_k(None)
         if k is None:
-            raise BenchError(f"{url} serves Triton's llmapi model, whose K the server does not report: run bench "
-                             "with the spec it was built from (-c).")
+            raise BenchError(
+                f"{url} serves Triton's llmapi model, whose K the server does not report: run bench "
+                "with the spec it was built from (-c)."
+            )
         transport.fixed_k = transport.max_draft_len = k.k
-        transport.notes = [f"llmapi deployment: one K = {k.k} (the LLM API drafts max_draft_len tokens at every "
-                           "step; K read from the spec's num_draft_tokens), so no K = 0 baseline and no speedup on "
-                           "the server"]
+        transport.notes = [
+            f"llmapi deployment: one K = {k.k} (the LLM API drafts max_draft_len tokens at every "
+            "step; K read from the spec's num_draft_tokens), so no K = 0 baseline and no speedup on "
+            "the server"
+        ]
         return transport
 
-    def with_overlap(self, overlap: bool | str, name: str) -> "RemoteTransport":
+    def with_overlap(self, overlap: bool | str, name: str) -> RemoteTransport:
         """The same server under another schedule (for measuring both in one run)."""
         other = RemoteTransport(self.url, self.protocol, self.max_draft_len, self.spec_path, self.spec, overlap, name)
         other.fixed_k, other._tokenizer = self.fixed_k, self._tokenizer
@@ -90,28 +102,46 @@ class RemoteTransport:
         if session is None:
             from specbuild.session.served import ServedSession
 
-            session = ServedSession(self.url, self.protocol, spec_path=self.spec_path,
-                                    llmapi_k=self.spec.speculative.num_draft_tokens if self.spec else None,
-                                    tokenizer=self._tokenizer)
+            session = ServedSession(
+                self.url,
+                self.protocol,
+                spec_path=self.spec_path,
+                llmapi_k=self.spec.speculative.num_draft_tokens if self.spec else None,
+                tokenizer=self._tokenizer,
+            )
             self._local.session = session
             with self._lock:
                 self._sessions.append(session)
         return session
 
-    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
-                concurrent: bool = False) -> RequestResult:
-        options = Options(max_tokens=max_tokens, num_draft_tokens=k, temperature=settings.temperature,
-                          seed=settings.seed if settings.temperature > 0 else None, overlap=self.overlap)
+    def request(
+        self, prompt: Prompt, k: int, max_tokens: int, settings: Settings, concurrent: bool = False
+    ) -> RequestResult:
+        options = Options(
+            max_tokens=max_tokens,
+            num_draft_tokens=k,
+            temperature=settings.temperature,
+            seed=settings.seed if settings.temperature > 0 else None,
+            overlap=self.overlap,
+        )
         gen = self._session().generate(prompt.text, options)
         stats = gen.stats
         return RequestResult(
-            prompt_index=0, num_draft_tokens=k, output_tokens=gen.output_tokens, seconds=gen.seconds,
+            prompt_index=0,
+            num_draft_tokens=k,
+            output_tokens=gen.output_tokens,
+            seconds=gen.seconds,
             ttft_seconds=gen.ttft_seconds if gen.ttft_seconds is not None else gen.seconds,
-            drafted=stats.drafted, accepted=stats.accepted, steps=stats.steps,
+            drafted=stats.drafted,
+            accepted=stats.accepted,
+            steps=stats.steps,
             per_position_drafted=list(stats.per_position_drafted),
             per_position_accepted=list(stats.per_position_accepted),
-            draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
-            early_drafts=stats.early_drafts, early_draft_hits=stats.early_draft_hits, hidden_seconds=stats.hidden_seconds,
+            draft_seconds=stats.draft_seconds,
+            target_seconds=stats.target_seconds,
+            early_drafts=stats.early_drafts,
+            early_draft_hits=stats.early_draft_hits,
+            hidden_seconds=stats.hidden_seconds,
             top_token_share=top_token_share(gen.output_ids or ()),
             output_ids=list(gen.output_ids) if gen.output_ids else None,
         )

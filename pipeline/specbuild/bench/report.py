@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 import os
 import platform
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from specbuild.bench import theory
 from specbuild.bench.stats import RunSummary
@@ -33,8 +34,12 @@ def rounded(value: float | None, digits: int = 4) -> float | None:
 
 
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -65,8 +70,11 @@ def cell(summary: RunSummary, baseline: RunSummary | None, target_step: float | 
     overlapped = summary.early_drafts > 0
     hit = summary.early_draft_hit_rate if overlapped else None
     overlap_bound = theory.overlap_bound(summary.alpha, k, c, hit) if known else None
-    verify_ratio = summary.target_seconds_per_step / target_step if single and summary.target_seconds_per_step \
-        and target_step else None
+    verify_ratio = (
+        summary.target_seconds_per_step / target_step
+        if single and summary.target_seconds_per_step and target_step
+        else None
+    )
     explained = None
     if k and c is not None and verify_ratio and summary.mean_accepted_len:
         step = max(verify_ratio, (k + 1) * c) + (1 - (hit or 0.0)) * k * c if overlapped else k * c + verify_ratio
@@ -119,8 +127,12 @@ def _time_split(summary: RunSummary) -> dict[str, float | None]:
         return {"draft": None, "target": None, "other": None, "hidden": None}
     draft = max(summary.draft_seconds - summary.hidden_seconds, 0.0)
     other = max(total - draft - summary.target_seconds, 0.0)
-    return {"draft": rounded(draft / total), "target": rounded(summary.target_seconds / total),
-            "other": rounded(other / total), "hidden": rounded(summary.hidden_seconds / total)}
+    return {
+        "draft": rounded(draft / total),
+        "target": rounded(summary.target_seconds / total),
+        "other": rounded(other / total),
+        "hidden": rounded(summary.hidden_seconds / total),
+    }
 
 
 def cells(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
@@ -136,8 +148,15 @@ def best(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     return max(candidates, key=lambda r: r["speedup"]) if candidates else None
 
 
-def document(mode: str, spec_name: str, workload: str, settings: dict[str, Any], rows: list[dict[str, Any]],
-             notes: Sequence[str] = (), extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def document(
+    mode: str,
+    spec_name: str,
+    workload: str,
+    settings: dict[str, Any],
+    rows: list[dict[str, Any]],
+    notes: Sequence[str] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     top = best(rows)
     doc: dict[str, Any] = {
         "mode": mode,
@@ -147,8 +166,18 @@ def document(mode: str, spec_name: str, workload: str, settings: dict[str, Any],
         "settings": settings,
         "best_num_draft_tokens": top["num_draft_tokens"] if top else None,
     }
-    for key in ("speedup", "alpha", "acceptance_rate", "mean_accepted_len", "cost_ratio", "bound", "schedule",
-                "overlap_bound", "early_draft_hit_rate", "efficiency"):
+    for key in (
+        "speedup",
+        "alpha",
+        "acceptance_rate",
+        "mean_accepted_len",
+        "cost_ratio",
+        "bound",
+        "schedule",
+        "overlap_bound",
+        "early_draft_hit_rate",
+        "efficiency",
+    ):
         doc[key] = top[key] if top else None
     doc["tokens_per_s"] = top["tokens_per_s"] if top else None
     base = next((r for r in rows if r["num_draft_tokens"] == 0 and r["concurrency"] == 1), None)
@@ -169,9 +198,11 @@ def degenerate_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     share = base.get("top_token_share") if base else None
     if share is None or share < DEGENERATE_SHARE:
         return []
-    return [f"the output is degenerate: its most frequent token is {share:.0%} of the text (median request). "
-            "Acceptance and speedup on repeated tokens say little about real text: use a better-trained pair "
-            "or other prompts."]
+    return [
+        f"the output is degenerate: its most frequent token is {share:.0%} of the text (median request). "
+        "Acceptance and speedup on repeated tokens say little about real text: use a better-trained pair "
+        "or other prompts."
+    ]
 
 
 def _concurrency_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -183,12 +214,17 @@ def _concurrency_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         base = next((r for r in at if r["num_draft_tokens"] == 0), None)
         spec = [r for r in at if r["num_draft_tokens"] > 0 and r["speedup"] is not None]
         top = max(spec, key=lambda r: r["speedup"]) if spec else None
-        table.append({"concurrency": level, "baseline_tokens_per_s": base["tokens_per_s"] if base else None,
-                      "best_num_draft_tokens": top["num_draft_tokens"] if top else None,
-                      "mean_k": top["mean_k"] if top else None,
-                      "tokens_per_s": top["tokens_per_s"] if top else None,
-                      "speedup": top["speedup"] if top else None,
-                      "speculation_pays": bool(top and top["speedup"] > 1.0)})
+        table.append(
+            {
+                "concurrency": level,
+                "baseline_tokens_per_s": base["tokens_per_s"] if base else None,
+                "best_num_draft_tokens": top["num_draft_tokens"] if top else None,
+                "mean_k": top["mean_k"] if top else None,
+                "tokens_per_s": top["tokens_per_s"] if top else None,
+                "speedup": top["speedup"] if top else None,
+                "speculation_pays": bool(top and top["speedup"] > 1.0),
+            }
+        )
     return table
 
 
@@ -201,9 +237,22 @@ def _ms(seconds: float | None) -> str:
 
 
 # (header, unit, width): the table's columns; times are printed in milliseconds.
-COLUMNS = (("conc", "", 4), ("K", "", 3), ("tok/s", "tok/s", 8), ("speedup", "x", 7), ("alpha", "", 6),
-           ("acc.len", "tokens", 7), ("c", "ratio", 6), ("bound", "x", 6), ("eff.", "", 5), ("hits", "", 5),
-           ("ttft p50", "ms", 9), ("ttft max", "ms", 9), ("tpot p50", "ms", 9), ("tpot p99", "ms", 9))
+COLUMNS = (
+    ("conc", "", 4),
+    ("K", "", 3),
+    ("tok/s", "tok/s", 8),
+    ("speedup", "x", 7),
+    ("alpha", "", 6),
+    ("acc.len", "tokens", 7),
+    ("c", "ratio", 6),
+    ("bound", "x", 6),
+    ("eff.", "", 5),
+    ("hits", "", 5),
+    ("ttft p50", "ms", 9),
+    ("ttft max", "ms", 9),
+    ("tpot p50", "ms", 9),
+    ("tpot p99", "ms", 9),
+)
 
 
 def own_bound(row: dict[str, Any]) -> float | None:
@@ -216,50 +265,76 @@ def table(doc: dict[str, Any]) -> str:
     """A fixed-width terminal table of every cell (with a units row), then the headline and notes."""
     head = " ".join(f"{name:>{width}}" for name, _, width in COLUMNS)
     units = " ".join(f"{unit:>{width}}" for _, unit, width in COLUMNS)
-    lines = [f"specbuild bench: {doc['spec']} ({doc['mode']}, workload {doc['workload']})", head, units,
-             "-" * len(head)]
+    lines = [
+        f"specbuild bench: {doc['spec']} ({doc['mode']}, workload {doc['workload']})",
+        head,
+        units,
+        "-" * len(head),
+    ]
     for r in doc["runs"]:
-        cells = (r["concurrency"], r["num_draft_tokens"], _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]),
-                 _fmt(r["alpha"]), _fmt(r["mean_accepted_len"]), _fmt(r["cost_ratio"], ".3f"),
-                 _fmt(own_bound(r)),
-                 _fmt(r["efficiency"]), _fmt(r["early_draft_hit_rate"]), _ms(r["ttft_seconds"]["median"]),
-                 _ms(r["ttft_seconds"]["max"]), _ms(r["tpot_seconds"]["median"]),
-                 _ms(r["tpot_seconds"]["p99"]))
+        cells = (
+            r["concurrency"],
+            r["num_draft_tokens"],
+            _fmt(r["tokens_per_s"], ".1f"),
+            _fmt(r["speedup"]),
+            _fmt(r["alpha"]),
+            _fmt(r["mean_accepted_len"]),
+            _fmt(r["cost_ratio"], ".3f"),
+            _fmt(own_bound(r)),
+            _fmt(r["efficiency"]),
+            _fmt(r["early_draft_hit_rate"]),
+            _ms(r["ttft_seconds"]["median"]),
+            _ms(r["ttft_seconds"]["max"]),
+            _ms(r["tpot_seconds"]["median"]),
+            _ms(r["tpot_seconds"]["p99"]),
+        )
         lines.append(" ".join(f"{cell:>{width}}" for cell, (_, _, width) in zip(cells, COLUMNS)))
     if doc.get("best_num_draft_tokens") is not None:
-        lines.append(f"best K = {doc['best_num_draft_tokens']}: speedup {_fmt(doc['speedup'])}x, alpha "
-                     f"{_fmt(doc['alpha'])}, c {_fmt(doc['cost_ratio'], '.3f')}, bound {_fmt(own_bound(doc))}x, "
-                     f"efficiency {_fmt(doc['efficiency'])}")
+        lines.append(
+            f"best K = {doc['best_num_draft_tokens']}: speedup {_fmt(doc['speedup'])}x, alpha "
+            f"{_fmt(doc['alpha'])}, c {_fmt(doc['cost_ratio'], '.3f')}, bound {_fmt(own_bound(doc))}x, "
+            f"efficiency {_fmt(doc['efficiency'])}"
+        )
     hf = doc.get("hf")
     if hf:
-        lines.append(f"Hugging Face assisted generation at K = {hf['num_draft_tokens']}: {_fmt(hf['tokens_per_s'], '.1f')} "
-                     f"tok/s (its speedup {_fmt(hf['speedup'])}x); ours over theirs: {_fmt(hf['ours_over_hf'])}x")
+        lines.append(
+            f"Hugging Face assisted generation at K = {hf['num_draft_tokens']}: {_fmt(hf['tokens_per_s'], '.1f')} "
+            f"tok/s (its speedup {_fmt(hf['speedup'])}x); ours over theirs: {_fmt(hf['ours_over_hf'])}x"
+        )
     plain = doc.get("plain")
     if plain:
-        lines.append(f"target only on 1-row matmuls: {_fmt(plain['tokens_per_s'], '.1f')} tok/s; best K vs the faster "
-                     f"target-only: {_fmt(plain['speedup_vs_fastest_target_only'])}x")
+        lines.append(
+            f"target only on 1-row matmuls: {_fmt(plain['tokens_per_s'], '.1f')} tok/s; best K vs the faster "
+            f"target-only: {_fmt(plain['speedup_vs_fastest_target_only'])}x"
+        )
     if doc.get("greedy_equal") is not None:
         lines.append("greedy output at every K equals K = 0: " + ("yes" if doc["greedy_equal"] else "NO"))
     overlap = doc.get("overlap")
     if overlap and overlap.get("num_draft_tokens") is not None:
-        lines.append(f"overlapped (draft-ahead) at K = {overlap['num_draft_tokens']}: "
-                     f"{_fmt(overlap['tokens_per_s'], '.1f')} tok/s, {_fmt(overlap['overlapped_over_sequential'])}x "
-                     f"sequential at the same K ({_fmt(overlap['best_over_best'])}x best against best); early drafts "
-                     f"used {_fmt(overlap['early_draft_hit_rate'])}, drafting hidden {_fmt(overlap['hidden_share'])} "
-                     f"of the time; bound {_fmt(overlap['overlap_bound'])}x (sequential {_fmt(overlap['bound'])}x), "
-                     f"efficiency {_fmt(overlap['efficiency'])}")
+        lines.append(
+            f"overlapped (draft-ahead) at K = {overlap['num_draft_tokens']}: "
+            f"{_fmt(overlap['tokens_per_s'], '.1f')} tok/s, {_fmt(overlap['overlapped_over_sequential'])}x "
+            f"sequential at the same K ({_fmt(overlap['best_over_best'])}x best against best); early drafts "
+            f"used {_fmt(overlap['early_draft_hit_rate'])}, drafting hidden {_fmt(overlap['hidden_share'])} "
+            f"of the time; bound {_fmt(overlap['overlap_bound'])}x (sequential {_fmt(overlap['bound'])}x), "
+            f"efficiency {_fmt(overlap['efficiency'])}"
+        )
     serving = doc.get("serving_overhead")
     if serving:
         lines.append(f"Triton vs local, one stream: {_fmt(serving.get('triton_over_local'))}x of local tokens/s")
         if serving.get("floor"):
-            lines.append(f"Triton's cost per model call: {_ms(serving.get('overhead_s_per_call'))} ms; Triton's floor "
-                         f"for such a call here: {_ms(serving['floor']['median_s'])} ms "
-                         f"({_fmt(serving.get('overhead_over_floor'))}x the floor); at the floor one stream would get "
-                         f"at most {_fmt(serving.get('ceiling'))}x of local tokens/s")
+            lines.append(
+                f"Triton's cost per model call: {_ms(serving.get('overhead_s_per_call'))} ms; Triton's floor "
+                f"for such a call here: {_ms(serving['floor']['median_s'])} ms "
+                f"({_fmt(serving.get('overhead_over_floor'))}x the floor); at the floor one stream would get "
+                f"at most {_fmt(serving.get('ceiling'))}x of local tokens/s"
+            )
         if serving.get("overlapped"):
-            lines.append(f"Triton overlapped vs local sequential, one stream: "
-                         f"{_fmt(serving['overlapped'].get('triton_over_local'))}x at K = "
-                         f"{serving['overlapped'].get('num_draft_tokens')}")
+            lines.append(
+                f"Triton overlapped vs local sequential, one stream: "
+                f"{_fmt(serving['overlapped'].get('triton_over_local'))}x at K = "
+                f"{serving['overlapped'].get('num_draft_tokens')}"
+            )
     for note in doc.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

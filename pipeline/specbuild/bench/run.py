@@ -14,8 +14,9 @@ Greedy runs also say whether every K gave exactly the K = 0 tokens (`same_tokens
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specbuild.bench import report, runner, theory, workloads
 from specbuild.bench.runner import Measurements, Settings
@@ -25,6 +26,7 @@ from specbuild.errors import BenchError, SpecbuildError
 
 def _progress(enabled: bool) -> Callable[[int], Callable[[], None]]:
     """A bar on a terminal, else a progress line every few seconds on stderr (enabled=False: nothing)."""
+
     def start(total: int) -> Callable[[], None]:
         from specbuild.progress import Progress
 
@@ -54,18 +56,30 @@ def hf_section(ours: Measurements, hf: Measurements, best_k: int | None) -> dict
     hf_base, our_base = _rate(hf, 0), _rate(ours, 0)
     rows = []
     for k in sorted(k for k, c in hf.cells if c == 1):
-        rows.append({"num_draft_tokens": k, "tokens_per_s": round(_rate(hf, k) or 0.0, 3),
-                     "speedup": _ratio(_rate(hf, k), hf_base), "speedup_vs_ours_k0": _ratio(_rate(hf, k), our_base),
-                     "ours_over_hf": _ratio(_rate(ours, k), _rate(hf, k))})
+        rows.append(
+            {
+                "num_draft_tokens": k,
+                "tokens_per_s": round(_rate(hf, k) or 0.0, 3),
+                "speedup": _ratio(_rate(hf, k), hf_base),
+                "speedup_vs_ours_k0": _ratio(_rate(hf, k), our_base),
+                "ours_over_hf": _ratio(_rate(ours, k), _rate(hf, k)),
+            }
+        )
     at = next((r for r in rows if r["num_draft_tokens"] == best_k), None)
-    return {"num_draft_tokens": best_k, "tokens_per_s": at["tokens_per_s"] if at else None,
-            "baseline_tokens_per_s": round(hf_base, 3) if hf_base else None,
-            "speedup": at["speedup"] if at else None, "ours_over_hf": at["ours_over_hf"] if at else None,
-            "ours_k0_over_hf_k0": _ratio(our_base, hf_base), "runs": rows}
+    return {
+        "num_draft_tokens": best_k,
+        "tokens_per_s": at["tokens_per_s"] if at else None,
+        "baseline_tokens_per_s": round(hf_base, 3) if hf_base else None,
+        "speedup": at["speedup"] if at else None,
+        "ours_over_hf": at["ours_over_hf"] if at else None,
+        "ours_k0_over_hf_k0": _ratio(our_base, hf_base),
+        "runs": rows,
+    }
 
 
-def serving_section(triton: Measurements, local: Measurements, best_k: int | None,
-                    floor: dict[str, Any] | None = None) -> dict[str, Any]:
+def serving_section(
+    triton: Measurements, local: Measurements, best_k: int | None, floor: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Triton against in-process on one stream: the cost of serving (tokenizer models, BLS calls, network). Per K,
     `overhead_s_per_call`: the seconds Triton adds per model call the BLS makes (a draft and a verify per step at
     K > 0, a verify at K = 0; the request's own costs, tokenizing and the client's round trip, spread over them).
@@ -76,13 +90,19 @@ def serving_section(triton: Measurements, local: Measurements, best_k: int | Non
     for k in sorted(k for k, c in local.cells if c == 1):
         t_ttft = sorted(r.ttft_seconds for r in triton.cells.get((k, 1), []))
         l_ttft = sorted(r.ttft_seconds for r in local.cells[(k, 1)])
-        rows.append({"num_draft_tokens": k, "triton_tokens_per_s": round(_rate(triton, k) or 0.0, 3),
-                     "local_tokens_per_s": round(_rate(local, k) or 0.0, 3),
-                     "triton_over_local": _ratio(_rate(triton, k), _rate(local, k)),
-                     "ttft_seconds_added": round(t_ttft[len(t_ttft) // 2] - l_ttft[len(l_ttft) // 2], 6)
-                     if t_ttft and l_ttft else None,
-                     "local_s_per_call": seconds_per_call(local, k),
-                     "overhead_s_per_call": _overhead_per_call(triton, local, k)})
+        rows.append(
+            {
+                "num_draft_tokens": k,
+                "triton_tokens_per_s": round(_rate(triton, k) or 0.0, 3),
+                "local_tokens_per_s": round(_rate(local, k) or 0.0, 3),
+                "triton_over_local": _ratio(_rate(triton, k), _rate(local, k)),
+                "ttft_seconds_added": round(t_ttft[len(t_ttft) // 2] - l_ttft[len(l_ttft) // 2], 6)
+                if t_ttft and l_ttft
+                else None,
+                "local_s_per_call": seconds_per_call(local, k),
+                "overhead_s_per_call": _overhead_per_call(triton, local, k),
+            }
+        )
         if floor and rows[-1]["overhead_s_per_call"] is not None:
             rows[-1]["overhead_over_floor"] = _ratio(rows[-1]["overhead_s_per_call"], floor["median_s"])
         if floor and rows[-1]["local_s_per_call"]:
@@ -122,9 +142,11 @@ def plain_section(ours: Measurements, plain: Measurements, best_k: int | None) -
     speedup against the faster of the two."""
     fastest = max(_rate(ours, 0) or 0.0, _rate(plain, 0) or 0.0)
     best = _rate(ours, best_k) if best_k is not None else None
-    return {"tokens_per_s": round(_rate(plain, 0) or 0.0, 3),
-            "same_tokens_as_k0": same_tokens(plain, ours),
-            "speedup_vs_fastest_target_only": _ratio(best, fastest)}
+    return {
+        "tokens_per_s": round(_rate(plain, 0) or 0.0, 3),
+        "same_tokens_as_k0": same_tokens(plain, ours),
+        "speedup_vs_fastest_target_only": _ratio(best, fastest),
+    }
 
 
 def same_tokens(measured: Measurements, baseline: Measurements, k: int = 0) -> bool | None:
@@ -137,8 +159,9 @@ def same_tokens(measured: Measurements, baseline: Measurements, k: int = 0) -> b
     return all(r.output_ids == reference[r.prompt_index] for r in results)
 
 
-def overlap_section(sequential: Measurements, overlapped: Measurements,
-                    auto: Measurements | None = None) -> dict[str, Any]:
+def overlap_section(
+    sequential: Measurements, overlapped: Measurements, auto: Measurements | None = None
+) -> dict[str, Any]:
     """The overlapped schedule against the sequential one on the same models, per K, at concurrency 1; with `auto`,
     the "auto" schedule beside them (auto_over_best: its tokens/s over the better of the two fixed ones)."""
     seq_rows = {r["num_draft_tokens"]: r for r in report.cells(sequential.summaries()) if r["concurrency"] == 1}
@@ -147,31 +170,49 @@ def overlap_section(sequential: Measurements, overlapped: Measurements,
     for k in sorted(k for k in ovl_rows if k > 0 and k in seq_rows):
         o, q = ovl_rows[k], seq_rows[k]
         hit_model = theory.hit_rate(q["alpha"], k) if q["alpha"] is not None else None
-        rows.append({"num_draft_tokens": k, "sequential_tokens_per_s": q["tokens_per_s"],
-                     "overlapped_tokens_per_s": o["tokens_per_s"],
-                     "overlapped_over_sequential": _ratio(_rate(overlapped, k), _rate(sequential, k)),
-                     "early_drafts": o["early_drafts"], "early_draft_hit_rate": o["early_draft_hit_rate"],
-                     "predicted_hit_rate": round(hit_model, 4) if hit_model is not None else None,
-                     "hidden_seconds": o["hidden_seconds"],
-                     "hidden_share": _ratio(o["hidden_seconds"], o["wall_seconds"]),
-                     "bound": q["bound"], "overlap_bound": o["overlap_bound"],
-                     "predicted_overlapped_over_sequential": _ratio(o["overlap_bound"], q["bound"]),
-                     "speedup": o["speedup"], "efficiency": o["efficiency"]})
+        rows.append(
+            {
+                "num_draft_tokens": k,
+                "sequential_tokens_per_s": q["tokens_per_s"],
+                "overlapped_tokens_per_s": o["tokens_per_s"],
+                "overlapped_over_sequential": _ratio(_rate(overlapped, k), _rate(sequential, k)),
+                "early_drafts": o["early_drafts"],
+                "early_draft_hit_rate": o["early_draft_hit_rate"],
+                "predicted_hit_rate": round(hit_model, 4) if hit_model is not None else None,
+                "hidden_seconds": o["hidden_seconds"],
+                "hidden_share": _ratio(o["hidden_seconds"], o["wall_seconds"]),
+                "bound": q["bound"],
+                "overlap_bound": o["overlap_bound"],
+                "predicted_overlapped_over_sequential": _ratio(o["overlap_bound"], q["bound"]),
+                "speedup": o["speedup"],
+                "efficiency": o["efficiency"],
+            }
+        )
         if auto is not None:
             fixed_best = max(_rate(overlapped, k) or 0.0, _rate(sequential, k) or 0.0)
-            rows[-1].update(auto_tokens_per_s=report.rounded(_rate(auto, k), 3),
-                            auto_over_best=_ratio(_rate(auto, k), fixed_best),
-                            auto_early_draft_share=_early_share(auto, k))
+            rows[-1].update(
+                auto_tokens_per_s=report.rounded(_rate(auto, k), 3),
+                auto_over_best=_ratio(_rate(auto, k), fixed_best),
+                auto_early_draft_share=_early_share(auto, k),
+            )
     best = max(rows, key=lambda r: r["overlapped_tokens_per_s"] or 0.0) if rows else None
     seq_best = max((seq_rows[k]["tokens_per_s"] for k in seq_rows if k > 0), default=None)
-    keys = ("overlapped_over_sequential", "early_draft_hit_rate", "hidden_share", "bound", "overlap_bound",
-            "efficiency")
-    return {"num_draft_tokens": best["num_draft_tokens"] if best else None,
-            "tokens_per_s": best["overlapped_tokens_per_s"] if best else None,
-            **{key: best[key] if best else None for key in keys},
-            "best_over_best": _ratio(best["overlapped_tokens_per_s"], seq_best) if best else None,
-            "auto_over_best": min((r["auto_over_best"] for r in rows if r.get("auto_over_best")), default=None),
-            "runs": rows}
+    keys = (
+        "overlapped_over_sequential",
+        "early_draft_hit_rate",
+        "hidden_share",
+        "bound",
+        "overlap_bound",
+        "efficiency",
+    )
+    return {
+        "num_draft_tokens": best["num_draft_tokens"] if best else None,
+        "tokens_per_s": best["overlapped_tokens_per_s"] if best else None,
+        **{key: best[key] if best else None for key in keys},
+        "best_over_best": _ratio(best["overlapped_tokens_per_s"], seq_best) if best else None,
+        "auto_over_best": min((r["auto_over_best"] for r in rows if r.get("auto_over_best")), default=None),
+        "runs": rows,
+    }
 
 
 def _early_share(measured: Measurements, k: int) -> float | None:
@@ -182,8 +223,13 @@ def _early_share(measured: Measurements, k: int) -> float | None:
     return round(early / steps, 3) if steps else None
 
 
-def _local_transport(spec: Spec, log: Callable[[str], None], threads: int | None = None,
-                     row_block: int | None = None, overlap: bool | str | None = None):
+def _local_transport(
+    spec: Spec,
+    log: Callable[[str], None],
+    threads: int | None = None,
+    row_block: int | None = None,
+    overlap: bool | str | None = None,
+):
     from specbuild.bench.local import from_spec
 
     return from_spec(spec, log=log, threads=threads, row_block=row_block, overlap=overlap)
@@ -198,11 +244,22 @@ def _check_sweep(transport: Any, settings: Settings) -> None:
         raise
 
 
-def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = None, protocol: str = "http",
-              vs_hf: bool = False, vs_plain: bool = False, progress: bool = False,
-              log: Callable[[str], None] = lambda m: None, threads: int | None = None, row_block: int | None = None,
-              spec_path: str | None = None, overlap: bool | str | None = None,
-              floor: Callable[[float, int], dict[str, Any] | None] | None = None) -> dict[str, Any]:
+def run_bench(
+    spec: Spec,
+    settings: Settings,
+    workload: str,
+    url: str | None = None,
+    protocol: str = "http",
+    vs_hf: bool = False,
+    vs_plain: bool = False,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda m: None,
+    threads: int | None = None,
+    row_block: int | None = None,
+    spec_path: str | None = None,
+    overlap: bool | str | None = None,
+    floor: Callable[[float, int], dict[str, Any] | None] | None = None,
+) -> dict[str, Any]:
     """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default).
     overlap: the in-process schedule, True / False / "auto" / None (the spec's) / "compare" (both, --local).
     floor(work_s, draft_len): measures Triton's cost of a BLS call on the server's machine (triton.floor), reported
@@ -218,7 +275,9 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         _check_sweep(transport, settings)  # a sweep this deployment cannot run fails before the peers and the floor
         transport.overlap = False if overlap == "compare" else overlap
         if overlap == "compare":
-            peers.extend([transport.with_overlap(True, "triton-overlap"), transport.with_overlap("auto", "triton-auto")])
+            peers.extend(
+                [transport.with_overlap(True, "triton-overlap"), transport.with_overlap("auto", "triton-auto")]
+            )
         try:
             peers.append(_local_transport(spec, log, threads, row_block, overlap=False))
         except SpecbuildError as err:
@@ -265,7 +324,8 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         if overlapped is not None:
             top_overlapped = report.best(report.cells(overlapped.summaries()))
             extra["serving_overhead"]["overlapped"] = serving_section(
-                overlapped, measured["local"], top_overlapped["num_draft_tokens"] if top_overlapped else None)
+                overlapped, measured["local"], top_overlapped["num_draft_tokens"] if top_overlapped else None
+            )
     if "plain" in measured:
         extra["plain"] = plain_section(ours, measured["plain"], best_k)
     if settings.temperature == 0:
@@ -276,9 +336,15 @@ def run_bench(spec: Spec, settings: Settings, workload: str, url: str | None = N
         extra["greedy_equal"] = all(equal) if equal else None
     if overlapped is not None:
         extra["overlap"] = overlap_section(ours, overlapped, measured.get(f"{transport.name}-auto"))
-    doc_settings = {"num_draft_tokens": list(ks), "concurrency": list(settings.concurrency),
-                    "max_tokens": settings.max_tokens, "requests": settings.requests,
-                    "temperature": settings.temperature, "seed": settings.seed, "url": url,
-                    "protocol": protocol if url else None,
-                    "overlap": "compare" if overlap == "compare" else transport.overlap}
+    doc_settings = {
+        "num_draft_tokens": list(ks),
+        "concurrency": list(settings.concurrency),
+        "max_tokens": settings.max_tokens,
+        "requests": settings.requests,
+        "temperature": settings.temperature,
+        "seed": settings.seed,
+        "url": url,
+        "protocol": protocol if url else None,
+        "overlap": "compare" if overlap == "compare" else transport.overlap,
+    }
     return report.document(mode, spec.name, prompts.name, doc_settings, rows, [*ours.notes, *notes], extra)

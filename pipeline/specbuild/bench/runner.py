@@ -13,9 +13,10 @@ max_draft_len, each measured once).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from specbuild.bench.stats import RequestResult, RunSummary, summarize
 from specbuild.bench.workloads import Prompt, Workload
@@ -42,8 +43,9 @@ class Transport(Protocol):
     max_draft_len: int | None  # the deployment's limit on K, when known
     only_ks: tuple[int, ...] | None  # a peer that measures only these K values (None: every K)
 
-    def request(self, prompt: Prompt, k: int, max_tokens: int, settings: Settings,
-                concurrent: bool = False) -> RequestResult:
+    def request(
+        self, prompt: Prompt, k: int, max_tokens: int, settings: Settings, concurrent: bool = False
+    ) -> RequestResult:
         """One request; `concurrent` = other threads are sending requests at the same time."""
         ...
 
@@ -54,8 +56,10 @@ def parse_int_list(text: str, what: str, minimum: int) -> tuple[int, ...]:
     for item in text.split(","):
         item = item.strip()
         if not item.isdigit() or int(item) < minimum:
-            raise BenchError(f"{what}: {item!r} in {text!r} is not an integer >= {minimum}. "
-                             f"Pass a comma-separated list such as {'0,1,2,4' if minimum == 0 else '1,2,4'}.")
+            raise BenchError(
+                f"{what}: {item!r} in {text!r} is not an integer >= {minimum}. "
+                f"Pass a comma-separated list such as {'0,1,2,4' if minimum == 0 else '1,2,4'}."
+            )
         values.add(int(item))
     return tuple(sorted(values))
 
@@ -117,12 +121,18 @@ def warm_up(transports: Sequence[Transport], ks: Sequence[int], workload: Worklo
                 transport.request(_prompt(workload, 0), k, min(8, settings.max_tokens), settings)
 
 
-def sweep_k(transports: Sequence[Transport], ks: Sequence[int], workload: Workload, settings: Settings,
-            tick: Callable[[], None], into: dict[str, Measurements]) -> None:
+def sweep_k(
+    transports: Sequence[Transport],
+    ks: Sequence[int],
+    workload: Workload,
+    settings: Settings,
+    tick: Callable[[], None],
+    into: dict[str, Measurements],
+) -> None:
     """Concurrency 1: every prompt at every K on every transport, interleaved."""
     for i in range(settings.requests):
         prompt = _prompt(workload, i)
-        order = list(ks[i % len(ks):]) + list(ks[: i % len(ks)])
+        order = list(ks[i % len(ks) :]) + list(ks[: i % len(ks)])
         for j, k in enumerate(order):
             shift = (i + j) % len(transports)
             for transport in (t for t in list(transports[shift:]) + list(transports[:shift]) if _measures(t, k)):
@@ -133,8 +143,14 @@ def sweep_k(transports: Sequence[Transport], ks: Sequence[int], workload: Worklo
                 tick()
 
 
-def sweep_concurrency(transport: Transport, ks: Sequence[int], workload: Workload, settings: Settings,
-                      tick: Callable[[], None], into: Measurements) -> None:
+def sweep_concurrency(
+    transport: Transport,
+    ks: Sequence[int],
+    workload: Workload,
+    settings: Settings,
+    tick: Callable[[], None],
+    into: Measurements,
+) -> None:
     """Concurrency > 1: batches of N simultaneous requests, K = 0 and K > 0 batches interleaved."""
     for concurrency in settings.concurrency:
         if concurrency == 1:
@@ -142,11 +158,12 @@ def sweep_concurrency(transport: Transport, ks: Sequence[int], workload: Workloa
         batches = max(1, settings.requests // concurrency)
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             for b in range(batches):
-                for k in (ks if b % 2 == 0 else list(reversed(ks))):
+                for k in ks if b % 2 == 0 else list(reversed(ks)):
                     prompts = [_prompt(workload, b * concurrency + j) for j in range(concurrency)]
                     start = time.perf_counter()
-                    futures = [pool.submit(transport.request, p, k, _tokens(p, settings), settings, True)
-                               for p in prompts]
+                    futures = [
+                        pool.submit(transport.request, p, k, _tokens(p, settings), settings, True) for p in prompts
+                    ]
                     results = [f.result() for f in futures]
                     elapsed = time.perf_counter() - start
                     for j, result in enumerate(results):
@@ -164,14 +181,21 @@ def sweep_ks(transport: Transport, settings: Settings) -> tuple[tuple[int, ...],
     if fixed is not None:
         return (fixed,), list(getattr(transport, "notes", []))
     if len(ks) < 2:
-        raise BenchError(f"the K sweep {list(settings.num_draft_tokens)} leaves no K > 0 for this deployment "
-                         f"(max_draft_len = {transport.max_draft_len}). Pass --num-draft-tokens with values in "
-                         f"1..{transport.max_draft_len}.")
+        raise BenchError(
+            f"the K sweep {list(settings.num_draft_tokens)} leaves no K > 0 for this deployment "
+            f"(max_draft_len = {transport.max_draft_len}). Pass --num-draft-tokens with values in "
+            f"1..{transport.max_draft_len}."
+        )
     return ks, notes
 
 
-def run(transport: Transport, workload: Workload, settings: Settings, peers: Sequence[Transport] = (),
-        progress: Callable[[int], Callable[[], None]] | None = None) -> dict[str, Measurements]:
+def run(
+    transport: Transport,
+    workload: Workload,
+    settings: Settings,
+    peers: Sequence[Transport] = (),
+    progress: Callable[[int], Callable[[], None]] | None = None,
+) -> dict[str, Measurements]:
     """Measure `transport` (and `peers`, interleaved at concurrency 1) over the sweep.
 
     `progress(total)` returns a tick function called once per measured request.
@@ -180,8 +204,10 @@ def run(transport: Transport, workload: Workload, settings: Settings, peers: Seq
     ks, notes = sweep_ks(transport, settings)
     concurrent_levels = [c for c in settings.concurrency if c > 1]
     if concurrent_levels and not transport.concurrent:
-        notes.append(f"concurrency {', '.join(map(str, concurrent_levels))} skipped: the {transport.name} transport "
-                     "runs one request at a time (measure throughput under concurrency with --url)")
+        notes.append(
+            f"concurrency {', '.join(map(str, concurrent_levels))} skipped: the {transport.name} transport "
+            "runs one request at a time (measure throughput under concurrency with --url)"
+        )
         concurrent_levels = []
     total = settings.requests * sum(1 for t in (transport, *peers) for k in ks if _measures(t, k))
     total += sum(max(1, settings.requests // c) * c * len(ks) for c in concurrent_levels)
@@ -191,6 +217,7 @@ def run(transport: Transport, workload: Workload, settings: Settings, peers: Seq
         warm_up([transport, *peers], ks, workload, settings)
     sweep_k([transport, *peers], ks, workload, settings, tick, out)
     if concurrent_levels:
-        sweep_concurrency(transport, ks, workload,
-                          replace(settings, concurrency=tuple(concurrent_levels)), tick, out[transport.name])
+        sweep_concurrency(
+            transport, ks, workload, replace(settings, concurrency=tuple(concurrent_levels)), tick, out[transport.name]
+        )
     return out

@@ -11,8 +11,8 @@ passes), acceptance_rate = accepted / drafted, mean_accepted_len = (accepted + s
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 
 @dataclass
@@ -89,12 +89,17 @@ class Distribution:
     max: float  # the longest (e.g. a stall that one request of a cell met)
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> "Distribution":
+    def of(cls, values: Sequence[float]) -> Distribution:
         values = [v for v in values if v is not None]
         if not values:
             return cls(math.nan, math.nan, math.nan, math.nan, math.nan)
-        return cls(percentile(values, 50), percentile(values, 90), percentile(values, 99), sum(values) / len(values),
-                   max(values))
+        return cls(
+            percentile(values, 50),
+            percentile(values, 90),
+            percentile(values, 99),
+            sum(values) / len(values),
+            max(values),
+        )
 
     def to_dict(self, digits: int = 6) -> dict[str, float | None]:
         return {k: (None if math.isnan(v) else round(v, digits)) for k, v in vars(self).items()}
@@ -169,12 +174,13 @@ def summarize(results: Sequence[RequestResult], wall_seconds: float) -> RunSumma
         raise ValueError("summarize() needs at least one request")  # a bug in the caller, not user input
     k = results[0].num_draft_tokens
     width = max((len(r.per_position_drafted) for r in results), default=0)
-    pos_drafted = [sum(r.per_position_drafted[i] for r in results if i < len(r.per_position_drafted))
-                   for i in range(width)]
-    pos_accepted = [sum(r.per_position_accepted[i] for r in results if i < len(r.per_position_accepted))
-                    for i in range(width)]
-    pos_tried = [sum(r.per_position_tried[i] for r in results if i < len(r.per_position_tried))
-                 for i in range(width)]
+    pos_drafted = [
+        sum(r.per_position_drafted[i] for r in results if i < len(r.per_position_drafted)) for i in range(width)
+    ]
+    pos_accepted = [
+        sum(r.per_position_accepted[i] for r in results if i < len(r.per_position_accepted)) for i in range(width)
+    ]
+    pos_tried = [sum(r.per_position_tried[i] for r in results if i < len(r.per_position_tried)) for i in range(width)]
     drafted = sum(r.drafted for r in results)
     accepted = sum(r.accepted for r in results)
     steps = sum(r.steps for r in results)
@@ -206,7 +212,8 @@ def summarize(results: Sequence[RequestResult], wall_seconds: float) -> RunSumma
         per_position_acceptance=[a / d if d else None for a, d in zip(pos_accepted, pos_drafted)],
         per_position_alpha=[a / t if t else None for a, t in zip(pos_accepted, pos_tried)],
         top_token_share=Distribution.of([r.top_token_share for r in results]).median
-        if any(r.top_token_share is not None for r in results) else None,
+        if any(r.top_token_share is not None for r in results)
+        else None,
         draft_seconds=draft_s,
         target_seconds=target_s,
         draft_seconds_per_token=draft_s / drafted if drafted else None,

@@ -13,9 +13,9 @@ weights read per token divided by the memory bandwidth, plus a fixed per-layer l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from specbuild.config import ModelSpec, Spec
 from specbuild.quantization import FORMATS
@@ -80,8 +80,14 @@ def cost_ratio(draft_seconds_per_token: float | None, target_seconds_per_step: f
 
 
 def predictions(alpha: float, c: float, ks: Iterable[int]) -> list[dict[str, float]]:
-    return [{"num_draft_tokens": k, "expected_tokens_per_step": round(expected_tokens(alpha, k) if k else 1.0, 4),
-             "predicted_speedup": round(bound(alpha, k, c), 4)} for k in ks]
+    return [
+        {
+            "num_draft_tokens": k,
+            "expected_tokens_per_step": round(expected_tokens(alpha, k) if k else 1.0, 4),
+            "predicted_speedup": round(bound(alpha, k, c), 4),
+        }
+        for k in ks
+    ]
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,7 @@ class ModelSize:
     layers: int
 
     @classmethod
-    def of_checkpoint(cls, folder: Path, role: str = "model") -> "ModelSize":
+    def of_checkpoint(cls, folder: Path, role: str = "model") -> ModelSize:
         """Weights counted from the safetensors headers (nothing loaded), layers from config.json."""
         from specbuild.hfmodel import read_model_info
 
@@ -107,7 +113,10 @@ def gpu_step_seconds(size: ModelSize, model: ModelSpec, gpu_name: str | None) ->
     bandwidth = GPU_BANDWIDTH_GBS.get(gpu_name or "")
     if bandwidth is None:
         return None
-    return weight_bytes(size, model) / (bandwidth * 1e9 * ACHIEVED_BANDWIDTH_FRACTION) + size.layers * LAUNCH_SECONDS_PER_LAYER
+    return (
+        weight_bytes(size, model) / (bandwidth * 1e9 * ACHIEVED_BANDWIDTH_FRACTION)
+        + size.layers * LAUNCH_SECONDS_PER_LAYER
+    )
 
 
 def gpu_estimate(spec: Spec, target: ModelSize, draft: ModelSize) -> dict[str, object]:
@@ -120,13 +129,21 @@ def gpu_estimate(spec: Spec, target: ModelSize, draft: ModelSize) -> dict[str, o
         "draft_parameters": draft.parameters,
         "target_weight_bytes": int(weight_bytes(target, spec.target)),
         "draft_weight_bytes": int(weight_bytes(draft, spec.draft)),
-        "assumptions": (f"memory-bound decode at {ACHIEVED_BANDWIDTH_FRACTION:.0%} of peak bandwidth, "
-                        f"plus {LAUNCH_SECONDS_PER_LAYER * 1e6:.0f} us per layer per step; KV-cache reads ignored"),
+        "assumptions": (
+            f"memory-bound decode at {ACHIEVED_BANDWIDTH_FRACTION:.0%} of peak bandwidth, "
+            f"plus {LAUNCH_SECONDS_PER_LAYER * 1e6:.0f} us per layer per step; KV-cache reads ignored"
+        ),
     }
     if t is None or d is None:
-        result.update(cost_ratio=round(weight_bytes(draft, spec.draft) / weight_bytes(target, spec.target), 6),
-                      note=f"no bandwidth figure for GPU {spec.gpu.name!r}: c is the ratio of weight bytes only")
+        result.update(
+            cost_ratio=round(weight_bytes(draft, spec.draft) / weight_bytes(target, spec.target), 6),
+            note=f"no bandwidth figure for GPU {spec.gpu.name!r}: c is the ratio of weight bytes only",
+        )
         return result
-    result.update(bandwidth_gbs=GPU_BANDWIDTH_GBS[spec.gpu.name or ""], target_step_seconds=round(t, 9),
-                  draft_step_seconds=round(d, 9), cost_ratio=round(d / t, 6))
+    result.update(
+        bandwidth_gbs=GPU_BANDWIDTH_GBS[spec.gpu.name or ""],
+        target_step_seconds=round(t, 9),
+        draft_step_seconds=round(d, 9),
+        cost_ratio=round(d / t, 6),
+    )
     return result

@@ -10,7 +10,6 @@ through the template; max_tokens is optional.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,14 +78,17 @@ def from_jsonl(path: Path, tokenizer_dir: Path | None = None) -> Workload:
         if isinstance(record, dict) and isinstance(record.get("messages"), list) and "prompt" not in record:
             record["prompt"] = _chat(tokenizer_dir, record["messages"], where)
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"]:
-            raise BenchError(f'{where}: expected an object with a non-empty "prompt" string (or "messages"), '
-                             f"got {line[:80]!r}.")
+            raise BenchError(
+                f'{where}: expected an object with a non-empty "prompt" string (or "messages"), got {line[:80]!r}.'
+            )
         max_tokens = record.get("max_tokens")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        if max_tokens is not None and (
+            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+        ):
             raise BenchError(f"{where}: max_tokens = {max_tokens!r} must be a positive integer.")
         prompts.append(Prompt(record["prompt"], max_tokens))
     if not prompts:
-        raise BenchError(f"workload file {path} has no prompts: add lines like {{\"prompt\": \"...\"}}.")
+        raise BenchError(f'workload file {path} has no prompts: add lines like {{"prompt": "..."}}.')
     return Workload(path.name, tuple(prompts))
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from specbuild.check.memory import DTYPE_BYTES, GIB, WEIGHT_BYTES, MemoryPlan, compute_plan
+from specbuild.check.report import Finding
+from specbuild.config import GPUS, Spec
 from specbuild.contract.build_rules import (
     BLACKWELL_SM,
     TOKENS_PER_BLOCK,
@@ -15,9 +18,6 @@ from specbuild.contract.build_rules import (
     gpu_refusals,
     spec_paged_context_fmha_loss,
 )
-from specbuild.check.memory import DTYPE_BYTES, GIB, WEIGHT_BYTES, MemoryPlan, compute_plan
-from specbuild.check.report import Finding
-from specbuild.config import GPUS, Spec
 from specbuild.hfmodel import ModelInfo, read_model_info
 from specbuild.quantization import FORMATS
 
@@ -36,19 +36,26 @@ def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
             if finding not in problems:  # the GPU's own age is one problem, not one per role
                 problems.append(finding)
     if sm is None:
-        warnings.append(Finding(
-            "gpu_sm_unknown",
-            f"gpu.name = {spec.gpu.name!r} is not a known GPU, so its compute capability (SM) is unknown: "
-            "fp8 and int8/int4 support was not checked.",
-            "Use a known gpu.name (" + ", ".join(GPUS) + ") to have format support checked.",
-        ))
+        warnings.append(
+            Finding(
+                "gpu_sm_unknown",
+                f"gpu.name = {spec.gpu.name!r} is not a known GPU, so its compute capability (SM) is unknown: "
+                "fp8 and int8/int4 support was not checked.",
+                "Use a known gpu.name (" + ", ".join(GPUS) + ") to have format support checked.",
+            )
+        )
         return problems, warnings
     for role in ("target", "draft"):
         q = spec.role(role).quantization
         if sm in BLACKWELL_SM and FORMATS[q].blackwell == "unverified":
-            warnings.append(Finding("quantization_unverified_on_gpu",
-                                    f"{role}.quantization = {q!r} on SM{sm} is not verified: trtllm-build rejects "
-                                    "several INT4 modes on SM100-119.", f"Prefer {role}.quantization = \"fp8\"."))
+            warnings.append(
+                Finding(
+                    "quantization_unverified_on_gpu",
+                    f"{role}.quantization = {q!r} on SM{sm} is not verified: trtllm-build rejects "
+                    "several INT4 modes on SM100-119.",
+                    f'Prefer {role}.quantization = "fp8".',
+                )
+            )
     return problems, warnings
 
 
@@ -57,8 +64,9 @@ def _supported(spec: Spec, quantization: str) -> bool:
 
 
 def _keeps_paged_context_fmha(spec: Spec) -> bool:
-    return all(spec_paged_context_fmha_loss(m.quantization, m.kv_cache, spec.gpu.sm) is None
-               for m in (spec.target, spec.draft))
+    return all(
+        spec_paged_context_fmha_loss(m.quantization, m.kv_cache, spec.gpu.sm) is None for m in (spec.target, spec.draft)
+    )
 
 
 def _with(spec: Spec, section: str, **changes: Any) -> Spec:
@@ -73,18 +81,27 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
     if t.kv_cache == "none" and fp8_kv_cache_keeps_paged_context_fmha(t.quantization, spec.gpu.sm):
         candidates.append(('target.kv_cache = "fp8"', _with(spec, "target", kv_cache="fp8")))
     for q in ("fp8", "int4_awq"):
-        if WEIGHT_BYTES[q] < (DTYPE_BYTES[t.dtype] if t.quantization == "none" else WEIGHT_BYTES[t.quantization]) \
-                and _supported(spec, q):
+        if WEIGHT_BYTES[q] < (
+            DTYPE_BYTES[t.dtype] if t.quantization == "none" else WEIGHT_BYTES[t.quantization]
+        ) and _supported(spec, q):
             candidates.append((f'target.quantization = "{q}"', _with(spec, "target", quantization=q)))
     stages = spec.build.tp_size * spec.build.pp_size
     if spec.gpu.count < 2 * stages:
-        candidates.append((f"gpu.count = {2 * stages} (the draft on GPUs of its own)",
-                           _with(spec, "gpu", count=2 * stages, draft_device_ids=None)))
+        candidates.append(
+            (
+                f"gpu.count = {2 * stages} (the draft on GPUs of its own)",
+                _with(spec, "gpu", count=2 * stages, draft_device_ids=None),
+            )
+        )
     tp = spec.build.tp_size * 2
     while tp <= 8:
         if all(m.num_heads % tp == 0 for m in (target, draft)):
-            bigger = _with(_with(spec, "build", tp_size=tp), "gpu", count=max(spec.gpu.count, tp * spec.build.pp_size),
-                           draft_device_ids=None)
+            bigger = _with(
+                _with(spec, "build", tp_size=tp),
+                "gpu",
+                count=max(spec.gpu.count, tp * spec.build.pp_size),
+                draft_device_ids=None,
+            )
             candidates.append((f"build.tp_size = {tp} (gpu.count >= {tp * spec.build.pp_size})", bigger))
         tp *= 2
     found = []
@@ -102,6 +119,7 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
 
 def _shorter_seq_len(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) -> dict[str, Any] | None:
     """The longest max_seq_len (a multiple of TOKENS_PER_BLOCK) that reaches the goal, if any."""
+
     def batch(seq: int) -> int:
         changed = _with(spec, "build", max_seq_len=seq, max_input_len=min(spec.build.max_input_len, seq - 1))
         return compute_plan(changed, target, draft).max_batch
@@ -134,8 +152,10 @@ def does_not_fit(plan: MemoryPlan, suggestions: list[dict[str, Any]]) -> Finding
         others = [s["change"] for s in suggestions[1:]]
         fix += ("; other options: " + "; ".join(others) + ".") if others else "."
     else:
-        fix = ("Use a larger GPU or a smaller target model: no single change to quantization, GPU count, "
-               "tp_size or max_seq_len fits.")
+        fix = (
+            "Use a larger GPU or a smaller target model: no single change to quantization, GPU count, "
+            "tp_size or max_seq_len fits."
+        )
     return Finding("does_not_fit", message, fix)
 
 
@@ -149,8 +169,14 @@ def batch_exceeds_memory(plan: MemoryPlan, suggestions: list[dict[str, Any]]) ->
     )
 
 
-def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | None = None, *,
-                allow_pickle: bool = False, suggest: bool = True) -> MemoryPlan:
+def plan_memory(
+    spec: Spec,
+    target: ModelInfo | None = None,
+    draft: ModelInfo | None = None,
+    *,
+    allow_pickle: bool = False,
+    suggest: bool = True,
+) -> MemoryPlan:
     """The memory plan for the spec's `[gpu]`, `[build]` limits and the two models, with GPU
     feature gates and (when it does not fit, and `suggest`) the single changes that would fit.
 
@@ -172,5 +198,4 @@ def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | 
         if suggest:
             suggestions = suggest_changes(spec, target, draft, goal=b.max_batch_size)
         warnings.append(batch_exceeds_memory(plan, suggestions))
-    return dataclasses.replace(plan, problems=tuple(problems), warnings=tuple(warnings),
-                               suggestions=tuple(suggestions))
+    return dataclasses.replace(plan, problems=tuple(problems), warnings=tuple(warnings), suggestions=tuple(suggestions))

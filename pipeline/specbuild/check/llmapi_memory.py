@@ -25,12 +25,19 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from specbuild.contract.build_rules import FP8_MIN_SM, MIN_SM
-from specbuild.check.memory import CUDA_CONTEXT_BYTES, GIB, kv_bytes_per_token, padded_vocab, runtime_bytes, weight_bytes
+from specbuild.check.memory import (
+    CUDA_CONTEXT_BYTES,
+    GIB,
+    kv_bytes_per_token,
+    padded_vocab,
+    runtime_bytes,
+    weight_bytes,
+)
 from specbuild.check.report import Finding
 from specbuild.config import Spec
-from specbuild.hfmodel import ModelInfo, read_model_info
 from specbuild.contract import llmapi as contract
+from specbuild.contract.build_rules import FP8_MIN_SM, MIN_SM
+from specbuild.hfmodel import ModelInfo, read_model_info
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,7 @@ class LlmApiMemoryPlan:
         for key in ("problems", "warnings"):
             data.pop(key)
         data["suggestions"] = list(self.suggestions)
-        return {"path": "llmapi", "fits": self.fits, **data,
-                "max_batch_at_max_seq_len": self.max_batch}
+        return {"path": "llmapi", "fits": self.fits, **data, "max_batch_at_max_seq_len": self.max_batch}
 
 
 def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> LlmApiMemoryPlan:
@@ -77,7 +83,9 @@ def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> LlmApiMemor
     weights, kv, runtime = {}, {}, 0
     for role, info in (("target", target), ("draft", draft)):
         model = spec.role(role)
-        weights[role] = weight_bytes(info, model.quantization, model.dtype, padded_vocab(info.vocab_size, tp), tp, pp)[1]
+        weights[role] = weight_bytes(info, model.quantization, model.dtype, padded_vocab(info.vocab_size, tp), tp, pp)[
+            1
+        ]
         kv[role] = kv_bytes_per_token(info, model.kv_cache, model.dtype, tp, pp)
         runtime += runtime_bytes(info, model.dtype, spec, padded_vocab(info.vocab_size, tp), role == "target")
     runtime -= CUDA_CONTEXT_BYTES  # one process runs both models: one context, counted once
@@ -92,11 +100,23 @@ def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> LlmApiMemor
     per_token = sum(kv.values())
     max_tokens = max(kv_cache, 0) // per_token // block * block
     return LlmApiMemoryPlan(
-        gpu=g.name or "custom", sm=g.sm, memory_per_gpu_bytes=memory, tp_size=tp, pp_size=pp,
-        weight_bytes_per_gpu=weights, runtime_bytes_per_gpu=runtime, kv_bytes_per_token=kv,
-        tokens_per_sequence=tokens_per_sequence, free_gpu_memory_fraction=fraction, fraction_source=source,
-        kv_cache_bytes=kv_cache, max_tokens=max_tokens, max_batch=max_tokens // tokens_per_sequence,
-        max_batch_size=b.max_batch_size, max_seq_len=b.max_seq_len, max_draft_len=k,
+        gpu=g.name or "custom",
+        sm=g.sm,
+        memory_per_gpu_bytes=memory,
+        tp_size=tp,
+        pp_size=pp,
+        weight_bytes_per_gpu=weights,
+        runtime_bytes_per_gpu=runtime,
+        kv_bytes_per_token=kv,
+        tokens_per_sequence=tokens_per_sequence,
+        free_gpu_memory_fraction=fraction,
+        fraction_source=source,
+        kv_cache_bytes=kv_cache,
+        max_tokens=max_tokens,
+        max_batch=max_tokens // tokens_per_sequence,
+        max_batch_size=b.max_batch_size,
+        max_seq_len=b.max_seq_len,
+        max_draft_len=k,
     )
 
 
@@ -108,36 +128,58 @@ def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
     for role in ("target", "draft"):
         model = spec.role(role)
         if model.quantization not in contract.QUANTIZATIONS:
-            problems.append(Finding(
-                "quantization_unsupported_on_llmapi",
-                f"{role}.quantization = {model.quantization!r}: the LLM API path exports pre-quantized Hugging Face "
-                f"checkpoints in {', '.join(contract.QUANTIZATIONS)} only (FP8 is what TensorRT-LLM's PyTorch backend "
-                "documents for modelopt checkpoints on Hopper and newer).",
-                f"Set {role}.quantization = \"fp8\" or \"none\", or use the engine path (--backend trtllm)."))
+            problems.append(
+                Finding(
+                    "quantization_unsupported_on_llmapi",
+                    f"{role}.quantization = {model.quantization!r}: the LLM API path exports pre-quantized Hugging Face "
+                    f"checkpoints in {', '.join(contract.QUANTIZATIONS)} only (FP8 is what TensorRT-LLM's PyTorch backend "
+                    "documents for modelopt checkpoints on Hopper and newer).",
+                    f'Set {role}.quantization = "fp8" or "none", or use the engine path (--backend trtllm).',
+                )
+            )
         if sm is not None and (model.quantization == "fp8" or model.kv_cache == "fp8") and sm < FP8_MIN_SM:
-            problems.append(Finding("quantization_unsupported_on_gpu",
-                                    f"{role}: FP8 weights or KV cache need SM89+, but {spec.gpu.name} is SM{sm}.",
-                                    f"Set {role}.quantization and {role}.kv_cache to \"none\"."))
+            problems.append(
+                Finding(
+                    "quantization_unsupported_on_gpu",
+                    f"{role}: FP8 weights or KV cache need SM89+, but {spec.gpu.name} is SM{sm}.",
+                    f'Set {role}.quantization and {role}.kv_cache to "none".',
+                )
+            )
     if sm is not None and sm < MIN_SM:
-        problems.append(Finding("gpu_too_old", f"{spec.gpu.name} is SM{sm}; the draft/target path needs SM80+.",
-                                "Use an Ampere-or-newer GPU."))
+        problems.append(
+            Finding(
+                "gpu_too_old",
+                f"{spec.gpu.name} is SM{sm}; the draft/target path needs SM80+.",
+                "Use an Ampere-or-newer GPU.",
+            )
+        )
     if spec.speculative.num_draft_tokens == 0:
-        warnings.append(Finding(
-            "llmapi_no_speculation",
-            "speculative.num_draft_tokens = 0: the LLM API has no per-request K, so the deployment serves the target "
-            "alone (no speculative_config is written).",
-            "Set speculative.num_draft_tokens to the K to draft at every step (e.g. the one `check --measure` picks)."))
+        warnings.append(
+            Finding(
+                "llmapi_no_speculation",
+                "speculative.num_draft_tokens = 0: the LLM API has no per-request K, so the deployment serves the target "
+                "alone (no speculative_config is written).",
+                "Set speculative.num_draft_tokens to the K to draft at every step (e.g. the one `check --measure` picks).",
+            )
+        )
     if spec.build.max_input_len > spec.build.max_num_tokens:
-        warnings.append(Finding(
-            "llmapi_prompt_above_max_num_tokens",
-            f"build.max_input_len = {spec.build.max_input_len} exceeds build.max_num_tokens = "
-            f"{spec.build.max_num_tokens}: the PyTorch backend refuses a prompt longer than max_num_tokens.",
-            f"Set build.max_num_tokens >= {spec.build.max_input_len}."))
+        warnings.append(
+            Finding(
+                "llmapi_prompt_above_max_num_tokens",
+                f"build.max_input_len = {spec.build.max_input_len} exceeds build.max_num_tokens = "
+                f"{spec.build.max_num_tokens}: the PyTorch backend refuses a prompt longer than max_num_tokens.",
+                f"Set build.max_num_tokens >= {spec.build.max_input_len}.",
+            )
+        )
     if spec.target.dtype != spec.draft.dtype:
-        warnings.append(Finding(
-            "llmapi_one_dtype",
-            f"target.dtype = {spec.target.dtype!r}, draft.dtype = {spec.draft.dtype!r}: the LLM arguments carry one "
-            "dtype (the target's).", "Use the same dtype for both roles."))
+        warnings.append(
+            Finding(
+                "llmapi_one_dtype",
+                f"target.dtype = {spec.target.dtype!r}, draft.dtype = {spec.draft.dtype!r}: the LLM arguments carry one "
+                "dtype (the target's).",
+                "Use the same dtype for both roles.",
+            )
+        )
     return problems, warnings
 
 
@@ -153,7 +195,9 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
         if spec.target.kv_cache == "none":
             candidates.append(('target.kv_cache = "fp8"', _with(spec, "target", kv_cache="fp8")))
     if (spec.llmapi.free_gpu_memory_fraction or contract.KV_CACHE_DEFAULT_FRACTION) < 0.95:
-        candidates.append(("llmapi.free_gpu_memory_fraction = 0.95", _with(spec, "llmapi", free_gpu_memory_fraction=0.95)))
+        candidates.append(
+            ("llmapi.free_gpu_memory_fraction = 0.95", _with(spec, "llmapi", free_gpu_memory_fraction=0.95))
+        )
     tp = spec.build.tp_size * 2
     while tp <= 8:
         if all(m.num_heads % tp == 0 for m in (target, draft)):
@@ -172,8 +216,9 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
     return found
 
 
-def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | None = None,
-                suggest: bool = True) -> LlmApiMemoryPlan:
+def plan_memory(
+    spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | None = None, suggest: bool = True
+) -> LlmApiMemoryPlan:
     target = target or read_model_info(spec.target.checkpoint, role="target")
     draft = draft or read_model_info(spec.draft.checkpoint, role="draft")
     plan = compute_plan(spec, target, draft)
@@ -181,25 +226,34 @@ def plan_memory(spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | 
     suggestions: list[dict[str, Any]] = []
     if not plan.fits:
         suggestions = suggest_changes(spec, target, draft, 1) if suggest else []
-        fix = (f"Change {suggestions[0]['change']} (then {suggestions[0]['max_batch']} sequence(s) fit)."
-               if suggestions else "Use a larger GPU, more GPUs, or a smaller target.")
-        problems.append(Finding(
-            "does_not_fit",
-            f"does not fit: on {plan.gpu} ({plan.memory_per_gpu_bytes / GIB:.1f} GiB per GPU, tp_size {plan.tp_size}) "
-            f"the weights take {sum(plan.weight_bytes_per_gpu.values()) / GIB:.1f} GiB per GPU and the runtime "
-            f"{plan.runtime_bytes_per_gpu / GIB:.1f} GiB; the KV cache gets {max(plan.kv_cache_bytes, 0) / GIB:.2f} GiB "
-            f"(fraction {plan.free_gpu_memory_fraction}), and one sequence of {plan.tokens_per_sequence} tokens needs "
-            f"{plan.tokens_per_sequence * sum(plan.kv_bytes_per_token.values()) / GIB:.2f} GiB.", fix))
+        fix = (
+            f"Change {suggestions[0]['change']} (then {suggestions[0]['max_batch']} sequence(s) fit)."
+            if suggestions
+            else "Use a larger GPU, more GPUs, or a smaller target."
+        )
+        problems.append(
+            Finding(
+                "does_not_fit",
+                f"does not fit: on {plan.gpu} ({plan.memory_per_gpu_bytes / GIB:.1f} GiB per GPU, tp_size {plan.tp_size}) "
+                f"the weights take {sum(plan.weight_bytes_per_gpu.values()) / GIB:.1f} GiB per GPU and the runtime "
+                f"{plan.runtime_bytes_per_gpu / GIB:.1f} GiB; the KV cache gets {max(plan.kv_cache_bytes, 0) / GIB:.2f} GiB "
+                f"(fraction {plan.free_gpu_memory_fraction}), and one sequence of {plan.tokens_per_sequence} tokens needs "
+                f"{plan.tokens_per_sequence * sum(plan.kv_bytes_per_token.values()) / GIB:.2f} GiB.",
+                fix,
+            )
+        )
     elif plan.max_batch < spec.build.max_batch_size:
         suggestions = suggest_changes(spec, target, draft, spec.build.max_batch_size) if suggest else []
-        warnings.append(Finding(
-            "batch_exceeds_memory",
-            f"only {plan.max_batch} sequences of max_seq_len = {plan.max_seq_len} fit in the KV cache, but "
-            f"build.max_batch_size = {plan.max_batch_size}; the scheduler waits for free blocks beyond that.",
-            f"Set build.max_batch_size = {plan.max_batch}."
-            + (f" Or: {suggestions[0]['change']}." if suggestions else "")))
-    return dataclasses.replace(plan, problems=tuple(problems), warnings=tuple(warnings),
-                               suggestions=tuple(suggestions))
+        warnings.append(
+            Finding(
+                "batch_exceeds_memory",
+                f"only {plan.max_batch} sequences of max_seq_len = {plan.max_seq_len} fit in the KV cache, but "
+                f"build.max_batch_size = {plan.max_batch_size}; the scheduler waits for free blocks beyond that.",
+                f"Set build.max_batch_size = {plan.max_batch}."
+                + (f" Or: {suggestions[0]['change']}." if suggestions else ""),
+            )
+        )
+    return dataclasses.replace(plan, problems=tuple(problems), warnings=tuple(warnings), suggestions=tuple(suggestions))
 
 
 def summary_lines(m: dict[str, Any]) -> list[str]:
@@ -217,5 +271,7 @@ def summary_lines(m: dict[str, Any]) -> list[str]:
         f"max batch      {m['max_batch']} at max_seq_len {m['max_seq_len']} (spec max_batch_size {m['max_batch_size']})",
     ]
     if not m["fits"]:
-        lines.append("does not fit" + (f"; smallest change: {m['suggestions'][0]['change']}" if m["suggestions"] else ""))
+        lines.append(
+            "does not fit" + (f"; smallest change: {m['suggestions'][0]['change']}" if m["suggestions"] else "")
+        )
     return lines

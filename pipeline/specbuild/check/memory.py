@@ -37,10 +37,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from specbuild.contract import build_rules as rules
-from specbuild.contract.build_rules import BLACKWELL_REJECTED, FP8_MIN_SM, MIN_SM, TOKENS_PER_BLOCK  # noqa: F401 (re-exported)
 from specbuild.check.report import Finding
 from specbuild.config import Spec
+from specbuild.contract import build_rules as rules
+from specbuild.contract.build_rules import BLACKWELL_REJECTED, FP8_MIN_SM, MIN_SM, TOKENS_PER_BLOCK  # noqa: F401 (re-exported)
 from specbuild.hfmodel import ModelInfo
 from specbuild.quantization import FORMATS
 
@@ -156,8 +156,9 @@ def padded_vocab(rows: int, tp_size: int) -> int:
     return math.ceil(rows / tp_size) * tp_size
 
 
-def weight_bytes(info: ModelInfo, quantization: str, dtype: str, vocab_rows: int, tp_size: int,
-                 pp_size: int = 1) -> tuple[int, int]:
+def weight_bytes(
+    info: ModelInfo, quantization: str, dtype: str, vocab_rows: int, tp_size: int, pp_size: int = 1
+) -> tuple[int, int]:
     """(total, per GPU) engine weight bytes of one model; per GPU counts the embedding and the lm_head
     on the same GPU (true for pp_size 1, the worst stage otherwise)."""
     act = DTYPE_BYTES[dtype]
@@ -212,8 +213,10 @@ def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:
     tp, pp = b.tp_size, b.pp_size
     memory = int(g.memory_per_gpu_gib * GIB)
     vocab_rows = padded_vocab(target.vocab_size, tp)  # convert pads or trims the draft to the target's rows
-    roles = {"target": (target, spec.target, b.max_seq_len + spec.speculative.max_draft_len),
-             "draft": (draft, spec.draft, b.max_seq_len)}
+    roles = {
+        "target": (target, spec.target, b.max_seq_len + spec.speculative.max_draft_len),
+        "draft": (draft, spec.draft, b.max_seq_len),
+    }
     raw: dict[str, dict[str, int]] = {}
     for role, (info, model, seq) in roles.items():
         total, per_gpu = weight_bytes(info, model.quantization, model.dtype, vocab_rows, tp, pp)
@@ -261,7 +264,8 @@ def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:
             kv_budget_bytes=int(budgets[role]),
             # whole blocks, and no more than the backend's int32 parameter holds (a larger value is dropped)
             max_tokens_in_paged_kv_cache=rules.clamp_kv_tokens(
-                int(budgets[role] // r["kv_token"]) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK),
+                int(budgets[role] // r["kv_token"]) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+            ),
             kv_cache_free_gpu_mem_fraction=fractions[role],
         )
         for role, r in raw.items()

@@ -8,16 +8,15 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 
 from __future__ import annotations
 
-from specbuild import families
-from specbuild import backends
-from specbuild.contract import build_rules as rules
-from specbuild.contract import llmapi as llmapi_contract
+from specbuild import backends, families
 from specbuild.check.advice import plan_memory
 from specbuild.check.llmapi_memory import plan_memory as plan_llmapi_memory
 from specbuild.check.report import CheckReport
 from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
 from specbuild.check.weights import check_weights
 from specbuild.config import Spec
+from specbuild.contract import build_rules as rules
+from specbuild.contract import llmapi as llmapi_contract
 from specbuild.errors import CheckpointError
 from specbuild.hfmodel import ModelInfo, read_model_info
 from specbuild.quantization import dtype_refusal
@@ -44,8 +43,9 @@ def read_pair_infos(spec: Spec, allow_pickle: bool = False) -> dict[str, ModelIn
 MEMORY_PLANS = {"engine": ("memory plan", plan_memory), "llmapi": ("LLM API memory plan", plan_llmapi_memory)}
 
 
-def run_check(spec: Spec, allow_pickle: bool = False, scan_weights: bool = True, progress: bool = False,
-              backend: str = "trtllm") -> CheckReport:
+def run_check(
+    spec: Spec, allow_pickle: bool = False, scan_weights: bool = True, progress: bool = False, backend: str = "trtllm"
+) -> CheckReport:
     """scan_weights: read every weight for NaN/Inf (check.weights); progress: a progress bar on stderr for it.
     backend "llmapi": the LLM API path's memory plan and limits (check.llmapi_memory) instead of the engines'."""
     infos = read_pair_infos(spec, allow_pickle)
@@ -82,11 +82,13 @@ def check_architecture(report: CheckReport, role: str, info: ModelInfo, spec: Sp
     """The family rules convert and the reference runtime apply (specbuild.families.support), for this backend; where
     only the other path takes the model, the fix names it."""
     path = backends.path_of(backend)
-    verdict = families.support(info.architecture, info.config, path, spec.build.max_seq_len,
-                               llmapi_contract.installed_release())
+    verdict = families.support(
+        info.architecture, info.config, path, spec.build.max_seq_len, llmapi_contract.installed_release()
+    )
     if not verdict.ok:
-        report.problem("unsupported_architecture", f"{role}: {verdict.reason}.", verdict.fix[:1].upper() + verdict.fix[1:]
-                       + ".")
+        report.problem(
+            "unsupported_architecture", f"{role}: {verdict.reason}.", verdict.fix[:1].upper() + verdict.fix[1:] + "."
+        )
     elif refusal := families.export_refusal(role, info.architecture, path):
         report.problem("modelopt_cannot_export", *refusal)
 
@@ -95,15 +97,19 @@ def check_positions(report: CheckReport, spec: Spec, role: str, info: ModelInfo)
     limit = info.position_limit
     b = spec.build
     if limit is None:
-        report.warn("position_limit_unknown", f"{role} config.json has no max_position_embeddings; "
-                    f"build.max_seq_len = {b.max_seq_len} was not checked against the model.")
+        report.warn(
+            "position_limit_unknown",
+            f"{role} config.json has no max_position_embeddings; "
+            f"build.max_seq_len = {b.max_seq_len} was not checked against the model.",
+        )
         return
     if b.max_seq_len > limit:
         report.problem(
             "max_seq_len_above_position_limit",
             f"build.max_seq_len = {b.max_seq_len} exceeds the {role} model's position limit of {limit} "
             f"(max_position_embeddings = {info.max_position_embeddings}"
-            + (f", rope scaling {info.rope_scaling}" if info.rope_scaling else "") + ").",
+            + (f", rope scaling {info.rope_scaling}" if info.rope_scaling else "")
+            + ").",
             # the whole fix: on the target, the draft tokens the builder adds must fit too (the warning below)
             f"Set build.max_seq_len <= {limit - spec.speculative.max_draft_len if role == 'target' else limit}.",
         )
@@ -169,11 +175,14 @@ def check_tokenizers(report: CheckReport, spec: Spec) -> int | None:
         try:
             facts[role] = load_tokenizer_facts(spec.role(role).checkpoint, role=role)
         except CheckpointError as err:
-            report.problem("tokenizer_unreadable", str(err),
-                           "Both checkpoints need their tokenizer files to prove they share one.")
+            report.problem(
+                "tokenizer_unreadable", str(err), "Both checkpoints need their tokenizer files to prove they share one."
+            )
     if len(facts) < 2:
-        report.tokenizer = {"identical": None, "error": [p.message for p in report.problems
-                                                         if p.code == "tokenizer_unreadable"]}
+        report.tokenizer = {
+            "identical": None,
+            "error": [p.message for p in report.problems if p.code == "tokenizer_unreadable"],
+        }
         return None
     comparison = compare_tokenizers(facts["target"], facts["draft"])
     report.tokenizer = comparison.to_dict(facts["target"], facts["draft"])
@@ -188,7 +197,8 @@ def check_tokenizers(report: CheckReport, spec: Spec) -> int | None:
     if comparison.pipeline_differences:
         report.warn(
             "tokenizer_pipeline_differs",
-            "same vocabulary, but " + ", ".join(comparison.pipeline_differences)
+            "same vocabulary, but "
+            + ", ".join(comparison.pipeline_differences)
             + ": the same text may split differently; acceptance may drop (correctness is not affected).",
             "Copy the target's tokenizer files into the draft folder.",
         )
@@ -222,9 +232,12 @@ def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokeni
                     f"Point {role}.checkpoint at a model whose vocab_size is at least {tokenizer_size}.",
                 )
     if rows["draft"] > rows["target"] and not trimmable:
-        why = ("the tokenizers could not be compared, so whether tokens use those rows is unknown"
-               if tokenizer_size is None else f"the tokenizer has ids up to {tokenizer_size - 1}: rows "
-               f"{rows['target']}..{tokenizer_size - 1} are real tokens the target cannot emit")
+        why = (
+            "the tokenizers could not be compared, so whether tokens use those rows is unknown"
+            if tokenizer_size is None
+            else f"the tokenizer has ids up to {tokenizer_size - 1}: rows "
+            f"{rows['target']}..{tokenizer_size - 1} are real tokens the target cannot emit"
+        )
         report.problem(
             "draft_vocab_larger_than_target",
             f"the draft's embedding has {rows['draft']} rows, more than the target's {rows['target']}, and {why}. "

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.artifacts import combined_hash, hash_file, write_json
-from specbuild.backends import default as default_backend, path_of
+from specbuild.backends import default as default_backend
+from specbuild.backends import path_of
 from specbuild.config import Spec
 
 CHECK_RECORD = "check.json"  # in the pair folder
@@ -80,8 +81,11 @@ def run_stage(spec: Spec, backend: str | None, force: bool, dry_run: bool, log, 
         from specbuild.check.pair import MEMORY_PLANS
 
         plan = MEMORY_PLANS[path_of(backend)][0]
-        return ({"status": "skipped", "detail": UP_TO_DATE} if fresh else
-                {"status": "planned", "detail": f"read both checkpoints' configs and tokenizers; {plan}"})
+        return (
+            {"status": "skipped", "detail": UP_TO_DATE}
+            if fresh
+            else {"status": "planned", "detail": f"read both checkpoints' configs and tokenizers; {plan}"}
+        )
     if fresh:
         log(f"check: inputs unchanged since the last passing check ({record_path(spec)}), skipped.")
         return {"status": "skipped"}

@@ -64,8 +64,10 @@ def _token_text(value: Any) -> str | None:
 def _special_tokens(folder: Path) -> dict[str, str | None]:
     config = _read_json(folder / "tokenizer_config.json")
     special_map = _read_json(folder / "special_tokens_map.json")
-    return {role: _token_text(config.get(f"{role}_token")) or _token_text(special_map.get(f"{role}_token"))
-            for role in SPECIAL_ROLES}
+    return {
+        role: _token_text(config.get(f"{role}_token")) or _token_text(special_map.get(f"{role}_token"))
+        for role in SPECIAL_ROLES
+    }
 
 
 def _special_ids(folder: Path, tokens: dict[str, str | None], token_to_id: dict[str, int]) -> dict[str, Any]:
@@ -170,8 +172,9 @@ class TokenizerComparison:
             "identical": self.identical,
             "size": {"target": target.size, "draft": draft.size},
             "source": {"target": target.source, "draft": draft.source},
-            "special_tokens": {r: {"token": target.special_tokens.get(r), "id": target.special_ids.get(r)}
-                               for r in SPECIAL_ROLES},
+            "special_tokens": {
+                r: {"token": target.special_tokens.get(r), "id": target.special_ids.get(r)} for r in SPECIAL_ROLES
+            },
             "first_difference": self.first_difference,
             "differences": self.differences,
             "pipeline_differences": self.pipeline_differences,
@@ -198,8 +201,11 @@ def compare_tokenizers(target: TokenizerFacts, draft: TokenizerFacts) -> Tokeniz
     differences = []
     first = first_differing_id(target.id_to_token, draft.id_to_token)
     if first is not None:
-        differing = sum(1 for i in set(target.id_to_token) | set(draft.id_to_token)
-                        if target.id_to_token.get(i) != draft.id_to_token.get(i))
+        differing = sum(
+            1
+            for i in set(target.id_to_token) | set(draft.id_to_token)
+            if target.id_to_token.get(i) != draft.id_to_token.get(i)
+        )
         differences.append(f"vocabulary differs at {differing} id(s), the first is {_describe(first)}")
     added_first = first_differing_id(
         {i: f"{c} (special={s})" for i, (c, s) in target.added_tokens.items()},
@@ -213,6 +219,9 @@ def compare_tokenizers(target: TokenizerFacts, draft: TokenizerFacts) -> Tokeniz
         t_id, d_id = target.special_ids.get(role), draft.special_ids.get(role)
         if t_tok != d_tok or t_id != d_id:
             differences.append(f"{role} token differs: target {t_tok!r} (id {t_id}), draft {d_tok!r} (id {d_id})")
-    pipeline = [f"{part} differs" for part in sorted(set(target.pipeline) | set(draft.pipeline))
-                if target.pipeline.get(part) != draft.pipeline.get(part)]
+    pipeline = [
+        f"{part} differs"
+        for part in sorted(set(target.pipeline) | set(draft.pipeline))
+        if target.pipeline.get(part) != draft.pipeline.get(part)
+    ]
     return TokenizerComparison(not differences, first, differences, pipeline)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import mmap
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -88,10 +89,17 @@ class WeightScan:
 
     def to_dict(self) -> dict[str, Any]:
         rate = self.bytes / self.seconds if self.seconds > 0 else None
-        return {"scanned": True, "files": self.files, "tensors": self.tensors, "bytes": self.bytes,
-                "seconds": round(self.seconds, 4), "bytes_per_second": round(rate) if rate else None,
-                "not_scanned": dict(sorted(self.not_scanned.items())),
-                "nonfinite": [asdict(t) for t in self.nonfinite], "damaged": list(self.damaged)}
+        return {
+            "scanned": True,
+            "files": self.files,
+            "tensors": self.tensors,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 4),
+            "bytes_per_second": round(rate) if rate else None,
+            "not_scanned": dict(sorted(self.not_scanned.items())),
+            "nonfinite": [asdict(t) for t in self.nonfinite],
+            "damaged": list(self.damaged),
+        }
 
 
 def count_nonfinite(buffer: Any, layout: BitLayout, offset: int, count: int) -> tuple[int, int]:
@@ -112,29 +120,38 @@ def _release(mm: mmap.mmap, begin: int, end: int) -> None:
         mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
-def _tensor_entries(path: Path, header: dict[str, Any], data_start: int, size: int,
-                    scan: WeightScan) -> list[tuple[str, str, int, int]]:
+def _tensor_entries(
+    path: Path, header: dict[str, Any], data_start: int, size: int, scan: WeightScan
+) -> list[tuple[str, str, int, int]]:
     """(name, dtype, absolute begin, absolute end) of the floating-point tensors, in file order; tensors
     that lie outside the file are recorded in scan.damaged."""
     entries = []
     for name, entry in header.items():
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
         dtype = entry.get("dtype") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1]):
-            raise CheckpointError(f"{path}: tensor {name!r} has no valid data_offsets in the header. "
-                                  "Download or save the checkpoint again.")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]
+        ):
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has no valid data_offsets in the header. "
+                "Download or save the checkpoint again."
+            )
         begin, end = data_start + offsets[0], data_start + offsets[1]
         if end > size:
-            scan.damaged.append(f"{path.name}: tensor {name!r} ends at byte {end:,} but the file has {size:,} bytes "
-                                "(truncated)")
+            scan.damaged.append(
+                f"{path.name}: tensor {name!r} ends at byte {end:,} but the file has {size:,} bytes (truncated)"
+            )
             continue
         layout = FLOAT_LAYOUTS.get(str(dtype))
         if layout is None:
             scan.not_scanned[str(dtype)] = scan.not_scanned.get(str(dtype), 0) + 1
         elif (end - begin) % layout.itemsize:
-            scan.damaged.append(f"{path.name}: tensor {name!r} has {end - begin} bytes, not a whole number of "
-                                f"{dtype} values")
+            scan.damaged.append(
+                f"{path.name}: tensor {name!r} has {end - begin} bytes, not a whole number of {dtype} values"
+            )
         else:
             entries.append((name, str(dtype), begin, end))
     return sorted(entries, key=lambda e: e[2])
@@ -159,8 +176,13 @@ def scan_file(path: Path, scan: WeightScan, label: str, progress: Callable[[int]
                 pass
 
 
-def _scan_mapped(mm: mmap.mmap, entries: list[tuple[str, str, int, int]], scan: WeightScan, label: str,
-                 progress: Callable[[int], None]) -> None:
+def _scan_mapped(
+    mm: mmap.mmap,
+    entries: list[tuple[str, str, int, int]],
+    scan: WeightScan,
+    label: str,
+    progress: Callable[[int], None],
+) -> None:
     released = entries[0][2]
     for name, dtype, begin, end in entries:
         layout = FLOAT_LAYOUTS[dtype]
@@ -245,7 +267,8 @@ def _report_findings(report: Any, role: str, folder: Path, scan: WeightScan) -> 
         report.problem(
             "weights_truncated",
             f"the {role} checkpoint {folder} is incomplete: {scan.damaged[0]}"
-            + (f" (and {len(scan.damaged) - 1} more)" if len(scan.damaged) > 1 else "") + ".",
+            + (f" (and {len(scan.damaged) - 1} more)" if len(scan.damaged) > 1 else "")
+            + ".",
             "Download the file again: its size must match the source's.",
         )
 
@@ -261,15 +284,22 @@ def smoke_failure_advice(source: Path, converted: Path) -> str:
     except CheckpointError:
         bad = []
     if bad:
-        return (f"The source checkpoint {source} holds non-finite weights ({bad[0].describe()}"
-                + (f"; {len(bad) - 1} more tensor(s)" if len(bad) > 1 else "") + "): conversion copies them, so "
-                "`specbuild convert --force` cannot help. Download or save the checkpoint again, and run "
-                "`specbuild check`, which scans for them.")
+        return (
+            f"The source checkpoint {source} holds non-finite weights ({bad[0].describe()}"
+            + (f"; {len(bad) - 1} more tensor(s)" if len(bad) > 1 else "")
+            + "): conversion copies them, so "
+            "`specbuild convert --force` cannot help. Download or save the checkpoint again, and run "
+            "`specbuild check`, which scans for them."
+        )
     converted_files = sorted(p.name for p in Path(converted).glob("*.safetensors"))
     bad = scan_checkpoint(converted, converted_files).nonfinite
     if bad:
-        return (f"The source weights are finite but the converted checkpoint {converted} is not "
-                f"({bad[0].describe()}): the conversion produced them. Run `specbuild convert --force` and check "
-                "its log.")
-    return ("Every weight is finite, so the forward pass itself overflowed: check the checkpoint's dtype and "
-            "config.json (e.g. rope or norm settings), and report this with them.")
+        return (
+            f"The source weights are finite but the converted checkpoint {converted} is not "
+            f"({bad[0].describe()}): the conversion produced them. Run `specbuild convert --force` and check "
+            "its log."
+        )
+    return (
+        "Every weight is finite, so the forward pass itself overflowed: check the checkpoint's dtype and "
+        "config.json (e.g. rope or norm settings), and report this with them."
+    )

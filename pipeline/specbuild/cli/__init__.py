@@ -61,7 +61,7 @@ class LazyGroup(click.Group):
         # its own (bad spec, missing checkpoint, usage error): then a failure document, and the error on stderr.
         head = getattr(ctx, "_protected_args", None) or vars(ctx).get("protected_args", [])  # click 8.2 / 8.1
         argv = [*head, *ctx.args]
-        wants_json = "--json" in argv[1: argv.index("--") if "--" in argv else None]
+        wants_json = "--json" in argv[1 : argv.index("--") if "--" in argv else None]
         try:
             try:
                 return super().invoke(ctx)
@@ -72,15 +72,23 @@ class LazyGroup(click.Group):
 
             if wants_json and not ctx.meta.get(JSON_EMITTED):
                 cause = err.__context__ if isinstance(err.__context__, SpecbuildError) else err
-                emit_json(failure_document(argv[0] if argv else None, err.format_message(), type(cause).__name__,
-                                           err.exit_code))
+                emit_json(
+                    failure_document(
+                        argv[0] if argv else None, err.format_message(), type(cause).__name__, err.exit_code
+                    )
+                )
             raise
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="specbuild")
-@click.option("-v", "--verbose", is_flag=True, help="Details for tuning and debugging on stderr: the row block the "
-              "exactness probe chose, libraries' own output (also: SPECBUILD_VERBOSE=1).")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Details for tuning and debugging on stderr: the row block the "
+    "exactness probe chose, libraries' own output (also: SPECBUILD_VERBOSE=1).",
+)
 def main(verbose: bool) -> None:
     """specbuild: speculative decoding with TensorRT-LLM, from one spec file.
 

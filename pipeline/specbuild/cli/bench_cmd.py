@@ -11,44 +11,115 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
 
 @click.command("bench")
 @spec_option
-@click.option("--url", default=None, help="A running server (http://host:8000 or host:8001 with --protocol grpc). "
-              "Default: the spec's [serve] address, unless --local.")
+@click.option(
+    "--url",
+    default=None,
+    help="A running server (http://host:8000 or host:8001 with --protocol grpc). "
+    "Default: the spec's [serve] address, unless --local.",
+)
 @click.option("--local", "local", is_flag=True, help="Measure in-process (reference runtime) instead of a server.")
-@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True,
-              help="Triton protocol for --url.")
-@click.option("--workload", default="code", show_default=True, metavar="code|prose|json|chat|FILE.jsonl",
-              help='Built-in prompt set (chat: prose as user messages through the target tokenizer\'s chat template), '
-              'or a JSONL file with one {"prompt": ...} or {"messages": [...]} object per line.')
-@click.option("--num-draft-tokens", "ks", default="0,1,2,4,8", show_default=True, metavar="LIST|auto",
-              help="K values to sweep (0 = speculation off, always measured); auto = 0, 1, 2, 4, .. max_draft_len. "
-              "A K above the deployment's max_draft_len runs at it (the default's 8 too, without a note).")
-@click.option("--concurrency", default="1", show_default=True, metavar="LIST",
-              help="Concurrent streams to measure, e.g. 1,2,4,8 (in-process: batched through the runtime's Batcher).")
+@click.option(
+    "--protocol",
+    type=click.Choice(["http", "grpc"]),
+    default="http",
+    show_default=True,
+    help="Triton protocol for --url.",
+)
+@click.option(
+    "--workload",
+    default="code",
+    show_default=True,
+    metavar="code|prose|json|chat|FILE.jsonl",
+    help="Built-in prompt set (chat: prose as user messages through the target tokenizer's chat template), "
+    'or a JSONL file with one {"prompt": ...} or {"messages": [...]} object per line.',
+)
+@click.option(
+    "--num-draft-tokens",
+    "ks",
+    default="0,1,2,4,8",
+    show_default=True,
+    metavar="LIST|auto",
+    help="K values to sweep (0 = speculation off, always measured); auto = 0, 1, 2, 4, .. max_draft_len. "
+    "A K above the deployment's max_draft_len runs at it (the default's 8 too, without a note).",
+)
+@click.option(
+    "--concurrency",
+    default="1",
+    show_default=True,
+    metavar="LIST",
+    help="Concurrent streams to measure, e.g. 1,2,4,8 (in-process: batched through the runtime's Batcher).",
+)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Tokens per request.")
-@click.option("--requests", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Requests per (K, concurrency) cell.")
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
-              help="0 = greedy (output identical for every K).")
+@click.option(
+    "--requests", type=click.IntRange(min=1), default=8, show_default=True, help="Requests per (K, concurrency) cell."
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="0 = greedy (output identical for every K).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (with --temperature > 0).")
-@click.option("--vs-hf", is_flag=True, help="Also run the pair through Hugging Face generate(assistant_model=...) "
-              "(with --local), interleaved, and report our speedup over it.")
-@click.option("--vs-plain", is_flag=True, help="Also run target-only decoding on a copy of the target with 1-row "
-              "matmuls (with --local), interleaved: the fastest plain decoding, without the row blocks exact "
-              "greedy equality needs; report the speedup against the faster target-only.")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write PNG plots into this folder.")
+@click.option(
+    "--vs-hf",
+    is_flag=True,
+    help="Also run the pair through Hugging Face generate(assistant_model=...) "
+    "(with --local), interleaved, and report our speedup over it.",
+)
+@click.option(
+    "--vs-plain",
+    is_flag=True,
+    help="Also run target-only decoding on a copy of the target with 1-row "
+    "matmuls (with --local), interleaved: the fastest plain decoding, without the row blocks exact "
+    "greedy equality needs; report the speedup against the faster target-only.",
+)
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write PNG plots into this folder.",
+)
 @click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up request per K.")
-@click.option("--overlap", type=click.Choice(["auto", "on", "off", "compare"]), default=None,
-              help="The schedule. on/off: draft the next step while the target verifies (or not); auto: where it "
-              "pays; compare: both, interleaved, with the gain, hit rate and bounds. Default: the spec's "
-              "speculative.overlap with --local, the server's own with --url (asked per request).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="torch CPU threads for in-process models (default: 1 for small models, else torch's "
-              "choice). More threads than free cores makes a busy machine many times slower.")
+@click.option(
+    "--overlap",
+    type=click.Choice(["auto", "on", "off", "compare"]),
+    default=None,
+    help="The schedule. on/off: draft the next step while the target verifies (or not); auto: where it "
+    "pays; compare: both, interleaved, with the gain, hit rate and bounds. Default: the spec's "
+    "speculative.overlap with --local, the server's own with --url (asked per request).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="torch CPU threads for in-process models (default: 1 for small models, else torch's "
+    "choice). More threads than free cores makes a busy machine many times slower.",
+)
 @json_option
 @dry_run_option
-def command(spec_path, url, local, protocol, workload, ks, concurrency, max_tokens, requests, temperature, seed,
-            vs_hf, vs_plain, plot_dir, no_warmup, overlap, threads, as_json, dry_run):
+def command(
+    spec_path,
+    url,
+    local,
+    protocol,
+    workload,
+    ks,
+    concurrency,
+    max_tokens,
+    requests,
+    temperature,
+    seed,
+    vs_hf,
+    vs_plain,
+    plot_dir,
+    no_warmup,
+    overlap,
+    threads,
+    as_json,
+    dry_run,
+):
     """Measure tokens/s, latency and acceptance with speculation on and off, in one run.
 
     \b
@@ -101,11 +172,20 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
 
         url = server_url(spec, protocol, url)
     if dry_run:
-        plan = {"mode": "local" if local else "triton", "url": url, "protocol": protocol if url else None,
-                "workload": workload, "num_draft_tokens": list(k_list) if k_list else "auto",
-                "concurrency": list(settings.concurrency), "max_tokens": max_tokens, "requests": requests,
-                "vs_hf": vs_hf, "vs_plain": vs_plain, "overlap": overlap,
-                "files": [str(plot_dir / n) for n in _plot_names()] if plot_dir else []}
+        plan = {
+            "mode": "local" if local else "triton",
+            "url": url,
+            "protocol": protocol if url else None,
+            "workload": workload,
+            "num_draft_tokens": list(k_list) if k_list else "auto",
+            "concurrency": list(settings.concurrency),
+            "max_tokens": max_tokens,
+            "requests": requests,
+            "vs_hf": vs_hf,
+            "vs_plain": vs_plain,
+            "overlap": overlap,
+            "files": [str(plot_dir / n) for n in _plot_names()] if plot_dir else [],
+        }
         if as_json:
             emit_json({"dry_run": True, **plan})
         else:
@@ -116,9 +196,21 @@ def command(spec_path, url, local, protocol, workload, ks, concurrency, max_toke
     from specbuild.bench.run import run_bench
 
     floor = (lambda work_s, draft_len: _floor(url, work_s, draft_len)) if url else None  # after the measurement
-    doc = run_bench(spec, settings, workload, url=url, protocol=protocol, vs_hf=vs_hf, vs_plain=vs_plain,
-                    progress=True, log=log, threads=threads,  # a bar on a terminal, else progress lines
-                    spec_path=shown_path(spec.path), overlap=schedule, floor=floor)
+    doc = run_bench(
+        spec,
+        settings,
+        workload,
+        url=url,
+        protocol=protocol,
+        vs_hf=vs_hf,
+        vs_plain=vs_plain,
+        progress=True,
+        log=log,
+        threads=threads,  # a bar on a terminal, else progress lines
+        spec_path=shown_path(spec.path),
+        overlap=schedule,
+        floor=floor,
+    )
     if plot_dir is not None:
         from specbuild.bench.plots import write_plots
 
@@ -143,8 +235,10 @@ def _floor(url: str, work_s: float, draft_len: int) -> dict | None:
     from specbuild.errors import SpecbuildError
     from specbuild.triton.floor import measure_floor
 
-    log(f"bench: measuring Triton's floor here (a BLS call to an identity Python model: a verify call at K = "
-        f"{draft_len} that works {work_s * 1e3:.2f} ms, the in-process call's time)")
+    log(
+        f"bench: measuring Triton's floor here (a BLS call to an identity Python model: a verify call at K = "
+        f"{draft_len} that works {work_s * 1e3:.2f} ms, the in-process call's time)"
+    )
     try:
         return measure_floor(draft_len=draft_len, work_s=work_s)
     except (SpecbuildError, OSError) as err:

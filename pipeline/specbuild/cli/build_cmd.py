@@ -7,15 +7,24 @@ from pathlib import Path
 import click
 
 from specbuild import backends, paths
-from specbuild.cli.common import (dry_run_option, force_option, get_spec, json_option, log, role_option,
-                                  roles, show, spec_option)
+from specbuild.cli.common import (
+    dry_run_option,
+    force_option,
+    get_spec,
+    json_option,
+    log,
+    role_option,
+    roles,
+    show,
+    spec_option,
+)
 
 backend_option = click.option(
     "--backend",
     type=click.Choice(backends.NAMES),
     default=None,
     help="trtllm: TensorRT engines with trtllm-build (GPU image). reference: float32 PyTorch engines (any machine). "
-         "llmapi: the LLM API's arguments, validated and written (nothing to compile). " + backends.DEFAULT_HELP,
+    "llmapi: the LLM API's arguments, validated and written (nothing to compile). " + backends.DEFAULT_HELP,
 )
 trtllm_build_option = click.option(
     "--trtllm-build",
@@ -50,6 +59,15 @@ def command(spec_path, backend, trtllm_build, role, force, dry_run, as_json):
     """
     spec = get_spec(spec_path)
     backend = backend or backends.default(spec.build.backend, trtllm_build)
-    show(paths.for_backend(backend).build(spec, backend, roles(role),
-                                          trtllm_build=str(trtllm_build) if trtllm_build else None, force=force,
-                                          dry_run=dry_run, log=log), as_json)
+    show(
+        paths.for_backend(backend).build(
+            spec,
+            backend,
+            roles(role),
+            trtllm_build=str(trtllm_build) if trtllm_build else None,
+            force=force,
+            dry_run=dry_run,
+            log=log,
+        ),
+        as_json,
+    )

@@ -93,8 +93,13 @@ def format_report(doc: dict[str, Any]) -> str:
     rows: list[tuple[str, str]] = [("pair", doc["pair"])]
     for role in ("target", "draft"):
         info = doc["models"][role]
-        rows.append((role, f"{info['architecture']} ({info['trtllm_model_type'] or 'unsupported'}), "
-                           f"{info['num_params'] / 1e6:,.1f}M params, {info['path']}"))
+        rows.append(
+            (
+                role,
+                f"{info['architecture']} ({info['trtllm_model_type'] or 'unsupported'}), "
+                f"{info['num_params'] / 1e6:,.1f}M params, {info['path']}",
+            )
+        )
     rows.append(("tokenizer", _tokenizer_line(doc)))
     rows.append(("vocab", _vocab_line(doc)))
     rows.append(("weights", _weights_line(doc)))
@@ -114,20 +119,48 @@ def format_report(doc: dict[str, Any]) -> str:
 @click.command()
 @spec_option
 @json_option
-@click.option("--allow-pickle", is_flag=True,
-              help="Accept checkpoints whose weights are pickle files (.bin/.pt): only for files you trust.")
-@click.option("--no-weight-scan", "no_weight_scan", is_flag=True,
-              help="Skip reading every weight for NaN/Inf (it reads the whole checkpoint once, at disk speed).")
-@click.option("--measure", is_flag=True, help="Also measure alpha and c in-process on sample prompts and predict "
-              "the speedup per K and the best max_draft_len (loads both models; see docs/bench.md).")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="JSONL prompts for --measure (one {\"prompt\": ...} per line; default: built-in code/prose/json).")
-@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
-              help="Whose memory plan and limits: the engines' (trtllm, reference) or the LLM API's (llmapi: one "
-                   "process, one KV pool, one fraction). " + backends.DEFAULT_HELP)
+@click.option(
+    "--allow-pickle",
+    is_flag=True,
+    help="Accept checkpoints whose weights are pickle files (.bin/.pt): only for files you trust.",
+)
+@click.option(
+    "--no-weight-scan",
+    "no_weight_scan",
+    is_flag=True,
+    help="Skip reading every weight for NaN/Inf (it reads the whole checkpoint once, at disk speed).",
+)
+@click.option(
+    "--measure",
+    is_flag=True,
+    help="Also measure alpha and c in-process on sample prompts and predict "
+    "the speedup per K and the best max_draft_len (loads both models; see docs/bench.md).",
+)
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help='JSONL prompts for --measure (one {"prompt": ...} per line; default: built-in code/prose/json).',
+)
+@click.option(
+    "--backend",
+    type=click.Choice(backends.NAMES),
+    default=None,
+    help="Whose memory plan and limits: the engines' (trtllm, reference) or the LLM API's (llmapi: one "
+    "process, one KV pool, one fraction). " + backends.DEFAULT_HELP,
+)
 @click.pass_context
-def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bool, no_weight_scan: bool,
-            measure: bool, prompts_file: Path | None, backend: str | None) -> None:
+def command(
+    ctx: click.Context,
+    spec_path: Path,
+    as_json: bool,
+    allow_pickle: bool,
+    no_weight_scan: bool,
+    measure: bool,
+    prompts_file: Path | None,
+    backend: str | None,
+) -> None:
     """Check that the pair can work and fits the GPU, before any GPU work.
 
     \b
@@ -145,8 +178,9 @@ def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bo
 
     spec = get_spec(spec_path)
     backend = backend or backends.default(spec.build.backend)
-    report = run_check(spec, allow_pickle=allow_pickle, scan_weights=not no_weight_scan, progress=progress_enabled(),
-                       backend=backend)
+    report = run_check(
+        spec, allow_pickle=allow_pickle, scan_weights=not no_weight_scan, progress=progress_enabled(), backend=backend
+    )
     fields = report.to_dict()
     doc = {"ok": fields.pop("ok"), "pair": fields.pop("pair"), "backend": backend, **fields}
     if prompts_file is not None and not measure:
@@ -163,7 +197,11 @@ def command(ctx: click.Context, spec_path: Path, as_json: bool, allow_pickle: bo
         if "measure" in doc:
             from specbuild.bench import measure as measurement
 
-            click.echo("\n".join(f"{'measure' if i == 0 else '':<11}{line}"
-                                 for i, line in enumerate(measurement.summary_lines(doc["measure"]))))
+            click.echo(
+                "\n".join(
+                    f"{'measure' if i == 0 else '':<11}{line}"
+                    for i, line in enumerate(measurement.summary_lines(doc["measure"]))
+                )
+            )
     if not report.ok:
         ctx.exit(1)

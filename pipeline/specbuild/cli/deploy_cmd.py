@@ -12,18 +12,34 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
 
 @click.command("deploy")
 @spec_option
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The chart folder to write (default: chart/<spec name>).")
-@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
-              help="trtllm: engines, two tensorrt_llm models in one Triton server (single node, scaled by replicas). "
-                   "llmapi: the LLM API path (several nodes with --nodes). reference: the CPU path. Default: the "
-                   "spec's build.backend, else trtllm (the chart runs on the cluster's GPUs, not on this machine).")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Nodes per replica (llmapi): more than 1 writes a LeaderWorkerSet running the launcher "
-                   "`serve --server trtllm-serve --nodes N --dry-run` prints.")
-@click.option("--force", is_flag=True,
-              help="Replace a chart this command wrote before from other inputs (never a folder it did not write, "
-                   "nor one whose files were edited since).")
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The chart folder to write (default: chart/<spec name>).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(backends.NAMES),
+    default=None,
+    help="trtllm: engines, two tensorrt_llm models in one Triton server (single node, scaled by replicas). "
+    "llmapi: the LLM API path (several nodes with --nodes). reference: the CPU path. Default: the "
+    "spec's build.backend, else trtllm (the chart runs on the cluster's GPUs, not on this machine).",
+)
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Nodes per replica (llmapi): more than 1 writes a LeaderWorkerSet running the launcher "
+    "`serve --server trtllm-serve --nodes N --dry-run` prints.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace a chart this command wrote before from other inputs (never a folder it did not write, "
+    "nor one whose files were edited since).",
+)
 @dry_run_option
 @json_option
 def command(spec_path, out_dir, backend, nodes, force, dry_run, as_json):
@@ -54,8 +70,10 @@ def command(spec_path, out_dir, backend, nodes, force, dry_run, as_json):
         if as_json:
             emit_json({"stage": "deploy", "dry_run": True, **plan.to_dict()})
             return
-        click.echo(f"# would write {plan.out_dir.resolve()} (Helm chart {plan.name}, backend {plan.backend}, "
-                   f"{plan.nodes} node{'s' if plan.nodes > 1 else ''} per replica):")
+        click.echo(
+            f"# would write {plan.out_dir.resolve()} (Helm chart {plan.name}, backend {plan.backend}, "
+            f"{plan.nodes} node{'s' if plan.nodes > 1 else ''} per replica):"
+        )
         for rel in [*plan.files, "manifest.json"]:
             click.echo(f"  {rel}")
         return
@@ -66,5 +84,7 @@ def command(spec_path, out_dir, backend, nodes, force, dry_run, as_json):
     state = "up to date (unchanged inputs)" if result["skipped"] else "written"
     click.echo(f"{result['out_dir']}: {state}, Helm chart {plan.name} (backend {plan.backend})")
     if not result["skipped"]:
-        log(f"next: helm lint {result['out_dir']} && helm install {plan.name} {result['out_dir']} "
-            "--set models.existingClaim=<claim with the checkpoints> (docs/kubernetes.md)")
+        log(
+            f"next: helm lint {result['out_dir']} && helm install {plan.name} {result['out_dir']} "
+            "--set models.existingClaim=<claim with the checkpoints> (docs/kubernetes.md)"
+        )

@@ -22,43 +22,104 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
 @spec_option
 @click.option("--local", "local", is_flag=True, help="Run in-process on the reference runtime (no server).")
 @click.option("--url", default=None, help="Server address host:port (server path). Default: the spec's [serve].")
-@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="grpc", show_default=True,
-              help="Server protocol (server path).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Tokens to generate at most.")
-@click.option("--num-draft-tokens", "num_draft_tokens", type=click.IntRange(min=0), default=None,
-              help="K, draft tokens per step (0 = target only). Default: the spec's num_draft_tokens.")
+@click.option(
+    "--protocol",
+    type=click.Choice(["http", "grpc"]),
+    default="grpc",
+    show_default=True,
+    help="Server protocol (server path).",
+)
+@click.option(
+    "--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Tokens to generate at most."
+)
+@click.option(
+    "--num-draft-tokens",
+    "num_draft_tokens",
+    type=click.IntRange(min=0),
+    default=None,
+    help="K, draft tokens per step (0 = target only). Default: the spec's num_draft_tokens.",
+)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True, help="1 = off.")
-@click.option("--seed", type=click.IntRange(min=0), default=None,
-              help="Seed for sampling: the same seed gives the same text (adaptive K then ignores step timings).")
-@click.option("--stop", "stop", multiple=True, metavar="TEXT",
-              help="A stop word (repeat for several): the text ends with the first one generated; finish_reason stop, "
-              "stop_reason the word. The engine path keeps the word in the text (as TensorRT-LLM's executor does), "
-              "the LLM API path leaves it out (include_stop_str_in_output false).")
-@click.option("--chat", is_flag=True,
-              help="PROMPT is a user message: the target tokenizer's chat template (transformers' "
-              "apply_chat_template) is applied here, on the client, and the reply is generated.")
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Seed for sampling: the same seed gives the same text (adaptive K then ignores step timings).",
+)
+@click.option(
+    "--stop",
+    "stop",
+    multiple=True,
+    metavar="TEXT",
+    help="A stop word (repeat for several): the text ends with the first one generated; finish_reason stop, "
+    "stop_reason the word. The engine path keeps the word in the text (as TensorRT-LLM's executor does), "
+    "the LLM API path leaves it out (include_stop_str_in_output false).",
+)
+@click.option(
+    "--chat",
+    is_flag=True,
+    help="PROMPT is a user message: the target tokenizer's chat template (transformers' "
+    "apply_chat_template) is applied here, on the client, and the reply is generated.",
+)
 @click.option("--system", default=None, metavar="TEXT", help="--chat: a system message before the user's.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print text as it is accepted.")
-@click.option("--adaptive/--no-adaptive", default=None,
-              help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.")
-@click.option("--overlap/--no-overlap", default=None,
-              help="Draft the next step while the target verifies this one (same text; faster where the two "
-              "models get a core or GPU each). Default: the spec's speculative.overlap with --local (auto: on "
-              "where it pays), else the server's.")
-@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
-              help="--local: which weights run. llmapi: `convert --backend llmapi`'s export, as the llmapi server "
-                   "loads it (its output_ids are the models', which the llmapi server does not send); trtllm, "
-                   "reference: reference engines when built, else the Hugging Face checkpoints. "
-                   + backends.DEFAULT_HELP)
+@click.option(
+    "--adaptive/--no-adaptive",
+    default=None,
+    help="Adapt K to the running acceptance rate. Default: the spec's speculative.adaptive.",
+)
+@click.option(
+    "--overlap/--no-overlap",
+    default=None,
+    help="Draft the next step while the target verifies this one (same text; faster where the two "
+    "models get a core or GPU each). Default: the spec's speculative.overlap with --local (auto: on "
+    "where it pays), else the server's.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(backends.NAMES),
+    default=None,
+    help="--local: which weights run. llmapi: `convert --backend llmapi`'s export, as the llmapi server "
+    "loads it (its output_ids are the models', which the llmapi server does not send); trtllm, "
+    "reference: reference engines when built, else the Hugging Face checkpoints. " + backends.DEFAULT_HELP,
+)
 @click.option("--device", default="auto", show_default=True, help="--local: cpu, cuda, or auto.")
-@click.option("--no-cache", "no_cache", is_flag=True, help="--local: disable the KV and prefix caches (slower; same output).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="--local on CPU: torch threads. Default: 1 for small models, else torch's default.")
+@click.option(
+    "--no-cache", "no_cache", is_flag=True, help="--local: disable the KV and prefix caches (slower; same output)."
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="--local on CPU: torch threads. Default: 1 for small models, else torch's default.",
+)
 @json_option
-def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed,
-            stop, chat, system, stream, adaptive, overlap, backend, device, no_cache, threads, as_json):
+def command(
+    prompt,
+    spec_path,
+    local,
+    url,
+    protocol,
+    max_tokens,
+    num_draft_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    stop,
+    chat,
+    system,
+    stream,
+    adaptive,
+    overlap,
+    backend,
+    device,
+    no_cache,
+    threads,
+    as_json,
+):
     """Generate text for PROMPT with speculative decoding.
 
     \b
@@ -83,14 +144,23 @@ def command(prompt, spec_path, local, url, protocol, max_tokens, num_draft_token
         from specbuild.session.chat import chat_prompt, load_tokenizer
 
         prompt = chat_prompt(load_tokenizer(spec.target.checkpoint), prompt, system)
-    options = Options(max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=seed, adaptive=adaptive, overlap=None if local else overlap,
-                      stop=tuple(stop))
+    options = Options(
+        max_tokens=max_tokens,
+        num_draft_tokens=num_draft_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        adaptive=adaptive,
+        overlap=None if local else overlap,
+        stop=tuple(stop),
+    )
     echo = None if as_json or not stream else _echo_stdout
     if local:
         path = paths.for_backend(backend or backends.default(spec.build.backend))
-        with path.local_session(spec, device=device, use_cache=not no_cache, threads=threads,
-                                overlap=overlap) as session:
+        with path.local_session(
+            spec, device=device, use_cache=not no_cache, threads=threads, overlap=overlap
+        ) as session:
             generation = session.generate(prompt, options, on_text=echo)
     else:
         from specbuild.session.served import ServedSession
@@ -130,8 +200,10 @@ def summary(doc: dict[str, Any]) -> str:
     else:
         parts.append("K = 0 (target only)")
     if doc.get("early_drafts"):
-        parts.append(f"early drafts {doc['early_draft_hits']}/{doc['early_drafts']} used, "
-                     f"{doc['hidden_seconds']:.3f} s of drafting hidden")
+        parts.append(
+            f"early drafts {doc['early_draft_hits']}/{doc['early_drafts']} used, "
+            f"{doc['hidden_seconds']:.3f} s of drafting hidden"
+        )
     if doc.get("engine_source"):
         parts.append(f"weights: {doc['engine_source']}")
     return "; ".join(parts)

@@ -12,25 +12,60 @@ VARIANT_CHOICE = click.Choice(["full", "tiny"])
 
 
 @click.command(name="init")
-@click.option("--out", "out", default=DEFAULT_SPEC, show_default=True,
-              type=click.Path(dir_okay=False, path_type=Path), help="Where to write the spec file.")
+@click.option(
+    "--out",
+    "out",
+    default=DEFAULT_SPEC,
+    show_default=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the spec file.",
+)
 @click.option("--force", is_flag=True, help="Overwrite the file if it exists.")
-@click.option("--example", is_flag=True,
-              help="Write a spec for the built-in example pair (unpacked from the committed copy on first use).")
-@click.option("--variant", type=VARIANT_CHOICE, default="full", show_default=True,
-              help="Which example pair --example uses (tiny: trained in seconds, for tests).")
-@click.option("--target", "target", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Your target model's Hugging Face folder (with --draft): the spec is filled from the two "
-                   "checkpoints (dtype, limits that fit their positions, the backend their family needs).")
-@click.option("--draft", "draft", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Your draft model's Hugging Face folder (with --target).")
-@click.option("--from-check", "from_check", type=click.Path(dir_okay=False, path_type=Path),
-              help="A `specbuild check --measure --json` report: take its recommended max_draft_len / K "
-                   "(and its checkpoint paths unless --example).")
+@click.option(
+    "--example",
+    is_flag=True,
+    help="Write a spec for the built-in example pair (unpacked from the committed copy on first use).",
+)
+@click.option(
+    "--variant",
+    type=VARIANT_CHOICE,
+    default="full",
+    show_default=True,
+    help="Which example pair --example uses (tiny: trained in seconds, for tests).",
+)
+@click.option(
+    "--target",
+    "target",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Your target model's Hugging Face folder (with --draft): the spec is filled from the two "
+    "checkpoints (dtype, limits that fit their positions, the backend their family needs).",
+)
+@click.option(
+    "--draft",
+    "draft",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Your draft model's Hugging Face folder (with --target).",
+)
+@click.option(
+    "--from-check",
+    "from_check",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A `specbuild check --measure --json` report: take its recommended max_draft_len / K "
+    "(and its checkpoint paths unless --example).",
+)
 @json_option
 @dry_run_option
-def command(out: Path, force: bool, example: bool, variant: str, target: Path | None, draft: Path | None,
-            from_check: Path | None, as_json: bool, dry_run: bool) -> None:
+def command(
+    out: Path,
+    force: bool,
+    example: bool,
+    variant: str,
+    target: Path | None,
+    draft: Path | None,
+    from_check: Path | None,
+    as_json: bool,
+    dry_run: bool,
+) -> None:
     """Write a commented spec file listing every key with its default and why.
 
     With --target and --draft the spec is for your pair: its checkpoints read (nothing is loaded or downloaded)
@@ -48,16 +83,17 @@ def command(out: Path, force: bool, example: bool, variant: str, target: Path | 
       specbuild check -c specbuild.toml --measure --json > check.json
       specbuild init --from-check check.json --out tuned.toml
     """
-    from specbuild.example import specfile
     from specbuild.errors import SpecError
+    from specbuild.example import specfile
 
     if (target is None) != (draft is None):
         raise click.UsageError("pass --target and --draft together.")
     if target is not None and example:
         raise click.UsageError("pass either --example or --target/--draft, not both.")
     if (out.exists() or out.is_symlink()) and not force:
-        raise SpecError(f"{out} already exists; not overwriting it. Pass --force to replace it, "
-                        "or --out to write elsewhere.")
+        raise SpecError(
+            f"{out} already exists; not overwriting it. Pass --force to replace it, or --out to write elsewhere."
+        )
     measured: tuple[dict, str] | None = _read_check(from_check) if from_check is not None else None
     pair = None
     if example:
@@ -71,15 +107,19 @@ def command(out: Path, force: bool, example: bool, variant: str, target: Path | 
             pair = ensure_example(variant)
     if example and pair is not None:
         overrides = specfile.example_overrides(pair, variant)
-        header = (f"specbuild spec for the built-in example pair ({variant}), written by `specbuild init --example`.\n"
-                  f"Measured when the pair was built: agreement {pair.info.get('agreement')}, "
-                  f"cost ratio c {pair.info.get('cost_ratio')} (CPU; `specbuild check --measure` measures here).")
+        header = (
+            f"specbuild spec for the built-in example pair ({variant}), written by `specbuild init --example`.\n"
+            f"Measured when the pair was built: agreement {pair.info.get('agreement')}, "
+            f"cost ratio c {pair.info.get('cost_ratio')} (CPU; `specbuild check --measure` measures here)."
+        )
     elif example:
         overrides, header = {}, "specbuild spec for the example pair (dry run: pair not built yet)"
     elif target is not None:
         overrides = specfile.pair_overrides(target, draft)
-        header = (f"specbuild spec for {overrides['name']}, written by `specbuild init --target --draft` from the two "
-                  "checkpoints.\nNext: `specbuild check` says whether the pair is usable, and why.")
+        header = (
+            f"specbuild spec for {overrides['name']}, written by `specbuild init --target --draft` from the two "
+            "checkpoints.\nNext: `specbuild check` says whether the pair is usable, and why."
+        )
     else:
         overrides = {}
         header = "specbuild spec file, written by `specbuild init`.\nReplace the two checkpoint paths with your models."
@@ -121,6 +161,7 @@ def _read_check(path: Path) -> tuple[dict, str]:
     except OSError as err:
         raise SpecError(f"cannot read the check report {path}: {err.strerror or err}") from None
     except ValueError as err:
-        raise SpecError(f"{path} is not a JSON check report ({err}); write one with "
-                        f"`specbuild check --measure --json > {path}`.") from None
+        raise SpecError(
+            f"{path} is not a JSON check report ({err}); write one with `specbuild check --measure --json > {path}`."
+        ) from None
     return specfile.overrides_from_check(report, str(path))

@@ -9,8 +9,7 @@ import click
 
 from specbuild import backends, paths
 from specbuild.artifacts import default_repo_dir
-from specbuild.cli.common import (dry_run_option, force_option, get_spec, json_option, show,
-                                  spec_option)
+from specbuild.cli.common import dry_run_option, force_option, get_spec, json_option, show, spec_option
 
 
 def detect_backend(spec) -> str:
@@ -25,26 +24,48 @@ def detect_backend(spec) -> str:
 
 @click.command("repo")
 @spec_option
-@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
-              help="trtllm: the tensorrtllm C++ backend (GPU image). reference: Python models serving the PyTorch "
-                   "reference engines (any machine). llmapi: Triton's llmapi model (TensorRT-LLM LLM API; "
-                   "docs/llmapi.md). Default: the spec's build.backend, else the target engine's backend if built, "
-                   "else trtllm where trtllm-build is on PATH (NVIDIA's image), else reference.")
-@click.option("--runtime", type=click.Choice(["auto", "tensorrt_llm", "reference"]), default="auto", show_default=True,
-              help="llmapi: NVIDIA's model.py from the GPU image (tensorrt_llm) or the CPU stand-in (reference); auto: "
-                   "tensorrt_llm when the tensorrt_llm package is importable here.")
-@click.option("--checkpoints-dir", default=None,
-              help="llmapi: the output folder as the server sees it (model.yaml names <dir>/<name>/<role>/hf_checkpoint). "
-                   "Default: /engines for runtime tensorrt_llm, the spec's output_dir for reference.")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The model repository folder to write (default: triton_repo beside the spec's output_dir, where "
-                   "`serve` and `up` look for it).")
-@click.option("--engines-dir", default=None,
-              help="The engines folder as the server will see it. trtllm default: /engines (the GPU image's mount); "
-                   "reference default: the spec's output_dir, written relative to --out-dir.")
-@click.option("--tokenizer-dir", default=None,
-              help="Tokenizer folder for pre/postprocessing. Default: the reference target engine (reference), the "
-                   "target checkpoint (trtllm).")
+@click.option(
+    "--backend",
+    type=click.Choice(backends.NAMES),
+    default=None,
+    help="trtllm: the tensorrtllm C++ backend (GPU image). reference: Python models serving the PyTorch "
+    "reference engines (any machine). llmapi: Triton's llmapi model (TensorRT-LLM LLM API; "
+    "docs/llmapi.md). Default: the spec's build.backend, else the target engine's backend if built, "
+    "else trtllm where trtllm-build is on PATH (NVIDIA's image), else reference.",
+)
+@click.option(
+    "--runtime",
+    type=click.Choice(["auto", "tensorrt_llm", "reference"]),
+    default="auto",
+    show_default=True,
+    help="llmapi: NVIDIA's model.py from the GPU image (tensorrt_llm) or the CPU stand-in (reference); auto: "
+    "tensorrt_llm when the tensorrt_llm package is importable here.",
+)
+@click.option(
+    "--checkpoints-dir",
+    default=None,
+    help="llmapi: the output folder as the server sees it (model.yaml names <dir>/<name>/<role>/hf_checkpoint). "
+    "Default: /engines for runtime tensorrt_llm, the spec's output_dir for reference.",
+)
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The model repository folder to write (default: triton_repo beside the spec's output_dir, where "
+    "`serve` and `up` look for it).",
+)
+@click.option(
+    "--engines-dir",
+    default=None,
+    help="The engines folder as the server will see it. trtllm default: /engines (the GPU image's mount); "
+    "reference default: the spec's output_dir, written relative to --out-dir.",
+)
+@click.option(
+    "--tokenizer-dir",
+    default=None,
+    help="Tokenizer folder for pre/postprocessing. Default: the reference target engine (reference), the "
+    "target checkpoint (trtllm).",
+)
 @force_option
 @dry_run_option
 @json_option
@@ -67,6 +88,17 @@ def command(spec_path, backend, runtime, checkpoints_dir, out_dir, engines_dir, 
     spec = get_spec(spec_path)
     out_dir = out_dir or default_repo_dir(spec.output_dir)
     backend = backend or spec.build.backend or detect_backend(spec)
-    show(paths.for_backend(backend).repo(spec, backend, out_dir, runtime=runtime, checkpoints_dir=checkpoints_dir,
-                                         engines_dir=engines_dir, tokenizer_dir=tokenizer_dir, force=force,
-                                         dry_run=dry_run), as_json)
+    show(
+        paths.for_backend(backend).repo(
+            spec,
+            backend,
+            out_dir,
+            runtime=runtime,
+            checkpoints_dir=checkpoints_dir,
+            engines_dir=engines_dir,
+            tokenizer_dir=tokenizer_dir,
+            force=force,
+            dry_run=dry_run,
+        ),
+        as_json,
+    )

@@ -13,13 +13,28 @@ VARIANTS = click.Choice(["full", "tiny"])
 
 
 @click.command(name="selftest")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("specbuild-selftest"),
-              show_default=True, help="Where the example pair's checkpoints, engines and repository go (its own "
-              "folder: nothing outside it is written).")
-@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The JSON report. Default: selftest.json in --workdir.")
-@click.option("--variant", type=VARIANTS, default="full", show_default=True,
-              help="The built-in example pair to run (tiny: trained in seconds, for CI).")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("specbuild-selftest"),
+    show_default=True,
+    help="Where the example pair's checkpoints, engines and repository go (its own "
+    "folder: nothing outside it is written).",
+)
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The JSON report. Default: selftest.json in --workdir.",
+)
+@click.option(
+    "--variant",
+    type=VARIANTS,
+    default="full",
+    show_default=True,
+    help="The built-in example pair to run (tiny: trained in seconds, for CI).",
+)
 @json_option
 def command(workdir: Path, out: Path | None, variant: str, as_json: bool) -> None:
     """Run the GPU path's risks in order, each passed or failed with its evidence and the fix to try.

@@ -19,50 +19,121 @@ DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuil
 
 @click.command("serve")
 @spec_option
-@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The model repository written by `specbuild repo` or `up` (default: triton_repo beside the "
-                   "spec's output_dir, where they write it).")
+@click.option(
+    "--repo",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The model repository written by `specbuild repo` or `up` (default: triton_repo beside the "
+    "spec's output_dir, where they write it).",
+)
 @click.option("--host", default=None, help="Address to bind (default: the spec's serve.host, loopback).")
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="HTTP port (0 = a free one).")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="gRPC port (0 = a free one).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Metrics port (0 = a free one).")
-@click.option("--tritonserver", "tritonserver", default=None,
-              help="The tritonserver binary (default: PATH, /opt/tritonserver, or the nvidia-pytriton wheel's).")
-@click.option("--allow-model-control", is_flag=True,
-              help="Open the model-repository API (load/unload) to every client; same as --allow-api model-repository.")
-@click.option("--allow-api", "allow_apis", multiple=True,
-              type=click.Choice(RESTRICTED_APIS),
-              help=f"Open this restricted API to every client (repeatable). Restricted by default: "
-                   f"{', '.join(RESTRICTED_APIS)}.")
+@click.option(
+    "--tritonserver",
+    "tritonserver",
+    default=None,
+    help="The tritonserver binary (default: PATH, /opt/tritonserver, or the nvidia-pytriton wheel's).",
+)
+@click.option(
+    "--allow-model-control",
+    is_flag=True,
+    help="Open the model-repository API (load/unload) to every client; same as --allow-api model-repository.",
+)
+@click.option(
+    "--allow-api",
+    "allow_apis",
+    multiple=True,
+    type=click.Choice(RESTRICTED_APIS),
+    help=f"Open this restricted API to every client (repeatable). Restricted by default: {', '.join(RESTRICTED_APIS)}.",
+)
 @click.option("--no-canary", is_flag=True, help="Skip the canary request after the server is ready.")
 @click.option("--once", is_flag=True, help="Start, answer the canary, print the endpoints, then stop (smoke test).")
-@click.option("--timeout", type=float, default=DEFAULTS.start_timeout_s, show_default=True,
-              help="Seconds to wait for readiness.")
-@click.option("--exit-timeout", type=click.IntRange(1, 3600), default=ServerOptions.exit_timeout_s, show_default=True,
-              help="On SIGINT/SIGTERM the drain waits this long for running requests to finish (then cuts "
-                   "them: exit 1); tritonserver then gets as long to stop (its --exit-timeout-secs; killed 5 s "
-                   "after that). With --server trtllm-serve: killed after this many seconds if given, else after 60.")
+@click.option(
+    "--timeout", type=float, default=DEFAULTS.start_timeout_s, show_default=True, help="Seconds to wait for readiness."
+)
+@click.option(
+    "--exit-timeout",
+    type=click.IntRange(1, 3600),
+    default=ServerOptions.exit_timeout_s,
+    show_default=True,
+    help="On SIGINT/SIGTERM the drain waits this long for running requests to finish (then cuts "
+    "them: exit 1); tritonserver then gets as long to stop (its --exit-timeout-secs; killed 5 s "
+    "after that). With --server trtllm-serve: killed after this many seconds if given, else after 60.",
+)
 @click.option("--no-supervise", is_flag=True, help="Do not watch the models or recover them (see docs/triton.md).")
-@click.option("--canary-interval", type=click.FloatRange(min=0), default=DEFAULTS.canary_interval_s, show_default=True,
-              help="Seconds between the supervisor's canary requests through the BLS (llmapi: tensorrt_llm; 0 = none).")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=DEFAULTS.max_restarts, show_default=True,
-              help="Server restarts the supervisor may make within 10 minutes; one more and serve gives up "
-                   "(exit 1, the server log named).")
-@click.option("--backend", type=click.Choice(backends.NAMES), default=None,
-              help="The repository's backend, checked against its manifest (default: the manifest's).")
-@click.option("--server", type=click.Choice(["tritonserver", "trtllm-serve"]), default="tritonserver", show_default=True,
-              help="trtllm-serve: TensorRT-LLM's OpenAI-compatible server on `build --backend llmapi`'s arguments "
-                   "(GPU; no repository; --http-port is its port).")
+@click.option(
+    "--canary-interval",
+    type=click.FloatRange(min=0),
+    default=DEFAULTS.canary_interval_s,
+    show_default=True,
+    help="Seconds between the supervisor's canary requests through the BLS (llmapi: tensorrt_llm; 0 = none).",
+)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=DEFAULTS.max_restarts,
+    show_default=True,
+    help="Server restarts the supervisor may make within 10 minutes; one more and serve gives up "
+    "(exit 1, the server log named).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(backends.NAMES),
+    default=None,
+    help="The repository's backend, checked against its manifest (default: the manifest's).",
+)
+@click.option(
+    "--server",
+    type=click.Choice(["tritonserver", "trtllm-serve"]),
+    default="tritonserver",
+    show_default=True,
+    help="trtllm-serve: TensorRT-LLM's OpenAI-compatible server on `build --backend llmapi`'s arguments "
+    "(GPU; no repository; --http-port is its port).",
+)
 @click.option("--trtllm-serve", "trtllm_serve", default=None, help="The trtllm-serve binary (default: PATH).")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="trtllm-serve on several nodes: --dry-run prints the trtllm-llmapi-launch command.")
-@click.option("--launcher", type=click.Choice(["srun", "mpirun"]), default="srun", show_default=True,
-              help="Multi-node launcher for --nodes > 1.")
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="trtllm-serve on several nodes: --dry-run prints the trtllm-llmapi-launch command.",
+)
+@click.option(
+    "--launcher",
+    type=click.Choice(["srun", "mpirun"]),
+    default="srun",
+    show_default=True,
+    help="Multi-node launcher for --nodes > 1.",
+)
 @dry_run_option
 @json_option
-def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control, allow_apis,
-            no_canary, once, timeout, exit_timeout, no_supervise, canary_interval, max_restarts, backend, server,
-            trtllm_serve, nodes, launcher, dry_run, as_json):
+def command(
+    spec_path,
+    repo,
+    host,
+    http_port,
+    grpc_port,
+    metrics_port,
+    tritonserver,
+    allow_model_control,
+    allow_apis,
+    no_canary,
+    once,
+    timeout,
+    exit_timeout,
+    no_supervise,
+    canary_interval,
+    max_restarts,
+    backend,
+    server,
+    trtllm_serve,
+    nodes,
+    launcher,
+    dry_run,
+    as_json,
+):
     """Start tritonserver on the repository, wait until ready, send a canary request, print the
     endpoints, and serve until SIGINT/SIGTERM (then shut down cleanly).
 
@@ -102,15 +173,38 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
         if backend is not None and not paths.for_backend(backend).trtllm_serve:
             raise click.UsageError("--server trtllm-serve serves the LLM API path: use --backend llmapi.")
         _refuse_tritonserver_only_options()
-        return serve_trtllm(spec, host, http_port, trtllm_serve, nodes, launcher, timeout, once, dry_run, as_json,
-                            stop_timeout=exit_timeout if _given("exit_timeout") else None)
-    plan = serve_plan.plan_serve(spec, repo, host, http_port, grpc_port, metrics_port, tritonserver, allow_model_control,
-                             allow_apis, exit_timeout)
+        return serve_trtllm(
+            spec,
+            host,
+            http_port,
+            trtllm_serve,
+            nodes,
+            launcher,
+            timeout,
+            once,
+            dry_run,
+            as_json,
+            stop_timeout=exit_timeout if _given("exit_timeout") else None,
+        )
+    plan = serve_plan.plan_serve(
+        spec,
+        repo,
+        host,
+        http_port,
+        grpc_port,
+        metrics_port,
+        tritonserver,
+        allow_model_control,
+        allow_apis,
+        exit_timeout,
+    )
     if backend is not None and backend != plan.backend:
         from specbuild.errors import ArtifactError
 
-        raise ArtifactError(f"{plan.repo} is a {plan.backend!r} repository, not {backend!r}: write one with "
-                            f"`specbuild repo --backend {backend} --out-dir <folder>` and pass --repo.")
+        raise ArtifactError(
+            f"{plan.repo} is a {plan.backend!r} repository, not {backend!r}: write one with "
+            f"`specbuild repo --backend {backend} --out-dir <folder>` and pass --repo."
+        )
     if dry_run:
         document = {"stage": "serve", "dry_run": True, **plan.to_dict()}
         if as_json:
@@ -121,16 +215,25 @@ def command(spec_path, repo, host, http_port, grpc_port, metrics_port, tritonser
             click.echo(shlex.join(document["argv"]))
         return
     serve_plan.check_engines(plan.backend, plan.engines)
-    settings = SupervisorSettings(enabled=not no_supervise, canary_interval_s=canary_interval, start_timeout_s=timeout,
-                                  max_restarts=max_restarts)
+    settings = SupervisorSettings(
+        enabled=not no_supervise, canary_interval_s=canary_interval, start_timeout_s=timeout, max_restarts=max_restarts
+    )
     supervisor = Supervisor.for_repo(plan.options, plan.install, settings, log=log)
     handle = supervisor.handle
     log(f"starting tritonserver ({plan.install.kind}) on {plan.repo}; log: {handle.log_path}")
 
     def announce(canary: dict[str, str]) -> None:
-        document = {"stage": "serve", "status": "ready", "endpoints": handle.endpoints(), "canary": canary,
-                    "repo": str(plan.repo), "backend": plan.backend, "pid": handle.process.pid,
-                    "log": str(handle.log_path), "supervisor_metrics": str(supervisor.metrics.path)}
+        document = {
+            "stage": "serve",
+            "status": "ready",
+            "endpoints": handle.endpoints(),
+            "canary": canary,
+            "repo": str(plan.repo),
+            "backend": plan.backend,
+            "pid": handle.process.pid,
+            "log": str(handle.log_path),
+            "supervisor_metrics": str(supervisor.metrics.path),
+        }
         if as_json:
             emit_json(document)
         else:
@@ -152,16 +255,33 @@ def _given(name: str) -> bool:
 
 def _refuse_tritonserver_only_options() -> None:
     """The supervisor and Triton's restricted APIs belong to tritonserver; trtllm-serve has neither."""
-    flags = {"allow_apis": "--allow-api", "no_supervise": "--no-supervise", "canary_interval": "--canary-interval",
-             "max_restarts": "--max-restarts"}
+    flags = {
+        "allow_apis": "--allow-api",
+        "no_supervise": "--no-supervise",
+        "canary_interval": "--canary-interval",
+        "max_restarts": "--max-restarts",
+    }
     given = [flag for name, flag in flags.items() if _given(name)]
     if given:
-        raise click.UsageError(f"{', '.join(given)}: for tritonserver (Triton's restricted APIs, the supervisor); "
-                               "--server trtllm-serve has neither.")
+        raise click.UsageError(
+            f"{', '.join(given)}: for tritonserver (Triton's restricted APIs, the supervisor); "
+            "--server trtllm-serve has neither."
+        )
 
 
-def serve_trtllm(spec, host: str | None, port: int | None, binary: str | None, nodes: int, launcher: str,
-                 timeout: float, once: bool, dry_run: bool, as_json: bool, stop_timeout: float | None = None) -> None:
+def serve_trtllm(
+    spec,
+    host: str | None,
+    port: int | None,
+    binary: str | None,
+    nodes: int,
+    launcher: str,
+    timeout: float,
+    once: bool,
+    dry_run: bool,
+    as_json: bool,
+    stop_timeout: float | None = None,
+) -> None:
     """trtllm-serve in the foreground until SIGINT/SIGTERM (or --once: until healthy, then stop). A stop
     kills it after stop_timeout seconds (None: the handle's default)."""
     from specbuild.llmapi import trtllm_serve
@@ -177,17 +297,25 @@ def serve_trtllm(spec, host: str | None, port: int | None, binary: str | None, n
                 log(command.end_ids_hint())
         return
     if nodes > 1:
-        raise click.UsageError("--nodes > 1 starts on a cluster: print the command with --dry-run and run it with "
-                               "your scheduler (srun / mpirun).")
+        raise click.UsageError(
+            "--nodes > 1 starts on a cluster: print the command with --dry-run and run it with "
+            "your scheduler (srun / mpirun)."
+        )
     command = trtllm_serve.plan(spec, trtllm_serve.find_trtllm_serve(binary), host, port)
-    handle = trtllm_serve.TrtllmServeHandle(command, log_path=spec.pair_dir / ".trtllm-serve.log",
-                                            stop_timeout=stop_timeout)
+    handle = trtllm_serve.TrtllmServeHandle(
+        command, log_path=spec.pair_dir / ".trtllm-serve.log", stop_timeout=stop_timeout
+    )
     log(f"starting trtllm-serve on {command.argv[1]}; log: {handle.log_path}")
     handle.start(timeout=timeout)
-    document = {"stage": "serve", "status": "ready", "server": "trtllm-serve", "endpoints":
-                {"http": command.health_url.removesuffix(trtllm_serve.contract.SERVE_HEALTH)},
-                "pid": handle.process.pid if handle.process else None, "end_id": command.end_id,
-                "stop_token_ids": command.stop_token_ids}
+    document = {
+        "stage": "serve",
+        "status": "ready",
+        "server": "trtllm-serve",
+        "endpoints": {"http": command.health_url.removesuffix(trtllm_serve.contract.SERVE_HEALTH)},
+        "pid": handle.process.pid if handle.process else None,
+        "end_id": command.end_id,
+        "stop_token_ids": command.stop_token_ids,
+    }
     if as_json:
         emit_json(document)
     else:
@@ -214,7 +342,9 @@ def _until_signal(handle) -> None:
         while not stop.wait(1.0):
             if handle.process is None or handle.process.poll() is not None:
                 code = handle.process.returncode if handle.process else None
-                raise ServeError(f"trtllm-serve exited unexpectedly (code {code}). Last log lines:\n{handle.log_tail()}")
+                raise ServeError(
+                    f"trtllm-serve exited unexpectedly (code {code}). Last log lines:\n{handle.log_tail()}"
+                )
     finally:
         handle.stop()
         for sig, old in previous.items():

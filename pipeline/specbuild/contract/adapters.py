@@ -65,8 +65,9 @@ def sampling_inputs(sampling: SamplingParams) -> dict[str, np.ndarray]:
     return inputs
 
 
-def _base_request(tokens: list[int], output_len: int, end_id: int | None, pad_id: int | None,
-                  sampling: SamplingParams) -> dict[str, np.ndarray]:
+def _base_request(
+    tokens: list[int], output_len: int, end_id: int | None, pad_id: int | None, sampling: SamplingParams
+) -> dict[str, np.ndarray]:
     request = {
         "input_ids": np.asarray(tokens, dtype=np.int32),
         "input_lengths": np.array([len(tokens)], np.int32),
@@ -85,7 +86,9 @@ def _new_tokens(response: dict[str, Any], prompt_len: int, who: str) -> list[int
         ids = np.asarray(response["output_ids"]).reshape(-1)
         length = int(np.asarray(response["sequence_length"]).reshape(-1)[0])
     except (KeyError, IndexError, TypeError, ValueError) as err:
-        raise GenerationError(f"the {who} model's response lacks usable output_ids / sequence_length ({err}).") from None
+        raise GenerationError(
+            f"the {who} model's response lacks usable output_ids / sequence_length ({err})."
+        ) from None
     if length < prompt_len or length > ids.size:
         raise GenerationError(
             f"the {who} model returned sequence_length = {length} for a {prompt_len}-token input and {ids.size} "
@@ -118,8 +121,15 @@ class ContractDrafter:
 class ContractVerifier:
     """Verifier: asks the target model to check a draft (draft_input_ids [+ draft_logits])."""
 
-    def __init__(self, call: Call, max_draft_len: int, end_id: int | None = None, pad_id: int | None = None,
-                 logits_dtype: str | None = None, on_disagreement: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        call: Call,
+        max_draft_len: int,
+        end_id: int | None = None,
+        pad_id: int | None = None,
+        logits_dtype: str | None = None,
+        on_disagreement: Callable[[str], None] | None = None,
+    ):
         self.call, self.max_draft_len, self.end_id, self.pad_id = call, max_draft_len, end_id, pad_id
         self.logits_dtype = logits_dtype  # the target's declared draft_logits dtype; None = send as received
         self.on_disagreement = on_disagreement  # told when the target's own acceptance count differs from its tokens
@@ -163,8 +173,9 @@ class ContractVerifier:
             self._cross_check(response, k, accepted, stopped, draft_ids, new)
         return Verification(accepted=accepted, tokens=out, seconds=time.perf_counter() - t0)
 
-    def _cross_check(self, response: dict[str, Any], k: int, accepted: int, stopped: bool, draft_ids: list[int],
-                     new: list[int]) -> None:
+    def _cross_check(
+        self, response: dict[str, Any], k: int, accepted: int, stopped: bool, draft_ids: list[int], new: list[int]
+    ) -> None:
         """The target's own `total_accepted_draft_tokens` against the count its tokens give. The tokens decide; a
         figure that is missing or differs is told to on_disagreement (the BLS logs it and counts it in its metrics),
         never a failed request. After an end_id accepted from the draft the target may count on past it: agreed."""
@@ -172,12 +183,19 @@ class ContractVerifier:
             reported = int(np.asarray(response["total_accepted_draft_tokens"]).reshape(-1)[0])
         except (KeyError, IndexError, TypeError, ValueError):
             reported = None
-        past_end = stopped and reported is not None and reported > accepted and accepted < k \
+        past_end = (
+            stopped
+            and reported is not None
+            and reported > accepted
+            and accepted < k
             and draft_ids[accepted] == self.end_id
+        )
         if reported == accepted or past_end:
             return
         self.disagreements += 1
         if self.on_disagreement is not None:
             said = "no total_accepted_draft_tokens" if reported is None else f"total_accepted_draft_tokens = {reported}"
-            self.on_disagreement(f"the target sent {said} for draft {draft_ids}, but its tokens {new} accept "
-                                 f"{accepted}: the tokens decide")
+            self.on_disagreement(
+                f"the target sent {said} for draft {draft_ids}, but its tokens {new} accept "
+                f"{accepted}: the tokens decide"
+            )

@@ -17,8 +17,8 @@ ignored with a warning and the default applies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 REQUIRED = ("gpt_model_type", "tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend")
 BATCHING_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")
@@ -60,8 +60,9 @@ class BackendParams:
         the repository)."""
         batching = self.string("gpt_model_type")
         if batching not in BATCHING_TYPES:
-            raise ModelLoadError(LOAD_ERROR + "Invalid gpt_model_type. Must be "
-                                 "v1/inflight_batching/inflight_fused_batching.")
+            raise ModelLoadError(
+                LOAD_ERROR + "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching."
+            )
         self.string("tokenizer_dir")  # read and ignored ("Guided decoding C++ workflow does not use tokenizer_dir")
         info_path = self.string("xgrammar_tokenizer_info_path")
         backend = self.string("guided_decoding_backend")
@@ -69,14 +70,20 @@ class BackendParams:
             if not Path(info_path).exists():
                 raise ModelLoadError(LOAD_ERROR + f"Xgrammar's tokenizer info path at {info_path} does not exist.")
             if backend != "xgrammar":
-                raise ModelLoadError(LOAD_ERROR + "Guided decoding is currently supported with 'xgrammar' backend. "
-                                     "Invalid guided_decoding_backend parameter provided.")
-            raise ModelLoadError("guided decoding (guided_decoding_backend = xgrammar) is not supported by the reference "
-                                 "model; leave guided_decoding_backend empty, or serve with the tensorrtllm backend.")
+                raise ModelLoadError(
+                    LOAD_ERROR + "Guided decoding is currently supported with 'xgrammar' backend. "
+                    "Invalid guided_decoding_backend parameter provided."
+                )
+            raise ModelLoadError(
+                "guided decoding (guided_decoding_backend = xgrammar) is not supported by the reference "
+                "model; leave guided_decoding_backend empty, or serve with the tensorrtllm backend."
+            )
         value = self.values.get("gpt_model_path", "")
         engine = resolve(value) if value else None
         if engine is None or not engine.exists():
             hint = f"gpt_model_path {value!r} does not exist" if value else "gpt_model_path is not set"
-            raise ModelLoadError(LOAD_ERROR + f"Both encoder and decoder model paths are empty ({hint}: build the "
-                                 "engines with `specbuild build`, or fix the path with `specbuild repo`)")
+            raise ModelLoadError(
+                LOAD_ERROR + f"Both encoder and decoder model paths are empty ({hint}: build the "
+                "engines with `specbuild build`, or fix the path with `specbuild repo`)"
+            )
         return engine

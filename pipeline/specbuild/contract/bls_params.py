@@ -45,15 +45,17 @@ class BlsParameters:
         return {f.name: _text(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_parameters(cls, params: dict[str, str]) -> "BlsParameters":
+    def from_parameters(cls, params: dict[str, str]) -> BlsParameters:
         """The record from a model config's parameters (key -> string_value); ValueError names a missing or bad one."""
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             raw = (params.get(f.name) or "").strip()
             if not raw or raw.startswith("${"):
                 if f.default is dataclasses.MISSING:
-                    raise ValueError(f"model config parameter '{f.name}' is required; regenerate the repository "
-                                     "with `specbuild repo`.")
+                    raise ValueError(
+                        f"model config parameter '{f.name}' is required; regenerate the repository "
+                        "with `specbuild repo`."
+                    )
                 continue
             values[f.name] = _parse(raw, f.type, f.name)
         return cls(**values)

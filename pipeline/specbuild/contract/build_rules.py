@@ -52,14 +52,20 @@ def paged_context_fmha_loss(quant_algo: Any, kv_cache_quant_algo: Any, sm: int |
     algo, kv = norm_algo(quant_algo), norm_algo(kv_cache_quant_algo)
     if kv == "FP8":
         if algo not in FP8_CONTEXT_FMHA_ALGOS:
-            return (f"an FP8 KV cache with quant_algo {algo or 'none'} makes trtllm-build turn paged context FMHA off "
-                    f"(it keeps it with an FP8 KV cache only for {', '.join(FP8_CONTEXT_FMHA_ALGOS)} weights, which "
-                    "use FP8 context FMHA)")
+            return (
+                f"an FP8 KV cache with quant_algo {algo or 'none'} makes trtllm-build turn paged context FMHA off "
+                f"(it keeps it with an FP8 KV cache only for {', '.join(FP8_CONTEXT_FMHA_ALGOS)} weights, which "
+                "use FP8 context FMHA)"
+            )
         if sm is not None and sm < FP8_MIN_SM:
-            return (f"an FP8 KV cache on SM{sm} makes trtllm-build turn paged context FMHA off (FP8 context FMHA "
-                    f"needs SM{FP8_MIN_SM}+)")
+            return (
+                f"an FP8 KV cache on SM{sm} makes trtllm-build turn paged context FMHA off (FP8 context FMHA "
+                f"needs SM{FP8_MIN_SM}+)"
+            )
     if kv == "INT8":
-        return "an INT8 KV cache makes trtllm-build turn paged context FMHA off (it does not work with an INT8 KV cache)"
+        return (
+            "an INT8 KV cache makes trtllm-build turn paged context FMHA off (it does not work with an INT8 KV cache)"
+        )
     return None
 
 
@@ -82,12 +88,16 @@ def paged_context_fmha_fix(role: str, sm: int | None) -> str:
     """What to change in the spec when `paged_context_fmha_loss` is not None."""
     options = [f'{role}.kv_cache = "none"']
     if sm is None or sm >= FP8_MIN_SM:
-        options.append(f'{role}.quantization = "fp8" (or "w4a8_awq") with {role}.kv_cache = "fp8"'
-                       + (" on an SM89+ GPU" if sm is None else ""))
+        options.append(
+            f'{role}.quantization = "fp8" (or "w4a8_awq") with {role}.kv_cache = "fp8"'
+            + (" on an SM89+ GPU" if sm is None else "")
+        )
     else:
         options.append("an SM89+ GPU (Ada, Hopper or newer) for an FP8 KV cache")
-    return ("Draft/target speculative decoding needs paged context FMHA (KV-cache reuse for external draft "
-            f"tokens). Set {' or '.join(options)}.")
+    return (
+        "Draft/target speculative decoding needs paged context FMHA (KV-cache reuse for external draft "
+        f"tokens). Set {' or '.join(options)}."
+    )
 
 
 class GpuRefusal(NamedTuple):
@@ -106,27 +116,43 @@ def gpu_refusals(role: str, quantization: str, kv_cache: str, sm: int | None, gp
     """
     found = []
     if sm is not None and sm < MIN_SM:
-        found.append(GpuRefusal("gpu_too_old", f"{gpu} is SM{sm}; draft/target speculative decoding in TensorRT-LLM "
-                                f"needs SM{MIN_SM} or newer.", "Use an Ampere-or-newer GPU."))
+        found.append(
+            GpuRefusal(
+                "gpu_too_old",
+                f"{gpu} is SM{sm}; draft/target speculative decoding in TensorRT-LLM needs SM{MIN_SM} or newer.",
+                "Use an Ampere-or-newer GPU.",
+            )
+        )
     fmt = FORMATS.get(quantization)
     why = fmt.refused_on(sm) if fmt is not None else None
     if why is not None:
-        found.append(GpuRefusal("quantization_unsupported_on_gpu",
-                                f"{role}.quantization = {quantization!r} on {gpu} (SM{sm}): {why}.",
-                                f"Use {role}.quantization = {one_of(usable_on(sm))} on this GPU."))
+        found.append(
+            GpuRefusal(
+                "quantization_unsupported_on_gpu",
+                f"{role}.quantization = {quantization!r} on {gpu} (SM{sm}): {why}.",
+                f"Use {role}.quantization = {one_of(usable_on(sm))} on this GPU.",
+            )
+        )
     if kv_cache == "fp8" and sm is not None and sm < FP8_MIN_SM:
-        found.append(GpuRefusal("kv_cache_unsupported_on_gpu",
-                                f"{role}.kv_cache = 'fp8' needs an SM{FP8_MIN_SM}+ GPU (Ada/Hopper or newer), but "
-                                f"{gpu} is SM{sm}.", f"Set {role}.kv_cache = \"none\" on this GPU."))
+        found.append(
+            GpuRefusal(
+                "kv_cache_unsupported_on_gpu",
+                f"{role}.kv_cache = 'fp8' needs an SM{FP8_MIN_SM}+ GPU (Ada/Hopper or newer), but {gpu} is SM{sm}.",
+                f'Set {role}.kv_cache = "none" on this GPU.',
+            )
+        )
         return found  # the paged context FMHA loss below is this same fact
     loss = spec_paged_context_fmha_loss(quantization, kv_cache, sm)
     if loss is not None:
-        found.append(GpuRefusal(
-            "paged_context_fmha_disabled",
-            f"{role}.quantization = {quantization!r} with {role}.kv_cache = {kv_cache!r}: {loss}. Without paged "
-            "context FMHA the engines have no KV-cache reuse and the target cannot take external draft tokens: "
-            "the build would be rejected after it ran.",
-            paged_context_fmha_fix(role, sm)))
+        found.append(
+            GpuRefusal(
+                "paged_context_fmha_disabled",
+                f"{role}.quantization = {quantization!r} with {role}.kv_cache = {kv_cache!r}: {loss}. Without paged "
+                "context FMHA the engines have no KV-cache reuse and the target cannot take external draft tokens: "
+                "the build would be rejected after it ran.",
+                paged_context_fmha_fix(role, sm),
+            )
+        )
     return found
 
 
@@ -148,9 +174,11 @@ def planned_max_num_tokens(max_batch_size: int, max_seq_len: int, max_num_tokens
     value = max_num_tokens
     longest_input = max_seq_len - 1
     if value < longest_input:
-        notes.append(f"max_num_tokens {value} -> {longest_input} (max_seq_len - 1: the runtime refuses an input longer "
-                     "than min(max_seq_len - 1, max_num_tokens), and the BLS re-sends prompt + generated tokens "
-                     "every step)")
+        notes.append(
+            f"max_num_tokens {value} -> {longest_input} (max_seq_len - 1: the runtime refuses an input longer "
+            "than min(max_seq_len - 1, max_num_tokens), and the BLS re-sends prompt + generated tokens "
+            "every step)"
+        )
         value = longest_input
     ceiling = max_batch_size * max_seq_len
     if value > ceiling:
@@ -162,8 +190,9 @@ def planned_max_num_tokens(max_batch_size: int, max_seq_len: int, max_num_tokens
     return value, notes
 
 
-def built_target_limits(max_batch_size: int, max_seq_len: int, max_num_tokens: int,
-                        max_draft_len: int) -> tuple[int, int]:
+def built_target_limits(
+    max_batch_size: int, max_seq_len: int, max_num_tokens: int, max_draft_len: int
+) -> tuple[int, int]:
     """(max_seq_len, max_num_tokens) the builder writes for a draft-tokens-external target."""
     return max_seq_len + max_draft_len, max(max_num_tokens, max_batch_size * (max_draft_len + 1))
 

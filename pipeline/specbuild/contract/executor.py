@@ -44,7 +44,7 @@ class Limits:
         return min(self.max_seq_len - 1, self.max_num_tokens)
 
     @classmethod
-    def from_engine(cls, engine: dict[str, Any], default_max_seq_len: int) -> "Limits":
+    def from_engine(cls, engine: dict[str, Any], default_max_seq_len: int) -> Limits:
         """Limits from a reference engine's engine.json (missing fields: the defaults older engines had)."""
         max_num_tokens = engine.get("max_num_tokens")
         return cls(

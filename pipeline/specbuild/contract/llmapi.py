@@ -116,17 +116,40 @@ def is_llmapi_config(config: dict | None) -> bool:
 WIRE_TYPES = {t.name: "BYTES" for t in OUTPUTS}
 
 # MODEL `_create_response`, appended in this order when request_perf_metrics is set
-PERF_OUTPUTS = ("kv_cache_reused_block", "kv_cache_hit_rate", "kv_cache_alloc_new_blocks",
-                "kv_cache_alloc_total_blocks", "kv_cache_missed_block", "arrival_time_ns", "first_scheduled_time_ns",
-                "first_token_time_ns", "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens",
-                "total_draft_tokens")
+PERF_OUTPUTS = (
+    "kv_cache_reused_block",
+    "kv_cache_hit_rate",
+    "kv_cache_alloc_new_blocks",
+    "kv_cache_alloc_total_blocks",
+    "kv_cache_missed_block",
+    "arrival_time_ns",
+    "first_scheduled_time_ns",
+    "first_token_time_ns",
+    "last_token_time_ns",
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+)
 # MODEL `output_fields`: request input -> output, sent as [str(value)] when the input is true
-REASON_OUTPUTS = {"return_finish_reason": "finish_reason", "return_stop_reason": "stop_reason",
-                  "return_cumulative_logprob": "cumulative_logprob"}
+REASON_OUTPUTS = {
+    "return_finish_reason": "finish_reason",
+    "return_stop_reason": "stop_reason",
+    "return_cumulative_logprob": "cumulative_logprob",
+}
 
 # HELPERS get_sampling_params_from_request: sampling_param_<name> -> SamplingParams(<name>=...)
-SAMPLING_PARAMS = ("best_of", "temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty", "max_tokens",
-                   "seed", "exclude_input_from_output", "return_perf_metrics")
+SAMPLING_PARAMS = (
+    "best_of",
+    "temperature",
+    "top_k",
+    "top_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "max_tokens",
+    "seed",
+    "exclude_input_from_output",
+    "return_perf_metrics",
+)
 # HELPERS default_values: applied when the input is absent (others fall back to SamplingParams' own defaults).
 # Note: exclude_input_from_output defaults to False here, so text_output starts with the prompt (NVIDIA's
 # sample "text_output":"What is ML?\nML is ...", tutorials @e848952 TRT-LLM/README.md L134).
@@ -159,44 +182,127 @@ TRITON_CONFIG_REQUIRED = ("max_batch_size", "decoupled")  # MODEL auto_complete_
 TRITON_CONFIG_OPTIONAL = ("cancellation_check_period_ms",)
 
 # ARGS: BaseLlmArgs fields (model_config extra = "forbid": any other key fails LLM(...)).
-BASE_LLM_ARGS = frozenset({
-    "model", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code", "tensor_parallel_size",
-    "dtype", "revision", "tokenizer_revision", "pipeline_parallel_size", "context_parallel_size", "gpus_per_node",
-    "moe_cluster_parallel_size", "moe_tensor_parallel_size", "moe_expert_parallel_size", "enable_attention_dp",
-    "enable_lm_head_tp_in_adp", "cp_config", "load_format", "fail_fast_on_attention_window_too_large",
-    "enable_lora", "lora_config", "kv_cache_config", "enable_chunked_prefill", "guided_decoding_backend",
-    "batched_logits_processor", "iter_stats_max_iterations", "request_stats_max_iterations", "peft_cache_config",
-    "scheduler_config", "cache_transceiver_config", "sparse_attention_config", "speculative_config",
-    "max_batch_size", "max_input_len", "max_seq_len", "max_beam_width", "max_num_tokens",
-    "gather_generation_logits", "num_postprocess_workers", "postprocess_tokenizer_dir", "reasoning_parser",
-    "decoding_config", "backend", "return_perf_metrics", "orchestrator_type",
-})
+BASE_LLM_ARGS = frozenset(
+    {
+        "model",
+        "tokenizer",
+        "tokenizer_mode",
+        "skip_tokenizer_init",
+        "trust_remote_code",
+        "tensor_parallel_size",
+        "dtype",
+        "revision",
+        "tokenizer_revision",
+        "pipeline_parallel_size",
+        "context_parallel_size",
+        "gpus_per_node",
+        "moe_cluster_parallel_size",
+        "moe_tensor_parallel_size",
+        "moe_expert_parallel_size",
+        "enable_attention_dp",
+        "enable_lm_head_tp_in_adp",
+        "cp_config",
+        "load_format",
+        "fail_fast_on_attention_window_too_large",
+        "enable_lora",
+        "lora_config",
+        "kv_cache_config",
+        "enable_chunked_prefill",
+        "guided_decoding_backend",
+        "batched_logits_processor",
+        "iter_stats_max_iterations",
+        "request_stats_max_iterations",
+        "peft_cache_config",
+        "scheduler_config",
+        "cache_transceiver_config",
+        "sparse_attention_config",
+        "speculative_config",
+        "max_batch_size",
+        "max_input_len",
+        "max_seq_len",
+        "max_beam_width",
+        "max_num_tokens",
+        "gather_generation_logits",
+        "num_postprocess_workers",
+        "postprocess_tokenizer_dir",
+        "reasoning_parser",
+        "decoding_config",
+        "backend",
+        "return_perf_metrics",
+        "orchestrator_type",
+    }
+)
 # ARGS: TorchLlmArgs(BaseLlmArgs) adds these (the PyTorch backend, `backend: pytorch`).
-TORCH_LLM_ARGS = frozenset({
-    "build_config", "garbage_collection_gen0_threshold", "cuda_graph_config", "attention_dp_config",
-    "disable_overlap_scheduler", "moe_config", "attn_backend", "sampler_type", "enable_iter_perf_stats",
-    "enable_iter_req_stats", "print_iter_log", "perf_metrics_max_requests", "batch_wait_timeout_ms",
-    "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "torch_compile_config", "enable_autotuner",
-    "enable_layerwise_nvtx_marker", "enable_min_latency", "stream_interval", "force_dynamic_quantization",
-    "allreduce_strategy", "checkpoint_loader", "checkpoint_format", "kv_connector_config", "mm_encoder_only",
-    "ray_worker_extension_cls",
-})
+TORCH_LLM_ARGS = frozenset(
+    {
+        "build_config",
+        "garbage_collection_gen0_threshold",
+        "cuda_graph_config",
+        "attention_dp_config",
+        "disable_overlap_scheduler",
+        "moe_config",
+        "attn_backend",
+        "sampler_type",
+        "enable_iter_perf_stats",
+        "enable_iter_req_stats",
+        "print_iter_log",
+        "perf_metrics_max_requests",
+        "batch_wait_timeout_ms",
+        "batch_wait_timeout_iters",
+        "batch_wait_max_tokens_ratio",
+        "torch_compile_config",
+        "enable_autotuner",
+        "enable_layerwise_nvtx_marker",
+        "enable_min_latency",
+        "stream_interval",
+        "force_dynamic_quantization",
+        "allreduce_strategy",
+        "checkpoint_loader",
+        "checkpoint_format",
+        "kv_connector_config",
+        "mm_encoder_only",
+        "ray_worker_extension_cls",
+    }
+)
 LLM_ARGS = BASE_LLM_ARGS | TORCH_LLM_ARGS
 # ARGS: KvCacheConfig(StrictBaseModel) fields; free_gpu_memory_fraction default 0.9, "must be a float between 0 and 1"
-KV_CACHE_CONFIG = frozenset({
-    "enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length", "free_gpu_memory_fraction",
-    "host_cache_size", "onboard_blocks", "cross_kv_cache_fraction", "secondary_offload_min_priority",
-    "event_buffer_max_size", "attention_dp_events_gather_period_ms", "enable_partial_reuse",
-    "copy_on_partial_reuse", "use_uvm", "max_gpu_total_bytes", "dtype", "mamba_ssm_cache_dtype", "tokens_per_block",
-})
+KV_CACHE_CONFIG = frozenset(
+    {
+        "enable_block_reuse",
+        "max_tokens",
+        "max_attention_window",
+        "sink_token_length",
+        "free_gpu_memory_fraction",
+        "host_cache_size",
+        "onboard_blocks",
+        "cross_kv_cache_fraction",
+        "secondary_offload_min_priority",
+        "event_buffer_max_size",
+        "attention_dp_events_gather_period_ms",
+        "enable_partial_reuse",
+        "copy_on_partial_reuse",
+        "use_uvm",
+        "max_gpu_total_bytes",
+        "dtype",
+        "mamba_ssm_cache_dtype",
+        "tokens_per_block",
+    }
+)
 KV_CACHE_DEFAULT_FRACTION = 0.9  # ARGS KvCacheConfig.free_gpu_memory_fraction
 KV_TOKENS_PER_BLOCK = 32  # ARGS KvCacheConfig.tokens_per_block
 # ARGS: DecodingBaseConfig fields (DraftTargetDecodingConfig adds none). `decoding_type` is not a field in
 # this era: DecodingBaseConfig.from_dict pops it and picks the class from it.
-DECODING_CONFIG = frozenset({
-    "max_draft_len", "max_total_draft_tokens", "speculative_model_dir", "max_concurrency", "load_format",
-    "acceptance_window", "acceptance_length_threshold",
-})
+DECODING_CONFIG = frozenset(
+    {
+        "max_draft_len",
+        "max_total_draft_tokens",
+        "speculative_model_dir",
+        "max_concurrency",
+        "load_format",
+        "acceptance_window",
+        "acceptance_length_threshold",
+    }
+)
 DECODING_TYPE_KEY = "decoding_type"
 # ARGS DecodingBaseConfig.from_dict's keys: {"MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget",
 # "SaveState", "UserProvided", "AUTO"}; anything else -> ValueError(f"Invalid decoding type: {decoding_type}").
@@ -221,17 +327,32 @@ MSG_DRAFT_LEN = "max_draft_len must be > 0"  # `assert self.speculative_config.m
 MSG_DRAFT_PATH = "Path to draft model must be specified."
 # ARGS CudaGraphConfig fields
 CUDA_GRAPH_CONFIG = frozenset({"batch_sizes", "max_batch_size", "enable_padding"})
-NESTED = {"kv_cache_config": KV_CACHE_CONFIG, "speculative_config": DECODING_CONFIG | {DECODING_TYPE_KEY},
-          "cuda_graph_config": CUDA_GRAPH_CONFIG}
+NESTED = {
+    "kv_cache_config": KV_CACHE_CONFIG,
+    "speculative_config": DECODING_CONFIG | {DECODING_TYPE_KEY},
+    "cuda_graph_config": CUDA_GRAPH_CONFIG,
+}
 # LLM-API pytorch backend request check (tensorrt_llm/llmapi/llm.py `_check_arguments`, 1.x):
-MSG_PROMPT_TOO_LONG = ("The sum of prompt length ({prompt_len}), query length (0) should not exceed "
-                       "max_num_tokens ({max_num_tokens})")
+MSG_PROMPT_TOO_LONG = (
+    "The sum of prompt length ({prompt_len}), query length (0) should not exceed max_num_tokens ({max_num_tokens})"
+)
 
 # SERVE: trtllm-serve [serve] MODEL options specbuild passes. The YAML of --extra_llm_api_options is applied
 # over the CLI values (update_llm_args_with_extra_dict); `model` and `backend` stay on the command line.
 # --extra_llm_api_options is in every 1.x serve.py read; its newer alias --config is not used.
-SERVE_OPTIONS = ("--host", "--port", "--backend", "--tp_size", "--pp_size", "--max_batch_size", "--max_num_tokens",
-                 "--max_seq_len", "--kv_cache_free_gpu_memory_fraction", "--extra_llm_api_options", "--log_level")
+SERVE_OPTIONS = (
+    "--host",
+    "--port",
+    "--backend",
+    "--tp_size",
+    "--pp_size",
+    "--max_batch_size",
+    "--max_num_tokens",
+    "--max_seq_len",
+    "--kv_cache_free_gpu_memory_fraction",
+    "--extra_llm_api_options",
+    "--log_level",
+)
 SERVE_HEALTH = "/health"  # SERVE openai_server.py: GET /health -> 200 when the LLM is up, else 503
 SERVE_DEFAULT_PORT = 8000
 LAUNCHER = "trtllm-llmapi-launch"  # LAUNCH: rank from SLURM_PROCID / OMPI_COMM_WORLD_RANK / PMI_RANK

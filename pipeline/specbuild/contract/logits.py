@@ -76,10 +76,14 @@ def pair_logits_datatype(spec: Spec, engine_dirs: dict[str, Path]) -> str:
     (target, target_from), (draft, draft_from) = found["target"], found["draft"]
     for dtype, source in found.values():
         if dtype not in TRITON_TYPES:
-            raise SpecError(f"logits dtype {dtype!r} (from {source}) is not one trtllm-build supports "
-                            f"({', '.join(TRITON_TYPES)}): convert the checkpoint again.")
+            raise SpecError(
+                f"logits dtype {dtype!r} (from {source}) is not one trtllm-build supports "
+                f"({', '.join(TRITON_TYPES)}): convert the checkpoint again."
+            )
     if target != draft:
-        raise SpecError(f"the target's logits are {target} (from {target_from}) but the draft's are {draft} (from "
-                        f"{draft_from}): the draft's logits feed the target's draft_logits input, so both must match. "
-                        "Give [target] and [draft] the same dtype, then convert and build again.")
+        raise SpecError(
+            f"the target's logits are {target} (from {target_from}) but the draft's are {draft} (from "
+            f"{draft_from}): the draft's logits feed the target's draft_logits input, so both must match. "
+            "Give [target] and [draft] the same dtype, then convert and build again."
+        )
     return TRITON_TYPES[target]

@@ -32,7 +32,7 @@ def config_proto():
     return model_config_pb2
 
 
-def to_pbtxt(config: "model_config_pb2.ModelConfig") -> str:
+def to_pbtxt(config: model_config_pb2.ModelConfig) -> str:
     from google.protobuf import text_format
 
     text = text_format.MessageToString(config)
@@ -41,7 +41,7 @@ def to_pbtxt(config: "model_config_pb2.ModelConfig") -> str:
     return text
 
 
-def parse_pbtxt(text: str) -> "model_config_pb2.ModelConfig":
+def parse_pbtxt(text: str) -> model_config_pb2.ModelConfig:
     from google.protobuf import text_format
 
     return text_format.Parse(text, config_proto().ModelConfig())

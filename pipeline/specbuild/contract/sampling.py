@@ -48,8 +48,13 @@ class TrtllmSampling:
     seed: int  # 0 when the request sent none
 
     @classmethod
-    def from_tensors(cls, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                     seed: int | None = None) -> "TrtllmSampling":
+    def from_tensors(
+        cls,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> TrtllmSampling:
         """The executor's SamplingConfig from the request's (possibly absent) tensors, checked and set up."""
         if top_p is not None and top_p <= 0.0:
             top_p = None  # utils.cc: runtime_top_p <= 0 is treated as not given
@@ -66,8 +71,12 @@ class TrtllmSampling:
             k = 1  # the sampling layer's greedy case
         if k > 0 and p == 0.0:
             p = 1.0
-        return cls(temperature=DEFAULT_TEMPERATURE if temperature is None else float(temperature),
-                   top_k=k, top_p=p, seed=DEFAULT_SEED if seed is None else int(seed))
+        return cls(
+            temperature=DEFAULT_TEMPERATURE if temperature is None else float(temperature),
+            top_k=k,
+            top_p=p,
+            seed=DEFAULT_SEED if seed is None else int(seed),
+        )
 
     @property
     def greedy(self) -> bool:
@@ -87,4 +96,3 @@ class TrtllmSampling:
             limit = np.float32(np.finfo(dtype).max)
             x = np.clip(x.astype(np.float32) * inv, -limit, limit).astype(dtype)
         return process_logits(x.astype(np.float64), SamplingParams(temperature=1.0, top_k=self.top_k, top_p=self.top_p))
-

@@ -44,8 +44,10 @@ OUTPUT = "OPEN"  # BOOL [1], always true: a request reaching the gate finds it o
 MODEL_MODULE = "specbuild.triton.models.serving_gate"  # what the gate's model.py imports its TritonPythonModel from
 RUNNING_GAUGE = "specbuild_running_requests"  # exported by a model `gated` wraps; the drain reads it
 RUNNING_HELP = "Requests the model accepted and has not yet answered with their final response"
-REFUSAL = ("the server takes no new requests: it is draining before it stops (or reloading its serving gate); "
-           "retry shortly or on another replica")
+REFUSAL = (
+    "the server takes no new requests: it is draining before it stops (or reloading its serving gate); "
+    "retry shortly or on another replica"
+)
 
 
 class Gate:
@@ -89,8 +91,9 @@ class RunningCount:
         self.value, self._lock, self._metric = 0, threading.Lock(), None
         if hasattr(pb_utils, "MetricFamily"):
             # the family must outlive its metric ("the corresponding 'MetricFamily' has been deleted")
-            self._family = pb_utils.MetricFamily(name=RUNNING_GAUGE, description=RUNNING_HELP,
-                                                 kind=pb_utils.MetricFamily.GAUGE)
+            self._family = pb_utils.MetricFamily(
+                name=RUNNING_GAUGE, description=RUNNING_HELP, kind=pb_utils.MetricFamily.GAUGE
+            )
             self._metric = self._family.Metric(labels={"model": model_name})
             self._metric.set(0)
 

@@ -227,16 +227,25 @@ NUMPY_DTYPES = {
 # The BLS's final response: every output it sends there besides text_output (stop_reason only when a stop word
 # ended the request), in BLS_OUTPUTS' types. The BLS builds its tensors from this table (`final_values`) and the
 # client reads the same names (specbuild.triton.client), so an output added here is sent and read.
-BLS_FINAL_OUTPUTS = ("finish_reason", "stop_reason", "acceptance_rate", "total_accepted_draft_tokens",
-                     "total_draft_tokens", "mean_accepted_len", "num_input_tokens", "num_output_tokens", "output_ids",
-                     "speculation_stats")
+BLS_FINAL_OUTPUTS = (
+    "finish_reason",
+    "stop_reason",
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+    "mean_accepted_len",
+    "num_input_tokens",
+    "num_output_tokens",
+    "output_ids",
+    "speculation_stats",
+)
 JSON_OUTPUTS = ("speculation_stats",)  # a TYPE_STRING output holding one JSON document
 
 
 BLS_OUTPUT = {t.name: t for t in BLS_OUTPUTS}
 
 
-def final_values(values: dict[str, object]) -> dict[str, "object"]:
+def final_values(values: dict[str, object]) -> dict[str, object]:
     """The BLS's final-response outputs as numpy arrays with the batch dimension of 1, typed by BLS_OUTPUTS: a
     value per name of BLS_FINAL_OUTPUTS (None: not sent); strings encoded, JSON documents dumped."""
     import json
@@ -246,8 +255,9 @@ def final_values(values: dict[str, object]) -> dict[str, "object"]:
     unknown = sorted(set(values) - set(BLS_FINAL_OUTPUTS))
     missing = sorted(set(BLS_FINAL_OUTPUTS) - set(values))
     if unknown or missing:
-        raise ValueError(f"the BLS's final response must give exactly BLS_FINAL_OUTPUTS: unknown {unknown}, "
-                         f"missing {missing}")
+        raise ValueError(
+            f"the BLS's final response must give exactly BLS_FINAL_OUTPUTS: unknown {unknown}, missing {missing}"
+        )
     arrays = {}
     for name in BLS_FINAL_OUTPUTS:
         value = values[name]
@@ -258,6 +268,7 @@ def final_values(values: dict[str, object]) -> dict[str, "object"]:
             value = json.dumps(value)
         if tensor.dtype == "TYPE_STRING":
             value = value.encode("utf-8") if isinstance(value, str) else value
-        arrays[name] = np.array([value if tensor.dims == (-1,) else [value]], dtype=NUMPY_DTYPES[tensor.dtype]) \
-            .reshape(1, -1)
+        arrays[name] = np.array([value if tensor.dims == (-1,) else [value]], dtype=NUMPY_DTYPES[tensor.dtype]).reshape(
+            1, -1
+        )
     return arrays

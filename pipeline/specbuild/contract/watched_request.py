@@ -10,7 +10,8 @@ request ended without. python_backend's helpers read a request only through its 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class WatchedSender:

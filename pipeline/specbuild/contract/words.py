@@ -13,14 +13,17 @@ import numpy as np
 __all__ = ["from_sequences", "to_word_list", "word_sequences"]
 
 
-def to_word_list(tokenizer, rows: list[list[str]] | None, batch: int = 1,
-                 extra: list[list[int]] | None = None) -> np.ndarray:  # -> [b, 2, m]
+def to_word_list(
+    tokenizer, rows: list[list[str]] | None, batch: int = 1, extra: list[list[int]] | None = None
+) -> np.ndarray:  # -> [b, 2, m]
     """Each row's words, tokenized without special tokens, in the [2, m] format (rows None: the input was absent);
     `extra`: token id sequences added to every row (words already tokenized)."""
     if rows is None and not extra:
         return np.empty((batch, 2, 0), dtype=np.int32)
-    sequences = [[ids for ids in (tokenizer.encode(word, add_special_tokens=False) for word in words) if ids]
-                 for words in (rows if rows is not None else [[] for _ in range(batch)])]
+    sequences = [
+        [ids for ids in (tokenizer.encode(word, add_special_tokens=False) for word in words) if ids]
+        for words in (rows if rows is not None else [[] for _ in range(batch)])
+    ]
     return from_sequences([row + list(extra or []) for row in sequences])
 
 

@@ -11,7 +11,8 @@ Heavy imports (torch, transformers, modelopt) happen inside the functions of exp
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def dry_run(spec: Any, roles: list[str], options: Any = None) -> list[dict[str, Any]]:
@@ -21,8 +22,15 @@ def dry_run(spec: Any, roles: list[str], options: Any = None) -> list[dict[str, 
     return [describe(p) for p in plan_roles(spec, roles, options or ConvertOptions())]
 
 
-def convert_pair(spec: Any, roles: list[str], force: bool = False, log: Callable[[str], None] = print,
-                 options: Any = None, verify: bool = False, progress: bool = False) -> list[dict[str, Any]]:
+def convert_pair(
+    spec: Any,
+    roles: list[str],
+    force: bool = False,
+    log: Callable[[str], None] = print,
+    options: Any = None,
+    verify: bool = False,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
     """Convert the given roles; one result per role with status "ran" or "skipped" (up to date)."""
     from specbuild.convert.export import convert_role
     from specbuild.convert.plan import ConvertOptions, plan_roles

@@ -8,7 +8,6 @@ available, else the short fallback below. Nothing is ever downloaded.
 
 from __future__ import annotations
 
-
 from pathlib import Path
 
 from specbuild import jsonl
@@ -35,8 +34,11 @@ def builtin_texts(n: int, chars: int) -> list[str]:
     if corpus is None:
         pools = [list(_FALLBACK)]
     else:
-        pools = [corpus.prose_texts("train"), corpus.code_texts("train"),
-                 ["\n".join(corpus.json_records(4, seed=i)) for i in range(n)]]
+        pools = [
+            corpus.prose_texts("train"),
+            corpus.code_texts("train"),
+            ["\n".join(corpus.json_records(4, seed=i)) for i in range(n)],
+        ]
     samples: list[str] = []
     index = 0
     while len(samples) < n and any(index < len(p) for p in pools):
@@ -52,7 +54,9 @@ def read_calib_file(path: Path) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise SpecError(f"--calib-file {str(path)!r} cannot be read ({err}). Pass a UTF-8 text or JSONL file.") from None
+        raise SpecError(
+            f"--calib-file {str(path)!r} cannot be read ({err}). Pass a UTF-8 text or JSONL file."
+        ) from None
     if path.suffix == ".jsonl":
         samples = []
         for where, _, record in jsonl.records(text, path, SpecError, 'Each line must be {"text": "..."}.'):
@@ -62,8 +66,11 @@ def read_calib_file(path: Path) -> list[str]:
                 samples.append(record["text"])
     else:
         blocks = [b.strip() for b in text.split("\n\n")]
-        samples = [b for b in blocks if b] if len([b for b in blocks if b]) > 1 else \
-            [line for line in text.splitlines() if line.strip()]
+        samples = (
+            [b for b in blocks if b]
+            if len([b for b in blocks if b]) > 1
+            else [line for line in text.splitlines() if line.strip()]
+        )
     if not samples:
         raise SpecError(f"--calib-file {str(path)!r} holds no text samples. Add some text (one sample per paragraph).")
     return samples

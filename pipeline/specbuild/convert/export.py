@@ -13,8 +13,9 @@ import json
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from specbuild.artifacts import combined_hash, hash_tree, stage_output, tool_versions
 from specbuild.convert import calib as calib_mod
@@ -55,16 +56,18 @@ def load_hf_model(plan: RolePlan, device: str) -> Any:
     dtype = torch.float32 if device == "cpu" else getattr(torch, plan.dtype)
     try:
         with quiet_library_bars():
-            model, info = cls.from_pretrained(plan.hf_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False,
-                                              output_loading_info=True)
+            model, info = cls.from_pretrained(
+                plan.hf_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False, output_loading_info=True
+            )
     except (SafetensorError, OSError, ValueError, RuntimeError, KeyError) as err:
         raise CheckpointError(
             f"{plan.role} checkpoint {str(plan.hf_dir)!r} cannot be loaded: {str(err).splitlines()[0][:300]}. "
             "Check that its *.safetensors files are complete (download them again)."
         ) from None
     # transformers fills missing weights with random values and only warns: refuse instead.
-    missing = sorted(k for k in info.get("missing_keys", ()) if not (k == "lm_head.weight"
-                                                                      and model.config.tie_word_embeddings))
+    missing = sorted(
+        k for k in info.get("missing_keys", ()) if not (k == "lm_head.weight" and model.config.tie_word_embeddings)
+    )
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise CheckpointError(
@@ -81,8 +84,10 @@ def fit_vocab(model: Any, plan: RolePlan, log: Callable[[str], None]) -> None:
         log(f"[{plan.role}] padding the vocabulary {plan.vocab_rows} -> {plan.pad_vocab_to} rows (zeros)")
         resize_vocab(model, plan.pad_vocab_to)
     if plan.trim_vocab_to:
-        log(f"[{plan.role}] trimming the vocabulary {plan.vocab_rows} -> {plan.trim_vocab_to} rows (to the "
-            "target's; the rows cut lie beyond the tokenizer: no token maps to them)")
+        log(
+            f"[{plan.role}] trimming the vocabulary {plan.vocab_rows} -> {plan.trim_vocab_to} rows (to the "
+            "target's; the rows cut lie beyond the tokenizer: no token maps to them)"
+        )
         resize_vocab(model, plan.trim_vocab_to)
 
 
@@ -106,8 +111,9 @@ def resize_vocab(model: Any, rows: int) -> None:
         if model.config.tie_word_embeddings:
             head.weight = new_emb.weight
         else:
-            new_head = torch.nn.Linear(head.in_features, rows, bias=False, device=head.weight.device,
-                                       dtype=head.weight.dtype)
+            new_head = torch.nn.Linear(
+                head.in_features, rows, bias=False, device=head.weight.device, dtype=head.weight.dtype
+            )
             new_head.weight.copy_(resized(head.weight))
             model.set_output_embeddings(new_head)
     model.config.vocab_size = rows
@@ -118,8 +124,9 @@ def pad_intermediate(model: Any, size: int) -> None:
     import torch
 
     def grown(linear: Any, rows: int, cols: int) -> Any:
-        new = torch.nn.Linear(cols, rows, bias=linear.bias is not None, device=linear.weight.device,
-                              dtype=linear.weight.dtype)
+        new = torch.nn.Linear(
+            cols, rows, bias=linear.bias is not None, device=linear.weight.device, dtype=linear.weight.dtype
+        )
         new.weight.zero_()
         new.weight[: linear.out_features, : linear.in_features] = linear.weight
         if linear.bias is not None:
@@ -152,11 +159,16 @@ def quant_config(plan: RolePlan) -> dict[str, Any] | None:
     cfg = copy.deepcopy(getattr(mtq, fmt.mtq_config))
     entries = cfg["quant_cfg"]
     if isinstance(entries, list) != listed or not isinstance(entries, (list, dict)):
-        raise CheckpointError(f"nvidia-modelopt {tool_versions('nvidia-modelopt')['nvidia-modelopt']}: unexpected "
-                              "quantization config layout. Install nvidia-modelopt 0.37 or 0.4x (<0.49).")
+        raise CheckpointError(
+            f"nvidia-modelopt {tool_versions('nvidia-modelopt')['nvidia-modelopt']}: unexpected "
+            "quantization config layout. Install nvidia-modelopt 0.37 or 0.4x (<0.49)."
+        )
     if fmt.awq:
-        weight = (next(e.get("cfg") for e in entries if e.get("quantizer_name") == "*weight_quantizer") if listed
-                  else entries["*weight_quantizer"])
+        weight = (
+            next(e.get("cfg") for e in entries if e.get("quantizer_name") == "*weight_quantizer")
+            if listed
+            else entries["*weight_quantizer"]
+        )
         first = weight[0] if isinstance(weight, list) else weight
         first["block_sizes"][-1] = plan.awq_block_size
     if plan.kv_cache == "fp8":
@@ -180,8 +192,10 @@ def calibrate(model: Any, plan: RolePlan, options: ConvertOptions, device: str, 
     try:
         tokenizer = AutoTokenizer.from_pretrained(plan.hf_dir, trust_remote_code=False)
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"{plan.role} checkpoint {str(plan.hf_dir)!r}: calibration needs its tokenizer, which "
-                              f"cannot be loaded ({str(err).splitlines()[0][:200]}). Add the tokenizer files.") from None
+        raise CheckpointError(
+            f"{plan.role} checkpoint {str(plan.hf_dir)!r}: calibration needs its tokenizer, which "
+            f"cannot be loaded ({str(err).splitlines()[0][:200]}). Add the tokenizer files."
+        ) from None
     if cal.source == "builtin":
         texts = calib_mod.builtin_texts(cal.size, chars=cal.seq_len * 6)
     else:
@@ -199,9 +213,16 @@ def calibrate(model: Any, plan: RolePlan, options: ConvertOptions, device: str, 
     torch.manual_seed(options.seed)
     with _quiet_stdout():
         mtq.quantize(model, cfg, forward_loop=forward_loop)
-    return {"used": True, "source": cal.source, "file_sha256": cal.file_sha256, "samples": len(batches),
-            "tokens": int(sum(b.shape[1] for b in batches)), "seq_len": cal.seq_len,
-            "algorithm": str(cfg.get("algorithm")), "awq_block_size": plan.awq_block_size}
+    return {
+        "used": True,
+        "source": cal.source,
+        "file_sha256": cal.file_sha256,
+        "samples": len(batches),
+        "tokens": int(sum(b.shape[1] for b in batches)),
+        "seq_len": cal.seq_len,
+        "algorithm": str(cfg.get("algorithm")),
+        "awq_block_size": plan.awq_block_size,
+    }
 
 
 @contextlib.contextmanager
@@ -227,9 +248,14 @@ def export_checkpoint(model: Any, plan: RolePlan, folder: Path) -> None:
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
     with torch.inference_mode(), _quiet_stdout():
-        export_tensorrt_llm_checkpoint(model, plan.model_type, getattr(torch, plan.dtype), export_dir=folder,
-                                       inference_tensor_parallel=plan.tp_size,
-                                       inference_pipeline_parallel=plan.pp_size)
+        export_tensorrt_llm_checkpoint(
+            model,
+            plan.model_type,
+            getattr(torch, plan.dtype),
+            export_dir=folder,
+            inference_tensor_parallel=plan.tp_size,
+            inference_pipeline_parallel=plan.pp_size,
+        )
 
 
 def _finish_config(plan: RolePlan, folder: Path) -> tuple[dict[str, Any], list[str]]:
@@ -237,27 +263,40 @@ def _finish_config(plan: RolePlan, folder: Path) -> tuple[dict[str, Any], list[s
     raw = json.loads(path.read_text())
     exported_kv = (raw.get("quantization") or {}).get("kv_cache_quant_algo")
     if plan.kv_cache == "fp8" and exported_kv != "FP8":
-        raise CheckpointError(f"[{plan.role}] modelopt exported kv_cache_quant_algo {exported_kv!r}, not FP8: the "
-                              "KV-cache scales are missing. Report this with the modelopt version.")
+        raise CheckpointError(
+            f"[{plan.role}] modelopt exported kv_cache_quant_algo {exported_kv!r}, not FP8: the "
+            "KV-cache scales are missing. Report this with the modelopt version."
+        )
     hf_config = json.loads((plan.hf_dir / "config.json").read_text())
-    config, edits = apply_fixups(raw, hf_config, formats.get_format(plan.quantization), plan.kv_cache,
-                                 plan.architecture, plan.model_type)
+    config, edits = apply_fixups(
+        raw, hf_config, formats.get_format(plan.quantization), plan.kv_cache, plan.architecture, plan.model_type
+    )
     if plan.quant_algo is not None and config["quantization"].get("quant_algo") != plan.quant_algo:
-        raise CheckpointError(f"[{plan.role}] exported quant_algo {config['quantization'].get('quant_algo')!r}, "
-                              f"expected {plan.quant_algo!r}.")
+        raise CheckpointError(
+            f"[{plan.role}] exported quant_algo {config['quantization'].get('quant_algo')!r}, "
+            f"expected {plan.quant_algo!r}."
+        )
     path.write_text(json.dumps(config, indent=4) + "\n")
     extra = folder / "quant_cfg.json"  # per-layer formats; TensorRT-LLM reads it only for MIXED_PRECISION
     if extra.is_file() and config["quantization"].get("quant_algo") != "MIXED_PRECISION":
         if json.loads(extra.read_text()).get("quantized_layers"):
-            raise CheckpointError(f"[{plan.role}] modelopt wrote per-layer quantization (quant_cfg.json) for a "
-                                  f"single-format export ({plan.quantization}). Report this with the modelopt version.")
+            raise CheckpointError(
+                f"[{plan.role}] modelopt wrote per-layer quantization (quant_cfg.json) for a "
+                f"single-format export ({plan.quantization}). Report this with the modelopt version."
+            )
         extra.unlink()
         edits.append("removed quant_cfg.json (no quantized layers)")
     return config, edits
 
 
-def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, verify: bool = False,
-                 log: Log = print, progress: bool = False) -> dict[str, Any]:
+def convert_role(
+    plan: RolePlan,
+    options: ConvertOptions,
+    force: bool = False,
+    verify: bool = False,
+    log: Log = print,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Convert one role; returns its result (the manifest, or the existing one when up to date)."""
     versions = tool_versions(*TOOLS)
     hashes = source_hashes(plan)
@@ -266,8 +305,7 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
         if out.up_to_date(digest):
             manifest = out.existing_manifest() or {}
             log(f"[{plan.role}] {plan.out_dir} is up to date (inputs unchanged); nothing to do. --force redoes it.")
-            result = {"role": plan.role, "status": "skipped", "checkpoint": str(plan.out_dir),
-                      "manifest": manifest}
+            result = {"role": plan.role, "status": "skipped", "checkpoint": str(plan.out_dir), "manifest": manifest}
             if verify:
                 from specbuild.convert.verify import verify_checkpoint
 
@@ -281,8 +319,10 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
         timings["load_s"] = round(time.perf_counter() - start, 3)
         fit_vocab(model, plan, log)
         if plan.pad_intermediate_to:
-            log(f"[{plan.role}] padding the MLP width to {plan.pad_intermediate_to} (zeros) for AWQ blocks of "
-                f"{plan.awq_block_size}")
+            log(
+                f"[{plan.role}] padding the MLP width to {plan.pad_intermediate_to} (zeros) for AWQ blocks of "
+                f"{plan.awq_block_size}"
+            )
             pad_intermediate(model, plan.pad_intermediate_to)
         mark = time.perf_counter()
         calibration = calibrate(model, plan, options, device, log, progress)
@@ -302,34 +342,41 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
             timings["verify_s"] = round(time.perf_counter() - mark, 3)
             verification = report.to_dict()
             if not report.passed:
-                raise CheckpointError(f"[{plan.role}] verification failed: {report.summary()}. "
-                                      "The checkpoint was not written.")
+                raise CheckpointError(
+                    f"[{plan.role}] verification failed: {report.summary()}. The checkpoint was not written."
+                )
         timings["total_s"] = round(time.perf_counter() - start, 3)
         quant = config.get("quantization") or {}
-        manifest = out.commit({
-            "stage": "convert",
+        manifest = out.commit(
+            {
+                "stage": "convert",
+                "role": plan.role,
+                "pair": plan.pair,
+                "input_hash": digest,
+                "spec": plan.spec_settings,
+                "settings": plan.settings(),
+                "quant_algo": quant.get("quant_algo"),
+                "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"),
+                "mapping": config.get("mapping"),
+                "vocab_size": config.get("vocab_size"),
+                "vocab_trimmed": ({"from": plan.vocab_rows, "to": plan.trim_vocab_to} if plan.trim_vocab_to else None),
+                "architecture": config.get("architecture"),
+                "dtype": config.get("dtype"),
+                "source": {"path": str(plan.hf_dir), "files": hashes},
+                "files": hash_tree(out.tmp),
+                "tool_versions": versions,
+                "timings": timings,
+                "calibration": calibration,
+                "fixups": edits,
+                "verification": verification,
+                "device": device,
+            }
+        )
+        log(f"[{plan.role}] wrote {plan.out_dir} (quant_algo {quant.get('quant_algo')}, {timings['total_s']:.1f} s)")
+        return {
             "role": plan.role,
-            "pair": plan.pair,
-            "input_hash": digest,
-            "spec": plan.spec_settings,
-            "settings": plan.settings(),
-            "quant_algo": quant.get("quant_algo"),
-            "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"),
-            "mapping": config.get("mapping"),
-            "vocab_size": config.get("vocab_size"),
-            "vocab_trimmed": ({"from": plan.vocab_rows, "to": plan.trim_vocab_to} if plan.trim_vocab_to else None),
-            "architecture": config.get("architecture"),
-            "dtype": config.get("dtype"),
-            "source": {"path": str(plan.hf_dir), "files": hashes},
-            "files": hash_tree(out.tmp),
-            "tool_versions": versions,
-            "timings": timings,
-            "calibration": calibration,
-            "fixups": edits,
-            "verification": verification,
-            "device": device,
-        })
-        log(f"[{plan.role}] wrote {plan.out_dir} (quant_algo {quant.get('quant_algo')}, "
-            f"{timings['total_s']:.1f} s)")
-        return {"role": plan.role, "status": "ran", "checkpoint": str(plan.out_dir), "manifest": manifest,
-                **({"verification": verification} if verification else {})}
+            "status": "ran",
+            "checkpoint": str(plan.out_dir),
+            "manifest": manifest,
+            **({"verification": verification} if verification else {}),
+        }

@@ -14,7 +14,8 @@ Ours:
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from specbuild.convert.formats import KV_CACHE_QUANT_ALGO, QuantFormat
 
@@ -38,8 +39,14 @@ def hf_rope(hf_config: Mapping[str, Any]) -> tuple[float | None, dict[str, Any] 
     return (float(theta) if theta is not None else None), scaling
 
 
-def apply_fixups(trt_config: dict[str, Any], hf_config: Mapping[str, Any], fmt: QuantFormat, kv_cache: str,
-                 architecture: str, model_type: str) -> tuple[dict[str, Any], list[str]]:
+def apply_fixups(
+    trt_config: dict[str, Any],
+    hf_config: Mapping[str, Any],
+    fmt: QuantFormat,
+    kv_cache: str,
+    architecture: str,
+    model_type: str,
+) -> tuple[dict[str, Any], list[str]]:
     """The fixed config and a list of the edits made (for the manifest)."""
     config = copy.deepcopy(trt_config)
     quant = config.setdefault("quantization", {})

@@ -34,12 +34,23 @@ from specbuild.quantization import FORMATS
 
 LOADER_ARCHITECTURES = tuple(f.architecture for f in families.FAMILIES.values() if f.engine_export)
 QUANT_ALGOS = tuple(fmt.quant_algo for fmt in FORMATS.values())  # specbuild.quantization's, each read below
-REQUIRED_KEYS = ("architecture", "dtype", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                 "hidden_act")
+REQUIRED_KEYS = (
+    "architecture",
+    "dtype",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "hidden_act",
+)
 _COLUMN = ("attention.qkv", "mlp.fc", "mlp.gate")  # split along the output dim across TP ranks
 _ROW = ("attention.dense", "mlp.proj")  # split along the input dim
-_HF_LINEAR = {"attention.dense": "self_attn.o_proj", "mlp.fc": "mlp.gate_proj", "mlp.gate": "mlp.up_proj",
-              "mlp.proj": "mlp.down_proj"}
+_HF_LINEAR = {
+    "attention.dense": "self_attn.o_proj",
+    "mlp.fc": "mlp.gate_proj",
+    "mlp.gate": "mlp.up_proj",
+    "mlp.proj": "mlp.down_proj",
+}
 FP8_MAX = 448.0
 
 
@@ -135,8 +146,9 @@ def weight_only_round_trip(weight: Any, bits: int) -> Any:
     return (weight / scale).round().clamp(-qmax - 1, qmax) * scale
 
 
-def _dequant_linear(tensors: dict[str, Any], prefix: str, algo: str | None, where: Path,
-                    simulate_build_quant: bool) -> tuple[Any, Any, ActivationQuant | None]:
+def _dequant_linear(
+    tensors: dict[str, Any], prefix: str, algo: str | None, where: Path, simulate_build_quant: bool
+) -> tuple[Any, Any, ActivationQuant | None]:
     """(weight [out, in] float32, bias [out] or None, activation quant) of one linear layer on one rank."""
     import torch
 
@@ -185,8 +197,9 @@ def _layer_counts(rank_tensors: list[dict[str, Any]], tp: int, pp: int) -> list[
     return counts
 
 
-def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | None = None,
-                           simulate_build_quant: bool = True) -> LoadedCheckpoint:
+def load_trtllm_checkpoint(
+    ckpt_dir: str | Path, dtype: Any = None, rank: int | None = None, simulate_build_quant: bool = True
+) -> LoadedCheckpoint:
     """Load, dequantize and merge a TensorRT-LLM checkpoint. `rank`: load only that rank (world size 1 only)."""
     import torch
 
@@ -226,7 +239,7 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
     emb = [_need(ranks[t], "transformer.vocab_embedding.weight", paths[t]) for t in range(tp)]
     emb = torch.cat(emb, dim=emb_dim) if emb_dim is not None and tp > 1 else emb[0]
     state["model.embed_tokens.weight"] = emb[:vocab].float()
-    last = ranks[(pp - 1) * tp: pp * tp]
+    last = ranks[(pp - 1) * tp : pp * tp]
     state["model.norm.weight"] = _need(last[0], "transformer.ln_f.weight", paths[(pp - 1) * tp]).float()
     if "lm_head.weight" in last[0]:
         state["lm_head.weight"] = torch.cat([r["lm_head.weight"].float() for r in last], dim=0)[:vocab]
@@ -237,26 +250,34 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
 
     offset = 0
     for pp_rank, count in enumerate(counts):
-        shard = ranks[pp_rank * tp: (pp_rank + 1) * tp]
-        shard_paths = paths[pp_rank * tp: (pp_rank + 1) * tp]
+        shard = ranks[pp_rank * tp : (pp_rank + 1) * tp]
+        shard_paths = paths[pp_rank * tp : (pp_rank + 1) * tp]
         where = shard_paths[0]
         for local in range(count):
             g, src = offset + local, f"transformer.layers.{local}"
             dst = f"model.layers.{g}"
             state[f"{dst}.input_layernorm.weight"] = _need(shard[0], f"{src}.input_layernorm.weight", where).float()
             state[f"{dst}.post_attention_layernorm.weight"] = _need(
-                shard[0], f"{src}.post_layernorm.weight", where).float()
+                shard[0], f"{src}.post_layernorm.weight", where
+            ).float()
             if family.qk_norm:  # per-head norms, replicated on every rank
                 for trt, hf in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")):
-                    state[f"{dst}.self_attn.{hf}.weight"] = _need(shard[0], f"{src}.attention.{trt}.weight",
-                                                                 where).float()
-            parts = {name: [_dequant_linear(t, f"{src}.{name}", algo, path, simulate_build_quant)
-                            for t, path in zip(shard, shard_paths)]
-                     for name in (*_COLUMN, *_ROW) if f"{src}.{name}.weight" in shard[0]}
+                    state[f"{dst}.self_attn.{hf}.weight"] = _need(
+                        shard[0], f"{src}.attention.{trt}.weight", where
+                    ).float()
+            parts = {
+                name: [
+                    _dequant_linear(t, f"{src}.{name}", algo, path, simulate_build_quant)
+                    for t, path in zip(shard, shard_paths)
+                ]
+                for name in (*_COLUMN, *_ROW)
+                if f"{src}.{name}.weight" in shard[0]
+            }
             for name in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.proj"):
                 if name not in parts:
-                    raise CheckpointError(f"{where}: tensor '{src}.{name}.weight' is missing. "
-                                          "Run `specbuild convert --force`.")
+                    raise CheckpointError(
+                        f"{where}: tensor '{src}.{name}.weight' is missing. Run `specbuild convert --force`."
+                    )
             if kv_algo:
                 for t, path in zip(shard, shard_paths):
                     _need(t, f"{src}.attention.kv_cache_scaling_factor", path)
@@ -277,12 +298,20 @@ def load_trtllm_checkpoint(ckpt_dir: str | Path, dtype: Any = None, rank: int | 
         state[name] = state[name].to(dtype)
     notes = []
     if algo in ("W8A16", "W4A16"):
-        notes.append("weight-only quantization simulated as trtllm-build applies it" if simulate_build_quant
-                     else "weight-only quantization NOT simulated: float weights as stored")
+        notes.append(
+            "weight-only quantization simulated as trtllm-build applies it"
+            if simulate_build_quant
+            else "weight-only quantization NOT simulated: float weights as stored"
+        )
     if kv_algo:
         notes.append(f"{kv_algo} KV-cache quantization is not simulated (its scales are present)")
-    return LoadedCheckpoint(hf_config=hf_config_from_trtllm(config), state_dict=state, trtllm_config=config,
-                            activation_quant=acts, notes=notes)
+    return LoadedCheckpoint(
+        hf_config=hf_config_from_trtllm(config),
+        state_dict=state,
+        trtllm_config=config,
+        activation_quant=acts,
+        notes=notes,
+    )
 
 
 def _merge_linear(state: dict, acts: dict, name: str, parts: list, row: bool) -> None:
@@ -298,18 +327,19 @@ def _merge_linear(state: dict, acts: dict, name: str, parts: list, row: bool) ->
         acts[name] = act
 
 
-def _merge_qkv(state: dict, acts: dict, dst: str, parts: list, heads: int, kv_heads: int, head_dim: int,
-               tp: int) -> None:
-    import torch
+def _merge_qkv(
+    state: dict, acts: dict, dst: str, parts: list, heads: int, kv_heads: int, head_dim: int, tp: int
+) -> None:
 
     q_rows = heads // tp * head_dim
     kv_rows = max(1, kv_heads // tp) * head_dim
     keep_kv = range(0, tp, max(1, tp // kv_heads))  # with kv_heads < tp the kv heads are replicated
-    for proj, lo, hi, ranks in (("q_proj", 0, q_rows, range(tp)),
-                                ("k_proj", q_rows, q_rows + kv_rows, keep_kv),
-                                ("v_proj", q_rows + kv_rows, q_rows + 2 * kv_rows, keep_kv)):
-        sliced = [(parts[r][0][lo:hi], None if parts[r][1] is None else parts[r][1][lo:hi], parts[r][2])
-                  for r in ranks]
+    for proj, lo, hi, ranks in (
+        ("q_proj", 0, q_rows, range(tp)),
+        ("k_proj", q_rows, q_rows + kv_rows, keep_kv),
+        ("v_proj", q_rows + kv_rows, q_rows + 2 * kv_rows, keep_kv),
+    ):
+        sliced = [(parts[r][0][lo:hi], None if parts[r][1] is None else parts[r][1][lo:hi], parts[r][2]) for r in ranks]
         _merge_linear(state, acts, f"{dst}.self_attn.{proj}", sliced, row=False)
     if parts[0][0].shape[0] != q_rows + 2 * kv_rows:
         raise CheckpointError(
@@ -347,7 +377,6 @@ def hf_config_from_trtllm(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fake_quant_input(act: ActivationQuant):
-    import torch
 
     def hook(module: Any, args: tuple) -> tuple:
         (x,) = args  # [batch, seq, in_features]
@@ -377,11 +406,13 @@ def to_hf_model(loaded: LoadedCheckpoint, simulate_activations: bool = True, dev
         model = AutoModelForCausalLM.from_config(config)
     model = model.to_empty(device=device).to(dtype)
     missing, unexpected = model.load_state_dict(loaded.state_dict, strict=False)
-    missing = [m for m in missing if "rotary_emb" not in m
-               and not (m == "lm_head.weight" and config.tie_word_embeddings)]  # tied: tie_weights below
+    missing = [
+        m for m in missing if "rotary_emb" not in m and not (m == "lm_head.weight" and config.tie_word_embeddings)
+    ]  # tied: tie_weights below
     if missing or unexpected:
-        raise CheckpointError(f"checkpoint does not fit {type(model).__name__}: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}.")
+        raise CheckpointError(
+            f"checkpoint does not fit {type(model).__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}."
+        )
     if config.tie_word_embeddings:
         model.tie_weights()
     _remake_buffers(model, config, device)
@@ -407,6 +438,7 @@ def _remake_buffers(model: Any, config: Any, device: Any) -> None:
             if buffer == "embed_scale" and hasattr(module, "scalar_embed_scale"):  # Gemma's sqrt(hidden_size)
                 setattr(module, buffer, torch.tensor(module.scalar_embed_scale, device=device))
                 continue
-            raise CheckpointError(f"{type(model).__name__}: buffer {name}.{buffer} is not in the checkpoint and the "
-                                  "loader cannot remake it; the family needs support in specbuild.convert.loader.")
-
+            raise CheckpointError(
+                f"{type(model).__name__}: buffer {name}.{buffer} is not in the checkpoint and the "
+                "loader cannot remake it; the family needs support in specbuild.convert.loader."
+            )

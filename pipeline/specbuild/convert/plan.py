@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from specbuild import families
-from specbuild.quantization import dtype_refusal
 from specbuild.config import Spec
 from specbuild.contract import llmapi as llmapi_contract
 from specbuild.convert import formats
 from specbuild.errors import PairError, SpecError
 from specbuild.hfmodel import ModelInfo, read_model_info
+from specbuild.quantization import dtype_refusal
 
 TOOLS = ("nvidia-modelopt", "torch", "transformers", "safetensors")
 
@@ -76,8 +76,7 @@ class RolePlan:
 
 def _check_architecture(info: ModelInfo, role: str, path: str, max_seq_len: int) -> None:
     """The family rules `check` applies too (specbuild.families.support), and what this machine's modelopt exports."""
-    verdict = families.support(info.architecture, info.config, path, max_seq_len,
-                               llmapi_contract.installed_release())
+    verdict = families.support(info.architecture, info.config, path, max_seq_len, llmapi_contract.installed_release())
     if not verdict.ok:
         raise SpecError(f"{role}.checkpoint: {verdict.reason}. Fix: {verdict.fix}.")
     refusal = families.export_refusal(role, info.architecture, path)
@@ -104,14 +103,19 @@ def _awq_intermediate(info: ModelInfo, tp: int, block: int) -> int | None:
 def _check_tp(info: ModelInfo, tp: int, role: str) -> None:
     for what, value in (("num_attention_heads", info.num_heads), ("intermediate_size", info.intermediate_size)):
         if value % tp:
-            raise SpecError(f"build.tp_size = {tp} does not divide the {role}'s {what} = {value}. Use a tp_size that does.")
+            raise SpecError(
+                f"build.tp_size = {tp} does not divide the {role}'s {what} = {value}. Use a tp_size that does."
+            )
     if info.num_kv_heads % tp and tp % info.num_kv_heads:
-        raise SpecError(f"build.tp_size = {tp} and the {role}'s num_key_value_heads = {info.num_kv_heads}: "
-                        "one must divide the other. Use another tp_size.")
+        raise SpecError(
+            f"build.tp_size = {tp} and the {role}'s num_key_value_heads = {info.num_kv_heads}: "
+            "one must divide the other. Use another tp_size."
+        )
 
 
-def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: ModelInfo | None = None,
-              path: str = "engine") -> RolePlan:
+def plan_role(
+    spec: Spec, role: str, options: ConvertOptions, target_info: ModelInfo | None = None, path: str = "engine"
+) -> RolePlan:
     """path: the backend's path (`backends.Backend.path`); the LLM API's ("llmapi", a Hugging Face export) has
     family rules of its own (specbuild.families)."""
     model = spec.role(role)
@@ -170,8 +174,12 @@ def plan_role(spec: Spec, role: str, options: ConvertOptions, target_info: Model
         awq_block_size=block,
         pad_intermediate_to=pad_intermediate,
         calibration=calibration,
-        spec_settings={"checkpoint": str(model.checkpoint), "quantization": model.quantization,
-                       "kv_cache": model.kv_cache, "dtype": model.dtype},
+        spec_settings={
+            "checkpoint": str(model.checkpoint),
+            "quantization": model.quantization,
+            "kv_cache": model.kv_cache,
+            "dtype": model.dtype,
+        },
         trim_vocab_to=trim_to,
     )
 
@@ -182,8 +190,9 @@ def tokenizer_rows(spec: Spec) -> int | None:
     from specbuild.errors import CheckpointError
 
     try:
-        return max(load_tokenizer_facts(spec.role(role).checkpoint, role=role).max_id + 1
-                   for role in ("target", "draft"))
+        return max(
+            load_tokenizer_facts(spec.role(role).checkpoint, role=role).max_id + 1 for role in ("target", "draft")
+        )
     except CheckpointError:
         return None
 
@@ -195,8 +204,11 @@ def trim_draft_rows_to(spec: Spec, draft_rows: int, target_rows: int) -> int:
     rows are real tokens."""
     tokens = tokenizer_rows(spec)
     if tokens is None or tokens > target_rows:
-        what = ("the tokenizers cannot be read, so it is unknown whether tokens map to them" if tokens is None
-                else f"the tokenizer has ids up to {tokens - 1}, so rows {target_rows}..{tokens - 1} are real tokens")
+        what = (
+            "the tokenizers cannot be read, so it is unknown whether tokens map to them"
+            if tokens is None
+            else f"the tokenizer has ids up to {tokens - 1}, so rows {target_rows}..{tokens - 1} are real tokens"
+        )
         raise PairError(
             f"the draft's embedding has {draft_rows} rows, more than the target's {target_rows}, and {what}: "
             "TensorRT-LLM needs both engines to emit logits of the same width, and cutting rows that tokens use "
@@ -207,8 +219,10 @@ def trim_draft_rows_to(spec: Spec, draft_rows: int, target_rows: int) -> int:
 
 def plan_roles(spec: Spec, roles: list[str], options: ConvertOptions, path: str = "engine") -> list[RolePlan]:
     if options.calib_size < 1 or options.calib_seq_len < 8:
-        raise SpecError(f"--calib-size {options.calib_size} / --calib-seq-len {options.calib_seq_len}: "
-                        "need at least 1 sample of at least 8 tokens.")
+        raise SpecError(
+            f"--calib-size {options.calib_size} / --calib-seq-len {options.calib_seq_len}: "
+            "need at least 1 sample of at least 8 tokens."
+        )
     target_info = read_model_info(spec.target.checkpoint, role="target") if "draft" in roles else None
     return [plan_role(spec, role, options, target_info, path) for role in roles]
 
@@ -220,6 +234,8 @@ def describe(plan: RolePlan) -> dict[str, Any]:
         **plan.settings(),
         "vocab_size": plan.vocab_size,
         "mapping": {"world_size": ranks, "tp_size": plan.tp_size, "pp_size": plan.pp_size},
-        "would_write": [str(plan.out_dir / name) for name in
-                        ("config.json", *(f"rank{r}.safetensors" for r in range(ranks)), "manifest.json")],
+        "would_write": [
+            str(plan.out_dir / name)
+            for name in ("config.json", *(f"rank{r}.safetensors" for r in range(ranks)), "manifest.json")
+        ],
     }

@@ -22,8 +22,9 @@ from specbuild.quantization import FORMATS
 # Loose on purpose: they catch a broken loader or export (wrong layout, scale or shard order gives
 # near-random logits), not small accuracy differences.
 # (specbuild.quantization's records, where the figures live)
-QUANT_BOUNDS: dict[str, tuple[float, float]] = {name: fmt.verify_bounds for name, fmt in FORMATS.items()
-                                                if fmt.verify_bounds is not None}
+QUANT_BOUNDS: dict[str, tuple[float, float]] = {
+    name: fmt.verify_bounds for name, fmt in FORMATS.items() if fmt.verify_bounds is not None
+}
 EXACT_RTOL = 1e-4  # unquantized: max |error| <= EXACT_RTOL * max |logit| (float32 summation-order noise)
 
 
@@ -50,8 +51,10 @@ class VerifyReport:
         return asdict(self)
 
     def summary(self) -> str:
-        return (f"top-1 agreement {self.top1_agreement:.1%}, max |logit error| {self.max_abs_logit_error:.3g}, "
-                f"mean {self.mean_abs_logit_error:.3g} (logit std {self.logit_std:.3g}); {self.criterion}")
+        return (
+            f"top-1 agreement {self.top1_agreement:.1%}, max |logit error| {self.max_abs_logit_error:.3g}, "
+            f"mean {self.mean_abs_logit_error:.3g} (logit std {self.logit_std:.3g}); {self.criterion}"
+        )
 
 
 def sample_prompts(hf_dir: Path, vocab: int, n: int = 4, length: int = 32, seed: int = 0) -> list[list[int]]:
@@ -89,8 +92,9 @@ def round_as_stored(model: Any, dtype: Any, norm_offset: bool) -> None:
                 p.copy_(p.to(dtype).float())
 
 
-def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, quantization: str,
-                      prompts: list[list[int]] | None = None) -> VerifyReport:
+def verify_checkpoint(
+    ckpt_dir: Path, hf_dir: Path, quantization: str, prompts: list[list[int]] | None = None
+) -> VerifyReport:
     import torch
     import transformers
 
@@ -140,9 +144,20 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, quantization: str,
         passed = top1 >= min_top1 and mean_err <= max_rel * max(std, 1e-6) and pad_max == 0.0
         criterion = f"bounds for {quantization}: top-1 >= {min_top1:.0%}, mean error <= {max_rel} x logit std"
     return VerifyReport(
-        quantization=quantization, quant_algo=loaded.quant_algo, reference=reference, prompts=len(prompts),
-        tokens=int(positions), max_abs_logit_error=max_err, mean_abs_logit_error=mean_err, logit_std=std,
-        max_abs_logit=max_logit, top1_agreement=top1, padded_rows=padded, padded_rows_max_abs=pad_max,
-        passed=bool(passed), criterion=criterion, notes=loaded.notes,
+        quantization=quantization,
+        quant_algo=loaded.quant_algo,
+        reference=reference,
+        prompts=len(prompts),
+        tokens=int(positions),
+        max_abs_logit_error=max_err,
+        mean_abs_logit_error=mean_err,
+        logit_std=std,
+        max_abs_logit=max_logit,
+        top1_agreement=top1,
+        padded_rows=padded,
+        padded_rows_max_abs=pad_max,
+        passed=bool(passed),
+        criterion=criterion,
+        notes=loaded.notes,
         trimmed_rows=original.config.vocab_size - vocab,
     )

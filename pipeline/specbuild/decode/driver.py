@@ -25,12 +25,13 @@ from specbuild.speculative.stats import SpeculationStats
 __all__ = ["drive"]
 
 
-def _stop_reason(output: list[int], request: GenerationRequest,
-                 words: dict[tuple[int, ...], str | int]) -> str | int | list[int] | None:
+def _stop_reason(
+    output: list[int], request: GenerationRequest, words: dict[tuple[int, ...], str | int]
+) -> str | int | list[int] | None:
     """The stop sequence the output ends with: what `words` calls it (its text, or a stop token id), else its ids."""
     for seq in request.stop_sequences:
         seq = [int(t) for t in seq]
-        if output[-len(seq):] == seq:
+        if output[-len(seq) :] == seq:
             return words.get(tuple(seq), seq)
     return None
 

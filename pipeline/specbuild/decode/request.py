@@ -58,9 +58,18 @@ class RequestRules:
     default_k: int  # K when a request asks for none
     adaptive: bool = False  # K adapts when a request does not say
 
-    def prepare(self, *, max_tokens: int, sampling: SamplingParams, num_draft_tokens: int | None = None,
-                end_id: int | None = None, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
-                adaptive: bool | None = None, overlap: bool | str = False) -> Prepared:
+    def prepare(
+        self,
+        *,
+        max_tokens: int,
+        sampling: SamplingParams,
+        num_draft_tokens: int | None = None,
+        end_id: int | None = None,
+        stop: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+        adaptive: bool | None = None,
+        overlap: bool | str = False,
+    ) -> Prepared:
         """One request's GenerationRequest. `end_id`: None = the deployment's; NO_END_ID = none. Values are
         kept as asked: the loop's `GenerationRequest.validate` refuses a bad one by name."""
         k = resolve_k(num_draft_tokens, self.max_draft_len, default=self.default_k)

@@ -16,10 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from specbuild import __version__, backends, paths
+from specbuild import __version__, backends, paths, yamltext
 from specbuild.artifacts import claim_output, combined_hash, read_manifest, resolve_output, stage_output
 from specbuild.config import Spec
-from specbuild import yamltext
 from specbuild.deploy import facts, values
 from specbuild.errors import ArtifactError, SpecError
 
@@ -43,8 +42,14 @@ class ChartPlan:
 
     def to_dict(self) -> dict[str, Any]:
         shown = {k: (v.to_dict() if isinstance(v, Spec) else v) for k, v in self.facts.items()}
-        return {"out_dir": str(self.out_dir), "chart": self.name, "backend": self.backend, "nodes": self.nodes,
-                "files": sorted(self.files), "facts": shown}
+        return {
+            "out_dir": str(self.out_dir),
+            "chart": self.name,
+            "backend": self.backend,
+            "nodes": self.nodes,
+            "files": sorted(self.files),
+            "facts": shown,
+        }
 
 
 def chart_name(spec_name: str) -> str:
@@ -79,11 +84,18 @@ def _spec_text(spec: Spec) -> str:
 
     cspec = facts.container_spec(spec)
     data = cspec.to_dict()
-    overrides = {"name": data["name"], "output_dir": data["output_dir"],
-                 **{section: {k: v for k, v in data[section].items() if v is not None}
-                    for section in ("target", "draft", "speculative", "build", "gpu", "serve", "llmapi")}}
-    header = (f"The spec as the pods read it (written by specbuild deploy from {spec.path.name if spec.path else 'the spec'}): the\n"
-              f"checkpoints under {facts.MODELS_DIR}, the engines under {facts.OUTPUT_DIR} (the build key's folder).")
+    overrides = {
+        "name": data["name"],
+        "output_dir": data["output_dir"],
+        **{
+            section: {k: v for k, v in data[section].items() if v is not None}
+            for section in ("target", "draft", "speculative", "build", "gpu", "serve", "llmapi")
+        },
+    }
+    header = (
+        f"The spec as the pods read it (written by specbuild deploy from {spec.path.name if spec.path else 'the spec'}): the\n"
+        f"checkpoints under {facts.MODELS_DIR}, the engines under {facts.OUTPUT_DIR} (the build key's folder)."
+    )
     return render_spec(overrides, header)
 
 
@@ -92,12 +104,14 @@ def _chart_yaml(name: str, backend: str, nodes: int) -> str:
         "apiVersion": "v2",
         "name": name,
         "description": f"specbuild: the {name} draft/target pair served by Triton ({backend} backend"
-                       + (f", {nodes} nodes per replica)" if nodes > 1 else ")"),
+        + (f", {nodes} nodes per replica)" if nodes > 1 else ")"),
         "type": "application",
         "version": __version__,
         "appVersion": facts.TRITON_TAG,
-        "annotations": {"specbuild.dev/written-by": "specbuild deploy",
-                        "specbuild.dev/base-image": facts.TRITON_IMAGE_FULL},
+        "annotations": {
+            "specbuild.dev/written-by": "specbuild deploy",
+            "specbuild.dev/base-image": facts.TRITON_IMAGE_FULL,
+        },
     }
     return yamltext.dump(data, {"apiVersion": "Written by `specbuild deploy`; change values.yaml, not the templates."})
 
@@ -105,13 +119,19 @@ def _chart_yaml(name: str, backend: str, nodes: int) -> str:
 def _adapter_values(metric: str) -> str:
     """prometheus-community/prometheus-adapter chart values: the rule that serves `metric` per pod through the custom
     metrics API, which the HPA reads (helm install prometheus-adapter ... -f prometheus-adapter-values.yaml)."""
-    rule = {"seriesQuery": f'{metric}{{namespace!="",pod!=""}}',
-            "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
-            "name": {"as": metric},
-            "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)"}
-    return yamltext.dump({"rules": {"default": False, "custom": [rule]}},
-                         {"rules": "Values for the prometheus-adapter chart (prometheus-community/helm-charts):\n"
-                                   f"serves {metric} per pod to the HPA of this chart."})
+    rule = {
+        "seriesQuery": f'{metric}{{namespace!="",pod!=""}}',
+        "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+        "name": {"as": metric},
+        "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+    }
+    return yamltext.dump(
+        {"rules": {"default": False, "custom": [rule]}},
+        {
+            "rules": "Values for the prometheus-adapter chart (prometheus-community/helm-charts):\n"
+            f"serves {metric} per pod to the HPA of this chart."
+        },
+    )
 
 
 def plan_chart(spec: Spec, out_dir: Path | None = None, backend: str | None = None, nodes: int = 1) -> ChartPlan:
@@ -119,20 +139,24 @@ def plan_chart(spec: Spec, out_dir: Path | None = None, backend: str | None = No
     if backend not in backends.NAMES:
         raise SpecError(f"backend {backend!r}: choose one of {', '.join(backends.NAMES)}.")
     if nodes > 1 and not paths.for_backend(backend).multi_node:
-        raise SpecError(f"--nodes {nodes}: only the LLM API path (--backend llmapi) spans nodes; the engine path runs "
-                        "draft and target in one server on one node (orchestrator mode) and scales by replicas.")
+        raise SpecError(
+            f"--nodes {nodes}: only the LLM API path (--backend llmapi) spans nodes; the engine path runs "
+            "draft and target in one server on one node (orchestrator mode) and scales by replicas."
+        )
     name = chart_name(spec.name)
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(spec)
     spec_text = _spec_text(spec)
     chart_values = values.default_values(spec, backend, nodes, spec_text)
     files = static_files()
-    files.update({
-        "Chart.yaml": _chart_yaml(name, backend, nodes),
-        "values.yaml": yamltext.dump(chart_values, values.COMMENTS),
-        "values.schema.json": json.dumps(values.schema(sorted(facts.GPU_PRODUCT_LABELS)), indent=2) + "\n",
-        "gpu-products.json": json.dumps({k: list(v) for k, v in facts.GPU_PRODUCT_LABELS.items()}, indent=2) + "\n",
-        "prometheus-adapter-values.yaml": _adapter_values(values.QUEUE_METRIC),
-    })
+    files.update(
+        {
+            "Chart.yaml": _chart_yaml(name, backend, nodes),
+            "values.yaml": yamltext.dump(chart_values, values.COMMENTS),
+            "values.schema.json": json.dumps(values.schema(sorted(facts.GPU_PRODUCT_LABELS)), indent=2) + "\n",
+            "gpu-products.json": json.dumps({k: list(v) for k, v in facts.GPU_PRODUCT_LABELS.items()}, indent=2) + "\n",
+            "prometheus-adapter-values.yaml": _adapter_values(values.QUEUE_METRIC),
+        }
+    )
     record = facts.facts(spec, backend, nodes)
     return ChartPlan(out_dir, name, backend, nodes, dict(sorted(files.items())), record)
 
@@ -142,8 +166,11 @@ def edited_files(folder: Path) -> list[str]:
     from specbuild.artifacts import hash_file
 
     recorded = read_manifest(folder).get("file_hashes") or {}
-    return [rel for rel, digest in sorted(recorded.items())
-            if not (folder / rel).is_file() or hash_file(folder / rel) != digest]
+    return [
+        rel
+        for rel, digest in sorted(recorded.items())
+        if not (folder / rel).is_file() or hash_file(folder / rel) != digest
+    ]
 
 
 def write_chart(plan: ChartPlan, force: bool = False) -> dict[str, Any]:
@@ -153,13 +180,17 @@ def write_chart(plan: ChartPlan, force: bool = False) -> dict[str, Any]:
     if claim_output(final, STAGE) == "own":
         edited = edited_files(final)
         if edited:
-            raise ArtifactError(f"{final} is a chart specbuild deploy wrote, but {', '.join(edited[:3])} changed since: "
-                                "deploy will not replace your edits, not even with --force. Keep your changes in a "
-                                "values file of your own (helm install -f my-values.yaml), move the folder away, or "
-                                "choose another --out-dir.")
+            raise ArtifactError(
+                f"{final} is a chart specbuild deploy wrote, but {', '.join(edited[:3])} changed since: "
+                "deploy will not replace your edits, not even with --force. Keep your changes in a "
+                "values file of your own (helm install -f my-values.yaml), move the folder away, or "
+                "choose another --out-dir."
+            )
         if read_manifest(final).get("input_hash") != plan.input_hash and not force:
-            raise ArtifactError(f"{final} holds a chart specbuild deploy wrote from other inputs: pass --force to "
-                                "replace it, or choose another --out-dir.")
+            raise ArtifactError(
+                f"{final} holds a chart specbuild deploy wrote from other inputs: pass --force to "
+                "replace it, or choose another --out-dir."
+            )
     with stage_output(final, stage=STAGE, force=force) as out:
         if out.up_to_date(plan.input_hash):
             return {"out_dir": str(final), "skipped": True, "files": sorted(plan.files)}
@@ -169,6 +200,13 @@ def write_chart(plan: ChartPlan, force: bool = False) -> dict[str, Any]:
             path = out.tmp / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-        out.commit({"input_hash": plan.input_hash, "backend": plan.backend, "nodes": plan.nodes, "chart": plan.name,
-                    "file_hashes": {rel: hash_file(out.tmp / rel) for rel in plan.files}})
+        out.commit(
+            {
+                "input_hash": plan.input_hash,
+                "backend": plan.backend,
+                "nodes": plan.nodes,
+                "chart": plan.name,
+                "file_hashes": {rel: hash_file(out.tmp / rel) for rel in plan.files},
+            }
+        )
     return {"out_dir": str(final), "skipped": False, "files": sorted(plan.files)}

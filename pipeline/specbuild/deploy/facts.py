@@ -79,10 +79,17 @@ def container_spec(spec: Spec) -> Spec:
     names = {role: spec.role(role).checkpoint.name for role in ("target", "draft")}
     if names["target"] == names["draft"]:
         names = {role: f"{role}-{name}" for role, name in names.items()}
-    models = {role: dataclasses.replace(spec.role(role), checkpoint=Path(str(MODELS_DIR / names[role])))
-              for role in ("target", "draft")}
-    return dataclasses.replace(spec, output_dir=Path(str(OUTPUT_DIR)), path=Path(str(SPEC_FILE)),
-                               serve=dataclasses.replace(spec.serve, host="0.0.0.0"), **models)
+    models = {
+        role: dataclasses.replace(spec.role(role), checkpoint=Path(str(MODELS_DIR / names[role])))
+        for role in ("target", "draft")
+    }
+    return dataclasses.replace(
+        spec,
+        output_dir=Path(str(OUTPUT_DIR)),
+        path=Path(str(SPEC_FILE)),
+        serve=dataclasses.replace(spec.serve, host="0.0.0.0"),
+        **models,
+    )
 
 
 def build_outputs(cspec: Spec, backend: str) -> list[str]:
@@ -105,8 +112,18 @@ def repo_command(backend: str) -> list[str]:
 
 def serve_command(backend: str) -> list[str]:
     """`specbuild serve` in the pod, the fixed part; ports and timeouts follow from values.yaml in the template."""
-    return ["specbuild", "serve", "-c", str(SPEC_FILE), "--repo", str(REPO_DIR), "--backend", backend,
-            "--host", "0.0.0.0"]
+    return [
+        "specbuild",
+        "serve",
+        "-c",
+        str(SPEC_FILE),
+        "--repo",
+        str(REPO_DIR),
+        "--backend",
+        backend,
+        "--host",
+        "0.0.0.0",
+    ]
 
 
 def supervisor_metrics_file() -> str:
@@ -120,8 +137,9 @@ def multi_node_launch(cspec: Spec, nodes: int, port: int) -> list[str]:
     addresses."""
     from specbuild.llmapi import trtllm_serve
 
-    command = trtllm_serve.plan(cspec, "trtllm-serve", "0.0.0.0", port, nodes=nodes, launcher="mpirun",
-                                require_built=False)
+    command = trtllm_serve.plan(
+        cspec, "trtllm-serve", "0.0.0.0", port, nodes=nodes, launcher="mpirun", require_built=False
+    )
     launch = [str(HOSTFILE) if arg == "<hostfile>" else arg for arg in command.launch]
     # mpirun starts the workers' ranks with `kubectl exec` (Open MPI's plm_rsh_agent), as NVIDIA's multi-node
     # Triton example in LWS (docs/examples/tensorrt-llm, server.py: `-mca plm_rsh_agent kubessh`): no sshd.
@@ -137,9 +155,14 @@ def facts(spec: Spec, backend: str, nodes: int) -> dict[str, Any]:
     """Everything the chart's defaults take from specbuild, in one record (what --dry-run --json shows)."""
     cspec = container_spec(spec)
     record: dict[str, Any] = {
-        "backend": backend, "nodes": nodes, "container_spec": cspec, "build_command": build_command(backend),
-        "build_outputs": build_outputs(cspec, backend), "repo_command": repo_command(backend),
-        "serve_command": serve_command(backend), "supervisor_metrics_file": supervisor_metrics_file(),
+        "backend": backend,
+        "nodes": nodes,
+        "container_spec": cspec,
+        "build_command": build_command(backend),
+        "build_outputs": build_outputs(cspec, backend),
+        "repo_command": repo_command(backend),
+        "serve_command": serve_command(backend),
+        "supervisor_metrics_file": supervisor_metrics_file(),
         "world_size": spec.build.tp_size * spec.build.pp_size,
     }
     if nodes > 1:

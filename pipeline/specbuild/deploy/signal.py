@@ -29,12 +29,16 @@ PROMPT = '{"name": '
 
 def _value(text: str, name: str, model: str | None = None) -> float:
     """The sum of a metric's samples (of one model, when named) in a /metrics text; 0 when absent."""
-    return sum(value for (metric, of), value in parse_metrics(text).items()
-               if metric == name and (model is None or of == model))
+    return sum(
+        value
+        for (metric, of), value in parse_metrics(text).items()
+        if metric == name and (model is None or of == model)
+    )
 
 
-def measure_level(url: str, metrics_url: str, streams: int, seconds: float, every: float,
-                  max_tokens: int) -> dict[str, Any]:
+def measure_level(
+    url: str, metrics_url: str, streams: int, seconds: float, every: float, max_tokens: int
+) -> dict[str, Any]:
     from specbuild.triton.client import SpecbuildClient
 
     stop = threading.Event()
@@ -71,14 +75,19 @@ def measure_level(url: str, metrics_url: str, streams: int, seconds: float, ever
     started_requests = delta("specbuild_bls_started_requests_total")
     successes = delta("nv_inference_request_success", BLS)
     return {
-        "streams": streams, "requests": sum(done), "errors": len(errors), "first_error": errors[0] if errors else None,
+        "streams": streams,
+        "requests": sum(done),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
         "requests_per_s": round(sum(done) / wall, 3),
         "bls_queue_depth_mean": round(sum(depths) / len(depths), 3) if depths else None,
         "bls_queue_depth_max": max(depths) if depths else None,
         "bls_wait_s_per_request": round(delta("specbuild_bls_queue_seconds_total") / started_requests, 4)
-        if started_requests else None,
+        if started_requests
+        else None,
         "triton_queue_us_per_request": round(delta("nv_inference_queue_duration_us", BLS) / successes, 1)
-        if successes else None,
+        if successes
+        else None,
     }
 
 
@@ -92,17 +101,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args(argv)
-    levels = [measure_level(args.url, args.metrics_url, int(n), args.seconds, args.every, args.max_tokens)
-              for n in args.streams.split(",")]
+    levels = [
+        measure_level(args.url, args.metrics_url, int(n), args.seconds, args.every, args.max_tokens)
+        for n in args.streams.split(",")
+    ]
     if args.json:
         print(json.dumps({"levels": levels}, indent=2))
         return
-    print(f"{'streams':>7} {'req/s':>7} {'BLS queue mean':>14} {'max':>5} {'BLS wait s/req':>14} "
-          f"{'Triton queue us/req':>19} {'errors':>6}")
+    print(
+        f"{'streams':>7} {'req/s':>7} {'BLS queue mean':>14} {'max':>5} {'BLS wait s/req':>14} "
+        f"{'Triton queue us/req':>19} {'errors':>6}"
+    )
     for row in levels:
-        print(f"{row['streams']:>7} {row['requests_per_s']:>7} {row['bls_queue_depth_mean']!s:>14} "
-              f"{row['bls_queue_depth_max']!s:>5} {row['bls_wait_s_per_request']!s:>14} "
-              f"{row['triton_queue_us_per_request']!s:>19} {row['errors']:>6}")
+        print(
+            f"{row['streams']:>7} {row['requests_per_s']:>7} {row['bls_queue_depth_mean']!s:>14} "
+            f"{row['bls_queue_depth_max']!s:>5} {row['bls_wait_s_per_request']!s:>14} "
+            f"{row['triton_queue_us_per_request']!s:>19} {row['errors']:>6}"
+        )
 
 
 if __name__ == "__main__":

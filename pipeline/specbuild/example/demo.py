@@ -13,11 +13,17 @@ DEMO_MAX_TOKENS = 48
 MAX_TOP_TOKEN_SHARE = 0.4  # most frequent token / all tokens of a demo continuation, at most
 
 DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
-    ("code", 'class Stack:\n    """A last-in, first-out stack of items."""\n\n    def __init__(self):\n'
-             "        self._items = []\n\n    def push(self, item):\n"),
-    ("json", '{"id": 1, "type": "user", "name": "Ada Lovelace", "email": "ada.lovelace@example.com", "age": 36, '
-             '"city": "Paris", "active": true, "signup_date": "2021-03-14"}\n'
-             '{"id": 2, "type": "order", "customer_id": 311, "items": [{"sku": "laptop-142", "qty": 1, "price": '
-             '812.5}], "total": 812.5, "tags": ["vip"], "status": "paid"}\n{"id": 3, '),
+    (
+        "code",
+        'class Stack:\n    """A last-in, first-out stack of items."""\n\n    def __init__(self):\n'
+        "        self._items = []\n\n    def push(self, item):\n",
+    ),
+    (
+        "json",
+        '{"id": 1, "type": "user", "name": "Ada Lovelace", "email": "ada.lovelace@example.com", "age": 36, '
+        '"city": "Paris", "active": true, "signup_date": "2021-03-14"}\n'
+        '{"id": 2, "type": "order", "customer_id": 311, "items": [{"sku": "laptop-142", "qty": 1, "price": '
+        '812.5}], "total": 812.5, "tags": ["vip"], "status": "paid"}\n{"id": 3, ',
+    ),
     ("prose", "This module provides functions for reading and writing files in a portable way. The functions"),
 )

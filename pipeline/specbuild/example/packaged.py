@@ -106,8 +106,11 @@ def unpack(pair: PackagedPair, dest: Path) -> dict[str, Any]:
         for path in sorted((pair.folder / "tokenizer").iterdir()):
             shutil.copy2(path, out / path.name)
         tensors = load_file(str(pair.folder / role / packed))
-        save_file({name: t.to(torch.float32).contiguous() for name, t in tensors.items()}, str(out / WEIGHTS),
-                  metadata={"format": "pt"})
+        save_file(
+            {name: t.to(torch.float32).contiguous() for name, t in tensors.items()},
+            str(out / WEIGHTS),
+            metadata={"format": "pt"},
+        )
     shutil.copy2(pair.folder / EXAMPLE_JSON, dest / EXAMPLE_JSON)
     return pair.info
 
@@ -127,8 +130,7 @@ def pack(built: Path, dest: Path) -> dict[str, Any]:
         raise ArtifactError(f"{built} records no storage_dtype: it was built by an older recipe; rebuild it.")
     dtype = getattr(torch, dtype_name)
     dest.mkdir(parents=True, exist_ok=True)
-    tokenizer_files = sorted(p.name for p in (built / "target").iterdir()
-                             if p.name not in (*MODEL_FILES, WEIGHTS))
+    tokenizer_files = sorted(p.name for p in (built / "target").iterdir() if p.name not in (*MODEL_FILES, WEIGHTS))
     (dest / "tokenizer").mkdir()
     for name in tokenizer_files:
         if hash_file(built / "target" / name) != hash_file(built / "draft" / name):
@@ -142,16 +144,21 @@ def pack(built: Path, dest: Path) -> dict[str, Any]:
         narrow = {name: t.to(dtype).contiguous() for name, t in tensors.items()}
         inexact = [name for name, t in tensors.items() if not torch.equal(narrow[name].to(t.dtype), t)]
         if inexact:
-            raise ArtifactError(f"{built}/{role}: {len(inexact)} tensors (e.g. {inexact[0]}) are not exact in "
-                                f"{dtype_name}; the build must round them before measuring.")
+            raise ArtifactError(
+                f"{built}/{role}: {len(inexact)} tensors (e.g. {inexact[0]}) are not exact in "
+                f"{dtype_name}; the build must round them before measuring."
+            )
         save_file(narrow, str(dest / role / packed_weights(dtype_name)), metadata={"format": "pt"})
     shutil.copy2(built / EXAMPLE_JSON, dest / EXAMPLE_JSON)
     files = {
         "variant": info["variant"],
         "recipe_key": info["recipe_key"],
         "storage_dtype": dtype_name,
-        "files": {p.relative_to(dest).as_posix(): {"bytes": p.stat().st_size, "sha256": hash_file(p)}
-                  for p in sorted(dest.rglob("*")) if p.is_file()},
+        "files": {
+            p.relative_to(dest).as_posix(): {"bytes": p.stat().st_size, "sha256": hash_file(p)}
+            for p in sorted(dest.rglob("*"))
+            if p.is_file()
+        },
     }
     (dest / FILES_JSON).write_text(json.dumps(files, indent=2, sort_keys=True) + "\n")
     return files

@@ -18,10 +18,11 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from specbuild import __version__
 from specbuild.artifacts import read_manifest, stage_output, tool_versions
@@ -110,7 +111,10 @@ def _locked_output(final: Path, force: bool) -> Iterator[Any]:
 
 
 def ensure_example(
-    variant: str = "full", root: str | Path | None = None, force: bool = False, progress: bool | None = None,
+    variant: str = "full",
+    root: str | Path | None = None,
+    force: bool = False,
+    progress: bool | None = None,
     train: bool = False,
 ) -> ExamplePair:
     """Return the example pair: from the cache, else unpacked from the committed copy, else trained.
@@ -130,13 +134,23 @@ def ensure_example(
             if not out.up_to_date(key) or not _complete(cached, key):
                 if committed is not None:
                     if progress is not False:
-                        print(f"example pair ({variant}): unpacking the committed copy into {cached}",
-                              file=sys.stderr, flush=True)
+                        print(
+                            f"example pair ({variant}): unpacking the committed copy into {cached}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     info, source = packaged.unpack(committed, out.tmp), "package"
                 else:
                     info, source = _build(variant, out.tmp, progress), "trained"
-                out.commit({"stage": STAGE, "input_hash": key, "variant": variant, "source": source,
-                            "versions": info["versions"]})
+                out.commit(
+                    {
+                        "stage": STAGE,
+                        "input_hash": key,
+                        "variant": variant,
+                        "source": source,
+                        "versions": info["versions"],
+                    }
+                )
     pair = _pair_at(cached)
     return pair if root is None else _copy(pair, Path(root), key, force)
 
@@ -158,7 +172,9 @@ def _copy(pair: ExamplePair, dest: Path, key: str, force: bool) -> ExamplePair:
             for name in ("target", "draft"):
                 shutil.copytree(pair.root / name, out.tmp / name)
             shutil.copy2(pair.root / EXAMPLE_JSON, out.tmp / EXAMPLE_JSON)
-            manifest = {k: v for k, v in read_manifest(pair.root).items() if k not in ("created_unix", "manifest_version")}
+            manifest = {
+                k: v for k, v in read_manifest(pair.root).items() if k not in ("created_unix", "manifest_version")
+            }
             out.commit({**manifest, "copied_from": str(pair.root)})
     return _pair_at(dest)
 
@@ -187,8 +203,11 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
 
     # Deterministic kernels only (an error, not silent drift, if one is missing); but no NaN-filling
     # of fresh tensors, which that mode also turns on and which costs time without changing results.
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory,
-                torch.get_num_threads())
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+        torch.get_num_threads(),
+    )
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(recipe.torch_threads)
     torch.utils.deterministic.fill_uninitialized_memory = False
@@ -238,8 +257,11 @@ def _build(variant: str, out_dir: Path, progress: bool | None) -> dict[str, Any]
         **quality,
         **cost,
         "train": train_stats,
-        "timings": {**timings, "total_s": round(time.perf_counter() - start, 2),
-                    "cpu_s": round(time.process_time() - cpu_start, 2)},
+        "timings": {
+            **timings,
+            "total_s": round(time.perf_counter() - start, 2),
+            "cpu_s": round(time.process_time() - cpu_start, 2),
+        },
         "torch_threads": recipe.torch_threads,
         "corpus": corpus.describe(),
         "specbuild_version": __version__,

@@ -64,10 +64,12 @@ VARIANTS: dict[str, Recipe] = {
     "full": Recipe(
         variant="full",
         vocab_size=2048,
-        target=ModelShape(num_hidden_layers=8, hidden_size=192, num_attention_heads=6, num_key_value_heads=2,
-                          intermediate_size=512),
-        draft=ModelShape(num_hidden_layers=1, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=352),
+        target=ModelShape(
+            num_hidden_layers=8, hidden_size=192, num_attention_heads=6, num_key_value_heads=2, intermediate_size=512
+        ),
+        draft=ModelShape(
+            num_hidden_layers=1, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=352
+        ),
         seq_len=256,
         batch_size=8,
         target_steps=1600,
@@ -86,10 +88,12 @@ VARIANTS: dict[str, Recipe] = {
     "tiny": Recipe(
         variant="tiny",
         vocab_size=768,
-        target=ModelShape(num_hidden_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
-                          intermediate_size=352),
-        draft=ModelShape(num_hidden_layers=1, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-                         intermediate_size=176),
+        target=ModelShape(
+            num_hidden_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=352
+        ),
+        draft=ModelShape(
+            num_hidden_layers=1, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=176
+        ),
         seq_len=128,
         batch_size=8,
         target_steps=100,

@@ -50,7 +50,7 @@ REASONS: dict[str, str] = {
     "speculative.use_draft_logits": "exact rejection sampling (temperature > 0) needs the draft's logits",
     "speculative.adaptive": "adapt K to the running acceptance rate and fall back to K = 0 when it stops paying",
     "speculative.overlap": 'draft the next step while the target verifies this one: true, false, or "auto" '
-                           "(in-process: on with 2 free cores, off while its early drafts rarely hit)",
+    "(in-process: on with 2 free cores, off while its early drafts rarely hit)",
     "build.max_batch_size": "most requests in flight per engine",
     "build.max_input_len": "longest prompt in tokens",
     "build.max_seq_len": "prompt + generated tokens (must exceed max_input_len)",
@@ -58,13 +58,13 @@ REASONS: dict[str, str] = {
     "build.tp_size": "tensor parallelism: GPUs per model",
     "build.pp_size": "pipeline parallelism: stages per model",
     "build.backend": "default --backend of check/convert/build/repo/serve/up: trtllm (engines, GPU), reference (CPU), "
-                     "llmapi (TensorRT-LLM LLM API, GPU; CPU stand-in); unset: trtllm where trtllm-build is on "
-                     "PATH, else reference",
+    "llmapi (TensorRT-LLM LLM API, GPU; CPU stand-in); unset: trtllm where trtllm-build is on "
+    "PATH, else reference",
     "gpu.name": f"known GPUs: {', '.join(GPUS)}",
     "gpu.memory_gib": "usable memory per GPU in GiB; overrides the known figure, or set it for an unlisted GPU",
     "gpu.count": "GPUs available (>= tp_size x pp_size)",
     "gpu.draft_device_ids": "GPUs of the draft engine, e.g. [1]: its own lets it draft ahead without slowing the "
-                            "target (unset: its own when count >= 2 x tp_size x pp_size, else the target's)",
+    "target (unset: its own when count >= 2 x tp_size x pp_size, else the target's)",
     "serve.host": "address to bind; loopback unless you mean to expose the server",
     "serve.http_port": "Triton HTTP port (0 = pick a free one)",
     "serve.grpc_port": "Triton gRPC port (0 = pick a free one)",
@@ -74,10 +74,10 @@ REASONS: dict[str, str] = {
     "serve.postprocessing_instance_count": "instances of the detokenizer (postprocessing) model",
     "serve.max_queue_delay_microseconds": "dynamic batching delay (0 = send at once)",
     "serve.max_queue_size": "requests waiting for the BLS before it refuses more (UNAVAILABLE); unset = 4 x the "
-                            "requests it runs at once (build.max_batch_size x bls_instance_count); 0 = unbounded",
+    "requests it runs at once (build.max_batch_size x bls_instance_count); 0 = unbounded",
     "serve.decoupled": "stream accepted tokens as they are verified",
     "llmapi.free_gpu_memory_fraction": "KV cache of target + draft as a share of free GPU memory; TensorRT-LLM's "
-                                       "default is 0.9 (`specbuild check --backend llmapi` shows what it holds)",
+    "default is 0.9 (`specbuild check --backend llmapi` shows what it holds)",
     "llmapi.enable_block_reuse": "reuse KV-cache blocks across requests that share a prefix",
     "llmapi.disable_overlap_scheduler": "true as in NVIDIA's draft/target examples",
 }
@@ -114,8 +114,13 @@ def _default(cls: type, name: str) -> Any:
 
 
 # shown, commented out, for keys whose default is unset
-UNSET_EXAMPLES = {"memory_gib": 80.0, "backend": "llmapi", "free_gpu_memory_fraction": 0.9, "max_queue_size": 64,
-                  "draft_device_ids": [1]}
+UNSET_EXAMPLES = {
+    "memory_gib": 80.0,
+    "backend": "llmapi",
+    "free_gpu_memory_fraction": 0.9,
+    "max_queue_size": 64,
+    "draft_device_ids": [1],
+}
 
 
 def _line(key: str, value: Any, default: Any, reason: str) -> list[str]:
@@ -194,8 +199,9 @@ def overrides_from_check(report: dict[str, Any], source: str) -> tuple[dict[str,
 
     measure = report.get("measure") if isinstance(report, dict) else None
     if not isinstance(measure, dict) or "recommended_max_draft_len" not in measure:
-        raise SpecError(f"{source} has no measurement: write it with "
-                        f"`specbuild check --measure --json > {source}` and retry.")
+        raise SpecError(
+            f"{source} has no measurement: write it with `specbuild check --measure --json > {source}` and retry."
+        )
     k = int(measure["recommended_max_draft_len"] or 0)
     speculative: dict[str, Any] = {"num_draft_tokens": k}
     if k > 0:
@@ -208,11 +214,16 @@ def overrides_from_check(report: dict[str, Any], source: str) -> tuple[dict[str,
         path = (models.get(role) or {}).get("path")
         if path:
             overrides[role] = {"checkpoint": str(path)}
-    cost = (measure.get("cost_ratio") or {})
-    verdict = (f"recommended max_draft_len {k}" if k else
-               "speculation is not predicted to pay (num_draft_tokens 0: target only)")
-    header = (f"K from `specbuild check --measure` ({source}): alpha {measure.get('alpha')}, "
-              f"c {cost.get('gpu') if cost.get('gpu') is not None else cost.get('this_machine')}, {verdict}.")
+    cost = measure.get("cost_ratio") or {}
+    verdict = (
+        f"recommended max_draft_len {k}"
+        if k
+        else "speculation is not predicted to pay (num_draft_tokens 0: target only)"
+    )
+    header = (
+        f"K from `specbuild check --measure` ({source}): alpha {measure.get('alpha')}, "
+        f"c {cost.get('gpu') if cost.get('gpu') is not None else cost.get('this_machine')}, {verdict}."
+    )
     return overrides, header
 
 
@@ -233,11 +244,14 @@ def write_spec(path: str | Path, text: str, force: bool = False) -> Path:
 
     path = Path(path)
     if (path.exists() or path.is_symlink()) and not force:
-        raise SpecError(f"{path} already exists; not overwriting it. Pass --force to replace it, "
-                        "or --out to write elsewhere.")
+        raise SpecError(
+            f"{path} already exists; not overwriting it. Pass --force to replace it, or --out to write elsewhere."
+        )
     if path.is_dir():
-        raise SpecError(f"{path} is a folder; a spec file is not written over a folder, not even with --force. "
-                        "Pass --out with a file path.")
+        raise SpecError(
+            f"{path} is a folder; a spec file is not written over a folder, not even with --force. "
+            "Pass --out with a file path."
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -265,15 +279,23 @@ def pair_overrides(target: Path, draft: Path) -> dict[str, Any]:
 
     infos = {role: read_model_info(folder, role=role) for role, folder in (("target", target), ("draft", draft))}
     k = SpeculativeSpec().max_draft_len
-    limits = [info.position_limit - (k if role == "target" else 0)
-              for role, info in infos.items() if info.position_limit is not None]
-    windows = [families.sliding_window(family, info.config) for info in infos.values()
-               if (family := families.family_of(info.architecture)) is not None]
+    limits = [
+        info.position_limit - (k if role == "target" else 0)
+        for role, info in infos.items()
+        if info.position_limit is not None
+    ]
+    windows = [
+        families.sliding_window(family, info.config)
+        for info in infos.values()
+        if (family := families.family_of(info.architecture)) is not None
+    ]
     max_seq_len = min([BuildSpec().max_seq_len, *limits, *(w for w in windows if w is not None)])
     max_input_len = min(BuildSpec().max_input_len, max_seq_len // 2)
     if max_input_len < 1:
-        raise SpecError(f"no limits fit this pair: build.max_seq_len would be {max_seq_len} (its positions and "
-                        "sliding windows allow no more), which leaves no room for a prompt and an answer.")
+        raise SpecError(
+            f"no limits fit this pair: build.max_seq_len would be {max_seq_len} (its positions and "
+            "sliding windows allow no more), which leaves no room for a prompt and an answer."
+        )
     overrides: dict[str, Any] = {
         "name": re.sub(r"[^A-Za-z0-9._-]+", "-", Path(target).resolve().name).strip("-") or "pair",
         "build": {"max_seq_len": max_seq_len, "max_input_len": max_input_len},
@@ -283,13 +305,19 @@ def pair_overrides(target: Path, draft: Path) -> dict[str, Any]:
         if info.torch_dtype in ("float16", "bfloat16"):
             overrides[role]["dtype"] = info.torch_dtype
     release = llmapi_contract.installed_release()
-    verdicts = {path: [(role, families.support(info.architecture, info.config, path, max_seq_len, release))
-                       for role, info in infos.items()] for path in ("engine", "llmapi")}
+    verdicts = {
+        path: [
+            (role, families.support(info.architecture, info.config, path, max_seq_len, release))
+            for role, info in infos.items()
+        ]
+        for path in ("engine", "llmapi")
+    }
     takes = {path: all(verdict.ok for _, verdict in found) for path, found in verdicts.items()}
     if not takes["engine"] and takes["llmapi"]:
         overrides["build"]["backend"] = "llmapi"  # the only path that takes the family (check says why)
     elif not takes["engine"]:
-        reasons = sorted({f"{role}: {verdict.reason}" for found in verdicts.values() for role, verdict in found
-                          if not verdict.ok})
+        reasons = sorted(
+            {f"{role}: {verdict.reason}" for found in verdicts.values() for role, verdict in found if not verdict.ok}
+        )
         raise SpecError("no path takes this pair, so init writes no spec for it:\n  " + "\n  ".join(reasons))
     return overrides

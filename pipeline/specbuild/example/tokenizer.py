@@ -7,8 +7,8 @@ Special tokens follow the Llama layout: <unk> = 0, <s> = 1 (prepended by the pos
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = range(4)
@@ -46,8 +46,14 @@ def save_hf_tokenizer(tok, folder: Path, model_max_length: int) -> None:
     tok.save(str(folder / "tokenizer.json"))
     specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
     added = {
-        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                 "special": True}
+        str(i): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
         for i, t in enumerate(SPECIAL_TOKENS)
     }
     config = {

@@ -14,7 +14,8 @@ import math
 import random
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -86,8 +87,10 @@ def _optimizer(model, lr: float, embed_lr_mult: float) -> torch.optim.Optimizer:
     fast, rest = [], []
     for name, param in model.named_parameters():
         (fast if "embed_tokens" in name or "lm_head" in name else rest).append(param)
-    groups = [{"params": rest, "lr_mult": 1.0, "weight_decay": 0.1},
-              {"params": fast, "lr_mult": embed_lr_mult, "weight_decay": 0.0}]
+    groups = [
+        {"params": rest, "lr_mult": 1.0, "weight_decay": 0.1},
+        {"params": fast, "lr_mult": embed_lr_mult, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
 
 

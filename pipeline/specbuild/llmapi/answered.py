@@ -57,7 +57,8 @@ def every_request_answered(model_class: type) -> type:
             if not hooked:
                 pb_utils.Logger.log_warn(
                     f"[specbuild] this model.py has no {' or '.join(HOOKS)}: a non-streaming request ended by a `stop` "
-                    "request may get no response, and then holds the drain until --exit-timeout")
+                    "request may get no response, and then holds the drain until --exit-timeout"
+                )
             return super().initialize(args)
 
         def execute(self, requests: list) -> Any:
@@ -73,12 +74,14 @@ def every_request_answered(model_class: type) -> type:
             return converted
 
         if run_async:
+
             async def _execute_single_request(self, request: Any) -> Any:
                 try:
                     return await super()._execute_single_request(request)
                 finally:
                     self._answer_if_unanswered(request)
         elif hooked:
+
             def _execute_single_request(self, request: Any) -> Any:
                 try:
                     return super()._execute_single_request(request)
@@ -90,13 +93,16 @@ def every_request_answered(model_class: type) -> type:
                 return
             pb_utils = self._answering
             try:
-                request.get_response_sender().send(cancelled_response(pb_utils),
-                                                   flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                request.get_response_sender().send(
+                    cancelled_response(pb_utils), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                )
             except Exception as err:  # noqa: BLE001 - the client is gone
                 pb_utils.Logger.log_error(f"[specbuild] a response could not be sent: {err}")
                 return
-            pb_utils.Logger.log_info(f"[specbuild] request {request.request_id()!r} ended without a response (a `stop` "
-                                     "request aborted it): answered CANCELLED")
+            pb_utils.Logger.log_info(
+                f"[specbuild] request {request.request_id()!r} ended without a response (a `stop` "
+                "request aborted it): answered CANCELLED"
+            )
 
     EveryRequestAnswered.__name__ = EveryRequestAnswered.__qualname__ = model_class.__name__
     EveryRequestAnswered.__module__ = model_class.__module__

@@ -23,8 +23,8 @@ from typing import Any
 
 from specbuild import yamltext
 from specbuild.config import Spec
-from specbuild.errors import SpecError
 from specbuild.contract import llmapi as contract
+from specbuild.errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -48,13 +48,16 @@ def check_spec(spec: Spec) -> None:
             raise SpecError(
                 f"{role}.quantization = {model.quantization!r} is not supported on the LLM API path: it exports and "
                 f"verifies pre-quantized Hugging Face checkpoints in {', '.join(contract.QUANTIZATIONS)} (FP8 is what "
-                "TensorRT-LLM's PyTorch backend documents for modelopt checkpoints). Use quantization = \"fp8\" or "
-                "\"none\", or the engine path (--backend trtllm).")
+                'TensorRT-LLM\'s PyTorch backend documents for modelopt checkpoints). Use quantization = "fp8" or '
+                '"none", or the engine path (--backend trtllm).'
+            )
         if model.kv_cache not in contract.KV_CACHE_DTYPES:
             raise SpecError(f"{role}.kv_cache = {model.kv_cache!r}: the LLM API path takes none or fp8.")
         if model.dtype not in ("float16", "bfloat16"):
-            raise SpecError(f"{role}.dtype = {model.dtype!r}: the LLM API path exports float16 or bfloat16 checkpoints. "
-                            "Set dtype = \"float16\" or \"bfloat16\".")
+            raise SpecError(
+                f"{role}.dtype = {model.dtype!r}: the LLM API path exports float16 or bfloat16 checkpoints. "
+                'Set dtype = "float16" or "bfloat16".'
+            )
 
 
 def llm_args(spec: Spec, where: Locations) -> dict[str, Any]:
@@ -73,8 +76,7 @@ def llm_args(spec: Spec, where: Locations) -> dict[str, Any]:
         "max_input_len": b.max_input_len,
         "max_seq_len": b.max_seq_len,
         "max_num_tokens": b.max_num_tokens,
-        "kv_cache_config": {"free_gpu_memory_fraction": fraction,
-                            "enable_block_reuse": spec.llmapi.enable_block_reuse},
+        "kv_cache_config": {"free_gpu_memory_fraction": fraction, "enable_block_reuse": spec.llmapi.enable_block_reuse},
         "disable_overlap_scheduler": spec.llmapi.disable_overlap_scheduler,
     }
     if sp.num_draft_tokens > 0:
@@ -96,8 +98,10 @@ def spelling() -> str:
         return "pinned"
     recorded = record.get("spelling")
     if recorded not in contract.SPELLINGS:
-        raise SpecError(f"{path} records the speculative config spelling {recorded!r}; expected one of "
-                        f"{', '.join(contract.SPELLINGS)}. Rebuild the image (its probe writes the record).")
+        raise SpecError(
+            f"{path} records the speculative config spelling {recorded!r}; expected one of "
+            f"{', '.join(contract.SPELLINGS)}. Rebuild the image (its probe writes the record)."
+        )
     return recorded
 
 
@@ -106,8 +110,10 @@ def validate_llm_args(args: dict[str, Any]) -> None:
     spelled = spelling()  # the installed release's (the image's probe recorded it), else the pinned release's
     unknown = contract.unknown_llm_args(args, spelled)
     if unknown:
-        raise SpecError(f"LLM arguments {unknown} are not fields of TensorRT-LLM {contract.RELEASE}'s LLM arguments "
-                        "(extra keys are forbidden). This is a bug in specbuild.")
+        raise SpecError(
+            f"LLM arguments {unknown} are not fields of TensorRT-LLM {contract.RELEASE}'s LLM arguments "
+            "(extra keys are forbidden). This is a bug in specbuild."
+        )
     if not args.get("model"):
         raise SpecError("LLM argument 'model' (the target checkpoint) is empty.")
     fraction = (args.get("kv_cache_config") or {}).get("free_gpu_memory_fraction")

@@ -12,8 +12,9 @@ hashes are part of this stage's input hash, so a new conversion redoes it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specbuild.artifacts import combined_hash, read_manifest, stage_output, tool_versions
 from specbuild.config import Spec
@@ -26,8 +27,10 @@ STAGE = "build-llmapi"
 FOLDER = "llmapi"
 OPTIONS_FILE = "llm_api_options.yaml"
 MODEL_YAML = "model.yaml"
-HEADER = ("Written by `specbuild build --backend llmapi`: TensorRT-LLM {release} LLM arguments "
-          "(tensorrt_llm/llmapi/llm_args.py).\n{what}")
+HEADER = (
+    "Written by `specbuild build --backend llmapi`: TensorRT-LLM {release} LLM arguments "
+    "(tensorrt_llm/llmapi/llm_args.py).\n{what}"
+)
 
 
 def config_dir(spec: Spec) -> Path:
@@ -45,11 +48,16 @@ def render(spec: Spec) -> dict[str, str]:
     return {
         OPTIONS_FILE: llm_args_mod.render_yaml(
             llm_args_mod.serve_options_data(spec, where),
-            HEADER.format(release=contract.RELEASE, what="trtllm-serve <target> --backend pytorch "
-                          "--extra_llm_api_options <this file> (see `specbuild serve --server trtllm-serve`).")),
+            HEADER.format(
+                release=contract.RELEASE,
+                what="trtllm-serve <target> --backend pytorch "
+                "--extra_llm_api_options <this file> (see `specbuild serve --server trtllm-serve`).",
+            ),
+        ),
         MODEL_YAML: llm_args_mod.render_yaml(
             llm_args_mod.model_yaml_data(spec, where),
-            HEADER.format(release=contract.RELEASE, what="Triton's llmapi model.yaml (tensorrt_llm/1/model.yaml).")),
+            HEADER.format(release=contract.RELEASE, what="Triton's llmapi model.yaml (tensorrt_llm/1/model.yaml)."),
+        ),
     }
 
 
@@ -58,21 +66,31 @@ def _checkpoint_hashes(spec: Spec) -> dict[str, Any]:
     for role in ("target", "draft"):
         folder = checkpoint_dir(spec, role)
         if not (folder / "manifest.json").is_file():
-            raise ArtifactError(f"the {role} checkpoint {folder} is not converted (no manifest.json). Run "
-                                "`specbuild convert --backend llmapi` first.")
+            raise ArtifactError(
+                f"the {role} checkpoint {folder} is not converted (no manifest.json). Run "
+                "`specbuild convert --backend llmapi` first."
+            )
         manifest = read_manifest(folder)
         if manifest.get("stage") != CONVERT_STAGE:
-            raise ArtifactError(f"{folder} is not a checkpoint for the LLM API (stage {manifest.get('stage')!r}). "
-                                "Run `specbuild convert --backend llmapi --force`.")
+            raise ArtifactError(
+                f"{folder} is not a checkpoint for the LLM API (stage {manifest.get('stage')!r}). "
+                "Run `specbuild convert --backend llmapi --force`."
+            )
         hashes[role] = manifest.get("input_hash")
     return hashes
 
 
 def dry_run(spec: Spec) -> dict[str, Any]:
     files = render(spec)
-    return {"stage": "build", "backend": "llmapi", "dry_run": True, "out_dir": str(config_dir(spec)),
-            "llm_args": llm_args_mod.llm_args(spec, locations(spec)), "would_write": [*files, "manifest.json"],
-            "notes": ["nothing to compile: TensorRT-LLM's LLM API loads the Hugging Face checkpoints when it starts"]}
+    return {
+        "stage": "build",
+        "backend": "llmapi",
+        "dry_run": True,
+        "out_dir": str(config_dir(spec)),
+        "llm_args": llm_args_mod.llm_args(spec, locations(spec)),
+        "would_write": [*files, "manifest.json"],
+        "notes": ["nothing to compile: TensorRT-LLM's LLM API loads the Hugging Face checkpoints when it starts"],
+    }
 
 
 def _inputs(spec: Spec) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
@@ -103,11 +121,21 @@ def build(spec: Spec, force: bool = False, log: Callable[[str], None] = print) -
             plan = plan_memory(spec, suggest=False).to_dict()
         except Exception as err:  # noqa: BLE001 - the plan is a record here; `check` reports its problems
             log(f"llmapi: no memory plan recorded ({err})")
-        manifest = out.commit({
-            "stage": STAGE, "backend": "llmapi", "pair": spec.name, "input_hash": digest, "release": contract.RELEASE,
-            "llm_args": args, "checkpoints": {role: str(checkpoint_dir(spec, role)) for role in ("target", "draft")},
-            "checkpoint_hashes": checkpoints, "kv_fraction_source": llm_args_mod.kv_fraction(spec)[1],
-            "memory_plan": plan, "files": list(files), "tool_versions": tool_versions(),
-        })
+        manifest = out.commit(
+            {
+                "stage": STAGE,
+                "backend": "llmapi",
+                "pair": spec.name,
+                "input_hash": digest,
+                "release": contract.RELEASE,
+                "llm_args": args,
+                "checkpoints": {role: str(checkpoint_dir(spec, role)) for role in ("target", "draft")},
+                "checkpoint_hashes": checkpoints,
+                "kv_fraction_source": llm_args_mod.kv_fraction(spec)[1],
+                "memory_plan": plan,
+                "files": list(files),
+                "tool_versions": tool_versions(),
+            }
+        )
         log(f"llmapi: wrote {out.final} ({', '.join(files)})")
         return {"status": "ran", "out_dir": str(out.final), "manifest": manifest}

@@ -22,14 +22,15 @@ import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specbuild.artifacts import combined_hash, hash_tree, stage_output, tool_versions
 from specbuild.config import Spec
+from specbuild.contract import llmapi as contract
 from specbuild.convert.plan import TOOLS, ConvertOptions, RolePlan
 from specbuild.errors import CheckpointError, SpecError
-from specbuild.contract import llmapi as contract
 from specbuild.llmapi.args import check_spec
 
 STAGE = "convert-hf"
@@ -49,26 +50,38 @@ def plan_roles(spec: Spec, roles: list[str], options: ConvertOptions) -> list[Ro
     for role in roles:
         model = spec.role(role)
         if model.kv_cache == "fp8" and model.quantization == "none":
-            raise SpecError(f"{role}.kv_cache = 'fp8' with quantization = 'none': the exported hf_quant_config.json "
-                            "would have quant_algo null, which TensorRT-LLM refuses (\"Pre-quantized checkpoint must "
-                            f"have quant_algo.\"). Set {role}.quantization = \"fp8\", or kv_cache = \"none\".")
-    return [dataclasses.replace(plan, out_dir=checkpoint_dir(spec, plan.role))
-            for plan in engine_plans(spec, roles, options, path="llmapi")]
+            raise SpecError(
+                f"{role}.kv_cache = 'fp8' with quantization = 'none': the exported hf_quant_config.json "
+                'would have quant_algo null, which TensorRT-LLM refuses ("Pre-quantized checkpoint must '
+                f'have quant_algo."). Set {role}.quantization = "fp8", or kv_cache = "none".'
+            )
+    return [
+        dataclasses.replace(plan, out_dir=checkpoint_dir(spec, plan.role))
+        for plan in engine_plans(spec, roles, options, path="llmapi")
+    ]
 
 
 def describe(plan: RolePlan) -> dict[str, Any]:
     quantized = plan.quantization != "none"
     files = ["config.json", "generation_config.json", "model.safetensors", "<tokenizer files>"]
     files += [contract.HF_QUANT_CONFIG] if quantized else []
-    return {**plan.settings(), "stage": STAGE, "exporter": "modelopt export_hf_checkpoint" if quantized
-            else "save_pretrained", "would_write": [str(plan.out_dir / f) for f in (*files, "manifest.json")]}
+    return {
+        **plan.settings(),
+        "stage": STAGE,
+        "exporter": "modelopt export_hf_checkpoint" if quantized else "save_pretrained",
+        "would_write": [str(plan.out_dir / f) for f in (*files, "manifest.json")],
+    }
 
 
 def _copy_tokenizer(source: Path, folder: Path) -> list[str]:
     copied = []
     for path in sorted(source.iterdir()):
-        if path.is_file() and path.name not in NOT_COPIED and not path.name.endswith(WEIGHT_SUFFIXES) \
-                and not (folder / path.name).exists():
+        if (
+            path.is_file()
+            and path.name not in NOT_COPIED
+            and not path.name.endswith(WEIGHT_SUFFIXES)
+            and not (folder / path.name).exists()
+        ):
             shutil.copy2(path, folder / path.name)
             copied.append(path.name)
     return copied
@@ -103,11 +116,15 @@ def check_written(plan: RolePlan, folder: Path) -> tuple[str | None, str | None,
             edits.append(f"removed {contract.HF_QUANT_CONFIG} (quant_algo null)")
     algo, kv = quant_algo(folder)
     if algo != plan.quant_algo:
-        raise CheckpointError(f"[{plan.role}] the export says quant_algo {algo!r}, expected {plan.quant_algo!r}. "
-                              "Report this with the modelopt version.")
+        raise CheckpointError(
+            f"[{plan.role}] the export says quant_algo {algo!r}, expected {plan.quant_algo!r}. "
+            "Report this with the modelopt version."
+        )
     if kv != plan.kv_cache_quant_algo:
-        raise CheckpointError(f"[{plan.role}] the export says kv_cache_quant_algo {kv!r}, expected "
-                              f"{plan.kv_cache_quant_algo!r}: the KV-cache scales are missing.")
+        raise CheckpointError(
+            f"[{plan.role}] the export says kv_cache_quant_algo {kv!r}, expected "
+            f"{plan.kv_cache_quant_algo!r}: the KV-cache scales are missing."
+        )
     return algo, kv, edits
 
 
@@ -117,8 +134,14 @@ def input_hash(plan: RolePlan, source_hashes: dict[str, str], versions: dict[str
     return combined_hash(STAGE, plan.settings(), source_hashes, versions)
 
 
-def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, verify: bool = False,
-                 log: Callable[[str], None] = print, progress: bool = False) -> dict[str, Any]:
+def convert_role(
+    plan: RolePlan,
+    options: ConvertOptions,
+    force: bool = False,
+    verify: bool = False,
+    log: Callable[[str], None] = print,
+    progress: bool = False,
+) -> dict[str, Any]:
     from specbuild.convert.export import calibrate, fit_vocab, load_hf_model, resolve_device
     from specbuild.llmapi.hfexport import verify_export
 
@@ -127,10 +150,16 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
     with stage_output(plan.out_dir, stage=STAGE, force=force) as out:
         if out.up_to_date(digest):
             log(f"[{plan.role}] {plan.out_dir} is up to date (inputs unchanged); nothing to do. --force redoes it.")
-            result = {"role": plan.role, "status": "skipped", "checkpoint": str(plan.out_dir),
-                      "manifest": out.existing_manifest() or {}}
+            result = {
+                "role": plan.role,
+                "status": "skipped",
+                "checkpoint": str(plan.out_dir),
+                "manifest": out.existing_manifest() or {},
+            }
             if verify:
-                result["verification"] = verify_export(plan.out_dir, plan.hf_dir, plan.quantization, plan.dtype).to_dict()
+                result["verification"] = verify_export(
+                    plan.out_dir, plan.hf_dir, plan.quantization, plan.dtype
+                ).to_dict()
             return result
         start = time.perf_counter()
         device = resolve_device(options.device)
@@ -148,24 +177,53 @@ def convert_role(plan: RolePlan, options: ConvertOptions, force: bool = False, v
             report = verify_export(out.tmp, plan.hf_dir, plan.quantization, plan.dtype)
             verification = report.to_dict()
             if not report.passed:
-                raise CheckpointError(f"[{plan.role}] verification failed: {report.summary()}. "
-                                      "The checkpoint was not written.")
-        manifest = out.commit({
-            "stage": STAGE, "backend": "llmapi", "role": plan.role, "pair": plan.pair, "input_hash": digest,
-            "spec": plan.spec_settings, "settings": plan.settings(), "quant_algo": algo, "kv_cache_quant_algo": kv,
-            "vocab_size": json.loads((out.tmp / "config.json").read_text()).get("vocab_size"),
-            "source": {"path": str(plan.hf_dir), "files": hashes}, "files": hash_tree(out.tmp),
-            "tokenizer_files": tokenizer_files, "tool_versions": versions, "calibration": calibration,
-            "edits": edits, "verification": verification, "device": device,
-            "seconds": round(time.perf_counter() - start, 3),
-        })
+                raise CheckpointError(
+                    f"[{plan.role}] verification failed: {report.summary()}. The checkpoint was not written."
+                )
+        manifest = out.commit(
+            {
+                "stage": STAGE,
+                "backend": "llmapi",
+                "role": plan.role,
+                "pair": plan.pair,
+                "input_hash": digest,
+                "spec": plan.spec_settings,
+                "settings": plan.settings(),
+                "quant_algo": algo,
+                "kv_cache_quant_algo": kv,
+                "vocab_size": json.loads((out.tmp / "config.json").read_text()).get("vocab_size"),
+                "source": {"path": str(plan.hf_dir), "files": hashes},
+                "files": hash_tree(out.tmp),
+                "tokenizer_files": tokenizer_files,
+                "tool_versions": versions,
+                "calibration": calibration,
+                "edits": edits,
+                "verification": verification,
+                "device": device,
+                "seconds": round(time.perf_counter() - start, 3),
+            }
+        )
         log(f"[{plan.role}] wrote {plan.out_dir} (quant_algo {algo})")
-        return {"role": plan.role, "status": "ran", "checkpoint": str(plan.out_dir), "manifest": manifest,
-                **({"verification": verification} if verification else {})}
+        return {
+            "role": plan.role,
+            "status": "ran",
+            "checkpoint": str(plan.out_dir),
+            "manifest": manifest,
+            **({"verification": verification} if verification else {}),
+        }
 
 
-def convert_pair(spec: Spec, roles: list[str], options: ConvertOptions | None = None, force: bool = False,
-                 verify: bool = False, log: Callable[[str], None] = print, progress: bool = False) -> list[dict]:
+def convert_pair(
+    spec: Spec,
+    roles: list[str],
+    options: ConvertOptions | None = None,
+    force: bool = False,
+    verify: bool = False,
+    log: Callable[[str], None] = print,
+    progress: bool = False,
+) -> list[dict]:
     options = options or ConvertOptions()
-    return [convert_role(plan, options, force=force, verify=verify, log=log, progress=progress)
-            for plan in plan_roles(spec, roles, options)]
+    return [
+        convert_role(plan, options, force=force, verify=verify, log=log, progress=progress)
+        for plan in plan_roles(spec, roles, options)
+    ]

@@ -37,8 +37,9 @@ def tokenizer_eos(engine_args: dict[str, Any]) -> int | None:
     from transformers import AutoTokenizer
 
     source = str(engine_args.get("tokenizer") or engine_args["model"])
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=bool(engine_args.get("trust_remote_code")),
-                                              local_files_only=Path(source).is_dir())
+    tokenizer = AutoTokenizer.from_pretrained(
+        source, trust_remote_code=bool(engine_args.get("trust_remote_code")), local_files_only=Path(source).is_dir()
+    )
     return tokenizer.eos_token_id
 
 
@@ -67,12 +68,16 @@ def every_end_id(model_class: type) -> type:
             eos, others = stop_token_ids(read_model_yaml(model_dir, os.environ.get(MODEL_YAML_ENV, "model.yaml")))
             self._other_end_ids = others if hook else []
             if others and hook:
-                pb_utils.Logger.log_info(f"[specbuild] end ids: the LLM ends at the tokenizer's eos {eos}; the "
-                                         f"checkpoint's other end ids {others} go with every request as stop_token_ids")
+                pb_utils.Logger.log_info(
+                    f"[specbuild] end ids: the LLM ends at the tokenizer's eos {eos}; the "
+                    f"checkpoint's other end ids {others} go with every request as stop_token_ids"
+                )
             elif others:
-                pb_utils.Logger.log_warn(f"[specbuild] end ids: this model.py has no _convert_request, so requests end "
-                                         f"at the tokenizer's eos {eos} only, not at the checkpoint's other end ids "
-                                         f"{others}; clients can stop there with sampling_param_stop strings")
+                pb_utils.Logger.log_warn(
+                    f"[specbuild] end ids: this model.py has no _convert_request, so requests end "
+                    f"at the tokenizer's eos {eos} only, not at the checkpoint's other end ids "
+                    f"{others}; clients can stop there with sampling_param_stop strings"
+                )
             return answer
 
         def _convert_request(self, request: Any) -> Any:
@@ -86,9 +91,11 @@ def every_end_id(model_class: type) -> type:
             else:  # a model.py whose _convert_request returns something else: said once, served as it is
                 import triton_python_backend_utils as pb_utils
 
-                pb_utils.Logger.log_warn("[specbuild] end ids: _convert_request returned no SamplingParams keyword "
-                                         f"arguments; requests end at the tokenizer's eos only, not at "
-                                         f"{self._other_end_ids}")
+                pb_utils.Logger.log_warn(
+                    "[specbuild] end ids: _convert_request returned no SamplingParams keyword "
+                    f"arguments; requests end at the tokenizer's eos only, not at "
+                    f"{self._other_end_ids}"
+                )
                 self._other_end_ids = []
             return converted
 

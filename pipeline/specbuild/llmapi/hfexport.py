@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specbuild.errors import CheckpointError
 from specbuild.contract import llmapi as contract
+from specbuild.errors import CheckpointError
 from specbuild.progress import quiet_library_bars
 from specbuild.quantization import FORMATS
 
@@ -35,11 +35,15 @@ def quant_algo(folder: Path) -> tuple[str | None, str | None]:
     try:
         quantization = json.loads(path.read_text())["quantization"]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{path} is unreadable ({err}). Run `specbuild convert --backend llmapi --force`.") from None
+        raise CheckpointError(
+            f"{path} is unreadable ({err}). Run `specbuild convert --backend llmapi --force`."
+        ) from None
     algo, kv = quantization.get("quant_algo"), quantization.get("kv_cache_quant_algo")
     if algo is None:  # what TensorRT-LLM's ModelLoader refuses (llm_utils.py _update_from_hf_quant_config)
-        raise CheckpointError(f"{path}: Pre-quantized checkpoint must have quant_algo. (TensorRT-LLM refuses this file; "
-                              "remove it for an unquantized model, or convert again.)")
+        raise CheckpointError(
+            f"{path}: Pre-quantized checkpoint must have quant_algo. (TensorRT-LLM refuses this file; "
+            "remove it for an unquantized model, or convert again.)"
+        )
     return algo, kv
 
 
@@ -55,7 +59,9 @@ def _tensors(folder: Path) -> dict[str, Any]:
         try:
             tensors.update(load_file(str(path)))
         except (SafetensorError, OSError, RuntimeError, ValueError) as err:
-            raise CheckpointError(f"{path} is corrupt ({err}). Run `specbuild convert --backend llmapi --force`.") from None
+            raise CheckpointError(
+                f"{path} is corrupt ({err}). Run `specbuild convert --backend llmapi --force`."
+            ) from None
     return tensors
 
 
@@ -96,10 +102,16 @@ def load_export(folder: Path, dtype: Any = None):
             raise CheckpointError(f"{folder}: kv_cache_quant_algo FP8 but no k_scale / v_scale tensors.")
         notes.append(f"FP8 KV cache: {kv_scales} scale tensors present (not simulated)")
     hf_config = {k: v for k, v in config.items() if k not in ("quantization_config",)}
-    return LoadedCheckpoint(hf_config=hf_config, state_dict=state,
-                            trtllm_config={"quantization": {"quant_algo": algo, "kv_cache_quant_algo": kv_algo},
-                                           "dtype": str(config.get("dtype") or config.get("torch_dtype"))},
-                            activation_quant=acts, notes=notes)
+    return LoadedCheckpoint(
+        hf_config=hf_config,
+        state_dict=state,
+        trtllm_config={
+            "quantization": {"quant_algo": algo, "kv_cache_quant_algo": kv_algo},
+            "dtype": str(config.get("dtype") or config.get("torch_dtype")),
+        },
+        activation_quant=acts,
+        notes=notes,
+    )
 
 
 def verify_export(folder: Path, hf_dir: Path, quantization: str, export_dtype: str) -> Any:
@@ -146,8 +158,20 @@ def verify_export(folder: Path, hf_dir: Path, quantization: str, export_dtype: s
         criterion = f"exact: max error <= {tol:.3g}, top-1 100%, padded rows 0"
         reference = f"original model with weights rounded to {export_dtype}"
     return VerifyReport(
-        quantization=quantization, quant_algo=loaded.quant_algo, reference=reference, prompts=len(prompts),
-        tokens=int(positions), max_abs_logit_error=max_err, mean_abs_logit_error=mean_err, logit_std=std,
-        max_abs_logit=max_logit, top1_agreement=top1, padded_rows=int(loaded.hf_config["vocab_size"]) - vocab,
-        padded_rows_max_abs=pad_max, passed=bool(passed), criterion=criterion, notes=loaded.notes,
-        trimmed_rows=original.config.vocab_size - vocab)
+        quantization=quantization,
+        quant_algo=loaded.quant_algo,
+        reference=reference,
+        prompts=len(prompts),
+        tokens=int(positions),
+        max_abs_logit_error=max_err,
+        mean_abs_logit_error=mean_err,
+        logit_std=std,
+        max_abs_logit=max_logit,
+        top1_agreement=top1,
+        padded_rows=int(loaded.hf_config["vocab_size"]) - vocab,
+        padded_rows_max_abs=pad_max,
+        passed=bool(passed),
+        criterion=criterion,
+        notes=loaded.notes,
+        trimmed_rows=original.config.vocab_size - vocab,
+    )

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbuild.errors import RequestError
 from specbuild.contract import llmapi as contract
-from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
 from specbuild.decode.request import RequestRules
+from specbuild.errors import RequestError
+from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
 
 
 class LlmArgsError(ValueError):
@@ -40,8 +40,10 @@ def validate_args(args: dict[str, Any]) -> dict[str, Any]:
     """The arguments as the pinned release parses them: the speculative config with decoding_type consumed."""
     unknown = contract.unknown_llm_args(args)
     if unknown:
-        raise LlmArgsError(f"{', '.join(unknown)}: Extra inputs are not permitted (not an LLM argument of "
-                           f"TensorRT-LLM {contract.RELEASE})")
+        raise LlmArgsError(
+            f"{', '.join(unknown)}: Extra inputs are not permitted (not an LLM argument of "
+            f"TensorRT-LLM {contract.RELEASE})"
+        )
     if "model" not in args:
         raise LlmArgsError("model: Field required")
     backend = args.get("backend") or "pytorch"  # TorchLlmArgs.init_backend: None -> pytorch
@@ -67,15 +69,18 @@ def validate_args(args: dict[str, Any]) -> dict[str, Any]:
 
 def load_model(folder: Path, limits: dict[str, int], device: str = "cpu"):
     """A ContractModel over a checkpoint written by `convert --backend llmapi` (FP8 weights read back)."""
-    from specbuild.llmapi.hfexport import load_export
     from specbuild.contract.executor import Limits
+    from specbuild.llmapi.hfexport import load_export
     from specbuild.reference.contract_model import ContractModel
     from specbuild.reference.engine import ReferenceEngine
     from specbuild.reference.model import LlamaModel, args_from_config
 
     loaded = load_export(folder)
-    model = LlamaModel(release_args(args_from_config(loaded.hf_config, str(folder)), loaded.hf_config),
-                       loaded.state_dict, device=device)
+    model = LlamaModel(
+        release_args(args_from_config(loaded.hf_config, str(folder)), loaded.hf_config),
+        loaded.state_dict,
+        device=device,
+    )
     return ContractModel(ReferenceEngine(model), Limits(**limits))
 
 
@@ -132,12 +137,17 @@ def sampling_from_request(params: dict[str, Any]) -> Sampling:
         raise ModelException(f"top_p ({top_p}) must be in (0, 1]")
     if temperature is None:  # unset: greedy unless top_k / top_p ask for sampling (then temperature 1)
         temperature = 1.0 if (top_k not in (None, 0, 1) or top_p not in (None, 1.0)) else 0.0
-    return Sampling(max_tokens=int(max_tokens), temperature=float(temperature), top_k=int(top_k or 0),
-                    top_p=float(1.0 if top_p is None else top_p), seed=params.get("seed"),
-                    exclude_input_from_output=bool(params.get("exclude_input_from_output", True)),
-                    return_perf_metrics=bool(params.get("return_perf_metrics", False)),
-                    stop=stop_strings(params.get("stop")),
-                    stop_token_ids=[int(i) for i in params.get("stop_token_ids") or ()])
+    return Sampling(
+        max_tokens=int(max_tokens),
+        temperature=float(temperature),
+        top_k=int(top_k or 0),
+        top_p=float(1.0 if top_p is None else top_p),
+        seed=params.get("seed"),
+        exclude_input_from_output=bool(params.get("exclude_input_from_output", True)),
+        return_perf_metrics=bool(params.get("return_perf_metrics", False)),
+        stop=stop_strings(params.get("stop")),
+        stop_token_ids=[int(i) for i in params.get("stop_token_ids") or ()],
+    )
 
 
 class StandInLLM:
@@ -152,17 +162,26 @@ class StandInLLM:
         self.max_seq_len = int(self.args.get("max_seq_len") or 0) or None
         batch = int(self.args.get("max_batch_size") or 8)
         seq = self.max_seq_len or 4096
-        self.target = load_model(self.target_dir, {"max_batch_size": batch, "max_seq_len": seq + self.k,
-                                                   "max_draft_len": self.k}, device)
-        self.draft = load_model(Path(spec[contract.DRAFT_MODEL_KEY]), {"max_batch_size": batch, "max_seq_len": seq,
-                                                                       "max_draft_len": 0}, device) if spec else None
+        self.target = load_model(
+            self.target_dir, {"max_batch_size": batch, "max_seq_len": seq + self.k, "max_draft_len": self.k}, device
+        )
+        self.draft = (
+            load_model(
+                Path(spec[contract.DRAFT_MODEL_KEY]),
+                {"max_batch_size": batch, "max_seq_len": seq, "max_draft_len": 0},
+                device,
+            )
+            if spec
+            else None
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.target_dir), local_files_only=True)
         # one end id, the tokenizer's eos, as SamplingParams._setup sets it (tensorrt_llm/sampling_params.py @a98a906);
         # the checkpoint's other end ids come with each request as stop_token_ids (specbuild.llmapi.end_ids). The LLM
         # API drafts max_draft_len at every step (0: target only), and K does not adapt
         eos = self.tokenizer.eos_token_id
-        self.rules = RequestRules(self.tokenizer, () if eos is None else (eos,), self.k if self.draft else 0,
-                                  self.k if self.draft else 0)
+        self.rules = RequestRules(
+            self.tokenizer, () if eos is None else (eos,), self.k if self.draft else 0, self.k if self.draft else 0
+        )
         self.max_batch_size = batch
 
     def encode(self, prompt: str) -> list[int]:
@@ -172,9 +191,15 @@ class StandInLLM:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def generate(self, prompt: str, sampling: Sampling, streaming: bool, call=None,
-                 on_output: Callable[[RequestOutput], None] | None = None,
-                 cancelled: Callable[[], bool] | None = None) -> RequestOutput:
+    def generate(
+        self,
+        prompt: str,
+        sampling: Sampling,
+        streaming: bool,
+        call=None,
+        on_output: Callable[[RequestOutput], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> RequestOutput:
         """Run one request to its end (`decode.driver.drive`) and return its last RequestOutput. When
         streaming, on_output gets one RequestOutput per draft/verify step before the last (text cumulative).
         cancelled: polled before each step; True ends the request with finish_reason "cancelled".
@@ -186,19 +211,27 @@ class StandInLLM:
         arrival = time.monotonic_ns()
         prompt_ids = self.encode(prompt)
         if len(prompt_ids) > self.max_num_tokens:
-            raise ModelException(contract.MSG_PROMPT_TOO_LONG.format(prompt_len=len(prompt_ids) / 1,
-                                                                    max_num_tokens=self.max_num_tokens))
+            raise ModelException(
+                contract.MSG_PROMPT_TOO_LONG.format(prompt_len=len(prompt_ids) / 1, max_num_tokens=self.max_num_tokens)
+            )
         max_tokens = sampling.max_tokens
         if self.max_seq_len is not None:
             if len(prompt_ids) >= self.max_seq_len:
-                raise ModelException(f"the prompt ({len(prompt_ids)} tokens) does not fit max_seq_len = {self.max_seq_len}")
+                raise ModelException(
+                    f"the prompt ({len(prompt_ids)} tokens) does not fit max_seq_len = {self.max_seq_len}"
+                )
             max_tokens = min(max_tokens, self.max_seq_len - len(prompt_ids))
-        ready = self.rules.prepare(max_tokens=max_tokens, stop=sampling.stop, stop_token_ids=sampling.stop_token_ids,
-                                   sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p,
-                                                           sampling.seed))
+        ready = self.rules.prepare(
+            max_tokens=max_tokens,
+            stop=sampling.stop,
+            stop_token_ids=sampling.stop_token_ids,
+            sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed),
+        )
         target = call("target") if call else self.target
         verifier = ContractVerifier(target, max_draft_len=self.k, end_id=ready.model_end_id)
-        drafter = ContractDrafter(call("draft") if call else self.draft, end_id=ready.model_end_id) if self.draft else None
+        drafter = (
+            ContractDrafter(call("draft") if call else self.draft, end_id=ready.model_end_id) if self.draft else None
+        )
         counts = [0, 0]  # drafted, accepted so far
         times = {"scheduled": None, "first": None}
 
@@ -208,21 +241,33 @@ class StandInLLM:
             times["first"] = times["first"] or (now if output else None)
             counts[0], counts[1] = counts[0] + step.drafted, counts[1] + step.accepted
             if streaming and on_output is not None and step.finish_reason is None:
-                on_output(self._output(prompt_ids, list(output), None, None, sampling, False, counts,
-                                       self._times(arrival, times)))
+                on_output(
+                    self._output(
+                        prompt_ids, list(output), None, None, sampling, False, counts, self._times(arrival, times)
+                    )
+                )
 
         try:
-            result = drive(prompt_ids, drafter or NoDraft(), verifier, ready.request, k=ready.k, cancelled=cancelled,
-                           stop_words=ready.stop_words, on_step=on_step)
+            result = drive(
+                prompt_ids,
+                drafter or NoDraft(),
+                verifier,
+                ready.request,
+                k=ready.k,
+                cancelled=cancelled,
+                stop_words=ready.stop_words,
+                on_step=on_step,
+            )
         except RequestError as err:
             raise ModelException(str(err)) from None
         tokens, stop_reason = list(result.output_ids), None
         if isinstance(result.stop_reason, (str, int)):  # a stop string or id is left out (include_stop_str_in_output
-            stop_reason = result.stop_reason           # False), as result.py's _handle_sequence does
+            stop_reason = result.stop_reason  # False), as result.py's _handle_sequence does
             matched = next(ids for ids, word in ready.stop_words.items() if word == stop_reason)
             tokens = tokens[: -len(matched)]
-        return self._output(prompt_ids, tokens, result.finish_reason, stop_reason, sampling, True, counts,
-                            self._times(arrival, times))
+        return self._output(
+            prompt_ids, tokens, result.finish_reason, stop_reason, sampling, True, counts, self._times(arrival, times)
+        )
 
     @staticmethod
     def _times(arrival: int, times: dict[str, int | None]) -> tuple[int, int, int, int]:
@@ -230,13 +275,15 @@ class StandInLLM:
         scheduled = times["scheduled"] or now
         return arrival, scheduled, times["first"] or scheduled, now
 
-    def _output(self, prompt_ids, tokens, finish, stop_reason, sampling: Sampling, finished, counts,
-                times) -> RequestOutput:
+    def _output(
+        self, prompt_ids, tokens, finish, stop_reason, sampling: Sampling, finished, counts, times
+    ) -> RequestOutput:
         """finish: NVIDIA's finish_reason ("length", "stop", "cancelled"; None before the end)."""
         ids = tokens if sampling.exclude_input_from_output else prompt_ids + tokens
         metrics = self._metrics(len(prompt_ids), len(tokens), counts, times) if sampling.return_perf_metrics else None
-        return RequestOutput([CompletionOutput(self._decode(ids), ids, finish, stop_reason,
-                                               request_perf_metrics=metrics)], finished)
+        return RequestOutput(
+            [CompletionOutput(self._decode(ids), ids, finish, stop_reason, request_perf_metrics=metrics)], finished
+        )
 
     def _metrics(self, prompt_len: int, out_len: int, counts: list[int], times) -> dict[str, Any]:
         """The perf-metric values NVIDIA's model sends, per contract PERF_OUTPUTS. Times: monotonic ns;
@@ -248,10 +295,17 @@ class StandInLLM:
 
         rate = float(np.float32(accepted / drafted)) if drafted else 0.0  # a C++ float in TensorRT-LLM
         return {
-            "kv_cache_reused_block": 0, "kv_cache_hit_rate": 0.0, "kv_cache_alloc_new_blocks": blocks,
-            "kv_cache_alloc_total_blocks": blocks, "kv_cache_missed_block": math.ceil(prompt_len / contract.KV_TOKENS_PER_BLOCK),
-            "arrival_time_ns": arrival, "first_scheduled_time_ns": scheduled, "first_token_time_ns": first,
-            "last_token_time_ns": last, "acceptance_rate": rate, "total_accepted_draft_tokens": accepted,
+            "kv_cache_reused_block": 0,
+            "kv_cache_hit_rate": 0.0,
+            "kv_cache_alloc_new_blocks": blocks,
+            "kv_cache_alloc_total_blocks": blocks,
+            "kv_cache_missed_block": math.ceil(prompt_len / contract.KV_TOKENS_PER_BLOCK),
+            "arrival_time_ns": arrival,
+            "first_scheduled_time_ns": scheduled,
+            "first_token_time_ns": first,
+            "last_token_time_ns": last,
+            "acceptance_rate": rate,
+            "total_accepted_draft_tokens": accepted,
             "total_draft_tokens": drafted,
         }
 

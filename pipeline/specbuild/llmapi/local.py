@@ -31,8 +31,10 @@ def local_session(spec: Spec, device: str | None = "cpu") -> LocalSession:
     folders = {role: checkpoint_dir(spec, role) for role in ("target", "draft")}
     for role, folder in folders.items():
         if not (folder / "config.json").is_file():
-            raise ArtifactError(f"no LLM API checkpoint for the {role} at {folder}: run `specbuild convert --backend "
-                                "llmapi` first (the llmapi server and this local run load that export).")
+            raise ArtifactError(
+                f"no LLM API checkpoint for the {role} at {folder}: run `specbuild convert --backend "
+                "llmapi` first (the llmapi server and this local run load that export)."
+            )
     engine_args = args_mod.llm_args(spec, args_mod.Locations(str(folders["target"]), str(folders["draft"])))
     llm = StandInLLM(engine_args, device=resolve_device(device))
     eos = llm.tokenizer.eos_token_id
@@ -40,8 +42,15 @@ def local_session(spec: Spec, device: str | None = "cpu") -> LocalSession:
     # stop_token_ids (llmapi.end_ids.stop_token_ids: none without an eos); the session ends at each once
     verifier = ContractVerifier(llm.target, max_draft_len=llm.k, end_id=eos)
     drafter = ContractDrafter(llm.draft, end_id=eos) if llm.draft is not None else NoDraft()
-    return LocalSession(drafter, verifier, llm.encode, tokenizer=llm.tokenizer, end_id=eos,
-                        other_end_ids=tuple(listed_end_ids(folders["target"])) if eos is not None else (),
-                        default_k=llm.k, adaptive=False,
-                        max_seq_len=llm.max_seq_len,
-                        sources={"engine_source": SOURCE, "draft_engine_source": SOURCE if llm.draft else None})
+    return LocalSession(
+        drafter,
+        verifier,
+        llm.encode,
+        tokenizer=llm.tokenizer,
+        end_id=eos,
+        other_end_ids=tuple(listed_end_ids(folders["target"])) if eos is not None else (),
+        default_k=llm.k,
+        adaptive=False,
+        max_seq_len=llm.max_seq_len,
+        sources={"engine_source": SOURCE, "draft_engine_source": SOURCE if llm.draft else None},
+    )

@@ -36,7 +36,8 @@ def _load():
             f"NVIDIA's llmapi model.py is not at {source}: this repository (runtime tensorrt_llm) runs in the Triton "
             "TensorRT-LLM image (docker/Dockerfile.llmapi), or set SPECBUILD_LLMAPI_MODEL_DIR to the folder holding "
             "model.py and helpers.py. On a CPU machine regenerate it with `specbuild repo --backend llmapi "
-            "--runtime reference`.")
+            "--runtime reference`."
+        )
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
     spec = importlib.util.spec_from_file_location("tensorrt_llm_llmapi_model", source)

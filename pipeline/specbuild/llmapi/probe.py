@@ -67,9 +67,16 @@ def probe() -> dict[str, Any]:
     report["missing_llm_args"] = sorted(set(args) - _fields(module.TorchLlmArgs))
     report["missing_kv_cache_config"] = sorted(set(args["kv_cache_config"]) - _fields(module.KvCacheConfig))
     spellings = {
-        "pinned": {contract.DECODING_TYPE_KEY: contract.DECODING_TYPE, "max_draft_len": 3, contract.DRAFT_MODEL_KEY: "/d"},
-        "later": {contract.DECODING_TYPE_KEY: contract.LATER_DECODING_TYPE, "max_draft_len": 3,
-                  contract.LATER_DRAFT_MODEL_KEY: "/d"},
+        "pinned": {
+            contract.DECODING_TYPE_KEY: contract.DECODING_TYPE,
+            "max_draft_len": 3,
+            contract.DRAFT_MODEL_KEY: "/d",
+        },
+        "later": {
+            contract.DECODING_TYPE_KEY: contract.LATER_DECODING_TYPE,
+            "max_draft_len": 3,
+            contract.LATER_DRAFT_MODEL_KEY: "/d",
+        },
     }
     for name, config in spellings.items():
         try:
@@ -88,9 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     report = probe()
     print(json.dumps(report, indent=2))
     if not report["ok"]:
-        print(f"TensorRT-LLM {report['tensorrt_llm']} does not take what specbuild writes for TensorRT-LLM "
-              f"{contract.RELEASE} (above). Fix specbuild/contract/llmapi.py (the spellings, the field lists) for "
-              "this release, or use a base image with TensorRT-LLM 1.2.x.", file=sys.stderr)
+        print(
+            f"TensorRT-LLM {report['tensorrt_llm']} does not take what specbuild writes for TensorRT-LLM "
+            f"{contract.RELEASE} (above). Fix specbuild/contract/llmapi.py (the spellings, the field lists) for "
+            "this release, or use a base image with TensorRT-LLM 1.2.x.",
+            file=sys.stderr,
+        )
         return 1
     if argv[:1] == ["--write"]:
         path = Path(argv[1] if len(argv) > 1 else contract.SPELLING_RECORD)

@@ -19,9 +19,10 @@ the FP32/INT32/INT64 that config.pbtxt declares, exactly like NVIDIA's model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -59,11 +60,16 @@ def read_model_yaml(model_dir: Path, filename: str = "model.yaml") -> dict[str, 
     if not isinstance(config, dict):
         raise ModelException(f"'{filename}' containing TRT-LLM engine args not found in '{model_dir}'")
     triton_config = config.get("triton_config")
-    missing = [key for key in contract.TRITON_CONFIG_REQUIRED if not isinstance(triton_config, dict)
-               or key not in triton_config]
+    missing = [
+        key
+        for key in contract.TRITON_CONFIG_REQUIRED
+        if not isinstance(triton_config, dict) or key not in triton_config
+    ]
     if missing:
-        raise ModelException(f"model.yaml: triton_config lacks {missing} (NVIDIA's model.py reads "
-                             "triton_config['max_batch_size'] and ['decoupled']).")
+        raise ModelException(
+            f"model.yaml: triton_config lacks {missing} (NVIDIA's model.py reads "
+            "triton_config['max_batch_size'] and ['decoupled'])."
+        )
     return config
 
 

@@ -36,10 +36,10 @@ from typing import Any
 
 from specbuild.artifacts import combined_hash, read_manifest, stage_output, tool_versions
 from specbuild.config import Spec
-from specbuild.errors import ArtifactError, SpecError
 from specbuild.contract import llmapi as contract
 from specbuild.contract import serving_gate
 from specbuild.contract.pbtxt import to_pbtxt
+from specbuild.errors import ArtifactError, SpecError
 from specbuild.llmapi import args as args_mod
 from specbuild.llmapi.checkpoint import FOLDER
 
@@ -58,9 +58,16 @@ class LlmApiRepoResult:
     settings: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"out_dir": str(self.out_dir), "backend": "llmapi", "runtime": self.runtime, "skipped": self.skipped,
-                "models": [contract.MODEL_NAME, serving_gate.MODEL_NAME], "files": self.files,
-                "settings": self.settings, "warnings": self.warnings}
+        return {
+            "out_dir": str(self.out_dir),
+            "backend": "llmapi",
+            "runtime": self.runtime,
+            "skipped": self.skipped,
+            "models": [contract.MODEL_NAME, serving_gate.MODEL_NAME],
+            "files": self.files,
+            "settings": self.settings,
+            "warnings": self.warnings,
+        }
 
 
 def resolve_runtime(runtime: str) -> str:
@@ -108,7 +115,8 @@ def render(spec: Spec, runtime: str, where: args_mod.Locations) -> dict[str, str
     model_yaml = args_mod.render_yaml(
         args_mod.model_yaml_data(spec, where),
         header=f"Written by `specbuild repo --backend llmapi`: TensorRT-LLM {contract.RELEASE} LLM arguments "
-               "(every key but\ntriton_config goes to LLM(...); triton_config is read by model.py).")
+        "(every key but\ntriton_config goes to LLM(...); triton_config is read by model.py).",
+    )
     return {
         f"{contract.MODEL_NAME}/config.pbtxt": config_pbtxt(spec.serve.decoupled),
         f"{contract.MODEL_NAME}/1/model.yaml": model_yaml,
@@ -122,19 +130,28 @@ def _warnings(spec: Spec, runtime: str, where: args_mod.Locations) -> list[str]:
     found = []
     for role, path in (("target", where.target), ("draft", where.draft)):
         if runtime == "reference" and not (Path(path) / "manifest.json").is_file():
-            found.append(f"the {role} checkpoint {path} is not converted yet: run `specbuild convert --backend "
-                         "llmapi` before `specbuild serve`.")
+            found.append(
+                f"the {role} checkpoint {path} is not converted yet: run `specbuild convert --backend "
+                "llmapi` before `specbuild serve`."
+            )
     if runtime == "tensorrt_llm":
-        found.append(f"model.yaml names the checkpoints as {Path(where.target).parent.parent} inside the server; "
-                     "pass --checkpoints-dir if they are elsewhere there.")
+        found.append(
+            f"model.yaml names the checkpoints as {Path(where.target).parent.parent} inside the server; "
+            "pass --checkpoints-dir if they are elsewhere there."
+        )
     return found
 
 
 def plan(spec: Spec, runtime: str = "auto", checkpoints_dir: str | Path | None = None):
     runtime = resolve_runtime(runtime)
     where = locations(spec, runtime, checkpoints_dir)
-    settings = {"runtime": runtime, "target": where.target, "draft": where.draft,
-                "llm_args": args_mod.llm_args(spec, where), "decoupled": spec.serve.decoupled}
+    settings = {
+        "runtime": runtime,
+        "target": where.target,
+        "draft": where.draft,
+        "llm_args": args_mod.llm_args(spec, where),
+        "decoupled": spec.serve.decoupled,
+    }
     return runtime, where, render(spec, runtime, where), settings, _warnings(spec, runtime, where)
 
 
@@ -143,8 +160,9 @@ def input_hash(settings: dict[str, Any], files: dict[str, str]) -> str:
     return combined_hash("llmapi", settings, files)
 
 
-def write_repository(spec: Spec, out_dir: Path, runtime: str = "auto", checkpoints_dir: str | Path | None = None,
-                     force: bool = False) -> LlmApiRepoResult:
+def write_repository(
+    spec: Spec, out_dir: Path, runtime: str = "auto", checkpoints_dir: str | Path | None = None, force: bool = False
+) -> LlmApiRepoResult:
     runtime, where, files, settings, warnings = plan(spec, runtime, checkpoints_dir)
     digest = input_hash(settings, files)
     with stage_output(Path(out_dir), stage="repo", force=force) as out:
@@ -154,9 +172,19 @@ def write_repository(spec: Spec, out_dir: Path, runtime: str = "auto", checkpoin
             path = out.tmp / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-        out.commit({"stage": "repo", "pair": spec.name, "backend": "llmapi", "runtime": runtime, "input_hash": digest,
-                    "release": contract.RELEASE, "settings": settings, "files": list(files),
-                    "tool_versions": tool_versions("tritonclient", "protobuf")})
+        out.commit(
+            {
+                "stage": "repo",
+                "pair": spec.name,
+                "backend": "llmapi",
+                "runtime": runtime,
+                "input_hash": digest,
+                "release": contract.RELEASE,
+                "settings": settings,
+                "files": list(files),
+                "tool_versions": tool_versions("tritonclient", "protobuf"),
+            }
+        )
         return LlmApiRepoResult(out.final, runtime, False, list(files), warnings, settings)
 
 
@@ -166,8 +194,10 @@ def checkpoint_dirs(repo: Path, manifest: dict[str, Any]) -> dict[str, Path]:
     found = {}
     for role in ("target", "draft"):
         if not settings.get(role):
-            raise ArtifactError(f"{repo}/manifest.json names no {role} checkpoint: regenerate it with "
-                                "`specbuild repo --backend llmapi`.")
+            raise ArtifactError(
+                f"{repo}/manifest.json names no {role} checkpoint: regenerate it with "
+                "`specbuild repo --backend llmapi`."
+            )
         found[role] = Path(settings[role])
     return found
 
@@ -178,10 +208,14 @@ def check_checkpoint_dirs(folders: dict[str, Path]) -> None:
 
     for role, folder in folders.items():
         if not (folder / "manifest.json").is_file():
-            raise ArtifactError(f"the {role} checkpoint {folder} is not converted (no manifest.json). Run "
-                                "`specbuild convert --backend llmapi` first, or regenerate the repository with "
-                                "--checkpoints-dir.")
+            raise ArtifactError(
+                f"the {role} checkpoint {folder} is not converted (no manifest.json). Run "
+                "`specbuild convert --backend llmapi` first, or regenerate the repository with "
+                "--checkpoints-dir."
+            )
         stage = read_manifest(folder).get("stage")
         if stage != STAGE:
-            raise ArtifactError(f"{folder} is not a checkpoint for the LLM API (stage {stage!r}). Run "
-                                "`specbuild convert --backend llmapi`.")
+            raise ArtifactError(
+                f"{folder} is not a checkpoint for the LLM API (stage {stage!r}). Run "
+                "`specbuild convert --backend llmapi`."
+            )

@@ -42,15 +42,23 @@ from specbuild.contract import llmapi as contract
 from specbuild.contract.serving_gate import gated
 from specbuild.llmapi.answered import cancelled_response, every_request_answered
 from specbuild.llmapi.end_ids import every_end_id
-from specbuild.llmapi.protocol import (MODEL_YAML_ENV, CompletionOutput, ModelException, RequestOutput, parse_request,
-                                       read_model_yaml, response_tensors, scalar)
+from specbuild.llmapi.protocol import (
+    MODEL_YAML_ENV,
+    CompletionOutput,
+    ModelException,
+    RequestOutput,
+    parse_request,
+    read_model_yaml,
+    response_tensors,
+    scalar,
+)
 
 
 class SharedModel:
     """One contract model for every request thread: a direct call while one request runs, a Batcher (shared
     forward passes) while several do. Either way one call at a time reaches the model (the lock)."""
 
-    def __init__(self, model: Any, active: "ActiveCount"):
+    def __init__(self, model: Any, active: ActiveCount):
         from specbuild.reference.batcher import Batcher
 
         self.model, self.active, self.lock = model, active, threading.Lock()
@@ -105,8 +113,9 @@ class StandInModel:
         config = read_model_yaml(model_dir, os.environ.get(MODEL_YAML_ENV, "model.yaml"))
         triton_config = config["triton_config"]
         self.decoupled = bool(triton_config["decoupled"])
-        self.cancellation_check_period_ms = int(triton_config.get("cancellation_check_period_ms",
-                                                                  contract.CANCELLATION_CHECK_PERIOD_MS))
+        self.cancellation_check_period_ms = int(
+            triton_config.get("cancellation_check_period_ms", contract.CANCELLATION_CHECK_PERIOD_MS)
+        )
         text_output = pb_utils.get_output_config_by_name(self.model_config, "text_output")
         self.output_dtype = pb_utils.triton_string_to_numpy(text_output["data_type"])
         engine_args = {key: value for key, value in config.items() if key != "triton_config"}
@@ -196,11 +205,19 @@ class StandInModel:
             def stream(output: RequestOutput) -> None:  # sent by the response thread while the next step runs
                 self._responses.put((sender, (output, output_config), 0))
 
-            last = self.llm.generate(prompt, sampling, streaming, call=self.shared.get,
-                                     on_output=stream if streaming else None, cancelled=tracked.cancelled.is_set)
+            last = self.llm.generate(
+                prompt,
+                sampling,
+                streaming,
+                call=self.shared.get,
+                on_output=stream if streaming else None,
+                cancelled=tracked.cancelled.is_set,
+            )
             if tracked.cancelled.is_set():
-                self.logger.log_info(f"[specbuild stand-in] request {user_id!r} cancelled: stopped after "
-                                     f"{len(last.outputs[0].text)} characters of text")
+                self.logger.log_info(
+                    f"[specbuild stand-in] request {user_id!r} cancelled: stopped after "
+                    f"{len(last.outputs[0].text)} characters of text"
+                )
                 if streaming and tracked.stopped:  # the aborted LLM's last output; a client's cancel was answered
                     sent_final = True
                     self._send_cancelled_output(last, output_config, sender)
@@ -217,9 +234,11 @@ class StandInModel:
             self.logger.log_error(f"[trtllm] Error generating request: {err}")
             if not sent_final and (not registered or self._untrack(key)):
                 response = pb.InferenceResponse(
-                    output_tensors=[pb.Tensor("text_output", np.asarray([contract.ERROR_TEXT_OUTPUT],
-                                                                        dtype=self.output_dtype))],
-                    error=pb.TritonError(contract.MSG_GENERATE.format(error=err)))
+                    output_tensors=[
+                        pb.Tensor("text_output", np.asarray([contract.ERROR_TEXT_OUTPUT], dtype=self.output_dtype))
+                    ],
+                    error=pb.TritonError(contract.MSG_GENERATE.format(error=err)),
+                )
                 try:
                     sender.send(response, flags=final)
                 except Exception as send_err:  # noqa: BLE001 - the client is gone
@@ -272,8 +291,9 @@ class StandInModel:
                     del self.tracked[key]  # answered here: never queried or answered again
                     tracked.cancelled.set()
                     try:
-                        tracked.sender.send(cancelled_response(self.pb),
-                                            flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                        tracked.sender.send(
+                            cancelled_response(self.pb), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                        )
                     except Exception as err:  # noqa: BLE001
                         self.logger.log_error(f"An error occurred while sending a response: {err}")
 

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.config import Spec
-from specbuild.errors import ArtifactError, ServeError, ToolNotFoundError
 from specbuild.contract import llmapi as contract
 from specbuild.contract.images import TRITON_IMAGE
+from specbuild.errors import ArtifactError, ServeError, ToolNotFoundError
 
 LAUNCHERS = ("srun", "mpirun")
 
@@ -57,7 +57,8 @@ def find_trtllm_serve(explicit: str | Path | None = None) -> Path:
         raise ToolNotFoundError(
             "trtllm-serve not found on PATH: it comes with TensorRT-LLM, which cannot be installed here. Run this in "
             f"the GPU image (docker/Dockerfile.llmapi, {TRITON_IMAGE}), or pass --trtllm-serve PATH. "
-            "On a CPU machine serve the llmapi repository with tritonserver instead (the default --server).")
+            "On a CPU machine serve the llmapi repository with tritonserver instead (the default --server)."
+        )
     return Path(found)
 
 
@@ -77,20 +78,37 @@ class ServeCommand:
         return f"http://{host}:{self.port}{contract.SERVE_HEALTH}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"server": "trtllm-serve", "argv": self.argv, "host": self.host, "port": self.port,
-                "options_file": str(self.options_file), "health": self.health_url,
-                "multi_node": self.launch or None, "end_id": self.end_id, "stop_token_ids": self.stop_token_ids}
+        return {
+            "server": "trtllm-serve",
+            "argv": self.argv,
+            "host": self.host,
+            "port": self.port,
+            "options_file": str(self.options_file),
+            "health": self.health_url,
+            "multi_node": self.launch or None,
+            "end_id": self.end_id,
+            "stop_token_ids": self.stop_token_ids,
+        }
 
     def end_ids_hint(self) -> str | None:
         """What a client sends to stop at every end id the checkpoint lists (None: nothing to send)."""
         if not self.stop_token_ids:
             return None
-        return (f"end ids: trtllm-serve ends at the tokenizer's eos {self.end_id} only; send \"stop_token_ids\": "
-                f"{self.stop_token_ids} with each request to stop at the checkpoint's other end ids")
+        return (
+            f'end ids: trtllm-serve ends at the tokenizer\'s eos {self.end_id} only; send "stop_token_ids": '
+            f"{self.stop_token_ids} with each request to stop at the checkpoint's other end ids"
+        )
 
 
-def plan(spec: Spec, binary: str | Path = "trtllm-serve", host: str | None = None, port: int | None = None,
-         nodes: int = 1, launcher: str = "srun", require_built: bool = True) -> ServeCommand:
+def plan(
+    spec: Spec,
+    binary: str | Path = "trtllm-serve",
+    host: str | None = None,
+    port: int | None = None,
+    nodes: int = 1,
+    launcher: str = "srun",
+    require_built: bool = True,
+) -> ServeCommand:
     """The trtllm-serve command for the spec, from the build stage's LLM arguments."""
     from specbuild.artifacts import read_manifest
     from specbuild.llmapi.build import OPTIONS_FILE, config_dir
@@ -107,12 +125,32 @@ def plan(spec: Spec, binary: str | Path = "trtllm-serve", host: str | None = Non
         args = llm_args(spec, locations(spec))
     host = host or spec.serve.host
     port = contract.SERVE_DEFAULT_PORT if port is None else port
-    argv = [str(binary), str(args["model"]), "--host", host, "--port", str(port), "--backend", args["backend"],
-            "--tp_size", str(args["tensor_parallel_size"]), "--pp_size", str(args["pipeline_parallel_size"]),
-            "--max_batch_size", str(args["max_batch_size"]), "--max_num_tokens", str(args["max_num_tokens"]),
-            "--max_seq_len", str(args["max_seq_len"]),
-            "--kv_cache_free_gpu_memory_fraction", str(args["kv_cache_config"]["free_gpu_memory_fraction"]),
-            "--extra_llm_api_options", str(folder / OPTIONS_FILE), "--log_level", "info"]
+    argv = [
+        str(binary),
+        str(args["model"]),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--backend",
+        args["backend"],
+        "--tp_size",
+        str(args["tensor_parallel_size"]),
+        "--pp_size",
+        str(args["pipeline_parallel_size"]),
+        "--max_batch_size",
+        str(args["max_batch_size"]),
+        "--max_num_tokens",
+        str(args["max_num_tokens"]),
+        "--max_seq_len",
+        str(args["max_seq_len"]),
+        "--kv_cache_free_gpu_memory_fraction",
+        str(args["kv_cache_config"]["free_gpu_memory_fraction"]),
+        "--extra_llm_api_options",
+        str(folder / OPTIONS_FILE),
+        "--log_level",
+        "info",
+    ]
     from specbuild.llmapi.end_ids import stop_token_ids
 
     eos, others = stop_token_ids(args)  # the LLM ends at its tokenizer's eos only (specbuild.llmapi.end_ids)
@@ -127,16 +165,38 @@ def multi_node(argv: list[str], world_size: int, nodes: int, launcher: str = "sr
     if launcher not in LAUNCHERS:
         raise ServeError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}.")
     if world_size % nodes:
-        raise ServeError(f"tp_size x pp_size = {world_size} GPUs do not split over {nodes} nodes evenly: use a node "
-                         "count that divides it.")
+        raise ServeError(
+            f"tp_size x pp_size = {world_size} GPUs do not split over {nodes} nodes evenly: use a node "
+            "count that divides it."
+        )
     per_node = world_size // nodes
     if launcher == "srun":
-        return ["srun", "-N", str(nodes), "--ntasks", str(world_size), f"--ntasks-per-node={per_node}",
-                "--mpi=pmix", f"--gres=gpu:{per_node}", contract.LAUNCHER, *argv]
+        return [
+            "srun",
+            "-N",
+            str(nodes),
+            "--ntasks",
+            str(world_size),
+            f"--ntasks-per-node={per_node}",
+            "--mpi=pmix",
+            f"--gres=gpu:{per_node}",
+            contract.LAUNCHER,
+            *argv,
+        ]
     # Open MPI refuses to start as root without --allow-run-as-root, and containers run as root (LWS's
     # docs/examples/tensorrt-llm server.py and this project's engine-path launcher pass it too).
-    return ["mpirun", "--allow-run-as-root", "-np", str(world_size), "--npernode", str(per_node), "--hostfile",
-            "<hostfile>", contract.LAUNCHER, *argv]
+    return [
+        "mpirun",
+        "--allow-run-as-root",
+        "-np",
+        str(world_size),
+        "--npernode",
+        str(per_node),
+        "--hostfile",
+        "<hostfile>",
+        contract.LAUNCHER,
+        *argv,
+    ]
 
 
 def nodes_needed(world_size: int, gpus_per_node: int) -> int:
@@ -154,12 +214,17 @@ class TrtllmServeHandle:
         self.stop_timeout = self.STOP_TIMEOUT_S if stop_timeout is None else stop_timeout
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 1800.0) -> "TrtllmServeHandle":
+    def start(self, timeout: float = 1800.0) -> TrtllmServeHandle:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             try:
-                self.process = subprocess.Popen(self.command.argv, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+                self.process = subprocess.Popen(
+                    self.command.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             except OSError as err:
                 raise ServeError(f"could not start {self.command.argv[0]}: {err}") from None
         try:
@@ -186,13 +251,17 @@ class TrtllmServeHandle:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise ServeError(f"trtllm-serve exited with code {self.process.returncode} before it was healthy. "
-                                 f"Last log lines:\n{self.log_tail()}\nFull log: {self.log_path}")
+                raise ServeError(
+                    f"trtllm-serve exited with code {self.process.returncode} before it was healthy. "
+                    f"Last log lines:\n{self.log_tail()}\nFull log: {self.log_path}"
+                )
             if self.healthy():
                 return
             time.sleep(0.25)
-        raise ServeError(f"trtllm-serve was not healthy ({self.command.health_url}) after {timeout:.0f} s. "
-                         f"Last log lines:\n{self.log_tail()}\nFull log: {self.log_path}")
+        raise ServeError(
+            f"trtllm-serve was not healthy ({self.command.health_url}) after {timeout:.0f} s. "
+            f"Last log lines:\n{self.log_tail()}\nFull log: {self.log_path}"
+        )
 
     def stop(self, timeout: float | None = None) -> int | None:
         timeout = self.stop_timeout if timeout is None else timeout

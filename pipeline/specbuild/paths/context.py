@@ -4,9 +4,10 @@ stages' summaries follow."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specbuild.artifacts import UP_TO_DATE
 from specbuild.config import Spec
@@ -51,5 +52,8 @@ def earlier_will_run(ctx: UpContext, *stages: str) -> bool:
 def dry_status(roles: dict[str, str], detail: Any) -> dict[str, Any]:
     """A dry run's stage entry: skipped (up to date) only when every role would be skipped."""
     skipped = set(roles.values()) == {"skipped"}
-    return {"status": "skipped" if skipped else "planned", "roles": roles,
-            "detail": detail if not skipped else UP_TO_DATE}
+    return {
+        "status": "skipped" if skipped else "planned",
+        "roles": roles,
+        "detail": detail if not skipped else UP_TO_DATE,
+    }

@@ -5,9 +5,10 @@ Each method returns an `Outcome` (the `--json` document, the lines a person read
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specbuild.config import Spec
@@ -49,21 +50,57 @@ class PipelinePath:
         raise NotImplementedError
 
     # ---- the commands ----
-    def convert(self, spec: Spec, roles: list[str], options: ConvertOptions, *, force: bool = False,
-                verify: bool = False, dry_run: bool = False, log: Log = print, progress: bool = False) -> Outcome:
+    def convert(
+        self,
+        spec: Spec,
+        roles: list[str],
+        options: ConvertOptions,
+        *,
+        force: bool = False,
+        verify: bool = False,
+        dry_run: bool = False,
+        log: Log = print,
+        progress: bool = False,
+    ) -> Outcome:
         raise NotImplementedError
 
-    def build(self, spec: Spec, backend: str, roles: list[str], *, trtllm_build: str | None = None,
-              force: bool = False, dry_run: bool = False, log: Log = print) -> Outcome:
+    def build(
+        self,
+        spec: Spec,
+        backend: str,
+        roles: list[str],
+        *,
+        trtllm_build: str | None = None,
+        force: bool = False,
+        dry_run: bool = False,
+        log: Log = print,
+    ) -> Outcome:
         raise NotImplementedError
 
-    def repo(self, spec: Spec, backend: str, out_dir: Path, *, runtime: str = "auto",
-             checkpoints_dir: Path | None = None, engines_dir: Path | None = None, tokenizer_dir: Path | None = None,
-             force: bool = False, dry_run: bool = False) -> Outcome:
+    def repo(
+        self,
+        spec: Spec,
+        backend: str,
+        out_dir: Path,
+        *,
+        runtime: str = "auto",
+        checkpoints_dir: Path | None = None,
+        engines_dir: Path | None = None,
+        tokenizer_dir: Path | None = None,
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> Outcome:
         raise NotImplementedError
 
-    def local_session(self, spec: Spec, *, device: str = "cpu", use_cache: bool = True, threads: int | None = None,
-                      overlap: str | None = None):
+    def local_session(
+        self,
+        spec: Spec,
+        *,
+        device: str = "cpu",
+        use_cache: bool = True,
+        threads: int | None = None,
+        overlap: str | None = None,
+    ):
         """The in-process session `generate --local` runs (a context manager with `generate`)."""
         raise NotImplementedError
 
@@ -79,14 +116,20 @@ class PipelinePath:
 def repo_plan_outcome(out_dir: Path, what: str, files: list[str], warnings: list[str], **fields: Any) -> Outcome:
     """`repo --dry-run` (either layout): the files it would write, under "# would write <out_dir> (<what>):"."""
     planned = [*files, "manifest.json"]
-    document = {"stage": "repo", "dry_run": True, **fields, "out_dir": str(out_dir.resolve()), "files": planned,
-                "warnings": warnings}
-    return Outcome(document, [f"# would write {out_dir.resolve()} ({what}):", *(f"  {rel}" for rel in planned)],
-                   list(warnings))
+    document = {
+        "stage": "repo",
+        "dry_run": True,
+        **fields,
+        "out_dir": str(out_dir.resolve()),
+        "files": planned,
+        "warnings": warnings,
+    }
+    return Outcome(
+        document, [f"# would write {out_dir.resolve()} ({what}):", *(f"  {rel}" for rel in planned)], list(warnings)
+    )
 
 
 def repo_result_outcome(result: Any, what: str) -> Outcome:
     """`repo` (either layout) after writing or skipping: one line "<out_dir>: written|up to date ..., <what>"."""
     state = "up to date (unchanged inputs; --force rewrites)" if result.skipped else "written"
-    return Outcome({"stage": "repo", **result.to_dict()}, [f"{result.out_dir}: {state}, {what}"],
-                   list(result.warnings))
+    return Outcome({"stage": "repo", **result.to_dict()}, [f"{result.out_dir}: {state}, {what}"], list(result.warnings))

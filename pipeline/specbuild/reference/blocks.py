@@ -11,8 +11,9 @@ from collections.abc import Callable
 import torch
 
 
-def run_blocks(fn: Callable[..., torch.Tensor], xs: list[torch.Tensor], block: int,
-               wide: tuple[int, ...] = ()) -> torch.Tensor:
+def run_blocks(
+    fn: Callable[..., torch.Tensor], xs: list[torch.Tensor], block: int, wide: tuple[int, ...] = ()
+) -> torch.Tensor:
     """fn applied to fixed-size row blocks of xs: each [rows, ...], rows a multiple of block.
 
     wide (multiples of block, largest first): long runs of rows (a prompt's prefill) go in calls of as many of the

@@ -137,7 +137,7 @@ class ContractModel:
 def _until_stop(tokens: list[int], stops: list[list[int]]) -> list[int]:
     """Tokens up to and including the first stop sequence they complete (TensorRT-LLM keeps the stop word)."""
     for n in range(1, len(tokens) + 1):
-        if any(n >= len(w) and tokens[n - len(w):n] == w for w in stops):
+        if any(n >= len(w) and tokens[n - len(w) : n] == w for w in stops):
             return tokens[:n]
     return list(tokens)
 
@@ -147,4 +147,3 @@ def _until_end(tokens: list[int], end_id: int | None) -> list[int]:
     if end_id is not None and end_id in tokens:
         return tokens[: tokens.index(end_id)]
     return list(tokens)
-

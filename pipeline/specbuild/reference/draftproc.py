@@ -64,14 +64,24 @@ class DraftProcess:
         self.row_block: int | None = None  # the child's, once it is ready
 
     @classmethod
-    def start(cls, source: Any, device: str = "cpu", threads: int | None = None, row_block: int | None = None,
-              use_cache: bool = True, end_id: int | None = None, use_logits: bool = True) -> DraftProcess:
+    def start(
+        cls,
+        source: Any,
+        device: str = "cpu",
+        threads: int | None = None,
+        row_block: int | None = None,
+        use_cache: bool = True,
+        end_id: int | None = None,
+        use_logits: bool = True,
+    ) -> DraftProcess:
         """Start loading `source` (a loading.ModelSource) in a child process; its first answer waits for it.
         end_id, use_logits: as ContractDrafter's."""
         ours, theirs = socket.socketpair()
         with theirs:
-            process = subprocess.Popen([sys.executable, "-m", "specbuild.reference.draftchild", str(theirs.fileno())],
-                                       pass_fds=[theirs.fileno()])
+            process = subprocess.Popen(
+                [sys.executable, "-m", "specbuild.reference.draftchild", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+            )
         conn = Connection(ours.detach())
         args = (source, device, threads, row_block, use_cache, end_id, use_logits)
         conn.send(args)
@@ -137,8 +147,10 @@ class DraftProcess:
             return self._conn.recv()
         except (EOFError, OSError):
             code = self._process.poll()
-            raise GenerationError(f"the draft model's process ended (exit code {code}): its error is on stderr. "
-                                  "Run with --no-overlap to keep the draft model in this process.") from None
+            raise GenerationError(
+                f"the draft model's process ended (exit code {code}): its error is on stderr. "
+                "Run with --no-overlap to keep the draft model in this process."
+            ) from None
 
     def close(self) -> None:
         """Close the socket (the child exits) and wait for the child a moment; kill it if it does not go."""

@@ -110,7 +110,9 @@ class ReferenceEngine:
                         out[i].tokens.append(token)
                         seqs[i].append(token)
                         done = out[i].tokens
-                        stopped = stops is not None and any(done[-len(w):] == w for w in stops[i] if len(done) >= len(w))
+                        stopped = stops is not None and any(
+                            done[-len(w) :] == w for w in stops[i] if len(done) >= len(w)
+                        )
                         if len(done) < max_new[i] and token != end_ids[i] and not stopped:
                             still.append(i)
                     active = still

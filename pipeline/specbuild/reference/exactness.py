@@ -65,8 +65,12 @@ class Trial:
     seconds: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {"row_block": self.row_block, "passed": not self.failures, "failures": list(self.failures),
-                "seconds": round(self.seconds, 4)}
+        return {
+            "row_block": self.row_block,
+            "passed": not self.failures,
+            "failures": list(self.failures),
+            "seconds": round(self.seconds, 4),
+        }
 
     def why(self) -> str:
         """The first failures, for a log line."""
@@ -89,9 +93,16 @@ class RowBlockChoice:
         return sum(t.seconds for t in (*self.tried, *self.wide_tried))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"row_block": self.row_block, "mode": self.mode, "exact": self.exact, "threads": self.threads,
-                "probe_seconds": round(self.seconds, 4), "tried": [t.as_dict() for t in self.tried],
-                "wide_blocks": list(self.wide_blocks), "wide_tried": [t.as_dict() for t in self.wide_tried]}
+        return {
+            "row_block": self.row_block,
+            "mode": self.mode,
+            "exact": self.exact,
+            "threads": self.threads,
+            "probe_seconds": round(self.seconds, 4),
+            "tried": [t.as_dict() for t in self.tried],
+            "wide_blocks": list(self.wide_blocks),
+            "wide_tried": [t.as_dict() for t in self.wide_tried],
+        }
 
     def _wide(self) -> str:
         if not self.wide_tried:
@@ -99,14 +110,17 @@ class RowBlockChoice:
         failed = "; ".join(f"{t.row_block}-row calls differ: {t.why()}" for t in self.wide_tried if t.failures)
         sizes = " and ".join(map(str, self.wide_blocks))
         return (f"; prefill in calls of {sizes} rows (same bits)" if sizes else "; prefill in blocks") + (
-            f" ({failed})" if failed else "")
+            f" ({failed})" if failed else ""
+        )
 
     def describe(self) -> str:
         rejected = "; ".join(f"{t.row_block} rows failed ({t.why()})" for t in self.tried if t.failures)
         took = f"probe {self.seconds:.2f} s"
         if not self.exact:
-            return (f"row block {self.row_block}, NOT EXACT: even one row per call gave different bits ({rejected}); "
-                    "speculative greedy output may differ from target-only output in near-ties")
+            return (
+                f"row block {self.row_block}, NOT EXACT: even one row per call gave different bits ({rejected}); "
+                "speculative greedy output may differ from target-only output in near-ties"
+            )
         if self.mode == "safe":
             return f"row block 1, safe mode (one row per call: exact, slower): {rejected}; {took}"
         how = "asked for" if self.mode == "requested" else "probed"
@@ -306,10 +320,17 @@ def reprobe_for_threads(model) -> RowBlockChoice:
     keep = () if model.row_block == SAFE_BLOCK else (model.row_block,)  # the safe mode is left when a candidate passes
     candidates = tuple(dict.fromkeys((*keep, *default_candidates(model.device.type))))
     choice = _apply(model, _with_wide(model, choose(model, candidates)))
-    changed = "" if choice.row_block == before.row_block else (
-        f" (was {before.row_block}: logits computed before this differ in their last bits from those computed after)")
-    message = (f"specbuild: torch threads changed from {before.threads} to {choice.threads} since the row-block probe; "
-               f"probed again: {choice.describe()}{changed}")
+    changed = (
+        ""
+        if choice.row_block == before.row_block
+        else (
+            f" (was {before.row_block}: logits computed before this differ in their last bits from those computed after)"
+        )
+    )
+    message = (
+        f"specbuild: torch threads changed from {before.threads} to {choice.threads} since the row-block probe; "
+        f"probed again: {choice.describe()}{changed}"
+    )
     if changed:  # the logits change: said always; the same block again is a detail
         print(message, file=sys.stderr, flush=True)
     else:

@@ -15,8 +15,8 @@ from typing import Any
 
 from specbuild.config import Spec
 from specbuild.errors import CheckpointError
-from specbuild.progress import detail
 from specbuild.hfmodel import listed_end_ids
+from specbuild.progress import detail
 from specbuild.speculative.overlap import available_cores, resolve_auto
 
 REFERENCE_ENGINE = "reference-engine"
@@ -66,7 +66,7 @@ def model_source(spec: Spec, role: str) -> ModelSource:
 
 
 def resolve_device(device: str | None) -> str:
-    """"auto"/None -> "cuda" when available, else "cpu"; anything else is checked."""
+    """ "auto"/None -> "cuda" when available, else "cpu"; anything else is checked."""
     import torch
 
     if device in (None, "auto"):
@@ -76,8 +76,14 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def load_contract_model(source: ModelSource, device: str | None = None, use_cache: bool = True,
-                        row_block: int | None = None, probe: bool = True, announce: bool = False):
+def load_contract_model(
+    source: ModelSource,
+    device: str | None = None,
+    use_cache: bool = True,
+    row_block: int | None = None,
+    probe: bool = True,
+    announce: bool = False,
+):
     """A ContractModel (the tensorrt_llm contract) over the reference engine built from source.
 
     row_block: rows per matmul block (reference/model.py). None: the first of the device's candidates
@@ -90,8 +96,13 @@ def load_contract_model(source: ModelSource, device: str | None = None, use_cach
     from specbuild.reference.model import LlamaModel
 
     max_seq_len = source.limits.get("max_seq_len")
-    model = LlamaModel.from_folder(source.path, device=resolve_device(device), row_block=row_block, probe=probe,
-                                   max_len=int(max_seq_len) if max_seq_len else None)
+    model = LlamaModel.from_folder(
+        source.path,
+        device=resolve_device(device),
+        row_block=row_block,
+        probe=probe,
+        max_len=int(max_seq_len) if max_seq_len else None,
+    )
     if model.exactness is not None:
         threads = model.exactness.threads
         where = f"cpu, {threads} thread{'s' if threads != 1 else ''}" if threads else model.device.type
@@ -172,13 +183,20 @@ def resolve_overlap(setting: bool | str, device: str) -> tuple[bool | str, str]:
         import torch
 
         threads = torch.get_num_threads()
-        return resolve_auto(setting, available_cores(), 2 * threads,
-                            f"2 x {threads} torch thread{'s' if threads != 1 else ''}")
+        return resolve_auto(
+            setting, available_cores(), 2 * threads, f"2 x {threads} torch thread{'s' if threads != 1 else ''}"
+        )
     return resolve_auto(setting, available_cores(), 2, "a thread each for the draft and the target")
 
 
-def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
-              row_block: int | None = None, overlap: bool | str = False) -> LocalPair:
+def load_pair(
+    spec: Spec,
+    device: str | None = None,
+    use_cache: bool = True,
+    threads: int | None = None,
+    row_block: int | None = None,
+    overlap: bool | str = False,
+) -> LocalPair:
     """Target and draft in-process. threads: CPU threads for torch (None: 1 for small models, else torch's default),
     set before loading: the row-block probe runs with them. row_block: see load_contract_model.
 
@@ -186,8 +204,8 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
     resolve_overlap. When it drafts ahead, a second copy of the draft model is started in a child process
     (reference/draftproc.py: two models on two threads of one process mostly wait for each other's GIL);
     `pair.drafter_for(pair.overlap)` is then that drafter. Call pair.close() when done."""
-    from specbuild.reference.draftproc import DraftProcess
     from specbuild.contract.adapters import ContractDrafter, ContractVerifier
+    from specbuild.reference.draftproc import DraftProcess
 
     target, draft = model_source(spec, "target"), model_source(spec, "draft")
     device = resolve_device(device)
@@ -200,8 +218,15 @@ def load_pair(spec: Spec, device: str | None = None, use_cache: bool = True, thr
     if schedule:  # loads while this process loads its own models
         import torch
 
-        process = DraftProcess.start(draft, device, torch.get_num_threads() if device == "cpu" else None, row_block,
-                                     use_cache, end_id, use_logits)
+        process = DraftProcess.start(
+            draft,
+            device,
+            torch.get_num_threads() if device == "cpu" else None,
+            row_block,
+            use_cache,
+            end_id,
+            use_logits,
+        )
     try:
         target_model = load_contract_model(target, device, use_cache, row_block)
         draft_model = load_contract_model(draft, device, use_cache, row_block)

@@ -39,7 +39,6 @@ from specbuild.reference.blocks import key_bucket_end, run_blocks
 from specbuild.reference.kvcache import SequenceKV
 
 
-
 @dataclass(frozen=True)
 class LlamaArgs:
     vocab_size: int
@@ -206,7 +205,9 @@ class LlamaModel:
         def get(name: str) -> torch.Tensor:
             used.add(name)
             if name not in state:
-                raise CheckpointError(f"weight {name!r} is missing from the checkpoint: it is not a complete Llama model.")
+                raise CheckpointError(
+                    f"weight {name!r} is missing from the checkpoint: it is not a complete Llama model."
+                )
             return state[name].to(device=self.device, dtype=dtype).contiguous()
 
         def maybe(name: str) -> torch.Tensor | None:
@@ -231,25 +232,33 @@ class LlamaModel:
             else:
                 gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
                 gate_up_bias = _cat_or_none(maybe(p + "mlp.gate_proj.bias"), maybe(p + "mlp.up_proj.bias"))
-            self.layers.append({
-                "attn_norm": get(p + "input_layernorm.weight"),
-                "qkv": _t(qkv),  # [hidden, (heads + 2 kv_heads) * head_dim]
-                "qkv_bias": qkv_bias,
-                "q_norm": get(p + "self_attn.q_norm.weight") if args.qk_norm else None,  # [head_dim]
-                "k_norm": get(p + "self_attn.k_norm.weight") if args.qk_norm else None,
-                "o": _t(get(p + "self_attn.o_proj.weight")),  # [heads * head_dim, hidden]
-                "o_bias": maybe(p + "self_attn.o_proj.bias"),  # attention_bias = true
-                # Llama: post_attention_layernorm is the MLP's input norm; Gemma 2 names that one pre_feedforward and
-                # normalizes the attention output with post_attention_layernorm and the MLP's with post_feedforward
-                "mlp_norm": get(p + ("pre_feedforward_layernorm.weight" if args.sandwich_norms
-                                     else "post_attention_layernorm.weight")),
-                "attn_out_norm": get(p + "post_attention_layernorm.weight") if args.sandwich_norms else None,
-                "mlp_out_norm": get(p + "post_feedforward_layernorm.weight") if args.sandwich_norms else None,
-                "gate_up": _t(gate_up),  # [hidden, 2 intermediate]
-                "gate_up_bias": gate_up_bias,
-                "down": _t(get(p + "mlp.down_proj.weight")),  # [intermediate, hidden]
-                "down_bias": maybe(p + "mlp.down_proj.bias"),  # mlp_bias = true
-            })
+            self.layers.append(
+                {
+                    "attn_norm": get(p + "input_layernorm.weight"),
+                    "qkv": _t(qkv),  # [hidden, (heads + 2 kv_heads) * head_dim]
+                    "qkv_bias": qkv_bias,
+                    "q_norm": get(p + "self_attn.q_norm.weight") if args.qk_norm else None,  # [head_dim]
+                    "k_norm": get(p + "self_attn.k_norm.weight") if args.qk_norm else None,
+                    "o": _t(get(p + "self_attn.o_proj.weight")),  # [heads * head_dim, hidden]
+                    "o_bias": maybe(p + "self_attn.o_proj.bias"),  # attention_bias = true
+                    # Llama: post_attention_layernorm is the MLP's input norm; Gemma 2 names that one pre_feedforward and
+                    # normalizes the attention output with post_attention_layernorm and the MLP's with post_feedforward
+                    "mlp_norm": get(
+                        p
+                        + (
+                            "pre_feedforward_layernorm.weight"
+                            if args.sandwich_norms
+                            else "post_attention_layernorm.weight"
+                        )
+                    ),
+                    "attn_out_norm": get(p + "post_attention_layernorm.weight") if args.sandwich_norms else None,
+                    "mlp_out_norm": get(p + "post_feedforward_layernorm.weight") if args.sandwich_norms else None,
+                    "gate_up": _t(gate_up),  # [hidden, 2 intermediate]
+                    "gate_up_bias": gate_up_bias,
+                    "down": _t(get(p + "mlp.down_proj.weight")),  # [intermediate, hidden]
+                    "down_bias": maybe(p + "mlp.down_proj.bias"),  # mlp_bias = true
+                }
+            )
         self.norm = get("model.norm.weight")
         lm_head = maybe("lm_head.weight")
         self.lm_head = _t(self.embed if args.tie_word_embeddings or lm_head is None else lm_head)  # [hidden, vocab]
@@ -269,18 +278,32 @@ class LlamaModel:
             settle(self, requested=row_block)
 
     @classmethod
-    def from_folder(cls, folder: str | Path, device: str = "cpu", row_block: int | None = None, probe: bool = True,
-                    max_len: int | None = None) -> LlamaModel:
+    def from_folder(
+        cls,
+        folder: str | Path,
+        device: str = "cpu",
+        row_block: int | None = None,
+        probe: bool = True,
+        max_len: int | None = None,
+    ) -> LlamaModel:
         folder = Path(folder)
         config_path = folder / "config.json"
         if not config_path.is_file():
-            raise CheckpointError(f"{folder} has no config.json: point at a Hugging Face model folder or a reference engine.")
+            raise CheckpointError(
+                f"{folder} has no config.json: point at a Hugging Face model folder or a reference engine."
+            )
         try:
             config = json.loads(config_path.read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise CheckpointError(f"{config_path} is unreadable ({err}). Re-save the model.") from None
-        return cls(args_from_config(config, str(folder)), _load_state_dict(folder), device=device, row_block=row_block,
-                   probe=probe, max_len=max_len)
+        return cls(
+            args_from_config(config, str(folder)),
+            _load_state_dict(folder),
+            device=device,
+            row_block=row_block,
+            probe=probe,
+            max_len=max_len,
+        )
 
     def new_cache(self) -> SequenceKV:
         a = self.args
@@ -298,8 +321,11 @@ class LlamaModel:
         a, layer = self.args, self.layers[0]
         return [
             (f"qkv {_shape(layer['qkv'])}", lambda x: self._qkv(layer, x), [a.hidden_size]),
-            (f"o {_shape(layer['o'])} + mlp {_shape(layer['gate_up'])}, {_shape(layer['down'])}",
-             lambda x, attn: self._post_attention(layer, x, attn), [a.hidden_size, a.num_heads * a.head_dim]),
+            (
+                f"o {_shape(layer['o'])} + mlp {_shape(layer['gate_up'])}, {_shape(layer['down'])}",
+                lambda x, attn: self._post_attention(layer, x, attn),
+                [a.hidden_size, a.num_heads * a.head_dim],
+            ),
         ]
 
     def _qkv(self, layer: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -318,13 +344,16 @@ class LlamaModel:
         cap = self.args.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """queries: [1, heads, row_block, head_dim]; keys, values: [1, kv_heads, end, head_dim]; mask: [row_block, end]."""
         a = self.args
         scale = a.head_dim**-0.5 if a.query_scale is None else a.query_scale
         if a.attn_softcap is None:
-            return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
-                                                  enable_gqa=True)  # [1, heads, row_block, head_dim]
+            return F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+            )  # [1, heads, row_block, head_dim]
         groups = a.num_heads // a.num_kv_heads  # soft-capped scores: the computation written out, as transformers'
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
         scores = torch.matmul(queries, keys.transpose(2, 3)) * scale  # [1, heads, row_block, end]
@@ -399,12 +428,19 @@ class LlamaModel:
             x = x * torch.tensor(a.hidden_size**0.5, dtype=self.dtype)
         nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         pad = torch.zeros(padded - rows, nq, device=self.device, dtype=self.dtype)
-        groups = {window: [[(i, g, end, self.causal_mask(start + i, end, block, window))
-                            for i, g, end in _attention_groups(start, n, block)] for _, start, n in spans]
-                  for window in set(a.windows) | {None}}  # one mask per group and per window the layers use
+        groups = {
+            window: [
+                [
+                    (i, g, end, self.causal_mask(start + i, end, block, window))
+                    for i, g, end in _attention_groups(start, n, block)
+                ]
+                for _, start, n in spans
+            ]
+            for window in set(a.windows) | {None}
+        }  # one mask per group and per window the layers use
         extend = bool(spans) and spans[-1][0] + spans[-1][2] - 1 + block > padded
         for li, layer in enumerate(self.layers):
-            qkv = run_blocks(lambda b: self._qkv(layer, b), [x], block, self.wide_blocks)
+            qkv = run_blocks(lambda b: self._qkv(layer, b), [x], block, self.wide_blocks)  # noqa: B023 (called within this iteration)
             q = self._rope(qkv[:, :nq].view(padded, a.num_heads, a.head_dim), cos, sin)
             k = self._rope(qkv[:, nq : nq + nkv].view(padded, a.num_kv_heads, a.head_dim), cos, sin)
             v = qkv[:, nq + nkv :].view(padded, a.num_kv_heads, a.head_dim)
@@ -412,18 +448,22 @@ class LlamaModel:
                 q = torch.cat([q, q.new_zeros(block, a.num_heads, a.head_dim)])
             queries = q.transpose(0, 1).unsqueeze(0)  # [1, heads, rows, head_dim]
             outs = []
-            for (cache, _), (row0, start, n), seq_groups in zip(batch, spans, groups[a.windows[li] if a.windows else None]):
+            for (cache, _), (row0, start, n), seq_groups in zip(
+                batch, spans, groups[a.windows[li] if a.windows else None]
+            ):
                 cache.k[li][start : start + n] = k[row0 : row0 + n]
                 cache.v[li][start : start + n] = v[row0 : row0 + n]
                 keys = cache.k[li].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, capacity, head_dim]
                 values = cache.v[li].transpose(0, 1).unsqueeze(0)
                 for i, g, end, mask in seq_groups:  # rows past the group's g are others' or padding: dropped
-                    out = self.attend(queries[:, :, row0 + i : row0 + i + block], keys[:, :, :end], values[:, :, :end], mask)
+                    out = self.attend(
+                        queries[:, :, row0 + i : row0 + i + block], keys[:, :, :end], values[:, :, :end], mask
+                    )
                     outs.append(out[0, :, :g])
             attn = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]).transpose(0, 1).reshape(rows, nq)
             if padded > rows:
                 attn = torch.cat([attn, pad])  # [padded, heads * head_dim]
-            x = run_blocks(lambda xb, ab: self._post_attention(layer, xb, ab), [x, attn], block, self.wide_blocks)
+            x = run_blocks(lambda xb, ab: self._post_attention(layer, xb, ab), [x, attn], block, self.wide_blocks)  # noqa: B023 (called within this iteration)
         for cache, tokens in batch:
             cache.commit(tokens)
 
@@ -443,7 +483,9 @@ class LlamaModel:
         # x: [row_block, hidden] the residual stream; attn: [row_block, heads * head_dim]
         out = _linear(attn, layer["o"], layer["o_bias"])
         x = x + (out if layer["attn_out_norm"] is None else self._rms_norm(out, layer["attn_out_norm"]))
-        gate, up = _linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"], layer["gate_up_bias"]).chunk(2, dim=-1)
+        gate, up = _linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"], layer["gate_up_bias"]).chunk(
+            2, dim=-1
+        )
         act = F.silu(gate) if self.args.activation == "silu" else F.gelu(gate, approximate="tanh")
         out = _linear(act * up, layer["down"], layer["down_bias"])
         return x + (out if layer["mlp_out_norm"] is None else self._rms_norm(out, layer["mlp_out_norm"]))

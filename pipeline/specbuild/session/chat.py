@@ -26,8 +26,9 @@ def load_tokenizer(folder: Any) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as err:
-        raise RequestError(f"the tokenizer in {folder} does not load ({err}); chat needs the target's tokenizer.") \
-            from None
+        raise RequestError(
+            f"the tokenizer in {folder} does not load ({err}); chat needs the target's tokenizer."
+        ) from None
 
 
 def chat_prompt(tokenizer: Any, message: str, system: str | None = None) -> str:
@@ -41,12 +42,14 @@ def chat_text(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     """A conversation ([{"role": ..., "content": ...}, ...]) through the tokenizer's chat template, with the prompt for
     the assistant's reply, as the text to send."""
     if not getattr(tokenizer, "chat_template", None):
-        raise RequestError("the target's tokenizer has no chat template (no chat_template in tokenizer_config.json "
-                           "or chat_template.jinja): send the prompt as plain text, without --chat.")
+        raise RequestError(
+            "the target's tokenizer has no chat template (no chat_template in tokenizer_config.json "
+            "or chat_template.jinja): send the prompt as plain text, without --chat."
+        )
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     bos = getattr(tokenizer, "bos_token", None)
     if bos and text.startswith(bos) and _adds_bos(tokenizer):
-        text = text[len(bos):]
+        text = text[len(bos) :]
     return text
 
 

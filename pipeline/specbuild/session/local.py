@@ -22,12 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 from specbuild.config import Spec
-from specbuild.errors import RequestError
-from specbuild.hfmodel import end_ids
 from specbuild.decode.driver import drive
 from specbuild.decode.generation import Generation, Options
 from specbuild.decode.request import RequestRules
 from specbuild.decode.textstream import TextStream
+from specbuild.errors import RequestError
+from specbuild.hfmodel import end_ids
 from specbuild.speculative.interfaces import Drafter, SamplingParams, Verifier
 from specbuild.speculative.overlap import AutoSchedule
 
@@ -38,18 +38,31 @@ class LocalSession:
     """A Drafter/Verifier pair in this process and how to tokenize for it; many requests, one at a time or from
     several threads (each with its own `pair`, e.g. batched)."""
 
-    def __init__(self, drafter: Drafter, verifier: Verifier, encode: Callable[[str], list[int]], *,
-                 tokenizer: Any = None, end_id: int | None = None, other_end_ids: tuple[int | None, ...] = (),
-                 default_k: int = 4, adaptive: bool = False,
-                 max_seq_len: int | None = None, pair: Any = None, overlap: bool | str = False,
-                 overlap_reason: str | None = None, ahead_drafter: Drafter | None = None,
-                 sources: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        drafter: Drafter,
+        verifier: Verifier,
+        encode: Callable[[str], list[int]],
+        *,
+        tokenizer: Any = None,
+        end_id: int | None = None,
+        other_end_ids: tuple[int | None, ...] = (),
+        default_k: int = 4,
+        adaptive: bool = False,
+        max_seq_len: int | None = None,
+        pair: Any = None,
+        overlap: bool | str = False,
+        overlap_reason: str | None = None,
+        ahead_drafter: Drafter | None = None,
+        sources: dict[str, Any] | None = None,
+    ):
         self.drafter, self.verifier = drafter, verifier
         self._encode = encode  # prompt text -> token ids
         self.tokenizer = tokenizer  # detokenizes streamed text (None: token ids only)
         # K, the end ids (end_id, then the others that end a request as it does) and the stop words, per request
-        self.rules = RequestRules(tokenizer, end_ids(end_id, other_end_ids), verifier.max_draft_len, default_k,
-                                  adaptive)
+        self.rules = RequestRules(
+            tokenizer, end_ids(end_id, other_end_ids), verifier.max_draft_len, default_k, adaptive
+        )
         self.max_seq_len = max_seq_len  # prompt + generated tokens the engines take (None: no limit known)
         self.pair = pair  # reference.loading.LocalPair when loaded from a spec
         self.overlap = overlap  # the schedule when a request does not say: False, True or "auto"
@@ -60,8 +73,15 @@ class LocalSession:
         self.sources = sources or {}  # which weights run, when not a `pair` (e.g. the LLM API path's export)
 
     @classmethod
-    def from_spec(cls, spec: Spec, device: str | None = None, use_cache: bool = True, threads: int | None = None,
-                  row_block: int | None = None, overlap: bool | str | None = None) -> "LocalSession":
+    def from_spec(
+        cls,
+        spec: Spec,
+        device: str | None = None,
+        use_cache: bool = True,
+        threads: int | None = None,
+        row_block: int | None = None,
+        overlap: bool | str | None = None,
+    ) -> LocalSession:
         """The spec's pair on the reference runtime (row_block: see reference.loading.load_contract_model); the spec
         gives the default K, whether K adapts, and the schedule (`overlap`: None = the spec's
         speculative.overlap)."""
@@ -69,16 +89,31 @@ class LocalSession:
 
         from specbuild.reference.loading import load_pair
 
-        pair = load_pair(spec, device=None if device == "auto" else device, use_cache=use_cache, threads=threads,
-                         row_block=row_block, overlap=spec.speculative.overlap if overlap is None else overlap)
+        pair = load_pair(
+            spec,
+            device=None if device == "auto" else device,
+            use_cache=use_cache,
+            threads=threads,
+            row_block=row_block,
+            overlap=spec.speculative.overlap if overlap is None else overlap,
+        )
         tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
         limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
-        return cls(pair.drafter, pair.verifier, lambda text: tokenizer(text)["input_ids"], tokenizer=tokenizer,
-                   end_id=pair.end_id,
-                   other_end_ids=(*pair.other_end_ids, tokenizer.eos_token_id),
-                   default_k=spec.speculative.num_draft_tokens, adaptive=spec.speculative.adaptive,
-                   max_seq_len=limit, pair=pair, overlap=pair.overlap, overlap_reason=pair.overlap_reason,
-                   ahead_drafter=pair.ahead_drafter)
+        return cls(
+            pair.drafter,
+            pair.verifier,
+            lambda text: tokenizer(text)["input_ids"],
+            tokenizer=tokenizer,
+            end_id=pair.end_id,
+            other_end_ids=(*pair.other_end_ids, tokenizer.eos_token_id),
+            default_k=spec.speculative.num_draft_tokens,
+            adaptive=spec.speculative.adaptive,
+            max_seq_len=limit,
+            pair=pair,
+            overlap=pair.overlap,
+            overlap_reason=pair.overlap_reason,
+            ahead_drafter=pair.ahead_drafter,
+        )
 
     def close(self) -> None:
         """Stop the draft model's child process, if this session started one."""
@@ -86,7 +121,7 @@ class LocalSession:
             self.pair.close()
         self.ahead_drafter = None
 
-    def __enter__(self) -> "LocalSession":
+    def __enter__(self) -> LocalSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -118,12 +153,20 @@ class LocalSession:
             "engine_source": pair.target.kind,
             "draft_engine_source": pair.draft.kind,
             "row_block": pair.target_model.engine.model.row_block,
-            "exactness": {role: m.engine.model.exactness.as_dict()
-                          for role, m in (("target", pair.target_model), ("draft", pair.draft_model))},
+            "exactness": {
+                role: m.engine.model.exactness.as_dict()
+                for role, m in (("target", pair.target_model), ("draft", pair.draft_model))
+            },
         }
 
-    def generate(self, prompt: str | list[int], options: Options, on_text: Callable[[str], None] | None = None,
-                 pair: tuple[Drafter, Verifier] | None = None, text: bool = True) -> Generation:
+    def generate(
+        self,
+        prompt: str | list[int],
+        options: Options,
+        on_text: Callable[[str], None] | None = None,
+        pair: tuple[Drafter, Verifier] | None = None,
+        text: bool = True,
+    ) -> Generation:
         """One request. `pair`: another Drafter/Verifier over the same models (e.g. batched for concurrent
         callers); `text`: False skips detokenizing (the benchmark)."""
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -142,12 +185,27 @@ class LocalSession:
             ready = self.rules.prepare(
                 max_tokens=options.max_tokens,
                 sampling=SamplingParams(options.temperature, options.top_k, options.top_p, options.seed),
-                num_draft_tokens=options.num_draft_tokens, stop=options.stop, adaptive=options.adaptive,
-                overlap=overlap)
+                num_draft_tokens=options.num_draft_tokens,
+                stop=options.stop,
+                adaptive=options.adaptive,
+                overlap=overlap,
+            )
         stream = TextStream(self.tokenizer, prompt_ids) if text and self.tokenizer is not None else None
-        generation = drive(prompt_ids, drafter, verifier, ready.request, k=ready.k, text=stream, on_text=on_text,
-                           stop_words=ready.stop_words, schedule=self.auto_schedule,
-                           ahead_drafter=ahead if pair is None else None)
-        generation.extra = {**self.describe(), "overlap_reason": self.overlap_reason if options.overlap is None
-                            else f"overlap {overlap} as asked", "sampling": options.sampling_dict()}
+        generation = drive(
+            prompt_ids,
+            drafter,
+            verifier,
+            ready.request,
+            k=ready.k,
+            text=stream,
+            on_text=on_text,
+            stop_words=ready.stop_words,
+            schedule=self.auto_schedule,
+            ahead_drafter=ahead if pair is None else None,
+        )
+        generation.extra = {
+            **self.describe(),
+            "overlap_reason": self.overlap_reason if options.overlap is None else f"overlap {overlap} as asked",
+            "sampling": options.sampling_dict(),
+        }
         return generation

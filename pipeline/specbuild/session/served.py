@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbuild.contract import models
 from specbuild.config import Spec
+from specbuild.contract import models
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.llmapi import ADD_SPECIAL_TOKENS as LLMAPI_ADD_SPECIAL_TOKENS
 from specbuild.contract.pbtxt import parameter_values
-from specbuild.errors import ClientError
 from specbuild.decode.generation import Generation, Options
+from specbuild.errors import ClientError
 from specbuild.speculative.draft_len import ResolvedK, resolve_fixed_k
 from specbuild.speculative.stats import SpeculationStats
 
@@ -73,17 +73,22 @@ class Deployment:
     add_special_tokens: bool | None = None  # how the server tokenizes a prompt (None: not known)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "Deployment":
+    def from_config(cls, config: dict[str, Any]) -> Deployment:
         """The BLS's settings as the BLS reads them (`contract.bls_params`); nothing known from another config."""
         try:
             bls = BlsParameters.from_parameters(parameter_values(config))
         except ValueError:  # not a BLS's config, or one the BLS itself would refuse
             return cls()
-        return cls(bls.max_draft_len, bls.num_draft_tokens, bls.adaptive_draft_len, bls.overlap,
-                   add_special_tokens=bls.add_special_tokens)
+        return cls(
+            bls.max_draft_len,
+            bls.num_draft_tokens,
+            bls.adaptive_draft_len,
+            bls.overlap,
+            add_special_tokens=bls.add_special_tokens,
+        )
 
     @classmethod
-    def of_llmapi(cls) -> "Deployment":
+    def of_llmapi(cls) -> Deployment:
         return cls(llmapi=True, add_special_tokens=LLMAPI_ADD_SPECIAL_TOKENS)
 
 
@@ -94,8 +99,9 @@ class Streamed:
     outputs: dict[str, Any]  # the final response's outputs (finish_reason, figures)
 
 
-def read_stream(chunks: Iterable[Any], on_text: Callable[[str], None] | None = None,
-                started: float | None = None) -> Streamed:
+def read_stream(
+    chunks: Iterable[Any], on_text: Callable[[str], None] | None = None, started: float | None = None
+) -> Streamed:
     """Join a response stream (`Chunk`s): the text, when its first piece arrived, the final outputs."""
     started = time.perf_counter() if started is None else started
     parts: list[str] = []
@@ -130,8 +136,10 @@ class TargetTokenizer:
                 try:
                     self._loaded = AutoTokenizer.from_pretrained(str(self.tokenizer_dir), local_files_only=True)
                 except (OSError, ValueError) as err:
-                    raise ClientError(f"the target's tokenizer (for what the server does not send: token ids and "
-                                      f"counts) does not load from {self.tokenizer_dir}: {err}") from None
+                    raise ClientError(
+                        f"the target's tokenizer (for what the server does not send: token ids and "
+                        f"counts) does not load from {self.tokenizer_dir}: {err}"
+                    ) from None
             return [int(t) for t in self._loaded(text, add_special_tokens=add_special_tokens)["input_ids"]]
 
     def count(self, text: str) -> int:
@@ -140,9 +148,16 @@ class TargetTokenizer:
 
 
 class ServedSession:
-    def __init__(self, url: str, protocol: str = "grpc", model: str = MODEL, timeout: float = 300.0,
-                 spec_path: str | None = None, llmapi_k: int | None = None,
-                 tokenizer: TargetTokenizer | None = None):
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "grpc",
+        model: str = MODEL,
+        timeout: float = 300.0,
+        spec_path: str | None = None,
+        llmapi_k: int | None = None,
+        tokenizer: TargetTokenizer | None = None,
+    ):
         from specbuild.triton.client import SpecbuildClient
 
         self.url, self.protocol = url, protocol
@@ -153,14 +168,26 @@ class ServedSession:
         self._deployment: Deployment | None = None
 
     @classmethod
-    def for_spec(cls, spec: Spec, protocol: str = "grpc", url: str | None = None, timeout: float = 300.0,
-                 spec_path: str | None = None) -> "ServedSession":
+    def for_spec(
+        cls,
+        spec: Spec,
+        protocol: str = "grpc",
+        url: str | None = None,
+        timeout: float = 300.0,
+        spec_path: str | None = None,
+    ) -> ServedSession:
         """A session on the spec's server (`server_url`) that also knows what an llmapi deployment of the spec
         does not send: its K and the target's tokenizer."""
-        return cls(server_url(spec, protocol, url), protocol, timeout=timeout, spec_path=spec_path,
-                   llmapi_k=spec.speculative.num_draft_tokens, tokenizer=TargetTokenizer(spec.target.checkpoint))
+        return cls(
+            server_url(spec, protocol, url),
+            protocol,
+            timeout=timeout,
+            spec_path=spec_path,
+            llmapi_k=spec.speculative.num_draft_tokens,
+            tokenizer=TargetTokenizer(spec.target.checkpoint),
+        )
 
-    def __enter__(self) -> "ServedSession":
+    def __enter__(self) -> ServedSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -197,8 +224,9 @@ class ServedSession:
         (`speculation_stats.k`), so this is never asked of a BLS."""
         return None if self.llmapi_k is None else resolve_fixed_k(requested, self.llmapi_k)
 
-    def generate(self, prompt: str, options: Options, on_text: Callable[[str], None] | None = None,
-                 stream: bool = True) -> Generation:
+    def generate(
+        self, prompt: str, options: Options, on_text: Callable[[str], None] | None = None, stream: bool = True
+    ) -> Generation:
         """One request, its text streamed to on_text; ClientError with the server's message on failure."""
         # The BLS applies the K rule itself and says which K it used; the llmapi model drafts a fixed K it does not say
         llmapi = self.deployment().llmapi
@@ -206,10 +234,18 @@ class ServedSession:
         asked = (k.k if k else None) if llmapi else options.num_draft_tokens
         started = time.perf_counter()
         try:
-            chunks = self.client.generate(prompt, max_tokens=options.max_tokens, num_draft_tokens=asked,
-                                          temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
-                                          seed=options.seed, stream=stream, overlap=options.overlap,
-                                          stop_words=list(options.stop))
+            chunks = self.client.generate(
+                prompt,
+                max_tokens=options.max_tokens,
+                num_draft_tokens=asked,
+                temperature=options.temperature,
+                top_k=options.top_k,
+                top_p=options.top_p,
+                seed=options.seed,
+                stream=stream,
+                overlap=options.overlap,
+                stop_words=list(options.stop),
+            )
             streamed = read_stream(chunks, on_text, started)
         except ClientError:
             grpc_missing = self.protocol == "grpc" and importlib.util.find_spec("tritonclient") is None
@@ -219,14 +255,22 @@ class ServedSession:
         seconds = time.perf_counter() - started
         out = streamed.outputs
         figures = out.get("speculation_stats")
-        stats = (SpeculationStats.from_dict(figures) if isinstance(figures, dict)
-                 else SpeculationStats(drafted=int(out.get("total_draft_tokens") or 0),
-                                       accepted=int(out.get("total_accepted_draft_tokens") or 0)))
+        stats = (
+            SpeculationStats.from_dict(figures)
+            if isinstance(figures, dict)
+            else SpeculationStats(
+                drafted=int(out.get("total_draft_tokens") or 0),
+                accepted=int(out.get("total_accepted_draft_tokens") or 0),
+            )
+        )
         if isinstance(figures, dict) and "k" in figures:
             k = ResolvedK.from_dict(figures["k"])  # the K the BLS used
         # the schedule the BLS ran (it sends it with the figures), else what was asked, else the deployment's
-        overlap = figures.get("overlap") if isinstance(figures, dict) and "overlap" in figures else (
-            options.overlap if options.overlap is not None else self.deployment().overlap)
+        overlap = (
+            figures.get("overlap")
+            if isinstance(figures, dict) and "overlap" in figures
+            else (options.overlap if options.overlap is not None else self.deployment().overlap)
+        )
         count = int(out["num_output_tokens"]) if "num_output_tokens" in out else None
         output_ids: list[int] | None = [int(t) for t in out.get("output_ids", [])]
         extra: dict[str, Any] = {}
@@ -238,8 +282,11 @@ class ServedSession:
             if count:
                 stats.steps = max(count - stats.accepted, 1)
         add_special = self.deployment().add_special_tokens
-        prompt_ids = (self.tokenizer.encode(prompt, add_special)
-                      if self.tokenizer is not None and add_special is not None else None)
+        prompt_ids = (
+            self.tokenizer.encode(prompt, add_special)
+            if self.tokenizer is not None and add_special is not None
+            else None
+        )
         stop_reason = out.get("stop_reason")
         if isinstance(stop_reason, str) and stop_reason.startswith("["):
             stop_reason = json.loads(stop_reason)  # a stop sequence given as token ids
@@ -257,8 +304,12 @@ class ServedSession:
             count_estimated=estimated,
             prompt_ids=prompt_ids,
             overlap=overlap,
-            extra={"engine_source": None, "server": {"url": self.url, "protocol": self.protocol},
-                   "sampling": options.sampling_dict(), **extra},
+            extra={
+                "engine_source": None,
+                "server": {"url": self.url, "protocol": self.protocol},
+                "sampling": options.sampling_dict(),
+                **extra,
+            },
         )
 
     def _llmapi_tokens(self, text: str, finish_reason: str | None, max_tokens: int) -> tuple[int | None, bool]:

@@ -30,8 +30,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["AdaptiveK", "best_k", "expected_hit_rate", "expected_tokens_per_step", "predicted_overlap_speedup",
-           "predicted_speedup"]
+__all__ = [
+    "AdaptiveK",
+    "best_k",
+    "expected_hit_rate",
+    "expected_tokens_per_step",
+    "predicted_overlap_speedup",
+    "predicted_speedup",
+]
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -71,8 +77,9 @@ def predicted_overlap_speedup(alpha: float, k: int, c: float, hit: float | None 
     return expected_tokens_per_step(alpha, k) / (max(1.0, (k + 1) * c) + (1.0 - h) * k * c)
 
 
-def best_k(alpha: float, c: float, ks: int | Iterable[int],
-           speedup: Callable[[float, int, float], float] = predicted_speedup) -> tuple[int, float]:
+def best_k(
+    alpha: float, c: float, ks: int | Iterable[int], speedup: Callable[[float, int, float], float] = predicted_speedup
+) -> tuple[int, float]:
     """(K, speedup) with the highest predicted speedup among K = 0 (speedup 1) and `ks` (an int n: 1..n).
 
     Ties go to the smaller K: speedups within 1e-9 of the best count as equal (float noise), and a smaller

@@ -42,7 +42,7 @@ class ResolvedK:
         return {"k": self.k, "requested": self.requested, "max_draft_len": self.max_draft_len}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ResolvedK":
+    def from_dict(cls, data: dict) -> ResolvedK:
         return cls(int(data["k"]), int(data["requested"]), int(data["max_draft_len"]))
 
     def note(self) -> str | None:
@@ -50,10 +50,14 @@ class ResolvedK:
         if not self.clamped:
             return None
         if self.k > self.requested:  # only a fixed-K deployment uses more than was asked
-            return (f"num_draft_tokens = {self.requested} cannot be asked of this deployment: it drafts "
-                    f"max_draft_len = {self.k} tokens at every step (the LLM API path); using {self.k}.")
-        return (f"num_draft_tokens = {self.requested} exceeds the target engine's max_draft_len = "
-                f"{self.max_draft_len}: using {self.k}. Rebuild with a larger speculative.max_draft_len to draft more.")
+            return (
+                f"num_draft_tokens = {self.requested} cannot be asked of this deployment: it drafts "
+                f"max_draft_len = {self.k} tokens at every step (the LLM API path); using {self.k}."
+            )
+        return (
+            f"num_draft_tokens = {self.requested} exceeds the target engine's max_draft_len = "
+            f"{self.max_draft_len}: using {self.k}. Rebuild with a larger speculative.max_draft_len to draft more."
+        )
 
 
 def _is_int(x: object) -> bool:
@@ -87,6 +91,9 @@ def resolve_ks(ks: Iterable[int], max_draft_len: int) -> tuple[tuple[int, ...], 
     """A sweep of K values under the same rule: each clamped, 0 always first, duplicates once; and a note per
     clamped value (bench, check --measure)."""
     resolved = [resolve_k(k, max_draft_len) for k in ks]
-    notes = [f"K = {r.requested} measured as K = {r.k}: above the deployment's max_draft_len = {max_draft_len}"
-             for r in resolved if r.clamped]
+    notes = [
+        f"K = {r.requested} measured as K = {r.k}: above the deployment's max_draft_len = {max_draft_len}"
+        for r in resolved
+        if r.clamped
+    ]
     return tuple(sorted({0, *(r.k for r in resolved)})), notes

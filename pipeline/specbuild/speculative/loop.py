@@ -102,7 +102,7 @@ class GenerationRequest:
         if self.cost_ratio is not None and not (np.isfinite(self.cost_ratio) and self.cost_ratio >= 0):
             raise RequestError(f"cost_ratio = {self.cost_ratio!r} is invalid: use a number >= 0, or leave it unset.")
         if not (self.overlap is True or self.overlap is False or self.overlap == "auto"):
-            raise RequestError(f"overlap = {self.overlap!r} is invalid: use true, false or \"auto\".")
+            raise RequestError(f'overlap = {self.overlap!r} is invalid: use true, false or "auto".')
 
 
 @dataclass
@@ -156,7 +156,8 @@ def generate(
     if request.num_draft_tokens > max_draft_len:
         raise GenerationError(
             f"num_draft_tokens = {request.num_draft_tokens} exceeds the verifier's max_draft_len = {max_draft_len}: "
-            "resolve K first (decode.request.RequestRules, or speculative.draft_len.resolve_k).")
+            "resolve K first (decode.request.RequestRules, or speculative.draft_len.resolve_k)."
+        )
     k_max = request.num_draft_tokens
     if not request.adaptive:
         controller = None
@@ -174,8 +175,17 @@ def generate(
     # Validated before the first step, so a bad request fails at the call, not at the first next().
     if request.overlap == "auto" and schedule is None:
         schedule = AutoSchedule()
-    return _steps([int(t) for t in prompt_ids], drafter, verifier, request, k_max, controller, base_seed,
-                  schedule if request.overlap == "auto" else None, ahead_drafter or drafter)
+    return _steps(
+        [int(t) for t in prompt_ids],
+        drafter,
+        verifier,
+        request,
+        k_max,
+        controller,
+        base_seed,
+        schedule if request.overlap == "auto" else None,
+        ahead_drafter or drafter,
+    )
 
 
 def _steps(
@@ -193,10 +203,12 @@ def _steps(
     stops = [[int(t) for t in s] for s in request.stop_sequences]
     ahead = None
     if request.overlap and k_max > 0:
-        ahead = DraftAhead(ahead_drafter, schedule,
-                           lambda output, draft, seconds: _k_after_a_hit(output, draft, seconds, request, stops,
-                                                                         k_max, controller),
-                           lambda step: _seeded(sampling, base_seed, step, DRAFTER))
+        ahead = DraftAhead(
+            ahead_drafter,
+            schedule,
+            lambda output, draft, seconds: _k_after_a_hit(output, draft, seconds, request, stops, k_max, controller),
+            lambda step: _seeded(sampling, base_seed, step, DRAFTER),
+        )
     output: list[int] = []
     stats = SpeculationStats()
     index = 0
@@ -228,9 +240,18 @@ def _steps(
                 controller.update(drafted, accepted, draft_seconds, target_seconds)
 
             new, finish = _emit(verification.tokens, output, request, stops)
-            yield Step(index=index, tokens=new, k=k, drafted=drafted, accepted=accepted, draft_seconds=draft_seconds,
-                       target_seconds=target_seconds, finish_reason=finish, stats=stats if finish else None,
-                       early_hit=early is not None)
+            yield Step(
+                index=index,
+                tokens=new,
+                k=k,
+                drafted=drafted,
+                accepted=accepted,
+                draft_seconds=draft_seconds,
+                target_seconds=target_seconds,
+                finish_reason=finish,
+                stats=stats if finish else None,
+                early_hit=early is not None,
+            )
             if finish:
                 return
             index += 1
@@ -239,8 +260,9 @@ def _steps(
             ahead.close()
 
 
-def _emit(tokens: Sequence[int], output: list[int], request: GenerationRequest,
-          stops: list[list[int]]) -> tuple[list[int], str | None]:
+def _emit(
+    tokens: Sequence[int], output: list[int], request: GenerationRequest, stops: list[list[int]]
+) -> tuple[list[int], str | None]:
     """Append verified tokens to output until a stop rule fires: (the tokens appended, finish reason or None)."""
     new: list[int] = []
     for token in map(int, tokens):
@@ -255,8 +277,15 @@ def _emit(tokens: Sequence[int], output: list[int], request: GenerationRequest,
     return new, None
 
 
-def _k_after_a_hit(output: list[int], draft: Draft, draft_seconds: float, request: GenerationRequest,
-                   stops: list[list[int]], k_max: int, controller: AdaptiveK | None) -> int:
+def _k_after_a_hit(
+    output: list[int],
+    draft: Draft,
+    draft_seconds: float,
+    request: GenerationRequest,
+    stops: list[list[int]],
+    k_max: int,
+    controller: AdaptiveK | None,
+) -> int:
     """The K of the next step if this one accepts its whole draft and a bonus token; 0 when that step would not
     draft or would not run (the draft ends the request)."""
     hypothetical = list(output)
@@ -266,7 +295,9 @@ def _k_after_a_hit(output: list[int], draft: Draft, draft_seconds: float, reques
     choice = k_max
     if controller is not None:
         predicted = copy.copy(controller)
-        predicted.update(len(draft.tokens), len(draft.tokens), draft_seconds)  # this step's target time is not known yet
+        predicted.update(
+            len(draft.tokens), len(draft.tokens), draft_seconds
+        )  # this step's target time is not known yet
         choice = predicted.choose()
     return max(min(choice, k_max, request.max_tokens - len(hypothetical) - 2), 0)  # the budget after the bonus, - 1
 

@@ -30,15 +30,25 @@ import dataclasses
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from specbuild.speculative.interfaces import Ahead, AheadDrafter, Draft, Drafter, Pending, SamplingParams
 from specbuild.speculative.stats import SpeculationStats
 
-__all__ = ["AutoSchedule", "DraftAhead", "EarlyDraft", "Segments", "ThreadedAhead", "ahead_proposer", "available_cores",
-           "parse_setting", "propose_ahead", "resolve_auto"]
+__all__ = [
+    "AutoSchedule",
+    "DraftAhead",
+    "EarlyDraft",
+    "Segments",
+    "ThreadedAhead",
+    "ahead_proposer",
+    "available_cores",
+    "parse_setting",
+    "propose_ahead",
+    "resolve_auto",
+]
 
 GREEDY = SamplingParams()
 
@@ -68,8 +78,11 @@ def propose_ahead(drafter: Drafter, tokens: list[int], k: int, sampling: Samplin
 
 def _tail(draft: Draft, n: int, seconds: float) -> Draft:
     """The draft without its first n tokens (and their rows of probs / logits)."""
-    changes = {"tokens": list(draft.tokens[n:]), "seconds": seconds,
-               "probs": None if draft.probs is None else draft.probs[n:]}
+    changes = {
+        "tokens": list(draft.tokens[n:]),
+        "seconds": seconds,
+        "probs": None if draft.probs is None else draft.probs[n:],
+    }
     if getattr(draft, "logits", None) is not None:  # ContractDraft
         changes["logits"] = draft.logits[n:]
     return dataclasses.replace(draft, **changes)
@@ -134,8 +147,13 @@ class DraftAhead:
     `next_k(output, draft, draft_seconds)`: the K the next step would choose if this one accepted the whole
     draft, or 0 when it would not draft (or not run); `seed_for(step)`: that step's drafter sampling params."""
 
-    def __init__(self, drafter: Drafter, auto: AutoSchedule | None, next_k: Callable[[list[int], Draft, float], int],
-                 seed_for: Callable[[int], SamplingParams]):
+    def __init__(
+        self,
+        drafter: Drafter,
+        auto: AutoSchedule | None,
+        next_k: Callable[[list[int], Draft, float], int],
+        seed_for: Callable[[int], SamplingParams],
+    ):
         self.proposer = ahead_proposer(drafter)
         self.segments = Segments(auto) if auto is not None else None  # "auto": draft ahead where it is faster
         self.next_k, self.seed_for = next_k, seed_for
@@ -154,8 +172,15 @@ class DraftAhead:
             stats.record_early_hit(max(taken.draft.seconds - waited, 0.0))  # the drafting the verify hid
         return taken.draft if taken is not None else None
 
-    def start(self, context: list[int], output: list[int], draft: Draft, draft_seconds: float, step: int,
-              stats: SpeculationStats) -> None:
+    def start(
+        self,
+        context: list[int],
+        output: list[int],
+        draft: Draft,
+        draft_seconds: float,
+        step: int,
+        stats: SpeculationStats,
+    ) -> None:
         """Propose step `step`'s draft as if this step were a hit (its draft all accepted, bonus token = the
         guess), unless that step would not draft or "auto" runs this segment sequentially."""
         if self.segments is not None and not self.segments.ahead:
@@ -236,10 +261,14 @@ class AutoSchedule:
 
     def figures(self) -> dict[str, object]:
         with self._lock:
-            return {"drafting_ahead": self.faster(), "segments": {"ahead": self._segments[True],
-                                                                  "sequential": self._segments[False]},
-                    "seconds_per_token": {"ahead": self.seconds_per_token(True),
-                                          "sequential": self.seconds_per_token(False)}}
+            return {
+                "drafting_ahead": self.faster(),
+                "segments": {"ahead": self._segments[True], "sequential": self._segments[False]},
+                "seconds_per_token": {
+                    "ahead": self.seconds_per_token(True),
+                    "sequential": self.seconds_per_token(False),
+                },
+            }
 
 
 class Segments:

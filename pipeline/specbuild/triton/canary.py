@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from specbuild.contract import models as names
 from specbuild import backends
 from specbuild.artifacts import read_manifest
+from specbuild.contract import models as names
 from specbuild.errors import ArtifactError, ClientError, ServeError
 from specbuild.triton.server import ServerHandle
 
@@ -90,11 +90,14 @@ def llmapi_canary(handle: ServerHandle) -> dict[str, str]:
             with SpecbuildClient(url, protocol=protocol, model=MODEL_NAME, timeout=120) as client:
                 text, stats = client.complete(CANARY_PROMPT, max_tokens=2, stream=stream)
         except ClientError as err:
-            raise ServeError(f"the canary request to {MODEL_NAME} ({protocol}) failed: {err}. "
-                             f"Server log: {handle.log_path}") from None
+            raise ServeError(
+                f"the canary request to {MODEL_NAME} ({protocol}) failed: {err}. Server log: {handle.log_path}"
+            ) from None
         if stats.get("finish_reason") not in FINISH_REASONS:
-            raise ServeError(f"the canary request to {MODEL_NAME} ({protocol}) ended without a finish reason "
-                             f"({stats}). Server log: {handle.log_path}")
+            raise ServeError(
+                f"the canary request to {MODEL_NAME} ({protocol}) ended without a finish reason "
+                f"({stats}). Server log: {handle.log_path}"
+            )
         answers[f"{MODEL_NAME} ({protocol})"] = text
     return answers
 

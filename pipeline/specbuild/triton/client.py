@@ -37,23 +37,25 @@ import queue
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
-from specbuild.contract import models
-from specbuild.contract import tensors
+from specbuild.contract import llmapi, models, tensors
 from specbuild.errors import ClientError
-from specbuild.contract import llmapi
 
 # What urllib raises when nothing answers at an address, or something that does not speak HTTP/1.1 (such as
 # Triton's gRPC port, whose HTTP/2 frames fail as http.client.BadStatusLine).
 UNREACHABLE = (urllib.error.URLError, OSError, http.client.HTTPException)
 
 STAT_OUTPUTS = tensors.BLS_FINAL_OUTPUTS  # what the BLS sends on its final response (the contract's one table)
-TEXT_OUTPUTS = tuple(name for name in STAT_OUTPUTS  # strings (BYTES) that are not JSON documents
-                     if tensors.BLS_OUTPUT[name].dtype == "TYPE_STRING" and name not in tensors.JSON_OUTPUTS)
+TEXT_OUTPUTS = tuple(
+    name
+    for name in STAT_OUTPUTS  # strings (BYTES) that are not JSON documents
+    if tensors.BLS_OUTPUT[name].dtype == "TYPE_STRING" and name not in tensors.JSON_OUTPUTS
+)
 ID_OUTPUTS = tuple(name for name in STAT_OUTPUTS if tensors.BLS_OUTPUT[name].dims == (-1,))  # token ids
 
 
@@ -65,18 +67,39 @@ def _wire(data_type: str) -> tuple[str, type]:
 
 _LLMAPI_INPUT = {t.name: t.data_type for t in llmapi.INPUTS}
 LLMAPI_FIELDS = {  # request field -> (llmapi input, Triton datatype, numpy dtype); the types are the contract's
-    field: (name, *_wire(_LLMAPI_INPUT[name])) for field, name in (
-        ("max_tokens", "sampling_param_max_tokens"), ("temperature", "sampling_param_temperature"),
-        ("top_k", "sampling_param_top_k"), ("top_p", "sampling_param_top_p"), ("seed", "sampling_param_seed"),
-        ("stream", "streaming"), ("exclude_input_in_output", "sampling_param_exclude_input_from_output"),
-        ("return_perf_metrics", "sampling_param_return_perf_metrics"))}
+    field: (name, *_wire(_LLMAPI_INPUT[name]))
+    for field, name in (
+        ("max_tokens", "sampling_param_max_tokens"),
+        ("temperature", "sampling_param_temperature"),
+        ("top_k", "sampling_param_top_k"),
+        ("top_p", "sampling_param_top_p"),
+        ("seed", "sampling_param_seed"),
+        ("stream", "streaming"),
+        ("exclude_input_in_output", "sampling_param_exclude_input_from_output"),
+        ("return_perf_metrics", "sampling_param_return_perf_metrics"),
+    )
+}
 LLMAPI_ALWAYS = ("return_finish_reason", "return_stop_reason", "sampling_param_return_perf_metrics")
 LLMAPI_FLOATS = ("acceptance_rate", "kv_cache_hit_rate", "cumulative_logprob")
 _BLS_INPUT = {t.name: t.dtype for t in tensors.BLS_INPUTS}
 _INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype): NVIDIA's BLS input names, the contract's types
-    name: _wire(_BLS_INPUT[name]) for name in (
-        "max_tokens", "num_draft_tokens", "top_k", "end_id", "pad_id", "min_tokens", "temperature", "top_p", "seed",
-        "stream", "use_draft_logits", "exclude_input_in_output", "return_perf_metrics")}
+    name: _wire(_BLS_INPUT[name])
+    for name in (
+        "max_tokens",
+        "num_draft_tokens",
+        "top_k",
+        "end_id",
+        "pad_id",
+        "min_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stream",
+        "use_draft_logits",
+        "exclude_input_in_output",
+        "return_perf_metrics",
+    )
+}
 
 
 @dataclass
@@ -175,7 +198,7 @@ class _LlmapiResponses:
 
     def chunk(self, outputs: dict[str, Any], final: bool) -> Chunk | None:
         text = _text(outputs.get("text_output"))
-        delta = text[len(self.shown):] if text.startswith(self.shown) else text
+        delta = text[len(self.shown) :] if text.startswith(self.shown) else text
         self.shown = text
         if not (delta or final):
             return None
@@ -250,17 +273,27 @@ class SpecbuildClient:
             self._grpc.close()
             self._grpc = None
 
-    def __enter__(self) -> "SpecbuildClient":
+    def __enter__(self) -> SpecbuildClient:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     # ---- generation ------------------------------------------------------------------------------
-    def generate(self, prompt: str, max_tokens: int = 64, num_draft_tokens: int | None = None,
-                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 seed: int | None = None, stream: bool = True, stop_words: list[str] | None = None,
-                 overlap: bool | str | None = None, **extra: Any) -> Iterator[Chunk]:
+    def generate(
+        self,
+        prompt: str,
+        max_tokens: int = 64,
+        num_draft_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stream: bool = True,
+        stop_words: list[str] | None = None,
+        overlap: bool | str | None = None,
+        **extra: Any,
+    ) -> Iterator[Chunk]:
         """Yield text chunks as the server sends them; the last one has final=True and the stats.
 
         Options left at None are not sent (the deployment's defaults apply), with two exceptions that keep
@@ -273,17 +306,25 @@ class SpecbuildClient:
         llmapi = self.is_llmapi()  # first: it may change self.model to the llmapi model
         if self.model == models.BLS or llmapi:
             extra.setdefault("exclude_input_in_output", True)
-        fields: dict[str, Any] = {"max_tokens": max_tokens, "num_draft_tokens": num_draft_tokens,
-                                  "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-                                  "stream": stream, **extra}
+        fields: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "num_draft_tokens": num_draft_tokens,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "seed": seed,
+            "stream": stream,
+            **extra,
+        }
         fields = {k: v for k, v in fields.items() if v is not None}
         if self.model != models.BLS:
             fields.pop("num_draft_tokens", None)  # the target-only ensemble and the llmapi model have no such input
         known = LLMAPI_FIELDS if llmapi else _INPUT_TYPES
         unknown = [k for k in fields if k not in known]
         if unknown and llmapi:
-            raise ClientError(f"request field(s) {unknown} have no input in Triton's llmapi model; known are "
-                              f"{sorted(LLMAPI_FIELDS)}.")
+            raise ClientError(
+                f"request field(s) {unknown} have no input in Triton's llmapi model; known are {sorted(LLMAPI_FIELDS)}."
+            )
         if unknown:
             raise ClientError(f"unknown request field(s) {unknown}: known are {sorted(_INPUT_TYPES)}.")
         fields = {name: _typed(name, value, *known[name][-2:]) for name, value in fields.items()}
@@ -292,8 +333,9 @@ class SpecbuildClient:
         parameters = {}
         if overlap is not None:
             if llmapi or self.model != models.BLS:
-                raise ClientError(f"overlap is a setting of the speculative BLS; {self.model} has no such setting: "
-                                  "leave it unset.")
+                raise ClientError(
+                    f"overlap is a setting of the speculative BLS; {self.model} has no such setting: leave it unset."
+                )
             parameters["overlap"] = overlap
         if self.protocol == "grpc":
             yield from self._generate_grpc(prompt, fields, stop_words or [], parameters)
@@ -322,36 +364,51 @@ class SpecbuildClient:
     def _responses(self) -> _BlsResponses | _LlmapiResponses:
         return _LlmapiResponses() if self.is_llmapi() else _BlsResponses()
 
-    def _generate_grpc(self, prompt: str, fields: dict[str, Any], stop_words: list[str],
-                       parameters: dict[str, Any]) -> Iterator[Chunk]:
+    def _generate_grpc(
+        self, prompt: str, fields: dict[str, Any], stop_words: list[str], parameters: dict[str, Any]
+    ) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
         request, responses = self._request(fields, stop_words), self._responses()
         shape = (lambda array: array[None]) if request.batched else (lambda array: array)
-        inputs = [self._grpc_input(grpcclient, "text_input", shape(np.array([prompt.encode("utf-8")], dtype=object)),
-                                   "BYTES")]
+        inputs = [
+            self._grpc_input(grpcclient, "text_input", shape(np.array([prompt.encode("utf-8")], dtype=object)), "BYTES")
+        ]
         for name, (value, datatype, dtype) in request.inputs.items():
-            array = np.array([w.encode("utf-8") for w in value], dtype=object) if datatype == "BYTES" \
+            array = (
+                np.array([w.encode("utf-8") for w in value], dtype=object)
+                if datatype == "BYTES"
                 else np.array([value], dtype=dtype)
+            )
             inputs.append(self._grpc_input(grpcclient, name, shape(array), datatype))
         results: queue.Queue = queue.Queue()
         client = self._grpc_client()
         try:
             client.start_stream(callback=lambda result=None, error=None: results.put((result, error)))
-            client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
-                                      enable_empty_final_response=True, parameters=parameters or None)
+            client.async_stream_infer(
+                self.model,
+                inputs,
+                request_id=uuid.uuid4().hex,
+                enable_empty_final_response=True,
+                parameters=parameters or None,
+            )
             while True:
                 try:
                     result, error = results.get(timeout=self.timeout)
                 except queue.Empty:
-                    raise ClientError(f"no response from {self.model} at {self.url} within {self.timeout:.0f} s.") from None
+                    raise ClientError(
+                        f"no response from {self.model} at {self.url} within {self.timeout:.0f} s."
+                    ) from None
                 if error is not None:
                     message = error.message() if hasattr(error, "message") else str(error)
                     raise ClientError(f"{self.model}: {message}")
                 response = result.get_response()
-                final = response.parameters["triton_final_response"].bool_param \
-                    if "triton_final_response" in response.parameters else True
+                final = (
+                    response.parameters["triton_final_response"].bool_param
+                    if "triton_final_response" in response.parameters
+                    else True
+                )
                 outputs = {o.name: result.as_numpy(o.name) for o in response.outputs if responses.reads(o.name, final)}
                 chunk = responses.chunk(outputs, final)
                 if chunk is not None:
@@ -372,24 +429,30 @@ class SpecbuildClient:
         tensor.set_data_from_numpy(value)
         return tensor
 
-    def _generate_http(self, prompt: str, fields: dict[str, Any], stop_words: list[str],
-                       parameters: dict[str, Any]) -> Iterator[Chunk]:
+    def _generate_http(
+        self, prompt: str, fields: dict[str, Any], stop_words: list[str], parameters: dict[str, Any]
+    ) -> Iterator[Chunk]:
         """Triton's generate extension: one JSON object per request, server-sent events back."""
         request, responses = self._request(fields, stop_words), self._responses()
         body: dict[str, Any] = {"text_input": prompt, **{name: value for name, (value, _, _) in request.inputs.items()}}
         if parameters:
             body["parameters"] = parameters  # request parameters (server docs/protocol/extension_generate.md)
         endpoint = "generate_stream" if fields.get("stream", False) else "generate"
-        http_request = urllib.request.Request(f"http://{self.url}/v2/models/{self.model}/{endpoint}",
-                                              data=json.dumps(body).encode(), method="POST",
-                                              headers={"Content-Type": "application/json"})
+        http_request = urllib.request.Request(
+            f"http://{self.url}/v2/models/{self.model}/{endpoint}",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             response = urllib.request.urlopen(http_request, timeout=self.timeout)
         except urllib.error.HTTPError as err:
             raise ClientError(f"{self.model}: {_http_error(err)}") from None
         except http.client.HTTPException:
-            raise ClientError(f"what answers at {self.url} does not speak HTTP: is it Triton's gRPC port? Use "
-                              "--protocol grpc, or the HTTP port.") from None
+            raise ClientError(
+                f"what answers at {self.url} does not speak HTTP: is it Triton's gRPC port? Use "
+                "--protocol grpc, or the HTTP port."
+            ) from None
         except UNREACHABLE as err:
             raise ClientError(f"cannot reach {self.url}: {err}") from None
         with response:
@@ -425,8 +488,10 @@ def _typed(name: str, value: Any, datatype: str, dtype: Any) -> Any:
             raise ClientError(f"request field '{name}' = {value!r}: expected an integer ({datatype}).")
         info = np.iinfo(dtype)
         if not info.min <= int(value) <= info.max:
-            raise ClientError(f"request field '{name}' = {value}: outside the range of its input type {datatype} "
-                              f"({info.min}..{info.max}); the server would receive a different number.")
+            raise ClientError(
+                f"request field '{name}' = {value}: outside the range of its input type {datatype} "
+                f"({info.min}..{info.max}); the server would receive a different number."
+            )
         return int(value)
     if kind == "f":
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
@@ -452,4 +517,3 @@ def _http_error(err: urllib.error.HTTPError) -> str:
         if message:
             return str(message)
     return f"{err} {body[:300]}".strip()
-

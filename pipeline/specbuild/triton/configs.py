@@ -23,21 +23,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from specbuild.contract import models
 from specbuild import backends
-from specbuild.errors import SpecError
+from specbuild.contract import models
+from specbuild.contract import serving_gate as gate
 from specbuild.contract import tensors as T
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.pbtxt import config_proto as _pb
+from specbuild.errors import SpecError
 from specbuild.speculative.overlap import parse_setting
-from specbuild.contract import serving_gate as gate
 
 if TYPE_CHECKING:  # tritonclient is imported lazily: `specbuild repo --help` must not need it
     from tritonclient.grpc import model_config_pb2
 
 BACKENDS = backends.ENGINE_BACKENDS  # the two flavours of the BLS repository
-MODEL_NAMES = (models.PREPROCESSING, models.POSTPROCESSING, models.TARGET, models.DRAFT, models.BLS, models.ENSEMBLE,
-               gate.MODEL_NAME)
+MODEL_NAMES = (
+    models.PREPROCESSING,
+    models.POSTPROCESSING,
+    models.TARGET,
+    models.DRAFT,
+    models.BLS,
+    models.ENSEMBLE,
+    gate.MODEL_NAME,
+)
 LLM_MODEL = {"target": models.TARGET, "draft": models.DRAFT}
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"  # the template's fixed value
 # Read with no fallback by the C++ backend; empty = not set (guided decoding off). Allowed empty, nowhere else.
@@ -82,8 +89,10 @@ class RepoSettings:
 
 def _require(name: str, value: object) -> None:
     if value is None or (isinstance(value, str) and (not value.strip() or "${" in value)):
-        raise SpecError(f"Triton config value {name} = {value!r} is missing or a placeholder: every value must be "
-                        "filled at generation time. Check the spec and the stage manifests.")
+        raise SpecError(
+            f"Triton config value {name} = {value!r} is missing or a placeholder: every value must be "
+            "filled at generation time. Check the spec and the stage manifests."
+        )
 
 
 def add_tensors(pb, repeated, table: tuple[T.Tensor, ...], logits_datatype: str) -> None:
@@ -130,8 +139,12 @@ def prefetches(batching) -> bool:
     defaults, core r24.10 src/scheduler_utils.cc PriorityQueue::PriorityQueue), where it never waits for a free
     instance to wake it (see the comment above)."""
     policy = batching.default_queue_policy
-    return (batching.priority_levels == 0 and policy.max_queue_size == 0 and policy.default_timeout_microseconds == 0
-            and not policy.allow_timeout_override)
+    return (
+        batching.priority_levels == 0
+        and policy.max_queue_size == 0
+        and policy.default_timeout_microseconds == 0
+        and not policy.allow_timeout_override
+    )
 
 
 def add_dynamic_batching(config, max_queue_delay_us: int, preferred_batch_size: int | None) -> None:
@@ -165,7 +178,7 @@ def _bool(value: bool) -> str:
     return "true" if value else "false"
 
 
-def preprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
+def preprocessing(s: RepoSettings) -> model_config_pb2.ModelConfig:
     pb = _pb()
     c = pb.ModelConfig(name="preprocessing", backend="python", max_batch_size=s.max_batch_size)
     add_dynamic_batching(c, s.max_queue_delay_microseconds, s.max_batch_size)
@@ -176,7 +189,7 @@ def preprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     return c
 
 
-def postprocessing(s: RepoSettings) -> "model_config_pb2.ModelConfig":
+def postprocessing(s: RepoSettings) -> model_config_pb2.ModelConfig:
     pb = _pb()
     c = pb.ModelConfig(name="postprocessing", backend="python", max_batch_size=s.max_batch_size)
     add_dynamic_batching(c, s.max_queue_delay_microseconds, s.max_batch_size)
@@ -192,8 +205,10 @@ def trtllm_parameters(s: RepoSettings, role: str) -> dict[str, str]:
     (NVIDIA/TensorRT-LLM `examples/draft_target_model/README.md`)."""
     llm = s.llm(role)
     if not 0.0 < llm.kv_cache_free_gpu_mem_fraction < 1.0:
-        raise SpecError(f"kv_cache_free_gpu_mem_fraction for the {role} = {llm.kv_cache_free_gpu_mem_fraction}: "
-                        "must be between 0 and 1. Re-run `specbuild check` for the memory plan.")
+        raise SpecError(
+            f"kv_cache_free_gpu_mem_fraction for the {role} = {llm.kv_cache_free_gpu_mem_fraction}: "
+            "must be between 0 and 1. Re-run `specbuild check` for the memory plan."
+        )
     params = {
         "max_beam_width": "1",  # draft/target speculative decoding has no beam search
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
@@ -217,7 +232,7 @@ def trtllm_parameters(s: RepoSettings, role: str) -> dict[str, str]:
     return params
 
 
-def llm(s: RepoSettings, role: str) -> "model_config_pb2.ModelConfig":
+def llm(s: RepoSettings, role: str) -> model_config_pb2.ModelConfig:
     """`tensorrt_llm` (target) or `tensorrt_llm_draft`: identical tensors, per-role parameters."""
     pb = _pb()
     if role not in LLM_MODEL:
@@ -236,21 +251,27 @@ def llm(s: RepoSettings, role: str) -> "model_config_pb2.ModelConfig":
     if backend == "tensorrtllm":
         _params(c, trtllm_parameters(s, role), may_be_empty=tuple(UNSET_LLM_PARAMS))
     else:  # the keys the reference model reads, by the C++ backend's rules (specbuild.contract.backend_params)
-        _params(c, {
-            "gpt_model_type": "inflight_fused_batching",
-            "gpt_model_path": llm_settings.engine_dir,
-            "max_beam_width": "1",
-            "exclude_input_in_output": "false",
-            **UNSET_LLM_PARAMS,
-        }, may_be_empty=tuple(UNSET_LLM_PARAMS))
+        _params(
+            c,
+            {
+                "gpt_model_type": "inflight_fused_batching",
+                "gpt_model_path": llm_settings.engine_dir,
+                "max_beam_width": "1",
+                "exclude_input_in_output": "false",
+                **UNSET_LLM_PARAMS,
+            },
+            may_be_empty=tuple(UNSET_LLM_PARAMS),
+        )
     return c
 
 
-def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
+def bls(s: RepoSettings) -> model_config_pb2.ModelConfig:
     pb = _pb()
     if s.num_draft_tokens > s.max_draft_len:
-        raise SpecError(f"num_draft_tokens = {s.num_draft_tokens} exceeds max_draft_len = {s.max_draft_len}: "
-                        "lower speculative.num_draft_tokens in the spec.")
+        raise SpecError(
+            f"num_draft_tokens = {s.num_draft_tokens} exceeds max_draft_len = {s.max_draft_len}: "
+            "lower speculative.num_draft_tokens in the spec."
+        )
     c = pb.ModelConfig(name=models.BLS, backend="python", max_batch_size=s.max_batch_size)
     c.model_transaction_policy.SetInParent()
     c.model_transaction_policy.decoupled = s.bls_decoupled
@@ -260,62 +281,97 @@ def bls(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     add_dynamic_batching(c, s.max_queue_delay_microseconds, None)
     add_tensors(pb, c.input, T.BLS_INPUTS, s.logits_datatype)
     add_tensors(pb, c.output, T.BLS_OUTPUTS, s.logits_datatype)
-    _params(c, BlsParameters(
-        tensorrt_llm_model_name=LLM_MODEL["target"],
-        tensorrt_llm_draft_model_name=LLM_MODEL["draft"],
-        max_draft_len=s.max_draft_len,
-        num_draft_tokens=s.num_draft_tokens,
-        max_input_len=s.max_input_len,
-        max_output_len=s.max_output_len,
-        use_draft_logits=s.use_draft_logits,
-        adaptive_draft_len=s.adaptive,
-        # "auto": where the two model processes get a core each (the BLS decides when it loads, and per request; a
-        # request may send its own `overlap`)
-        overlap=parse_setting(s.overlap, "speculative.overlap"),
-        tokenizer_dir=s.tokenizer_dir,  # the BLS tokenizes and detokenizes in-process, by pre/postprocessing's rules
-        add_special_tokens=True,  # as preprocessing's
-        # requests served at once (a thread each); the engines batch up to this many. Up to max_queue_size more wait
-        # in the BLS for a slot; past that it answers UNAVAILABLE "Exceeds maximum queue size" (0 = no bound).
-        max_concurrent_requests=s.max_batch_size,
-        max_queue_size=bls_queue_size(s),
-        serving_gate=gate.MODEL_NAME,  # closed by the drain: new requests are then refused UNAVAILABLE
-    ).to_parameters())
+    _params(
+        c,
+        BlsParameters(
+            tensorrt_llm_model_name=LLM_MODEL["target"],
+            tensorrt_llm_draft_model_name=LLM_MODEL["draft"],
+            max_draft_len=s.max_draft_len,
+            num_draft_tokens=s.num_draft_tokens,
+            max_input_len=s.max_input_len,
+            max_output_len=s.max_output_len,
+            use_draft_logits=s.use_draft_logits,
+            adaptive_draft_len=s.adaptive,
+            # "auto": where the two model processes get a core each (the BLS decides when it loads, and per request; a
+            # request may send its own `overlap`)
+            overlap=parse_setting(s.overlap, "speculative.overlap"),
+            tokenizer_dir=s.tokenizer_dir,  # the BLS tokenizes and detokenizes in-process, by pre/postprocessing's rules
+            add_special_tokens=True,  # as preprocessing's
+            # requests served at once (a thread each); the engines batch up to this many. Up to max_queue_size more wait
+            # in the BLS for a slot; past that it answers UNAVAILABLE "Exceeds maximum queue size" (0 = no bound).
+            max_concurrent_requests=s.max_batch_size,
+            max_queue_size=bls_queue_size(s),
+            serving_gate=gate.MODEL_NAME,  # closed by the drain: new requests are then refused UNAVAILABLE
+        ).to_parameters(),
+    )
     _cpu_instances(pb, c, s.bls_instance_count)
     return c
 
 
 # ensemble wiring (NVIDIA's ensemble, text only): ensemble input -> preprocessing / tensorrt_llm input
 _PRE_MAP = {
-    "QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
-    "STOP_WORDS_DICT": "stop_words", "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
-    "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights", "END_ID": "end_id", "PAD_ID": "pad_id",
+    "QUERY": "text_input",
+    "REQUEST_OUTPUT_LEN": "max_tokens",
+    "BAD_WORDS_DICT": "bad_words",
+    "STOP_WORDS_DICT": "stop_words",
+    "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
+    "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights",
+    "END_ID": "end_id",
+    "PAD_ID": "pad_id",
 }
 _PRE_OUT = {
-    "INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
-    "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "EMBEDDING_BIAS": "_EMBEDDING_BIAS",
-    "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
-    "DECODER_INPUT_ID": "_DECODER_INPUT_ID", "REQUEST_DECODER_INPUT_LEN": "_REQUEST_DECODER_INPUT_LEN",
+    "INPUT_ID": "_INPUT_ID",
+    "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
+    "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
+    "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
+    "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
+    "EMBEDDING_BIAS": "_EMBEDDING_BIAS",
+    "OUT_END_ID": "_PREPROCESSOR_END_ID",
+    "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
+    "DECODER_INPUT_ID": "_DECODER_INPUT_ID",
+    "REQUEST_DECODER_INPUT_LEN": "_REQUEST_DECODER_INPUT_LEN",
 }
 _LLM_MAP = {
-    "input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN", "request_output_len": "_REQUEST_OUTPUT_LEN",
-    "decoder_input_ids": "_DECODER_INPUT_ID", "decoder_input_lengths": "_REQUEST_DECODER_INPUT_LEN",
-    "end_id": "_PREPROCESSOR_END_ID", "pad_id": "_PREPROCESSOR_PAD_ID", "embedding_bias": "_EMBEDDING_BIAS",
-    "stop_words_list": "_STOP_WORDS_IDS", "bad_words_list": "_BAD_WORDS_IDS",
-    "exclude_input_in_output": "exclude_input_in_output", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
-    "temperature": "temperature", "len_penalty": "length_penalty", "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_tokens", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-    "seed": "seed", "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
-    "return_generation_logits": "return_generation_logits", "return_perf_metrics": "return_perf_metrics",
-    "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
-    "beam_width": "beam_width", "streaming": "stream",
+    "input_ids": "_INPUT_ID",
+    "input_lengths": "_REQUEST_INPUT_LEN",
+    "request_output_len": "_REQUEST_OUTPUT_LEN",
+    "decoder_input_ids": "_DECODER_INPUT_ID",
+    "decoder_input_lengths": "_REQUEST_DECODER_INPUT_LEN",
+    "end_id": "_PREPROCESSOR_END_ID",
+    "pad_id": "_PREPROCESSOR_PAD_ID",
+    "embedding_bias": "_EMBEDDING_BIAS",
+    "stop_words_list": "_STOP_WORDS_IDS",
+    "bad_words_list": "_BAD_WORDS_IDS",
+    "exclude_input_in_output": "exclude_input_in_output",
+    "runtime_top_k": "top_k",
+    "runtime_top_p": "top_p",
+    "temperature": "temperature",
+    "len_penalty": "length_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_tokens",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "seed": "seed",
+    "return_log_probs": "return_log_probs",
+    "return_context_logits": "return_context_logits",
+    "return_generation_logits": "return_generation_logits",
+    "return_perf_metrics": "return_perf_metrics",
+    "return_num_input_tokens": "return_num_input_tokens",
+    "return_num_output_tokens": "return_num_output_tokens",
+    "beam_width": "beam_width",
+    "streaming": "stream",
 }
-_LLM_OUT = {"output_ids": "_TOKENS_BATCH", "sequence_length": "sequence_length", "context_logits": "context_logits",
-            "generation_logits": "generation_logits"}
+_LLM_OUT = {
+    "output_ids": "_TOKENS_BATCH",
+    "sequence_length": "sequence_length",
+    "context_logits": "context_logits",
+    "generation_logits": "generation_logits",
+}
 _POST_MAP = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "sequence_length"}
 _POST_OUT = {"OUTPUT": "text_output"}
 
 
-def ensemble(s: RepoSettings) -> "model_config_pb2.ModelConfig":
+def ensemble(s: RepoSettings) -> model_config_pb2.ModelConfig:
     """Target-only baseline: preprocessing -> tensorrt_llm -> postprocessing (no speculation)."""
     pb = _pb()
     c = pb.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=s.max_batch_size)
@@ -334,7 +390,7 @@ def ensemble(s: RepoSettings) -> "model_config_pb2.ModelConfig":
     return c
 
 
-def build_all(s: RepoSettings) -> dict[str, "model_config_pb2.ModelConfig"]:
+def build_all(s: RepoSettings) -> dict[str, model_config_pb2.ModelConfig]:
     if s.backend not in BACKENDS:
         raise SpecError(f"backend = {s.backend!r} is not supported. Choose one of: {', '.join(BACKENDS)}.")
     _require("tokenizer_dir", s.tokenizer_dir)

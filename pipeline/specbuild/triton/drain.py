@@ -32,8 +32,8 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from specbuild.contract import serving_gate
 from specbuild.triton import procfs
@@ -44,7 +44,7 @@ from specbuild.triton import procfs
 # before the gate existed) has only its queued requests counted.
 RUNNING_GAUGES = ("specbuild_bls_active_requests", "specbuild_bls_queue_depth", serving_gate.RUNNING_GAUGE)
 QUEUED_GAUGE = "nv_inference_pending_request_count"
-_SAMPLE = re.compile(r'^(\w+)\{([^}]*)\}\s+(\S+)$')
+_SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 CALL_TIMEOUT_S = 2.0  # each call to the server during a drain: a server that does not answer is not drained
 GONE = ("UNAVAILABLE",)  # states that hold no requests (Triton's index omits the state of a model it never loaded)
@@ -77,9 +77,11 @@ class DrainResult:
         if self.reason == "error":
             return f"no drain: {self.error}; tritonserver was asked to stop as it is"
         cut = "the requests still running" if self.cut is None else f"{self.cut} requests"
-        why = {"timeout": f"gave up after {self.seconds:.1f} s (--exit-timeout)",
-               "second signal": f"was stopped by a second signal after {self.seconds:.1f} s",
-               "server exited": f"ended after {self.seconds:.1f} s: tritonserver exited"}[self.reason]
+        why = {
+            "timeout": f"gave up after {self.seconds:.1f} s (--exit-timeout)",
+            "second signal": f"was stopped by a second signal after {self.seconds:.1f} s",
+            "server exited": f"ended after {self.seconds:.1f} s: tritonserver exited",
+        }[self.reason]
         return f"the drain {why}: cut {cut}"
 
     def to_dict(self) -> dict:
@@ -135,8 +137,9 @@ def read_metrics(url: str, timeout: float = 2.0) -> str:
 
 def model_states(http_url: str, headers: dict[str, str], timeout: float = 5.0) -> dict[str, str]:
     """Triton's repository index: model -> state (READY, UNLOADING, UNAVAILABLE, ...)."""
-    request = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST",
-                                     headers=headers)
+    request = urllib.request.Request(
+        f"http://{http_url}/v2/repository/index", data=b"{}", method="POST", headers=headers
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         rows = json.loads(response.read())
     return {row["name"]: row.get("state", "") for row in rows}
@@ -163,8 +166,9 @@ def close_gate(handle, gate: str) -> None:
     raise ServeError(f"{gate} loaded with backend {serving_gate.CLOSED_BACKEND!r}: is there such a backend?")
 
 
-def _wait(done: Callable[[], bool], started: float, timeout_s: float, server_alive: Callable[[], bool],
-          poll_s: float) -> str:
+def _wait(
+    done: Callable[[], bool], started: float, timeout_s: float, server_alive: Callable[[], bool], poll_s: float
+) -> str:
     """Poll `done` until it holds ("drained"), or until the server exits or the bound passes (the reason)."""
     while not done():
         if not server_alive():
@@ -175,8 +179,15 @@ def _wait(done: Callable[[], bool], started: float, timeout_s: float, server_ali
     return "drained"
 
 
-def drain(handle, models: list[str], timeout_s: float, log: Callable[[str], None],
-          server_alive: Callable[[], bool], gate: str | None = None, poll_s: float = 0.1) -> DrainResult:
+def drain(
+    handle,
+    models: list[str],
+    timeout_s: float,
+    log: Callable[[str], None],
+    server_alive: Callable[[], bool],
+    gate: str | None = None,
+    poll_s: float = 0.1,
+) -> DrainResult:
     """Close the serving gate `gate` (when the repository has one) and wait until the models that count their
     requests (the BLS) hold none, then unload `models` (the entry models) and wait until none is UNLOADING, all
     within timeout_s. A second signal reaches here as StopRequested from the caller's handler; it is turned into
@@ -208,8 +219,9 @@ def drain(handle, models: list[str], timeout_s: float, log: Callable[[str], None
                 close_gate(handle, gate)
                 closed, result.refused_with = True, "UNAVAILABLE"
             except (ServeError, OSError, ValueError) as err:
-                log(f"draining: the serving gate did not close ({err}); new requests are refused as their models "
-                    "unload")
+                log(
+                    f"draining: the serving gate did not close ({err}); new requests are refused as their models unload"
+                )
         if closed:
             log(f"draining: readiness is false, new requests are refused (UNAVAILABLE); {held}{wait}")
             # Phase 1: the gate refuses, the BLS finishes what it holds (its gauges count it exactly).
@@ -219,8 +231,10 @@ def drain(handle, models: list[str], timeout_s: float, log: Callable[[str], None
             for model in models:
                 handle.model_control("unload", model, timeout=CALL_TIMEOUT_S)  # returns at once; Triton goes on
             if not closed:
-                log(f"draining: {', '.join(models)} unloading ({held}readiness is false, new requests are refused); "
-                    + wait)
+                log(
+                    f"draining: {', '.join(models)} unloading ({held}readiness is false, new requests are refused); "
+                    + wait
+                )
             result.reason = _wait(unloaded, started, timeout_s, server_alive, poll_s)
     except StopRequested:
         result.reason = "second signal"

@@ -61,8 +61,9 @@ def floor_calls(work_s: float) -> int:
     return max(50, min(300, int(WORK_BUDGET_S / work_s))) if work_s > 0 else 300
 
 
-def measure_floor(calls: int | None = None, prompt_len: int = 64, draft_len: int = 3, work_s: float = 0.0,
-                  install: Any = None) -> dict[str, Any]:
+def measure_floor(
+    calls: int | None = None, prompt_len: int = 64, draft_len: int = 3, work_s: float = 0.0, install: Any = None
+) -> dict[str, Any]:
     """The seconds of one BLS call here beyond its work: {"median_s", "p25_s", "p75_s", "calls", "prompt_len",
     "draft_len", "work_s"} (the first tenth of the calls, warm-up, left out). calls: None = `floor_calls(work_s)`."""
     calls = floor_calls(work_s) if calls is None else calls
@@ -86,8 +87,14 @@ def measure_floor(calls: int | None = None, prompt_len: int = 64, draft_len: int
             client.close()
         finally:
             handle.stop()
-    kept = sorted(float(s) for s in seconds[len(seconds) // 10:])
+    kept = sorted(float(s) for s in seconds[len(seconds) // 10 :])
     quartiles = statistics.quantiles(kept, n=4)
-    return {"median_s": round(statistics.median(kept), 7), "p25_s": round(quartiles[0], 7),
-            "p75_s": round(quartiles[2], 7), "calls": len(kept), "prompt_len": prompt_len, "draft_len": draft_len,
-            "work_s": round(max(work_s, 0.0), 7)}
+    return {
+        "median_s": round(statistics.median(kept), 7),
+        "p25_s": round(quartiles[0], 7),
+        "p75_s": round(quartiles[2], 7),
+        "calls": len(kept),
+        "prompt_len": prompt_len,
+        "draft_len": draft_len,
+        "work_s": round(max(work_s, 0.0), 7),
+    }

@@ -28,9 +28,14 @@ def refuse_busy_ports(host: str, ports: dict[str, int]) -> None:
             continue
         listening, holders = procfs.port_holders(host, port)
         if listening:
-            who = "; ".join(f"PID {pid} ({procfs.describe(pid)})" for pid in sorted(holders)) or "a process not visible here"
-            raise ServeError(f"the {names.get(key, key)} port {host}:{port} is already in use by {who}. Stop that "
-                             f"process, or pass --{key.replace('_', '-')} 0 for a free port.")
+            who = (
+                "; ".join(f"PID {pid} ({procfs.describe(pid)})" for pid in sorted(holders))
+                or "a process not visible here"
+            )
+            raise ServeError(
+                f"the {names.get(key, key)} port {host}:{port} is already in use by {who}. Stop that "
+                f"process, or pass --{key.replace('_', '-')} 0 for a free port."
+            )
 
 
 def rotate_log(path: Path, keep: int = LOGS_KEPT) -> None:

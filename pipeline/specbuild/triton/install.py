@@ -41,15 +41,20 @@ def _pytriton_backends(root: Path) -> Path:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
-        raise ToolNotFoundError(f"the nvidia-pytriton wheel has no Python backend stub for Python {version} "
-                                f"({stub}). Use Python 3.10-3.12, or run in the CPU image (docker/Dockerfile.cpu).")
+        raise ToolNotFoundError(
+            f"the nvidia-pytriton wheel has no Python backend stub for Python {version} "
+            f"({stub}). Use Python 3.10-3.12, or run in the CPU image (docker/Dockerfile.cpu)."
+        )
     from platformdirs import user_cache_dir
 
     cache = Path(os.environ.get("SPECBUILD_CACHE_DIR") or user_cache_dir("specbuild"))
     target = cache / "tritonserver-backends" / f"py{version}" / "python"
     target.mkdir(parents=True, exist_ok=True)
-    sources = [root / "backends" / "python" / "libtriton_python.so",
-               root / "backends" / "python" / "triton_python_backend_utils.py", stub]
+    sources = [
+        root / "backends" / "python" / "libtriton_python.so",
+        root / "backends" / "python" / "triton_python_backend_utils.py",
+        stub,
+    ]
     for source in sources:
         dest = target / source.name
         if not dest.is_file() or dest.stat().st_size != source.stat().st_size:
@@ -84,8 +89,9 @@ def find_tritonserver(explicit: str | Path | None = None) -> TritonInstall:
     if root is not None:
         libs = root.parent.parent / "nvidia_pytriton.libs"
         ld = os.pathsep.join(p for p in (_libpython_dir(), str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p)
-        return TritonInstall(root / "bin" / "tritonserver", "pytriton", _pytriton_backends(root),
-                             {**path_env, "LD_LIBRARY_PATH": ld})
+        return TritonInstall(
+            root / "bin" / "tritonserver", "pytriton", _pytriton_backends(root), {**path_env, "LD_LIBRARY_PATH": ld}
+        )
     raise ToolNotFoundError(
         "tritonserver not found (not on PATH, not at /opt/tritonserver/bin, no nvidia-pytriton wheel). "
         "Install the serving extra (pip install 'specbuild[serve]') for the CPU server, run in the GPU image "

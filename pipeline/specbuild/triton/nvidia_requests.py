@@ -18,6 +18,7 @@ import queue
 from typing import Any
 
 import numpy as np
+
 from specbuild.contract import models
 
 OUTPUT_LEN = 12  # tokens per request, as small as NVIDIA's test runs use
@@ -66,26 +67,39 @@ def streamed(client, model: str, values: dict[str, np.ndarray], timeout: float =
 
 def run_inference_inputs(prompt: str, output_len: int = OUTPUT_LEN, **extra: np.ndarray) -> dict[str, np.ndarray]:
     """end_to_end_grpc_client.prepare_inputs as the speculative-decoding test calls it: neutral values included."""
-    return {"text_input": text(prompt), "max_tokens": scalar(output_len, np.int32), "stream": scalar(False, bool),
-            "beam_width": scalar(1, np.int32), "temperature": scalar(1.0, np.float32),
-            "embedding_bias_words": np.empty((1, 0), dtype=object),
-            "embedding_bias_weights": np.empty((1, 0), dtype=np.float32),
-            "exclude_input_in_output": scalar(False, bool), **extra}
+    return {
+        "text_input": text(prompt),
+        "max_tokens": scalar(output_len, np.int32),
+        "stream": scalar(False, bool),
+        "beam_width": scalar(1, np.int32),
+        "temperature": scalar(1.0, np.float32),
+        "embedding_bias_words": np.empty((1, 0), dtype=object),
+        "embedding_bias_weights": np.empty((1, 0), dtype=np.float32),
+        "exclude_input_in_output": scalar(False, bool),
+        **extra,
+    }
 
 
 def client_side_speculation(client, prompt: str, k: int, output_len: int = OUTPUT_LEN) -> str:
     """e2e_grpc_speculative_decoding_client's loop: preprocessing, then draft / target calls, then postprocessing."""
     pre = infer(client, "preprocessing", {"QUERY": text(prompt), "REQUEST_OUTPUT_LEN": scalar(output_len, np.int32)})
     prompt_ids = np.squeeze(pre.as_numpy("INPUT_ID").astype(np.int32), axis=0)
-    common = {"bad_words_list": pre.as_numpy("BAD_WORDS_IDS").astype(np.int32),
-              "stop_words_list": pre.as_numpy("STOP_WORDS_IDS").astype(np.int32),
-              "beam_width": scalar(1, np.int32), "temperature": scalar(1.0, np.float32),
-              "end_id": scalar(pre.as_numpy("OUT_END_ID")[0][0], np.int32),
-              "pad_id": scalar(pre.as_numpy("OUT_PAD_ID")[0][0], np.int32)}
+    common = {
+        "bad_words_list": pre.as_numpy("BAD_WORDS_IDS").astype(np.int32),
+        "stop_words_list": pre.as_numpy("STOP_WORDS_IDS").astype(np.int32),
+        "beam_width": scalar(1, np.int32),
+        "temperature": scalar(1.0, np.float32),
+        "end_id": scalar(pre.as_numpy("OUT_END_ID")[0][0], np.int32),
+        "pad_id": scalar(pre.as_numpy("OUT_PAD_ID")[0][0], np.int32),
+    }
 
     def call(model: str, ids: np.ndarray, length: int, draft: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-        values = {"input_ids": ids[None], "input_lengths": scalar(len(ids), np.int32),
-                  "request_output_len": scalar(length, np.int32), **common}
+        values = {
+            "input_ids": ids[None],
+            "input_lengths": scalar(len(ids), np.int32),
+            "request_output_len": scalar(length, np.int32),
+            **common,
+        }
         if draft is not None:
             values["draft_input_ids"] = np.array([draft], dtype=np.int32)
         result = infer(client, model, values)
@@ -98,23 +112,35 @@ def client_side_speculation(client, prompt: str, k: int, output_len: int = OUTPU
         draft = None
         if n > 0:
             drafted, length = call("tensorrt_llm_draft", ids, n)
-            draft = drafted[len(ids):length]
+            draft = drafted[len(ids) : length]
         previous, (ids, _) = ids, call("tensorrt_llm", ids, len(draft) + 1 if n > 0 else 1, draft if n > 0 else None)
-        if (len(ids) >= len(prompt_ids) + output_len or (drafted is not None and np.array_equal(drafted, ids))
-                or np.array_equal(previous, ids)):
+        if (
+            len(ids) >= len(prompt_ids) + output_len
+            or (drafted is not None and np.array_equal(drafted, ids))
+            or np.array_equal(previous, ids)
+        ):
             break
-    post = infer(client, "postprocessing", {"TOKENS_BATCH": ids[None, None].astype(np.int32),
-                                            "SEQUENCE_LENGTH": scalar(len(ids), np.int32)})
+    post = infer(
+        client,
+        "postprocessing",
+        {"TOKENS_BATCH": ids[None, None].astype(np.int32), "SEQUENCE_LENGTH": scalar(len(ids), np.int32)},
+    )
     return post.as_numpy("OUTPUT")[0].decode("utf8")
 
 
-def speculative_decoding_check(client, prompt: str, k: int = SPECULATIVE_K,
-                               output_len: int = OUTPUT_LEN) -> dict[str, str]:
+def speculative_decoding_check(
+    client, prompt: str, k: int = SPECULATIVE_K, output_len: int = OUTPUT_LEN
+) -> dict[str, str]:
     """NVIDIA's speculative-decoding test for one prompt: the texts of the control (ensemble), the BLS at K and
     client-side speculation at K; they must be equal."""
     return {
         "ensemble": streamed(client, "ensemble", run_inference_inputs(prompt, output_len)),
-        "bls": streamed(client, models.BLS, run_inference_inputs(
-            prompt, output_len, num_draft_tokens=scalar(k, np.int32), use_draft_logits=scalar(False, bool))),
+        "bls": streamed(
+            client,
+            models.BLS,
+            run_inference_inputs(
+                prompt, output_len, num_draft_tokens=scalar(k, np.int32), use_draft_logits=scalar(False, bool)
+            ),
+        ),
         "client-side": client_side_speculation(client, prompt, k, output_len),
     }

@@ -143,7 +143,7 @@ def _address(hex_address: str) -> str:
     raw = bytes.fromhex(hex_address)
     if len(raw) == 4:
         return socket.inet_ntop(socket.AF_INET, raw[::-1])
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))  # four host-order 32-bit words
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))  # four host-order 32-bit words
     address = socket.inet_ntop(socket.AF_INET6, words)
     return address.removeprefix("::ffff:") if address.startswith("::ffff:") and "." in address else address
 

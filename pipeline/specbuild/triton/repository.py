@@ -24,16 +24,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specbuild.contract import models
 from specbuild import backends
-from specbuild.contract.pbtxt import to_pbtxt
 from specbuild.artifacts import combined_hash, read_manifest, stage_output, tool_versions
 from specbuild.config import Spec
+from specbuild.contract import models, serving_gate
+from specbuild.contract.logits import pair_logits_datatype
+from specbuild.contract.pbtxt import to_pbtxt
 from specbuild.errors import ArtifactError, SpecbuildError, SpecError
 from specbuild.triton import configs
 from specbuild.triton.configs import LlmSettings, RepoSettings
-from specbuild.contract import serving_gate
-from specbuild.contract.logits import pair_logits_datatype
 
 GPU_ENGINES_DIR = "/engines"  # where docker/compose mounts the engines folder in the GPU image
 DEFAULT_KV_FRACTIONS = (0.5, 0.5)  # (target, draft) when no memory plan is available: the DTM README's split
@@ -96,7 +95,9 @@ def kv_cache_split(spec: Spec) -> KvSplit:
     except SpecbuildError as err:
         return KvSplit(default.fraction, None, f"default (no memory plan: {err})")
     if not plan.fits:
-        return KvSplit(default.fraction, None, "default (the memory plan says the pair does not fit; see `specbuild check`)")
+        return KvSplit(
+            default.fraction, None, "default (the memory plan says the pair does not fit; see `specbuild check`)"
+        )
     return KvSplit(dict(plan.kv_cache_free_gpu_mem_fraction), dict(plan.max_tokens_in_paged_kv_cache), "memory plan")
 
 
@@ -119,11 +120,16 @@ def plan_settings(
     warnings: list[str] = []
     out_dir = Path(out_dir).resolve()
     on_gpu = backends.get(backend).gpu  # engines inside the GPU image (trtllm), or beside the repository here
-    split = kv_cache_split(spec) if on_gpu else KvSplit(dict(zip(("target", "draft"), DEFAULT_KV_FRACTIONS)),
-                                                                     None, "unused by the reference models")
+    split = (
+        kv_cache_split(spec)
+        if on_gpu
+        else KvSplit(dict(zip(("target", "draft"), DEFAULT_KV_FRACTIONS)), None, "unused by the reference models")
+    )
     if on_gpu and split.source != "memory plan":
-        warnings.append(f"kv_cache_free_gpu_mem_fraction = {split.fraction['target']}/{split.fraction['draft']} "
-                        f"(target/draft): {split.source}.")
+        warnings.append(
+            f"kv_cache_free_gpu_mem_fraction = {split.fraction['target']}/{split.fraction['draft']} "
+            f"(target/draft): {split.source}."
+        )
 
     def engine_path(role: str) -> str:
         if on_gpu:
@@ -138,15 +144,21 @@ def plan_settings(
         tok = engine_path("target")  # the reference engine folder carries the tokenizer files
     else:
         tok = str(spec.target.checkpoint)
-        warnings.append(f"tokenizer_dir = {tok} (the target checkpoint on this machine): pass --tokenizer-dir "
-                        "with its path inside the GPU image if it differs there.")
+        warnings.append(
+            f"tokenizer_dir = {tok} (the target checkpoint on this machine): pass --tokenizer-dir "
+            "with its path inside the GPU image if it differs there."
+        )
     roles = {
-        role: LlmSettings(role=role, engine_dir=engine_path(role),
-                          kv_cache_free_gpu_mem_fraction=split.fraction[role],
-                          max_tokens_in_paged_kv_cache=split.max_tokens[role] if split.max_tokens else None,
-                          gpu_device_ids=gpu_device_ids(spec, role))
+        role: LlmSettings(
+            role=role,
+            engine_dir=engine_path(role),
+            kv_cache_free_gpu_mem_fraction=split.fraction[role],
+            max_tokens_in_paged_kv_cache=split.max_tokens[role] if split.max_tokens else None,
+            gpu_device_ids=gpu_device_ids(spec, role),
+        )
         for role in ("target", "draft")
     }
+
     def local_engine(role: str) -> Path:  # where this machine has (or will have) the role's engine
         if not on_gpu:
             return (out_dir / engine_path(role)).resolve()
@@ -190,23 +202,29 @@ def _check_engines(spec: Spec, out_dir: Path, settings: RepoSettings) -> list[st
             engine = spec.pair_dir / role / "engine"  # built here, mounted at the GPU path later
         if not (engine / "manifest.json").is_file():
             if not backends.get(settings.backend).gpu:
-                warnings.append(f"the {role} engine {engine} is not built yet: run `specbuild build --backend "
-                                "reference` before `specbuild serve`.")
+                warnings.append(
+                    f"the {role} engine {engine} is not built yet: run `specbuild build --backend "
+                    "reference` before `specbuild serve`."
+                )
             continue
         manifest = read_manifest(engine)
         built_backend = manifest.get("backend")
         if built_backend and built_backend != settings.backend:
-            raise ArtifactError(f"the {role} engine {engine} was built with backend {built_backend!r}, but the "
-                                f"repository is for {settings.backend!r}. Use --backend {built_backend}, or rebuild.")
+            raise ArtifactError(
+                f"the {role} engine {engine} was built with backend {built_backend!r}, but the "
+                f"repository is for {settings.backend!r}. Use --backend {built_backend}, or rebuild."
+            )
         asked = manifest.get("build_config") or {}
         expected = {"max_batch_size": spec.build.max_batch_size, "max_input_len": spec.build.max_input_len}
         if role == "target":
             expected["max_draft_len"] = spec.speculative.max_draft_len
         for key, value in expected.items():
             if key in asked and asked[key] != value:
-                raise ArtifactError(f"the {role} engine {engine} was built with {key} = {asked[key]}, the spec says "
-                                    f"{value}: the repository would promise what the engine cannot do. "
-                                    "Rebuild (specbuild build --force) or fix the spec.")
+                raise ArtifactError(
+                    f"the {role} engine {engine} was built with {key} = {asked[key]}, the spec says "
+                    f"{value}: the repository would promise what the engine cannot do. "
+                    "Rebuild (specbuild build --force) or fix the spec."
+                )
     return warnings
 
 
@@ -261,14 +279,16 @@ def write_repository(
             path = out.tmp / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-        out.commit({
-            "stage": "repo",
-            "pair": spec.name,
-            "backend": backend,
-            "input_hash": digest,
-            "settings": asdict(settings),
-            "spec": recorded_spec(spec),
-            "files": list(files),
-            "tool_versions": tool_versions("tritonclient", "protobuf"),
-        })
+        out.commit(
+            {
+                "stage": "repo",
+                "pair": spec.name,
+                "backend": backend,
+                "input_hash": digest,
+                "settings": asdict(settings),
+                "spec": recorded_spec(spec),
+                "files": list(files),
+                "tool_versions": tool_versions("tritonclient", "protobuf"),
+            }
+        )
         return RepoResult(out.final, backend, False, settings, list(files), warnings)

@@ -27,11 +27,21 @@ class ServePlan:
 
     def to_dict(self) -> dict[str, Any]:
         o = self.options
-        return {"repo": str(self.repo), "backend": self.backend, "tritonserver": str(self.install.binary),
-                "tritonserver_kind": self.install.kind, "host": o.host, "http_port": o.http_port,
-                "grpc_port": o.grpc_port, "metrics_port": o.metrics_port, "gpu": o.gpu,
-                "restricted_apis": list(o.restricted_apis()), "exit_timeout_s": o.exit_timeout_s,
-                "engines": {k: str(v) for k, v in self.engines.items()}, "argv": self.argv()}
+        return {
+            "repo": str(self.repo),
+            "backend": self.backend,
+            "tritonserver": str(self.install.binary),
+            "tritonserver_kind": self.install.kind,
+            "host": o.host,
+            "http_port": o.http_port,
+            "grpc_port": o.grpc_port,
+            "metrics_port": o.metrics_port,
+            "gpu": o.gpu,
+            "restricted_apis": list(o.restricted_apis()),
+            "exit_timeout_s": o.exit_timeout_s,
+            "engines": {k: str(v) for k, v in self.engines.items()},
+            "argv": self.argv(),
+        }
 
 
 def engine_dirs(repo: Path, manifest: dict[str, Any]) -> dict[str, Path]:
@@ -59,22 +69,34 @@ def check_engines(backend: str, engines: dict[str, Path], python: str | None = N
     for role, folder in engines.items():
         if not (folder / "manifest.json").is_file():
             hint = " --backend reference" if backend == "reference" else ""
-            raise ArtifactError(f"the {role} engine {folder} is not built (no manifest.json). "
-                                f"Run `specbuild build{hint}` first, or regenerate the repository with --engines-dir.")
+            raise ArtifactError(
+                f"the {role} engine {folder} is not built (no manifest.json). "
+                f"Run `specbuild build{hint}` first, or regenerate the repository with --engines-dir."
+            )
         manifest = read_manifest(folder)
         if manifest.get("backend") not in (None, backend):
-            raise ArtifactError(f"the {role} engine {folder} is a {manifest.get('backend')!r} engine but the repository "
-                                f"serves {backend!r} models. Regenerate it: specbuild repo --backend {manifest.get('backend')}.")
+            raise ArtifactError(
+                f"the {role} engine {folder} is a {manifest.get('backend')!r} engine but the repository "
+                f"serves {backend!r} models. Regenerate it: specbuild repo --backend {manifest.get('backend')}."
+            )
         runtime = runtime if runtime is not None else runtime_versions(python)
         problems = versions_mismatch(manifest, runtime)
         if problems:
             raise ServeError(f"refusing the {role} engine {folder}: " + " ".join(problems))
 
 
-def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int | None = None,
-               grpc_port: int | None = None, metrics_port: int | None = None, tritonserver: str | None = None,
-               allow_model_control: bool = False, allow_apis: tuple[str, ...] = (),
-               exit_timeout_s: int = ServerOptions.exit_timeout_s) -> ServePlan:
+def plan_serve(
+    spec: Spec,
+    repo: Path,
+    host: str | None = None,
+    http_port: int | None = None,
+    grpc_port: int | None = None,
+    metrics_port: int | None = None,
+    tritonserver: str | None = None,
+    allow_model_control: bool = False,
+    allow_apis: tuple[str, ...] = (),
+    exit_timeout_s: int = ServerOptions.exit_timeout_s,
+) -> ServePlan:
     repo = Path(repo).resolve()
     if not repo.is_dir():
         raise ArtifactError(f"model repository {repo} does not exist: write it with `specbuild repo --out-dir {repo}`.")
@@ -83,17 +105,22 @@ def plan_serve(spec: Spec, repo: Path, host: str | None = None, http_port: int |
     if backend not in backends.NAMES:
         raise ArtifactError(f"{repo}/manifest.json has backend {backend!r}: regenerate it with `specbuild repo`.")
     if manifest.get("pair") not in (None, spec.name):
-        raise ArtifactError(f"{repo} was written for pair {manifest.get('pair')!r}, the spec is {spec.name!r}. "
-                            "Regenerate it with `specbuild repo -c <this spec>`, or pass --repo.")
+        raise ArtifactError(
+            f"{repo} was written for pair {manifest.get('pair')!r}, the spec is {spec.name!r}. "
+            "Regenerate it with `specbuild repo -c <this spec>`, or pass --repo."
+        )
     s = spec.serve
     options = ServerOptions(
-        repo=repo, host=host or s.host,
+        repo=repo,
+        host=host or s.host,
         http_port=s.http_port if http_port is None else http_port,
         grpc_port=s.grpc_port if grpc_port is None else grpc_port,
         metrics_port=s.metrics_port if metrics_port is None else metrics_port,
-        allow_model_control=allow_model_control, open_apis=tuple(allow_apis),
+        allow_model_control=allow_model_control,
+        open_apis=tuple(allow_apis),
         gpu=backends.get(backend).triton_backend == "tensorrtllm",  # NVIDIA's orchestrator launch of its C++ backend
-        gpu_count=spec.gpu.count, exit_timeout_s=exit_timeout_s,
+        gpu_count=spec.gpu.count,
+        exit_timeout_s=exit_timeout_s,
     )
     options.restricted_apis()  # an unknown API name fails here, before anything starts
     if not backends.get(backend).engines:

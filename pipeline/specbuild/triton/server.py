@@ -31,14 +31,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from specbuild.errors import ServeError
 from specbuild.triton import procfs
 from specbuild.triton.housekeeping import (  # noqa: F401 (re-exported)
-    SHM_PREFIX_START, SHM_ROOT, refuse_busy_ports, remove_regions, rotate_log,
+    SHM_PREFIX_START,
+    SHM_ROOT,
+    refuse_busy_ports,
+    remove_regions,
+    rotate_log,
 )
 from specbuild.triton.install import CONTAINER_BINARY, TritonInstall, find_tritonserver  # noqa: F401 (re-exported)
 
@@ -106,15 +110,19 @@ class ServerOptions:
         return tuple(api for api in RESTRICTED_APIS if api not in opened)
 
 
-def build_argv(install: TritonInstall, opts: ServerOptions, admin_key: str,
-               shm_prefix: str = "<per-start prefix>") -> tuple[list[str], dict[str, str]]:
+def build_argv(
+    install: TritonInstall, opts: ServerOptions, admin_key: str, shm_prefix: str = "<per-start prefix>"
+) -> tuple[list[str], dict[str, str]]:
     """The exact argv (a list, never a shell string) and the extra environment."""
     server = [
         str(install.binary),
         f"--model-repository={Path(opts.repo).resolve()}",
-        f"--http-address={opts.host}", f"--http-port={opts.http_port}",
-        f"--grpc-address={opts.host}", f"--grpc-port={opts.grpc_port}",
-        f"--metrics-address={opts.host}", f"--metrics-port={opts.metrics_port}",
+        f"--http-address={opts.host}",
+        f"--http-port={opts.http_port}",
+        f"--grpc-address={opts.host}",
+        f"--grpc-port={opts.grpc_port}",
+        f"--metrics-address={opts.host}",
+        f"--metrics-port={opts.metrics_port}",
         "--disable-auto-complete-config",
         "--strict-readiness=true",
         "--exit-on-error=true",
@@ -196,9 +204,12 @@ class ServerHandle:
         return self.log_path.with_name(self.log_path.name + ".run.json")
 
     # ---- lifecycle ---------------------------------------------------------------------------------
-    def start(self, timeout: float = 300.0, should_stop: Callable[[], bool] | None = None) -> "ServerHandle":
-        ports = {"http_port": self.opts.http_port, "grpc_port": self.opts.grpc_port,
-                 "metrics_port": self.opts.metrics_port}
+    def start(self, timeout: float = 300.0, should_stop: Callable[[], bool] | None = None) -> ServerHandle:
+        ports = {
+            "http_port": self.opts.http_port,
+            "grpc_port": self.opts.grpc_port,
+            "metrics_port": self.opts.metrics_port,
+        }
         refuse_busy_ports(self.opts.host, ports)
         wanted = [key for key, value in ports.items() if value == 0]
         for key, port in zip(wanted, free_ports(self.opts.host, len(wanted))):
@@ -213,9 +224,14 @@ class ServerHandle:
             launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid())]
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             try:
-                self.process = subprocess.Popen(launcher + self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, env={**os.environ, **extra_env},
-                                                start_new_session=True)
+                self.process = subprocess.Popen(
+                    launcher + self.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, **extra_env},
+                    start_new_session=True,
+                )
                 self.run_record.write_text(json.dumps({"pid": self.process.pid, "shm_prefix": self.shm_prefix}))
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -275,19 +291,27 @@ class ServerHandle:
             return ""
         if not any("Exit timeout expired" in line for line in lines[-100:]):
             return ""
-        waits = [line.split(": Found ", 1)[1].rstrip('"') for line in lines if '"Timeout ' in line and ": Found " in line]
+        waits = [
+            line.split(": Found ", 1)[1].rstrip('"') for line in lines if '"Timeout ' in line and ": Found " in line
+        ]
         http = [wait for wait in waits if "HTTP service connections" in wait]
         if http:  # the HTTP front end stops first and spends the shared budget while connections are open
-            return (f"tritonserver spent {len(http)} s of it waiting for open HTTP connections ({http[-1]}): a client "
-                    "kept its connection open (HTTP keep-alive, e.g. an open tritonclient.http client); close "
-                    "clients before stopping the server")
+            return (
+                f"tritonserver spent {len(http)} s of it waiting for open HTTP connections ({http[-1]}): a client "
+                "kept its connection open (HTTP keep-alive, e.g. an open tritonclient.http client); close "
+                "clients before stopping the server"
+            )
         if waits:
             return f"tritonserver waited for models to unload ({waits[-1]}), e.g. a decoupled model with open streams"
         return ""
 
     def _failure(self, what: str) -> ServeError:
         errors = self.load_errors()
-        reason = ("Models that failed to load:\n  " + "\n  ".join(errors)) if errors else f"Last log lines:\n{self.log_tail()}"
+        reason = (
+            ("Models that failed to load:\n  " + "\n  ".join(errors))
+            if errors
+            else f"Last log lines:\n{self.log_tail()}"
+        )
         return ServeError(f"{what}. {reason}\nFull log: {self.log_path}")
 
     def ready(self) -> bool:
@@ -300,8 +324,11 @@ class ServerHandle:
     def _foreign_holder(self) -> tuple[bool, str]:
         """(every port is held by this server, a message when another process holds one)."""
         ours = {self.process.pid, *procfs.descendants(self.process.pid)} if self.process else set()
-        for name, port in (("HTTP", self.opts.http_port), ("gRPC", self.opts.grpc_port),
-                           ("metrics", self.opts.metrics_port)):
+        for name, port in (
+            ("HTTP", self.opts.http_port),
+            ("gRPC", self.opts.grpc_port),
+            ("metrics", self.opts.metrics_port),
+        ):
             listening, holders = procfs.port_holders(self.opts.host, port)
             if holders & ours:
                 continue
@@ -338,18 +365,25 @@ class ServerHandle:
         is loaded (with `config`, Triton's JSON model config, in place of its config.pbtxt); an unload returns
         once it has begun (Triton finishes it when the model's requests end)."""
         body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
-        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{model}/{action}",
-                                         data=json.dumps(body).encode(), method="POST", headers=self.admin_headers())
+        request = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/models/{model}/{action}",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers=self.admin_headers(),
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout):
                 return
         except urllib.error.HTTPError as err:
-            raise ServeError(f"{action} of {model} failed: HTTP {err.code} {err.read()[:300].decode(errors='replace')}") from None
+            raise ServeError(
+                f"{action} of {model} failed: HTTP {err.code} {err.read()[:300].decode(errors='replace')}"
+            ) from None
         except OSError as err:
             raise ServeError(f"{action} of {model} failed: {err}") from None
 
-    def stop(self, timeout: float | None = None, graceful: bool = True,
-             abandon: Callable[[], str | None] | None = None) -> StopResult | None:
+    def stop(
+        self, timeout: float | None = None, graceful: bool = True, abandon: Callable[[], str | None] | None = None
+    ) -> StopResult | None:
         """SIGTERM to the process group (SIGKILL after exit_timeout_s + 5 s; at once if not graceful),
         then whatever is left of this start (its group, its stubs), then its /dev/shm regions. `abandon`, asked
         every 0.5 s while it stops: a reason when nothing it still waits for can end (then SIGKILL at once)."""
@@ -398,7 +432,7 @@ class ServerHandle:
         self.process = None
         return StopResult(process.returncode, seconds, killed, removed, abandoned)
 
-    def __enter__(self) -> "ServerHandle":
+    def __enter__(self) -> ServerHandle:
         return self.start()
 
     def __exit__(self, *exc) -> None:

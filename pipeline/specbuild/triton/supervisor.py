@@ -29,9 +29,10 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specbuild.errors import ServeError
 from specbuild.triton import drain, procfs
@@ -65,8 +66,12 @@ def lingering_only(before_stop: str, since_stop: str, reloaded: set[str]) -> str
     live = int(counts[-1].group(1))
     if not 0 < live <= len(reloaded):
         return None
-    return (f"every model had unloaded, and tritonserver waited only for {live} old instance(s) of "
-            f"{', '.join(sorted(reloaded))}, reloaded after its stub died holding a request (they never unload)")
+    return (
+        f"every model had unloaded, and tritonserver waited only for {live} old instance(s) of "
+        f"{', '.join(sorted(reloaded))}, reloaded after its stub died holding a request (they never unload)"
+    )
+
+
 # A stub this young was started after the failure that named its instance (a reload or restart just made it): a
 # "not healthy" line read now is about its predecessor.
 FRESH_STUB_S = 5.0
@@ -91,14 +96,18 @@ class SupervisorMetrics:
 
     COUNTERS = {
         "specbuild_supervisor_failures_total": ("Failures detected, by model and kind.", ("kind", "model")),
-        "specbuild_supervisor_recoveries_total": ("Recoveries, by model and action (reload, restart).",
-                                                  ("action", "model")),
+        "specbuild_supervisor_recoveries_total": (
+            "Recoveries, by model and action (reload, restart).",
+            ("action", "model"),
+        ),
         "specbuild_supervisor_server_starts_total": ("tritonserver starts, the first one included.", ()),
         "specbuild_supervisor_canary_total": ("Periodic canary requests, by result.", ("result",)),
     }
     GAUGES = {
-        "specbuild_supervisor_recovery_seconds": ("Seconds from detection to serving again, last recovery.",
-                                                  ("model",)),
+        "specbuild_supervisor_recovery_seconds": (
+            "Seconds from detection to serving again, last recovery.",
+            ("model",),
+        ),
         "specbuild_supervisor_serving": ("Whether the server is ready and watched (1) or not (0).", ()),
     }
 
@@ -107,10 +116,12 @@ class SupervisorMetrics:
 
         self.path = path
         self.registry = CollectorRegistry(auto_describe=True)
-        self.metrics = {name: Counter(name, text, labels, registry=self.registry)
-                        for name, (text, labels) in self.COUNTERS.items()}
-        self.metrics.update({name: Gauge(name, text, labels, registry=self.registry)
-                             for name, (text, labels) in self.GAUGES.items()})
+        self.metrics = {
+            name: Counter(name, text, labels, registry=self.registry) for name, (text, labels) in self.COUNTERS.items()
+        }
+        self.metrics.update(
+            {name: Gauge(name, text, labels, registry=self.registry) for name, (text, labels) in self.GAUGES.items()}
+        )
 
     def _child(self, name: str, labels: dict[str, str]):
         metric = self.metrics[name]
@@ -154,9 +165,15 @@ def is_decoupled(repo: Path, model: str) -> bool:
 
 
 class Supervisor:
-    def __init__(self, options: ServerOptions, install: TritonInstall, log_path: Path,
-                 settings: SupervisorSettings | None = None, metrics_path: Path | None = None,
-                 log: Callable[[str], None] = lambda message: None):
+    def __init__(
+        self,
+        options: ServerOptions,
+        install: TritonInstall,
+        log_path: Path,
+        settings: SupervisorSettings | None = None,
+        metrics_path: Path | None = None,
+        log: Callable[[str], None] = lambda message: None,
+    ):
         self.handle = ServerHandle(options, install, log_path=log_path)
         self.settings = settings or SupervisorSettings()
         self.metrics = SupervisorMetrics(metrics_path)
@@ -173,16 +190,33 @@ class Supervisor:
         self._reloaded: set[str] = set()  # models reloaded since this server started (an old instance may linger)
 
     @classmethod
-    def for_repo(cls, options: ServerOptions, install: TritonInstall, settings: SupervisorSettings | None = None,
-                 log: Callable[[str], None] = lambda message: None) -> "Supervisor":
+    def for_repo(
+        cls,
+        options: ServerOptions,
+        install: TritonInstall,
+        settings: SupervisorSettings | None = None,
+        log: Callable[[str], None] = lambda message: None,
+    ) -> Supervisor:
         """The log and metrics files beside the repository: .<repo>.tritonserver.log, .<repo>.supervisor.prom."""
         repo = Path(options.repo).resolve()
-        return cls(options, install, repo.parent / f".{repo.name}.tritonserver.log", settings,
-                   repo.parent / f".{repo.name}.supervisor.prom", log)
+        return cls(
+            options,
+            install,
+            repo.parent / f".{repo.name}.tritonserver.log",
+            settings,
+            repo.parent / f".{repo.name}.supervisor.prom",
+            log,
+        )
 
     # ---- the whole run ---------------------------------------------------------------------------
-    def serve(self, on_ready: Callable[[dict[str, str]], None], once: bool = False, canary_models: bool = True,
-              timeout: float | None = None, until: Callable[[], bool] | None = None) -> dict[str, Any]:
+    def serve(
+        self,
+        on_ready: Callable[[dict[str, str]], None],
+        once: bool = False,
+        canary_models: bool = True,
+        timeout: float | None = None,
+        until: Callable[[], bool] | None = None,
+    ) -> dict[str, Any]:
         """Start, canary, call on_ready(canary answers), watch until SIGINT/SIGTERM (or, with `once`, return at
         once, or as soon as until() holds, watching until then: work on_ready started in a thread is supervised
         like any other client's), then stop. A signal while serving drains first (specbuild.triton.drain): the running
@@ -213,8 +247,10 @@ class Supervisor:
             failure = err
         finally:
             self._interruptible = False
-            result = self.handle.stop(graceful=drained is None or not drained.cut_short,
-                                      abandon=self._lingering_only() if self._reloaded else None)
+            result = self.handle.stop(
+                graceful=drained is None or not drained.cut_short,
+                abandon=self._lingering_only() if self._reloaded else None,
+            )
             self._serving = False
             self.metrics.set("specbuild_supervisor_serving", 0)
             for sig, handler in previous.items():
@@ -224,8 +260,13 @@ class Supervisor:
         if drained is not None:
             outcome["drain"] = drained.to_dict()
         if result is not None:
-            outcome["stop"] = {"exit_code": result.code, "seconds": round(result.seconds, 2), "killed": result.killed,
-                               "removed_shm_regions": len(result.removed_regions), "abandoned": result.abandoned}
+            outcome["stop"] = {
+                "exit_code": result.code,
+                "seconds": round(result.seconds, 2),
+                "killed": result.killed,
+                "removed_shm_regions": len(result.removed_regions),
+                "abandoned": result.abandoned,
+            }
             if result.abandoned:
                 self._event(f"tritonserver {result.describe()}", kind="stop")
         if failure is not None:
@@ -233,13 +274,18 @@ class Supervisor:
                 self.log(f"tritonserver {result.describe()} while stopping after the failure.")
             raise failure
         if drained is not None and drained.cut_short and drained.cut != 0:
-            raise ServeError(f"{drained.describe()}; tritonserver was then killed. Clients of the cut requests got "
-                             f"an error (their stream ended). See the server log: {self.handle.log_path}")
+            raise ServeError(
+                f"{drained.describe()}; tritonserver was then killed. Clients of the cut requests got "
+                f"an error (their stream ended). See the server log: {self.handle.log_path}"
+            )
         if result is not None and not result.clean and (drained is None or not drained.cut_short):
             why = self.handle.stop_diagnosis() or (drained.describe() if drained and drained.error else "")
-            raise ServeError(f"tritonserver did not stop cleanly: it {result.describe()} "
-                             f"(--exit-timeout-secs={self.handle.opts.exit_timeout_s}). " + (f"{why}. " if why else "")
-                             + f"See the server log: {self.handle.log_path}")
+            raise ServeError(
+                f"tritonserver did not stop cleanly: it {result.describe()} "
+                f"(--exit-timeout-secs={self.handle.opts.exit_timeout_s}). "
+                + (f"{why}. " if why else "")
+                + f"See the server log: {self.handle.log_path}"
+            )
         return outcome
 
     def _answering(self) -> bool:
@@ -260,9 +306,14 @@ class Supervisor:
         gate = gate if gate and loaded(gate) else None
         self._interruptible = True  # a second signal raises StopRequested inside the drain
         try:
-            result = drain.drain(self.handle, models, self.handle.opts.exit_timeout_s, self.log,
-                                 server_alive=lambda: self.handle.process is not None
-                                 and self.handle.process.poll() is None, gate=gate)
+            result = drain.drain(
+                self.handle,
+                models,
+                self.handle.opts.exit_timeout_s,
+                self.log,
+                server_alive=lambda: self.handle.process is not None and self.handle.process.poll() is None,
+                gate=gate,
+            )
         finally:
             self._interruptible = False
         self._event(result.describe(), kind="drain", **{k: v for k, v in result.to_dict().items() if k != "models"})
@@ -336,8 +387,12 @@ class Supervisor:
                 self._failed("tritonserver", "server_exited", self._exit_message(process))
                 self._restart("tritonserver", time.monotonic())
             elif procfs.stopped(process.pid):
-                self._failed("tritonserver", "server_hung", f"tritonserver (pid {process.pid}) is frozen (stopped, "
-                                                            f"state {procfs.state(process.pid)}): killing it")
+                self._failed(
+                    "tritonserver",
+                    "server_hung",
+                    f"tritonserver (pid {process.pid}) is frozen (stopped, "
+                    f"state {procfs.state(process.pid)}): killing it",
+                )
                 self._restart("tritonserver", time.monotonic())
             elif hung := self.hung_stubs():
                 self._recover_hung(hung)
@@ -353,7 +408,7 @@ class Supervisor:
             probe, next_canary = None, time.monotonic() + interval  # a probe of a replaced server is dropped
 
     def _exit_message(self, process) -> str:
-        """"tritonserver exited with code N" (a signal named), and the last lines of its log: why it went."""
+        """ "tritonserver exited with code N" (a signal named), and the last lines of its log: why it went."""
         code = process.returncode if process is not None else None
         text = f"tritonserver exited with code {code}"
         if code is not None and code < 0:
@@ -376,7 +431,7 @@ class Supervisor:
             if procfs.stopped(stub.pid):
                 found[stub] = f"is frozen (stopped, state {procfs.state(stub.pid)})"
             elif stub.instance in named and (procfs.age_seconds(stub.pid) or 0.0) >= FRESH_STUB_S:
-                found[stub] = "does not answer: Triton reports it \"not healthy\""
+                found[stub] = 'does not answer: Triton reports it "not healthy"'
         return found
 
     def _unhealthy_in_log(self) -> set[str]:
@@ -446,8 +501,11 @@ class Supervisor:
         detected = time.monotonic()
         dead: dict[str, list[str]] = {}
         for stub, why in hung.items():
-            self._failed(stub.model, "stub_hung", f"the Python backend stub of {stub.model} ({stub.instance}, pid "
-                                                  f"{stub.pid}) {why}: killing it")
+            self._failed(
+                stub.model,
+                "stub_hung",
+                f"the Python backend stub of {stub.model} ({stub.instance}, pid {stub.pid}) {why}: killing it",
+            )
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(stub.pid, signal.SIGKILL)
             dead.setdefault(stub.model, []).append(stub.instance)
@@ -478,8 +536,12 @@ class Supervisor:
             seconds = time.monotonic() - detected
             self.metrics.add("specbuild_supervisor_recoveries_total", model=model, action="reload")
             self.metrics.set("specbuild_supervisor_recovery_seconds", round(seconds, 3), model=model)
-            self._event(f"{model} serving again after {how} ({seconds:.1f} s)", model=model, action="reload",
-                        seconds=round(seconds, 3))
+            self._event(
+                f"{model} serving again after {how} ({seconds:.1f} s)",
+                model=model,
+                action="reload",
+                seconds=round(seconds, 3),
+            )
 
     def _lingering_only(self) -> Callable[[], str | None]:
         """For the stop after a reload: a stub that died (or was killed) while it held a request leaves its old
@@ -531,8 +593,10 @@ class Supervisor:
         now = time.monotonic()
         self._restarts = [t for t in self._restarts if now - t < self.settings.restart_window_s] + [now]
         if len(self._restarts) > self.settings.max_restarts:
-            raise ServeError(f"tritonserver needed {len(self._restarts) - 1} restarts within "
-                             f"{self.settings.restart_window_s:.0f} s; giving up. See the server log: {self.handle.log_path}")
+            raise ServeError(
+                f"tritonserver needed {len(self._restarts) - 1} restarts within "
+                f"{self.settings.restart_window_s:.0f} s; giving up. See the server log: {self.handle.log_path}"
+            )
         self.metrics.set("specbuild_supervisor_serving", 0)
         self._serving = False
         with self._uninterrupted():
@@ -544,8 +608,12 @@ class Supervisor:
         seconds = time.monotonic() - detected
         self.metrics.add("specbuild_supervisor_recoveries_total", model=model, action="restart")
         self.metrics.set("specbuild_supervisor_recovery_seconds", round(seconds, 3), model=model)
-        self._event(f"tritonserver restarted, serving again ({seconds:.1f} s after the failure; pid "
-                    f"{self.handle.process.pid})", model=model, action="restart", seconds=round(seconds, 3))
+        self._event(
+            f"tritonserver restarted, serving again ({seconds:.1f} s after the failure; pid {self.handle.process.pid})",
+            model=model,
+            action="restart",
+            seconds=round(seconds, 3),
+        )
 
     def _canary_model(self) -> str:
         return entry_model(self.handle.opts.repo)
@@ -564,7 +632,11 @@ class Supervisor:
             return
         self._canary_failed += 1
         self.metrics.add("specbuild_supervisor_canary_total", result="failed")
-        self._failed(probe.model, "canary", f"canary through {probe.model} failed "
-                                            f"({self._canary_failed}/{self.settings.canary_failures}): {probe.error}")
+        self._failed(
+            probe.model,
+            "canary",
+            f"canary through {probe.model} failed "
+            f"({self._canary_failed}/{self.settings.canary_failures}): {probe.error}",
+        )
         if self._canary_failed >= self.settings.canary_failures:
             self._restart(probe.model, time.monotonic())

@@ -39,8 +39,10 @@ class StepFailed(Exception):
 @dataclass
 class Step:
     name: str
-    run: Callable[["Run"], Any]  # returns the evidence; raises StepFailed (or anything) when it fails
-    requires: str | None = None  # "gpu" (a GPU torch sees) or "tensorrt_llm" (a GPU and TensorRT-LLM); None: any machine
+    run: Callable[[Run], Any]  # returns the evidence; raises StepFailed (or anything) when it fails
+    requires: str | None = (
+        None  # "gpu" (a GPU torch sees) or "tensorrt_llm" (a GPU and TensorRT-LLM); None: any machine
+    )
     needs: tuple[str, ...] = ()  # steps that must have passed first
 
 
@@ -68,8 +70,10 @@ class Run:
             return None
         if not self.gpu:
             return "not run (no GPU)"
-        return (f"not run (no TensorRT-LLM: {self.gpu['name']} seen, but tensorrt_llm is not installed; "
-                "run inside the GPU image)")
+        return (
+            f"not run (no TensorRT-LLM: {self.gpu['name']} seen, but tensorrt_llm is not installed; "
+            "run inside the GPU image)"
+        )
 
 
 def _versions(run: Run) -> dict[str, Any]:
@@ -86,16 +90,22 @@ def _versions(run: Run) -> dict[str, Any]:
         tritonserver = str(find_tritonserver(None).binary)
     except Exception as err:  # noqa: BLE001 - reported as evidence; the server step fails with its own message
         tritonserver = f"not found: {err}"
-    return {"specbuild": __version__, "tensorrt_llm": version("tensorrt_llm"), "torch": version("torch"),
-            "transformers": version("transformers"), "nvidia-modelopt": version("nvidia-modelopt"),
-            "tritonclient": version("tritonclient"), "tritonserver": tritonserver, "gpu": run.gpu,
-            "backend": run.backend}
+    return {
+        "specbuild": __version__,
+        "tensorrt_llm": version("tensorrt_llm"),
+        "torch": version("torch"),
+        "transformers": version("transformers"),
+        "nvidia-modelopt": version("nvidia-modelopt"),
+        "tritonclient": version("tritonclient"),
+        "tritonserver": tritonserver,
+        "gpu": run.gpu,
+        "backend": run.backend,
+    }
 
 
 def _pair(run: Run) -> str:
     from specbuild.config import known_gpu, load_spec
-    from specbuild.example import ensure_example
-    from specbuild.example import specfile
+    from specbuild.example import ensure_example, specfile
 
     pair = ensure_example(run.variant)
     overrides = specfile.example_overrides(pair, run.variant)
@@ -104,8 +114,9 @@ def _pair(run: Run) -> str:
     if run.gpu:  # a GPU the spec knows by its memory and SM, else its memory
         name = known_gpu(run.gpu["memory_gib"], run.gpu["sm"])
         overrides["gpu"] = {"name": name} if name else {"name": run.gpu["name"], "memory_gib": run.gpu["memory_gib"]}
-    path = specfile.write_spec(run.workdir / "specbuild.toml", specfile.render_spec(overrides, header="selftest"),
-                               force=True)
+    path = specfile.write_spec(
+        run.workdir / "specbuild.toml", specfile.render_spec(overrides, header="selftest"), force=True
+    )
     run.spec = load_spec(path)
     return f"{pair.root} ({run.variant}); spec {path}"
 
@@ -127,8 +138,11 @@ def _build(run: Run) -> str:
 def _fp8_spec(run: Run):
     import dataclasses
 
-    return dataclasses.replace(run.spec, output_dir=run.workdir / "engines-fp8",
-                               target=dataclasses.replace(run.spec.target, quantization="fp8"))
+    return dataclasses.replace(
+        run.spec,
+        output_dir=run.workdir / "engines-fp8",
+        target=dataclasses.replace(run.spec.target, quantization="fp8"),
+    )
 
 
 def _fp8_convert(run: Run) -> str:
@@ -139,8 +153,10 @@ def _fp8_convert(run: Run) -> str:
     spec = _fp8_spec(run)
     result = convert_pair(spec, ["target"], log=run.log, verify=True)[0]
     check = result.get("verification") or {}
-    return (f"fp8 target checkpoint calibrated on the GPU under {spec.pair_dir}: top-1 agreement "
-            f"{check.get('top1_agreement')} with the float32 model ({check.get('criterion')})")
+    return (
+        f"fp8 target checkpoint calibrated on the GPU under {spec.pair_dir}: top-1 agreement "
+        f"{check.get('top1_agreement')} with the float32 model ({check.get('criterion')})"
+    )
 
 
 def _fp8_build(run: Run) -> str:
@@ -184,19 +200,23 @@ def _client(run: Run):
 def _greedy(run: Run) -> str:
     prompt = DEMO_PROMPTS[0][1]
     with _client(run) as client:
-        ids = {k: client.complete(prompt, max_tokens=GREEDY_TOKENS, num_draft_tokens=k)[1]["output_ids"]
-               for k in (0, 3)}
+        ids = {
+            k: client.complete(prompt, max_tokens=GREEDY_TOKENS, num_draft_tokens=k)[1]["output_ids"] for k in (0, 3)
+        }
     if ids[3] != ids[0]:
-        raise StepFailed(f"K = 3 gave {ids[3]}, K = 0 gave {ids[0]}",
-                         "the engines must be exact: check the build log's flags (speculative_decoding_mode "
-                         "draft_tokens_external on the target) and the logits dtypes")
+        raise StepFailed(
+            f"K = 3 gave {ids[3]}, K = 0 gave {ids[0]}",
+            "the engines must be exact: check the build log's flags (speculative_decoding_mode "
+            "draft_tokens_external on the target) and the logits dtypes",
+        )
     return f"{len(ids[0])} tokens, equal at K = 3 and K = 0"
 
 
 def _sampling(run: Run) -> str:
     with _client(run) as client:
-        _, stats = client.complete(DEMO_PROMPTS[2][1], max_tokens=16, num_draft_tokens=3, temperature=0.8, seed=1,
-                                   use_draft_logits=True)
+        _, stats = client.complete(
+            DEMO_PROMPTS[2][1], max_tokens=16, num_draft_tokens=3, temperature=0.8, seed=1, use_draft_logits=True
+        )
     return f"finish_reason {stats.get('finish_reason')}, acceptance {stats.get('acceptance_rate')}"
 
 
@@ -204,15 +224,22 @@ def _agreement(run: Run) -> str:
     from specbuild.triton.drain import read_metrics
 
     text = read_metrics(run.server.metrics_url)
-    counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("specbuild_acceptance_disagreements_total")]
+    counts = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("specbuild_acceptance_disagreements_total")
+    ]
     if not counts:
-        raise StepFailed("the BLS exports no specbuild_acceptance_disagreements_total",
-                         "regenerate the repository with this specbuild (`specbuild repo --force`)")
+        raise StepFailed(
+            "the BLS exports no specbuild_acceptance_disagreements_total",
+            "regenerate the repository with this specbuild (`specbuild repo --force`)",
+        )
     if sum(counts) > 0:
-        raise StepFailed(f"{sum(counts):.0f} verify steps whose total_accepted_draft_tokens differed from the tokens",
-                         "the tokens decided and the requests went on; read the server log's lines about it and "
-                         "report them with this report")
+        raise StepFailed(
+            f"{sum(counts):.0f} verify steps whose total_accepted_draft_tokens differed from the tokens",
+            "the tokens decided and the requests went on; read the server log's lines about it and "
+            "report them with this report",
+        )
     return "total_accepted_draft_tokens agreed with the tokens on every verify step"
 
 
@@ -242,14 +269,18 @@ def _nvidia_clients(run: Run) -> str:
         for _, prompt in DEMO_PROMPTS:
             texts = speculative_decoding_check(client, prompt, k)
             if len(set(texts.values())) > 1:
-                raise StepFailed(f"prompt {prompt!r}: {json.dumps(texts)}",
-                                 "the three must agree, as in NVIDIA's speculative_decoding_test.py: a BLS that "
-                                 "differs points at the BLS, client-side speculation that differs at the engines' "
-                                 "draft_input_ids handling (the target's speculative_decoding_mode)")
+                raise StepFailed(
+                    f"prompt {prompt!r}: {json.dumps(texts)}",
+                    "the three must agree, as in NVIDIA's speculative_decoding_test.py: a BLS that "
+                    "differs points at the BLS, client-side speculation that differs at the engines' "
+                    "draft_input_ids handling (the target's speculative_decoding_mode)",
+                )
     finally:
         client.close()
-    return (f"{len(DEMO_PROMPTS)} prompts: the ensemble, the BLS at K = {k} and client-side speculation "
-            "(NVIDIA's client's draft / target calls) gave the same text")
+    return (
+        f"{len(DEMO_PROMPTS)} prompts: the ensemble, the BLS at K = {k} and client-side speculation "
+        "(NVIDIA's client's draft / target calls) gave the same text"
+    )
 
 
 def _llmapi_probe(run: Run) -> str:
@@ -257,8 +288,9 @@ def _llmapi_probe(run: Run) -> str:
 
     report = probe()
     if not report["ok"]:
-        raise StepFailed(json.dumps(report), "see docs/llmapi.md: the spelling and field lists in "
-                         "specbuild/contract/llmapi.py")
+        raise StepFailed(
+            json.dumps(report), "see docs/llmapi.md: the spelling and field lists in specbuild/contract/llmapi.py"
+        )
     return f"TensorRT-LLM {report['tensorrt_llm']} takes the {report['spelling']} spelling"
 
 
@@ -274,8 +306,10 @@ def _bench(run: Run) -> str:
                 generation = session.generate(prompt, Options(max_tokens=48, num_draft_tokens=k))
                 tokens, seconds = tokens + generation.output_tokens, seconds + generation.seconds
             rates[k] = tokens / seconds if seconds else 0.0
-    return (f"{rates[3]:.1f} tokens/s at K = 3, {rates[0]:.1f} at K = 0: {rates[3] / rates[0]:.2f}x "
-            f"({'a GPU' if run.gpu else 'the reference backend on CPU'}; `specbuild bench --url` for the full sweep)")
+    return (
+        f"{rates[3]:.1f} tokens/s at K = 3, {rates[0]:.1f} at K = 0: {rates[3] / rates[0]:.2f}x "
+        f"({'a GPU' if run.gpu else 'the reference backend on CPU'}; `specbuild bench --url` for the full sweep)"
+    )
 
 
 def _llmapi_request(run: Run) -> str:
@@ -301,10 +335,14 @@ def _llmapi_request(run: Run) -> str:
         server.stop()
     model = "NVIDIA's llmapi model" if run.trtllm else "the CPU stand-in for the llmapi model"
     if not text or stats.get("finish_reason") not in ("length", "stop"):
-        raise StepFailed(f"text {text!r}, outputs {json.dumps(stats, default=str)[:500]}",
-                         f"read {server.log_path}: the model's errors are there")
-    return (f"{len(text)} characters from {model} ({repo}), finish_reason {stats['finish_reason']}, acceptance "
-            f"{stats.get('acceptance_rate')}")
+        raise StepFailed(
+            f"text {text!r}, outputs {json.dumps(stats, default=str)[:500]}",
+            f"read {server.log_path}: the model's errors are there",
+        )
+    return (
+        f"{len(text)} characters from {model} ({repo}), finish_reason {stats['finish_reason']}, acceptance "
+        f"{stats.get('acceptance_rate')}"
+    )
 
 
 STEPS = (
@@ -339,14 +377,19 @@ def detect_gpu() -> dict[str, Any] | None:
         except importlib.metadata.PackageNotFoundError:
             trtllm = None
         memory_gib = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
-        return {"name": torch.cuda.get_device_name(0), "sm": major * 10 + minor, "memory_gib": memory_gib,
-                "tensorrt_llm": trtllm}
+        return {
+            "name": torch.cuda.get_device_name(0),
+            "sm": major * 10 + minor,
+            "memory_gib": memory_gib,
+            "tensorrt_llm": trtllm,
+        }
     except Exception:  # noqa: BLE001 - no usable GPU is an answer, not an error
         return None
 
 
-def selftest(workdir: Path, variant: str = "full", log: Callable[[str], None] = print,
-             gpu: dict[str, Any] | None = None) -> dict[str, Any]:
+def selftest(
+    workdir: Path, variant: str = "full", log: Callable[[str], None] = print, gpu: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Run every step in order; the report: {"ok", "gpu", "steps": [{"step", "status", "evidence", "fix",
     "seconds"}]}. status: passed, failed, "not run (...)" or "skipped (...)"."""
     run = Run(Path(workdir), variant, log, gpu)
@@ -370,13 +413,20 @@ def selftest(workdir: Path, variant: str = "full", log: Callable[[str], None] = 
                     row.update(status="failed", evidence=err.evidence, fix=err.fix)
                 except Exception as err:  # noqa: BLE001 - any failure is a step's result, with its trace in the log
                     log(traceback.format_exc())
-                    row.update(status="failed", evidence=f"{type(err).__name__}: {err}",
-                               fix="the message says what to change; the log above has the trace")
+                    row.update(
+                        status="failed",
+                        evidence=f"{type(err).__name__}: {err}",
+                        fix="the message says what to change; the log above has the trace",
+                    )
                 row["seconds"] = round(time.monotonic() - started, 1)
                 log(f"selftest: {step.name}: {row['status']}")
             run.results.append(row)
     finally:
         if run.server is not None:
             run.server.stop()
-    return {"ok": not any(r["status"] == "failed" for r in run.results), "gpu": run.gpu, "backend": run.backend,
-            "steps": run.results}
+    return {
+        "ok": not any(r["status"] == "failed" for r in run.results),
+        "gpu": run.gpu,
+        "backend": run.backend,
+        "steps": run.results,
+    }

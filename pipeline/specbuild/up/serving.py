@@ -67,8 +67,10 @@ def run_serve_stage(ctx) -> dict[str, Any]:
         raise ServeError(f"the demo stopped: {document['demo_error']}")
     failed = [row["kind"] for row in document.get("demo", []) if "error" in row]
     if ctx.once and failed:
-        raise ServeError(f"the demo's {', '.join(failed)} prompt failed, retried after recovery or not: "
-                         f"{next(row['error'] for row in document['demo'] if 'error' in row)}")
+        raise ServeError(
+            f"the demo's {', '.join(failed)} prompt failed, retried after recovery or not: "
+            f"{next(row['error'] for row in document['demo'] if 'error' in row)}"
+        )
     if ctx.once and "demo" in document:
         for line in ctx.next_steps(handle.grpc_url, False) if ctx.next_steps else ():
             ctx.log(line)
@@ -141,11 +143,15 @@ def _stream(ctx, handle, kind: str, prompt: str, max_tokens: int, k: int) -> dic
         "tokens_per_s": round(gen.tokens_per_s, 2) if gen.seconds > 0 else None,
         "top_token_share": None if share is None else round(share, 4),
     }
-    ctx.log(f"--- {gen.count_text()}, acceptance_rate {row['acceptance_rate']:.2f}, "
-            f"mean_accepted_len {row['mean_accepted_len']:.2f}, {row['tokens_per_s']} tokens/s")
+    ctx.log(
+        f"--- {gen.count_text()}, acceptance_rate {row['acceptance_rate']:.2f}, "
+        f"mean_accepted_len {row['mean_accepted_len']:.2f}, {row['tokens_per_s']} tokens/s"
+    )
     if share is not None and share >= MAX_TOP_TOKEN_SHARE:
-        ctx.log(f"--- note: one token is {share:.0%} of this output (repetitive text): acceptance on "
-                "repeated tokens says little about real text")
+        ctx.log(
+            f"--- note: one token is {share:.0%} of this output (repetitive text): acceptance on "
+            "repeated tokens says little about real text"
+        )
     return row
 
 
@@ -158,4 +164,3 @@ def fitting(prompt: str, count, limit: int) -> str | None:
         if count(tail) <= limit:
             return tail
     return None
-

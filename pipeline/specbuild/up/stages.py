@@ -20,8 +20,13 @@ def stages_for(backend: str) -> list[Stage]:
     from specbuild.up.serving import run_serve_stage  # the supervisor serves either repository kind
 
     path = paths.for_backend(backend)
-    runs = {"check": path.check_stage, "convert": path.convert_stage, "build": path.build_stage,
-            "repo": path.repo_stage, "serve": run_serve_stage}
+    runs = {
+        "check": path.check_stage,
+        "convert": path.convert_stage,
+        "build": path.build_stage,
+        "repo": path.repo_stage,
+        "serve": run_serve_stage,
+    }
     return [Stage(name, runs[name]) for name in STAGE_NAMES]
 
 
@@ -38,8 +43,14 @@ def run_stages(ctx: UpContext, stages: list[Stage]) -> tuple[list[dict[str, Any]
             with redirect:
                 result = stage.run(ctx)
         except SpecbuildError as err:
-            summary.append({"stage": stage.name, "status": "failed", "error": str(err),
-                            "seconds": round(time.monotonic() - started, 3)})
+            summary.append(
+                {
+                    "stage": stage.name,
+                    "status": "failed",
+                    "error": str(err),
+                    "seconds": round(time.monotonic() - started, 3),
+                }
+            )
             return summary, err
         ctx.results[stage.name] = result
         summary.append({"stage": stage.name, **result, "seconds": round(time.monotonic() - started, 3)})
@@ -57,5 +68,11 @@ def run_up(ctx: UpContext, until: str | None = None) -> tuple[dict[str, Any], Sp
     stages = stages[: names.index(until) + 1] if until else stages
     ctx.stages = tuple(stage.name for stage in stages)
     summary, error = run_stages(ctx, stages)
-    return {"pair": ctx.spec.name, "backend": ctx.backend, "dry_run": ctx.dry_run, "ok": error is None,
-            "stages": summary, "seconds": round(time.monotonic() - started, 3)}, error
+    return {
+        "pair": ctx.spec.name,
+        "backend": ctx.backend,
+        "dry_run": ctx.dry_run,
+        "ok": error is None,
+        "stages": summary,
+        "seconds": round(time.monotonic() - started, 3),
+    }, error

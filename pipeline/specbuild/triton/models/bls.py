@@ -51,13 +51,14 @@ from specbuild.contract import models
 from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.logits import NUMPY_NAMES
+from specbuild.contract.serving_gate import Gate
 from specbuild.contract.tensors import final_values
-from specbuild.errors import RequestError
-from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.decode.driver import drive
 from specbuild.decode.generation import Generation
 from specbuild.decode.request import RequestRules
 from specbuild.decode.textstream import TextStream
+from specbuild.errors import RequestError
+from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.speculative.overlap import AutoSchedule, available_cores, parse_setting, resolve_auto
 from specbuild.triton.models.bls_metrics import QueueMetrics, SpeculationMetrics
 from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse_request
@@ -65,7 +66,6 @@ from specbuild.triton.models.common import ModelCallError, call_model, parameter
 from specbuild.triton.models.postprocessing import decode_ids
 from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
 from specbuild.triton.models.response_pipe import ResponsePipe
-from specbuild.contract.serving_gate import Gate
 from specbuild.triton.models.token_bytes import max_token_bytes
 
 TARGET_EXCLUDES_INPUT = False  # the generated tensorrt_llm models' exclude_input_in_output
@@ -120,14 +120,25 @@ class TritonPythonModel:
         self.pre = Preprocessor(self.tokenizer, settings.add_special_tokens)
         # a request naming no end id ends at any of the deployment's: the tokenizer's eos (preprocessing's end_id,
         # the one the models get), then the checkpoint's listed ones, as the local path reads them
-        self.rules = RequestRules(self.tokenizer, end_ids(self.pre.end_id, listed_end_ids(tokenizer_dir)),
-                                  self.max_draft_len, settings.num_draft_tokens, settings.adaptive_draft_len)
+        self.rules = RequestRules(
+            self.tokenizer,
+            end_ids(self.pre.end_id, listed_end_ids(tokenizer_dir)),
+            self.max_draft_len,
+            settings.num_draft_tokens,
+            settings.adaptive_draft_len,
+        )
         token_bytes = max_token_bytes(self.tokenizer)
         if token_bytes.longest is None:
-            pb_utils.Logger.log_warn(f"{self.model_name}: prompts are not refused by their size in bytes, only after "
-                                     f"tokenizing: no bytes-per-token bound for this tokenizer ({token_bytes.reason}).")
-        self.limits = RequestLimits(max_tokens=self.max_tokens_limit, vocab_size=len(self.tokenizer),
-                                    max_input_len=self.max_input_len, longest_token_bytes=token_bytes.longest)
+            pb_utils.Logger.log_warn(
+                f"{self.model_name}: prompts are not refused by their size in bytes, only after "
+                f"tokenizing: no bytes-per-token bound for this tokenizer ({token_bytes.reason})."
+            )
+        self.limits = RequestLimits(
+            max_tokens=self.max_tokens_limit,
+            vocab_size=len(self.tokenizer),
+            max_input_len=self.max_input_len,
+            longest_token_bytes=token_bytes.longest,
+        )
 
     # ---- Triton entry points -------------------------------------------------------------------
     def execute(self, requests: list) -> None:
@@ -143,10 +154,17 @@ class TritonPythonModel:
                 self._answer(request, self.pb.InferenceResponse(error=self._error(err)))
                 continue
             if self.closing or not self.queue_metrics.admit(self.slots, self.max_waiting):
-                self._answer(request, self.pb.InferenceResponse(error=self._unavailable(
-                    f"{self.model_name} is unloading" if self.closing else
-                    f"Exceeds maximum queue size: {self.max_waiting} requests wait for the {self.slots} this BLS "
-                    "runs at once; retry later")))
+                self._answer(
+                    request,
+                    self.pb.InferenceResponse(
+                        error=self._unavailable(
+                            f"{self.model_name} is unloading"
+                            if self.closing
+                            else f"Exceeds maximum queue size: {self.max_waiting} requests wait for the {self.slots} this BLS "
+                            "runs at once; retry later"
+                        )
+                    ),
+                )
                 continue
             self.pool.submit(self._in_slot, request, req, time.monotonic())
         return None
@@ -160,8 +178,9 @@ class TritonPythonModel:
         self.queue_metrics.started(time.monotonic() - received)
         try:
             if self.closing:
-                self._answer(request, self.pb.InferenceResponse(error=self._unavailable(
-                    f"{self.model_name} is unloading")))
+                self._answer(
+                    request, self.pb.InferenceResponse(error=self._unavailable(f"{self.model_name} is unloading"))
+                )
             elif self.decoupled:
                 self._serve_streaming(request, req)
             else:
@@ -180,8 +199,9 @@ class TritonPythonModel:
     def _serve_streaming(self, request, req: BlsRequest) -> None:
         """The streamed responses go out from a thread of their own while the loop runs on (`ResponsePipe`)."""
         log = lambda message: self.pb.Logger.log_error(f"{self.model_name}: {message}")  # noqa: E731
-        pipe = ResponsePipe(request.get_response_sender(), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                            request.is_cancelled, log)
+        pipe = ResponsePipe(
+            request.get_response_sender(), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL, request.is_cancelled, log
+        )
         try:
             response = self._run(request, req, send=pipe.send, cancelled=pipe.cancelled)
         except Exception as err:  # every failure becomes an error response; the server keeps running
@@ -247,20 +267,43 @@ class TritonPythonModel:
                 f"the prompt is {len(prompt)} tokens, above this deployment's max_input_len = {self.max_input_len}; "
                 "shorten it."
             )
-        ready = self.rules.prepare(max_tokens=req.max_tokens, sampling=req.sampling,
-                                   num_draft_tokens=req.num_draft_tokens, end_id=req.end_id, stop=req.stop_words,
-                                   overlap=self._schedule(request))
+        ready = self.rules.prepare(
+            max_tokens=req.max_tokens,
+            sampling=req.sampling,
+            num_draft_tokens=req.num_draft_tokens,
+            end_id=req.end_id,
+            stop=req.stop_words,
+            overlap=self._schedule(request),
+        )
         pad_id = self.pre.pad_id if req.pad_id is None else req.pad_id
         use_logits = self.default_use_draft_logits if req.use_draft_logits is None else req.use_draft_logits
-        drafter = ContractDrafter(lambda inputs: call_model(self.pb, self.draft_model, inputs),
-                                  end_id=ready.model_end_id, pad_id=pad_id, use_logits=use_logits)
-        verifier = ContractVerifier(lambda inputs: call_model(self.pb, self.target_model, inputs),
-                                    max_draft_len=self.max_draft_len, end_id=ready.model_end_id, pad_id=pad_id,
-                                    logits_dtype=self.logits_dtype, on_disagreement=self._disagreement)
+        drafter = ContractDrafter(
+            lambda inputs: call_model(self.pb, self.draft_model, inputs),
+            end_id=ready.model_end_id,
+            pad_id=pad_id,
+            use_logits=use_logits,
+        )
+        verifier = ContractVerifier(
+            lambda inputs: call_model(self.pb, self.target_model, inputs),
+            max_draft_len=self.max_draft_len,
+            end_id=ready.model_end_id,
+            pad_id=pad_id,
+            logits_dtype=self.logits_dtype,
+            on_disagreement=self._disagreement,
+        )
         stream = TextStream(self.tokenizer, prompt) if req.stream else None
-        result = drive(prompt, drafter, verifier, ready.request, k=ready.k, text=stream,
-                       on_text=lambda delta: send(self._response(delta)), cancelled=cancelled or request.is_cancelled,
-                       stop_words=ready.stop_words, schedule=self.auto_schedule)
+        result = drive(
+            prompt,
+            drafter,
+            verifier,
+            ready.request,
+            k=ready.k,
+            text=stream,
+            on_text=lambda delta: send(self._response(delta)),
+            cancelled=cancelled or request.is_cancelled,
+            stop_words=ready.stop_words,
+            schedule=self.auto_schedule,
+        )
         if result.finish_reason == "cancelled":
             raise Cancelled("request cancelled by the client")
         with self.metrics_lock:
@@ -283,17 +326,25 @@ class TritonPythonModel:
         tensors = [self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object))]  # [1], as NVIDIA's
         if result is not None:
             stats, reason = result.stats, result.stop_reason
-            tensors += [self.pb.Tensor(name, array) for name, array in final_values({
-                "finish_reason": str(result.finish_reason),
-                "stop_reason": reason if reason is None or isinstance(reason, str) else json.dumps(reason),
-                "acceptance_rate": stats.acceptance_rate,
-                "total_accepted_draft_tokens": stats.accepted,
-                "total_draft_tokens": stats.drafted,
-                "mean_accepted_len": stats.mean_accepted_len,
-                "num_input_tokens": len(result.prompt_ids or ()),
-                "num_output_tokens": len(result.output_ids),
-                "output_ids": list(result.output_ids),
-                "speculation_stats": {**stats.to_dict(), "overlap": result.overlap,
-                                      **({"k": result.k.to_dict()} if result.k else {})},
-            }).items()]
+            tensors += [
+                self.pb.Tensor(name, array)
+                for name, array in final_values(
+                    {
+                        "finish_reason": str(result.finish_reason),
+                        "stop_reason": reason if reason is None or isinstance(reason, str) else json.dumps(reason),
+                        "acceptance_rate": stats.acceptance_rate,
+                        "total_accepted_draft_tokens": stats.accepted,
+                        "total_draft_tokens": stats.drafted,
+                        "mean_accepted_len": stats.mean_accepted_len,
+                        "num_input_tokens": len(result.prompt_ids or ()),
+                        "num_output_tokens": len(result.output_ids),
+                        "output_ids": list(result.output_ids),
+                        "speculation_stats": {
+                            **stats.to_dict(),
+                            "overlap": result.overlap,
+                            **({"k": result.k.to_dict()} if result.k else {}),
+                        },
+                    }
+                ).items()
+            ]
         return self.pb.InferenceResponse(output_tensors=tensors)

@@ -34,7 +34,7 @@ COUNTERS = {
     "specbuild_draft_seconds_total": "Wall time spent in draft model calls",
     "specbuild_target_seconds_total": "Wall time spent in target model calls",
     "specbuild_acceptance_disagreements_total": "Verify steps whose total_accepted_draft_tokens was missing or differed "
-                                                "from the count the returned tokens give (the tokens decide)",
+    "from the count the returned tokens give (the tokens decide)",
 }
 GAUGES = {
     "specbuild_acceptance_rate": "Accepted / drafted draft tokens since the model loaded",
@@ -46,11 +46,13 @@ class SpeculationMetrics:
     def __init__(self, pb_utils: Any, model_name: str, max_positions: int):
         self._families = {}
         for name, description in COUNTERS.items():
-            self._families[name] = pb_utils.MetricFamily(name=name, description=description,
-                                                          kind=pb_utils.MetricFamily.COUNTER)
+            self._families[name] = pb_utils.MetricFamily(
+                name=name, description=description, kind=pb_utils.MetricFamily.COUNTER
+            )
         for name, description in GAUGES.items():
-            self._families[name] = pb_utils.MetricFamily(name=name, description=description,
-                                                          kind=pb_utils.MetricFamily.GAUGE)
+            self._families[name] = pb_utils.MetricFamily(
+                name=name, description=description, kind=pb_utils.MetricFamily.GAUGE
+            )
         labels = {"model": model_name}
         self._metrics = {
             name: family.Metric(labels=labels)
@@ -95,15 +97,15 @@ class SpeculationMetrics:
 
 QUEUE_GAUGES = {
     "specbuild_bls_queue_depth": "Requests the BLS has received and not yet started: each waits for one of its "
-                                 "max_concurrent_requests slots, at most max_queue_size per instance",
+    "max_concurrent_requests slots, at most max_queue_size per instance",
     "specbuild_bls_active_requests": "Requests the BLS is running now (at most max_concurrent_requests per instance)",
 }
 QUEUE_COUNTERS = {
     "specbuild_bls_queue_seconds_total": "Seconds requests waited in the BLS for a slot, from execute to start "
-                                         "(Triton's queue before that: nv_inference_queue_duration_us)",
+    "(Triton's queue before that: nv_inference_queue_duration_us)",
     "specbuild_bls_started_requests_total": "Requests the BLS started running",
-    "specbuild_bls_refused_requests_total": "Requests the BLS refused with UNAVAILABLE \"Exceeds maximum queue size\": "
-                                            "max_queue_size were already waiting",
+    "specbuild_bls_refused_requests_total": 'Requests the BLS refused with UNAVAILABLE "Exceeds maximum queue size": '
+    "max_queue_size were already waiting",
 }
 
 
@@ -113,11 +115,16 @@ class QueueMetrics:
 
     def __init__(self, pb_utils: Any, model_name: str):
         self._lock = threading.Lock()
-        self._families = {name: pb_utils.MetricFamily(name=name, description=text, kind=pb_utils.MetricFamily.GAUGE)
-                          for name, text in QUEUE_GAUGES.items()}
-        self._families.update({name: pb_utils.MetricFamily(name=name, description=text,
-                                                           kind=pb_utils.MetricFamily.COUNTER)
-                               for name, text in QUEUE_COUNTERS.items()})
+        self._families = {
+            name: pb_utils.MetricFamily(name=name, description=text, kind=pb_utils.MetricFamily.GAUGE)
+            for name, text in QUEUE_GAUGES.items()
+        }
+        self._families.update(
+            {
+                name: pb_utils.MetricFamily(name=name, description=text, kind=pb_utils.MetricFamily.COUNTER)
+                for name, text in QUEUE_COUNTERS.items()
+            }
+        )
         self._metrics = {name: family.Metric(labels={"model": model_name}) for name, family in self._families.items()}
         self.waiting = 0
         self.active = 0

@@ -36,8 +36,8 @@ tell, so clients must send values in range (docs/triton.md, "Integer types").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -147,13 +147,19 @@ def _check_bytes(name: str, size: int, limits: RequestLimits, what: str = "") ->
     (all together) when they are longer than the longest prompt could be, specbuild's own rule."""
     if limits.prompt_bytes is None or size <= limits.prompt_bytes:
         return
-    why = (f"max_input_len = {limits.max_input_len} tokens x at most {limits.longest_token_bytes} bytes per token of "
-           "this tokenizer")
+    why = (
+        f"max_input_len = {limits.max_input_len} tokens x at most {limits.longest_token_bytes} bytes per token of "
+        "this tokenizer"
+    )
     if name == "text_input":
-        raise RequestError(f"input 'text_input' is {size} bytes, above the {limits.prompt_bytes} bytes that can fit "
-                           f"this deployment ({why}); shorten it.")
-    raise RequestError(f"input '{name}' is {size} bytes{what}, above this deployment's limit of {limits.prompt_bytes} "
-                       f"bytes (as long as the longest prompt: {why}); shorten it.")
+        raise RequestError(
+            f"input 'text_input' is {size} bytes, above the {limits.prompt_bytes} bytes that can fit "
+            f"this deployment ({why}); shorten it."
+        )
+    raise RequestError(
+        f"input '{name}' is {size} bytes{what}, above this deployment's limit of {limits.prompt_bytes} "
+        f"bytes (as long as the longest prompt: {why}); shorten it."
+    )
 
 
 def _strings(get: Getter, name: str, limits: RequestLimits) -> list[str]:
@@ -179,8 +185,10 @@ def _token_id(get: Getter, name: str, lowest: int, limits: RequestLimits, meanin
     value = _scalar(get, name, "int")
     if value is None or limits.vocab_size is None or lowest <= value < limits.vocab_size:
         return value
-    raise RequestError(f"{name} = {value} is invalid: use {meaning}a token id in [0, {limits.vocab_size}), "
-                       "this deployment's vocabulary, or leave it unset.")
+    raise RequestError(
+        f"{name} = {value} is invalid: use {meaning}a token id in [0, {limits.vocab_size}), "
+        "this deployment's vocabulary, or leave it unset."
+    )
 
 
 # Word inputs accepted when they hold no word (NVIDIA's clients send [[""]] or an empty tensor).
@@ -190,8 +198,10 @@ EMPTY_INPUTS = ("bad_words", "embedding_bias_words", "embedding_bias_weights")
 def _holds_nothing(value: np.ndarray) -> bool:
     array = np.asarray(value)
     if array.dtype.kind in "OSU":
-        return all(not (item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item))
-                   for item in array.reshape(-1))
+        return all(
+            not (item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item))
+            for item in array.reshape(-1)
+        )
     return array.size == 0 or not np.any(array)  # weights: none, or all zero
 
 
@@ -205,8 +215,12 @@ def _sampling(get: Getter) -> SamplingParams:
         top_p = None  # TensorRT-LLM: runtime_top_p <= 0 is treated as not given
     if not top_k and top_p is None:
         top_k = 1  # TensorRT-LLM: neither top_k nor top_p set is greedy (top-1)
-    return SamplingParams(temperature=1.0 if temperature is None else temperature, top_k=top_k or 0,
-                          top_p=1.0 if top_p is None else top_p, seed=_scalar(get, "seed", "int"))
+    return SamplingParams(
+        temperature=1.0 if temperature is None else temperature,
+        top_k=top_k or 0,
+        top_p=1.0 if top_p is None else top_p,
+        seed=_scalar(get, "seed", "int"),
+    )
 
 
 def parse_request(get: Getter, limits: RequestLimits) -> BlsRequest:
@@ -223,8 +237,9 @@ def parse_request(get: Getter, limits: RequestLimits) -> BlsRequest:
     for name in EMPTY_INPUTS:
         value = get(name)
         if value is not None and not _holds_nothing(value):
-            raise RequestError(f"input '{name}' is not supported by specbuild's speculative BLS (only empty); "
-                               "remove it.")
+            raise RequestError(
+                f"input '{name}' is not supported by specbuild's speculative BLS (only empty); remove it."
+            )
     for name, neutral in NEUTRAL_INPUTS.items():
         value = get(name)
         if value is not None and np.asarray(value).size and np.any(np.asarray(value) != neutral):

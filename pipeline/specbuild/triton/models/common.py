@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +20,10 @@ def parameters(args: dict[str, Any]) -> dict[str, str]:
 def required(params: dict[str, str], key: str, model: str) -> str:
     value = params.get(key, "")
     if not value or value.startswith("${"):
-        raise ValueError(f"{model}: config parameter {key!r} is missing or unfilled ({value!r}). "
-                         "Regenerate the repository with `specbuild repo`.")
+        raise ValueError(
+            f"{model}: config parameter {key!r} is missing or unfilled ({value!r}). "
+            "Regenerate the repository with `specbuild repo`."
+        )
     return value
 
 
@@ -68,8 +71,9 @@ def call_model(pb_utils, model: str, inputs: dict[str, np.ndarray]) -> dict[str,
     return {t.name(): t.as_numpy() for t in response.output_tensors()}
 
 
-def serve_each(pb_utils, requests, names, handle: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-               model: str) -> list:
+def serve_each(
+    pb_utils, requests, names, handle: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], model: str
+) -> list:
     """One response per request; a bad request (RequestError) gets INVALID_ARG, a bug an INTERNAL error with no
     traceback (it goes to the server log)."""
     responses = []
@@ -79,14 +83,20 @@ def serve_each(pb_utils, requests, names, handle: Callable[[dict[str, np.ndarray
             tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in outputs.items()]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         except RequestError as err:
-            responses.append(pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(f"{model}: {err}", pb_utils.TritonError.INVALID_ARG)))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"{model}: {err}", pb_utils.TritonError.INVALID_ARG)
+                )
+            )
         except Exception as err:  # noqa: BLE001 - reported to the client and the log; the server keeps serving
             import traceback
 
             pb_utils.Logger.log_error(f"{model}: {traceback.format_exc()}")
-            responses.append(pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(f"{model}: internal error: {type(err).__name__}: {err}")))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"{model}: internal error: {type(err).__name__}: {err}")
+                )
+            )
     return responses
 
 

@@ -45,13 +45,18 @@ class Identity:
             tokens = np.concatenate([inputs["input_ids"].reshape(-1), draft, [NEXT_TOKEN]]).astype(np.int32)
             outputs = {"output_ids": tokens[None, None, :], "sequence_length": np.asarray([[tokens.size]], np.int32)}
             if np.any(inputs.get("return_perf_metrics", False)):
-                outputs.update(acceptance_rate=np.asarray([[1.0]], np.float32),
-                               total_accepted_draft_tokens=np.asarray([[draft.size]], np.int32),
-                               total_draft_tokens=np.asarray([[draft.size]], np.int32))
+                outputs.update(
+                    acceptance_rate=np.asarray([[1.0]], np.float32),
+                    total_accepted_draft_tokens=np.asarray([[draft.size]], np.int32),
+                    total_draft_tokens=np.asarray([[draft.size]], np.int32),
+                )
             while time.perf_counter() - started < self.work_s:
                 pass
-            responses.append(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]
+                )
+            )
         return responses
 
 
@@ -64,14 +69,14 @@ class Caller:
 
         responses = []
         for request in requests:
-            value = lambda name: int(pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0])  # noqa: E731
+            value = lambda name: int(pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0])  # noqa: E731, B023
             calls, prompt_len, draft_len = value("CALLS"), value("PROMPT_LEN"), value("DRAFT_LEN")
             seconds: list[float] = []
 
             def timed_call(inputs):
                 start = time.perf_counter()
                 outputs = call_model(pb_utils, IDENTITY, inputs)
-                seconds.append(time.perf_counter() - start - self.work_s)
+                seconds.append(time.perf_counter() - start - self.work_s)  # noqa: B023 (called within this iteration)
                 return outputs
 
             verifier = ContractVerifier(timed_call, max_draft_len=max(draft_len, 1), end_id=END_ID, pad_id=PAD_ID)
@@ -79,8 +84,11 @@ class Caller:
             draft = Draft(tokens=[int(t) for t in 3 + np.arange(draft_len) % 1000])
             for _ in range(calls):
                 verifier.verify(prompt, draft, SamplingParams())
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("SECONDS", np.asarray(seconds, dtype=np.float64)[None])]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor("SECONDS", np.asarray(seconds, dtype=np.float64)[None])]
+                )
+            )
         return responses
 
 

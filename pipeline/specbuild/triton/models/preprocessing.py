@@ -28,19 +28,21 @@ from pathlib import Path
 import numpy as np
 
 from specbuild.contract import tensors
+from specbuild.contract.serving_gate import Gate
 from specbuild.contract.words import to_word_list
 from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.triton.models.common import as_text, flag, parameters, required, resolve_path, serve_each
-from specbuild.contract.serving_gate import Gate
 
 
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     if not path.is_dir():
-        raise FileNotFoundError(f"tokenizer folder {path} does not exist: build the engines first (`specbuild build`) "
-                                "or regenerate the repository with the right --tokenizer-dir.")
+        raise FileNotFoundError(
+            f"tokenizer folder {path} does not exist: build the engines first (`specbuild build`) "
+            "or regenerate the repository with the right --tokenizer-dir."
+        )
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
 
 
@@ -80,8 +82,12 @@ class Preprocessor:
             "DECODER_INPUT_ID": pad_id.copy(),
             "REQUEST_DECODER_INPUT_LEN": np.ones((batch, 1), dtype=np.int32),
             "BAD_WORDS_IDS": to_word_list(self.tokenizer, self._words(inputs.get("BAD_WORDS_DICT"), batch), batch),
-            "STOP_WORDS_IDS": to_word_list(self.tokenizer, self._words(inputs.get("STOP_WORDS_DICT"), batch), batch,
-                                           None if "END_ID" in inputs else [[e] for e in self.other_end_ids]),
+            "STOP_WORDS_IDS": to_word_list(
+                self.tokenizer,
+                self._words(inputs.get("STOP_WORDS_DICT"), batch),
+                batch,
+                None if "END_ID" in inputs else [[e] for e in self.other_end_ids],
+            ),
             "EMBEDDING_BIAS": self._bias(inputs, batch),
             "REQUEST_OUTPUT_LEN": inputs["REQUEST_OUTPUT_LEN"].reshape(batch, -1).astype(np.int32),
             "OUT_END_ID": end_id,
@@ -106,7 +112,9 @@ class Preprocessor:
         if (words is None or words.size == 0) and (weights is None or weights.size == 0):
             return np.zeros((batch, 0), dtype=np.float32)  # no bias: absent to the engine
         if words is None or weights is None or words.size != weights.size:
-            raise RequestError("EMBEDDING_BIAS_WORDS and EMBEDDING_BIAS_WEIGHTS must be sent together, one weight per word.")
+            raise RequestError(
+                "EMBEDDING_BIAS_WORDS and EMBEDDING_BIAS_WEIGHTS must be sent together, one weight per word."
+            )
         bias = np.zeros((batch, len(self.tokenizer)), dtype=np.float32)
         for i, (row_words, row_weights) in enumerate(zip(words.reshape(batch, -1), weights.reshape(batch, -1))):
             for word, weight in zip(row_words, row_weights):

@@ -37,22 +37,53 @@ from specbuild.contract.logits import TRITON_TYPES
 from specbuild.errors import RequestError
 from specbuild.triton.models.common import request_inputs, resolve_path
 
-PER_ROW = ("input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits", "end_id", "pad_id",
-           "temperature", "runtime_top_k", "runtime_top_p", "seed", "return_generation_logits", "return_perf_metrics",
-           "stop_words_list")
-IGNORED = ("min_tokens", "len_penalty", "early_stopping", "beam_search_diversity_rate",
-           "return_num_input_tokens", "return_num_output_tokens", "exclude_input_in_output",
-           "runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids",
-           "decoder_input_ids", "decoder_input_lengths")  # the decoder inputs: read only by encoder-decoder engines
+PER_ROW = (
+    "input_ids",
+    "input_lengths",
+    "request_output_len",
+    "draft_input_ids",
+    "draft_logits",
+    "end_id",
+    "pad_id",
+    "temperature",
+    "runtime_top_k",
+    "runtime_top_p",
+    "seed",
+    "return_generation_logits",
+    "return_perf_metrics",
+    "stop_words_list",
+)
+IGNORED = (
+    "min_tokens",
+    "len_penalty",
+    "early_stopping",
+    "beam_search_diversity_rate",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+    "exclude_input_in_output",
+    "runtime_top_p_min",
+    "runtime_top_p_decay",
+    "runtime_top_p_reset_ids",
+    "decoder_input_ids",
+    "decoder_input_lengths",
+)  # the decoder inputs: read only by encoder-decoder engines
 NEUTRAL = {  # input -> the value that asks for nothing
-    "beam_width": 1, "num_return_sequences": 1, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-    "frequency_penalty": 0.0, "return_log_probs": False, "return_context_logits": False, "streaming": False,
+    "beam_width": 1,
+    "num_return_sequences": 1,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "return_log_probs": False,
+    "return_context_logits": False,
+    "streaming": False,
     "stop": False,
 }
 NOT_DECOUPLED_BATCH = "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
 NOT_DECOUPLED_STREAMING = "Streaming is only supported if model is deployed using decoupled mode."
-LOGITS_TYPE_CHECK = ("Error encountered while populating response: [TensorRT-LLM][ERROR] Assertion failed: "
-                     "generationLogitsType == model_state_->getLogitsDataType()")
+LOGITS_TYPE_CHECK = (
+    "Error encountered while populating response: [TensorRT-LLM][ERROR] Assertion failed: "
+    "generationLogitsType == model_state_->getLogitsDataType()"
+)
 
 
 def _word_list_empty(value: np.ndarray) -> bool:
@@ -71,8 +102,10 @@ def check_supported(inputs: dict[str, np.ndarray], decoupled: bool = False) -> N
             continue
         if name in NEUTRAL:
             if np.any(np.asarray(value).reshape(-1) != NEUTRAL[name]):
-                raise RequestError(f"input {name!r} = {np.asarray(value).reshape(-1).tolist()} is not supported by the "
-                                   f"reference model (only {NEUTRAL[name]!r}); the TensorRT-LLM backend serves it.")
+                raise RequestError(
+                    f"input {name!r} = {np.asarray(value).reshape(-1).tolist()} is not supported by the "
+                    f"reference model (only {NEUTRAL[name]!r}); the TensorRT-LLM backend serves it."
+                )
             continue
         if name == "embedding_bias" and (np.asarray(value).size == 0 or not np.any(np.asarray(value))):
             continue  # empty: absent to the backend; all zeros: adds nothing
@@ -100,15 +133,16 @@ def _per_row_flag(inputs: dict[str, np.ndarray], name: str, i: int, default: boo
     return bool(np.asarray(inputs[name]).reshape(inputs[name].shape[0], -1)[i, 0])
 
 
-def assemble(inputs: dict[str, np.ndarray], results: list[dict[str, np.ndarray]],
-             exclude_default: bool) -> dict[str, np.ndarray]:
+def assemble(
+    inputs: dict[str, np.ndarray], results: list[dict[str, np.ndarray]], exclude_default: bool
+) -> dict[str, np.ndarray]:
     """Stack per-row contract responses into the request's outputs ([b, beam = 1, ...])."""
     batch = len(results)
     ids, lengths = [], []
     for i, r in enumerate(results):
         row = np.asarray(r["output_ids"]).reshape(-1)[: int(np.asarray(r["sequence_length"]).reshape(-1)[0])]
         if _per_row_flag(inputs, "exclude_input_in_output", i, exclude_default):
-            row = row[int(np.asarray(inputs["input_lengths"][i]).reshape(-1)[0]):]
+            row = row[int(np.asarray(inputs["input_lengths"][i]).reshape(-1)[0]) :]
         ids.append(row)
         lengths.append(len(row))
     pad = int(np.asarray(inputs["pad_id"][0]).reshape(-1)[0]) if "pad_id" in inputs else 0
@@ -123,15 +157,20 @@ def assemble(inputs: dict[str, np.ndarray], results: list[dict[str, np.ndarray]]
         for i, x in enumerate(logits):
             stacked[i, 0, : len(x)] = x
         out["generation_logits"] = stacked
-    for name, dtype in (("acceptance_rate", np.float32), ("total_accepted_draft_tokens", np.int32),
-                        ("total_draft_tokens", np.int32)):
+    for name, dtype in (
+        ("acceptance_rate", np.float32),
+        ("total_accepted_draft_tokens", np.int32),
+        ("total_draft_tokens", np.int32),
+    ):
         if all(name in r for r in results):
             out[name] = np.array([np.asarray(r[name]).reshape(-1)[0] for r in results], dtype=dtype).reshape(batch, 1)
     input_lengths = np.asarray(inputs["input_lengths"]).reshape(batch, -1)[:, :1].astype(np.int32)
     if "return_num_input_tokens" in inputs:
         out["num_input_tokens"] = input_lengths
     if "return_num_output_tokens" in inputs:
-        generated = [len(np.asarray(r["output_ids"]).reshape(-1)) - int(input_lengths[i, 0]) for i, r in enumerate(results)]
+        generated = [
+            len(np.asarray(r["output_ids"]).reshape(-1)) - int(input_lengths[i, 0]) for i, r in enumerate(results)
+        ]
         out["num_output_tokens"] = np.array(generated, dtype=np.int32).reshape(batch, 1)
     return out
 
@@ -145,9 +184,10 @@ def load_engine(engine_dir: Path, device: str | None = None):
         limits = json.loads((engine_dir / "engine.json").read_text())
         manifest = json.loads((engine_dir / "manifest.json").read_text())
     except (OSError, ValueError):
-        raise FileNotFoundError(f"{engine_dir} is not a finished reference engine (engine.json, manifest.json): "
-                                "run `specbuild build --backend reference`, or fix gpt_model_path with `specbuild repo`."
-                                ) from None
+        raise FileNotFoundError(
+            f"{engine_dir} is not a finished reference engine (engine.json, manifest.json): "
+            "run `specbuild build --backend reference`, or fix gpt_model_path with `specbuild repo`."
+        ) from None
     if manifest.get("backend") != "reference":
         raise ValueError(f"{engine_dir} holds a {manifest.get('backend')!r} engine, not a reference engine.")
     source = ModelSource(limits.get("role", "target"), engine_dir, REFERENCE_ENGINE, limits)
@@ -232,13 +272,15 @@ class TritonPythonModel:
             if "generation_logits" in outputs and not self.logits_type_ok and _requested(request, "generation_logits"):
                 responses.append(pb.InferenceResponse(error=pb.TritonError(f"{self.name}: {LOGITS_TYPE_CHECK}")))
                 continue
-            responses.append(pb.InferenceResponse(
-                output_tensors=[pb.Tensor(k, np.ascontiguousarray(v)) for k, v in outputs.items()]))
+            responses.append(
+                pb.InferenceResponse(output_tensors=[pb.Tensor(k, np.ascontiguousarray(v)) for k, v in outputs.items()])
+            )
         return responses
 
     def _invalid(self, message: str):
         return self.pb.InferenceResponse(
-            error=self.pb.TritonError(f"{self.name}: {message}", self.pb.TritonError.INVALID_ARG))
+            error=self.pb.TritonError(f"{self.name}: {message}", self.pb.TritonError.INVALID_ARG)
+        )
 
 
 def _requested(request, name: str) -> bool:

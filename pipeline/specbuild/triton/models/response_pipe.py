@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class ResponsePipe:
-    def __init__(self, sender: Any, final_flag: int, is_cancelled: Callable[[], bool],
-                 log_error: Callable[[str], None]):
+    def __init__(
+        self, sender: Any, final_flag: int, is_cancelled: Callable[[], bool], log_error: Callable[[str], None]
+    ):
         self._sender, self._final, self._is_cancelled, self._log_error = sender, final_flag, is_cancelled, log_error
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._seen_cancel = False
