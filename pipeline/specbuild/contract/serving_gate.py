@@ -12,7 +12,7 @@ unload on, until the server stops:
   readiness probe stops routing here (measured on 2.51: never ready again between the two calls);
 - the entry points (the BLS; preprocessing, the ensemble's first step; an llmapi repository's model, NVIDIA's
   class wrapped by `gated`) see the gate not ready (`pb_utils.is_model_ready`, python_backend's model-loading
-  API; about 16 us a call measured here) and refuse each new request with UNAVAILABLE, the code gRPC clients and
+  API, cheap next to a request) and refuse each new request with UNAVAILABLE, the code gRPC clients and
   proxies retry on another replica (HTTP 503 from /infer; /generate's status is unreliable: it reads the code
   of an error it has already deleted, server src/http_server.cc, and gave 400 on 2.51), while the requests they
   already hold run to their end;

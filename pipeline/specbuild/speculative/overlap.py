@@ -206,8 +206,8 @@ class AutoSchedule:
 
     Whether drafting ahead pays depends on what no formula here knows well: how often early drafts hit (the
     acceptance of the text at hand), and what the early draft running beside the verification costs it on this
-    machine (shared cores, caches and memory bandwidth, the Python backend's queues). Measured on 2 cores: 0.95x
-    the sequential schedule on code (hit rate 0.34-0.46), 1.17-1.20x on JSON (0.63). So the schedule is measured:
+    machine (shared cores, caches and memory bandwidth, the Python backend's queues); it can win on one workload
+    and lose on another (docs/bench/results.md). So the schedule is measured:
     requests run in segments of `segment` steps, each in one mode; a segment's wall time and tokens go to that
     mode's running figure (seconds per token, weighted by `decay` per segment of that mode). The next segment runs
     the faster mode (drafting ahead must win by `margin`: it keeps a second core busy); each mode is measured once

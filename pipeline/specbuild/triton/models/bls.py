@@ -76,8 +76,7 @@ class Cancelled(RuntimeError):
 
 
 # "auto" is kept where the draft and the target model processes can each have a core; then AutoSchedule measures
-# whether drafting ahead is faster for this deployment (on 2 cores the overlapped schedule through Triton was
-# 0.72-1.10x the sequential one at K = 2-4 and 1.06-1.35x at K = 6: docs/bench/results.md), across its requests.
+# whether drafting ahead is faster for this deployment, across its requests (it may not be: docs/bench/results.md).
 AUTO_CORES = 2
 AUTO_WHAT = "the draft and the target model processes beside the BLS and the server"
 

@@ -206,9 +206,9 @@ def declared_logits_type(config: dict) -> str | None:
 
 
 def _share_cpu(source, device: str | None) -> None:
-    """Two LLM models (target, draft) run in separate stub processes on the same cores: with torch's
-    default thread count each, OpenMP spin-waits oversubscribe the CPU and a 3-row verify step took
-    413 ms instead of 6 ms (docs/bench/results.md). One thread for small models, else half the cores."""
+    """Two LLM models (target, draft) run in separate stub processes on the same cores: with torch's default
+    thread count each, OpenMP spin-waits oversubscribe the CPU and a step takes many times longer
+    (docs/bench/results.md). One thread for small models, else half the cores."""
     import os
 
     import torch

@@ -1,8 +1,8 @@
 """A streaming request's responses, sent in order by a thread of their own while the loop runs its next step.
 
-Sending a streamed response from a Python-backend model costs about 0.2 ms and asking `is_cancelled` about 0.07 ms
-(measured in the BLS on the example pair, docs/bench/results.md): together a tenth of a step on the CPU reference
-engines, paid while the models wait. `ResponsePipe` takes them off the loop's thread: `send` queues a response and
+Sending a streamed response from a Python-backend model and asking `is_cancelled` cost a noticeable part of a step
+on the CPU reference engines (docs/bench/results.md), paid while the models wait. `ResponsePipe` takes them off the
+loop's thread: `send` queues a response and
 returns; one thread per request sends them in order, asks `is_cancelled` after each, and sends the final response
 last (`close`), after every streamed one, as Triton requires. The loop reads the answer `is_cancelled` gave after
 the latest send (`cancelled`), so a cancel is seen one step later than before at most; when nothing was sent since
