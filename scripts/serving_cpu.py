@@ -3,7 +3,7 @@
     python scripts/serving_cpu.py -c SPEC --repo REPO [--workload json] [--reps 3] [--max-tokens 64]
 
 Starts tritonserver on REPO (a BLS or an llmapi repository), then sends the workload's prompts one at a
-time, interleaved, in-process (`bench.local`, the spec's pair) and through the server (`bench --url`'s
+time, interleaved, in-process (`bench.local_transport`, the spec's pair) and through the server (`bench --url`'s
 transport), and reports per generated token: the CPU seconds of this process for in-process requests,
 and for served ones the CPU of this process (the client) plus tritonserver and its Python stubs (read
 from /proc), with wall-clock tokens/s beside. On a machine shared with other work, a server in its own
@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from specbuild.bench import workloads
-    from specbuild.bench.local import from_spec
+    from specbuild.bench.local_transport import from_spec
     from specbuild.bench.remote import RemoteTransport
     from specbuild.bench.runner import Settings
     from specbuild.config import load_spec

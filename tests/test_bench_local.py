@@ -6,7 +6,7 @@ from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
 
 from specbuild.bench import measure as qualify
 from specbuild.bench import report, runner
-from specbuild.bench.local import LocalTransport
+from specbuild.bench.local_transport import LocalTransport
 from specbuild.bench.workloads import Prompt, Workload
 from specbuild.config import spec_from_dict
 from specbuild.session.local import LocalSession

@@ -529,7 +529,7 @@ def test_the_local_llmapi_session_follows_the_export_not_the_original_checkpoint
     from specbuild.llmapi import args as llm_args
     from specbuild.llmapi.checkpoint import checkpoint_dir
     from specbuild.llmapi.llm import Sampling, StandInLLM
-    from specbuild.llmapi.local import local_session
+    from specbuild.llmapi.local_session import local_session
 
     spec = dataclasses.replace(deployment.spec, output_dir=tmp_path)
     for role in ("target", "draft"):

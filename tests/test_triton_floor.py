@@ -1,4 +1,4 @@
-"""Triton's floor for a BLS call (specbuild.triton.floor), and specbuild's own cost per call reported against it."""
+"""Triton's floor for a BLS call (specbuild.triton.floor_probe), and specbuild's own cost per call reported against it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from specbuild.bench.stats import RequestResult
 
 @pytest.mark.server
 def test_a_bls_call_of_a_verify_calls_shape_is_timed_on_a_real_server():
-    from specbuild.triton.floor import measure_floor
+    from specbuild.triton.floor_probe import measure_floor
 
     floor = measure_floor(calls=60, prompt_len=32, draft_len=0)  # K = 0: a verify call without draft tensors
     assert floor["calls"] == 54 and floor["prompt_len"] == 32 and floor["draft_len"] == 0  # warm-up left out
@@ -110,7 +110,7 @@ def test_the_caller_takes_the_identitys_work_off_each_call(monkeypatch):
 def test_the_floor_identity_declares_the_targets_tensors(tmp_path):
     from specbuild.contract import tensors
     from specbuild.contract.pbtxt import parse_pbtxt
-    from specbuild.triton.floor import write_floor_repository
+    from specbuild.triton.floor_probe import write_floor_repository
 
     repo = write_floor_repository(tmp_path, work_s=0.0021)
     config = parse_pbtxt((repo / "floor_identity" / "config.pbtxt").read_text())
@@ -120,7 +120,7 @@ def test_the_floor_identity_declares_the_targets_tensors(tmp_path):
 
 
 def test_a_floor_of_long_calls_takes_fewer_of_them():
-    from specbuild.triton.floor import floor_calls
+    from specbuild.triton.floor_probe import floor_calls
 
     assert floor_calls(0.0) == floor_calls(0.0023) == 300  # the example pair's calls: 0.7 s of work
     assert floor_calls(0.05) == 100  # 5 s of work

@@ -3,7 +3,7 @@ behind `check --measure`, `specbuild.bench.measure`).
 
     workloads   built-in code / prose / json prompt sets, or a JSONL file
     runner      the schedule: interleaved K sweep, concurrency sweep, over one transport
-    local       transport: the in-process session (`session.local`); --vs-plain's 1-row target
+    local_transport  transport: the in-process session (`session.local`); --vs-plain's 1-row target
     remote      transport: a Triton server (the `tensorrt_llm_bls` model) through `session.served`
     hf_peer     transport: Hugging Face `generate(assistant_model=...)`, the peer to beat
     stats       per-request results, aggregated to median / p90 / p99 / mean / max

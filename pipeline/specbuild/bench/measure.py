@@ -52,7 +52,7 @@ def measure_with(
     gpu: dict[str, Any] | None = None,
     progress: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
-    """The measurement on a local transport (see `bench.local.LocalTransport`)."""
+    """The measurement on a local transport (see `bench.local_transport.LocalTransport`)."""
     k_max = max(MAX_K, spec.speculative.max_draft_len)
     limit = transport.max_draft_len
     k_run = resolve_k(k_max, limit).k if limit is not None else k_max
@@ -176,7 +176,7 @@ def measure(
     threads: int | None = None,
 ) -> dict[str, Any]:
     """The "measure" section of `specbuild check --measure` for `spec` (loads the pair in-process)."""
-    from specbuild.bench.local import from_spec
+    from specbuild.bench.local_transport import from_spec
 
     prompts = _prompts(prompts_file)
     log(f"check --measure: loading the pair, {len(prompts)} prompts, {max_tokens} tokens each")

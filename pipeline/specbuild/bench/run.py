@@ -83,7 +83,7 @@ def serving_section(
     """Triton against in-process on one stream: the cost of serving (tokenizer models, BLS calls, network). Per K,
     `overhead_s_per_call`: the seconds Triton adds per model call the BLS makes (a draft and a verify per step at
     K > 0, a verify at K = 0; the request's own costs, tokenizing and the client's round trip, spread over them).
-    With `floor` (triton.floor: a BLS call to an identity model on this machine, beyond its work), that cost over
+    With `floor` (triton.floor_probe: a BLS call to an identity model on this machine, beyond its work), that cost over
     the floor, and `ceiling`: the most Triton / in-process one stream could get here if every model call cost the
     in-process call plus the floor and nothing else (in-process seconds per call / (those + the floor))."""
     rows = []
@@ -230,7 +230,7 @@ def _local_transport(
     row_block: int | None = None,
     overlap: bool | str | None = None,
 ):
-    from specbuild.bench.local import from_spec
+    from specbuild.bench.local_transport import from_spec
 
     return from_spec(spec, log=log, threads=threads, row_block=row_block, overlap=overlap)
 
@@ -262,7 +262,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default).
     overlap: the in-process schedule, True / False / "auto" / None (the spec's) / "compare" (both, --local).
-    floor(work_s, draft_len): measures Triton's cost of a BLS call on the server's machine (triton.floor), reported
+    floor(work_s, draft_len): measures Triton's cost of a BLS call on the server's machine (triton.floor_probe), reported
     beside ours; called after the measurement, with the shape of the best K's calls (in-process seconds per model
     call as the work, the best K as the draft length)."""
     prompts = workloads.load(workload, settings.requests, Path(spec.target.checkpoint))
@@ -294,7 +294,7 @@ def run_bench(
             log("loading the pair with transformers for --vs-hf")
             peers.append(HFPeer.from_spec(spec, end_id=transport.end_id))
         if vs_plain:
-            from specbuild.bench.local import plain_target
+            from specbuild.bench.local_transport import plain_target
 
             log("loading a second copy of the target with 1-row matmuls for --vs-plain")
             peers.append(plain_target(transport))

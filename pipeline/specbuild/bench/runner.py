@@ -5,7 +5,7 @@ The machine is noisy, so ratios are measured from interleaved requests: for each
 with peers (transports compared in the same run) each K runs on every transport, in an order that
 alternates too, so that neither always runs first (and pays for the prompt's prefill).
 A transport is anything with `request(prompt, k, max_tokens, settings) -> RequestResult`:
-the in-process runtime (`bench.local`), a Triton server (`bench.remote`), Hugging Face (`bench.hf_peer`).
+the in-process runtime (`bench.local_transport`), a Triton server (`bench.remote`), Hugging Face (`bench.hf_peer`).
 K values follow the one K rule (`speculative.draft_len.resolve_ks`: clamped to the deployment's
 max_draft_len, each measured once).
 """

@@ -226,14 +226,14 @@ def command(
 
 
 def _floor(url: str, work_s: float, draft_len: int) -> dict | None:
-    """Triton's floor for a BLS call of the deployment's shape (specbuild.triton.floor), measured here when the server
+    """Triton's floor for a BLS call of the deployment's shape (specbuild.triton.floor_probe), measured here when the server
     runs here (a loopback address) and tritonserver can be started; None otherwise, with a log line saying why."""
     host = url.rsplit(":", 1)[0].removeprefix("http://").removeprefix("https://")
     if host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
         log(f"bench: Triton's floor not measured: the server at {url} is not on this machine")
         return None
     from specbuild.errors import SpecbuildError
-    from specbuild.triton.floor import measure_floor
+    from specbuild.triton.floor_probe import measure_floor
 
     log(
         f"bench: measuring Triton's floor here (a BLS call to an identity Python model: a verify call at K = "

@@ -14,5 +14,5 @@ Its contract, every NVIDIA name and value this path writes or serves with its so
 `standin` / `protocol` / `llm` (the CPU stand-in for Triton's llmapi model, its loop driven by
 `decode.driver.drive`), `trtllm_serve`. Elsewhere: the wire format in `triton.client`, a generation's K
 and token counts in `session.served`, the memory plan in `check.llmapi_memory`, this path's stages for `up` and
-the commands in `paths.llmapi`.
+the commands in `paths.llmapi_path`.
 """

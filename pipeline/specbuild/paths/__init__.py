@@ -20,7 +20,8 @@ from specbuild import backends
 if TYPE_CHECKING:
     from specbuild.paths.interface import PipelinePath
 
-PATHS = {"engine": "specbuild.paths.engine", "llmapi": "specbuild.paths.llmapi"}  # record's path -> its module
+# A backend record's path -> the module whose PATH plans it
+PATHS = {"engine": "specbuild.paths.engine_path", "llmapi": "specbuild.paths.llmapi_path"}
 
 
 def for_backend(name: str) -> PipelinePath:

@@ -55,7 +55,7 @@ class ModelCallError(RuntimeError):
 
 
 def call_model(pb_utils, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One BLS request to `model` (the BLS's draft and verify calls, and Triton's floor, `triton.floor`); contract
+    """One BLS request to `model` (the BLS's draft and verify calls, and Triton's floor, `triton.floor_probe`); contract
     tensors ([len], [1], ...) get Triton's batch dimension of 1, every output comes back as numpy. An INVALID_ARG
     answer is the client's request at fault (e.g. an end_id outside the vocabulary): RequestError; any other error,
     ModelCallError."""

@@ -1,4 +1,4 @@
-"""Triton's floor for one BLS call on this machine: two Python models that do nothing else (`triton.floor`).
+"""Triton's floor for one BLS call on this machine: two Python models that do nothing else (`triton.floor_probe`).
 
 - `floor_identity`: declares the tensors of `tensorrt_llm` (contract.tensors) and answers a verify call the way a
   target that accepts the whole draft does (output_ids: the input, the draft, one more token; sequence_length;

@@ -16,7 +16,7 @@ from typing import Any
 from specbuild.artifacts import UP_TO_DATE, default_repo_dir, recorded_hash
 from specbuild.errors import ArtifactError
 from specbuild.paths.context import UpContext, dry_status, earlier_will_run, statuses
-from specbuild.paths.engine import ROLES, verification_lines
+from specbuild.paths.engine_path import ROLES, verification_lines
 from specbuild.paths.interface import Outcome, PipelinePath, repo_plan_outcome, repo_result_outcome
 
 
@@ -228,7 +228,7 @@ class LlmApiPath(PipelinePath):
         )
 
     def local_session(self, spec, *, device="cpu", use_cache=True, threads=None, overlap=None):
-        from specbuild.llmapi.local import local_session
+        from specbuild.llmapi.local_session import local_session
 
         return local_session(spec, device=device)
 
