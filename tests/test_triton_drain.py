@@ -258,6 +258,8 @@ def signal_during_streams(
     grpc, http = document["endpoints"]["grpc"], document["endpoints"]["http"]
     streams = Streams(grpc, count, max_tokens, model)
     streams.started(at_least=STREAMS)
+    if count > STREAMS:  # the others must be in the BLS's queue at the signal, not still on their way to the server
+        streams.held(document["endpoints"]["metrics"])
     serving.process.send_signal(signal.SIGTERM)
     running_at_signal = streams.running()
     serving.wait_line("draining: ")
