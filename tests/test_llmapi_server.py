@@ -525,11 +525,11 @@ def test_the_local_llmapi_session_follows_the_export_not_the_original_checkpoint
 
     from safetensors.torch import load_file, save_file
 
+    from specbuild import paths
     from specbuild.decode.generation import Options
     from specbuild.llmapi import args as llm_args
     from specbuild.llmapi.checkpoint import checkpoint_dir
     from specbuild.llmapi.llm import Sampling, StandInLLM
-    from specbuild.llmapi.local_session import local_session
 
     spec = dataclasses.replace(deployment.spec, output_dir=tmp_path)
     for role in ("target", "draft"):
@@ -540,7 +540,7 @@ def test_the_local_llmapi_session_follows_the_export_not_the_original_checkpoint
     save_file(tensors, str(weights), metadata={"format": "pt"})
 
     prompt = PROMPTS[1]
-    with local_session(spec) as session:
+    with paths.for_backend("llmapi").local_session(spec) as session:
         here = session.generate(prompt, Options(max_tokens=12))
     where = llm_args.Locations(str(checkpoint_dir(spec, "target")), str(checkpoint_dir(spec, "draft")))
     server_model = StandInLLM(llm_args.llm_args(spec, where))

@@ -1,7 +1,7 @@
 """`specbuild generate`: one prompt through the draft/verify loop, streamed as tokens are accepted.
 
 --local runs the pair in-process (`specbuild.session.local`: the reference runtime, reference engines
-when built, else the Hugging Face checkpoints; on the LLM API path, `specbuild.llmapi.local_session`: the export the llmapi
+when built, else the Hugging Face checkpoints; on the LLM API path, `specbuild.llmapi.local_pair`: the export the llmapi
 server loads, as its stand-in runs it). Without --local the prompt goes to a running server
 (`specbuild.session.served`). Both return the same document.
 """

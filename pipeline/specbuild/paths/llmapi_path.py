@@ -228,9 +228,11 @@ class LlmApiPath(PipelinePath):
         )
 
     def local_session(self, spec, *, device="cpu", use_cache=True, threads=None, overlap=None):
-        from specbuild.llmapi.local_session import local_session
+        from specbuild.llmapi.local_pair import local_pair
+        from specbuild.session.local import LocalSession
 
-        return local_session(spec, device=device)
+        parts = local_pair(spec, device=device)
+        return LocalSession(parts.pop("drafter"), parts.pop("verifier"), parts.pop("encode"), **parts)
 
     # ---- deploy ----
     def build_outputs(self, spec) -> list[Path]:

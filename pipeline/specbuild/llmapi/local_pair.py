@@ -2,11 +2,12 @@
 
 The server loads `convert --backend llmapi`'s export (<output_dir>/<pair>/<role>/hf_checkpoint: the weights rounded
 to float16 or bfloat16, or FP8), not the original checkpoint; run on the original float32 weights, a local
-generation can give another text than the server's. This session loads the export with the stand-in's own loader
+generation can give another text than the server's. `local_pair` loads the export with the stand-in's own loader
 (`llmapi.llm.StandInLLM`: the LLM arguments `build --backend llmapi` writes, the release's architecture and
 sliding-window rules) and ends a request where the LLM API does: at the tokenizer's eos, and at the checkpoint's
 other end ids, which every served request carries as stop_token_ids (`llmapi.end_ids`). Its output_ids are the
-models' own, which Triton's llmapi model does not send.
+models' own, which Triton's llmapi model does not send. `paths.llmapi_path` runs it as a
+`session.local.LocalSession` (this package sits above the session and does not import it).
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from specbuild.config import Spec
 from specbuild.errors import ArtifactError
 from specbuild.llmapi import args as args_mod
 from specbuild.llmapi.checkpoint import checkpoint_dir
-from specbuild.session.local import LocalSession
 
 SOURCE = "llmapi-export"  # `engine_source` in the generate document: the LLM API path's export
 
 
-def local_session(spec: Spec, device: str | None = "cpu") -> LocalSession:
-    """The spec's pair as the llmapi server runs it, in this process (ArtifactError before `convert --backend llmapi`);
-    device: cpu, cuda, or auto/None (cuda when torch sees one)."""
+def local_pair(spec: Spec, device: str | None = "cpu") -> dict:
+    """The spec's pair as the llmapi server runs it, in this process, as `session.local.LocalSession`'s arguments
+    (ArtifactError before `convert --backend llmapi`); device: cpu, cuda, or auto/None (cuda when torch sees one)."""
     from specbuild.contract.adapters import ContractDrafter, ContractVerifier
     from specbuild.hfmodel import listed_end_ids
     from specbuild.llmapi.llm import NoDraft, StandInLLM
@@ -42,15 +42,15 @@ def local_session(spec: Spec, device: str | None = "cpu") -> LocalSession:
     # stop_token_ids (llmapi.end_ids.stop_token_ids: none without an eos); the session ends at each once
     verifier = ContractVerifier(llm.target, max_draft_len=llm.k, end_id=eos)
     drafter = ContractDrafter(llm.draft, end_id=eos) if llm.draft is not None else NoDraft()
-    return LocalSession(
-        drafter,
-        verifier,
-        llm.encode,
-        tokenizer=llm.tokenizer,
-        end_id=eos,
-        other_end_ids=tuple(listed_end_ids(folders["target"])) if eos is not None else (),
-        default_k=llm.k,
-        adaptive=False,
-        max_seq_len=llm.max_seq_len,
-        sources={"engine_source": SOURCE, "draft_engine_source": SOURCE if llm.draft else None},
-    )
+    return {
+        "drafter": drafter,
+        "verifier": verifier,
+        "encode": llm.encode,
+        "tokenizer": llm.tokenizer,
+        "end_id": eos,
+        "other_end_ids": tuple(listed_end_ids(folders["target"])) if eos is not None else (),
+        "default_k": llm.k,
+        "adaptive": False,
+        "max_seq_len": llm.max_seq_len,
+        "sources": {"engine_source": SOURCE, "draft_engine_source": SOURCE if llm.draft else None},
+    }
