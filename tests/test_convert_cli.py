@@ -253,7 +253,7 @@ def test_a_qwen_engine_export_works_exactly_where_the_rule_says_it_does(tmp_path
     )
     spec = load_spec(spec_path)
     predicted = families.export_refusal("target", read_model_info(target, role="target").architecture)
-    monkeypatch.setattr(families, "export_refusal", lambda role, architecture: None)
+    monkeypatch.setattr(families, "export_refusal", lambda role, architecture, path="engine": None)
     if predicted is None:
         convert_pair(spec, ["target"], log=lambda m: None)
         assert (spec.pair_dir / "target" / "checkpoint" / "config.json").is_file()

@@ -460,7 +460,8 @@ def test_up_drains_its_server_on_sigterm(deployment, tmp_path):
         pids = [serving.process.pid, *procfs.descendants(serving.process.pid)]  # up, tritonserver, its stubs
         grpc = serving.wait_line("grpc     ").split()[-1]  # up logs each endpoint as "<name padded to 8> <url>"
         http = serving.wait_line("http     ").split()[-1]
-        document = {"endpoints": {"grpc": grpc, "http": http}}
+        metrics = serving.wait_line("metrics  ").split()[-1]
+        document = {"endpoints": {"grpc": grpc, "http": http, "metrics": metrics}}
         max_tokens, expected = long_enough(grpc)
         results, code, running, during = signal_during_streams(serving, document, max_tokens, count=STREAMS + 3)
         out = serving.process.stdout.read()

@@ -63,6 +63,7 @@ def next_steps(spec, grpc_url: str, serving: bool, backend: str | None = None) -
             (f"{cmd} bench{c} --url {grpc_url} --protocol grpc", "speed with and without speculation"),
         ]
     else:
+        backend = backend or backends.default(spec.build.backend)
         path = paths.for_backend(backend)  # a path of its own for --local: name the backend
         other = path is not paths.for_backend(backends.default(spec.build.backend))
         rows += [
