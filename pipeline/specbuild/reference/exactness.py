@@ -6,13 +6,9 @@ verification, beside other sequences. model.py gets there with fixed shapes: eve
 of `row_block` rows, attention on blocks of `row_block` query rows over a key count fixed by the
 position. A fixed shape is necessary, not sufficient: a row's result must also not depend on its
 place in the block or on the other rows, and whether it does is up to the code path the BLAS library
-takes for that shape on that CPU (torch's CPU matmuls and its CPU flash attention both call MKL's
-SGEMM in this project's torch build; MKL_VERBOSE=1 shows the calls). Seen on one Intel Xeon (torch
-2.13, MKL 2024.2; docs/runtime.md has the table): with MKL's AVX-512 kernels every block of 1 to 16
-rows is invariant; forcing its AVX2 kernels (MKL_ENABLE_INSTRUCTIONS=AVX2, the path of CPUs without
-AVX-512) breaks 7-9 and 13-15 rows, its SSE4.2 kernels 2-7, 9-11 and 13-15, and a 64 x 211 matmul
-alone broke at 5-7 rows under SSE4.2 with 2 threads but not with 1; on an AMD EPYC, 2-row blocks
-broke the 64 x 211 lm_head. So the block is probed, never assumed:
+takes for that shape on that CPU (torch's CPU matmuls and its CPU flash attention both call MKL's SGEMM in this
+project's torch build; MKL_VERBOSE=1 shows the calls). Blocks that are invariant on one CPU's path break on another's
+(docs/runtime.md, "Exactness: the row-block probe", has what was seen), so the block is probed, never assumed:
 
 - `probe(model, block)` runs each function that forward applies to row blocks (qkv, o + MLP,
   lm_head: every weight shape, with the model's own weights and biases) and the attention at each key
@@ -26,7 +22,7 @@ broke the 64 x 211 lm_head. So the block is probed, never assumed:
 - Wide calls: once a block passes, `probe_wide` checks for each of `WIDE_BLOCKS` whether a layer's row functions
   give every row the same bits in one call of that many rows as in its block (rows at random places, beside
   random and zero rows). Forward runs long runs of rows (a prompt's prefill) in calls of the sizes that pass,
-  largest first, about 2x faster on small models, and nothing else changes: a row's result is the same bits
+  largest first (faster: docs/runtime.md), and nothing else changes: a row's result is the same bits
   either way. A size that fails is not used. The lm_head stays in blocks (forward needs few rows of logits).
 - The choice holds for the torch thread count it was probed with (the BLAS path can depend on it):
   forward probes again when the count has changed since.
