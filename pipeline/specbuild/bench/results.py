@@ -1,10 +1,10 @@
 """Reproduce the README's benchmark figures: median of N runs per workload, written to a folder.
 
-    python -m specbuild.bench.results -c .demo/specbuild.toml --out docs/bench --runs 3 [--url HOST:PORT]
+    python -m specbuild.bench.results -c .demo/specbuild.toml --out docs/bench/runs --runs 3 [--url HOST:PORT]
 
 For each built-in workload (code, prose, json): N in-process runs with the Hugging Face peer
 (`bench --local --vs-hf`), each a full interleaved K sweep; with --url also N runs through Triton.
-Writes every run's JSON document (runs/), results.json (the medians), results.md (the table) and
+Writes into that folder every run's JSON document, results-<mode>.json (the medians), results-<mode>.md (the table) and
 the plots of each workload's median run (by speedup).
 """
 
@@ -116,7 +116,7 @@ def markdown(summary: dict[str, dict[str, Any]], machine: dict[str, Any], comman
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-c", "--config", default="specbuild.toml")
-    parser.add_argument("--out", default="docs/bench")
+    parser.add_argument("--out", default="docs/bench/runs")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workloads", default="code,prose,json")
     parser.add_argument("--num-draft-tokens", default="0,1,2,4")
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = load_spec(args.config)
     out = Path(args.out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     ks = tuple(int(k) for k in args.num_draft_tokens.split(","))
     settings = Settings(num_draft_tokens=ks, max_tokens=args.max_tokens, requests=args.requests)
     mode = ("triton" if args.url else "local") + (f"-{args.tag}" if args.tag else "")
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 threads=args.threads,
                 row_block=args.row_block,
             )
-            (out / "runs" / f"{mode}-{workload}-{i + 1}.json").write_text(json.dumps(doc, indent=2) + "\n")
+            (out / f"{mode}-{workload}-{i + 1}.json").write_text(json.dumps(doc, indent=2) + "\n")
             docs.append(doc)
         docs_by_workload[workload] = docs
         summary[workload] = summarize_runs(docs)
