@@ -45,3 +45,15 @@ def test_the_readme_is_short_and_shows_both_commands_on_its_first_screen():
     assert re.search(r"^make demo\b", first_screen, re.M) and re.search(r"^make test\b", first_screen, re.M)
     for page in ("docs/cli.md", "CHANGELOG.md", "docs/architecture.md"):
         assert f"]({page})" in README and (ROOT / page).is_file(), page
+
+
+def test_every_relative_link_of_the_docs_resolves():
+    """README, CHANGELOG and docs/ link to files of the repository (pages, plots, recorded runs): each exists."""
+    pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            path = target.split("#")[0]
+            if path and not target.startswith(("http://", "https://", "mailto:")) and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
