@@ -3,6 +3,8 @@ the stages read its facts instead of comparing names."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import pytest
 
@@ -79,3 +81,22 @@ def test_up_names_the_llmapi_weights_in_its_generate_local_step(tmp_path):
     local = [line for line in next_steps(spec, "127.0.0.1:1", serving=False, backend="llmapi") if "--local" in line]
     assert any("generate" in line and "--local --backend llmapi" in line for line in local)
     assert not any("--backend" in line for line in next_steps(spec, "127.0.0.1:1", serving=False, backend="reference"))
+
+
+def test_no_module_forks_on_the_llm_api_path_by_name():
+    """What differs between the paths is a method or attribute of the path's object (`specbuild.paths`) or a field of
+    the backend's record; only those, and the family rules per path (`families`), may name the LLM API path in a
+    comparison. (The fork this replaced, `is_llm_api`, stood in 16 files.)"""
+    import re
+
+    root = Path(backends.__file__).parent
+    allowed = {root / "backends.py", root / "families.py", *(root / "paths").glob("*.py")}
+    fork = re.compile(r'(==|!=)\s*"llmapi"|"llmapi"\s*(==|!=)|"llmapi" if |is_llm_api|\.llm_api\b')
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        if path not in allowed
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if fork.search(line)
+    ]
+    assert not found, found

@@ -199,3 +199,36 @@ def plan_memory(
             suggestions = suggest_changes(spec, target, draft, goal=b.max_batch_size)
         warnings.append(batch_exceeds_memory(plan, suggestions))
     return dataclasses.replace(plan, problems=tuple(problems), warnings=tuple(warnings), suggestions=tuple(suggestions))
+
+
+def gib(value: int | float) -> str:
+    if abs(value) < GIB:
+        return f"{value / 1024**2:.1f} MiB"
+    return f"{value / GIB:.2f} GiB"
+
+
+def summary_lines(m: dict[str, Any]) -> list[str]:
+    """`specbuild check` lines for the engine path's plan (its to_dict())."""
+    t, d = m["target"], m["draft"]
+    lines = [
+        f"{m['gpu']} ({gib(m['memory_per_gpu_bytes'])}/GPU, SM{m['sm'] or '?'}), tp_size {m['tp_size']}, "
+        + ("the draft on GPUs of its own" if m["placement"] == "separate" else "both models on the same GPUs"),
+        f"weights/GPU    target {gib(t['weight_bytes_per_gpu'])} ({t['quantization']}), "
+        f"draft {gib(d['weight_bytes_per_gpu'])} ({d['quantization']})",
+        f"runtime/GPU    target {gib(t['runtime_bytes_per_gpu'])}, draft {gib(d['runtime_bytes_per_gpu'])}, "
+        f"margin {gib(m['reserved_bytes'])}",
+        f"KV/token       target {t['kv_bytes_per_token']} B, draft {d['kv_bytes_per_token']} B; "
+        f"KV left {gib(m['kv_available_bytes'])}",
+        f"max batch      {m['max_batch_at_max_seq_len']} at max_seq_len {m['max_seq_len']} "
+        f"(spec max_batch_size {m['max_batch_size']})",
+    ]
+    if m["fits"]:
+        lines.append(
+            f"KV settings    kv_cache_free_gpu_mem_fraction target {t['kv_cache_free_gpu_mem_fraction']}, "
+            f"draft {d['kv_cache_free_gpu_mem_fraction']}; max_tokens_in_paged_kv_cache target "
+            f"{t['max_tokens_in_paged_kv_cache']}, draft {d['max_tokens_in_paged_kv_cache']}"
+        )
+    else:
+        best = f"; smallest change: {m['suggestions'][0]['change']}" if m["suggestions"] else ""
+        lines.append("does not fit" + best)
+    return lines

@@ -8,9 +8,15 @@ Every finding lands in one `CheckReport`; nothing after the checkpoint reading r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from specbuild import backends, families
 from specbuild.check.advice import plan_memory
+from specbuild.check.advice import summary_lines as engine_summary_lines
 from specbuild.check.llmapi_memory import plan_memory as plan_llmapi_memory
+from specbuild.check.llmapi_memory import summary_lines as llmapi_summary_lines
 from specbuild.check.report import CheckReport
 from specbuild.check.tokenizer import compare_tokenizers, load_tokenizer_facts
 from specbuild.check.weights import check_weights
@@ -39,8 +45,20 @@ def read_pair_infos(spec: Spec, allow_pickle: bool = False) -> dict[str, ModelIn
     return infos
 
 
-# A path's memory plan: (what `up --dry-run` calls it, the planner), by `backends.Backend.path`.
-MEMORY_PLANS = {"engine": ("memory plan", plan_memory), "llmapi": ("LLM API memory plan", plan_llmapi_memory)}
+@dataclass(frozen=True)
+class PathMemory:
+    """A path's memory plan (by `backends.Backend.path`): what `up --dry-run` calls it, the planner, and the lines
+    `specbuild check` prints for its to_dict()."""
+
+    name: str
+    plan: Callable
+    summary_lines: Callable[[dict[str, Any]], list[str]]
+
+
+MEMORY_PLANS = {
+    "engine": PathMemory("memory plan", plan_memory, engine_summary_lines),
+    "llmapi": PathMemory("LLM API memory plan", plan_llmapi_memory, llmapi_summary_lines),
+}
 
 
 def run_check(
@@ -66,8 +84,7 @@ def run_check(
         check_max_num_tokens(report, spec)
     tokenizer_size = check_tokenizers(report, spec)
     check_vocab(report, infos["target"], infos["draft"], tokenizer_size)
-    _, planner = MEMORY_PLANS[backends.path_of(backend)]
-    plan = planner(spec, infos["target"], infos["draft"])
+    plan = MEMORY_PLANS[backends.path_of(backend)].plan(spec, infos["target"], infos["draft"])
     report.memory = plan.to_dict()
     report.problems.extend(plan.problems)
     report.warnings.extend(plan.warnings)

@@ -80,7 +80,7 @@ def run_stage(spec: Spec, backend: str | None, force: bool, dry_run: bool, log, 
     if dry_run:
         from specbuild.check.pair import MEMORY_PLANS
 
-        plan = MEMORY_PLANS[path_of(backend)][0]
+        plan = MEMORY_PLANS[path_of(backend)].name
         return (
             {"status": "skipped", "detail": UP_TO_DATE}
             if fresh

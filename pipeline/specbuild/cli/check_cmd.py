@@ -10,14 +10,6 @@ import click
 from specbuild import backends
 from specbuild.cli.common import emit_json, get_spec, json_option, spec_option
 
-GIB = 1024**3
-
-
-def _gib(value: int | float) -> str:
-    if abs(value) < GIB:
-        return f"{value / 1024**2:.1f} MiB"
-    return f"{value / GIB:.2f} GiB"
-
 
 def _tokenizer_line(doc: dict[str, Any]) -> str:
     tok = doc["tokenizer"]
@@ -42,37 +34,15 @@ def _vocab_line(doc: dict[str, Any]) -> str:
 
 
 def _memory_lines(doc: dict[str, Any]) -> list[str]:
-    m = doc["memory"]
-    if m.get("path") == "llmapi":
-        from specbuild.check.llmapi_memory import summary_lines
+    from specbuild.check.pair import MEMORY_PLANS
 
-        return summary_lines(m)
-    t, d = m["target"], m["draft"]
-    lines = [
-        f"{m['gpu']} ({_gib(m['memory_per_gpu_bytes'])}/GPU, SM{m['sm'] or '?'}), tp_size {m['tp_size']}, "
-        + ("the draft on GPUs of its own" if m["placement"] == "separate" else "both models on the same GPUs"),
-        f"weights/GPU    target {_gib(t['weight_bytes_per_gpu'])} ({t['quantization']}), "
-        f"draft {_gib(d['weight_bytes_per_gpu'])} ({d['quantization']})",
-        f"runtime/GPU    target {_gib(t['runtime_bytes_per_gpu'])}, draft {_gib(d['runtime_bytes_per_gpu'])}, "
-        f"margin {_gib(m['reserved_bytes'])}",
-        f"KV/token       target {t['kv_bytes_per_token']} B, draft {d['kv_bytes_per_token']} B; "
-        f"KV left {_gib(m['kv_available_bytes'])}",
-        f"max batch      {m['max_batch_at_max_seq_len']} at max_seq_len {m['max_seq_len']} "
-        f"(spec max_batch_size {m['max_batch_size']})",
-    ]
-    if m["fits"]:
-        lines.append(
-            f"KV settings    kv_cache_free_gpu_mem_fraction target {t['kv_cache_free_gpu_mem_fraction']}, "
-            f"draft {d['kv_cache_free_gpu_mem_fraction']}; max_tokens_in_paged_kv_cache target "
-            f"{t['max_tokens_in_paged_kv_cache']}, draft {d['max_tokens_in_paged_kv_cache']}"
-        )
-    else:
-        best = f"; smallest change: {m['suggestions'][0]['change']}" if m["suggestions"] else ""
-        lines.append("does not fit" + best)
-    return lines
+    m = doc["memory"]
+    return MEMORY_PLANS[m.get("path", "engine")].summary_lines(m)
 
 
 def _weights_line(doc: dict[str, Any]) -> str:
+    from specbuild.check.advice import gib
+
     section = doc.get("weights") or {}
     parts = []
     for role in ("target", "draft"):
@@ -84,7 +54,7 @@ def _weights_line(doc: dict[str, Any]) -> str:
         state = f"{bad:,} NaN/Inf values" if bad else "all finite"
         if scan["damaged"]:
             state += ", truncated"
-        parts.append(f"{role} {state} ({_gib(scan['bytes'])} in {scan['seconds']:.2f} s)")
+        parts.append(f"{role} {state} ({gib(scan['bytes'])} in {scan['seconds']:.2f} s)")
     return "; ".join(parts)
 
 
