@@ -15,7 +15,8 @@ from typing import Any
 
 import tomllib
 
-from specbuild import backends, quantization
+from specbuild import backends, drafters, quantization
+from specbuild.drafters import LookupSettings
 from specbuild.errors import SpecError
 
 QUANTIZATIONS = quantization.NAMES  # specbuild.quantization: one record per format
@@ -69,6 +70,7 @@ class SpeculativeSpec:
     overlap: bool | str = (
         "auto"  # draft the next step while the target verifies: true, false, or "auto" (where it pays)
     )
+    drafter: str = drafters.DEFAULT  # what proposes the draft tokens: one of specbuild.drafters.NAMES
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ class Spec:
     gpu: GpuSpec = field(default_factory=GpuSpec)
     serve: ServeSpec = field(default_factory=ServeSpec)
     llmapi: LlmApiSpec = field(default_factory=LlmApiSpec)
+    lookup: LookupSettings = field(default_factory=LookupSettings)  # prompt lookup's settings (specbuild.drafters)
     output_dir: Path = Path("engines")
     path: Path | None = None  # the spec file this came from, if any
 
@@ -184,7 +187,7 @@ class Spec:
         return data
 
 
-_SECTIONS = {
+SECTIONS = {
     "target": ModelSpec,
     "draft": ModelSpec,
     "speculative": SpeculativeSpec,
@@ -192,8 +195,9 @@ _SECTIONS = {
     "gpu": GpuSpec,
     "serve": ServeSpec,
     "llmapi": LlmApiSpec,
+    "lookup": LookupSettings,
 }
-_TOP_LEVEL = ("name", "output_dir", *_SECTIONS)
+_TOP_LEVEL = ("name", "output_dir", *SECTIONS)
 
 
 def _unknown_key(where: str, key: str, known: list[str]) -> SpecError:
@@ -302,6 +306,17 @@ def validate(spec: Spec) -> Spec:
         )
     if isinstance(sp.overlap, str) and sp.overlap != "auto":
         raise SpecError(f'speculative.overlap = {sp.overlap!r}: expected true, false or "auto".')
+    _choice("speculative.drafter", sp.drafter, drafters.NAMES)
+    lk = spec.lookup
+    _positive("lookup.max_matching_ngram_size", lk.max_matching_ngram_size)
+    _positive("lookup.pool_max_tokens", lk.pool_max_tokens, 2)
+    _positive("lookup.hybrid_min_match", lk.hybrid_min_match)
+    if lk.hybrid_min_match > lk.max_matching_ngram_size:
+        raise SpecError(
+            f"lookup.hybrid_min_match = {lk.hybrid_min_match} exceeds max_matching_ngram_size = "
+            f"{lk.max_matching_ngram_size}: no match could ever be long enough, so the hybrid would never look up. "
+            "Lower hybrid_min_match or raise max_matching_ngram_size."
+        )
     for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tp_size", "pp_size"):
         _positive(f"build.{key}", getattr(b, key))
     if b.backend is not None:
@@ -369,7 +384,7 @@ def spec_from_dict(raw: dict[str, Any], base_dir: Path, path: Path | None = None
     for required in ("target", "draft"):
         if required not in raw:
             raise SpecError(f'the spec has no [{required}] table: add [{required}] with checkpoint = "<HF model dir>".')
-    sections = {name: _section(name, cls, raw[name], base_dir) for name, cls in _SECTIONS.items() if name in raw}
+    sections = {name: _section(name, cls, raw[name], base_dir) for name, cls in SECTIONS.items() if name in raw}
     name = raw.get("name", "pair")
     if not isinstance(name, str) or not name:
         raise SpecError(f"name = {name!r}: expected a non-empty string.")

@@ -51,6 +51,7 @@ def drive(
     schedule: AutoSchedule | None = None,  # overlap = "auto": the deployment's (None: the request's own)
     ahead_drafter: Drafter | None = None,  # proposes the early drafts (None: drafter)
     on_step: Callable[[Step, list[int]], None] | None = None,  # each step and the output so far ([n])
+    drafter_name: str | None = None,  # reported as Generation.drafter
 ) -> Generation:
     """Run one request to its end. A bad request raises RequestError before the first step."""
     output: list[int] = []
@@ -93,4 +94,5 @@ def drive(
         prompt_ids=[int(t) for t in prompt_ids],
         steps=records,
         overlap=request.overlap,
+        drafter=drafter_name,
     )

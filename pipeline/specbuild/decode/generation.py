@@ -43,6 +43,7 @@ class Options:
     seed: int | None = None
     adaptive: bool | None = None
     overlap: bool | str | None = None  # draft the next step while the target verifies: True, False, "auto"
+    drafter: str | None = None  # what proposes the draft tokens (specbuild.drafters: model, lookup, hybrid)
     stop: tuple[str, ...] = ()  # stop words: the generation ends with the first it produces (kept in the text)
 
     def sampling_dict(self) -> dict[str, Any]:
@@ -81,6 +82,7 @@ class Generation:
     num_output_tokens: int | None = None  # when the server reports a count without the ids
     count_estimated: bool = False  # num_output_tokens is the text tokenized again (a server that sends no ids)
     overlap: bool | str | None = None  # the schedule: drafted ahead (True, "auto") or not (False); None: not known
+    drafter: str | None = None  # which drafter proposed (specbuild.drafters); None: not known
     extra: dict[str, Any] = field(default_factory=dict)  # where it ran: weights and exactness, or the server
 
     @property
@@ -108,6 +110,7 @@ class Generation:
             "requested_num_draft_tokens": self.k.requested if self.k else None,
             "adaptive": self.adaptive,
             "overlap": self.overlap,
+            "drafter": self.drafter,
             **self.stats.report_fields(),
             "tokens_per_s": self.tokens_per_s,
             "seconds": self.seconds,

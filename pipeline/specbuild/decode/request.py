@@ -11,6 +11,9 @@ sampling params), how the prompt is tokenized (the BLS by preprocessing's rules)
 refuses it, with which message.
 
 The rules, each written here only:
+- The drafter: the request's (`specbuild.drafters`), else the deployment's default; one the deployment cannot run
+  (a draft model's, without one) is refused by name. A drafter other than the draft model runs sequentially:
+  a lookup costs too little to hide, and the early drafts of the overlapped schedule come from the draft model.
 - K: the one K rule (`speculative.draft_len.resolve_k`): the request's, else the deployment's default,
   clamped to max_draft_len; with K = 0 nothing adapts.
 - End ids: a request that names none ends at any of the deployment's (`end_ids`, read once from the
@@ -30,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specbuild import drafters
 from specbuild.errors import RequestError
 from specbuild.speculative.draft_len import ResolvedK, resolve_k
 from specbuild.speculative.interfaces import SamplingParams
@@ -46,6 +50,7 @@ class Prepared:
     k: ResolvedK  # how K was chosen, reported with the response
     model_end_id: int | None  # the end_id the models get (NO_END_ID kept; None: the deployment has none)
     stop_words: dict[tuple[int, ...], str | int]  # stop sequence -> its text (a stop token id: the id)
+    drafter: str = drafters.DEFAULT  # which drafter proposes (specbuild.drafters)
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,8 @@ class RequestRules:
     max_draft_len: int
     default_k: int  # K when a request asks for none
     adaptive: bool = False  # K adapts when a request does not say
+    default_drafter: str = drafters.DEFAULT  # the drafter when a request names none
+    runnable_drafters: tuple[str, ...] = (drafters.DEFAULT,)  # the drafters this deployment can run
 
     def prepare(
         self,
@@ -69,10 +76,19 @@ class RequestRules:
         stop_token_ids: Sequence[int] = (),
         adaptive: bool | None = None,
         overlap: bool | str = False,
+        drafter: str | None = None,
     ) -> Prepared:
         """One request's GenerationRequest. `end_id`: None = the deployment's; NO_END_ID = none. Values are
         kept as asked: the loop's `GenerationRequest.validate` refuses a bad one by name."""
         k = resolve_k(num_draft_tokens, self.max_draft_len, default=self.default_k)
+        name = self.default_drafter if drafter is None else drafter
+        if name not in self.runnable_drafters:
+            known = name in drafters.NAMES
+            raise RequestError(
+                f"drafter = {name!r} "
+                + ("cannot run here: this deployment has no draft model" if known else "is unknown")
+                + f". Use one of: {', '.join(self.runnable_drafters)}."
+            )
         if end_id is None:
             model_end_id = self.end_ids[0] if self.end_ids else None
             others = self.end_ids[1:]
@@ -91,6 +107,6 @@ class RequestRules:
             other_end_ids=others,
             stop_sequences=[list(ids) for ids in stop_words],
             adaptive=(self.adaptive if adaptive is None else adaptive) and k.k > 0,
-            overlap=overlap,
+            overlap=overlap if name == drafters.DEFAULT else False,
         )
-        return Prepared(request, k, model_end_id, stop_words)
+        return Prepared(request, k, model_end_id, stop_words, name)

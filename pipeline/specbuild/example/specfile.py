@@ -16,15 +16,7 @@ from typing import Any
 from specbuild import config
 from specbuild.config import DTYPES, GPUS, KV_CACHE_DTYPES, QUANTIZATIONS
 
-SECTIONS: dict[str, type] = {
-    "target": config.ModelSpec,
-    "draft": config.ModelSpec,
-    "speculative": config.SpeculativeSpec,
-    "build": config.BuildSpec,
-    "gpu": config.GpuSpec,
-    "serve": config.ServeSpec,
-    "llmapi": config.LlmApiSpec,
-}
+SECTIONS: dict[str, type] = config.SECTIONS  # the spec's tables, in the order a spec file shows them
 SECTION_HEADINGS = {
     "target": "The large model whose output you want (a Hugging Face checkpoint folder).",
     "draft": "The small model that proposes tokens; it must share the target's tokenizer.",
@@ -33,6 +25,8 @@ SECTION_HEADINGS = {
     "gpu": "The GPU the engines are built for and served on.",
     "serve": "tritonserver settings.",
     "llmapi": "The LLM API path (--backend llmapi: TensorRT-LLM's PyTorch backend, no engines; docs/llmapi.md).",
+    "lookup": "Prompt lookup, the drafter that needs no model (speculative.drafter lookup or hybrid; "
+    "docs/speculative.md).",
 }
 MODEL_REASONS = {
     "checkpoint": "required: Hugging Face model folder (config.json, *.safetensors, tokenizer files)",
@@ -51,6 +45,8 @@ REASONS: dict[str, str] = {
     "speculative.adaptive": "adapt K to the running acceptance rate and fall back to K = 0 when it stops paying",
     "speculative.overlap": 'draft the next step while the target verifies this one: true, false, or "auto" '
     "(in-process: on with 2 free cores, off while its early drafts rarely hit)",
+    "speculative.drafter": "what proposes the draft tokens: model (the draft model), lookup (n-grams of the text so "
+    "far, no model), hybrid (per step the lookup where the text repeats, else the draft model)",
     "build.max_batch_size": "most requests in flight per engine",
     "build.max_input_len": "longest prompt in tokens",
     "build.max_seq_len": "prompt + generated tokens (must exceed max_input_len)",
@@ -80,6 +76,12 @@ REASONS: dict[str, str] = {
     "default is 0.9 (`specbuild check --backend llmapi` shows what it holds)",
     "llmapi.enable_block_reuse": "reuse KV-cache blocks across requests that share a prefix",
     "llmapi.disable_overlap_scheduler": "true as in NVIDIA's draft/target examples",
+    "lookup.max_matching_ngram_size": "the longest n-gram of the text's end looked up (TensorRT-LLM's NGram name)",
+    "lookup.is_keep_all": "false: one match per n-gram is kept, the newest (TensorRT-LLM's NGram name)",
+    "lookup.is_use_oldest": "of several matches the oldest (true) or the newest (TensorRT-LLM's NGram name)",
+    "lookup.is_public_pool": "look up recent requests' text too, not only the request's own (the pool)",
+    "lookup.pool_max_tokens": "the pool's cap in tokens; the oldest request's text goes first",
+    "lookup.hybrid_min_match": "the hybrid drafts by lookup when at least this many tokens matched",
 }
 PLACEHOLDER_CHECKPOINTS = {"target": "models/target", "draft": "models/draft"}
 

@@ -22,10 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 from specbuild.config import Spec
+from specbuild.decode.drafting import Drafting
 from specbuild.decode.driver import drive
 from specbuild.decode.generation import Generation, Options
 from specbuild.decode.request import RequestRules
 from specbuild.decode.textstream import TextStream
+from specbuild.drafters import LookupSettings
 from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids
 from specbuild.speculative.interfaces import Drafter, SamplingParams, Verifier
@@ -55,13 +57,22 @@ class LocalSession:
         overlap_reason: str | None = None,
         ahead_drafter: Drafter | None = None,
         sources: dict[str, Any] | None = None,
+        drafting: Drafting | None = None,
     ):
         self.drafter, self.verifier = drafter, verifier
+        # the drafters requests can choose: the draft model's (`drafter`), prompt lookup, the hybrid
+        self.drafting = drafting or Drafting.create("model", drafter, LookupSettings())
         self._encode = encode  # prompt text -> token ids
         self.tokenizer = tokenizer  # detokenizes streamed text (None: token ids only)
         # K, the end ids (end_id, then the others that end a request as it does) and the stop words, per request
         self.rules = RequestRules(
-            tokenizer, end_ids(end_id, other_end_ids), verifier.max_draft_len, default_k, adaptive
+            tokenizer,
+            end_ids(end_id, other_end_ids),
+            verifier.max_draft_len,
+            default_k,
+            adaptive,
+            self.drafting.default,
+            self.drafting.available,
         )
         self.max_seq_len = max_seq_len  # prompt + generated tokens the engines take (None: no limit known)
         self.pair = pair  # reference.loading.LocalPair when loaded from a spec
@@ -113,6 +124,7 @@ class LocalSession:
             overlap=pair.overlap,
             overlap_reason=pair.overlap_reason,
             ahead_drafter=pair.ahead_drafter,
+            drafting=Drafting.create(spec.speculative.drafter, pair.drafter, spec.lookup),
         )
 
     def close(self) -> None:
@@ -170,11 +182,6 @@ class LocalSession:
         """One request. `pair`: another Drafter/Verifier over the same models (e.g. batched for concurrent
         callers); `text`: False skips detokenizing (the benchmark)."""
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        overlap = self.overlap if options.overlap is None else options.overlap
-        # Drafting ahead, the early drafts come from the draft model's own process; "auto" makes a step's own
-        # drafts in this process (no round trip to the other) and sequential segments are the sequential schedule.
-        ahead = self.ahead_drafter if overlap and self.ahead_drafter else None
-        drafter, verifier = pair or (self.drafter if overlap == "auto" or ahead is None else ahead, self.verifier)
         if self.max_seq_len is not None and len(prompt_ids) + options.max_tokens > self.max_seq_len:
             raise RequestError(
                 f"the prompt ({len(prompt_ids)} tokens) + max_tokens {options.max_tokens} = "
@@ -188,8 +195,15 @@ class LocalSession:
                 num_draft_tokens=options.num_draft_tokens,
                 stop=options.stop,
                 adaptive=options.adaptive,
-                overlap=overlap,
+                overlap=self.overlap if options.overlap is None else options.overlap,
+                drafter=options.drafter,
             )
+        overlap = ready.request.overlap  # off for a drafter other than the draft model (decode.request)
+        # Drafting ahead, the early drafts come from the draft model's own process; "auto" makes a step's own
+        # drafts in this process (no round trip to the other) and sequential segments are the sequential schedule.
+        ahead = self.ahead_drafter if overlap and self.ahead_drafter else None
+        model, verifier = pair or (self.drafter if overlap == "auto" or ahead is None else ahead, self.verifier)
+        drafter = model if ready.drafter == "model" else self.drafting.drafter(ready.drafter, model)
         stream = TextStream(self.tokenizer, prompt_ids) if text and self.tokenizer is not None else None
         generation = drive(
             prompt_ids,
@@ -202,10 +216,19 @@ class LocalSession:
             stop_words=ready.stop_words,
             schedule=self.auto_schedule,
             ahead_drafter=ahead if pair is None else None,
+            drafter_name=ready.drafter,
         )
+        if generation.finish_reason != "cancelled":
+            self.drafting.remember(prompt_ids, generation.output_ids or [])
         generation.extra = {
             **self.describe(),
-            "overlap_reason": self.overlap_reason if options.overlap is None else f"overlap {overlap} as asked",
+            "overlap_reason": self._overlap_reason(options, ready.drafter, overlap),
             "sampling": options.sampling_dict(),
+            **({"lookup_pool": self.drafting.figures()} if self.drafting.pool is not None else {}),
         }
         return generation
+
+    def _overlap_reason(self, options: Options, drafter: str, overlap: bool | str) -> str:
+        if drafter != "model":
+            return f"overlap off: drafter {drafter} (decode.request)"
+        return self.overlap_reason if options.overlap is None else f"overlap {overlap} as asked"

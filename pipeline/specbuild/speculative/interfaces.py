@@ -42,6 +42,7 @@ class Draft:
     tokens: list[int]  # [k] proposed token ids (k may be < the K asked: EOS or budget)
     probs: np.ndarray | None = None  # [k, vocab] q: the drafter's (processed) distributions; None when greedy
     seconds: float = 0.0  # wall time spent drafting
+    source: str = "model"  # which drafter proposed it: "model" (a draft model) or "lookup" (speculative.lookup)
 
 
 @dataclass

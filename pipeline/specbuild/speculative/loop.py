@@ -235,7 +235,9 @@ def _steps(
             _check_verification(verification, draft)
 
             drafted, accepted = len(draft.tokens), verification.accepted
-            stats.record_step(drafted, accepted, draft_seconds, target_seconds)
+            stats.record_step(
+                drafted, accepted, draft_seconds, target_seconds, getattr(draft, "source", "model") if k > 0 else None
+            )
             if controller is not None:
                 controller.update(drafted, accepted, draft_seconds, target_seconds)
 

@@ -16,6 +16,9 @@
   verified, and those used by the next step; early_draft_hit_rate = hits / early drafts.
 - hidden_seconds: drafter time of the used early drafts that ran while the target verified
   (their draft seconds minus the time the loop waited for them): draft time taken off the request.
+- by_drafter[name] (name: "model" or "lookup", `Draft.source`): per drafter, the steps it was asked to propose,
+  the proposals it made (steps with at least one token), and its drafted and accepted tokens. Steps with K = 0 ask no
+  drafter and are in no entry.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SpeculationStats"]
+__all__ = ["DRAFTER_COUNTS", "SpeculationStats"]
+
+DRAFTER_COUNTS = ("steps", "proposals", "drafted", "accepted")  # the counts of one by_drafter entry
 
 _KEYS = (
     "drafted",
@@ -50,6 +55,7 @@ class SpeculationStats:
     early_drafts: int = 0
     early_draft_hits: int = 0
     hidden_seconds: float = 0.0
+    by_drafter: dict[str, dict[str, int]] = field(default_factory=dict)  # name -> steps, proposals, drafted, accepted
 
     @property
     def early_draft_hit_rate(self) -> float:
@@ -68,10 +74,24 @@ class SpeculationStats:
         """accepted / drafted at each draft position (0.0 where never drafted)."""
         return [a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
 
-    def record_step(self, drafted: int, accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0) -> None:
-        """Count one verify call that was shown `drafted` tokens and kept `accepted` of them."""
+    def record_step(
+        self,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float = 0.0,
+        target_seconds: float = 0.0,
+        drafter: str | None = None,
+    ) -> None:
+        """Count one verify call that was shown `drafted` tokens and kept `accepted` of them; `drafter`: who was
+        asked for them (None: nobody, K = 0)."""
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted = {accepted} must lie in [0, drafted = {drafted}]")
+        if drafter is not None:
+            _add_drafter(
+                self.by_drafter,
+                drafter,
+                {"steps": 1, "proposals": int(drafted > 0), "drafted": drafted, "accepted": accepted},
+            )
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -104,6 +124,9 @@ class SpeculationStats:
             early_draft_hits=self.early_draft_hits + other.early_draft_hits,
             hidden_seconds=self.hidden_seconds + other.hidden_seconds,
         )
+        for src in (self, other):
+            for name, counts in src.by_drafter.items():
+                _add_drafter(out.by_drafter, name, counts)
         out._grow(max(len(self.per_position_drafted), len(other.per_position_drafted)))
         for src in (self, other):
             for i, (d, a) in enumerate(zip(src.per_position_drafted, src.per_position_accepted)):
@@ -126,6 +149,14 @@ class SpeculationStats:
             "early_draft_hits": self.early_draft_hits,
             "early_draft_hit_rate": self.early_draft_hit_rate,
             "hidden_seconds": self.hidden_seconds,
+            "by_drafter": self.drafter_figures(),
+        }
+
+    def drafter_figures(self) -> dict[str, dict[str, Any]]:
+        """by_drafter with each drafter's acceptance_rate (accepted / drafted)."""
+        return {
+            name: {**counts, "acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else 0.0}
+            for name, counts in sorted(self.by_drafter.items())
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +174,7 @@ class SpeculationStats:
             "early_draft_hits": self.early_draft_hits,
             "early_draft_hit_rate": self.early_draft_hit_rate,
             "hidden_seconds": self.hidden_seconds,
+            "by_drafter": {name: dict(counts) for name, counts in sorted(self.by_drafter.items())},
         }
 
     @classmethod
@@ -165,9 +197,19 @@ class SpeculationStats:
             early_drafts=int(data.get("early_drafts", 0)),
             early_draft_hits=int(data.get("early_draft_hits", 0)),
             hidden_seconds=float(data.get("hidden_seconds", 0.0)),
+            by_drafter={
+                str(name): {key: int(counts.get(key, 0)) for key in DRAFTER_COUNTS}
+                for name, counts in dict(data.get("by_drafter") or {}).items()
+            },
         )
 
     def _grow(self, n: int) -> None:
         while len(self.per_position_drafted) < n:
             self.per_position_drafted.append(0)
             self.per_position_accepted.append(0)
+
+
+def _add_drafter(into: dict[str, dict[str, int]], name: str, counts: dict[str, int]) -> None:
+    entry = into.setdefault(name, dict.fromkeys(DRAFTER_COUNTS, 0))
+    for key in DRAFTER_COUNTS:
+        entry[key] += int(counts.get(key, 0))

@@ -1,0 +1,53 @@
+"""A deployment's drafters: its draft model (if any), prompt lookup's settings, and the pool its requests share.
+
+    drafting = Drafting.create("hybrid", model_drafter, spec.lookup)
+    drafter = drafting.drafter(ready.drafter)           # per request, by the name RequestRules resolved
+    ...run the loop...
+    drafting.remember(prompt_ids, output_ids)           # the pool learns the finished request's text
+
+The local session, the Triton BLS and the CPU stand-in of the llmapi model each hold one, made when they load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specbuild import drafters
+from specbuild.drafters import LookupSettings
+from specbuild.speculative.interfaces import Drafter
+from specbuild.speculative.lookup import LookupPool, make_drafter
+
+__all__ = ["Drafting"]
+
+
+@dataclass
+class Drafting:
+    default: str  # the drafter of requests that name none
+    model: Drafter | None  # the draft model's drafter; None: the deployment has no draft model
+    settings: LookupSettings
+    pool: LookupPool | None = None  # recent requests' text, when settings.is_public_pool
+
+    @classmethod
+    def create(cls, default: str, model: Drafter | None, settings: LookupSettings) -> Drafting:
+        pool = LookupPool(settings.pool_max_tokens) if settings.is_public_pool else None
+        return cls(default, model, settings, pool)
+
+    @property
+    def available(self) -> tuple[str, ...]:
+        """The drafters this deployment can run (the draft model's only where it has one)."""
+        return tuple(n for n in drafters.NAMES if self.model is not None or not drafters.get(n).needs_draft_model)
+
+    def drafter(self, name: str, model: Drafter | None = None) -> Drafter:
+        """The drafter called `name`; `model`: another drafter over the same draft model (e.g. batched)."""
+        return make_drafter(name, model or self.model, self.settings, self.pool)
+
+    def remember(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """A finished request's text joins the pool (when there is one)."""
+        if self.pool is not None:
+            self.pool.add([*prompt_ids, *output_ids])
+
+    def figures(self) -> dict[str, Any]:
+        """The pool's figures (empty without a pool)."""
+        return self.pool.figures() if self.pool is not None else {}

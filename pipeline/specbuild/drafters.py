@@ -1,0 +1,56 @@
+"""One record per drafter: what proposes the draft tokens the target verifies.
+
+- "model": a draft model (the spec's [draft]), called once per step.
+- "lookup": prompt lookup (n-gram drafting), proposals from the request's own text and, with the pool, from recent
+  requests' text; no model is called, and a step without a match is a plain target step.
+- "hybrid": per step, the lookup's proposal when its match is long enough, else the draft model's.
+
+`LookupSettings` is the spec's [lookup] table; its first four names are those of TensorRT-LLM's NGramDecodingConfig
+(`tensorrt_llm/llmapi/llm_args.py`), which the LLM API path passes on (specbuild.contract.llmapi). The rules live in
+`specbuild.speculative.lookup`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["NAMES", "Drafter", "LookupSettings", "get"]
+
+
+@dataclass(frozen=True)
+class Drafter:
+    name: str
+    needs_draft_model: bool  # a [draft] checkpoint, its engine and its Triton model
+    uses_lookup: bool  # reads [lookup]
+    summary: str
+
+
+_RECORDS = (
+    Drafter("model", True, False, "a draft model proposes K tokens per step"),
+    Drafter("lookup", False, True, "the continuation of the longest matching n-gram of the text so far (no model)"),
+    Drafter("hybrid", True, True, "per step the lookup when its match is long enough, else the draft model"),
+)
+NAMES = tuple(record.name for record in _RECORDS)
+DEFAULT = "model"
+
+
+def get(name: str) -> Drafter:
+    for record in _RECORDS:
+        if record.name == name:
+            return record
+    raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class LookupSettings:
+    max_matching_ngram_size: int = 2  # the longest n-gram tried (NVIDIA's name and default)
+    is_keep_all: bool = True  # NVIDIA's: False keeps one match per n-gram, the newest (so is_use_oldest is moot)
+    is_use_oldest: bool = True  # of several matches, the oldest (NVIDIA's default) or the newest
+    is_public_pool: bool = False  # search recent requests' text too (the pool), not only the request's own
+    pool_max_tokens: int = 65536  # the pool's cap: tokens held, all sequences together
+    hybrid_min_match: int = 2  # the hybrid takes the lookup's proposal from a match of at least this many tokens
+
+    @property
+    def oldest(self) -> bool:
+        """Which of several matches a step takes: the oldest, or the newest."""
+        return self.is_use_oldest and self.is_keep_all

@@ -1,0 +1,173 @@
+"""Drafting from text that is already there: prompt lookup, a pool across requests, and the hybrid.
+
+Prompt lookup (n-gram drafting, as TensorRT-LLM's NGram drafter, `tensorrt_llm/_torch/speculative/ngram.py`, and its
+engine-path example `examples/ngram/run_dtm_ngram.py`): the last n tokens of the context (prompt + output so far)
+are searched for earlier in the context, n from `max_matching_ngram_size` down to 1, the longest first; the tokens
+that followed the match, up to k, are the proposal. Of several matches, the oldest (`is_use_oldest`, NVIDIA's default)
+or the newest (`is_keep_all` false keeps one match per n-gram, the newest). No match: no proposal, and the step is a plain target step, as it is with K = 0.
+
+A proposal is deterministic: `Draft.probs` is None, which the acceptance rule reads as a one-hot q at the proposed
+token (`acceptance.py`), so sampling stays exact and greedy output equals K = 0's.
+
+The pool (`is_public_pool`): the sequences (prompt + output) of recent requests, bounded to `pool_max_tokens` tokens
+in all: the oldest sequence goes first, and a sequence longer than the cap keeps its last `pool_max_tokens` tokens.
+A step searches its own context first, then the pool, newest sequence first, at each n before the next shorter one,
+so a longer match in the pool wins over a shorter one in the request.
+
+The hybrid: per step, the lookup's proposal when it matched at least `hybrid_min_match` tokens, else the draft
+model's; on a lookup step the draft model is not called.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specbuild import drafters
+from specbuild.drafters import LookupSettings
+from specbuild.speculative.interfaces import Draft, Drafter, SamplingParams
+
+__all__ = ["HybridDrafter", "LookupDrafter", "LookupPool", "Match", "find_match", "make_drafter"]
+
+
+@dataclass(frozen=True)
+class Match:
+    tokens: list[int]  # [<= k] the tokens that followed the match: the proposal
+    ngram: int  # n: how many context tokens matched
+    where: str  # "request" (its own context) or "pool"
+
+
+def _starts(haystack: np.ndarray, pattern: np.ndarray) -> np.ndarray:
+    """The start indexes of pattern in haystack, ascending."""
+    n = pattern.size
+    if haystack.size < n:
+        return np.empty(0, dtype=np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(haystack, n)  # [len - n + 1, n]
+    return np.flatnonzero((windows == pattern).all(axis=1))
+
+
+def _continuation(sequence: np.ndarray, tail: np.ndarray, k: int, oldest: bool, own: bool) -> list[int] | None:
+    """Up to k tokens that followed tail in sequence; own: sequence ends with tail itself, which is not a match."""
+    haystack = sequence[:-1] if own else sequence  # own: a match must end before the last token, so something follows
+    starts = _starts(haystack, tail)
+    if not own:
+        starts = starts[starts + tail.size < sequence.size]  # something must follow
+    if starts.size == 0:
+        return None
+    start = int(starts[0] if oldest else starts[-1]) + tail.size
+    return [int(t) for t in sequence[start : start + k]]
+
+
+def find_match(
+    context: Sequence[int], k: int, settings: LookupSettings, pool: LookupPool | None = None
+) -> Match | None:
+    """The lookup's proposal for context: the longest matching n-gram's continuation (module docstring)."""
+    if k <= 0 or (len(context) < 2 and pool is None):
+        return None
+    sequence = np.asarray(context, dtype=np.int64)
+    others = pool.sequences() if pool is not None else []
+    for n in range(min(settings.max_matching_ngram_size, sequence.size), 0, -1):
+        tail = sequence[-n:]
+        found = _continuation(sequence, tail, k, settings.oldest, own=True)
+        if found:
+            return Match(found, n, "request")
+        for other in others:
+            found = _continuation(other, tail, k, settings.oldest, own=False)
+            if found:
+                return Match(found, n, "pool")
+    return None
+
+
+class LookupPool:
+    """Recent requests' token sequences, bounded in tokens, shared by the requests of one deployment (thread-safe)."""
+
+    def __init__(self, max_tokens: int):
+        if max_tokens < 1:
+            raise ValueError(f"pool max_tokens = {max_tokens}: must be >= 1")
+        self.max_tokens = max_tokens
+        self._sequences: deque[np.ndarray] = deque()  # oldest first
+        self._lock = threading.Lock()
+        self.tokens = 0  # held now
+        self.added = 0  # sequences ever added
+        self.evicted = 0  # sequences dropped to stay within max_tokens
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Keep one finished request's prompt + output (its last max_tokens tokens), evicting the oldest to fit."""
+        sequence = np.asarray(list(tokens)[-self.max_tokens :], dtype=np.int64)
+        if sequence.size < 2:
+            return
+        with self._lock:
+            while self._sequences and self.tokens + sequence.size > self.max_tokens:
+                self.tokens -= self._sequences.popleft().size
+                self.evicted += 1
+            self._sequences.append(sequence)
+            self.tokens += sequence.size
+            self.added += 1
+
+    def sequences(self) -> list[np.ndarray]:
+        """The held sequences, newest first (a snapshot: adding later does not change it)."""
+        with self._lock:
+            return list(reversed(self._sequences))
+
+    def figures(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "sequences": len(self._sequences),
+                "tokens": self.tokens,
+                "max_tokens": self.max_tokens,
+                "added": self.added,
+                "evicted": self.evicted,
+            }
+
+
+class LookupDrafter:
+    """Drafter: prompt lookup over the request's context (and the pool when given); no model is called."""
+
+    def __init__(self, settings: LookupSettings, pool: LookupPool | None = None):
+        self.settings, self.pool = settings, pool
+
+    def match(self, tokens: Sequence[int], k: int) -> Match | None:
+        return find_match(tokens, k, self.settings, self.pool)
+
+    def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft:
+        t0 = time.perf_counter()
+        found = self.match(tokens, k)
+        return Draft(tokens=found.tokens if found else [], seconds=time.perf_counter() - t0, source="lookup")
+
+
+class HybridDrafter:
+    """Drafter: per step the lookup's proposal when its match is long enough, else the draft model's."""
+
+    def __init__(self, lookup: LookupDrafter, model: Drafter):
+        self.lookup, self.model = lookup, model
+
+    def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft:
+        t0 = time.perf_counter()
+        found = self.lookup.match(tokens, k)
+        if found is not None and found.ngram >= self.lookup.settings.hybrid_min_match:
+            return Draft(tokens=found.tokens, seconds=time.perf_counter() - t0, source="lookup")
+        draft = self.model.propose(tokens, k, sampling)
+        draft.source = "model"
+        return draft
+
+
+def make_drafter(name: str, model: Drafter | None, settings: LookupSettings, pool: LookupPool | None) -> Drafter:
+    """The drafter called `name` (specbuild.drafters) over a draft model (None: there is none) and the lookup."""
+    record = drafters.get(name)
+    if record.needs_draft_model and model is None:
+        raise ValueError(f"drafter {name!r} needs a draft model")
+    if name == "model":
+        return model
+    lookup = LookupDrafter(settings, pool if settings.is_public_pool else None)
+    if name == "lookup":
+        return lookup
+    if name == "hybrid":
+        if model is None:
+            raise ValueError("drafter 'hybrid' needs a draft model")
+        return HybridDrafter(lookup, model)
+    raise AssertionError(f"drafter {name!r} has a record but no construction here")
