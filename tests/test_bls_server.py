@@ -490,3 +490,24 @@ def test_every_served_model_keeps_the_batcher_on_its_prefetching_path(server):
             config = client.get_model_config(model).config
             assert config.HasField("dynamic_batching"), model
             assert configs.prefetches(config.dynamic_batching), (model, config.dynamic_batching)
+
+
+# ---- drafters: prompt lookup's proposals reach the target as draft_input_ids, the text is the target's -----------
+@pytest.mark.parametrize("drafter", ["lookup", "hybrid"])
+def test_greedy_with_lookup_or_the_hybrid_equals_target_only(server, target_only, drafter):
+    proposed = {}
+    with SpecbuildClient(server.grpc_url) as client:
+        for prompt in [*PROMPTS[:3], "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2,"]:
+            expected = target_only(prompt, 24)
+            for k in (2, 4):
+                stats = list(client.generate(prompt, max_tokens=24, num_draft_tokens=k, drafter=drafter))[-1].stats
+                assert stats["output_ids"] == expected, (prompt, k, drafter)
+                figures = stats["speculation_stats"]
+                assert figures["drafter"] == drafter and figures["overlap"] is False  # a lookup is not drafted ahead
+                for name, counts in figures["by_drafter"].items():
+                    proposed[name] = proposed.get(name, 0) + counts["proposals"]
+        with pytest.raises(ClientError, match=re.escape("drafter = 'ngram' is unknown. Use one of: model, lookup")):
+            client.complete(PROMPTS[0], max_tokens=4, drafter="ngram")
+        assert client.is_ready()
+    assert proposed.get("lookup", 0) > 0  # the lookup proposed
+    assert (proposed.get("model", 0) > 0) == (drafter == "hybrid")  # the draft model only where the hybrid asked it

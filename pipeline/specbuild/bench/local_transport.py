@@ -49,6 +49,7 @@ def request_result(gen: Generation, k: int) -> RequestResult:
         early_drafts=stats.early_drafts,
         early_draft_hits=stats.early_draft_hits,
         hidden_seconds=stats.hidden_seconds,
+        by_drafter={name: dict(counts) for name, counts in stats.by_drafter.items()},
         per_position_tried=tried,
         top_token_share=top_token_share(gen.output_ids),
         output_ids=list(gen.output_ids),
@@ -65,6 +66,7 @@ class LocalTransport:
     batched: Callable[[], tuple[Drafter, Verifier]] | None = None  # builds the pair used by concurrent requests
     close_batched: Callable[[], None] | None = None
     overlap: bool | str = False  # the loop's schedule for single requests (GenerationRequest.overlap)
+    drafter: str | None = None  # what proposes (specbuild.drafters); None: the session's default
     peers: list[LocalTransport] = field(default_factory=list)  # other schedules on the same models (overlap="compare")
     _batched_pair: tuple[Drafter, Verifier] | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -104,13 +106,18 @@ class LocalTransport:
             seed=settings.seed if settings.temperature > 0 else None,
             adaptive=False,
             overlap=overlap,
+            drafter=self.drafter,
         )
         gen = self.session.generate(prompt.text, options, pair=self._pair(concurrent), text=False)
         return request_result(gen, gen.k.k)
 
     def with_overlap(self, overlap: bool | str, name: str) -> LocalTransport:
         """The same session under another schedule (for measuring both schedules in one run; concurrency 1 only)."""
-        return LocalTransport(self.session, name=name, overlap=overlap)
+        return LocalTransport(self.session, name=name, overlap=overlap, drafter=self.drafter)
+
+    def with_drafter(self, drafter: str, name: str) -> LocalTransport:
+        """The same session with another drafter (for comparing drafters in one run; concurrency 1 only)."""
+        return LocalTransport(self.session, name=name, overlap=self.overlap, drafter=drafter)
 
 
 def from_spec(

@@ -41,8 +41,10 @@ class RemoteTransport:
         spec: Spec | None = None,
         overlap: bool | str | None = None,
         name: str = "triton",
+        drafter: str | None = None,
     ):
         self.name = name
+        self.drafter = drafter  # the drafter each request asks for (None: the server's)
         self.overlap = overlap  # the schedule each request asks for (None: the server's)
         self.url = url
         self.protocol = protocol
@@ -93,8 +95,16 @@ class RemoteTransport:
 
     def with_overlap(self, overlap: bool | str, name: str) -> RemoteTransport:
         """The same server under another schedule (for measuring both in one run)."""
-        other = RemoteTransport(self.url, self.protocol, self.max_draft_len, self.spec_path, self.spec, overlap, name)
+        other = RemoteTransport(
+            self.url, self.protocol, self.max_draft_len, self.spec_path, self.spec, overlap, name, self.drafter
+        )
         other.fixed_k, other._tokenizer = self.fixed_k, self._tokenizer
+        return other
+
+    def with_drafter(self, drafter: str, name: str) -> RemoteTransport:
+        """The same server with another drafter asked for (for comparing drafters in one run)."""
+        other = self.with_overlap(self.overlap, name)
+        other.drafter = drafter
         return other
 
     def _session(self):
@@ -123,6 +133,7 @@ class RemoteTransport:
             temperature=settings.temperature,
             seed=settings.seed if settings.temperature > 0 else None,
             overlap=self.overlap,
+            drafter=self.drafter,
         )
         gen = self._session().generate(prompt.text, options)
         stats = gen.stats
@@ -142,6 +153,7 @@ class RemoteTransport:
             early_drafts=stats.early_drafts,
             early_draft_hits=stats.early_draft_hits,
             hidden_seconds=stats.hidden_seconds,
+            by_drafter={name: dict(counts) for name, counts in stats.by_drafter.items()},
             top_token_share=top_token_share(gen.output_ids or ()),
             output_ids=list(gen.output_ids) if gen.output_ids else None,
         )

@@ -319,6 +319,21 @@ def table(doc: dict[str, Any]) -> str:
             f"of the time; bound {_fmt(overlap['overlap_bound'])}x (sequential {_fmt(overlap['bound'])}x), "
             f"efficiency {_fmt(overlap['efficiency'])}"
         )
+    compared = doc.get("drafters")
+    if compared:
+        lines.append("drafters, speedup over K = 0 (acceptance; steps with a proposal / steps asked, per drafter):")
+        for row in compared["rows"]:
+            asked = ", ".join(
+                f"{name} {c.get('proposals', 0)}/{c.get('steps', 0)}" for name, c in sorted(row["by_drafter"].items())
+            )
+            lines.append(
+                f"  {row['drafter']:<7} K = {row['num_draft_tokens']}: {_fmt(row['speedup'])}x "
+                f"({_fmt(row['acceptance_rate'])}; {asked or 'no steps'})"
+            )
+        best = ", ".join(
+            f"{name} {b['speedup']}x at K = {b['num_draft_tokens']}" for name, b in compared["best"].items()
+        )
+        lines.append(f"best per drafter: {best or 'none'}")
     serving = doc.get("serving_overhead")
     if serving:
         lines.append(f"Triton vs local, one stream: {_fmt(serving.get('triton_over_local'))}x of local tokens/s")

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from specbuild import drafters
 from specbuild.bench import report, runner, theory, workloads
 from specbuild.bench.runner import Measurements, Settings
 from specbuild.config import Spec
@@ -49,6 +50,38 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _rate(m: Measurements, k: int) -> float | None:
     results = m.cells.get((k, 1))
     return sum(r.output_tokens for r in results) / m.wall[(k, 1)] if results and m.wall[(k, 1)] else None
+
+
+def drafter_section(ours: Measurements, others: dict[str, Measurements | None]) -> dict[str, Any]:
+    """Every drafter against K = 0 on the same models, per K at concurrency 1 (ours: the draft model's, with K = 0),
+    with who proposed and what was accepted; `best`: each drafter's fastest K."""
+    base = _rate(ours, 0)
+    rows, best = [], {}
+    for name, measured in {drafters.DEFAULT: ours, **others}.items():
+        if measured is None:
+            continue
+        for (k, concurrency), results in sorted(measured.cells.items()):
+            if k == 0 or concurrency != 1:
+                continue
+            counts: dict[str, dict[str, int]] = {}
+            for result in results:
+                for source, entry in result.by_drafter.items():
+                    total = counts.setdefault(source, {})
+                    for key, value in entry.items():
+                        total[key] = total.get(key, 0) + int(value)
+            drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+            row = {
+                "drafter": name,
+                "num_draft_tokens": k,
+                "tokens_per_s": _rate(measured, k),
+                "speedup": _ratio(_rate(measured, k), base),
+                "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+                "by_drafter": counts,
+            }
+            rows.append(row)
+            if row["speedup"] is not None and row["speedup"] > best.get(name, {}).get("speedup", 0.0):
+                best[name] = {"num_draft_tokens": k, "speedup": row["speedup"]}
+    return {"k0_tokens_per_s": base, "rows": rows, "best": best}
 
 
 def hf_section(ours: Measurements, hf: Measurements, best_k: int | None) -> dict[str, Any]:
@@ -259,12 +292,14 @@ def run_bench(
     spec_path: str | None = None,
     overlap: bool | str | None = None,
     floor: Callable[[float, int], dict[str, Any] | None] | None = None,
+    drafter: str | None = None,
 ) -> dict[str, Any]:
     """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default).
     overlap: the in-process schedule, True / False / "auto" / None (the spec's) / "compare" (both, --local).
     floor(work_s, draft_len): measures Triton's cost of a BLS call on the server's machine (triton.floor_probe), reported
     beside ours; called after the measurement, with the shape of the best K's calls (in-process seconds per model
-    call as the work, the best K as the draft length)."""
+    call as the work, the best K as the draft length). drafter: what proposes (specbuild.drafters), None: the
+    deployment's; "compare": every drafter, interleaved request by request, with a "drafters" section."""
     prompts = workloads.load(workload, settings.requests, Path(spec.target.checkpoint))
     peers: list[Any] = []
     notes: list[str] = []
@@ -298,6 +333,14 @@ def run_bench(
 
             log("loading a second copy of the target with 1-row matmuls for --vs-plain")
             peers.append(plain_target(transport))
+    compare = drafter == "compare"
+    transport.drafter = drafters.DEFAULT if compare else drafter
+    if compare:  # K = 0 is a plain step whoever drafts: measured once, on the draft model's transport
+        ks_of_peers = tuple(k for k in runner.sweep_ks(transport, settings)[0] if k > 0)
+        for name in drafters.NAMES[1:]:
+            peer = transport.with_drafter(name, f"{transport.name}-{name}")
+            peer.only_ks = ks_of_peers
+            peers.append(peer)
     log(f"bench: {mode}, workload {prompts.name}, {settings.requests} requests per cell")
     try:
         measured = runner.run(transport, prompts, settings, peers=peers, progress=_progress(progress))
@@ -336,6 +379,10 @@ def run_bench(
         extra["greedy_equal"] = all(equal) if equal else None
     if overlapped is not None:
         extra["overlap"] = overlap_section(ours, overlapped, measured.get(f"{transport.name}-auto"))
+    if compare:
+        extra["drafters"] = drafter_section(
+            ours, {name: measured.get(f"{transport.name}-{name}") for name in drafters.NAMES[1:]}
+        )
     doc_settings = {
         "num_draft_tokens": list(ks),
         "concurrency": list(settings.concurrency),
@@ -346,5 +393,6 @@ def run_bench(
         "url": url,
         "protocol": protocol if url else None,
         "overlap": "compare" if overlap == "compare" else transport.overlap,
+        "drafter": drafter,
     }
     return report.document(mode, spec.name, prompts.name, doc_settings, rows, [*ours.notes, *notes], extra)

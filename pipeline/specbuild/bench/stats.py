@@ -38,6 +38,7 @@ class RequestResult:
     early_drafts: int = 0  # overlapped schedule: drafts started while the target verified
     early_draft_hits: int = 0  # ... and used by the next step
     hidden_seconds: float = 0.0  # drafter time of the used early drafts that overlapped the target
+    by_drafter: dict[str, dict[str, int]] = field(default_factory=dict)  # SpeculationStats.by_drafter
 
     @property
     def tokens_per_s(self) -> float:

@@ -1,8 +1,16 @@
-"""Benchmark prompt sets: the built-in code, prose, JSON and chat sets, or a JSONL file of prompts.
+"""Benchmark prompt sets: the built-in code, prose, JSON and chat sets, the input-grounded sets, or a JSONL file.
 
 The built-in sets come from `specbuild.corpus` (text shipped with the package, the same on
 every machine) and are held out from the example pair's training text; "chat" is the prose set sent as user
-messages through the target tokenizer's chat template (`session.chat`). A JSONL file has one object per line:
+messages through the target tokenizer's chat template (`session.chat`).
+
+The input-grounded sets hold text whose answer is already in the prompt, where drafting by lookup pays
+(`specbuild.drafters`):
+- "edit": a code file, then the same file begun again, as an edit of a given file is written back;
+- "quote": a prose passage, then the passage begun again, as an answer quoting a given text;
+- "agent": every prompt twice in a row, an agent loop's turn resent with the same files (the second request
+  finds the first's text in the lookup's pool);
+- "mixed": edit prompts and open prose prompts interleaved. A JSONL file has one object per line:
 {"prompt": "...", "max_tokens": 64}, or {"messages": [{"role": "user", "content": "..."}]} for a conversation
 through the template; max_tokens is optional.
 """
@@ -17,7 +25,10 @@ from specbuild import jsonl
 from specbuild.errors import BenchError
 
 BUILTIN = ("code", "prose", "json")  # the corpus's kinds (check --measure measures each)
-NAMED = BUILTIN + ("chat",)  # what --workload takes by name: "chat" is the prose set through the chat template
+GROUNDED = ("edit", "quote", "agent", "mixed")  # prompts that hold their answer's text (the module docstring)
+NAMED = BUILTIN + ("chat",) + GROUNDED  # what --workload takes by name
+GIVEN_CHARS = 480  # the text an input-grounded prompt gives
+RESTART_CHARS = 48  # how much of it the prompt begins again
 
 
 @dataclass(frozen=True)
@@ -37,12 +48,33 @@ def builtin(kind: str, n: int, tokenizer_dir: Path | None = None) -> Workload:
         raise BenchError(f"unknown workload {kind!r}: use one of {', '.join(NAMED)} or a path to a .jsonl file.")
     from specbuild.corpus import heldout_prompts
 
+    if kind in GROUNDED:
+        return Workload(kind, tuple(Prompt(t) for t in grounded(kind, n)))
     texts = list(heldout_prompts("prose" if kind == "chat" else kind, n))
     if kind == "chat":
         texts = [_chat(tokenizer_dir, [{"role": "user", "content": text}], "the chat workload") for text in texts]
     if not texts:
         raise BenchError(f"the built-in {kind!r} prompt set is empty: this is a packaging bug, reinstall specbuild.")
     return Workload(kind, tuple(Prompt(t) for t in texts))
+
+
+def grounded(kind: str, n: int) -> list[str]:
+    """`n` prompts of an input-grounded set (kind: one of GROUNDED), from held-out text."""
+    from specbuild.corpus import heldout_prompts
+
+    def restated(source: str, texts: list[str], lead: str) -> list[str]:
+        return [f"{text}\n\n{lead}\n{text[:RESTART_CHARS]}" for text in texts] or [source]
+
+    edits = restated("", list(heldout_prompts("code", n, chars=GIVEN_CHARS)), "# The same file, edited:")
+    if kind == "edit":
+        return edits[:n]
+    quotes = restated("", list(heldout_prompts("prose", n, chars=GIVEN_CHARS)), "Quoted:")
+    if kind == "quote":
+        return quotes[:n]
+    if kind == "agent":
+        return [edits[i // 2 % len(edits)] for i in range(n)]
+    open_prose = list(heldout_prompts("prose", n))
+    return [edits[i // 2 % len(edits)] if i % 2 == 0 else open_prose[i // 2 % len(open_prose)] for i in range(n)]
 
 
 def _chat(tokenizer_dir: Path | None, messages: list, where: str) -> str:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from specbuild import drafters
+from specbuild.bench.workloads import NAMED
 from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, shown_path, spec_option
 
 
@@ -29,8 +31,9 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
     "--workload",
     default="code",
     show_default=True,
-    metavar="code|prose|json|chat|FILE.jsonl",
-    help="Built-in prompt set (chat: prose as user messages through the target tokenizer's chat template), "
+    metavar="|".join(NAMED) + "|FILE.jsonl",
+    help="Built-in prompt set (chat: prose as user messages through the target tokenizer's chat template; edit, "
+    "quote, agent, mixed: prompts that hold their answer's text, where lookup pays), "
     'or a JSONL file with one {"prompt": ...} or {"messages": [...]} object per line.',
 )
 @click.option(
@@ -91,6 +94,14 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
     "speculative.overlap with --local, the server's own with --url (asked per request).",
 )
 @click.option(
+    "--drafter",
+    type=click.Choice([*drafters.NAMES, "compare"]),
+    default=None,
+    help="What proposes the draft tokens: model, lookup (n-grams of the text so far, no model), hybrid (per step "
+    "the lookup where the text repeats, else the model); compare: every drafter, interleaved, with each one's "
+    "speedup over K = 0. Default: the spec's speculative.drafter with --local, the server's with --url.",
+)
+@click.option(
     "--threads",
     type=click.IntRange(min=1),
     default=None,
@@ -116,6 +127,7 @@ def command(
     plot_dir,
     no_warmup,
     overlap,
+    drafter,
     threads,
     as_json,
     dry_run,
@@ -136,6 +148,7 @@ def command(
       specbuild bench --local --json
       specbuild bench --local --vs-hf --num-draft-tokens 0,2,4 --plot bench-plots
       specbuild bench --local --workload json --overlap compare
+      specbuild bench --local --workload edit --drafter compare --num-draft-tokens 0,4
       specbuild bench --url http://127.0.0.1:8000 --concurrency 1,2,4 --workload json
       specbuild bench --url http://127.0.0.1:8000 --workload json --overlap compare
     """
@@ -149,6 +162,8 @@ def command(
         raise click.UsageError("--vs-hf compares greedy decoding: drop --temperature.")
     if vs_plain and not local:
         raise click.UsageError("--vs-plain runs a second target in-process next to the local runtime: add --local.")
+    if overlap == "compare" and drafter == "compare":
+        raise click.UsageError("compare one thing per run: --overlap compare or --drafter compare.")
     schedule = {"on": True, "off": False}.get(overlap, overlap)
     from specbuild.errors import BenchError
 
@@ -184,6 +199,7 @@ def command(
             "vs_hf": vs_hf,
             "vs_plain": vs_plain,
             "overlap": overlap,
+            "drafter": drafter,
             "files": [str(plot_dir / n) for n in _plot_names()] if plot_dir else [],
         }
         if as_json:
@@ -210,6 +226,7 @@ def command(
         spec_path=shown_path(spec.path),
         overlap=schedule,
         floor=floor,
+        drafter=drafter,
     )
     if plot_dir is not None:
         from specbuild.bench.plots import write_plots

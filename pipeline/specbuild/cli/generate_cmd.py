@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from specbuild import backends, paths
+from specbuild import backends, drafters, paths
 from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_path, spec_option
 
 
@@ -78,6 +78,14 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
     "where it pays), else the server's.",
 )
 @click.option(
+    "--drafter",
+    type=click.Choice(drafters.NAMES),
+    default=None,
+    help="What proposes the draft tokens: model (the draft model), lookup (the continuation of the longest "
+    "n-gram of the text so far that occurred before; no model), hybrid (per step the lookup where the text repeats, "
+    "else the draft model). Default: the spec's speculative.drafter with --local, else the server's.",
+)
+@click.option(
     "--backend",
     type=click.Choice(backends.NAMES),
     default=None,
@@ -114,6 +122,7 @@ def command(
     stream,
     adaptive,
     overlap,
+    drafter,
     backend,
     device,
     no_cache,
@@ -128,6 +137,7 @@ def command(
       specbuild generate --local --num-draft-tokens 0 "def fibonacci(n):"    # target only
       specbuild generate --local --json --temperature 0.8 --seed 1 "Once upon a time"
       specbuild generate --local --stop return "def add(a, b):"    # ends with the first "return"
+      specbuild generate --local --drafter lookup "Repeat: the cat sat on the mat. Repeat: the cat"
       specbuild generate --chat --system "Be brief." "What is speculative decoding?"
 
     Text goes to stdout (streamed unless --no-stream); acceptance figures to stderr, or
@@ -153,6 +163,7 @@ def command(
         seed=seed,
         adaptive=adaptive,
         overlap=None if local else overlap,
+        drafter=drafter,
         stop=tuple(stop),
     )
     echo = None if as_json or not stream else _echo_stdout
@@ -199,6 +210,15 @@ def summary(doc: dict[str, Any]) -> str:
         )
     else:
         parts.append("K = 0 (target only)")
+    by_drafter = doc.get("by_drafter") or {}
+    if doc.get("drafter") not in (None, "model") or len(by_drafter) > 1:
+        parts.append(
+            f"drafter {doc.get('drafter')}: "
+            + ", ".join(
+                f"{name} {d['proposals']}/{d['steps']} steps proposed, {d['accepted']}/{d['drafted']} accepted"
+                for name, d in by_drafter.items()
+            )
+        )
     if doc.get("early_drafts"):
         parts.append(
             f"early drafts {doc['early_draft_hits']}/{doc['early_drafts']} used, "

@@ -15,7 +15,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from specbuild import drafters
 from specbuild.contract import models
+from specbuild.drafters import LookupSettings
 from specbuild.speculative.overlap import parse_setting
 
 __all__ = ["BlsParameters"]
@@ -39,6 +41,23 @@ class BlsParameters:
     max_concurrent_requests: int = 16  # requests served at once, a thread each
     max_queue_size: int = 0  # more waiting for a slot; past that, UNAVAILABLE (0 = no bound)
     serving_gate: str = ""  # the model the drain closes (specbuild.triton.models.serving_gate); "" = none
+    drafter: str = drafters.DEFAULT  # what proposes when a request does not say (specbuild.drafters)
+    # prompt lookup's settings, the spec's [lookup] (their defaults are LookupSettings')
+    max_matching_ngram_size: int = LookupSettings.max_matching_ngram_size
+    is_keep_all: bool = LookupSettings.is_keep_all
+    is_use_oldest: bool = LookupSettings.is_use_oldest
+    is_public_pool: bool = LookupSettings.is_public_pool
+    pool_max_tokens: int = LookupSettings.pool_max_tokens
+    hybrid_min_match: int = LookupSettings.hybrid_min_match
+
+    def lookup(self) -> LookupSettings:
+        """The lookup's settings these parameters carry."""
+        return LookupSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LookupSettings)})
+
+    @classmethod
+    def lookup_parameters(cls, settings: LookupSettings) -> dict[str, Any]:
+        """The fields that carry `settings` (the constructor's keywords)."""
+        return dataclasses.asdict(settings)
 
     def to_parameters(self) -> dict[str, str]:
         """The config.pbtxt parameters, every value a string."""
@@ -58,7 +77,12 @@ class BlsParameters:
                     )
                 continue
             values[f.name] = _parse(raw, f.type, f.name)
-        return cls(**values)
+        record = cls(**values)
+        if record.drafter not in drafters.NAMES:
+            raise ValueError(
+                f"model config parameter 'drafter' = {record.drafter!r} is invalid: use one of {', '.join(drafters.NAMES)}."
+            )
+        return record
 
 
 def _text(value: object) -> str:

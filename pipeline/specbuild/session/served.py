@@ -244,6 +244,7 @@ class ServedSession:
                 seed=options.seed,
                 stream=stream,
                 overlap=options.overlap,
+                drafter=options.drafter,
                 stop_words=list(options.stop),
             )
             streamed = read_stream(chunks, on_text, started)
@@ -304,6 +305,7 @@ class ServedSession:
             count_estimated=estimated,
             prompt_ids=prompt_ids,
             overlap=overlap,
+            drafter=figures.get("drafter") if isinstance(figures, dict) else options.drafter,
             extra={
                 "engine_source": None,
                 "server": {"url": self.url, "protocol": self.protocol},

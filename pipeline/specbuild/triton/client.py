@@ -11,9 +11,9 @@ Every failure raises `ClientError` with the server's own message. This is the pr
 response at a time. A whole generation read from the stream (text, time to first token, tokens/s,
 finish reason, figures) is `specbuild.session.served.ServedSession`, which every specbuild command uses.
 
-`overlap` (True, False or "auto") asks the BLS for a schedule, overriding its deployment's: it travels as a
-Triton request parameter, not a tensor (gRPC `parameters`, the HTTP generate body's "parameters" object),
-so the BLS's inputs stay NVIDIA's. The llmapi model has no such setting.
+`overlap` (True, False or "auto") asks the BLS for a schedule and `drafter` ("model", "lookup", "hybrid") for a
+drafter, overriding its deployment's: each travels as a Triton request parameter, not a tensor (gRPC `parameters`,
+the HTTP generate body's "parameters" object), so the BLS's inputs stay NVIDIA's. The llmapi model has neither.
 
 Two wire formats, one gRPC loop and one HTTP loop: the BLS's and the ensemble's (NVIDIA's inflight-batcher
 names, tensors [1, ...]), and Triton's llmapi model's (the LLM API path), found once per client
@@ -292,6 +292,7 @@ class SpecbuildClient:
         stream: bool = True,
         stop_words: list[str] | None = None,
         overlap: bool | str | None = None,
+        drafter: str | None = None,
         **extra: Any,
     ) -> Iterator[Chunk]:
         """Yield text chunks as the server sends them; the last one has final=True and the stats.
@@ -337,6 +338,13 @@ class SpecbuildClient:
                     f"overlap is a setting of the speculative BLS; {self.model} has no such setting: leave it unset."
                 )
             parameters["overlap"] = overlap
+        if drafter is not None:
+            if llmapi or self.model != models.BLS:
+                raise ClientError(
+                    f"drafter is a setting of the speculative BLS; {self.model} has no such setting: leave it unset "
+                    "(the llmapi model drafts as its model.yaml's speculative_config says)."
+                )
+            parameters["drafter"] = drafter
         if self.protocol == "grpc":
             yield from self._generate_grpc(prompt, fields, stop_words or [], parameters)
         else:

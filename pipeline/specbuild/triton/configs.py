@@ -29,6 +29,7 @@ from specbuild.contract import serving_gate as gate
 from specbuild.contract import tensors as T
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.pbtxt import config_proto as _pb
+from specbuild.drafters import LookupSettings
 from specbuild.errors import SpecError
 from specbuild.speculative.overlap import parse_setting
 
@@ -72,6 +73,8 @@ class RepoSettings:
     use_draft_logits: bool
     adaptive: bool
     overlap: str  # "true" | "false" | "auto": the BLS's schedule (the spec's speculative.overlap)
+    drafter: str  # what proposes by default (the spec's speculative.drafter)
+    lookup: LookupSettings  # prompt lookup's settings (the spec's [lookup])
     logits_datatype: str  # "TYPE_FP32" | "TYPE_FP16": the engines' logits dtype (specbuild.contract.logits)
     bls_decoupled: bool  # the BLS streams accepted tokens (decoupled transaction policy)
     max_queue_delay_microseconds: int
@@ -302,6 +305,8 @@ def bls(s: RepoSettings) -> model_config_pb2.ModelConfig:
             max_concurrent_requests=s.max_batch_size,
             max_queue_size=bls_queue_size(s),
             serving_gate=gate.MODEL_NAME,  # closed by the drain: new requests are then refused UNAVAILABLE
+            drafter=s.drafter,
+            **BlsParameters.lookup_parameters(s.lookup),
         ).to_parameters(),
     )
     _cpu_instances(pb, c, s.bls_instance_count)

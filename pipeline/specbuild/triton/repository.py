@@ -177,6 +177,8 @@ def plan_settings(
         use_draft_logits=spec.speculative.use_draft_logits,
         adaptive=spec.speculative.adaptive,
         overlap=str(spec.speculative.overlap).lower(),
+        drafter=spec.speculative.drafter,
+        lookup=spec.lookup,
         logits_datatype=logits_datatype,
         bls_decoupled=s.decoupled,
         max_queue_delay_microseconds=s.max_queue_delay_microseconds,

@@ -47,12 +47,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from specbuild import drafters
 from specbuild.contract import models
 from specbuild.contract.adapters import ContractDrafter, ContractVerifier
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.logits import NUMPY_NAMES
 from specbuild.contract.serving_gate import Gate
 from specbuild.contract.tensors import final_values
+from specbuild.decode.drafting import Drafting
 from specbuild.decode.driver import drive
 from specbuild.decode.generation import Generation
 from specbuild.decode.request import RequestRules
@@ -119,12 +121,17 @@ class TritonPythonModel:
         self.pre = Preprocessor(self.tokenizer, settings.add_special_tokens)
         # a request naming no end id ends at any of the deployment's: the tokenizer's eos (preprocessing's end_id,
         # the one the models get), then the checkpoint's listed ones, as the local path reads them
+        # the drafters: the draft model (a ContractDrafter per request, below), prompt lookup, the hybrid; the lookup's
+        # pool is this instance's, shared by its requests
+        self.drafting = Drafting.create(settings.drafter, None, settings.lookup())
         self.rules = RequestRules(
             self.tokenizer,
             end_ids(self.pre.end_id, listed_end_ids(tokenizer_dir)),
             self.max_draft_len,
             settings.num_draft_tokens,
             settings.adaptive_draft_len,
+            settings.drafter,
+            drafters.NAMES,
         )
         token_bytes = max_token_bytes(self.tokenizer)
         if token_bytes.longest is None:
@@ -234,16 +241,29 @@ class TritonPythonModel:
         self.pb.Logger.log_error(f"{self.model_name}: {traceback.format_exc()}")
         return TritonError(f"internal error in {self.model_name}: {type(err).__name__}: {err}")
 
+    @staticmethod
+    def _parameter(request, name: str):
+        """A Triton request parameter (not a tensor, so NVIDIA's clients are unaffected); None when not sent."""
+        try:
+            return json.loads(request.parameters() or "{}").get(name)
+        except (AttributeError, ValueError):  # a server without request parameters, or none sent
+            return None
+
+    def _drafter(self, request) -> str | None:
+        """The request's drafter: its parameter `drafter` (specbuild.drafters), or None for the deployment's."""
+        asked = self._parameter(request, "drafter")
+        if asked is not None and not isinstance(asked, str):
+            raise RequestError(
+                f"request parameter 'drafter' = {asked!r} is invalid: use one of {', '.join(drafters.NAMES)}."
+            )
+        return asked
+
     def _schedule(self, request) -> bool | str:
         """The request's schedule: its parameter `overlap` (true, false or "auto"; a Triton request parameter,
         not a tensor, so NVIDIA's clients are unaffected) or the deployment's. "auto" drafts ahead only while
         the cores can run every request's two models at once (requests in flight x 2 <= cores): beyond that
         the models are busy anyway, and a missed early draft takes a turn from another request."""
-        asked = None
-        try:
-            asked = json.loads(request.parameters() or "{}").get("overlap")
-        except (AttributeError, ValueError):  # a server without request parameters, or none sent
-            pass
+        asked = self._parameter(request, "overlap")
         if asked is None:
             overlap = self.overlap
         else:
@@ -273,15 +293,19 @@ class TritonPythonModel:
             end_id=req.end_id,
             stop=req.stop_words,
             overlap=self._schedule(request),
+            drafter=self._drafter(request),
         )
         pad_id = self.pre.pad_id if req.pad_id is None else req.pad_id
         use_logits = self.default_use_draft_logits if req.use_draft_logits is None else req.use_draft_logits
-        drafter = ContractDrafter(
+        model = ContractDrafter(
             lambda inputs: call_model(self.pb, self.draft_model, inputs),
             end_id=ready.model_end_id,
             pad_id=pad_id,
             use_logits=use_logits,
         )
+        # a lookup proposal reaches the target as draft_input_ids, as NVIDIA's n-gram example sends it
+        # (NVIDIA/TensorRT-LLM examples/ngram/run_dtm_ngram.py): no draft model call, no draft logits
+        drafter = model if ready.drafter == "model" else self.drafting.drafter(ready.drafter, model)
         verifier = ContractVerifier(
             lambda inputs: call_model(self.pb, self.target_model, inputs),
             max_draft_len=self.max_draft_len,
@@ -302,9 +326,11 @@ class TritonPythonModel:
             cancelled=cancelled or request.is_cancelled,
             stop_words=ready.stop_words,
             schedule=self.auto_schedule,
+            drafter_name=ready.drafter,
         )
         if result.finish_reason == "cancelled":
             raise Cancelled("request cancelled by the client")
+        self.drafting.remember(prompt, result.output_ids)
         with self.metrics_lock:
             self.metrics.record(result.stats, len(result.output_ids))
         if req.stream:  # streamed responses carry new text only, like TensorRT-LLM's; it has all been sent
@@ -341,6 +367,7 @@ class TritonPythonModel:
                         "speculation_stats": {
                             **stats.to_dict(),
                             "overlap": result.overlap,
+                            "drafter": result.drafter,
                             **({"k": result.k.to_dict()} if result.k else {}),
                         },
                     }
