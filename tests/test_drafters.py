@@ -191,3 +191,23 @@ def test_a_deployment_without_a_draft_model_refuses_the_model_drafters_by_name()
     assert session.generate("abcabcab", Options(max_tokens=6, num_draft_tokens=4)).drafter == "lookup"
     with pytest.raises(RequestError, match="drafter = 'hybrid' cannot run here: this deployment has no draft model"):
         session.generate("abcabcab", Options(max_tokens=6, drafter="hybrid"))
+
+
+def test_check_says_before_anything_is_built_where_a_path_cannot_run_the_drafter(tiny_spec_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    text = tiny_spec_path.read_text()
+    tiny_spec_path.write_text(text.replace('drafter = "model"', 'drafter = "hybrid"'))
+    base = ["check", "-c", str(tiny_spec_path), "--no-weight-scan", "--json"]
+    refused = CliRunner().invoke(main, [*base, "--backend", "llmapi"])
+    assert refused.exit_code != 0
+    problems = {p["code"]: p for p in json.loads(refused.stdout)["problems"]}
+    assert "has no equivalent on the LLM API path" in problems["drafter_not_on_path"]["message"]
+    converted = CliRunner().invoke(main, ["convert", "-c", str(tiny_spec_path), "--backend", "llmapi"])
+    assert converted.exit_code != 0 and "has no equivalent on the LLM API path" in converted.output  # refused there too
+    taken = CliRunner().invoke(main, [*base, "--backend", "reference"])
+    assert "drafter_not_on_path" not in taken.stdout

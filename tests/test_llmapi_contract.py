@@ -4,6 +4,8 @@ config's spelling, the trtllm-serve options file, and the refusals that mirror T
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from fakes.build_fixtures import make_spec
@@ -199,3 +201,44 @@ def test_formats_the_path_does_not_export_are_refused_by_name(tmp_path, quantiza
     spec = make_spec(tmp_path, target={"quantization": quantization})
     with pytest.raises(SpecError, match=f"target.quantization = '{quantization}' is not supported on the LLM API"):
         args_mod.llm_args(spec, args_mod.Locations("/t", "/d"))
+
+
+# ---- prompt lookup on the LLM API: NGramDecodingConfig; the hybrid has no equivalent -----------------------------
+def test_the_lookup_drafter_writes_nvidias_ngram_config_without_a_draft_model(tmp_path):
+    spec = make_spec(
+        tmp_path,
+        speculative={"max_draft_len": 4, "num_draft_tokens": 3, "drafter": "lookup"},
+        lookup={"max_matching_ngram_size": 3, "is_public_pool": True},
+    )
+    data = args_mod.llm_args(spec, args_mod.Locations("/t", "/d"))
+    assert data["speculative_config"] == {
+        "decoding_type": "NGram",
+        "max_draft_len": 3,
+        "max_matching_ngram_size": 3,
+        "is_keep_all": True,
+        "is_use_oldest": True,
+        "is_public_pool": True,
+    }
+    assert contract.unknown_llm_args(data) == [] and contract.unknown_llm_args(data, "later") == []
+    assert "/d" not in json.dumps(data)  # no draft model on this path
+
+
+def test_the_hybrid_is_refused_on_the_llm_api_path_by_the_args_and_by_check(tmp_path):
+    from specbuild.drafters import path_refusal
+
+    spec = make_spec(tmp_path, speculative={"max_draft_len": 4, "num_draft_tokens": 3, "drafter": "hybrid"})
+    with pytest.raises(SpecError, match="speculative.drafter = 'hybrid' has no equivalent on the LLM API path"):
+        args_mod.llm_args(spec, args_mod.Locations("/t", "/d"))
+    assert path_refusal("hybrid", "engine") is None and path_refusal("lookup", "llmapi") is None
+
+
+def test_the_stand_in_refuses_an_ngram_config_the_release_refuses():
+    from specbuild.llmapi.llm import LlmArgsError, validate_args
+
+    base = {"model": "/t", "backend": "pytorch"}
+    ngram = {"decoding_type": "NGram", "max_draft_len": 3}
+    assert validate_args({**base, "speculative_config": ngram})["speculative_config"]["decoding"] == "NGram"
+    with pytest.raises(LlmArgsError, match="max_draft_len must be > 0"):
+        validate_args({**base, "speculative_config": {**ngram, "max_draft_len": 0}})
+    with pytest.raises(LlmArgsError, match="max_matching_ngram_size: Input should be greater than 0"):
+        validate_args({**base, "speculative_config": {**ngram, "max_matching_ngram_size": 0}})

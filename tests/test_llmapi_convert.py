@@ -126,6 +126,41 @@ def test_the_stand_in_llm_gives_the_engine_paths_target_only_ids(tmp_path, examp
         assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
 
 
+def test_the_stand_in_with_an_ngram_config_drafts_by_lookup_and_gives_the_target_only_ids(tmp_path, example_tiny):
+    """NGramDecodingConfig (the spec's drafter "lookup"): no draft model loaded, lookup proposals verified by the
+    target, the same ids as target-only decoding; the public pool holds the finished requests."""
+    import dataclasses
+
+    from triton_helpers import make_deployment
+
+    from specbuild.decode.generation import Options
+    from specbuild.llmapi.args import llm_args
+    from specbuild.llmapi.build import locations
+    from specbuild.llmapi.checkpoint import convert_pair
+    from specbuild.llmapi.llm import StandInLLM, sampling_from_request
+    from specbuild.session.local import LocalSession
+
+    deployment = make_deployment(tmp_path, example_tiny)
+    spec = deployment.spec
+    lookup_spec = dataclasses.replace(
+        spec,
+        speculative=dataclasses.replace(spec.speculative, drafter="lookup"),
+        lookup=dataclasses.replace(spec.lookup, is_public_pool=True),
+    )
+    convert_pair(spec, ["target"], log=lambda m: None)
+    llm = StandInLLM(llm_args(lookup_spec, locations(lookup_spec)))
+    assert llm.draft is None and llm.lookup is not None and llm.lookup.settings.is_public_pool
+    local = LocalSession.from_spec(spec, device="cpu", threads=1)
+    drafted = 0
+    for prompt in ("x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1,", "def add(a, b):", "def add(a, b):"):
+        expected = local.generate(prompt, Options(max_tokens=24, num_draft_tokens=0, adaptive=False)).output_ids
+        sampling = sampling_from_request({"max_tokens": 24, "return_perf_metrics": True})
+        final = llm.generate(prompt, sampling, streaming=False).outputs[0]
+        assert final.token_ids == expected, prompt
+        drafted += final.request_perf_metrics["total_draft_tokens"]
+    assert drafted > 0 and llm.lookup.pool.figures()["sequences"] == 3
+
+
 def test_build_needs_both_checkpoints(tiny_spec_path):
     result = CliRunner().invoke(main, ["build", "-c", str(tiny_spec_path), "--backend", "llmapi"])
     assert result.exit_code == 1 and "run `specbuild convert --backend llmapi` first" in result.output.lower()

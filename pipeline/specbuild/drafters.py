@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["NAMES", "Drafter", "LookupSettings", "get"]
+__all__ = ["NAMES", "Drafter", "LookupSettings", "get", "path_refusal"]
 
 
 @dataclass(frozen=True)
@@ -23,12 +23,21 @@ class Drafter:
     needs_draft_model: bool  # a [draft] checkpoint, its engine and its Triton model
     uses_lookup: bool  # reads [lookup]
     summary: str
+    # TensorRT-LLM 1.2.1's LLM API runs it (its speculative_config: DraftTarget for the model, NGram for the lookup);
+    # on the engine path the BLS runs every drafter
+    on_llm_api: bool = True
 
 
 _RECORDS = (
     Drafter("model", True, False, "a draft model proposes K tokens per step"),
     Drafter("lookup", False, True, "the continuation of the longest matching n-gram of the text so far (no model)"),
-    Drafter("hybrid", True, True, "per step the lookup when its match is long enough, else the draft model"),
+    Drafter(
+        "hybrid",
+        True,
+        True,
+        "per step the lookup when its match is long enough, else the draft model",
+        on_llm_api=False,  # its NGram and DraftTarget configs are one or the other, per deployment
+    ),
 )
 NAMES = tuple(record.name for record in _RECORDS)
 DEFAULT = "model"
@@ -39,6 +48,19 @@ def get(name: str) -> Drafter:
         if record.name == name:
             return record
     raise KeyError(name)
+
+
+def path_refusal(name: str, path: str) -> tuple[str, str] | None:
+    """(problem, fix) when the pipeline path ("engine" | "llmapi", specbuild.backends) cannot run drafter `name`;
+    check and the path's own stages both ask this."""
+    if path == "llmapi" and not get(name).on_llm_api:
+        return (
+            f"speculative.drafter = {name!r} has no equivalent on the LLM API path: TensorRT-LLM 1.2.1's "
+            "speculative_config drafts with a draft model (DraftTarget) or by n-gram lookup (NGram), one per deployment",
+            'use drafter = "model" or "lookup" there, or the engine path (--backend trtllm or reference), whose BLS '
+            "runs the hybrid",
+        )
+    return None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specbuild import backends, families
+from specbuild import backends, drafters, families
 from specbuild.check.advice import plan_memory
 from specbuild.check.advice import summary_lines as engine_summary_lines
 from specbuild.check.llmapi_memory import plan_memory as plan_llmapi_memory
@@ -80,6 +80,8 @@ def run_check(
                 "--allow-pickle. Its parameter count is estimated from config.json.",
                 "Convert it to safetensors (save_pretrained(dir, safe_serialization=True)).",
             )
+    if refusal := drafters.path_refusal(spec.speculative.drafter, backends.path_of(backend)):
+        report.problem("drafter_not_on_path", *refusal)
     if backends.get(backend).engines:  # max_num_tokens is a limit trtllm-build writes into an engine
         check_max_num_tokens(report, spec)
     tokenizer_size = check_tokenizers(report, spec)

@@ -321,6 +321,13 @@ SPELLINGS = {"pinned": (DECODING_TYPE, DRAFT_MODEL_KEY), "later": (LATER_DECODIN
 SPELLING_RECORD = "/opt/specbuild/llmapi-spelling.json"  # where the image's probe records it
 SPELLING_RECORD_ENV = "SPECBUILD_LLMAPI_SPELLING"  # another place for the record (the tests)
 
+# Prompt lookup on the LLM API (PyTorch backend): NGramDecodingConfig, decoding_type "NGram" in both spellings
+# (DecodingBaseConfig.from_dict's key; the later releases' Literal["NGram"]), its fields besides max_draft_len
+# (llm_args.py, 1.2-era pydantic version: max_matching_ngram_size PositiveInt default 2, the three flags default
+# True). No draft model; the pool has no cap on this path.
+NGRAM_DECODING_TYPE = "NGram"
+NGRAM_DEFAULTS = {"max_matching_ngram_size": 2, "is_keep_all": True, "is_use_oldest": True, "is_public_pool": True}
+NGRAM_FIELDS = tuple(NGRAM_DEFAULTS)
 # ARGS BaseLlmArgs.validate_speculative_config for DraftTargetDecodingConfig (asserts, i.e. AssertionError):
 MSG_DRAFT_BACKEND = "backend must be 'pytorch' for DraftTarget"  # `assert self.backend in ['pytorch']`
 MSG_DRAFT_LEN = "max_draft_len must be > 0"  # `assert self.speculative_config.max_draft_len > 0`
@@ -329,7 +336,7 @@ MSG_DRAFT_PATH = "Path to draft model must be specified."
 CUDA_GRAPH_CONFIG = frozenset({"batch_sizes", "max_batch_size", "enable_padding"})
 NESTED = {
     "kv_cache_config": KV_CACHE_CONFIG,
-    "speculative_config": DECODING_CONFIG | {DECODING_TYPE_KEY},
+    "speculative_config": DECODING_CONFIG | {DECODING_TYPE_KEY} | set(NGRAM_FIELDS),
     "cuda_graph_config": CUDA_GRAPH_CONFIG,
 }
 # LLM-API pytorch backend request check (tensorrt_llm/llmapi/llm.py `_check_arguments`, 1.x):

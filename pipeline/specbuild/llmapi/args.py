@@ -8,7 +8,9 @@ Values (TensorRT-LLM 1.2 LLM-argument names, `contract` ARGS):
 - tensor/pipeline_parallel_size, max_batch_size, max_input_len, max_seq_len, max_num_tokens from [build];
 - kv_cache_config: free_gpu_memory_fraction (the spec's, else TensorRT-LLM's default 0.9,
   which the memory plan also uses) and enable_block_reuse;
-- speculative_config: decoding_type "DraftTarget" and max_draft_len = the spec's num_draft_tokens. The LLM
+- speculative_config: decoding_type "DraftTarget" (speculative.drafter "model") or "NGram" with [lookup]'s
+  max_matching_ngram_size, is_keep_all, is_use_oldest, is_public_pool (drafter "lookup"; no draft model), and
+  max_draft_len = the spec's num_draft_tokens; the hybrid has no equivalent and is refused. The LLM
   API drafts exactly max_draft_len tokens at every step and has no per-request K, so the K a request would
   use by default is what this path writes; num_draft_tokens = 0 writes no speculative_config (target only);
 - disable_overlap_scheduler: true, as NVIDIA's draft/target examples run it.
@@ -21,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specbuild import yamltext
+from specbuild import drafters, yamltext
 from specbuild.config import Spec
 from specbuild.contract import llmapi as contract
 from specbuild.errors import SpecError
@@ -42,6 +44,8 @@ def kv_fraction(spec: Spec) -> tuple[float, str]:
 
 def check_spec(spec: Spec) -> None:
     """What this path refuses before any work (SpecError naming the key and the fix)."""
+    if refusal := drafters.path_refusal(spec.speculative.drafter, "llmapi"):
+        raise SpecError(f"{refusal[0]}: {refusal[1]}.")
     for role in ("target", "draft"):
         model = spec.role(role)
         if model.quantization not in contract.QUANTIZATIONS:
@@ -79,7 +83,13 @@ def llm_args(spec: Spec, where: Locations) -> dict[str, Any]:
         "kv_cache_config": {"free_gpu_memory_fraction": fraction, "enable_block_reuse": spec.llmapi.enable_block_reuse},
         "disable_overlap_scheduler": spec.llmapi.disable_overlap_scheduler,
     }
-    if sp.num_draft_tokens > 0:
+    if sp.num_draft_tokens > 0 and sp.drafter == "lookup":
+        args["speculative_config"] = {
+            contract.DECODING_TYPE_KEY: contract.NGRAM_DECODING_TYPE,
+            "max_draft_len": sp.num_draft_tokens,
+            **{name: getattr(spec.lookup, name) for name in contract.NGRAM_FIELDS},
+        }
+    elif sp.num_draft_tokens > 0:
         decoding_type, draft_key = contract.SPELLINGS[spelling()]
         args["speculative_config"] = {
             contract.DECODING_TYPE_KEY: decoding_type,
@@ -130,6 +140,8 @@ def validate_llm_args(args: dict[str, Any]) -> None:
         raise SpecError(f"{contract.MSG_DRAFT_BACKEND} (backend = {args.get('backend')!r}).")
     if not isinstance(spec_config.get("max_draft_len"), int) or spec_config["max_draft_len"] <= 0:
         raise SpecError(f"{contract.MSG_DRAFT_LEN} (got {spec_config.get('max_draft_len')!r}).")
+    if decoding_type == contract.NGRAM_DECODING_TYPE:
+        return  # prompt lookup: no draft model
     if not spec_config.get(draft_key):
         raise SpecError(contract.MSG_DRAFT_PATH)
 

@@ -13,6 +13,10 @@ adaptive K), greedy acceptance by token match or rejection sampling when samplin
 step when streaming (its text cumulative), the draft's tokens and the target's verdicts counted in the
 per-request speculative-decoding metrics (acceptance_rate = accepted / drafted). Sampling parameters the
 reference runtime cannot honour (best_of > 1, frequency/presence penalties) are refused by name.
+An NGram config (prompt lookup, `decoding_type: NGram`) drafts with `specbuild.speculative.lookup` under the
+config's max_matching_ngram_size, is_keep_all, is_use_oldest and is_public_pool, no draft model loaded; its
+proposals may differ from NVIDIA's pool, which is updated every step and has no cap, so acceptance figures may
+differ while the text, verified by the target, cannot.
 The stand-in has no paged KV cache: the kv_cache_* metrics are what a fresh cache without reuse would
 report (blocks of 32 tokens for the prompt and output), and say so in docs/llmapi.md.
 """
@@ -53,14 +57,21 @@ def validate_args(args: dict[str, Any]) -> dict[str, Any]:
         decoding_type = spec.pop(contract.DECODING_TYPE_KEY, None)
         if decoding_type not in contract.DECODING_TYPES:
             raise LlmArgsError(f"Invalid decoding type: {decoding_type}")
-        if decoding_type != contract.DECODING_TYPE:
-            raise LlmArgsError(f"decoding_type {decoding_type!r}: the CPU stand-in runs {contract.DECODING_TYPE} only")
+        if decoding_type not in (contract.DECODING_TYPE, contract.NGRAM_DECODING_TYPE):
+            raise LlmArgsError(
+                f"decoding_type {decoding_type!r}: the CPU stand-in runs {contract.DECODING_TYPE} and "
+                f"{contract.NGRAM_DECODING_TYPE} only"
+            )
+        spec["decoding"] = decoding_type
         if backend != "pytorch":
             raise LlmArgsError(contract.MSG_DRAFT_BACKEND)
         if not isinstance(spec.get("max_draft_len"), int) or spec["max_draft_len"] <= 0:
             raise LlmArgsError(contract.MSG_DRAFT_LEN)
-        if not spec.get(contract.DRAFT_MODEL_KEY):
+        if decoding_type == contract.DECODING_TYPE and not spec.get(contract.DRAFT_MODEL_KEY):
             raise LlmArgsError(contract.MSG_DRAFT_PATH)
+        size = spec.get("max_matching_ngram_size", 1)
+        if decoding_type == contract.NGRAM_DECODING_TYPE and (not isinstance(size, int) or size < 1):
+            raise LlmArgsError(f"max_matching_ngram_size: Input should be greater than 0 (got {size!r})")
     fraction = (args.get("kv_cache_config") or {}).get("free_gpu_memory_fraction")
     if fraction is not None and not 0.0 <= float(fraction) <= 1.0:
         raise LlmArgsError("free_gpu_memory_fraction must be a float between 0 and 1")
@@ -165,13 +176,24 @@ class StandInLLM:
         self.target = load_model(
             self.target_dir, {"max_batch_size": batch, "max_seq_len": seq + self.k, "max_draft_len": self.k}, device
         )
+        self.lookup = None  # NGram: prompt lookup with the config's settings, its pool shared by the requests
+        if spec and spec["decoding"] == contract.NGRAM_DECODING_TYPE:
+            from specbuild.drafters import LookupSettings
+            from specbuild.speculative.lookup import LookupDrafter, LookupPool
+
+            # the fields as NGramDecodingConfig reads them (its defaults where absent); the pool is bounded here
+            # (LookupSettings.pool_max_tokens), NVIDIA's grows with its requests
+            settings = LookupSettings(**{name: spec.get(name, d) for name, d in contract.NGRAM_DEFAULTS.items()})
+            self.lookup = LookupDrafter(
+                settings, LookupPool(settings.pool_max_tokens) if settings.is_public_pool else None
+            )
         self.draft = (
             load_model(
                 Path(spec[contract.DRAFT_MODEL_KEY]),
                 {"max_batch_size": batch, "max_seq_len": seq, "max_draft_len": 0},
                 device,
             )
-            if spec
+            if spec and self.lookup is None
             else None
         )
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.target_dir), local_files_only=True)
@@ -179,8 +201,14 @@ class StandInLLM:
         # the checkpoint's other end ids come with each request as stop_token_ids (specbuild.llmapi.end_ids). The LLM
         # API drafts max_draft_len at every step (0: target only), and K does not adapt
         eos = self.tokenizer.eos_token_id
+        drafts = self.draft is not None or self.lookup is not None
         self.rules = RequestRules(
-            self.tokenizer, () if eos is None else (eos,), self.k if self.draft else 0, self.k if self.draft else 0
+            self.tokenizer,
+            () if eos is None else (eos,),
+            self.k if drafts else 0,
+            self.k if drafts else 0,
+            default_drafter="lookup" if self.lookup else "model",
+            runnable_drafters=("lookup",) if self.lookup else ("model",),
         )
         self.max_batch_size = batch
 
@@ -230,7 +258,9 @@ class StandInLLM:
         target = call("target") if call else self.target
         verifier = ContractVerifier(target, max_draft_len=self.k, end_id=ready.model_end_id)
         drafter = (
-            ContractDrafter(call("draft") if call else self.draft, end_id=ready.model_end_id) if self.draft else None
+            ContractDrafter(call("draft") if call else self.draft, end_id=ready.model_end_id)
+            if self.draft
+            else self.lookup
         )
         counts = [0, 0]  # drafted, accepted so far
         times = {"scheduled": None, "first": None}
@@ -260,6 +290,8 @@ class StandInLLM:
             )
         except RequestError as err:
             raise ModelException(str(err)) from None
+        if self.lookup is not None and self.lookup.pool is not None and result.finish_reason != "cancelled":
+            self.lookup.pool.add([*prompt_ids, *result.output_ids])
         tokens, stop_reason = list(result.output_ids), None
         if isinstance(result.stop_reason, (str, int)):  # a stop string or id is left out (include_stop_str_in_output
             stop_reason = result.stop_reason  # False), as result.py's _handle_sequence does

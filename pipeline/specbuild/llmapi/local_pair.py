@@ -24,6 +24,7 @@ def local_pair(spec: Spec, device: str | None = "cpu") -> dict:
     """The spec's pair as the llmapi server runs it, in this process, as `session.local.LocalSession`'s arguments
     (ArtifactError before `convert --backend llmapi`); device: cpu, cuda, or auto/None (cuda when torch sees one)."""
     from specbuild.contract.adapters import ContractDrafter, ContractVerifier
+    from specbuild.decode.drafting import Drafting
     from specbuild.hfmodel import listed_end_ids
     from specbuild.llmapi.llm import NoDraft, StandInLLM
     from specbuild.reference.loading import resolve_device
@@ -42,8 +43,11 @@ def local_pair(spec: Spec, device: str | None = "cpu") -> dict:
     # stop_token_ids (llmapi.end_ids.stop_token_ids: none without an eos); the session ends at each once
     verifier = ContractVerifier(llm.target, max_draft_len=llm.k, end_id=eos)
     drafter = ContractDrafter(llm.draft, end_id=eos) if llm.draft is not None else NoDraft()
+    # an NGram config drafts by lookup, as the stand-in does, with its settings and pool
+    drafting = Drafting("lookup", None, llm.lookup.settings, llm.lookup.pool) if llm.lookup is not None else None
     return {
         "drafter": drafter,
+        "drafting": drafting,
         "verifier": verifier,
         "encode": llm.encode,
         "tokenizer": llm.tokenizer,
