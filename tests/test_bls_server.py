@@ -495,6 +495,7 @@ def test_every_served_model_keeps_the_batcher_on_its_prefetching_path(server):
 # ---- drafters: prompt lookup's proposals reach the target as draft_input_ids, the text is the target's -----------
 @pytest.mark.parametrize("drafter", ["lookup", "hybrid"])
 def test_greedy_with_lookup_or_the_hybrid_equals_target_only(server, target_only, drafter):
+    before = _metrics(server)
     proposed = {}
     with SpecbuildClient(server.grpc_url) as client:
         for prompt in [*PROMPTS[:3], "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2,"]:
@@ -511,3 +512,7 @@ def test_greedy_with_lookup_or_the_hybrid_equals_target_only(server, target_only
         assert client.is_ready()
     assert proposed.get("lookup", 0) > 0  # the lookup proposed
     assert (proposed.get("model", 0) > 0) == (drafter == "hybrid")  # the draft model only where the hybrid asked it
+    after = _metrics(server)
+    for name, count in proposed.items():  # the metrics count each drafter's proposals as the responses do
+        key = f"specbuild_drafter_proposals_total[drafter={name}]"
+        assert after[key] - before.get(key, 0.0) == count, name

@@ -333,6 +333,7 @@ class TritonPythonModel:
         self.drafting.remember(prompt, result.output_ids)
         with self.metrics_lock:
             self.metrics.record(result.stats, len(result.output_ids))
+            self.metrics.pool(self.drafting.figures())
         if req.stream:  # streamed responses carry new text only, like TensorRT-LLM's; it has all been sent
             return self._response("", result)
         exclude = TARGET_EXCLUDES_INPUT if req.exclude_input_in_output is None else req.exclude_input_in_output

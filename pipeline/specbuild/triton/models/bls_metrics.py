@@ -4,6 +4,9 @@ Counters are cumulative, so rates and ratios come from PromQL, e.g.
     acceptance rate          = rate(specbuild_accepted_tokens_total) / rate(specbuild_drafted_tokens_total)
     accepted tokens per step = rate(specbuild_generated_tokens_total) / rate(specbuild_verify_steps_total)
     acceptance at position i = specbuild_position_accepted_total{position="i"} / specbuild_position_drafted_total{position="i"}
+    per drafter              = specbuild_drafter_{steps,proposals,drafted_tokens,accepted_tokens}_total{drafter="lookup"}
+The lookup's pool (specbuild.drafters, this instance's) shows as the gauges specbuild_lookup_pool_{tokens,sequences}
+and the counter specbuild_lookup_pool_evictions_total.
 Two gauges give the same running figures directly for dashboards without PromQL.
 
 `QueueMetrics` is the BLS's queue, which it bounds itself (requests received and waiting for a slot, requests
@@ -25,7 +28,7 @@ from specbuild.speculative.stats import SpeculationStats
 
 COUNTERS = {
     "specbuild_requests_total": "Requests completed by the speculative BLS, by speculation on/off",
-    "specbuild_drafted_tokens_total": "Draft tokens proposed by the draft model",
+    "specbuild_drafted_tokens_total": "Draft tokens proposed (by every drafter)",
     "specbuild_accepted_tokens_total": "Draft tokens accepted by the target model",
     "specbuild_generated_tokens_total": "Tokens returned to clients (accepted + recovered/bonus)",
     "specbuild_verify_steps_total": "Target model calls (verify steps, or plain decoding steps when K = 0)",
@@ -36,6 +39,17 @@ COUNTERS = {
     "specbuild_acceptance_disagreements_total": "Verify steps whose total_accepted_draft_tokens was missing or differed "
     "from the count the returned tokens give (the tokens decide)",
 }
+DRAFTER_COUNTERS = {  # by drafter (label "drafter": model, lookup), SpeculationStats.by_drafter
+    "specbuild_drafter_steps_total": "Steps a drafter was asked to propose",
+    "specbuild_drafter_proposals_total": "Steps a drafter proposed at least one token",
+    "specbuild_drafter_drafted_tokens_total": "Draft tokens a drafter proposed",
+    "specbuild_drafter_accepted_tokens_total": "Draft tokens of a drafter the target accepted",
+}
+POOL_GAUGES = {
+    "specbuild_lookup_pool_tokens": "Tokens the lookup's pool holds (at most the spec's lookup.pool_max_tokens)",
+    "specbuild_lookup_pool_sequences": "Finished requests' texts the lookup's pool holds",
+}
+POOL_COUNTERS = {"specbuild_lookup_pool_evictions_total": "Texts dropped from the lookup's pool to stay within its cap"}
 GAUGES = {
     "specbuild_acceptance_rate": "Accepted / drafted draft tokens since the model loaded",
     "specbuild_mean_accepted_len": "Tokens produced per target step since the model loaded (bonus included)",
@@ -49,7 +63,11 @@ class SpeculationMetrics:
             self._families[name] = pb_utils.MetricFamily(
                 name=name, description=description, kind=pb_utils.MetricFamily.COUNTER
             )
-        for name, description in GAUGES.items():
+        for name, description in {**DRAFTER_COUNTERS, **POOL_COUNTERS}.items():
+            self._families[name] = pb_utils.MetricFamily(
+                name=name, description=description, kind=pb_utils.MetricFamily.COUNTER
+            )
+        for name, description in {**GAUGES, **POOL_GAUGES}.items():
             self._families[name] = pb_utils.MetricFamily(
                 name=name, description=description, kind=pb_utils.MetricFamily.GAUGE
             )
@@ -57,8 +75,11 @@ class SpeculationMetrics:
         self._metrics = {
             name: family.Metric(labels=labels)
             for name, family in self._families.items()
-            if name not in ("specbuild_requests_total",) and "position" not in name
+            if name not in ("specbuild_requests_total",) and "position" not in name and name not in DRAFTER_COUNTERS
         }
+        self._labels = labels
+        self._by_drafter: dict[str, dict[str, Any]] = {}  # drafter -> counter name -> Metric, made when first seen
+        self._evicted = 0
         self._requests = {
             mode: self._families["specbuild_requests_total"].Metric(labels={**labels, "speculation": mode})
             for mode in ("on", "off")
@@ -90,9 +111,32 @@ class SpeculationMetrics:
             for position, count in enumerate(counts[: len(self._positions[kind])]):
                 if count:
                     self._positions[kind][position].increment(count)
+        for drafter, counts in stats.by_drafter.items():
+            for name, metric in self._drafter_metrics(drafter).items():
+                key = name.removeprefix("specbuild_drafter_").removesuffix("_total").removesuffix("_tokens")
+                if counts.get(key):
+                    metric.increment(counts[key])
         self._totals = self._totals.merge(stats)
         m["specbuild_acceptance_rate"].set(self._totals.acceptance_rate)
         m["specbuild_mean_accepted_len"].set(self._totals.mean_accepted_len)
+
+    def pool(self, figures: dict[str, int]) -> None:
+        """The lookup pool's figures (`speculative.lookup.LookupPool.figures`) after a request."""
+        if not figures:
+            return
+        self._metrics["specbuild_lookup_pool_tokens"].set(figures["tokens"])
+        self._metrics["specbuild_lookup_pool_sequences"].set(figures["sequences"])
+        if figures["evicted"] > self._evicted:
+            self._metrics["specbuild_lookup_pool_evictions_total"].increment(figures["evicted"] - self._evicted)
+            self._evicted = figures["evicted"]
+
+    def _drafter_metrics(self, drafter: str) -> dict[str, Any]:
+        if drafter not in self._by_drafter:
+            self._by_drafter[drafter] = {
+                name: self._families[name].Metric(labels={**self._labels, "drafter": drafter})
+                for name in DRAFTER_COUNTERS
+            }
+        return self._by_drafter[drafter]
 
 
 QUEUE_GAUGES = {
