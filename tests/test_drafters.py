@@ -1,6 +1,7 @@
 """Drafters without a draft model: prompt lookup's rules, the pool's bound, the hybrid's choice, and exactness (greedy
 output equal to K = 0, sampled output distributed as the target's) on the toy pair; the example pair's held-out
-prompts are in tests/test_drafters_example.py."""
+prompts are in tests/test_runtime_speculative.py, every family's in tests/test_families.py, the server's in
+tests/test_bls_server.py."""
 
 from __future__ import annotations
 

@@ -212,10 +212,22 @@ def test_speculative_greedy_output_equals_target_only_and_transformers_generate(
             k: session.generate(PROMPT, Options(max_tokens=16, num_draft_tokens=k, adaptive=False)) for k in range(0, 9)
         }  # K = 0 and every K up to 8
         prompt = session.encode(PROMPT)
+        # every drafter: prompt lookup and the hybrid too, on a prompt that repeats itself (so the lookup finds text)
+        quoted = f"{PROMPT} {PROMPT} {PROMPT}"
+        plain = session.generate(quoted, Options(max_tokens=16, num_draft_tokens=0, adaptive=False)).output_ids
+        by_drafter = {
+            (drafter, k): session.generate(
+                quoted, Options(max_tokens=16, num_draft_tokens=k, adaptive=False, drafter=drafter)
+            )
+            for drafter in ("lookup", "hybrid")
+            for k in (2, 8)
+        }
     assert all(runs[k].steps[0].k == k for k in range(1, 9))  # each K ran as asked, none clamped
     outputs = {k: run.output_ids for k, run in runs.items()}
     assert len(set(outputs[0])) > 4, outputs[0]  # a text that varies, or equality would prove little
     assert all(out == outputs[0] for out in outputs.values()), outputs
+    assert all(run.output_ids == plain for run in by_drafter.values()), family
+    assert any(run.stats.by_drafter.get("lookup", {}).get("proposals") for run in by_drafter.values())
     with torch.no_grad():
         generated = (
             hf_model(spec.target.checkpoint)

@@ -449,3 +449,34 @@ def test_a_draft_that_ends_early_at_end_id_still_gives_the_targets_output(pair, 
         assert run(prompt, drafter, verifier, request).tokens == first  # the same seed, the same text
     else:
         assert first == expected
+
+
+@pytest.mark.parametrize("name", ["lookup", "hybrid"])
+def test_every_drafter_equals_target_only_on_held_out_and_input_grounded_prompts(pair, name):
+    """Prompt lookup (with the pool across requests) and the hybrid, on the example pair: greedy output token for token
+    K = 0's, on the held-out code, prose and JSON prompts and on the input-grounded sets (bench.workloads)."""
+    from specbuild.bench.workloads import grounded
+    from specbuild.decode.drafting import Drafting
+    from specbuild.drafters import LookupSettings
+
+    tokenizer, build = pair
+    model, verifier = build()
+    eos = tokenizer.eos_token_id
+    drafting = Drafting.create(name, model, LookupSettings(max_matching_ngram_size=3, is_public_pool=True))
+    cases = tiny_prompts(tokenizer, 4) + [
+        tokenizer(t)["input_ids"] for t in grounded("mixed", 6) + grounded("quote", 2)
+    ]
+    proposals = 0
+    for ids in cases:
+        baseline = run(ids, model, verifier, GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=0, end_id=eos))
+        for k in (2, 8):
+            out = run(
+                ids,
+                drafting.drafter(name),
+                verifier,
+                GenerationRequest(max_tokens=MAX_TOKENS, num_draft_tokens=k, end_id=eos),
+            )
+            assert out.tokens == baseline.tokens, f"{name} K = {k} diverged for {tokenizer.decode(ids)!r}"
+            proposals += out.stats.by_drafter.get("lookup", {}).get("proposals", 0)
+        drafting.remember(ids, baseline.tokens)
+    assert proposals > 0 and drafting.pool.figures()["sequences"] == len(cases)
