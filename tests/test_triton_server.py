@@ -9,6 +9,8 @@ shutdown leaves no process.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from triton_helpers import PYTHON_MODELS, make_deployment, run_concurrently, serving
@@ -248,25 +250,39 @@ def test_tensorrt_llm_verifies_drafts_like_the_contract(server, deployment):
 
 
 def test_concurrent_requests_all_succeed_with_the_sequential_answers(server, local_greedy):
-    answers: dict[int, str] = {}
-
-    def ask(i: int) -> None:
-        with SpecbuildClient(server.grpc_url, model="ensemble") as client:
-            answers[i] = client.complete(PROMPTS[i % len(PROMPTS)], max_tokens=8, stream=False)[0]
-
-    errors = run_concurrently(ask, 6, timeout=120)
-    assert not errors
-    assert all(answers[i] == local_greedy(PROMPTS[i % len(PROMPTS)], 8) for i in range(6))
-    # Triton's dynamic batcher handed the reference model several requests in one execute()
+    """Six clients at once get the sequential answers, and Triton's dynamic batcher handed the reference model
+    several requests in one execute(). The clients connect first and send together (a barrier), so a slow or busy
+    machine staggers their requests less than one model call; a round whose requests still arrived one by one is
+    sent again (at most ROUNDS), since when they arrive is the machine's, not the server's."""
     import json
     import urllib.request
 
-    request = urllib.request.Request(
-        f"http://{server.http_url}/v2/models/tensorrt_llm/stats", headers={"specbuild-admin-key": server.admin_key}
-    )  # statistics are restricted
-    with urllib.request.urlopen(request, timeout=10) as r:
-        stats = json.loads(r.read())["model_stats"][0]["batch_stats"]
-    assert max(int(b["batch_size"]) for b in stats) >= 2, stats
+    rounds, batched = 3, 0
+    for _ in range(rounds):
+        answers: dict[int, str] = {}
+        clients = [SpecbuildClient(server.grpc_url, model="ensemble") for _ in range(6)]
+        barrier = threading.Barrier(len(clients))
+
+        def ask(i: int, clients=clients, barrier=barrier, answers=answers) -> None:
+            barrier.wait(timeout=60)
+            answers[i] = clients[i].complete(PROMPTS[i % len(PROMPTS)], max_tokens=8, stream=False)[0]
+
+        try:
+            errors = run_concurrently(ask, len(clients), timeout=120)
+        finally:
+            for client in clients:
+                client.close()
+        assert not errors
+        assert all(answers[i] == local_greedy(PROMPTS[i % len(PROMPTS)], 8) for i in range(6))
+        request = urllib.request.Request(
+            f"http://{server.http_url}/v2/models/tensorrt_llm/stats", headers={"specbuild-admin-key": server.admin_key}
+        )  # statistics are restricted
+        with urllib.request.urlopen(request, timeout=10) as r:
+            stats = json.loads(r.read())["model_stats"][0]["batch_stats"]
+        batched = max(int(b["batch_size"]) for b in stats)
+        if batched >= 2:
+            break
+    assert batched >= 2, stats
 
 
 def test_bad_requests_get_clear_errors_and_the_server_stays_ready(server, local_greedy):
