@@ -478,5 +478,5 @@ def test_every_drafter_equals_target_only_on_held_out_and_input_grounded_prompts
             )
             assert out.tokens == baseline.tokens, f"{name} K = {k} diverged for {tokenizer.decode(ids)!r}"
             proposals += out.stats.by_drafter.get("lookup", {}).get("proposals", 0)
-        drafting.remember(ids, baseline.tokens)
+        drafting.remember(name, ids, baseline.tokens, out.stats)
     assert proposals > 0 and drafting.pool.figures()["sequences"] == len(cases)

@@ -326,9 +326,14 @@ def table(doc: dict[str, Any]) -> str:
             asked = ", ".join(
                 f"{name} {c.get('proposals', 0)}/{c.get('steps', 0)}" for name, c in sorted(row["by_drafter"].items())
             )
+            turns = (
+                f"; first turns {_fmt(row['first_turn_acceptance'])}, repeated {_fmt(row['repeated_turn_acceptance'])}"
+                if "repeated_turn_acceptance" in row
+                else ""
+            )
             lines.append(
                 f"  {row['drafter']:<7} K = {row['num_draft_tokens']}: {_fmt(row['speedup'])}x "
-                f"({_fmt(row['acceptance_rate'])}; {asked or 'no steps'})"
+                f"({_fmt(row['acceptance_rate'])}; {asked or 'no steps'}{turns})"
             )
         best = ", ".join(
             f"{name} {b['speedup']}x at K = {b['num_draft_tokens']}" for name, b in compared["best"].items()

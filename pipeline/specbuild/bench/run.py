@@ -52,12 +52,19 @@ def _rate(m: Measurements, k: int) -> float | None:
     return sum(r.output_tokens for r in results) / m.wall[(k, 1)] if results and m.wall[(k, 1)] else None
 
 
-def drafter_section(ours: Measurements, others: dict[str, Measurements | None]) -> dict[str, Any]:
-    """Every drafter against K = 0 on the same models, per K at concurrency 1 (ours: the draft model's, with K = 0),
-    with who proposed and what was accepted; `best`: each drafter's fastest K."""
+def drafter_section(
+    ours: Measurements, others: dict[str, Measurements | None], prompts: workloads.Workload, ours_name: str
+) -> dict[str, Any]:
+    """Every drafter against K = 0 on the same models, per K at concurrency 1 (ours: drafter `ours_name`'s, with K = 0),
+    with who proposed and what was accepted; `best`: each drafter's fastest K. Where the workload repeats a prompt (the
+    agent workload's second turns), each row also gives the acceptance of first turns and of repeated ones."""
     base = _rate(ours, 0)
+    first_seen: dict[str, int] = {}
+    for index, prompt in enumerate(prompts.prompts):
+        first_seen.setdefault(prompt.text, index)
+    repeated = {i for i, p in enumerate(prompts.prompts) if first_seen[p.text] != i}
     rows, best = [], {}
-    for name, measured in {drafters.DEFAULT: ours, **others}.items():
+    for name, measured in {ours_name: ours, **others}.items():
         if measured is None:
             continue
         for (k, concurrency), results in sorted(measured.cells.items()):
@@ -78,6 +85,13 @@ def drafter_section(ours: Measurements, others: dict[str, Measurements | None]) 
                 "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
                 "by_drafter": counts,
             }
+            if repeated:
+                for turn, chosen in (
+                    ("first", [r for r in results if r.prompt_index not in repeated]),
+                    ("repeated", [r for r in results if r.prompt_index in repeated]),
+                ):
+                    d, a = sum(r.drafted for r in chosen), sum(r.accepted for r in chosen)
+                    row[f"{turn}_turn_acceptance"] = round(a / d, 4) if d else 0.0
             rows.append(row)
             if row["speedup"] is not None and row["speedup"] > best.get(name, {}).get("speedup", 0.0):
                 best[name] = {"num_draft_tokens": k, "speedup": row["speedup"]}
@@ -379,10 +393,9 @@ def run_bench(
         extra["greedy_equal"] = all(equal) if equal else None
     if overlapped is not None:
         extra["overlap"] = overlap_section(ours, overlapped, measured.get(f"{transport.name}-auto"))
-    if compare:
-        extra["drafters"] = drafter_section(
-            ours, {name: measured.get(f"{transport.name}-{name}") for name in drafters.NAMES[1:]}
-        )
+    if drafter is not None:
+        others = {name: measured.get(f"{transport.name}-{name}") for name in drafters.NAMES[1:]} if compare else {}
+        extra["drafters"] = drafter_section(ours, others, prompts, transport.drafter)
     doc_settings = {
         "num_draft_tokens": list(ks),
         "concurrency": list(settings.concurrency),

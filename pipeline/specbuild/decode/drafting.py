@@ -3,7 +3,7 @@
     drafting = Drafting.create("hybrid", model_drafter, spec.lookup)
     drafter = drafting.drafter(ready.drafter)           # per request, by the name RequestRules resolved
     ...run the loop...
-    drafting.remember(prompt_ids, output_ids)           # the pool learns the finished request's text
+    drafting.remember(ready.drafter, prompt_ids, output_ids, stats)  # the pool learns the finished text
 
 The local session, the Triton BLS and the CPU stand-in of the llmapi model each hold one, made when they load.
 """
@@ -18,6 +18,7 @@ from specbuild import drafters
 from specbuild.drafters import LookupSettings
 from specbuild.speculative.interfaces import Drafter
 from specbuild.speculative.lookup import LookupPool, make_drafter
+from specbuild.speculative.stats import SpeculationStats
 
 __all__ = ["Drafting"]
 
@@ -43,9 +44,12 @@ class Drafting:
         """The drafter called `name`; `model`: another drafter over the same draft model (e.g. batched)."""
         return make_drafter(name, model or self.model, self.settings, self.pool)
 
-    def remember(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
-        """A finished request's text joins the pool (when there is one)."""
-        if self.pool is not None:
+    def remember(
+        self, drafter: str, prompt_ids: Sequence[int], output_ids: Sequence[int], stats: SpeculationStats
+    ) -> None:
+        """A finished request's text joins the pool (when there is one) if its drafter reads the pool and was asked
+        to propose: requests that chose the draft model, or K = 0, neither use the pool nor fill it."""
+        if self.pool is not None and drafters.get(drafter).uses_lookup and stats.by_drafter:
             self.pool.add([*prompt_ids, *output_ids])
 
     def figures(self) -> dict[str, Any]:

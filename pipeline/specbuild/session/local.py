@@ -219,7 +219,7 @@ class LocalSession:
             drafter_name=ready.drafter,
         )
         if generation.finish_reason != "cancelled":
-            self.drafting.remember(prompt_ids, generation.output_ids or [])
+            self.drafting.remember(ready.drafter, prompt_ids, generation.output_ids or [], generation.stats)
         generation.extra = {
             **self.describe(),
             "overlap_reason": self._overlap_reason(options, ready.drafter, overlap),

@@ -330,7 +330,7 @@ class TritonPythonModel:
         )
         if result.finish_reason == "cancelled":
             raise Cancelled("request cancelled by the client")
-        self.drafting.remember(prompt, result.output_ids)
+        self.drafting.remember(ready.drafter, prompt, result.output_ids, result.stats)
         with self.metrics_lock:
             self.metrics.record(result.stats, len(result.output_ids))
             self.metrics.pool(self.drafting.figures())
