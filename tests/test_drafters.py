@@ -74,6 +74,24 @@ def test_the_hybrid_looks_up_on_a_long_match_and_asks_the_model_otherwise():
     assert (modelled.source, model.calls, len(modelled.tokens)) == ("model", 1, 2)
 
 
+@pytest.mark.parametrize("lookup_right", [True, False])
+def test_the_hybrid_keeps_the_drafter_whose_proposals_the_text_follows(lookup_right):
+    """The hybrid learns from how the text went on after each proposal: it keeps looking up while the lookup's tokens
+    are the text's, and turns to the draft model when they are not (seeded sampling: the rule uses no timings)."""
+    model = ToyDrafter(random_model(16, seed=4))
+    hybrid = HybridDrafter(LookupDrafter(LookupSettings(max_matching_ngram_size=3)), model)
+    seeded = SamplingParams(temperature=1.0, seed=1)
+    context, sources = [1, 2, 3, 4, 5, 6, 1, 2, 3], []
+    for _ in range(6):
+        draft = hybrid.propose(context, 3, seeded)
+        sources.append(draft.source)
+        followed = draft.source == "model" or lookup_right
+        context = context + (list(draft.tokens) if followed else [15]) + [1, 2, 3]  # then the n-gram again
+    assert sources[0] == "lookup"  # before anything is measured, a long match is taken
+    assert sources[-3:] == (["lookup"] * 3 if lookup_right else ["model"] * 3), sources
+    assert hybrid.acceptance("lookup") > 0.5 if lookup_right else hybrid.acceptance("lookup") < 0.5
+
+
 def test_the_spec_takes_a_drafter_and_lookup_settings_and_refuses_nonsense(tiny_spec_path):
     from specbuild.config import load_spec
 

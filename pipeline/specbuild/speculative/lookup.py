@@ -14,8 +14,9 @@ in all: the oldest sequence goes first, and a sequence longer than the cap keeps
 A step searches its own context first, then the pool, newest sequence first, at each n before the next shorter one,
 so a longer match in the pool wins over a shorter one in the request.
 
-The hybrid: per step, the lookup's proposal when it matched at least `hybrid_min_match` tokens, else the draft
-model's; on a lookup step the draft model is not called.
+The hybrid: per step, the lookup's proposal when it matched at least `hybrid_min_match` tokens and is expected to
+give as many tokens per unit of time as the draft model's, by what the request has seen (`HybridDrafter`), else the
+draft model's; on a lookup step the draft model is not called.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 
 from specbuild import drafters
 from specbuild.drafters import LookupSettings
+from specbuild.speculative.adaptive import expected_tokens_per_step
 from specbuild.speculative.interfaces import Draft, Drafter, SamplingParams
 
 __all__ = ["HybridDrafter", "LookupDrafter", "LookupPool", "Match", "find_match", "make_drafter"]
@@ -141,19 +143,75 @@ class LookupDrafter:
 
 
 class HybridDrafter:
-    """Drafter: per step the lookup's proposal when its match is long enough, else the draft model's."""
+    """Drafter: per step the lookup's proposal or the draft model's, for one request (make one per request).
+
+    The lookup's proposal is taken when its match is at least `hybrid_min_match` tokens long and it is expected to give
+    at least as many tokens per unit of time as the draft model's: E(a_lookup, n) >= E(a_model, k) / (1 + c), with E the
+    expected tokens per verify step (speculative.adaptive), a each drafter's acceptance in this request so far (read
+    from how the context continued after its proposals; 0.5 before any), n the lookup's proposal length and c the
+    draft model's call time over a verify step's (the time between two proposals, less the model's own; SEEDED_C before
+    one of each is seen, and always for seeded sampling, whose text must not depend on timings). On a lookup step the
+    draft model is not called."""
+
+    PRIOR = (1.0, 2.0)  # (accepted, drafted) pseudo-counts per drafter: acceptance 0.5 until measured
+    SEEDED_C = 0.25  # c before it is measured, and for seeded sampling (speculative.loop.SEEDED_COST_RATIO)
 
     def __init__(self, lookup: LookupDrafter, model: Drafter):
         self.lookup, self.model = lookup, model
+        self.counts = {name: list(self.PRIOR) for name in ("lookup", "model")}  # name -> [accepted, drafted]
+        self._last: tuple[int, list[int], str] | None = None  # the previous proposal: context length, tokens, drafter
+        self._ended: float | None = None  # when the previous proposal was returned
+        self._seconds = {"model": [0.0, 0], "verify": [0.0, 0]}  # name -> [seconds, calls]
 
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft:
         t0 = time.perf_counter()
+        self._learn(tokens, t0)
         found = self.lookup.match(tokens, k)
         if found is not None and found.ngram >= self.lookup.settings.hybrid_min_match:
-            return Draft(tokens=found.tokens, seconds=time.perf_counter() - t0, source="lookup")
+            c = self.SEEDED_C if sampling.seed is not None and not sampling.greedy else self.cost_ratio()
+            if expected_tokens_per_step(self.acceptance("lookup"), len(found.tokens)) * (1 + c) >= (
+                expected_tokens_per_step(self.acceptance("model"), k)
+            ):
+                draft = Draft(tokens=found.tokens, seconds=time.perf_counter() - t0, source="lookup")
+                return self._proposed(tokens, draft)
         draft = self.model.propose(tokens, k, sampling)
         draft.source = "model"
+        self._seconds["model"][0] += draft.seconds or time.perf_counter() - t0
+        self._seconds["model"][1] += 1
+        return self._proposed(tokens, draft)
+
+    def acceptance(self, name: str) -> float:
+        accepted, drafted = self.counts[name]
+        return accepted / drafted
+
+    def cost_ratio(self) -> float:
+        (model_s, models), (verify_s, verifies) = self._seconds["model"], self._seconds["verify"]
+        if not models or not verifies or verify_s <= 0:
+            return self.SEEDED_C
+        return (model_s / models) / (verify_s / verifies)
+
+    def _proposed(self, tokens: list[int], draft: Draft) -> Draft:
+        self._last = (len(tokens), list(draft.tokens), draft.source) if draft.tokens else None
+        self._ended = time.perf_counter()
         return draft
+
+    def _learn(self, tokens: list[int], now: float) -> None:
+        """What became of the previous proposal: the context now continues with its accepted prefix."""
+        if self._ended is not None:
+            self._seconds["verify"][0] += now - self._ended
+            self._seconds["verify"][1] += 1
+        if self._last is None:
+            return
+        start, proposal, name = self._last
+        accepted = 0
+        while (
+            accepted < len(proposal)
+            and start + accepted < len(tokens)
+            and tokens[start + accepted] == proposal[accepted]
+        ):
+            accepted += 1
+        self.counts[name][0] += accepted
+        self.counts[name][1] += len(proposal)
 
 
 def make_drafter(name: str, model: Drafter | None, settings: LookupSettings, pool: LookupPool | None) -> Drafter:
