@@ -12,6 +12,7 @@ KEYS = {
     "drafted",
     "accepted",
     "steps",
+    "by_drafter",
     "acceptance_rate",
     "mean_accepted_len",
     "per_position_drafted",

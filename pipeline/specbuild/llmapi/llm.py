@@ -62,7 +62,6 @@ def validate_args(args: dict[str, Any]) -> dict[str, Any]:
                 f"decoding_type {decoding_type!r}: the CPU stand-in runs {contract.DECODING_TYPE} and "
                 f"{contract.NGRAM_DECODING_TYPE} only"
             )
-        spec["decoding"] = decoding_type
         if backend != "pytorch":
             raise LlmArgsError(contract.MSG_DRAFT_BACKEND)
         if not isinstance(spec.get("max_draft_len"), int) or spec["max_draft_len"] <= 0:
@@ -177,7 +176,7 @@ class StandInLLM:
             self.target_dir, {"max_batch_size": batch, "max_seq_len": seq + self.k, "max_draft_len": self.k}, device
         )
         self.lookup = None  # NGram: prompt lookup with the config's settings, its pool shared by the requests
-        if spec and spec["decoding"] == contract.NGRAM_DECODING_TYPE:
+        if spec and contract.DRAFT_MODEL_KEY not in spec:  # NGram: DraftTarget needs the draft path (validate_args)
             from specbuild.drafters import LookupSettings
             from specbuild.speculative.lookup import LookupDrafter, LookupPool
 
