@@ -1,4 +1,5 @@
-"""The spec file (`specbuild.toml`): one typed, validated description of a target/draft pair.
+"""The spec file (`specbuild.toml`): one typed, validated description of a target/draft pair, or of a target alone
+(no [draft]: a drafter without a model, `speculative.drafter = "lookup"`).
 
 Built in one place (`load_spec` / `spec_from_dict`); every other module receives a `Spec`.
 An invalid value raises `SpecError` naming the field, the bad value and the fix.
@@ -146,7 +147,7 @@ class ServeSpec:
 class Spec:
     name: str
     target: ModelSpec
-    draft: ModelSpec
+    draft: ModelSpec | None  # None: a target-only deployment (its drafter needs no model)
     speculative: SpeculativeSpec = field(default_factory=SpeculativeSpec)
     build: BuildSpec = field(default_factory=BuildSpec)
     gpu: GpuSpec = field(default_factory=GpuSpec)
@@ -165,10 +166,20 @@ class Spec:
         first = n if role == "draft" and self.gpu.count >= 2 * n else 0
         return tuple(range(first, first + n))
 
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The models the deployment has, each converted, built and served: ("target", "draft") or ("target",)."""
+        return ("target", "draft") if self.draft is not None else ("target",)
+
     def role(self, role: str) -> ModelSpec:
         if role not in ("target", "draft"):
             raise SpecError(f"unknown role {role!r}: use 'target' or 'draft'")
-        return self.target if role == "target" else self.draft
+        if role == "draft" and self.draft is None:
+            raise SpecError(
+                f"the spec {self.name!r} has no [draft] (a target-only deployment): there is no draft model to "
+                'convert, build or serve. Add [draft] with checkpoint = "<HF model dir>" for one.'
+            )
+        return self.target if role == "target" else self.draft  # type: ignore[return-value]
 
     @property
     def pair_dir(self) -> Path:
@@ -285,7 +296,7 @@ def validate(spec: Spec) -> Spec:
     """Cross-field checks; raises SpecError on the first problem."""
     if not spec.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise SpecError(f"name = {spec.name!r}: use letters, digits, '-', '_' or '.' (it names a folder).")
-    for role in ("target", "draft"):
+    for role in spec.roles:
         model = spec.role(role)
         _choice(f"{role}.quantization", model.quantization, QUANTIZATIONS)
         if model.kv_cache == "int8":
@@ -307,6 +318,11 @@ def validate(spec: Spec) -> Spec:
     if isinstance(sp.overlap, str) and sp.overlap != "auto":
         raise SpecError(f'speculative.overlap = {sp.overlap!r}: expected true, false or "auto".')
     _choice("speculative.drafter", sp.drafter, drafters.NAMES)
+    if spec.draft is None and drafters.get(sp.drafter).needs_draft_model:
+        raise SpecError(
+            f"speculative.drafter = {sp.drafter!r} needs a draft model, and the spec has no [draft]. Add [draft] with "
+            'checkpoint = "<HF model dir>", or set drafter = "lookup" (prompt lookup, no model).'
+        )
     lk = spec.lookup
     _positive("lookup.max_matching_ngram_size", lk.max_matching_ngram_size)
     _positive("lookup.pool_max_tokens", lk.pool_max_tokens, 2)
@@ -381,10 +397,12 @@ def spec_from_dict(raw: dict[str, Any], base_dir: Path, path: Path | None = None
     for key in raw:
         if key not in _TOP_LEVEL:
             raise _unknown_key("spec", key, list(_TOP_LEVEL))
-    for required in ("target", "draft"):
-        if required not in raw:
-            raise SpecError(f'the spec has no [{required}] table: add [{required}] with checkpoint = "<HF model dir>".')
-    sections = {name: _section(name, cls, raw[name], base_dir) for name, cls in SECTIONS.items() if name in raw}
+    if "target" not in raw:
+        raise SpecError('the spec has no [target] table: add [target] with checkpoint = "<HF model dir>".')
+    # to_dict writes a target-only spec's draft as None (manifests read it back)
+    present = {name: raw[name] for name in SECTIONS if raw.get(name) is not None}
+    sections = {name: _section(name, SECTIONS[name], value, base_dir) for name, value in present.items()}
+    sections.setdefault("draft", None)
     name = raw.get("name", "pair")
     if not isinstance(name, str) or not name:
         raise SpecError(f"name = {name!r}: expected a non-empty string.")

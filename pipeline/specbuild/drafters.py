@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["NAMES", "Drafter", "LookupSettings", "get", "path_refusal"]
+__all__ = ["NAMES", "Drafter", "LookupSettings", "get", "path_refusal", "runnable"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,11 @@ def get(name: str) -> Drafter:
         if record.name == name:
             return record
     raise KeyError(name)
+
+
+def runnable(has_draft_model: bool) -> tuple[str, ...]:
+    """The drafters a deployment can run: every one with a draft model, those that need none without."""
+    return tuple(r.name for r in _RECORDS if has_draft_model or not r.needs_draft_model)
 
 
 def path_refusal(name: str, path: str) -> tuple[str, str] | None:

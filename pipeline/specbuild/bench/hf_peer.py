@@ -64,6 +64,11 @@ class HFPeer:
 
     @classmethod
     def from_spec(cls, spec: Spec, end_id: int | None = None) -> HFPeer:
+        if spec.draft is None:
+            raise BenchError(
+                "--vs-hf compares with transformers' assisted generation, which needs a draft model, and the spec has "
+                "no [draft]. Drop --vs-hf."
+            )
         for role in ("target", "draft"):
             if not (Path(spec.role(role).checkpoint) / "config.json").is_file():
                 raise BenchError(

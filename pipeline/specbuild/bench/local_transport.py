@@ -142,8 +142,9 @@ def from_spec(
     session = LocalSession.from_spec(spec, threads=threads, row_block=row_block, overlap=setting)
     pair = session.pair
     log(
-        f"local runtime: target from {pair.target.kind} ({pair.target.path}), draft from {pair.draft.kind}; "
-        f"{'comparing the sequential and overlapped schedules' if compare else session.overlap_reason}"
+        f"local runtime: target from {pair.target.kind} ({pair.target.path}), "
+        + (f"draft from {pair.draft.kind}; " if pair.draft is not None else "no draft model; ")
+        + f"{'comparing the sequential and overlapped schedules' if compare else session.overlap_reason}"
     )
     batchers: list = []
 
@@ -151,10 +152,11 @@ def from_spec(
         from specbuild.contract.adapters import ContractDrafter, ContractVerifier
         from specbuild.reference.batcher import Batcher
 
-        target, draft = Batcher(pair.target_model), Batcher(pair.draft_model)
-        batchers.extend([target, draft])
+        target = Batcher(pair.target_model)
+        draft = Batcher(pair.draft_model) if pair.draft_model is not None else None
+        batchers.extend(b for b in (target, draft) if b is not None)
         return (
-            ContractDrafter(draft, end_id=pair.end_id, use_logits=spec.speculative.use_draft_logits),
+            ContractDrafter(draft, end_id=pair.end_id, use_logits=spec.speculative.use_draft_logits) if draft else None,
             ContractVerifier(target, max_draft_len=pair.max_draft_len, end_id=pair.end_id),
         )
 

@@ -157,6 +157,8 @@ def gpu_cost(spec: Spec) -> dict[str, Any] | None:
     """c for the spec's GPU from the checkpoints' sizes; None when a checkpoint cannot be read."""
     from specbuild.errors import SpecbuildError
 
+    if spec.draft is None:
+        return None
     try:
         return theory.gpu_estimate(
             spec,
@@ -178,6 +180,13 @@ def measure(
     """The "measure" section of `specbuild check --measure` for `spec` (loads the pair in-process)."""
     from specbuild.bench.local_transport import from_spec
 
+    if spec.draft is None:
+        from specbuild.errors import SpecError
+
+        raise SpecError(
+            "check --measure measures the draft model's acceptance and cost, and the spec has no [draft]. Measure "
+            "prompt lookup on your prompts with `specbuild bench --local --prompts FILE`."
+        )
     prompts = _prompts(prompts_file)
     log(f"check --measure: loading the pair, {len(prompts)} prompts, {max_tokens} tokens each")
     transport = from_spec(spec, log=log, threads=threads, overlap=False)  # measures alpha and c: sequential

@@ -21,8 +21,10 @@ from typing import Any
 from specbuild import drafters
 from specbuild.bench import report, runner, theory, workloads
 from specbuild.bench.runner import Measurements, Settings
+from specbuild.bench.stats import RequestResult
 from specbuild.config import Spec
 from specbuild.errors import BenchError, SpecbuildError
+from specbuild.speculative.stats import add_drafter_counts
 
 
 def _progress(enabled: bool) -> Callable[[int], Callable[[], None]]:
@@ -52,6 +54,11 @@ def _rate(m: Measurements, k: int) -> float | None:
     return sum(r.output_tokens for r in results) / m.wall[(k, 1)] if results and m.wall[(k, 1)] else None
 
 
+def _acceptance(results: list[RequestResult]) -> float:
+    drafted = sum(r.drafted for r in results)
+    return round(sum(r.accepted for r in results) / drafted, 4) if drafted else 0.0
+
+
 def drafter_section(
     ours: Measurements, others: dict[str, Measurements | None], prompts: workloads.Workload, ours_name: str
 ) -> dict[str, Any]:
@@ -73,25 +80,18 @@ def drafter_section(
             counts: dict[str, dict[str, int]] = {}
             for result in results:
                 for source, entry in result.by_drafter.items():
-                    total = counts.setdefault(source, {})
-                    for key, value in entry.items():
-                        total[key] = total.get(key, 0) + int(value)
-            drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+                    add_drafter_counts(counts, source, entry)
             row = {
                 "drafter": name,
                 "num_draft_tokens": k,
                 "tokens_per_s": _rate(measured, k),
                 "speedup": _ratio(_rate(measured, k), base),
-                "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+                "acceptance_rate": _acceptance(results),
                 "by_drafter": counts,
             }
             if repeated:
-                for turn, chosen in (
-                    ("first", [r for r in results if r.prompt_index not in repeated]),
-                    ("repeated", [r for r in results if r.prompt_index in repeated]),
-                ):
-                    d, a = sum(r.drafted for r in chosen), sum(r.accepted for r in chosen)
-                    row[f"{turn}_turn_acceptance"] = round(a / d, 4) if d else 0.0
+                row["first_turn_acceptance"] = _acceptance([r for r in results if r.prompt_index not in repeated])
+                row["repeated_turn_acceptance"] = _acceptance([r for r in results if r.prompt_index in repeated])
             rows.append(row)
             if row["speedup"] is not None and row["speedup"] > best.get(name, {}).get("speedup", 0.0):
                 best[name] = {"num_draft_tokens": k, "speedup": row["speedup"]}
@@ -348,10 +348,11 @@ def run_bench(
             log("loading a second copy of the target with 1-row matmuls for --vs-plain")
             peers.append(plain_target(transport))
     compare = drafter == "compare"
-    transport.drafter = drafters.DEFAULT if compare else drafter
-    if compare:  # K = 0 is a plain step whoever drafts: measured once, on the draft model's transport
+    runnable = drafters.runnable(spec.draft is not None)  # a target-only deployment compares its lookup drafters
+    transport.drafter = runnable[0] if compare else drafter
+    if compare:  # K = 0 is a plain step whoever drafts: measured once, on the first drafter's transport
         ks_of_peers = tuple(k for k in runner.sweep_ks(transport, settings)[0] if k > 0)
-        for name in drafters.NAMES[1:]:
+        for name in runnable[1:]:
             peer = transport.with_drafter(name, f"{transport.name}-{name}")
             peer.only_ks = ks_of_peers
             peers.append(peer)
@@ -394,7 +395,7 @@ def run_bench(
     if overlapped is not None:
         extra["overlap"] = overlap_section(ours, overlapped, measured.get(f"{transport.name}-auto"))
     if drafter is not None:
-        others = {name: measured.get(f"{transport.name}-{name}") for name in drafters.NAMES[1:]} if compare else {}
+        others = {name: measured.get(f"{transport.name}-{name}") for name in runnable[1:]} if compare else {}
         extra["drafters"] = drafter_section(ours, others, prompts, transport.drafter)
     doc_settings = {
         "num_draft_tokens": list(ks),

@@ -29,7 +29,7 @@ def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
     sm = spec.gpu.sm
     problems: list[Finding] = []
     warnings: list[Finding] = []
-    for role in ("target", "draft"):
+    for role in spec.roles:
         model = spec.role(role)
         for refusal in gpu_refusals(role, model.quantization, model.kv_cache, sm, spec.gpu.name):
             finding = Finding(*refusal)
@@ -45,7 +45,7 @@ def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
             )
         )
         return problems, warnings
-    for role in ("target", "draft"):
+    for role in spec.roles:
         q = spec.role(role).quantization
         if sm in BLACKWELL_SM and FORMATS[q].blackwell == "unverified":
             warnings.append(
@@ -65,7 +65,8 @@ def _supported(spec: Spec, quantization: str) -> bool:
 
 def _keeps_paged_context_fmha(spec: Spec) -> bool:
     return all(
-        spec_paged_context_fmha_loss(m.quantization, m.kv_cache, spec.gpu.sm) is None for m in (spec.target, spec.draft)
+        spec_paged_context_fmha_loss(spec.role(r).quantization, spec.role(r).kv_cache, spec.gpu.sm) is None
+        for r in spec.roles
     )
 
 
@@ -73,7 +74,7 @@ def _with(spec: Spec, section: str, **changes: Any) -> Spec:
     return dataclasses.replace(spec, **{section: dataclasses.replace(getattr(spec, section), **changes)})
 
 
-def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) -> list[dict[str, Any]]:
+def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo | None, goal: int) -> list[dict[str, Any]]:
     """Single changes that reach `goal` sequences at max_seq_len, in order of preference."""
     candidates: list[tuple[str, Spec]] = []
     t = spec.target
@@ -86,7 +87,7 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
         ) and _supported(spec, q):
             candidates.append((f'target.quantization = "{q}"', _with(spec, "target", quantization=q)))
     stages = spec.build.tp_size * spec.build.pp_size
-    if spec.gpu.count < 2 * stages:
+    if spec.draft is not None and spec.gpu.count < 2 * stages:
         candidates.append(
             (
                 f"gpu.count = {2 * stages} (the draft on GPUs of its own)",
@@ -95,7 +96,7 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
         )
     tp = spec.build.tp_size * 2
     while tp <= 8:
-        if all(m.num_heads % tp == 0 for m in (target, draft)):
+        if all(m.num_heads % tp == 0 for m in (target, draft) if m is not None):
             bigger = _with(
                 _with(spec, "build", tp_size=tp),
                 "gpu",
@@ -117,7 +118,7 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
     return found
 
 
-def _shorter_seq_len(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) -> dict[str, Any] | None:
+def _shorter_seq_len(spec: Spec, target: ModelInfo, draft: ModelInfo | None, goal: int) -> dict[str, Any] | None:
     """The longest max_seq_len (a multiple of TOKENS_PER_BLOCK) that reaches the goal, if any."""
 
     def batch(seq: int) -> int:
@@ -138,14 +139,14 @@ def _shorter_seq_len(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int)
 
 
 def does_not_fit(plan: MemoryPlan, suggestions: list[dict[str, Any]]) -> Finding:
-    weights = plan.target.weight_bytes_per_gpu + plan.draft.weight_bytes_per_gpu
-    runtime = plan.target.runtime_bytes_per_gpu + plan.draft.runtime_bytes_per_gpu
+    weights = sum(m.weight_bytes_per_gpu for m in plan.models)
+    runtime = sum(m.runtime_bytes_per_gpu for m in plan.models)
+    each = ", ".join(f"{m.role} {m.weight_bytes_per_gpu / GIB:.1f}" for m in plan.models)
     message = (
         f"does not fit: on {plan.gpu} ({plan.memory_per_gpu_bytes / GIB:.1f} GiB per GPU, tp_size {plan.tp_size}) the "
-        f"weights take {weights / GIB:.1f} GiB per GPU (target {plan.target.weight_bytes_per_gpu / GIB:.1f}, draft "
-        f"{plan.draft.weight_bytes_per_gpu / GIB:.1f}) and runtime buffers {runtime / GIB:.1f} GiB, leaving "
+        f"weights take {weights / GIB:.1f} GiB per GPU ({each}) and runtime buffers {runtime / GIB:.1f} GiB, leaving "
         f"{plan.kv_available_bytes / GIB:.1f} GiB for the KV cache; one sequence of max_seq_len = {plan.max_seq_len} "
-        f"needs {(plan.target.kv_bytes_per_sequence + plan.draft.kv_bytes_per_sequence) / GIB:.2f} GiB."
+        f"needs {sum(m.kv_bytes_per_sequence for m in plan.models) / GIB:.2f} GiB."
     )
     if suggestions:
         fix = f"Change {suggestions[0]['change']} (then {suggestions[0]['max_batch']} sequence(s) fit)"
@@ -184,7 +185,7 @@ def plan_memory(
     """
     if target is None:
         target = read_model_info(spec.target.checkpoint, allow_pickle=allow_pickle, role="target")
-    if draft is None:
+    if draft is None and spec.draft is not None:
         draft = read_model_info(spec.draft.checkpoint, allow_pickle=allow_pickle, role="draft")
     plan = compute_plan(spec, target, draft)
     problems, warnings = gate_findings(spec)
@@ -209,24 +210,29 @@ def gib(value: int | float) -> str:
 
 def summary_lines(m: dict[str, Any]) -> list[str]:
     """`specbuild check` lines for the engine path's plan (its to_dict())."""
-    t, d = m["target"], m["draft"]
+    roles = [role for role in ("target", "draft") if m[role] is not None]
+
+    def each(show: Any) -> str:
+        return ", ".join(f"{role} {show(m[role])}" for role in roles)
+
+    placement = {"separate": "the draft on GPUs of its own", "shared": "both models on the same GPUs"}
     lines = [
         f"{m['gpu']} ({gib(m['memory_per_gpu_bytes'])}/GPU, SM{m['sm'] or '?'}), tp_size {m['tp_size']}, "
-        + ("the draft on GPUs of its own" if m["placement"] == "separate" else "both models on the same GPUs"),
-        f"weights/GPU    target {gib(t['weight_bytes_per_gpu'])} ({t['quantization']}), "
-        f"draft {gib(d['weight_bytes_per_gpu'])} ({d['quantization']})",
-        f"runtime/GPU    target {gib(t['runtime_bytes_per_gpu'])}, draft {gib(d['runtime_bytes_per_gpu'])}, "
-        f"margin {gib(m['reserved_bytes'])}",
-        f"KV/token       target {t['kv_bytes_per_token']} B, draft {d['kv_bytes_per_token']} B; "
-        f"KV left {gib(m['kv_available_bytes'])}",
+        + (placement[m["placement"]] if len(roles) == 2 else "the target alone (no draft model)"),
+        "weights/GPU    " + each(lambda r: f"{gib(r['weight_bytes_per_gpu'])} ({r['quantization']})"),
+        "runtime/GPU    " + each(lambda r: gib(r["runtime_bytes_per_gpu"])) + f", margin {gib(m['reserved_bytes'])}",
+        "KV/token       "
+        + each(lambda r: f"{r['kv_bytes_per_token']} B")
+        + f"; KV left {gib(m['kv_available_bytes'])}",
         f"max batch      {m['max_batch_at_max_seq_len']} at max_seq_len {m['max_seq_len']} "
         f"(spec max_batch_size {m['max_batch_size']})",
     ]
     if m["fits"]:
         lines.append(
-            f"KV settings    kv_cache_free_gpu_mem_fraction target {t['kv_cache_free_gpu_mem_fraction']}, "
-            f"draft {d['kv_cache_free_gpu_mem_fraction']}; max_tokens_in_paged_kv_cache target "
-            f"{t['max_tokens_in_paged_kv_cache']}, draft {d['max_tokens_in_paged_kv_cache']}"
+            "KV settings    kv_cache_free_gpu_mem_fraction "
+            + each(lambda r: r["kv_cache_free_gpu_mem_fraction"])
+            + "; max_tokens_in_paged_kv_cache "
+            + each(lambda r: r["max_tokens_in_paged_kv_cache"])
         )
     else:
         best = f"; smallest change: {m['suggestions'][0]['change']}" if m["suggestions"] else ""

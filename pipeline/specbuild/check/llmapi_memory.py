@@ -75,20 +75,22 @@ class LlmApiMemoryPlan:
         return {"path": "llmapi", "fits": self.fits, **data, "max_batch_at_max_seq_len": self.max_batch}
 
 
-def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> LlmApiMemoryPlan:
+def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo | None) -> LlmApiMemoryPlan:
     b, g = spec.build, spec.gpu
     tp, pp = b.tp_size, b.pp_size
     k = spec.speculative.num_draft_tokens  # the LLM API drafts max_draft_len = K tokens every step
     memory = int(g.memory_per_gpu_gib * GIB)
     weights, kv, runtime = {}, {}, 0
     for role, info in (("target", target), ("draft", draft)):
+        if info is None:  # a target-only deployment
+            continue
         model = spec.role(role)
         weights[role] = weight_bytes(info, model.quantization, model.dtype, padded_vocab(info.vocab_size, tp), tp, pp)[
             1
         ]
         kv[role] = kv_bytes_per_token(info, model.kv_cache, model.dtype, tp, pp)
         runtime += runtime_bytes(info, model.dtype, spec, padded_vocab(info.vocab_size, tp), role == "target")
-    runtime -= CUDA_CONTEXT_BYTES  # one process runs both models: one context, counted once
+    runtime -= CUDA_CONTEXT_BYTES * (len(weights) - 1)  # one process runs both models: one context, counted once
     block = contract.KV_TOKENS_PER_BLOCK
     tokens_per_sequence = math.ceil((b.max_seq_len + k + 1) / block) * block
     fraction = spec.llmapi.free_gpu_memory_fraction
@@ -125,7 +127,7 @@ def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
     problems: list[Finding] = []
     warnings: list[Finding] = []
     sm = spec.gpu.sm
-    for role in ("target", "draft"):
+    for role in spec.roles:
         model = spec.role(role)
         if model.quantization not in contract.QUANTIZATIONS:
             problems.append(
@@ -171,7 +173,7 @@ def gate_findings(spec: Spec) -> tuple[list[Finding], list[Finding]]:
                 f"Set build.max_num_tokens >= {spec.build.max_input_len}.",
             )
         )
-    if spec.target.dtype != spec.draft.dtype:
+    if spec.draft is not None and spec.target.dtype != spec.draft.dtype:
         warnings.append(
             Finding(
                 "llmapi_one_dtype",
@@ -187,7 +189,7 @@ def _with(spec: Spec, section: str, **changes: Any) -> Spec:
     return dataclasses.replace(spec, **{section: dataclasses.replace(getattr(spec, section), **changes)})
 
 
-def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) -> list[dict[str, Any]]:
+def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo | None, goal: int) -> list[dict[str, Any]]:
     """Single changes that reach `goal` sequences at max_seq_len, best first (each re-planned)."""
     candidates = []
     if spec.target.quantization == "none" and (spec.gpu.sm is None or spec.gpu.sm >= FP8_MIN_SM):
@@ -200,7 +202,7 @@ def suggest_changes(spec: Spec, target: ModelInfo, draft: ModelInfo, goal: int) 
         )
     tp = spec.build.tp_size * 2
     while tp <= 8:
-        if all(m.num_heads % tp == 0 for m in (target, draft)):
+        if all(m.num_heads % tp == 0 for m in (target, draft) if m is not None):
             changed = _with(_with(spec, "build", tp_size=tp), "gpu", count=max(spec.gpu.count, tp * spec.build.pp_size))
             candidates.append((f"build.tp_size = {tp} (gpu.count >= {tp * spec.build.pp_size})", changed))
         tp *= 2
@@ -220,7 +222,8 @@ def plan_memory(
     spec: Spec, target: ModelInfo | None = None, draft: ModelInfo | None = None, suggest: bool = True
 ) -> LlmApiMemoryPlan:
     target = target or read_model_info(spec.target.checkpoint, role="target")
-    draft = draft or read_model_info(spec.draft.checkpoint, role="draft")
+    if draft is None and spec.draft is not None:
+        draft = read_model_info(spec.draft.checkpoint, role="draft")
     plan = compute_plan(spec, target, draft)
     problems, warnings = gate_findings(spec)
     suggestions: list[dict[str, Any]] = []
@@ -261,10 +264,11 @@ def summary_lines(m: dict[str, Any]) -> list[str]:
     w, kv = m["weight_bytes_per_gpu"], m["kv_bytes_per_token"]
     lines = [
         f"{m['gpu']} ({m['memory_per_gpu_bytes'] / GIB:.1f} GiB/GPU, SM{m['sm'] or '?'}), tp_size {m['tp_size']}, "
-        "LLM API: both models in one process on the same GPUs",
-        f"weights/GPU    target {w['target'] / GIB:.2f} GiB, draft {w['draft'] / GIB:.2f} GiB; runtime "
-        f"{m['runtime_bytes_per_gpu'] / GIB:.2f} GiB",
-        f"KV/token       target {kv['target']} B + draft {kv['draft']} B, one pool; "
+        + ("LLM API: both models in one process on the same GPUs" if len(w) == 2 else "LLM API: the target alone"),
+        "weights/GPU    "
+        + ", ".join(f"{role} {b / GIB:.2f} GiB" for role, b in w.items())
+        + f"; runtime {m['runtime_bytes_per_gpu'] / GIB:.2f} GiB",
+        "KV/token       " + " + ".join(f"{role} {b} B" for role, b in kv.items()) + ", one pool; "
         f"{m['tokens_per_sequence']} tokens per sequence (max_seq_len + K + 1)",
         f"KV cache       {max(m['kv_cache_bytes'], 0) / GIB:.2f} GiB at free_gpu_memory_fraction "
         f"{m['free_gpu_memory_fraction']} ({m['fraction_source']}): {m['max_tokens']} tokens",

@@ -103,7 +103,7 @@ class MemoryPlan:
     memory_per_gpu_bytes: int
     tp_size: int
     target: ModelMemory
-    draft: ModelMemory
+    draft: ModelMemory | None  # None: a target-only deployment
     reserved_bytes: int  # per GPU: safety margin kept free
     kv_available_bytes: int  # per GPU, after weights, runtime and margin (negative: does not fit)
     max_batch: int  # sequences at max_seq_len that fit (target KV + draft KV each)
@@ -120,13 +120,17 @@ class MemoryPlan:
         return self.max_batch >= 1
 
     @property
+    def models(self) -> tuple[ModelMemory, ...]:
+        return (self.target, self.draft) if self.draft is not None else (self.target,)
+
+    @property
     def kv_cache_free_gpu_mem_fraction(self) -> dict[str, float]:
         """Per role; only safe together with `max_tokens_in_paged_kv_cache` (see the module docstring)."""
-        return {m.role: m.kv_cache_free_gpu_mem_fraction for m in (self.target, self.draft)}
+        return {m.role: m.kv_cache_free_gpu_mem_fraction for m in self.models}
 
     @property
     def max_tokens_in_paged_kv_cache(self) -> dict[str, int]:
-        return {m.role: m.max_tokens_in_paged_kv_cache for m in (self.target, self.draft)}
+        return {m.role: m.max_tokens_in_paged_kv_cache for m in self.models}
 
     def to_dict(self) -> dict[str, Any]:
         def model(m: ModelMemory) -> dict[str, Any]:
@@ -141,7 +145,7 @@ class MemoryPlan:
             "pp_size": self.pp_size,
             "placement": self.placement,
             "target": model(self.target),
-            "draft": model(self.draft),
+            "draft": model(self.draft) if self.draft is not None else None,
             "reserved_bytes": self.reserved_bytes,
             "kv_available_bytes": self.kv_available_bytes,
             "max_batch_at_max_seq_len": self.max_batch,
@@ -204,19 +208,21 @@ def _fraction(budget: float, free_when_second: float) -> float:
 
 def separate_gpus(spec: Spec) -> bool:
     """Whether the draft runs on GPUs of its own (`Spec.device_ids`, as the repo stage places it)."""
+    if spec.draft is None:
+        return False
     return set(spec.device_ids("draft")).isdisjoint(spec.device_ids("target"))
 
 
-def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:
-    """The arithmetic alone: weights, buffers, KV per token and sequence, the batch, the KV split."""
+def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo | None) -> MemoryPlan:
+    """The arithmetic alone: weights, buffers, KV per token and sequence, the batch, the KV split (draft None: the
+    target alone)."""
     b, g = spec.build, spec.gpu
     tp, pp = b.tp_size, b.pp_size
     memory = int(g.memory_per_gpu_gib * GIB)
     vocab_rows = padded_vocab(target.vocab_size, tp)  # convert pads or trims the draft to the target's rows
-    roles = {
-        "target": (target, spec.target, b.max_seq_len + spec.speculative.max_draft_len),
-        "draft": (draft, spec.draft, b.max_seq_len),
-    }
+    roles = {"target": (target, spec.target, b.max_seq_len + spec.speculative.max_draft_len)}
+    if draft is not None and spec.draft is not None:
+        roles["draft"] = (draft, spec.draft, b.max_seq_len)
     raw: dict[str, dict[str, int]] = {}
     for role, (info, model, seq) in roles.items():
         total, per_gpu = weight_bytes(info, model.quantization, model.dtype, vocab_rows, tp, pp)
@@ -249,8 +255,8 @@ def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:
         max_batch = max(kv_available // both, 0)
         budgets = {role: max(kv_available, 0) * per_seq[role] / both for role in raw}
         for role in raw:
-            other = "draft" if role == "target" else "target"
-            fractions[role] = _fraction(budgets[role], free_after_load - budgets[other])
+            others = sum(budget for other, budget in budgets.items() if other != role)
+            fractions[role] = _fraction(budgets[role], free_after_load - others)
     models = {
         role: ModelMemory(
             role=role,
@@ -276,7 +282,7 @@ def compute_plan(spec: Spec, target: ModelInfo, draft: ModelInfo) -> MemoryPlan:
         memory_per_gpu_bytes=memory,
         tp_size=tp,
         target=models["target"],
-        draft=models["draft"],
+        draft=models.get("draft"),
         reserved_bytes=reserved,
         kv_available_bytes=int(kv_available),
         max_batch=int(max_batch),

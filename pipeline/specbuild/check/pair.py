@@ -1,6 +1,7 @@
 """`run_check`: the pair verdict, from the spec alone (no GPU, no model loaded).
 
-Order: read both checkpoints' facts (a missing or pickle-only checkpoint raises CheckpointError),
+A target-only spec (no [draft]) gets the same checks of its one model; the pair's (tokenizers alike, logits of one
+width) have nothing to compare. Order: read both checkpoints' facts (a missing or pickle-only checkpoint raises CheckpointError),
 then architecture, position limit, tokenizer equivalence, vocabulary padding, the memory plan and
 a scan of the safetensors weights for NaN/Inf (check.weights; reads every weight byte once).
 Every finding lands in one `CheckReport`; nothing after the checkpoint reading raises.
@@ -27,13 +28,11 @@ from specbuild.errors import CheckpointError
 from specbuild.hfmodel import ModelInfo, read_model_info
 from specbuild.quantization import dtype_refusal
 
-ROLES = ("target", "draft")
-
 
 def read_pair_infos(spec: Spec, allow_pickle: bool = False) -> dict[str, ModelInfo]:
-    """Both checkpoints' facts; when either is unreadable, one CheckpointError naming every failing role."""
+    """Each checkpoint's facts (spec.roles); when any is unreadable, one CheckpointError naming every failing role."""
     infos, failures = {}, []
-    for role in ROLES:
+    for role in spec.roles:
         try:
             infos[role] = read_model_info(spec.role(role).checkpoint, allow_pickle=allow_pickle, role=role)
         except CheckpointError as err:
@@ -85,15 +84,15 @@ def run_check(
     if backends.get(backend).engines:  # max_num_tokens is a limit trtllm-build writes into an engine
         check_max_num_tokens(report, spec)
     tokenizer_size = check_tokenizers(report, spec)
-    check_vocab(report, infos["target"], infos["draft"], tokenizer_size)
-    plan = MEMORY_PLANS[backends.path_of(backend)].plan(spec, infos["target"], infos["draft"])
+    check_vocab(report, infos["target"], infos.get("draft"), tokenizer_size)
+    plan = MEMORY_PLANS[backends.path_of(backend)].plan(spec, infos["target"], infos.get("draft"))
     report.memory = plan.to_dict()
     report.problems.extend(plan.problems)
     report.warnings.extend(plan.warnings)
     if scan_weights:
         check_weights(report, infos, progress=progress)
     else:
-        report.sections["weights"] = {role: {"scanned": False, "reason": "--no-weight-scan"} for role in ROLES}
+        report.sections["weights"] = {role: {"scanned": False, "reason": "--no-weight-scan"} for role in spec.roles}
     return report
 
 
@@ -188,15 +187,23 @@ def check_dtype(report: CheckReport, spec: Spec, role: str, info: ModelInfo) -> 
 
 
 def check_tokenizers(report: CheckReport, spec: Spec) -> int | None:
-    """Compare the two tokenizers; returns the tokenizer's size (highest id + 1) when they agree."""
+    """Compare the two tokenizers; returns the tokenizer's size (highest id + 1) when they agree. A target alone: its
+    tokenizer must be readable (the BLS and the lookup tokenize with it), and there is nothing to compare."""
     facts = {}
-    for role in ROLES:
+    for role in spec.roles:
         try:
             facts[role] = load_tokenizer_facts(spec.role(role).checkpoint, role=role)
         except CheckpointError as err:
             report.problem(
-                "tokenizer_unreadable", str(err), "Both checkpoints need their tokenizer files to prove they share one."
+                "tokenizer_unreadable",
+                str(err),
+                "Both checkpoints need their tokenizer files to prove they share one."
+                if spec.draft is not None
+                else "The target's folder needs its tokenizer files: the server tokenizes with them.",
             )
+    if spec.draft is None and facts:
+        report.tokenizer = {"identical": None, "target_only": True, "size": facts["target"].size}
+        return facts["target"].max_id + 1
     if len(facts) < 2:
         report.tokenizer = {
             "identical": None,
@@ -224,10 +231,15 @@ def check_tokenizers(report: CheckReport, spec: Spec) -> int | None:
     return facts["target"].max_id + 1
 
 
-def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokenizer_size: int | None) -> None:
+def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo | None, tokenizer_size: int | None) -> None:
     """Both engines must emit logits of the same width (TensorRT-LLM's external-draft-tokens buffers).
     `specbuild convert` pads a smaller draft's embedding and lm_head with zero rows up to the target's, and
-    trims a larger draft's when the extra rows lie beyond the tokenizer (no token maps to them)."""
+    trims a larger draft's when the extra rows lie beyond the tokenizer (no token maps to them). A target alone:
+    only that its embedding covers the tokenizer."""
+    if draft is None:
+        report.vocab = {"tokenizer_size": tokenizer_size, "target_rows": target.vocab_size}
+        _check_embedding_covers(report, {"target": target.vocab_size}, tokenizer_size)
+        return
     rows = {"target": target.vocab_size, "draft": draft.vocab_size}
     padded = rows["target"]
     trimmable = rows["draft"] > padded and tokenizer_size is not None and tokenizer_size <= padded
@@ -241,15 +253,7 @@ def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokeni
         "trim_rows": {"target": 0, "draft": rows["draft"] - padded if trimmable else 0},
         "will_trim": trimmable,
     }
-    if tokenizer_size is not None:
-        for role, n in rows.items():
-            if n < tokenizer_size:
-                report.problem(
-                    "embedding_smaller_than_tokenizer",
-                    f"the {role} model has {n} embedding rows but the tokenizer has ids up to {tokenizer_size - 1}: "
-                    "those ids would index past the embedding.",
-                    f"Point {role}.checkpoint at a model whose vocab_size is at least {tokenizer_size}.",
-                )
+    _check_embedding_covers(report, rows, tokenizer_size)
     if rows["draft"] > rows["target"] and not trimmable:
         why = (
             "the tokenizers could not be compared, so whether tokens use those rows is unknown"
@@ -279,3 +283,16 @@ def check_vocab(report: CheckReport, target: ModelInfo, draft: ModelInfo, tokeni
             f"lm_head will be padded to {padded} rows at convert time, so both engines emit logits of the same width.",
             "Nothing to do: `specbuild convert` pads them.",
         )
+
+
+def _check_embedding_covers(report: CheckReport, rows: dict[str, int], tokenizer_size: int | None) -> None:
+    if tokenizer_size is None:
+        return
+    for role, n in rows.items():
+        if n < tokenizer_size:
+            report.problem(
+                "embedding_smaller_than_tokenizer",
+                f"the {role} model has {n} embedding rows but the tokenizer has ids up to {tokenizer_size - 1}: "
+                "those ids would index past the embedding.",
+                f"Point {role}.checkpoint at a model whose vocab_size is at least {tokenizer_size}.",
+            )

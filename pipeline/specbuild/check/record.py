@@ -25,7 +25,7 @@ def check_inputs_hash(spec: Spec) -> str:
     from specbuild import __version__
 
     parts: dict[str, Any] = {"spec": spec.to_dict(), "specbuild": __version__}
-    for role in ("target", "draft"):
+    for role in spec.roles:
         folder = Path(spec.role(role).checkpoint)
         files: dict[str, Any] = {}
         if folder.is_dir():
@@ -84,7 +84,7 @@ def run_stage(spec: Spec, backend: str | None, force: bool, dry_run: bool, log, 
         return (
             {"status": "skipped", "detail": UP_TO_DATE}
             if fresh
-            else {"status": "planned", "detail": f"read both checkpoints' configs and tokenizers; {plan}"}
+            else {"status": "planned", "detail": f"read the checkpoints' configs and tokenizers; {plan}"}
         )
     if fresh:
         log(f"check: inputs unchanged since the last passing check ({record_path(spec)}), skipped.")

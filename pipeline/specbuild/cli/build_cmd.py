@@ -63,7 +63,7 @@ def command(spec_path, backend, trtllm_build, role, force, dry_run, as_json):
         paths.for_backend(backend).build(
             spec,
             backend,
-            roles(role),
+            roles(role, spec),
             trtllm_build=str(trtllm_build) if trtllm_build else None,
             force=force,
             dry_run=dry_run,

@@ -13,6 +13,8 @@ from specbuild.cli.common import emit_json, get_spec, json_option, spec_option
 
 def _tokenizer_line(doc: dict[str, Any]) -> str:
     tok = doc["tokenizer"]
+    if tok.get("target_only"):
+        return f"the target's ({tok['size']} tokens; no draft model to compare)"
     if tok.get("identical") is None:
         return "not compared (unreadable)"
     if not tok["identical"]:
@@ -26,6 +28,8 @@ def _tokenizer_line(doc: dict[str, Any]) -> str:
 def _vocab_line(doc: dict[str, Any]) -> str:
     v = doc["vocab"]
     tokenizer = v["tokenizer_size"] if v["tokenizer_size"] is not None else "?"
+    if "draft_rows" not in v:  # a target-only deployment
+        return f"target {v['target_rows']} rows, tokenizer {tokenizer}"
     line = f"target {v['target_rows']} rows, draft {v['draft_rows']} rows, tokenizer {tokenizer}"
     if v["will_pad"]:
         padded = [role for role, n in v["pad_rows"].items() if n]
@@ -45,7 +49,7 @@ def _weights_line(doc: dict[str, Any]) -> str:
 
     section = doc.get("weights") or {}
     parts = []
-    for role in ("target", "draft"):
+    for role in doc["models"]:
         scan = section.get(role) or {}
         if not scan.get("scanned"):
             parts.append(f"{role} not scanned ({scan.get('reason', 'no safetensors')})")
@@ -61,8 +65,7 @@ def _weights_line(doc: dict[str, Any]) -> str:
 def format_report(doc: dict[str, Any]) -> str:
     """The human summary of a check report document."""
     rows: list[tuple[str, str]] = [("pair", doc["pair"])]
-    for role in ("target", "draft"):
-        info = doc["models"][role]
+    for role, info in doc["models"].items():
         rows.append(
             (
                 role,

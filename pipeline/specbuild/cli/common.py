@@ -32,12 +32,12 @@ role_option = click.option(
     type=click.Choice(["target", "draft", "both"]),
     default="both",
     show_default=True,
-    help="Which model of the pair to process.",
+    help="Which model of the pair to process (both: every model the spec has; a target-only spec has one).",
 )
 
 
-def roles(role: str) -> list[str]:
-    return ["target", "draft"] if role == "both" else [role]
+def roles(role: str, spec: Spec) -> list[str]:
+    return list(spec.roles) if role == "both" else [role]
 
 
 DEMO_SPEC = Path(".demo") / "specbuild.toml"  # written by `make demo` in the repository root

@@ -110,7 +110,7 @@ def command(
     from specbuild.convert.plan import ConvertOptions
 
     spec = get_spec(spec_path)
-    selected = roles(role)
+    selected = roles(role, spec)
     for name in selected:
         changes = {k: v for k, v in (("quantization", quantization), ("kv_cache", kv_cache)) if v is not None}
         if changes:

@@ -37,14 +37,14 @@ VARIANT_CHOICE = click.Choice(["full", "tiny"])
     "--target",
     "target",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help="Your target model's Hugging Face folder (with --draft): the spec is filled from the two "
-    "checkpoints (dtype, limits that fit their positions, the backend their family needs).",
+    help="Your target model's Hugging Face folder: the spec is filled from the checkpoints (dtype, limits that fit "
+    "their positions, the backend their family needs). Without --draft: a target-only spec drafting by prompt lookup.",
 )
 @click.option(
     "--draft",
     "draft",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help="Your draft model's Hugging Face folder (with --target).",
+    help="Your draft model's Hugging Face folder (with --target; leave it out for a target-only spec).",
 )
 @click.option(
     "--from-check",
@@ -70,13 +70,18 @@ def command(
 
     With --target and --draft the spec is for your pair: its checkpoints read (nothing is loaded or downloaded)
     for the dtype, limits that fit the models and the backend their family needs; `specbuild check` then says
-    whether the pair is usable. With --example it is the built-in example pair (see `specbuild example`).
+    whether the pair is usable. With --target alone the spec has no [draft] and drafts by prompt lookup
+    (speculative.drafter = "lookup": no draft model, proposals from the text already in the prompt and answer). With --example it is the built-in example pair (see `specbuild example`).
     With neither, the checkpoints are placeholders (models/target, models/draft) to replace.
 
     \b
     Your own pair:
       specbuild init --target ~/models/Qwen2.5-7B-Instruct --draft ~/models/Qwen2.5-0.5B-Instruct
       specbuild check && specbuild up
+
+    
+    A target alone (prompt lookup, no draft model):
+      specbuild init --target ~/models/Qwen2.5-7B-Instruct
 
     \b
     Measure first, then write a spec with the K that pays:
@@ -86,8 +91,8 @@ def command(
     from specbuild.errors import SpecError
     from specbuild.example import specfile
 
-    if (target is None) != (draft is None):
-        raise click.UsageError("pass --target and --draft together.")
+    if draft is not None and target is None:
+        raise click.UsageError("--draft needs --target (a draft model alone has nothing to draft for).")
     if target is not None and example:
         raise click.UsageError("pass either --example or --target/--draft, not both.")
     if (out.exists() or out.is_symlink()) and not force:
@@ -119,6 +124,9 @@ def command(
         header = (
             f"specbuild spec for {overrides['name']}, written by `specbuild init --target --draft` from the two "
             "checkpoints.\nNext: `specbuild check` says whether the pair is usable, and why."
+            if draft is not None
+            else f"specbuild spec for {overrides['name']} alone (prompt lookup, no draft model), written by "
+            "`specbuild init --target` from its checkpoint.\nNext: `specbuild check` says whether it is usable."
         )
     else:
         overrides = {}

@@ -33,7 +33,8 @@ class BlsParameters:
     max_output_len: int  # the most max_tokens one request may ask for
     tokenizer_dir: str  # absolute, or relative to the repository's parent folder
     tensorrt_llm_model_name: str = models.TARGET
-    tensorrt_llm_draft_model_name: str = models.DRAFT
+    # "" (or absent): no draft model, as in NVIDIA's BLS; its drafters are those without one (specbuild.drafters)
+    tensorrt_llm_draft_model_name: str = ""
     use_draft_logits: bool = False  # the target verifies against the draft's logits (sampling requests)
     adaptive_draft_len: bool = True  # K adapts to the running acceptance
     overlap: bool | str = False  # draft the next step while the target verifies this one: true, false or "auto"

@@ -71,9 +71,9 @@ def role_logits_dtype(spec: Spec, role: str, engine_dir: Path) -> tuple[str, str
 
 
 def pair_logits_datatype(spec: Spec, engine_dirs: dict[str, Path]) -> str:
-    """The Triton data type ("TYPE_FP16" / "TYPE_FP32") both LLM models declare."""
-    found = {role: role_logits_dtype(spec, role, engine_dirs[role]) for role in ("target", "draft")}
-    (target, target_from), (draft, draft_from) = found["target"], found["draft"]
+    """The Triton data type ("TYPE_FP16" / "TYPE_FP32") both LLM models declare (the target's alone, without a draft)."""
+    found = {role: role_logits_dtype(spec, role, engine_dirs[role]) for role in spec.roles}
+    (target, target_from), (draft, draft_from) = found["target"], found.get("draft", found["target"])
     for dtype, source in found.values():
         if dtype not in TRITON_TYPES:
             raise SpecError(

@@ -38,7 +38,7 @@ class Drafting:
     @property
     def available(self) -> tuple[str, ...]:
         """The drafters this deployment can run (the draft model's only where it has one)."""
-        return tuple(n for n in drafters.NAMES if self.model is not None or not drafters.get(n).needs_draft_model)
+        return drafters.runnable(self.model is not None)
 
     def drafter(self, name: str, model: Drafter | None = None) -> Drafter:
         """The drafter called `name`; `model`: another drafter over the same draft model (e.g. batched)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from specbuild import __version__, backends, paths, yamltext
 from specbuild.artifacts import claim_output, combined_hash, read_manifest, resolve_output, stage_output
-from specbuild.config import Spec
+from specbuild.config import SECTIONS, Spec
 from specbuild.deploy import facts, values
 from specbuild.errors import ArtifactError, SpecError
 
@@ -89,7 +89,8 @@ def _spec_text(spec: Spec) -> str:
         "output_dir": data["output_dir"],
         **{
             section: {k: v for k, v in data[section].items() if v is not None}
-            for section in ("target", "draft", "speculative", "build", "gpu", "serve", "llmapi")
+            for section in SECTIONS
+            if data.get(section) is not None  # a target-only spec has no [draft]
         },
     }
     header = (

@@ -76,12 +76,12 @@ TRITON_TAG = TRITON_IMAGE.rpartition(":")[2]
 def container_spec(spec: Spec) -> Spec:
     """The spec as the pods see it: checkpoints under /models (by folder name, `<role>-<name>` when both share
     one), output_dir /work/engines, the server bound on every interface of the pod."""
-    names = {role: spec.role(role).checkpoint.name for role in ("target", "draft")}
-    if names["target"] == names["draft"]:
+    names = {role: spec.role(role).checkpoint.name for role in spec.roles}
+    if len(set(names.values())) < len(names):
         names = {role: f"{role}-{name}" for role, name in names.items()}
     models = {
         role: dataclasses.replace(spec.role(role), checkpoint=Path(str(MODELS_DIR / names[role])))
-        for role in ("target", "draft")
+        for role in spec.roles
     }
     return dataclasses.replace(
         spec,

@@ -138,7 +138,8 @@ def _line(key: str, value: Any, default: Any, reason: str) -> list[str]:
 def render_spec(overrides: dict[str, Any] | None = None, header: str | None = None) -> str:
     """The text of a commented spec: defaults from `specbuild.config`, changed by `overrides`.
 
-    overrides: {"name": ..., "output_dir": ..., "<section>": {"<key>": value}}.
+    overrides: {"name": ..., "output_dir": ..., "<section>": {"<key>": value}}; "draft": None leaves [draft] out (a
+    target-only spec: its drafter needs no model).
     """
     overrides = overrides or {}
     unknown = set(overrides) - {"name", "output_dir", *SECTIONS}
@@ -153,6 +154,14 @@ def render_spec(overrides: dict[str, Any] | None = None, header: str | None = No
             default = "pair"  # what spec_from_dict uses when the file has no name
         lines += _line(key, overrides.get(key, default), default, REASONS[key])
     for section, cls in SECTIONS.items():
+        if section == "draft" and "draft" in overrides and overrides["draft"] is None:
+            lines += [
+                "",
+                "# No [draft]: a target-only deployment, drafting by prompt lookup (speculative.drafter). For a draft "
+                "model,",
+                '# add [draft] with checkpoint = "<its Hugging Face folder>" and set speculative.drafter.',
+            ]
+            continue
         values = dict(overrides.get(section, {}))
         names = [f.name for f in dataclasses.fields(cls)]
         if set(values) - set(names):
@@ -234,7 +243,7 @@ def merge_overrides(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, An
     merged = {key: dict(value) if isinstance(value, dict) else value for key, value in base.items()}
     for key, value in extra.items():
         if isinstance(value, dict):
-            merged[key] = {**merged.get(key, {}), **value}
+            merged[key] = {**(merged.get(key) or {}), **value}
         else:
             merged[key] = value
     return merged
@@ -265,8 +274,9 @@ def write_spec(path: str | Path, text: str, force: bool = False) -> Path:
     return path
 
 
-def pair_overrides(target: Path, draft: Path) -> dict[str, Any]:
-    """Spec values for your own pair, from its checkpoints (read without torch): the name, the two folders, each
+def pair_overrides(target: Path, draft: Path | None) -> dict[str, Any]:
+    """Spec values for your own pair (draft None: the target alone, drafting by prompt lookup), from its checkpoints
+    (read without torch): the name, the two folders, each
     model's dtype where the checkpoint says (float16 or bfloat16; a float32 checkpoint is exported in float16), the
     backend when only the LLM API path takes the family, and limits that fit both models' positions (the target's
     less the draft tokens the builder adds to it) and sliding windows, as `check` asks (specbuild.families.support,
@@ -279,7 +289,8 @@ def pair_overrides(target: Path, draft: Path) -> dict[str, Any]:
     from specbuild.errors import SpecError
     from specbuild.hfmodel import read_model_info
 
-    infos = {role: read_model_info(folder, role=role) for role, folder in (("target", target), ("draft", draft))}
+    folders = {"target": target, "draft": draft} if draft is not None else {"target": target}
+    infos = {role: read_model_info(folder, role=role) for role, folder in folders.items()}
     k = SpeculativeSpec().max_draft_len
     limits = [
         info.position_limit - (k if role == "target" else 0)
@@ -302,6 +313,9 @@ def pair_overrides(target: Path, draft: Path) -> dict[str, Any]:
         "name": re.sub(r"[^A-Za-z0-9._-]+", "-", Path(target).resolve().name).strip("-") or "pair",
         "build": {"max_seq_len": max_seq_len, "max_input_len": max_input_len},
     }
+    if draft is None:
+        overrides["draft"] = None
+        overrides["speculative"] = {"drafter": "lookup"}
     for role, info in infos.items():
         overrides[role] = {"checkpoint": str(info.path)}
         if info.torch_dtype in ("float16", "bfloat16"):

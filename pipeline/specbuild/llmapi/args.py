@@ -20,6 +20,7 @@ No torch and no YAML library: `render_yaml` writes them with `specbuild.yamltext
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,12 @@ from specbuild.errors import SpecError
 @dataclass(frozen=True)
 class Locations:
     target: str  # the target's HF checkpoint folder, as the server sees it
-    draft: str  # the draft's
+    draft: str | None  # the draft's; None: a target-only deployment
+
+
+def locations(spec: Spec, folder: Callable[[str], Any]) -> Locations:
+    """Where the server sees each role's checkpoint: folder(role) for each model the spec has."""
+    return Locations(str(folder("target")), str(folder("draft")) if spec.draft is not None else None)
 
 
 def kv_fraction(spec: Spec) -> tuple[float, str]:
@@ -46,7 +52,7 @@ def check_spec(spec: Spec) -> None:
     """What this path refuses before any work (SpecError naming the key and the fix)."""
     if refusal := drafters.path_refusal(spec.speculative.drafter, "llmapi"):
         raise SpecError(f"{refusal[0]}: {refusal[1]}.")
-    for role in ("target", "draft"):
+    for role in spec.roles:
         model = spec.role(role)
         if model.quantization not in contract.QUANTIZATIONS:
             raise SpecError(

@@ -38,7 +38,7 @@ def config_dir(spec: Spec) -> Path:
 
 
 def locations(spec: Spec) -> llm_args_mod.Locations:
-    return llm_args_mod.Locations(str(checkpoint_dir(spec, "target")), str(checkpoint_dir(spec, "draft")))
+    return llm_args_mod.locations(spec, lambda role: checkpoint_dir(spec, role))
 
 
 def render(spec: Spec) -> dict[str, str]:
@@ -63,7 +63,7 @@ def render(spec: Spec) -> dict[str, str]:
 
 def _checkpoint_hashes(spec: Spec) -> dict[str, Any]:
     hashes = {}
-    for role in ("target", "draft"):
+    for role in spec.roles:
         folder = checkpoint_dir(spec, role)
         if not (folder / "manifest.json").is_file():
             raise ArtifactError(
@@ -129,7 +129,7 @@ def build(spec: Spec, force: bool = False, log: Callable[[str], None] = print) -
                 "input_hash": digest,
                 "release": contract.RELEASE,
                 "llm_args": args,
-                "checkpoints": {role: str(checkpoint_dir(spec, role)) for role in ("target", "draft")},
+                "checkpoints": {role: str(checkpoint_dir(spec, role)) for role in spec.roles},
                 "checkpoint_hashes": checkpoints,
                 "kv_fraction_source": llm_args_mod.kv_fraction(spec)[1],
                 "memory_plan": plan,

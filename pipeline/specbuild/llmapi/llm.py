@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.contract import llmapi as contract
+from specbuild.decode.drafting import Drafting
 from specbuild.decode.request import RequestRules
 from specbuild.errors import RequestError
 from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
@@ -175,17 +176,15 @@ class StandInLLM:
         self.target = load_model(
             self.target_dir, {"max_batch_size": batch, "max_seq_len": seq + self.k, "max_draft_len": self.k}, device
         )
-        self.lookup = None  # NGram: prompt lookup with the config's settings, its pool shared by the requests
+        # NGram: prompt lookup with the config's settings, its pool shared by the requests (a Drafting of the lookup)
+        self.lookup: Drafting | None = None
         if spec and contract.DRAFT_MODEL_KEY not in spec:  # NGram: DraftTarget needs the draft path (validate_args)
             from specbuild.drafters import LookupSettings
-            from specbuild.speculative.lookup import LookupDrafter, LookupPool
 
             # the fields as NGramDecodingConfig reads them (its defaults where absent); the pool is bounded here
             # (LookupSettings.pool_max_tokens), NVIDIA's grows with its requests
             settings = LookupSettings(**{name: spec.get(name, d) for name, d in contract.NGRAM_DEFAULTS.items()})
-            self.lookup = LookupDrafter(
-                settings, LookupPool(settings.pool_max_tokens) if settings.is_public_pool else None
-            )
+            self.lookup = Drafting.create("lookup", None, settings)
         self.draft = (
             load_model(
                 Path(spec[contract.DRAFT_MODEL_KEY]),
@@ -206,8 +205,8 @@ class StandInLLM:
             () if eos is None else (eos,),
             self.k if drafts else 0,
             self.k if drafts else 0,
-            default_drafter="lookup" if self.lookup else "model",
-            runnable_drafters=("lookup",) if self.lookup else ("model",),
+            default_drafter=self.lookup.default if self.lookup else "model",
+            runnable_drafters=(self.lookup.default,) if self.lookup else ("model",),
         )
         self.max_batch_size = batch
 
@@ -256,11 +255,10 @@ class StandInLLM:
         )
         target = call("target") if call else self.target
         verifier = ContractVerifier(target, max_draft_len=self.k, end_id=ready.model_end_id)
-        drafter = (
-            ContractDrafter(call("draft") if call else self.draft, end_id=ready.model_end_id)
-            if self.draft
-            else self.lookup
-        )
+        if self.draft is not None:
+            drafter = ContractDrafter(call("draft") if call else self.draft, end_id=ready.model_end_id)
+        else:
+            drafter = self.lookup.drafter(ready.drafter) if self.lookup is not None else NoDraft()
         counts = [0, 0]  # drafted, accepted so far
         times = {"scheduled": None, "first": None}
 
@@ -279,18 +277,19 @@ class StandInLLM:
         try:
             result = drive(
                 prompt_ids,
-                drafter or NoDraft(),
+                drafter,
                 verifier,
                 ready.request,
                 k=ready.k,
                 cancelled=cancelled,
                 stop_words=ready.stop_words,
                 on_step=on_step,
+                drafter_name=ready.drafter,
             )
         except RequestError as err:
             raise ModelException(str(err)) from None
-        if self.lookup is not None and self.lookup.pool is not None and result.finish_reason != "cancelled":
-            self.lookup.pool.add([*prompt_ids, *result.output_ids])
+        if self.lookup is not None and result.finish_reason != "cancelled":
+            self.lookup.remember(ready.drafter, prompt_ids, result.output_ids, result.stats)
         tokens, stop_reason = list(result.output_ids), None
         if isinstance(result.stop_reason, (str, int)):  # a stop string or id is left out (include_stop_str_in_output
             stop_reason = result.stop_reason  # False), as result.py's _handle_sequence does

@@ -24,30 +24,27 @@ def local_pair(spec: Spec, device: str | None = "cpu") -> dict:
     """The spec's pair as the llmapi server runs it, in this process, as `session.local.LocalSession`'s arguments
     (ArtifactError before `convert --backend llmapi`); device: cpu, cuda, or auto/None (cuda when torch sees one)."""
     from specbuild.contract.adapters import ContractDrafter, ContractVerifier
-    from specbuild.decode.drafting import Drafting
     from specbuild.hfmodel import listed_end_ids
     from specbuild.llmapi.llm import NoDraft, StandInLLM
     from specbuild.reference.loading import resolve_device
 
-    folders = {role: checkpoint_dir(spec, role) for role in ("target", "draft")}
+    folders = {role: checkpoint_dir(spec, role) for role in spec.roles}
     for role, folder in folders.items():
         if not (folder / "config.json").is_file():
             raise ArtifactError(
                 f"no LLM API checkpoint for the {role} at {folder}: run `specbuild convert --backend "
                 "llmapi` first (the llmapi server and this local run load that export)."
             )
-    engine_args = args_mod.llm_args(spec, args_mod.Locations(str(folders["target"]), str(folders["draft"])))
+    engine_args = args_mod.llm_args(spec, args_mod.locations(spec, folders.__getitem__))
     llm = StandInLLM(engine_args, device=resolve_device(device))
     eos = llm.tokenizer.eos_token_id
     # the LLM ends at the tokenizer's eos, and every served request carries the checkpoint's listed end ids as
     # stop_token_ids (llmapi.end_ids.stop_token_ids: none without an eos); the session ends at each once
     verifier = ContractVerifier(llm.target, max_draft_len=llm.k, end_id=eos)
     drafter = ContractDrafter(llm.draft, end_id=eos) if llm.draft is not None else NoDraft()
-    # an NGram config drafts by lookup, as the stand-in does, with its settings and pool
-    drafting = Drafting("lookup", None, llm.lookup.settings, llm.lookup.pool) if llm.lookup is not None else None
     return {
         "drafter": drafter,
-        "drafting": drafting,
+        "drafting": llm.lookup,  # an NGram config drafts by lookup, as the stand-in does, with its settings and pool
         "verifier": verifier,
         "encode": llm.encode,
         "tokenizer": llm.tokenizer,

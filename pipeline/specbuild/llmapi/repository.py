@@ -85,7 +85,7 @@ def locations(spec: Spec, runtime: str, checkpoints_dir: str | Path | None) -> a
         root = GPU_CHECKPOINTS_DIR
     else:
         root = str(Path(spec.output_dir).resolve())
-    return args_mod.Locations(f"{root}/{spec.name}/target/{FOLDER}", f"{root}/{spec.name}/draft/{FOLDER}")
+    return args_mod.locations(spec, lambda role: f"{root}/{spec.name}/{role}/{FOLDER}")
 
 
 def config_pbtxt(decoupled: bool) -> str:
@@ -129,6 +129,8 @@ def render(spec: Spec, runtime: str, where: args_mod.Locations) -> dict[str, str
 def _warnings(spec: Spec, runtime: str, where: args_mod.Locations) -> list[str]:
     found = []
     for role, path in (("target", where.target), ("draft", where.draft)):
+        if path is None:
+            continue
         if runtime == "reference" and not (Path(path) / "manifest.json").is_file():
             found.append(
                 f"the {role} checkpoint {path} is not converted yet: run `specbuild convert --backend "
@@ -193,6 +195,8 @@ def checkpoint_dirs(repo: Path, manifest: dict[str, Any]) -> dict[str, Path]:
     settings = manifest.get("settings") or {}
     found = {}
     for role in ("target", "draft"):
+        if role == "draft" and role in settings and settings[role] is None:
+            continue  # a target-only deployment
         if not settings.get(role):
             raise ArtifactError(
                 f"{repo}/manifest.json names no {role} checkpoint: regenerate it with "

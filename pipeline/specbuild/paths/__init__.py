@@ -2,7 +2,7 @@
 
     from specbuild import paths
     path = paths.for_backend("reference")        # the engine path (trtllm, reference) or the LLM API path (llmapi)
-    outcome = path.convert(spec, ["target", "draft"], ConvertOptions(), dry_run=True)
+    outcome = path.convert(spec, list(spec.roles), ConvertOptions(), dry_run=True)
     outcome.document, outcome.lines              # the --json document, the lines a person reads
 
 A backend's record (`specbuild.backends`) names its path; `for_backend` finds that path's object here. `up`

@@ -16,8 +16,6 @@ from specbuild.artifacts import default_repo_dir, recorded_hash
 from specbuild.paths.context import UpContext, dry_status, earlier_will_run, statuses
 from specbuild.paths.interface import Outcome, PipelinePath, repo_plan_outcome, repo_result_outcome
 
-ROLES = ["target", "draft"]
-
 
 def build_row(result: dict) -> dict:
     """One engine of `build --json`."""
@@ -42,7 +40,7 @@ class EnginePath(PipelinePath):
 
         folders = [
             (ctx.spec.pair_dir / role / name, stage)
-            for role in ROLES
+            for role in ctx.spec.roles
             for name, stage in (("checkpoint", "convert"), ("engine", "build"))
         ]
         folders.append((ctx.repo or default_repo_dir(ctx.spec.output_dir), "repo"))
@@ -60,7 +58,7 @@ class EnginePath(PipelinePath):
         from specbuild.convert.plan import ConvertOptions, describe, plan_roles
 
         options = ConvertOptions()
-        plans = plan_roles(ctx.spec, ROLES, options)
+        plans = plan_roles(ctx.spec, list(ctx.spec.roles), options)
         if ctx.dry_run:
             from specbuild.artifacts import tool_versions
             from specbuild.convert.export import input_hash, source_hashes
@@ -83,7 +81,7 @@ class EnginePath(PipelinePath):
         from specbuild.engines.stage import build_engines, dry_run
 
         if ctx.dry_run:
-            detail = dry_run(ctx.spec, ROLES, ctx.backend, ctx.trtllm_build)
+            detail = dry_run(ctx.spec, list(ctx.spec.roles), ctx.backend, ctx.trtllm_build)
             rerun = ctx.force or earlier_will_run(ctx, "convert")  # new checkpoints: new engines
             roles = {
                 e["role"]: "skipped"
@@ -93,7 +91,7 @@ class EnginePath(PipelinePath):
             }
             return dry_status(roles, detail)
         results = build_engines(
-            ctx.spec, ROLES, ctx.backend, force=ctx.force, trtllm_build=ctx.trtllm_build, log=ctx.log
+            ctx.spec, list(ctx.spec.roles), ctx.backend, force=ctx.force, trtllm_build=ctx.trtllm_build, log=ctx.log
         )
         return {
             "status": statuses(results),
@@ -222,7 +220,7 @@ class EnginePath(PipelinePath):
 
     # ---- deploy ----
     def build_outputs(self, spec) -> list[Path]:
-        return [spec.pair_dir / role / "engine" for role in ROLES]
+        return [spec.pair_dir / role / "engine" for role in spec.roles]
 
     def repo_argv_extra(self, backend: str, models_dir: Path) -> list[str]:
         # a trtllm repository names its engines at the GPU image's mount (models_dir); a reference one where the

@@ -16,7 +16,7 @@ from typing import Any
 from specbuild.artifacts import UP_TO_DATE, default_repo_dir, recorded_hash
 from specbuild.errors import ArtifactError
 from specbuild.paths.context import UpContext, dry_status, earlier_will_run, statuses
-from specbuild.paths.engine_path import ROLES, verification_lines
+from specbuild.paths.engine_path import verification_lines
 from specbuild.paths.interface import Outcome, PipelinePath, repo_plan_outcome, repo_result_outcome
 
 
@@ -44,7 +44,7 @@ class LlmApiPath(PipelinePath):
         from specbuild.llmapi.checkpoint import STAGE as CONVERT_STAGE
         from specbuild.llmapi.checkpoint import checkpoint_dir
 
-        folders = [(checkpoint_dir(ctx.spec, role), CONVERT_STAGE, "convert") for role in ROLES]
+        folders = [(checkpoint_dir(ctx.spec, role), CONVERT_STAGE, "convert") for role in ctx.spec.roles]
         folders += [
             (config_dir(ctx.spec), BUILD_STAGE, "build"),
             (ctx.repo or default_repo_dir(ctx.spec.output_dir), "repo", "repo"),
@@ -64,7 +64,7 @@ class LlmApiPath(PipelinePath):
         from specbuild.llmapi import checkpoint
 
         options = ConvertOptions()
-        plans = checkpoint.plan_roles(ctx.spec, ROLES, options)
+        plans = checkpoint.plan_roles(ctx.spec, list(ctx.spec.roles), options)
         if ctx.dry_run:
             from specbuild.artifacts import hash_tree, tool_versions
 
@@ -239,7 +239,7 @@ class LlmApiPath(PipelinePath):
         from specbuild.llmapi.build import config_dir
         from specbuild.llmapi.checkpoint import checkpoint_dir
 
-        return [checkpoint_dir(spec, "target"), checkpoint_dir(spec, "draft"), config_dir(spec)]
+        return [*(checkpoint_dir(spec, role) for role in spec.roles), config_dir(spec)]
 
     def repo_argv_extra(self, backend: str, models_dir: Path) -> list[str]:
         return ["--runtime", "tensorrt_llm", "--checkpoints-dir", str(models_dir)]

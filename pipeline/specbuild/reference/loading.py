@@ -117,13 +117,14 @@ def load_contract_model(
 
 @dataclass
 class LocalPair:
-    """Target and draft in-process, behind the same Drafter/Verifier adapters the Triton BLS uses."""
+    """Target and draft in-process, behind the same Drafter/Verifier adapters the Triton BLS uses (a target-only
+    spec: the draft's fields are None)."""
 
     target: ModelSource
-    draft: ModelSource
+    draft: ModelSource | None
     target_model: Any  # ContractModel
-    draft_model: Any  # ContractModel
-    drafter: Any  # ContractDrafter
+    draft_model: Any  # ContractModel, or None
+    drafter: Any  # ContractDrafter, or None
     verifier: Any  # ContractVerifier
     tokenizer_dir: Path
     end_id: int | None  # the checkpoint's first listed end id, the one the models get
@@ -207,10 +208,13 @@ def load_pair(
     from specbuild.contract.adapters import ContractDrafter, ContractVerifier
     from specbuild.reference.draftproc import DraftProcess
 
-    target, draft = model_source(spec, "target"), model_source(spec, "draft")
+    target = model_source(spec, "target")
+    draft = model_source(spec, "draft") if spec.draft is not None else None
     device = resolve_device(device)
     configure_threads(threads, target, device)
     schedule, overlap_reason = resolve_overlap(overlap, device)
+    if draft is None:  # only a draft model drafts ahead
+        schedule, overlap_reason = False, "overlap off: no draft model"
     listed = listed_end_ids(spec.target.checkpoint if target.kind == HF_CHECKPOINT else target.path)
     end_id = listed[0] if listed else None
     use_logits = spec.speculative.use_draft_logits
@@ -229,8 +233,8 @@ def load_pair(
         )
     try:
         target_model = load_contract_model(target, device, use_cache, row_block)
-        draft_model = load_contract_model(draft, device, use_cache, row_block)
-        if target_model.engine.vocab_size != draft_model.engine.vocab_size:
+        draft_model = load_contract_model(draft, device, use_cache, row_block) if draft is not None else None
+        if draft_model is not None and target_model.engine.vocab_size != draft_model.engine.vocab_size:
             raise CheckpointError(
                 f"target vocab_size {target_model.engine.vocab_size} != draft vocab_size "
                 f"{draft_model.engine.vocab_size}: run `specbuild convert` (it pads the draft's vocabulary) and "
@@ -248,7 +252,7 @@ def load_pair(
         draft=draft,
         target_model=target_model,
         draft_model=draft_model,
-        drafter=ContractDrafter(draft_model, end_id=end_id, use_logits=use_logits),
+        drafter=ContractDrafter(draft_model, end_id=end_id, use_logits=use_logits) if draft_model else None,
         verifier=ContractVerifier(target_model, max_draft_len=max_draft_len, end_id=end_id),
         tokenizer_dir=target.path if _has_tokenizer(target.path) else spec.target.checkpoint,
         end_id=end_id,

@@ -1,4 +1,5 @@
-"""In-process generation: one loaded target/draft pair, many requests (`specbuild generate --local`, bench).
+"""In-process generation: one loaded target/draft pair (or a target alone), many requests (`specbuild generate
+--local`, bench).
 
     session = LocalSession.from_spec(spec)              # loads both models and the tokenizer
     gen = session.generate("def f(x):", Options(max_tokens=32), on_text=print)
@@ -42,7 +43,7 @@ class LocalSession:
 
     def __init__(
         self,
-        drafter: Drafter,
+        drafter: Drafter | None,
         verifier: Verifier,
         encode: Callable[[str], list[int]],
         *,
@@ -60,7 +61,8 @@ class LocalSession:
         drafting: Drafting | None = None,
     ):
         self.drafter, self.verifier = drafter, verifier
-        # the drafters requests can choose: the draft model's (`drafter`), prompt lookup, the hybrid
+        # the drafters requests can choose: the draft model's (`drafter`; None: there is none), prompt lookup, the
+        # hybrid
         self.drafting = drafting or Drafting.create("model", drafter, LookupSettings())
         self._encode = encode  # prompt text -> token ids
         self.tokenizer = tokenizer  # detokenizes streamed text (None: token ids only)
@@ -109,7 +111,9 @@ class LocalSession:
             overlap=spec.speculative.overlap if overlap is None else overlap,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(pair.tokenizer_dir), local_files_only=True)
-        limit = min(pair.draft_model.limits.max_seq_len, pair.target_model.limits.max_seq_len - pair.max_draft_len)
+        limit = pair.target_model.limits.max_seq_len - pair.max_draft_len
+        if pair.draft_model is not None:
+            limit = min(pair.draft_model.limits.max_seq_len, limit)
         return cls(
             pair.drafter,
             pair.verifier,
@@ -163,11 +167,12 @@ class LocalSession:
         pair = self.pair
         return {
             "engine_source": pair.target.kind,
-            "draft_engine_source": pair.draft.kind,
+            "draft_engine_source": pair.draft.kind if pair.draft is not None else None,
             "row_block": pair.target_model.engine.model.row_block,
             "exactness": {
                 role: m.engine.model.exactness.as_dict()
                 for role, m in (("target", pair.target_model), ("draft", pair.draft_model))
+                if m is not None
             },
         }
 
@@ -203,7 +208,7 @@ class LocalSession:
         # drafts in this process (no round trip to the other) and sequential segments are the sequential schedule.
         ahead = self.ahead_drafter if overlap and self.ahead_drafter else None
         model, verifier = pair or (self.drafter if overlap == "auto" or ahead is None else ahead, self.verifier)
-        drafter = model if ready.drafter == "model" else self.drafting.drafter(ready.drafter, model)
+        drafter = self.drafting.drafter(ready.drafter, model)
         stream = TextStream(self.tokenizer, prompt_ids) if text and self.tokenizer is not None else None
         generation = drive(
             prompt_ids,

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DRAFTER_COUNTS", "SpeculationStats"]
+__all__ = ["DRAFTER_COUNTS", "SpeculationStats", "add_drafter_counts"]
 
 DRAFTER_COUNTS = ("steps", "proposals", "drafted", "accepted")  # the counts of one by_drafter entry
 
@@ -87,7 +87,7 @@ class SpeculationStats:
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted = {accepted} must lie in [0, drafted = {drafted}]")
         if drafter is not None:
-            _add_drafter(
+            add_drafter_counts(
                 self.by_drafter,
                 drafter,
                 {"steps": 1, "proposals": int(drafted > 0), "drafted": drafted, "accepted": accepted},
@@ -126,7 +126,7 @@ class SpeculationStats:
         )
         for src in (self, other):
             for name, counts in src.by_drafter.items():
-                _add_drafter(out.by_drafter, name, counts)
+                add_drafter_counts(out.by_drafter, name, counts)
         out._grow(max(len(self.per_position_drafted), len(other.per_position_drafted)))
         for src in (self, other):
             for i, (d, a) in enumerate(zip(src.per_position_drafted, src.per_position_accepted)):
@@ -209,7 +209,8 @@ class SpeculationStats:
             self.per_position_accepted.append(0)
 
 
-def _add_drafter(into: dict[str, dict[str, int]], name: str, counts: dict[str, int]) -> None:
+def add_drafter_counts(into: dict[str, dict[str, int]], name: str, counts: dict[str, int]) -> None:
+    """Add one drafter's counts (DRAFTER_COUNTS) into a by_drafter table."""
     entry = into.setdefault(name, dict.fromkeys(DRAFTER_COUNTS, 0))
     for key in DRAFTER_COUNTS:
         entry[key] += int(counts.get(key, 0))

@@ -84,10 +84,22 @@ class RepoSettings:
     bls_instance_count: int
     tokenizer_dir: str  # absolute, or relative to the repository directory
     target: LlmSettings
-    draft: LlmSettings
+    draft: LlmSettings | None  # None: a target-only deployment (no tensorrt_llm_draft model)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return ("target", "draft") if self.draft is not None else ("target",)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The repository's models: MODEL_NAMES, less tensorrt_llm_draft where there is no draft model."""
+        return tuple(name for name in MODEL_NAMES if name != models.DRAFT or self.draft is not None)
 
     def llm(self, role: str) -> LlmSettings:
-        return self.target if role == "target" else self.draft
+        settings = self.target if role == "target" else self.draft
+        if settings is None:
+            raise SpecError(f"the repository has no {role} model (a target-only deployment).")
+        return settings
 
 
 def _require(name: str, value: object) -> None:
@@ -288,7 +300,8 @@ def bls(s: RepoSettings) -> model_config_pb2.ModelConfig:
         c,
         BlsParameters(
             tensorrt_llm_model_name=LLM_MODEL["target"],
-            tensorrt_llm_draft_model_name=LLM_MODEL["draft"],
+            # "" where there is no draft model: NVIDIA's BLS reads an empty name the same way
+            tensorrt_llm_draft_model_name=LLM_MODEL["draft"] if s.draft is not None else "",
             max_draft_len=s.max_draft_len,
             num_draft_tokens=s.num_draft_tokens,
             max_input_len=s.max_input_len,
@@ -308,6 +321,7 @@ def bls(s: RepoSettings) -> model_config_pb2.ModelConfig:
             drafter=s.drafter,
             **BlsParameters.lookup_parameters(s.lookup),
         ).to_parameters(),
+        may_be_empty=("tensorrt_llm_draft_model_name",),
     )
     _cpu_instances(pb, c, s.bls_instance_count)
     return c
@@ -399,12 +413,12 @@ def build_all(s: RepoSettings) -> dict[str, model_config_pb2.ModelConfig]:
     if s.backend not in BACKENDS:
         raise SpecError(f"backend = {s.backend!r} is not supported. Choose one of: {', '.join(BACKENDS)}.")
     _require("tokenizer_dir", s.tokenizer_dir)
-    return {
+    built = {
         "preprocessing": preprocessing(s),
         "postprocessing": postprocessing(s),
-        "tensorrt_llm": llm(s, "target"),
-        "tensorrt_llm_draft": llm(s, "draft"),
+        **{LLM_MODEL[role]: llm(s, role) for role in s.roles},
         models.BLS: bls(s),
         "ensemble": ensemble(s),
         gate.MODEL_NAME: gate.model_config(),  # READY while the deployment takes new requests
     }
+    return {name: built[name] for name in s.model_names}

@@ -68,7 +68,7 @@ class RepoResult:
             "out_dir": str(self.out_dir),
             "backend": self.backend,
             "skipped": self.skipped,
-            "models": list(configs.MODEL_NAMES),
+            "models": list(self.settings.model_names),
             "files": self.files,
             "settings": asdict(self.settings),
             "warnings": self.warnings,
@@ -127,8 +127,9 @@ def plan_settings(
     )
     if on_gpu and split.source != "memory plan":
         warnings.append(
-            f"kv_cache_free_gpu_mem_fraction = {split.fraction['target']}/{split.fraction['draft']} "
-            f"(target/draft): {split.source}."
+            "kv_cache_free_gpu_mem_fraction = "
+            + "/".join(str(split.fraction[role]) for role in spec.roles)
+            + f" ({'/'.join(spec.roles)}): {split.source}."
         )
 
     def engine_path(role: str) -> str:
@@ -156,7 +157,7 @@ def plan_settings(
             max_tokens_in_paged_kv_cache=split.max_tokens[role] if split.max_tokens else None,
             gpu_device_ids=gpu_device_ids(spec, role),
         )
-        for role in ("target", "draft")
+        for role in spec.roles
     }
 
     def local_engine(role: str) -> Path:  # where this machine has (or will have) the role's engine
@@ -164,7 +165,7 @@ def plan_settings(
             return (out_dir / engine_path(role)).resolve()
         return spec.pair_dir / role / "engine"
 
-    logits_datatype = pair_logits_datatype(spec, {role: local_engine(role) for role in ("target", "draft")})
+    logits_datatype = pair_logits_datatype(spec, {role: local_engine(role) for role in spec.roles})
     s = spec.serve
     settings = RepoSettings(
         backend=backend,
@@ -188,7 +189,7 @@ def plan_settings(
         bls_instance_count=s.bls_instance_count,
         tokenizer_dir=tok,
         target=roles["target"],
-        draft=roles["draft"],
+        draft=roles.get("draft"),
     )
     warnings += _check_engines(spec, out_dir, settings)
     return settings, warnings
@@ -197,7 +198,7 @@ def plan_settings(
 def _check_engines(spec: Spec, out_dir: Path, settings: RepoSettings) -> list[str]:
     """Engines that exist must agree with the plan; engines not built yet are only a warning."""
     warnings = []
-    for role in ("target", "draft"):
+    for role in settings.roles:
         engine = Path(settings.llm(role).engine_dir)
         engine = engine if engine.is_absolute() else (out_dir / engine).resolve()
         if backends.get(settings.backend).gpu and not engine.is_dir():
@@ -239,7 +240,7 @@ def render(settings: RepoSettings) -> dict[str, str]:
     files["postprocessing/1/model.py"] = shim_source(SHIMS["postprocessing"])
     files[f"{models.BLS}/1/model.py"] = shim_source(SHIMS[models.BLS])
     files["serving_gate/1/model.py"] = shim_source(SHIMS["serving_gate"])
-    for name in ("tensorrt_llm", "tensorrt_llm_draft"):
+    for name in (configs.LLM_MODEL[role] for role in settings.roles):
         if backends.get(settings.backend).triton_backend == "python":
             files[f"{name}/1/model.py"] = shim_source(SHIMS["reference_llm"])
         else:
@@ -253,7 +254,7 @@ def recorded_spec(spec: Spec) -> dict[str, Any]:
     which the reference flavour does not embed (its engine paths are relative to the repository)."""
     data = spec.to_dict()
     data.pop("output_dir", None)
-    for role in ("target", "draft"):
+    for role in spec.roles:
         data[role].pop("checkpoint", None)
     return data
 

@@ -48,6 +48,8 @@ def engine_dirs(repo: Path, manifest: dict[str, Any]) -> dict[str, Path]:
     settings = manifest.get("settings") or {}
     engines = {}
     for role in ("target", "draft"):
+        if role == "draft" and role in settings and settings[role] is None:
+            continue  # a target-only deployment: recorded as no draft
         value = (settings.get(role) or {}).get("engine_dir")
         if not value:
             raise ArtifactError(f"{repo}/manifest.json names no {role} engine: regenerate with `specbuild repo`.")

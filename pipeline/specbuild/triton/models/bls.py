@@ -131,7 +131,7 @@ class TritonPythonModel:
             settings.num_draft_tokens,
             settings.adaptive_draft_len,
             settings.drafter,
-            drafters.NAMES,
+            drafters.runnable(bool(self.draft_model)),  # no draft model (a target-only deployment): lookup only
         )
         token_bytes = max_token_bytes(self.tokenizer)
         if token_bytes.longest is None:
@@ -305,7 +305,7 @@ class TritonPythonModel:
         )
         # a lookup proposal reaches the target as draft_input_ids, as NVIDIA's n-gram example sends it
         # (NVIDIA/TensorRT-LLM examples/ngram/run_dtm_ngram.py): no draft model call, no draft logits
-        drafter = model if ready.drafter == "model" else self.drafting.drafter(ready.drafter, model)
+        drafter = self.drafting.drafter(ready.drafter, model)
         verifier = ContractVerifier(
             lambda inputs: call_model(self.pb, self.target_model, inputs),
             max_draft_len=self.max_draft_len,
