@@ -135,7 +135,11 @@ def test_wrong_types(data, message):
 
 def test_missing_tables_and_fields():
     assert error({"target": {"checkpoint": "t"}}) == (
-        'the spec has no [draft] table: add [draft] with checkpoint = "<HF model dir>".'
+        "the spec has no [draft] table, and speculative.drafter = 'model' needs a draft model: add [draft] with "
+        'checkpoint = "<HF model dir>", or set speculative.drafter = "lookup" (a target-only deployment).'
+    )
+    assert error({"target": {"checkpoint": "t"}, "speculative": {"drafter": "hybrid"}}).startswith(
+        "the spec has no [draft] table, and speculative.drafter = 'hybrid' needs a draft model"
     )
     assert error(raw(draft={"checkpoint": None}) | {"draft": {}}).startswith("[draft] is missing checkpoint")
 

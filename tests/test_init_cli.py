@@ -166,8 +166,39 @@ def test_init_for_your_own_pair_fills_the_spec_from_the_checkpoints_and_check_ag
     phi = make_family(tmp_path / "phi", "phi3")  # a family only the LLM API path takes
     CliRunner().invoke(main, ["init", "--target", str(phi), "--draft", str(phi), "--out", str(out), "--force"])
     assert load_spec(out).build.backend == "llmapi"
-    alone = CliRunner().invoke(main, ["init", "--target", str(phi), "--out", str(tmp_path / "x.toml")])
-    assert alone.exit_code == 2 and "pass --target and --draft together" in alone.output
+    no_target = CliRunner().invoke(main, ["init", "--draft", str(phi), "--out", str(tmp_path / "x.toml")])
+    assert no_target.exit_code == 2 and "--draft needs --target" in no_target.output
+
+
+def test_init_for_a_target_alone_writes_a_lookup_spec_without_draft_and_check_checks_one_model(tmp_path):
+    """--target without --draft: no [draft] table, drafter lookup, the same limits as a pair's; `check` reads one
+    model (no pair checks, the target's memory plan alone) and calls it usable on both paths, and it says what is
+    missing when the drafter needs a model."""
+    from family_models import make_family
+
+    target = make_family(tmp_path / "Qwen-7B", "qwen2")
+    out = tmp_path / "specbuild.toml"
+    result = CliRunner().invoke(main, ["init", "--target", str(target), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert "\n[draft]" not in text and "# No [draft]: a target-only deployment" in text and 'drafter = "lookup"' in text
+    spec = load_spec(out)
+    assert spec.draft is None and spec.roles == ("target",) and spec.speculative.drafter == "lookup"
+    assert spec.build.max_seq_len == 256 - spec.speculative.max_draft_len
+    for backend in ("reference", "llmapi"):
+        checked = CliRunner().invoke(main, ["check", "-c", str(out), "--json", "--backend", backend])
+        doc = json.loads(checked.stdout)
+        assert checked.exit_code == 0 and not doc["problems"], doc["problems"]
+        assert list(doc["models"]) == ["target"] and doc["tokenizer"]["target_only"]
+        plan = doc["memory"]
+        assert (plan["draft"] is None) if backend == "reference" else (list(plan["kv_bytes_per_token"]) == ["target"])
+        assert list(doc["weights"]) == ["target"]
+    human = CliRunner().invoke(main, ["check", "-c", str(out), "--no-weight-scan"])
+    assert human.exit_code == 0 and "no draft model to compare" in human.output, human.output
+    assert "the target alone" in human.output
+    out.write_text(text.replace('drafter = "lookup"', 'drafter = "hybrid"'))
+    refused = CliRunner().invoke(main, ["check", "-c", str(out)])
+    assert refused.exit_code != 0 and "needs a draft model" in refused.output
 
 
 def test_init_keeps_a_sliding_window_pair_within_its_window_or_says_why_no_path_takes_it(tmp_path):

@@ -320,8 +320,8 @@ def validate(spec: Spec) -> Spec:
     _choice("speculative.drafter", sp.drafter, drafters.NAMES)
     if spec.draft is None and drafters.get(sp.drafter).needs_draft_model:
         raise SpecError(
-            f"speculative.drafter = {sp.drafter!r} needs a draft model, and the spec has no [draft]. Add [draft] with "
-            'checkpoint = "<HF model dir>", or set drafter = "lookup" (prompt lookup, no model).'
+            f"the spec has no [draft] table, and speculative.drafter = {sp.drafter!r} needs a draft model: add [draft] "
+            'with checkpoint = "<HF model dir>", or set speculative.drafter = "lookup" (a target-only deployment).'
         )
     lk = spec.lookup
     _positive("lookup.max_matching_ngram_size", lk.max_matching_ngram_size)
