@@ -127,3 +127,20 @@ def test_the_llm_api_path_writes_an_ngram_config_and_no_draft_checkpoint(target_
             plain = local.generate(prompt, Options(max_tokens=16, num_draft_tokens=0), text=False)
             got = local.generate(prompt, Options(max_tokens=16), text=False)
             assert got.output_ids == plain.output_ids and got.drafter == "lookup"
+
+
+def test_the_chart_carries_a_target_only_spec_that_the_pods_load_as_such(target_alone, tmp_path):
+    """`deploy`'s chart holds the spec the pods read: still without [draft] (no placeholder draft to load), with the
+    drafter and the [lookup] table."""
+    import tomllib
+    import yaml
+
+    from specbuild.config import spec_from_dict
+    from specbuild.deploy.chart import plan_chart, write_chart
+
+    write_chart(plan_chart(load_spec(target_alone), tmp_path / "chart", backend="reference"))
+    values = yaml.safe_load((tmp_path / "chart" / "values.yaml").read_text())
+    raw = tomllib.loads(values["spec"])
+    assert "draft" not in raw and raw["speculative"]["drafter"] == "lookup" and "lookup" in raw
+    spec = spec_from_dict(raw, base_dir=Path("/work"))
+    assert spec.draft is None and str(spec.target.checkpoint).startswith("/models/")

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["NAMES", "Drafter", "LookupSettings", "get", "path_refusal", "runnable"]
+__all__ = ["LOOKUP", "MODEL", "NAMES", "Drafter", "LookupSettings", "get", "path_refusal", "runnable"]
+
+MODEL, LOOKUP = "model", "lookup"  # the draft model's drafter (the one that drafts ahead), prompt lookup
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,8 @@ class Drafter:
 
 
 _RECORDS = (
-    Drafter("model", True, False, "a draft model proposes K tokens per step"),
-    Drafter("lookup", False, True, "the continuation of the longest matching n-gram of the text so far (no model)"),
+    Drafter(MODEL, True, False, "a draft model proposes K tokens per step"),
+    Drafter(LOOKUP, False, True, "the continuation of the longest matching n-gram of the text so far (no model)"),
     Drafter(
         "hybrid",
         True,
@@ -40,7 +42,7 @@ _RECORDS = (
     ),
 )
 NAMES = tuple(record.name for record in _RECORDS)
-DEFAULT = "model"
+DEFAULT = MODEL
 
 
 def get(name: str) -> Drafter:

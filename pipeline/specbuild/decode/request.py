@@ -107,6 +107,6 @@ class RequestRules:
             other_end_ids=others,
             stop_sequences=[list(ids) for ids in stop_words],
             adaptive=(self.adaptive if adaptive is None else adaptive) and k.k > 0,
-            overlap=overlap if name == drafters.DEFAULT else False,
+            overlap=overlap if name == drafters.MODEL else False,
         )
         return Prepared(request, k, model_end_id, stop_words, name)

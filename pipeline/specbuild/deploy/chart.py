@@ -88,9 +88,9 @@ def _spec_text(spec: Spec) -> str:
         "name": data["name"],
         "output_dir": data["output_dir"],
         **{
-            section: {k: v for k, v in data[section].items() if v is not None}
+            # a target-only spec's draft is None: render_spec leaves [draft] out
+            section: {k: v for k, v in data[section].items() if v is not None} if data[section] is not None else None
             for section in SECTIONS
-            if data.get(section) is not None  # a target-only spec has no [draft]
         },
     }
     header = (

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild import drafters
 from specbuild.contract import llmapi as contract
 from specbuild.decode.drafting import Drafting
 from specbuild.decode.request import RequestRules
@@ -184,7 +185,7 @@ class StandInLLM:
             # the fields as NGramDecodingConfig reads them (its defaults where absent); the pool is bounded here
             # (LookupSettings.pool_max_tokens), NVIDIA's grows with its requests
             settings = LookupSettings(**{name: spec.get(name, d) for name, d in contract.NGRAM_DEFAULTS.items()})
-            self.lookup = Drafting.create("lookup", None, settings)
+            self.lookup = Drafting.create(drafters.LOOKUP, None, settings)
         self.draft = (
             load_model(
                 Path(spec[contract.DRAFT_MODEL_KEY]),
@@ -205,8 +206,8 @@ class StandInLLM:
             () if eos is None else (eos,),
             self.k if drafts else 0,
             self.k if drafts else 0,
-            default_drafter=self.lookup.default if self.lookup else "model",
-            runnable_drafters=(self.lookup.default,) if self.lookup else ("model",),
+            default_drafter=self.lookup.default if self.lookup else drafters.MODEL,
+            runnable_drafters=(self.lookup.default,) if self.lookup else (drafters.MODEL,),
         )
         self.max_batch_size = batch
 

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from specbuild import drafters
 from specbuild.config import Spec
 from specbuild.decode.drafting import Drafting
 from specbuild.decode.driver import drive
@@ -63,7 +64,7 @@ class LocalSession:
         self.drafter, self.verifier = drafter, verifier
         # the drafters requests can choose: the draft model's (`drafter`; None: there is none), prompt lookup, the
         # hybrid
-        self.drafting = drafting or Drafting.create("model", drafter, LookupSettings())
+        self.drafting = drafting or Drafting.create(drafters.MODEL, drafter, LookupSettings())
         self._encode = encode  # prompt text -> token ids
         self.tokenizer = tokenizer  # detokenizes streamed text (None: token ids only)
         # K, the end ids (end_id, then the others that end a request as it does) and the stop words, per request
@@ -234,6 +235,6 @@ class LocalSession:
         return generation
 
     def _overlap_reason(self, options: Options, drafter: str, overlap: bool | str) -> str:
-        if drafter != "model":
+        if drafter != drafters.MODEL:
             return f"overlap off: drafter {drafter} (decode.request)"
         return self.overlap_reason if options.overlap is None else f"overlap {overlap} as asked"

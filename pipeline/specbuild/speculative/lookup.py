@@ -139,7 +139,7 @@ class LookupDrafter:
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft:
         t0 = time.perf_counter()
         found = self.match(tokens, k)
-        return Draft(tokens=found.tokens if found else [], seconds=time.perf_counter() - t0, source="lookup")
+        return Draft(tokens=found.tokens if found else [], seconds=time.perf_counter() - t0, source=drafters.LOOKUP)
 
 
 class HybridDrafter:
@@ -158,10 +158,12 @@ class HybridDrafter:
 
     def __init__(self, lookup: LookupDrafter, model: Drafter):
         self.lookup, self.model = lookup, model
-        self.counts = {name: list(self.PRIOR) for name in ("lookup", "model")}  # name -> [accepted, drafted]
+        self.counts = {
+            name: list(self.PRIOR) for name in (drafters.LOOKUP, drafters.MODEL)
+        }  # name -> [accepted, drafted]
         self._last: tuple[int, list[int], str] | None = None  # the previous proposal: context length, tokens, drafter
         self._ended: float | None = None  # when the previous proposal was returned
-        self._seconds = {"model": [0.0, 0], "verify": [0.0, 0]}  # name -> [seconds, calls]
+        self._seconds = {drafters.MODEL: [0.0, 0], "verify": [0.0, 0]}  # name -> [seconds, calls]
 
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft:
         t0 = time.perf_counter()
@@ -169,15 +171,15 @@ class HybridDrafter:
         found = self.lookup.match(tokens, k)
         if found is not None and found.ngram >= self.lookup.settings.hybrid_min_match:
             c = self.SEEDED_C if sampling.seed is not None and not sampling.greedy else self.cost_ratio()
-            if expected_tokens_per_step(self.acceptance("lookup"), len(found.tokens)) * (1 + c) >= (
-                expected_tokens_per_step(self.acceptance("model"), k)
+            if expected_tokens_per_step(self.acceptance(drafters.LOOKUP), len(found.tokens)) * (1 + c) >= (
+                expected_tokens_per_step(self.acceptance(drafters.MODEL), k)
             ):
-                draft = Draft(tokens=found.tokens, seconds=time.perf_counter() - t0, source="lookup")
+                draft = Draft(tokens=found.tokens, seconds=time.perf_counter() - t0, source=drafters.LOOKUP)
                 return self._proposed(tokens, draft)
         draft = self.model.propose(tokens, k, sampling)
-        draft.source = "model"
-        self._seconds["model"][0] += draft.seconds or time.perf_counter() - t0
-        self._seconds["model"][1] += 1
+        draft.source = drafters.MODEL
+        self._seconds[drafters.MODEL][0] += draft.seconds or time.perf_counter() - t0
+        self._seconds[drafters.MODEL][1] += 1
         return self._proposed(tokens, draft)
 
     def acceptance(self, name: str) -> float:
@@ -185,7 +187,7 @@ class HybridDrafter:
         return accepted / drafted
 
     def cost_ratio(self) -> float:
-        (model_s, models), (verify_s, verifies) = self._seconds["model"], self._seconds["verify"]
+        (model_s, models), (verify_s, verifies) = self._seconds[drafters.MODEL], self._seconds["verify"]
         if not models or not verifies or verify_s <= 0:
             return self.SEEDED_C
         return (model_s / models) / (verify_s / verifies)
@@ -219,10 +221,10 @@ def make_drafter(name: str, model: Drafter | None, settings: LookupSettings, poo
     record = drafters.get(name)
     if record.needs_draft_model and model is None:
         raise ValueError(f"drafter {name!r} needs a draft model")
-    if name == "model":
+    if name == drafters.MODEL:
         return model
     lookup = LookupDrafter(settings, pool if settings.is_public_pool else None)
-    if name == "lookup":
+    if name == drafters.LOOKUP:
         return lookup
     if name == "hybrid":
         if model is None:
