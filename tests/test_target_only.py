@@ -42,6 +42,8 @@ def target_alone(tmp_path_factory, example_tiny) -> Path:
     overrides = specfile.example_overrides(example_tiny, "tiny")
     overrides.update(draft=None, name="alone")
     overrides["speculative"] = {**overrides["speculative"], "drafter": "lookup"}
+    # the pool on, and two BLS instances: both share it (speculative.shared_pool)
+    overrides.update(lookup={"is_public_pool": True}, serve={"bls_instance_count": 2})
     text = specfile.render_spec(overrides, header="a target alone")
     return specfile.write_spec(root / "specbuild.toml", text)
 
@@ -93,7 +95,9 @@ def test_the_engine_path_builds_and_serves_the_target_alone_and_drafts_by_lookup
     # served: the BLS proposes from lookup as draft_input_ids; the text is K = 0's
     from specbuild.triton.client import SpecbuildClient
 
-    with serving(repo, target_alone.parent / "server.log") as server:
+    from specbuild.speculative.shared_pool import SharedLookupPool, pool_path
+
+    with serving(repo, target_alone.parent / "server.log", clean=True) as server:
         with SpecbuildClient(server.grpc_url) as client:
             served_proposals = 0
             for prompt in prompts:
@@ -106,6 +110,16 @@ def test_the_engine_path_builds_and_serves_the_target_alone_and_drafts_by_lookup
             with pytest.raises(ClientError, match=re.escape("drafter = 'model'")):
                 client.complete(prompts[0], max_tokens=4, drafter="model")
             assert client.is_ready()
+        # one pool for both BLS instances, named after the server: every request's text is in it, whichever
+        # instance served it
+        path = pool_path("tensorrt_llm_bls", server.process.pid)
+        assert path.exists(), sorted(p.name for p in path.parent.glob("specbuild-lookup-pool-*"))
+        pool = SharedLookupPool(path, spec.lookup.pool_max_tokens)
+        try:
+            assert pool.figures()["added"] == len(prompts)
+        finally:
+            pool.close()
+    assert not path.exists()  # the last instance to unload removed it
 
 
 def test_the_llm_api_path_writes_an_ngram_config_and_no_draft_checkpoint(target_alone):

@@ -5,7 +5,8 @@
     ...run the loop...
     drafting.remember(ready.drafter, prompt_ids, output_ids, stats)  # the pool learns the finished text
 
-The local session, the Triton BLS and the CPU stand-in of the llmapi model each hold one, made when they load.
+The local session, the Triton BLS and the CPU stand-in of the llmapi model each hold one, made when they load; the
+BLS's instances share one pool (speculative.shared_pool), the others keep one of their own.
 """
 
 from __future__ import annotations
@@ -31,9 +32,17 @@ class Drafting:
     pool: LookupPool | None = None  # recent requests' text, when settings.is_public_pool
 
     @classmethod
-    def create(cls, default: str, model: Drafter | None, settings: LookupSettings) -> Drafting:
-        pool = LookupPool(settings.pool_max_tokens) if settings.is_public_pool else None
-        return cls(default, model, settings, pool)
+    def create(cls, default: str, model: Drafter | None, settings: LookupSettings, pool: Any = None) -> Drafting:
+        """pool: the pool to use when settings.is_public_pool (e.g. one shared by processes,
+        speculative.shared_pool); None: one of this process's own."""
+        if settings.is_public_pool:
+            pool = pool if pool is not None else LookupPool(settings.pool_max_tokens)
+        return cls(default, model, settings, pool if settings.is_public_pool else None)
+
+    def close(self) -> None:
+        """Let go of a pool shared with other processes (the last to close removes it)."""
+        if self.pool is not None and hasattr(self.pool, "close"):
+            self.pool.close()
 
     @property
     def available(self) -> tuple[str, ...]:

@@ -62,6 +62,7 @@ from specbuild.decode.textstream import TextStream
 from specbuild.errors import RequestError
 from specbuild.hfmodel import end_ids, listed_end_ids
 from specbuild.speculative.overlap import AutoSchedule, available_cores, parse_setting, resolve_auto
+from specbuild.speculative.shared_pool import SharedLookupPool, pool_path
 from specbuild.triton.models.bls_metrics import QueueMetrics, SpeculationMetrics
 from specbuild.triton.models.bls_request import BlsRequest, RequestLimits, parse_request
 from specbuild.triton.models.common import ModelCallError, call_model, parameters, resolve_path
@@ -122,8 +123,12 @@ class TritonPythonModel:
         # a request naming no end id ends at any of the deployment's: the tokenizer's eos (preprocessing's end_id,
         # the one the models get), then the checkpoint's listed ones, as the local path reads them
         # the drafters: the draft model (a ContractDrafter per request, below), prompt lookup, the hybrid; the lookup's
-        # pool is this instance's, shared by its requests
-        self.drafting = Drafting.create(settings.drafter, None, settings.lookup())
+        # pool is shared by every instance of this model on this server
+        lookup = settings.lookup()
+        shared = None
+        if lookup.is_public_pool:  # one pool for every instance of this model on this server (each is a process)
+            shared = SharedLookupPool(pool_path(self.model_name), lookup.pool_max_tokens)
+        self.drafting = Drafting.create(settings.drafter, None, lookup, shared)
         self.rules = RequestRules(
             self.tokenizer,
             end_ids(self.pre.end_id, listed_end_ids(tokenizer_dir)),
@@ -178,6 +183,7 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.closing = True  # the requests still waiting are answered UNAVAILABLE, none is left without an answer
         self.pool.shutdown(wait=True)
+        self.drafting.close()
 
     # ---- one request -----------------------------------------------------------------------------
     def _in_slot(self, request, req: BlsRequest, received: float) -> None:

@@ -5,8 +5,9 @@ Counters are cumulative, so rates and ratios come from PromQL, e.g.
     accepted tokens per step = rate(specbuild_generated_tokens_total) / rate(specbuild_verify_steps_total)
     acceptance at position i = specbuild_position_accepted_total{position="i"} / specbuild_position_drafted_total{position="i"}
     per drafter              = specbuild_drafter_{steps,proposals,drafted_tokens,accepted_tokens}_total{drafter="lookup"}
-The lookup's pool (specbuild.drafters, this instance's) shows as the gauges specbuild_lookup_pool_{tokens,sequences}
-and the counter specbuild_lookup_pool_evictions_total.
+The lookup's pool (specbuild.drafters; one for every instance of the BLS, speculative.shared_pool) shows as the gauges
+specbuild_lookup_pool_{tokens,sequences} and the counter specbuild_lookup_pool_evictions_total (each instance adds
+the evictions its own requests caused).
 Two gauges give the same running figures directly for dashboards without PromQL.
 
 `QueueMetrics` is the BLS's queue, which it bounds itself (requests received and waiting for a slot, requests
@@ -126,9 +127,10 @@ class SpeculationMetrics:
             return
         self._metrics["specbuild_lookup_pool_tokens"].set(figures["tokens"])
         self._metrics["specbuild_lookup_pool_sequences"].set(figures["sequences"])
-        if figures["evicted"] > self._evicted:
-            self._metrics["specbuild_lookup_pool_evictions_total"].increment(figures["evicted"] - self._evicted)
-            self._evicted = figures["evicted"]
+        evicted = figures.get("evicted_here", figures["evicted"])  # a shared pool: this instance's own evictions
+        if evicted > self._evicted:
+            self._metrics["specbuild_lookup_pool_evictions_total"].increment(evicted - self._evicted)
+            self._evicted = evicted
 
     def _drafter_metrics(self, drafter: str) -> dict[str, Any]:
         if drafter not in self._by_drafter:

@@ -1,0 +1,119 @@
+"""The lookup's pool shared by processes (speculative.shared_pool), as the BLS's instances share it.
+
+It keeps exactly what the in-process pool keeps (the same sequences, newest first, the same figures after every add,
+evictions included), a second process sees what the first added and the reverse, the lookup finds another process's
+text through it, and the file goes with its last user or its dead server.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from specbuild.drafters import LookupSettings
+from specbuild.speculative.lookup import LookupPool, find_match
+from specbuild.speculative.shared_pool import PREFIX, SharedLookupPool, pool_path
+
+
+def _same(shared: SharedLookupPool, local: LookupPool) -> None:
+    ours, theirs = shared.sequences(), local.sequences()
+    assert [s.tolist() for s in ours] == [s.tolist() for s in theirs]
+    figures = shared.figures()
+    assert {k: figures[k] for k in ("sequences", "tokens", "max_tokens", "added", "evicted")} == local.figures()
+
+
+def test_it_keeps_what_the_in_process_pool_keeps_after_every_add(tmp_path):
+    rng = random.Random(7)
+    shared = SharedLookupPool(pool_path("bls", 1, tmp_path), 64)
+    local = LookupPool(64)
+    try:
+        for _ in range(200):
+            sequence = [rng.randrange(50) for _ in range(rng.choice([0, 1, 2, 3, 9, 30, 63, 64, 90]))]
+            shared.add(sequence)
+            local.add(sequence)
+            _same(shared, local)
+        assert local.evicted > 10 and shared.figures()["evicted_here"] == local.evicted  # evictions were exercised
+    finally:
+        shared.close()
+    assert not pool_path("bls", 1, tmp_path).exists()  # the last user removed it
+
+
+def _child(path: str, max_tokens: int, inbox, outbox) -> None:
+    pool = SharedLookupPool(path, max_tokens)
+    pool.add([1, 2, 3, 4, 5, 6])
+    outbox.put("added")
+    inbox.get(timeout=60)  # the parent added its own
+    outbox.put([s.tolist() for s in pool.sequences()])
+    pool.close()
+    outbox.put("closed")
+
+
+def test_a_second_process_sees_what_the_first_added_and_the_reverse(tmp_path):
+    path = pool_path("tensorrt_llm_bls", 12345, tmp_path)
+    parent = SharedLookupPool(path, 32)
+    context = multiprocessing.get_context("spawn")
+    inbox, outbox = context.Queue(), context.Queue()
+    child = context.Process(target=_child, args=(str(path), 32, inbox, outbox))
+    child.start()
+    try:
+        assert outbox.get(timeout=120) == "added"
+        assert [s.tolist() for s in parent.sequences()] == [[1, 2, 3, 4, 5, 6]]
+        # the lookup finds the other process's text: "3 4" continues with "5 6"
+        match = find_match([9, 3, 4], 2, LookupSettings(is_public_pool=True), parent)
+        assert match is not None and (match.tokens, match.where) == ([5, 6], "pool")
+        parent.add([7, 8, 9])
+        inbox.put("go")
+        assert outbox.get(timeout=60) == [[7, 8, 9], [1, 2, 3, 4, 5, 6]]
+        assert outbox.get(timeout=60) == "closed"
+        assert path.exists()  # the parent still uses it
+        assert parent.figures()["added"] == 2
+    finally:
+        child.join(timeout=60)
+        parent.close()
+    assert not path.exists()
+
+
+def test_a_pool_of_another_size_at_the_same_path_is_refused(tmp_path):
+    first = SharedLookupPool(pool_path("bls", 2, tmp_path), 16)
+    try:
+        with pytest.raises(ValueError, match=r"max_tokens 16\): this one asks for max_tokens 32"):
+            SharedLookupPool(pool_path("bls", 2, tmp_path), 32)
+    finally:
+        first.close()
+
+
+def test_a_pool_left_by_a_server_that_is_gone_is_removed_and_a_running_ones_kept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = pool_path("bls", int(dead.stdout), tmp_path)
+    gone.write_bytes(b"left behind")
+    running = pool_path("bls", 1, tmp_path)  # pid 1 runs
+    running.write_bytes(b"in use")
+    other_model = pool_path("other", int(dead.stdout), tmp_path)
+    other_model.write_bytes(b"not this model's")
+    unrelated = tmp_path / "unrelated-123"
+    unrelated.write_bytes(b"x")
+    pool = SharedLookupPool(pool_path("bls", 99999999, tmp_path), 8)
+    try:
+        assert not gone.exists() and running.exists() and other_model.exists() and unrelated.exists()
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(PREFIX)) == sorted(
+            [running.name, other_model.name, pool.path.name]
+        )
+    finally:
+        pool.close()
+
+
+def test_sequences_are_a_snapshot(tmp_path):
+    pool = SharedLookupPool(pool_path("bls", 3, tmp_path), 16)
+    try:
+        pool.add([1, 2, 3])
+        before = pool.sequences()
+        pool.add([4, 5])
+        assert [s.tolist() for s in before] == [[1, 2, 3]]
+        assert all(isinstance(s, np.ndarray) and s.dtype == np.int64 for s in pool.sequences())
+    finally:
+        pool.close()
