@@ -119,3 +119,26 @@ def test_degenerate_output_is_flagged():
     assert report.degenerate_notes(rows) == []
     s = summarize([_request(0, 0, 4, 1.0, 0.1, steps=4)], 1.0)
     assert s.top_token_share is None
+
+
+def test_a_served_answer_without_tokens_keeps_its_empty_ids_so_greedy_equality_is_still_judged():
+    """A request whose first token ends it answers output_ids []: the Triton transport keeps [] (an answer), where
+    it used to turn it into None ("no ids sent"), which made a whole workload's greedy check read "unknown"."""
+    from specbuild.bench.remote import RemoteTransport
+    from specbuild.bench.runner import Settings
+    from specbuild.bench.workloads import Prompt
+    from specbuild.decode.generation import Generation
+    from specbuild.speculative.stats import SpeculationStats
+
+    class Answers:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def generate(self, prompt, options):
+            return Generation("", self.ids, "stop", None, None, None, SpeculationStats(), 0.01, None)
+
+    transport = RemoteTransport("127.0.0.1:1", "grpc")
+    for ids, expected in (([], []), ([5, 6], [5, 6]), (None, None)):
+        transport._local.session = Answers(ids)
+        result = transport.request(Prompt("p", "x"), 0, 8, Settings())
+        assert result.output_ids == expected

@@ -195,7 +195,7 @@ def test_init_for_a_target_alone_writes_a_lookup_spec_without_draft_and_check_ch
         assert list(doc["weights"]) == ["target"]
     human = CliRunner().invoke(main, ["check", "-c", str(out), "--no-weight-scan"])
     assert human.exit_code == 0 and "no draft model to compare" in human.output, human.output
-    assert "the target alone" in human.output
+    assert "the target alone" in human.output and "OK: the target is (no draft model) usable." in human.output
     out.write_text(text.replace('drafter = "lookup"', 'drafter = "hybrid"'))
     refused = CliRunner().invoke(main, ["check", "-c", str(out)])
     assert refused.exit_code != 0 and "needs a draft model" in refused.output

@@ -93,9 +93,8 @@ def test_the_engine_path_builds_and_serves_the_target_alone_and_drafts_by_lookup
                 local.generate(prompts[0], Options(max_tokens=4, drafter=name))
 
     # served: the BLS proposes from lookup as draft_input_ids; the text is K = 0's
-    from specbuild.triton.client import SpecbuildClient
-
     from specbuild.speculative.shared_pool import SharedLookupPool, pool_path
+    from specbuild.triton.client import SpecbuildClient
 
     with serving(repo, target_alone.parent / "server.log", clean=True) as server:
         with SpecbuildClient(server.grpc_url) as client:

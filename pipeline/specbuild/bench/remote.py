@@ -155,7 +155,7 @@ class RemoteTransport:
             hidden_seconds=stats.hidden_seconds,
             by_drafter={name: dict(counts) for name, counts in stats.by_drafter.items()},
             top_token_share=top_token_share(gen.output_ids or ()),
-            output_ids=list(gen.output_ids) if gen.output_ids else None,
+            output_ids=list(gen.output_ids) if gen.output_ids is not None else None,  # [] is an answer too
         )
 
     def close(self) -> None:

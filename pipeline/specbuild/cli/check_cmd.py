@@ -85,7 +85,8 @@ def format_report(doc: dict[str, Any]) -> str:
             lines.append(f"{kind[:-1]:<11}[{finding['code']}] {finding['message']}")
             if finding["fix"]:
                 lines.append(f"{'':<11}  fix: {finding['fix']}")
-    lines.append("OK: the pair is usable." if doc["ok"] else f"NOT OK: {len(doc['problems'])} problem(s).")
+    what = "the pair is" if "draft" in doc["models"] else "the target is (no draft model)"
+    lines.append(f"OK: {what} usable." if doc["ok"] else f"NOT OK: {len(doc['problems'])} problem(s).")
     return "\n".join(lines)
 
 
