@@ -17,7 +17,7 @@ import pytest
 from triton_helpers import make_deployment, read_ready_document
 
 from specbuild.triton import procfs
-from specbuild.triton.server import SHM_ROOT, free_port
+from specbuild.triton.server import SHM_ROOT, free_ports
 
 pytestmark = [pytest.mark.fault, pytest.mark.server, pytest.mark.slow]
 EXIT_TIMEOUT_S = 10
@@ -76,7 +76,7 @@ def _prefix(server_pid: int) -> str:
 
 
 def test_the_server_dies_with_serve_and_the_next_start_gets_the_ports(deployment):
-    ports = (free_port(), free_port(), free_port())
+    ports = tuple(free_ports("127.0.0.1", 3))  # three distinct ports, chosen together
     first = _serve(deployment, ports)
     try:
         server = read_ready_document(first)["pid"]
@@ -104,7 +104,7 @@ def test_a_second_serve_on_the_same_ports_is_refused_with_the_pid(deployment):
     waits for it through its whole exit timeout and exits 1, which serve reports as a failed stop."""
     import tritonclient.http as httpclient
 
-    ports = (free_port(), free_port(), free_port())
+    ports = tuple(free_ports("127.0.0.1", 3))  # three distinct ports, chosen together
     first = _serve(deployment, ports)
     client = None
     try:
