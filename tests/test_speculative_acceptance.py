@@ -201,3 +201,17 @@ def test_empty_draft_ignores_whatever_q_is_passed():
 def test_greedy_shape_error():
     with pytest.raises(ValueError, match=r"k \+ 1"):
         accept_greedy([1, 2, 3], logits_for(1, 2))
+
+
+def test_a_rejection_whose_residual_rounds_to_nothing_recovers_from_the_target_distribution():
+    """norm(max(0, p - q)) is empty where q >= p at every token (p == q up to rounding, or a drafter whose q does not
+    sum to 1): the recovered token then comes from p itself, never from a row with no mass (an error)."""
+    batch = 4000
+    draft = np.ones((batch, 1), dtype=np.int64)
+    p = np.tile(np.array([[0.3, 0.7], [0.5, 0.5]]), (batch, 1, 1))  # [batch, k + 1, vocab]
+    q = np.tile(np.array([[0.6, 0.9]]), (batch, 1, 1))  # >= p everywhere: p - q has no positive part
+    accepted, tokens = accept_sampling_batch(draft, q, p, np.random.default_rng(0))
+    rejected = accepted == 0
+    assert 0.15 < rejected.mean() < 0.3  # P(reject) = 1 - 0.7 / 0.9
+    recovered = tokens[rejected, 0]
+    assert set(recovered.tolist()) == {0, 1} and 0.25 < (recovered == 0).mean() < 0.35  # drawn from p = [0.3, 0.7]

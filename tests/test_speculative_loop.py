@@ -129,6 +129,9 @@ def test_different_seeds_differ_and_unseeded_requests_run():
     outputs = {tuple(sampled(s).tokens) for s in range(6)}
     assert len(outputs) > 1
     assert len(sampled(None).tokens) == 40
+    # an unseeded request draws its seed anew: six of them do not all give one text (a fixed seed in its place would;
+    # 40 tokens sampled at temperature 1 from 12, where six fixed seeds already give several texts)
+    assert len({tuple(sampled(None).tokens) for _ in range(6)}) > 1
 
 
 def test_derived_seeds_are_distinct_per_step_and_role_and_fit_64_bits():
@@ -293,9 +296,31 @@ def test_drafter_returning_too_many_tokens_is_an_error():
         run(PROMPT, Greedy([], 2), ScriptVerifier([1] * 9, 2), GenerationRequest(max_tokens=5, num_draft_tokens=2))
 
 
+def test_drafter_returning_a_distribution_per_token_too_many_or_a_negative_id_is_an_error():
+    class ExtraRow(ScriptDrafter):
+        def propose(self, tokens, k, sampling):
+            return Draft([1, 2], np.full((3, V), 1.0 / V))  # 3 distributions for 2 tokens
+
+    class Negative(ScriptDrafter):
+        def propose(self, tokens, k, sampling):
+            return Draft([1, -1])
+
+    request = GenerationRequest(max_tokens=5, num_draft_tokens=2)
+    with pytest.raises(GenerationError, match=r"returned probs of shape \(3, 12\) for 2 tokens"):
+        run(PROMPT, ExtraRow([], 2), ScriptVerifier([1] * 9, 2), request)
+    with pytest.raises(GenerationError, match=r"the drafter returned \[1, -1\] for k = 2"):
+        run(PROMPT, Negative([], 2), ScriptVerifier([1] * 9, 2), request)
+
+
 @pytest.mark.parametrize(
     "verification",
-    [Verification(2, [1, 2]), Verification(1, [4, 2]), Verification(3, [1, 2, 3, 4, 5]), Verification(0, [])],
+    [
+        Verification(2, [1, 2]),
+        Verification(1, [4, 2]),
+        Verification(3, [1, 2, 3, 4, 5]),
+        Verification(0, []),
+        Verification(0, [-1]),  # a negative id (a padded -1 left in) is not a token
+    ],
 )
 def test_verifier_breaking_the_contract_is_an_error(verification):
     class Broken:
