@@ -262,3 +262,32 @@ def test_a_qwen_engine_export_works_exactly_where_the_rule_says_it_does(tmp_path
             convert_pair(spec, ["target"], log=lambda m: None)
         chain = [failed.value, failed.value.__cause__, failed.value.__context__]
         assert any(isinstance(err, NotImplementedError) or "NotImplementedError" in str(err) for err in chain), chain
+
+
+def test_a_checkpoint_that_fails_verification_is_not_written(tmp_path: Path, example_tiny, monkeypatch) -> None:
+    """An export whose weights came out wrong (here: the lm_head's sign flipped after export) fails `--verify` with
+    its figures, exit code 1, and leaves no checkpoint and no half-written folder; without --verify the same export
+    is written, so it is the verification that stops it."""
+    from safetensors.torch import load_file, save_file
+
+    from specbuild.convert import export
+
+    real = export.export_checkpoint
+
+    def wrong(model, plan, folder):
+        real(model, plan, folder)
+        for shard in Path(folder).glob("rank*.safetensors"):
+            tensors = load_file(shard)
+            tensors["lm_head.weight"] = -tensors["lm_head.weight"]
+            save_file(tensors, shard)
+
+    monkeypatch.setattr(export, "export_checkpoint", wrong)
+    spec = example_spec(tmp_path, example_tiny)
+    result = CliRunner().invoke(main, ["convert", "-c", str(spec), "--role", "draft", "--verify", "--json"])
+    assert result.exit_code == 1, result.output
+    assert "[draft] verification failed" in result.output and "The checkpoint was not written." in result.output
+    role_dir = tmp_path / "engines" / "pair" / "draft"
+    assert not (role_dir / "checkpoint").exists()
+    assert [p.name for p in role_dir.iterdir()] == [".checkpoint.lock"]  # no temporary folder left, only the lock
+    unverified = CliRunner().invoke(main, ["convert", "-c", str(spec), "--role", "draft", "--json"])
+    assert unverified.exit_code == 0 and (role_dir / "checkpoint" / "config.json").is_file()
