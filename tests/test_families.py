@@ -263,14 +263,16 @@ def noisy_copy(source: Path, folder: Path, scale: float, seed: int = 7) -> Path:
 @pytest.mark.parametrize("draft_logits", [True, False], ids=["draft logits", "draft tokens only"])
 @pytest.mark.parametrize("family", REFERENCE_FAMILIES)
 def test_speculative_sampling_follows_the_targets_own_distribution(tmp_path, pairs, family, draft_logits):
-    """Sampled speculative output (K = 2, temperature 1, top-k 4, one seed per request) is distributed over its first
+    """Sampled speculative output (K = 2, top-k 4, a temperature of at most 1 at which the first token's top 4 span 2
+    nats, one seed per request) is distributed over its first
     two tokens as the target alone samples them, computed exactly from transformers' logits: the chi-square test of
     tests/test_speculative_distribution.py (p > 1e-3), whose toy models also show it rejects wrong acceptance rules.
     Both of TensorRT-LLM's rules: rejection sampling with the draft's logits, and without them the draft's tokens
     taken where the target samples the same. The draft is the target with noise on every matrix, so drafts are both
-    accepted and rejected."""
+    accepted and rejected. The negative control: the same samples are rejected as the target's at half the
+    temperature."""
     import numpy as np
-    from test_speculative_distribution import P_CORRECT, chi_square_pvalue
+    from test_speculative_distribution import P_CORRECT, P_WRONG, chi_square_pvalue
 
     from specbuild.config import load_spec
     from specbuild.decode.generation import Options
@@ -281,31 +283,44 @@ def test_speculative_sampling_follows_the_targets_own_distribution(tmp_path, pai
     target = load_spec(pairs[family]).target.checkpoint
     draft = noisy_copy(Path(target), tmp_path / "draft", scale=0.1)  # agrees with the target some of the time
     spec = load_spec(write_spec(tmp_path, target, draft, draft_logits=draft_logits))
+    model = hf_model(spec.target.checkpoint)
+
+    def logits(ids: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0, -1].double().numpy()
+
+    def exact_joint(prompt: list[int], eos: int | None, sampling: SamplingParams) -> np.ndarray:
+        """P(first two tokens) when the target alone samples them; an end id ends the request: (eos, eos) here."""
+        first = process_logits(logits(prompt), sampling)
+        joint = np.zeros((first.size, first.size))
+        for token in np.flatnonzero(first):
+            joint[token] = first[token] * process_logits(logits(prompt + [int(token)]), sampling) if token != eos else 0
+            joint[token, eos] += first[token] if token == eos else 0.0
+        return joint
+
     with LocalSession.from_spec(spec, device="cpu", threads=1, overlap=False) as session:
         prompt, eos = session.encode(PROMPT), session.end_id
+        # a temperature at which the first token's top 4 span 2 nats (1 where they already do): a tiny model whose
+        # logits are nearly flat (gemma2's: top 4 at 0.246-0.255) would otherwise give a test with no power
+        top = np.sort(logits(prompt))[-4:]
+        temperature = float(min(1.0, (top[-1] - top[0]) / 2.0))
         outputs = [
             session.generate(
-                PROMPT, Options(max_tokens=2, num_draft_tokens=2, adaptive=False, temperature=1.0, top_k=4, seed=seed)
+                PROMPT,
+                Options(max_tokens=2, num_draft_tokens=2, adaptive=False, temperature=temperature, top_k=4, seed=seed),
             )
             for seed in range(SAMPLES)
         ]
         drafted = sum(step.drafted for out in outputs for step in out.steps)
         accepted = sum(step.accepted for out in outputs for step in out.steps)
-    sampling = SamplingParams(temperature=1.0, top_k=4)
-    model = hf_model(spec.target.checkpoint)
-
-    def probs(ids: list[int]) -> np.ndarray:
-        with torch.no_grad():
-            return process_logits(model(torch.tensor([ids])).logits[0, -1].double().numpy(), sampling)
-
-    first = probs(prompt)
-    joint = np.zeros((first.size, first.size))
-    for token in np.flatnonzero(first):  # an end id ends the request: its one continuation is (eos, eos) here
-        joint[token] = first[token] * probs(prompt + [int(token)]) if token != eos else 0.0
-        joint[token, eos] += first[token] if token == eos else 0.0
     samples = np.array([(out.output_ids + [eos, eos])[:2] for out in outputs])
     assert 0 < accepted < drafted  # drafts both accepted and rejected: both branches of the rule ran
+    joint = exact_joint(prompt, eos, SamplingParams(temperature=temperature, top_k=4))
     assert chi_square_pvalue(samples, joint) > P_CORRECT, family
+    # the negative control, at this N: the same samples against the target's distribution at half the temperature
+    # (the same top-4 support, other weights: what a sampler that lost the temperature would give) are rejected
+    cooler = exact_joint(prompt, eos, SamplingParams(temperature=temperature / 2, top_k=4))
+    assert chi_square_pvalue(samples, cooler) < P_WRONG, family
 
 
 # ---- from a Hugging Face folder to generated text, per path ------------------------------------------------------
