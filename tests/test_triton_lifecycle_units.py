@@ -244,3 +244,136 @@ def test_free_ports_are_distinct():
     for _ in range(50):
         ports = free_ports("127.0.0.1", 3)
         assert len(set(ports)) == 3 and all(port > 0 for port in ports)
+
+
+def _supervised(tmp_path: Path, **settings):
+    """A Supervisor over a one-model repository (a Python model, not decoupled), its server never started: its
+    starts, stops and model-control calls are recorded instead, and its clock is the test's."""
+    from types import SimpleNamespace
+
+    from specbuild.triton import supervisor as module
+    from specbuild.triton.supervisor import SupervisorSettings
+
+    repo = tmp_path / "repo"
+    (repo / "m").mkdir(parents=True, exist_ok=True)
+    (repo / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
+    supervisor = Supervisor(
+        ServerOptions(repo=repo),
+        install=object(),
+        log_path=tmp_path / "server.log",
+        settings=SupervisorSettings(**settings),
+    )
+    calls: list[tuple] = []
+    supervisor.handle.stop = lambda graceful=True: calls.append(("stop", graceful))
+    supervisor.handle.model_control = lambda action, model: calls.append((action, model))
+    supervisor.handle.process = SimpleNamespace(pid=4321)
+    supervisor._start = lambda timeout: calls.append(("start",))
+    clock = SimpleNamespace(now=1000.0)
+    return supervisor, calls, clock, module
+
+
+def test_restarts_older_than_the_window_no_longer_count(tmp_path: Path, monkeypatch):
+    import pytest
+
+    from specbuild.errors import ServeError
+
+    supervisor, calls, clock, module = _supervised(tmp_path, max_restarts=2, restart_window_s=60.0)
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    supervisor._restart("m", clock.now)
+    clock.now += 10
+    supervisor._restart("m", clock.now)
+    clock.now += 61  # both earlier restarts are now outside the window
+    supervisor._restart("m", clock.now)
+    clock.now += 1
+    supervisor._restart("m", clock.now)  # two within the window: still allowed
+    clock.now += 1
+    with pytest.raises(ServeError, match="needed 2 restarts within 60 s; giving up"):
+        supervisor._restart("m", clock.now)
+    assert [c for c in calls if c == ("start",)] == [("start",)] * 4
+
+
+def test_a_reload_that_brings_no_stub_back_falls_back_to_a_server_restart(tmp_path: Path, monkeypatch):
+    supervisor, calls, clock, module = _supervised(tmp_path)
+
+    def tick() -> float:  # every look at the clock moves it on 1 s: the 3 s wait for the stub runs out at once
+        clock.now += 1.0
+        return clock.now
+
+    monkeypatch.setattr(module.time, "monotonic", tick)
+    monkeypatch.setattr(module.time, "sleep", lambda s: None)
+    supervisor._live_instances = lambda: {}  # the reloaded model's stub never appears
+    supervisor._recover({"m": ["m_0_0"]})
+    assert calls[:2] == [("unload", "m"), ("load", "m")]  # a reload first
+    assert ("stop", False) in calls and calls[-1] == ("start",)  # then the server killed and started again
+    messages = [e["message"] for e in supervisor.events]
+    assert any(
+        m.startswith("reloading m did not help (no live stub for m_0_0 after unload and load)") for m in messages
+    )
+    assert supervisor.metrics.get("specbuild_supervisor_recoveries_total", model="m", action="restart") == 1
+    assert supervisor.metrics.get("specbuild_supervisor_recoveries_total", model="m", action="reload") == 0
+
+    # and where the stub comes back, the reload is the whole recovery
+    supervisor2, calls2, _, _ = _supervised(tmp_path / "second")
+    supervisor2._live_instances = lambda: {"m_0_0": "m"}
+    supervisor2._recover({"m": ["m_0_0"]})
+    assert calls2 == [("unload", "m"), ("load", "m")]
+    assert supervisor2.metrics.get("specbuild_supervisor_recoveries_total", model="m", action="reload") == 1
+
+
+def test_a_stub_named_not_healthy_is_hung_only_once_it_is_older_than_the_line(tmp_path: Path, monkeypatch):
+    """A "not healthy" line names an instance; a stub of that name younger than FRESH_STUB_S was started after it (a
+    reload just made it), so the line is about its predecessor; an older one is hung. A frozen stub is hung whatever
+    the log says."""
+    from specbuild.triton import procfs
+    from specbuild.triton.supervisor import FRESH_STUB_S
+
+    supervisor, _, _, module = _supervised(tmp_path)
+    stub = procfs.Stub(pid=999999, instance="m_0_0", model="m", region="r")
+    state = {"age": FRESH_STUB_S - 1, "stopped": False}
+    monkeypatch.setattr(module.procfs, "python_stubs", lambda pid: [stub])
+    monkeypatch.setattr(module.procfs, "stopped", lambda pid: state["stopped"])
+    monkeypatch.setattr(module.procfs, "state", lambda pid: "T")
+    monkeypatch.setattr(module.procfs, "age_seconds", lambda pid: state["age"])
+    log = tmp_path / "server.log"
+    line = "E1203 tensorrt_llm_bls: model 'm' failed: Stub process 'm_0_0' is not healthy.\n"
+    log.write_text(line)
+    assert supervisor.hung_stubs() == {}  # too young: the line is about the stub before it
+    state["age"] = FRESH_STUB_S + 1
+    assert supervisor.hung_stubs() == {}  # that line was read once, and no other names it
+    with log.open("a") as f:
+        f.write(line)
+    assert supervisor.hung_stubs() == {stub: 'does not answer: Triton reports it "not healthy"'}
+    assert supervisor.hung_stubs({"m_0_0"}) == {stub: 'does not answer: Triton reports it "not healthy"'}  # a canary's
+    state["stopped"] = True
+    assert supervisor.hung_stubs() == {stub: "is frozen (stopped, state T)"}
+
+
+def test_a_failed_canary_that_names_a_hung_stub_recovers_it_at_once(tmp_path: Path, monkeypatch):
+    """The canary's error names a stub Triton found not healthy: it is killed and its model reloaded on the first
+    failure, not after canary_failures of them; a failure naming no stub only counts toward a restart."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from specbuild.triton import procfs
+
+    supervisor, calls, _, module = _supervised(tmp_path, canary_failures=3)
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        stub = procfs.Stub(pid=hung.pid, instance="m_0_0", model="m", region="r")
+        monkeypatch.setattr(module.procfs, "python_stubs", lambda pid: [stub])
+        monkeypatch.setattr(module.procfs, "age_seconds", lambda pid: 60.0)
+        supervisor._live_instances = lambda: {"m_0_0": "m"}  # the reloaded model's new stub
+        unnamed = SimpleNamespace(model="tensorrt_llm_bls", error="tensorrt_llm_bls: connection reset")
+        supervisor._canary_result(unnamed)
+        assert calls == [] and supervisor._canary_failed == 1
+        named = SimpleNamespace(
+            model="tensorrt_llm_bls", error="tensorrt_llm_bls: model 'm' failed: Stub process 'm_0_0' is not healthy."
+        )
+        supervisor._canary_result(named)
+        assert hung.wait(timeout=30) == -9  # killed at once
+        assert calls == [("unload", "m"), ("load", "m")]  # and its model reloaded: no server restart
+        assert supervisor.metrics.get("specbuild_supervisor_failures_total", kind="stub_hung", model="m") == 1
+    finally:
+        hung.kill()
+        hung.wait()
