@@ -377,3 +377,86 @@ def test_a_failed_canary_that_names_a_hung_stub_recovers_it_at_once(tmp_path: Pa
     finally:
         hung.kill()
         hung.wait()
+
+
+class FakeBlsBackend:
+    """What the BLS's answers use of triton_python_backend_utils: TritonError's codes, responses, the logger."""
+
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+    class TritonError:
+        UNKNOWN, UNAVAILABLE, INVALID_ARG, CANCELLED = "UNKNOWN", "UNAVAILABLE", "INVALID_ARG", "CANCELLED"
+
+        def __init__(self, message: str, code: str = "UNKNOWN"):
+            self.message, self.code = message, code
+
+    class InferenceResponse:
+        def __init__(self, output_tensors=(), error=None):
+            self.error = error
+
+    def __init__(self):
+        self.logged: list[str] = []
+        self.Logger = type("Logger", (), {"log_error": staticmethod(self.logged.append)})
+
+
+class AnsweredRequest:
+    def __init__(self):
+        self.sent: list = []
+
+    def get_response_sender(self):
+        return type("Sender", (), {"send": lambda _, response, flags=0: self.sent.append((response, flags))})()
+
+
+def _bls():
+    """The BLS model without its initialize (no tokenizer, no models): what execute and the error mapping use."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specbuild.triton.models.bls import TritonPythonModel
+
+    bls = TritonPythonModel.__new__(TritonPythonModel)
+    bls.pb, bls.model_name, bls.closing = FakeBlsBackend(), "tensorrt_llm_bls", False
+    bls.gate = type("Open", (), {"refusal": lambda _: None})()
+    bls.queue_metrics = type(
+        "Admit", (), {"admit": lambda *_: True, "started": lambda *_: None, "finished": lambda _: None}
+    )()
+    bls.slots, bls.max_waiting = 4, 16
+    bls.pool = ThreadPoolExecutor(max_workers=1)
+    bls._parse = lambda request: object()
+    return bls
+
+
+def test_the_bls_maps_each_failure_to_its_triton_code_and_logs_what_needs_a_look():
+    from specbuild.errors import RequestError
+    from specbuild.triton.models.bls import Cancelled
+    from specbuild.triton.models.common import ModelCallError
+
+    bls = _bls()
+    bad = bls._error(RequestError("max_tokens = 0 is invalid"))
+    assert (bad.code, bad.message) == ("INVALID_ARG", "max_tokens = 0 is invalid") and bls.pb.logged == []
+    cancelled = bls._error(Cancelled("request cancelled by the client"))
+    assert cancelled.code == "CANCELLED" and bls.pb.logged == []
+    failed = bls._error(ModelCallError("model 'tensorrt_llm' failed: Stub process 'tensorrt_llm_0_0' is not healthy."))
+    assert failed.code == "UNKNOWN" and bls.pb.logged == [
+        "tensorrt_llm_bls: model 'tensorrt_llm' failed: Stub process 'tensorrt_llm_0_0' is not healthy."
+    ]  # logged as is: the supervisor reads the stub's name there
+    try:
+        raise KeyError("slot")
+    except KeyError as err:
+        internal = bls._error(err)
+    assert internal.message == "internal error in tensorrt_llm_bls: KeyError: 'slot'" and internal.code == "UNKNOWN"
+    assert "Traceback" in bls.pb.logged[-1]  # the traceback goes to the server log, not to the client
+    bls.pool.shutdown()
+
+
+def test_an_unloading_bls_refuses_new_requests_and_those_still_waiting_with_unavailable():
+    bls = _bls()
+    bls.drafting = type("NoPool", (), {"close": lambda _: None})()
+    bls.finalize()  # Triton unloads the model: its slots' pool is shut, nothing more can be queued there
+    request = AnsweredRequest()
+    bls.execute([request])  # answered here and now, not queued
+    ((response, flags),) = request.sent
+    assert response.error.code == "UNAVAILABLE" and response.error.message == "tensorrt_llm_bls is unloading"
+    assert flags == FakeBlsBackend.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    waiting = AnsweredRequest()  # admitted before the unload began, given a slot after it
+    bls._in_slot(waiting, object(), 0.0)
+    assert waiting.sent[0][0].error.message == "tensorrt_llm_bls is unloading"
