@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild import __version__
-from specbuild.artifacts import read_manifest, stage_output, tool_versions
+from specbuild.artifacts import hash_file, hash_tree, read_manifest, stage_output, tool_versions
 from specbuild.errors import ArtifactError, SpecbuildError
 
 EXAMPLE_JSON = "example.json"
@@ -80,6 +80,8 @@ def _pair_at(root: Path) -> ExamplePair:
 
 
 def _complete(root: Path, key: str) -> bool:
+    """The pair at root was made from this recipe and is as it was written: every file's sha256 as its manifest
+    records it (a file edited, truncated or removed since, or a manifest that records none, means a rebuild)."""
     manifest = root / "manifest.json"
     if not manifest.is_file():
         return False
@@ -87,7 +89,21 @@ def _complete(root: Path, key: str) -> bool:
         data = json.loads(manifest.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return data.get("input_hash") == key and all((root / p).exists() for p in ("target", "draft", EXAMPLE_JSON))
+    recorded = data.get("sha256")
+    if data.get("input_hash") != key or not isinstance(recorded, dict) or not recorded:
+        return False
+    return _file_hashes(root) == recorded
+
+
+def _file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of the pair's files (target/, draft/, example.json), by path relative to root."""
+    found = {}
+    for name in ("target", "draft"):
+        if (root / name).is_dir():
+            found.update({f"{name}/{rel}": digest for rel, digest in hash_tree(root / name).items()})
+    if (root / EXAMPLE_JSON).is_file():
+        found[EXAMPLE_JSON] = hash_file(root / EXAMPLE_JSON)
+    return found
 
 
 def cached_example(variant: str = "full", train: bool = False) -> ExamplePair | None:
@@ -149,6 +165,7 @@ def ensure_example(
                         "variant": variant,
                         "source": source,
                         "versions": info["versions"],
+                        "sha256": _file_hashes(out.tmp),  # what _complete checks on every later use
                     }
                 )
     pair = _pair_at(cached)
