@@ -335,6 +335,8 @@ class TritonPythonModel:
             drafter_name=ready.drafter,
         )
         if result.finish_reason == "cancelled":
+            with self.metrics_lock:
+                self.metrics.cancelled()
             raise Cancelled("request cancelled by the client")
         self.drafting.remember(ready.drafter, prompt, result.output_ids, result.stats)
         with self.metrics_lock:

@@ -39,6 +39,7 @@ COUNTERS = {
     "specbuild_target_seconds_total": "Wall time spent in target model calls",
     "specbuild_acceptance_disagreements_total": "Verify steps whose total_accepted_draft_tokens was missing or differed "
     "from the count the returned tokens give (the tokens decide)",
+    "specbuild_cancelled_requests_total": "Requests the client cancelled, stopped before their end",
 }
 DRAFTER_COUNTERS = {  # by drafter (label "drafter": model, lookup), SpeculationStats.by_drafter
     "specbuild_drafter_steps_total": "Steps a drafter was asked to propose",
@@ -93,6 +94,10 @@ class SpeculationMetrics:
             for kind in ("drafted", "accepted")
         }
         self._totals = SpeculationStats()
+
+    def cancelled(self) -> None:
+        """One request stopped because its client cancelled it."""
+        self._metrics["specbuild_cancelled_requests_total"].increment(1)
 
     def disagreement(self) -> None:
         """One verify step whose acceptance figure the tokens contradicted (contract.adapters.ContractVerifier)."""
