@@ -21,11 +21,18 @@ LoRA, multimodal) are refused by name with INVALID_ARG; stop words are honoured 
 them, and preprocessing adds a checkpoint's other end ids as stop words); sent with their neutral values they
 are accepted. `min_tokens` is accepted and not enforced (NVIDIA's BLS sends it on draft calls; it
 only delays EOS there).
+
+A timed stand-in: with $SPECBUILD_STANDIN_CALL_SECONDS set (seconds, e.g. 0.05) in tritonserver's environment, each
+`execute` call takes at least that long, waiting (not computing) for what its computation left, as a GPU call leaves
+the host free; the outputs are unchanged. The server log says so when the model loads. Tests use it to make a
+request outlast a bound on any machine, however fast.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +43,23 @@ from specbuild.contract.backend_params import BackendParams
 from specbuild.contract.logits import TRITON_TYPES
 from specbuild.errors import RequestError
 from specbuild.triton.models.common import request_inputs, resolve_path
+
+CALL_SECONDS_ENV = "SPECBUILD_STANDIN_CALL_SECONDS"
+
+
+def call_seconds(environ: dict[str, str] = os.environ) -> float:
+    """The least time one call takes ($SPECBUILD_STANDIN_CALL_SECONDS; 0 when unset); ValueError names a bad value."""
+    raw = environ.get(CALL_SECONDS_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0 or value == float("inf"):
+        raise ValueError(f"{CALL_SECONDS_ENV} = {raw!r}: give the least seconds one call takes, a number >= 0.")
+    return value
+
 
 PER_ROW = (
     "input_ids",
@@ -236,8 +260,22 @@ class TritonPythonModel:
         engine_type = TRITON_TYPES[self.contract.limits.logits_dtype]
         self.logits_type_ok = declared_logits_type(config) in (None, engine_type)
         self.names = [t.name for t in tensors.LLM_INPUTS]
+        self.call_seconds = call_seconds()
+        if self.call_seconds:
+            pb_utils.Logger.log_info(
+                f"{self.name}: a timed stand-in: each call takes at least {self.call_seconds} s ({CALL_SECONDS_ENV})"
+            )
 
     def execute(self, requests: list) -> list:
+        started = time.perf_counter()
+        try:
+            return self._execute(requests)
+        finally:
+            left = self.call_seconds - (time.perf_counter() - started)
+            if left > 0:
+                time.sleep(left)  # waiting, not computing: the host stays free, as during a GPU call
+
+    def _execute(self, requests: list) -> list:
         pb = self.pb
         prepared: list[Any] = []
         rows: list[dict[str, np.ndarray]] = []
