@@ -1,7 +1,8 @@
 """`run_check`: the pair verdict, from the spec alone (no GPU, no model loaded).
 
 A target-only spec (no [draft]) gets the same checks of its one model; the pair's (tokenizers alike, logits of one
-width) have nothing to compare. Order: read both checkpoints' facts (a missing or pickle-only checkpoint raises CheckpointError),
+width) have nothing to compare. Order: read the checkpoints' facts (a missing or pickle-only checkpoint raises
+CheckpointError),
 then architecture, position limit, tokenizer equivalence, vocabulary padding, the memory plan and
 a scan of the safetensors weights for NaN/Inf (check.weights; reads every weight byte once).
 Every finding lands in one `CheckReport`; nothing after the checkpoint reading raises.

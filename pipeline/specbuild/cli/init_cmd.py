@@ -71,7 +71,8 @@ def command(
     With --target and --draft the spec is for your pair: its checkpoints read (nothing is loaded or downloaded)
     for the dtype, limits that fit the models and the backend their family needs; `specbuild check` then says
     whether the pair is usable. With --target alone the spec has no [draft] and drafts by prompt lookup
-    (speculative.drafter = "lookup": no draft model, proposals from the text already in the prompt and answer). With --example it is the built-in example pair (see `specbuild example`).
+    (speculative.drafter = "lookup": no draft model, proposals from the text already in the prompt and answer).
+    With --example it is the built-in example pair (see `specbuild example`).
     With neither, the checkpoints are placeholders (models/target, models/draft) to replace.
 
     \b
@@ -79,7 +80,7 @@ def command(
       specbuild init --target ~/models/Qwen2.5-7B-Instruct --draft ~/models/Qwen2.5-0.5B-Instruct
       specbuild check && specbuild up
 
-    
+    \b
     A target alone (prompt lookup, no draft model):
       specbuild init --target ~/models/Qwen2.5-7B-Instruct
 
