@@ -72,3 +72,9 @@ $(PINS_VENV)/.installed: pyproject.toml Makefile scripts/install_torch.py
 .PHONY: test-kernels
 test-kernels: setup
 	$(BIN)/python scripts/kernel_matrix.py
+
+# Mutation testing of the core (mutmut, installed into the venv here; a copy of the tree is mutated, never this one):
+# the report is docs/mutation.md. FILES="speculative/lookup.py ..." narrows it (paths under pipeline/specbuild).
+.PHONY: mutation
+mutation: setup
+	$(BIN)/python scripts/mutation.py $(if $(FILES),--files $(FILES))
