@@ -182,9 +182,10 @@ def test_never_emits_a_zero_probability_token():
 @pytest.mark.parametrize(
     "draft,q,p,message",
     [
-        ([1, 2], onehot(1, 2), onehot(1, 2), r"\[batch, k \+ 1, vocab\]"),
-        ([1, 2], onehot(1), onehot(1, 2, 3), r"\[batch, k, vocab\]"),
+        ([1, 2], onehot(1, 2), onehot(1, 2), r"must be \[batch, k \+ 1, vocab\] = \[1, 3, vocab\], got \(1, 2, 5\)"),
+        ([1, 2], onehot(1), onehot(1, 2, 3), r"must be \[batch, k, vocab\] = \[1, 2, 5\], got \(1, 1, 5\)"),
         ([1, 9], onehot(1, 2), onehot(1, 2, 3), r"draft token ids must lie in \[0, 5\)"),
+        ([1, 5], onehot(1, 2), onehot(1, 2, 3), r"draft token ids must lie in \[0, 5\), got \[\[1, 5\]\]"),  # = vocab
     ],
 )
 def test_shape_errors(draft, q, p, message):
@@ -215,3 +216,19 @@ def test_a_rejection_whose_residual_rounds_to_nothing_recovers_from_the_target_d
     assert 0.15 < rejected.mean() < 0.3  # P(reject) = 1 - 0.7 / 0.9
     recovered = tokens[rejected, 0]
     assert set(recovered.tolist()) == {0, 1} and 0.25 < (recovered == 0).mean() < 0.35  # drawn from p = [0.3, 0.7]
+
+
+class Zeros:
+    """An rng whose uniforms are all exactly 0: the edge of the acceptance test u * q(x) < p(x)."""
+
+    def random(self, shape):
+        return np.zeros(shape)
+
+
+def test_a_token_the_target_gives_no_probability_is_never_accepted_even_at_u_0():
+    """u * q(x) < p(x) is strict: with p(x) = 0 a draft token is rejected even when the uniform is exactly 0 (a rule
+    written with <= would accept it, emitting a token the target never samples)."""
+    p = np.array([[[0.0, 1.0, 0.0, 0.0, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]]])  # [batch, k + 1, vocab]
+    q = np.array([[[1.0, 0.0, 0.0, 0.0, 0.0]]])
+    accepted, tokens = accept_sampling_batch(np.array([[0]]), q, p, Zeros())
+    assert accepted.tolist() == [0] and tokens[0, 0] == 1  # rejected; recovered from max(p - q, 0) = token 1
