@@ -35,13 +35,15 @@ class Drafting:
     def create(cls, default: str, model: Drafter | None, settings: LookupSettings, pool: Any = None) -> Drafting:
         """pool: the pool to use when settings.is_public_pool (e.g. one shared by processes,
         speculative.shared_pool); None: one of this process's own."""
-        if settings.is_public_pool:
-            pool = pool if pool is not None else LookupPool(settings.pool_max_tokens)
-        return cls(default, model, settings, pool if settings.is_public_pool else None)
+        if not settings.is_public_pool:
+            pool = None
+        elif pool is None:
+            pool = LookupPool(settings.pool_max_tokens)
+        return cls(default, model, settings, pool)
 
     def close(self) -> None:
-        """Let go of a pool shared with other processes (the last to close removes it)."""
-        if self.pool is not None and hasattr(self.pool, "close"):
+        """Let go of the pool (one shared with other processes is removed by the last to close it)."""
+        if self.pool is not None:
             self.pool.close()
 
     @property

@@ -154,7 +154,7 @@ def render_spec(overrides: dict[str, Any] | None = None, header: str | None = No
             default = "pair"  # what spec_from_dict uses when the file has no name
         lines += _line(key, overrides.get(key, default), default, REASONS[key])
     for section, cls in SECTIONS.items():
-        if section == "draft" and "draft" in overrides and overrides["draft"] is None:
+        if section == "draft" and overrides.get(section, {}) is None:
             lines += [
                 "",
                 "# No [draft]: a target-only deployment, drafting by prompt lookup (speculative.drafter). For a draft "
@@ -283,7 +283,7 @@ def pair_overrides(target: Path, draft: Path | None) -> dict[str, Any]:
     the rule check applies). SpecError, with check's reasons, when no path takes the pair."""
     import re
 
-    from specbuild import families
+    from specbuild import drafters, families
     from specbuild.config import BuildSpec, SpeculativeSpec
     from specbuild.contract import llmapi as llmapi_contract
     from specbuild.errors import SpecError
@@ -315,7 +315,7 @@ def pair_overrides(target: Path, draft: Path | None) -> dict[str, Any]:
     }
     if draft is None:
         overrides["draft"] = None
-        overrides["speculative"] = {"drafter": "lookup"}
+        overrides["speculative"] = {"drafter": drafters.LOOKUP}
     for role, info in infos.items():
         overrides[role] = {"checkpoint": str(info.path)}
         if info.torch_dtype in ("float16", "bfloat16"):

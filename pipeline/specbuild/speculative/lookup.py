@@ -126,6 +126,9 @@ class LookupPool:
                 "evicted": self.evicted,
             }
 
+    def close(self) -> None:
+        """Nothing to let go of: the pool lives in this process (speculative.shared_pool's is shared)."""
+
 
 class LookupDrafter:
     """Drafter: prompt lookup over the request's context (and the pool when given); no model is called."""
@@ -158,9 +161,8 @@ class HybridDrafter:
 
     def __init__(self, lookup: LookupDrafter, model: Drafter):
         self.lookup, self.model = lookup, model
-        self.counts = {
-            name: list(self.PRIOR) for name in (drafters.LOOKUP, drafters.MODEL)
-        }  # name -> [accepted, drafted]
+        # name -> [accepted, drafted]
+        self.counts = {name: list(self.PRIOR) for name in (drafters.LOOKUP, drafters.MODEL)}
         self._last: tuple[int, list[int], str] | None = None  # the previous proposal: context length, tokens, drafter
         self._ended: float | None = None  # when the previous proposal was returned
         self._seconds = {drafters.MODEL: [0.0, 0], "verify": [0.0, 0]}  # name -> [seconds, calls]

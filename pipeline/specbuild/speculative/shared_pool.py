@@ -19,13 +19,14 @@ killed) is removed by the next pool of the same model that starts.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
 import re
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -80,16 +81,8 @@ class SharedLookupPool:
                 os.ftruncate(self._fd, size)
             header = np.frombuffer(os.pread(self._fd, 8 * _HEADER, 0), dtype=np.int64)
             fresh = header[_MAGIC] == 0
-            if (
-                found not in (0, size)
-                or not fresh
-                and (header[_MAGIC], header[_LAYOUT], header[_MAX])
-                != (
-                    MAGIC,
-                    LAYOUT,
-                    max_tokens,
-                )
-            ):
+            ours = tuple(header[[_MAGIC, _LAYOUT, _MAX]]) == (MAGIC, LAYOUT, max_tokens)
+            if found not in (0, size) or not (fresh or ours):
                 refusal = (
                     f"{self.path} holds another pool (layout {int(header[_LAYOUT])}, max_tokens {int(header[_MAX])}): "
                     f"this one asks for max_tokens {max_tokens}"
@@ -111,19 +104,15 @@ class SharedLookupPool:
         self._seen = -1  # `added` when the snapshot was taken
         self._snapshot: list[np.ndarray] = []
 
-    def _locked(self, how: int):
-        pool = self
-
-        class _Lock:
-            def __enter__(self) -> None:
-                pool._thread_lock.acquire()
-                fcntl.flock(pool._fd, how)
-
-            def __exit__(self, *exc: object) -> None:
-                fcntl.flock(pool._fd, fcntl.LOCK_UN)
-                pool._thread_lock.release()
-
-        return _Lock()
+    @contextlib.contextmanager
+    def _locked(self, how: int) -> Iterator[None]:
+        """This process's thread lock, then the file lock `how` (LOCK_SH or LOCK_EX) across processes."""
+        with self._thread_lock:
+            fcntl.flock(self._fd, how)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def add(self, tokens: Sequence[int]) -> None:
         """Keep one finished request's prompt + output (its last max_tokens tokens), evicting the oldest to fit."""
@@ -132,11 +121,11 @@ class SharedLookupPool:
             return
         with self._locked(fcntl.LOCK_EX):
             h, lengths, held = self._header, self._lengths, self._tokens
-            drop, count = 0, int(h[_COUNT])
-            while drop < count and int(h[_TOKENS]) - int(lengths[:drop].sum()) + sequence.size > self.max_tokens:
+            drop, gone, count = 0, 0, int(h[_COUNT])
+            while drop < count and int(h[_TOKENS]) - gone + sequence.size > self.max_tokens:  # the oldest go first
+                gone += int(lengths[drop])
                 drop += 1
             if drop:
-                gone = int(lengths[:drop].sum())
                 kept = int(h[_TOKENS]) - gone
                 held[:kept] = held[gone : gone + kept].copy()
                 lengths[: count - drop] = lengths[drop:count].copy()

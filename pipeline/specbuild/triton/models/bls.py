@@ -123,11 +123,9 @@ class TritonPythonModel:
         # a request naming no end id ends at any of the deployment's: the tokenizer's eos (preprocessing's end_id,
         # the one the models get), then the checkpoint's listed ones, as the local path reads them
         # the drafters: the draft model (a ContractDrafter per request, below), prompt lookup, the hybrid; the lookup's
-        # pool is shared by every instance of this model on this server
+        # pool is shared by every instance of this model on this server (each instance is a process)
         lookup = settings.lookup()
-        shared = None
-        if lookup.is_public_pool:  # one pool for every instance of this model on this server (each is a process)
-            shared = SharedLookupPool(pool_path(self.model_name), lookup.pool_max_tokens)
+        shared = SharedLookupPool(pool_path(self.model_name), lookup.pool_max_tokens) if lookup.is_public_pool else None
         self.drafting = Drafting.create(settings.drafter, None, lookup, shared)
         self.rules = RequestRules(
             self.tokenizer,
@@ -303,11 +301,15 @@ class TritonPythonModel:
         )
         pad_id = self.pre.pad_id if req.pad_id is None else req.pad_id
         use_logits = self.default_use_draft_logits if req.use_draft_logits is None else req.use_draft_logits
-        model = ContractDrafter(
-            lambda inputs: call_model(self.pb, self.draft_model, inputs),
-            end_id=ready.model_end_id,
-            pad_id=pad_id,
-            use_logits=use_logits,
+        model = (
+            ContractDrafter(
+                lambda inputs: call_model(self.pb, self.draft_model, inputs),
+                end_id=ready.model_end_id,
+                pad_id=pad_id,
+                use_logits=use_logits,
+            )
+            if self.draft_model  # "" in a target-only deployment: no draft model to call
+            else None
         )
         # a lookup proposal reaches the target as draft_input_ids, as NVIDIA's n-gram example sends it
         # (NVIDIA/TensorRT-LLM examples/ngram/run_dtm_ngram.py): no draft model call, no draft logits

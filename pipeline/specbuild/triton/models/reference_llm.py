@@ -31,8 +31,10 @@ request outlast a bound on any machine, however fast.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,7 @@ from specbuild.triton.models.common import request_inputs, resolve_path
 CALL_SECONDS_ENV = "SPECBUILD_STANDIN_CALL_SECONDS"
 
 
-def call_seconds(environ: dict[str, str] = os.environ) -> float:
+def call_seconds(environ: Mapping[str, str] = os.environ) -> float:
     """The least time one call takes ($SPECBUILD_STANDIN_CALL_SECONDS; 0 when unset); ValueError names a bad value."""
     raw = environ.get(CALL_SECONDS_ENV, "").strip()
     if not raw:
@@ -55,8 +57,8 @@ def call_seconds(environ: dict[str, str] = os.environ) -> float:
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if not value >= 0.0 or value == float("inf"):
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"{CALL_SECONDS_ENV} = {raw!r}: give the least seconds one call takes, a number >= 0.")
     return value
 
