@@ -1,18 +1,28 @@
 """Mutation testing of specbuild's core with mutmut: `make mutation` (or `python scripts/mutation.py`).
 
-mutmut 3 finds the code it mutates under ./, src/ or source/, so the run works on a copy of the tracked files in a
-temporary folder with `pipeline/` as `src/` (nothing here is changed), mutates the files given (default: CORE), runs
-the tests that cover each mutated function, and writes the report (default docs/mutation.md): per file the mutants
-killed, survived and not covered, the score (killed / all), and each survivor's change, for a test to kill it or a
-reason it is equivalent to be written beside it.
+mutmut 3 finds the code it mutates under ./, src/ or source/, so each file is run in a copy of the tracked files in a
+temporary folder with `pipeline/` as `src/` (nothing here is changed): mutmut mutates the file and runs the tests
+listed for it in FILES that cover each mutated function. Three files hold the outcome:
 
-    python scripts/mutation.py                                   # the core, the tests below
+- docs/mutation/results.json: per file, the mutant counts and each mutant not killed with its change, written by
+  the runs (a run of some files replaces only their entries);
+- docs/mutation/equivalents.toml: the survivors that change nothing a caller can observe, each group with its
+  reason, written by hand;
+- docs/mutation.md: the report, made from the two (`--report-only` remakes it without running mutmut;
+  tests/test_mutation_report.py checks that the committed report is what they make).
+
+The score is killed / (mutants - equivalent): a survivor needs a test that kills it, or its reason in the
+equivalents file.
+
+    python scripts/mutation.py                                   # every file in FILES
     python scripts/mutation.py --files speculative/lookup.py     # one file (paths under pipeline/specbuild)
+    python scripts/mutation.py --report-only                     # the report again from the two files
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -21,23 +31,35 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 MUTMUT = "mutmut==3.8.1"
-CORE = ["speculative/acceptance.py", "speculative/draft_len.py", "speculative/lookup.py"]
-TESTS = [
+RESULTS = ROOT / "docs" / "mutation" / "results.json"
+EQUIVALENTS = ROOT / "docs" / "mutation" / "equivalents.toml"
+REPORT = ROOT / "docs" / "mutation.md"
+
+_SPECULATIVE_TESTS = [
     "tests/test_speculative_acceptance.py",
     "tests/test_speculative_loop.py",
     "tests/test_speculative_distribution.py",
     "tests/test_speculative_adaptive.py",
-    "tests/test_drafters.py",
     "tests/test_request_rules.py",
+    "tests/test_drafters.py",
 ]
+# file under pipeline/specbuild -> the tests that may kill its mutants (fast ones: a mutant runs those covering it)
+FILES = {
+    "speculative/acceptance.py": _SPECULATIVE_TESTS,
+    "speculative/draft_len.py": ["tests/test_draft_len.py", *_SPECULATIVE_TESTS],
+    "speculative/lookup.py": ["tests/test_lookup_units.py", *_SPECULATIVE_TESTS],
+}
 RESULT = re.compile(r"^\s*(specbuild\.[\w.]+):\s*(.+)$")
 
 
 def copy_tracked(dest: Path) -> None:
-    """The tracked files, pipeline/ renamed src/ (ignored build outputs and caches stay behind)."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    """The tracked files and the untracked ones git does not ignore, pipeline/ renamed src/."""
+    listed = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    files = subprocess.run(listed, cwd=ROOT, capture_output=True, check=True).stdout
     for name in files.decode().split("\0"):
         if not name or not (ROOT / name).is_file():
             continue
@@ -46,76 +68,113 @@ def copy_tracked(dest: Path) -> None:
         shutil.copy2(ROOT / name, target)
 
 
-def configure(folder: Path, files: list[str], tests: list[str]) -> None:
-    config = ["", "[tool.mutmut]", 'source_paths = ["src"]']
-    config.append("only_mutate = [" + ", ".join(f'"src/specbuild/{f}"' for f in files) + "]")
+def configure(folder: Path, file: str, tests: list[str]) -> None:
+    config = ["", "[tool.mutmut]", 'source_paths = ["src"]', f'only_mutate = ["src/specbuild/{file}"]']
     config.append("pytest_add_cli_args_test_selection = [" + ", ".join(f'"{t}"' for t in tests) + "]")
     with (folder / "pyproject.toml").open("a") as f:
         f.write("\n".join(config) + "\n")
 
 
-def module_of(name: str) -> str:
-    """specbuild.speculative.acceptance.x_f__mutmut_3 -> speculative/acceptance.py"""
-    module = name.split(".x_")[0] if ".x_" in name else name.rsplit(".", 1)[0]
-    return module.removeprefix("specbuild.").replace(".", "/") + ".py"
-
-
-def report(folder: Path, files: list[str], tests: list[str]) -> str:
+def outcome(folder: Path) -> dict:
+    """The counts and the mutants not killed (name -> {status, change}) of the run in folder."""
     mutmut = [sys.executable, "-m", "mutmut"]
     lines = subprocess.run([*mutmut, "results", "--all", "true"], cwd=folder, capture_output=True, text=True).stdout
-    results = {m.group(1): m.group(2).strip() for m in map(RESULT.match, lines.splitlines()) if m}
-    by_file: dict[str, Counter] = {f: Counter() for f in files}
-    survivors: dict[str, list[str]] = {f: [] for f in files}
-    for name, status in sorted(results.items()):
-        path = module_of(name)
-        by_file.setdefault(path, Counter())[status] += 1
-        if status != "killed":
-            diff = subprocess.run([*mutmut, "show", name], cwd=folder, capture_output=True, text=True).stdout
-            changed = [
-                line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")
-            ]
-            survivors.setdefault(path, []).append(
-                f"`{name.rsplit('.', 1)[-1]}` ({status}): `{' | '.join(changed)[:150]}`"
-            )
+    statuses = {m.group(1).rsplit(".", 1)[-1]: m.group(2).strip() for m in map(RESULT.match, lines.splitlines()) if m}
+    full = {m.group(1).rsplit(".", 1)[-1]: m.group(1) for m in map(RESULT.match, lines.splitlines()) if m}
+    not_killed = {}
+    for name, status in sorted(statuses.items()):
+        if status == "killed":
+            continue
+        diff = subprocess.run([*mutmut, "show", full[name]], cwd=folder, capture_output=True, text=True).stdout
+        added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+        not_killed[name] = {"status": status, "change": " | ".join(added)[:150]}
+    return {"counts": dict(Counter(statuses.values())), "not_killed": not_killed}
+
+
+def run_file(file: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="specbuild-mutation-") as tmp:
+        folder = Path(tmp)
+        copy_tracked(folder)
+        configure(folder, file, FILES[file])
+        run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=folder)
+        if run.returncode not in (0, 1):  # 1: some mutants survived
+            raise SystemExit(f"mutmut failed on {file} (exit {run.returncode})")
+        return outcome(folder)
+
+
+def read_equivalents(path: Path = EQUIVALENTS) -> dict[str, dict[str, str]]:
+    """file -> mutant -> reason."""
+    groups = tomllib.loads(path.read_text())["equivalent"] if path.exists() else []
+    found: dict[str, dict[str, str]] = {}
+    for group in groups:
+        for mutant in group["mutants"]:
+            found.setdefault(group["file"], {})[mutant] = group["reason"]
+    return found
+
+
+def report(results: dict, equivalents: dict[str, dict[str, str]]) -> str:
     out = [
         "# Mutation testing of the core",
         "",
-        f"Written by `make mutation` (scripts/mutation.py, {MUTMUT}); tests: {', '.join(tests)}. A mutant is one small",
-        "change to the code (an operator, a constant, a call dropped); killed means a test failed on it. The score is",
-        "killed / all mutants; a survivor needs a test that kills it, or a reason it is equivalent written beside it.",
+        f"Written by `make mutation` (scripts/mutation.py, {MUTMUT}) from docs/mutation/results.json (the runs) and",
+        "docs/mutation/equivalents.toml (the survivors that change nothing a caller can observe, with the reason). A",
+        "mutant is one small change to the code (an operator, a constant, a call dropped); killed means a test failed on",
+        "it. The score is killed / (mutants - equivalent); a survivor not listed as equivalent needs a test that kills it.",
         "",
-        "| file | mutants | killed | survived | not covered | other | score |",
-        "|---|---|---|---|---|---|---|",
+        "| file | tests | mutants | killed | equivalent | survived | not covered | other | score |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for path, counts in by_file.items():
+    sections = []
+    for file in sorted(results):
+        counts, not_killed = Counter(results[file]["counts"]), results[file]["not_killed"]
+        reasons = equivalents.get(file, {})
+        equivalent = [name for name in not_killed if name in reasons]
+        open_ = [name for name in not_killed if name not in reasons]
+        stale = sorted(set(reasons) - set(not_killed))
         total = sum(counts.values())
-        other = total - counts["killed"] - counts["survived"] - counts["no tests"]
-        score = f"{counts['killed'] / total:.1%}" if total else "-"
+        killed = counts["killed"]
+        other = total - killed - counts["survived"] - counts["no tests"]
+        live = total - len(equivalent)
+        score = f"{killed / live:.1%}" if live else "-"
+        survived = sum(1 for name in open_ if not_killed[name]["status"] == "survived")
+        uncovered = sum(1 for name in open_ if not_killed[name]["status"] == "no tests")
+        tests = ", ".join(Path(t).stem.removeprefix("test_") for t in FILES.get(file, []))
         out.append(
-            f"| `{path}` | {total} | {counts['killed']} | {counts['survived']} | {counts['no tests']} | {other} | {score} |"
+            f"| `{file}` | {tests} | {total} | {killed} | {len(equivalent)} | {survived} | {uncovered} | {other} | {score} |"
         )
-    for path, names in survivors.items():
-        if names:
-            out += ["", f"## Not killed in `{path}`", "", *(f"- {n}" for n in names)]
-    return "\n".join(out) + "\n"
+        if open_:
+            sections += ["", f"## Not killed in `{file}`, not yet explained", ""]
+            sections += [f"- `{n}` ({not_killed[n]['status']}): `{not_killed[n]['change']}`" for n in open_]
+        if equivalent:
+            sections += ["", f"## Equivalent in `{file}`", ""]
+            by_reason: dict[str, list[str]] = {}
+            for name in equivalent:
+                by_reason.setdefault(reasons[name], []).append(name)
+            for reason, names in by_reason.items():
+                sections.append(f"- {reason} ({', '.join(f'`{n}`' for n in names)})")
+        if stale:
+            sections += ["", f"## Listed as equivalent in `{file}` but killed or gone (remove from the list)", ""]
+            sections += [f"- `{n}`" for n in stale]
+    return "\n".join(out + sections) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", nargs="+", default=CORE, help="paths under pipeline/specbuild")
-    parser.add_argument("--tests", nargs="+", default=TESTS)
-    parser.add_argument("--report", type=Path, default=ROOT / "docs" / "mutation.md")
+    parser.add_argument("--files", nargs="+", default=list(FILES), help="paths under pipeline/specbuild")
+    parser.add_argument("--report-only", action="store_true", help="remake docs/mutation.md without running mutmut")
     args = parser.parse_args()
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True)
-    with tempfile.TemporaryDirectory(prefix="specbuild-mutation-") as tmp:
-        folder = Path(tmp)
-        copy_tracked(folder)
-        configure(folder, args.files, args.tests)
-        run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=folder)
-        if run.returncode not in (0, 1):  # 1: some mutants survived
-            return run.returncode
-        args.report.write_text(report(folder, args.files, args.tests))
-    print(f"wrote {args.report}")
+    unknown = [f for f in args.files if f not in FILES]
+    if unknown:
+        parser.error(f"no test list for {', '.join(unknown)}: add it to FILES in {Path(__file__).name}")
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if not args.report_only:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True)
+        for file in args.files:
+            results[file] = run_file(file)
+            RESULTS.parent.mkdir(parents=True, exist_ok=True)
+            RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    REPORT.write_text(report(results, read_equivalents()))
+    print(f"wrote {REPORT}")
     return 0
 
 

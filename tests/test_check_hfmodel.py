@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from check_fixtures import llama_config, llama_tensors, write_checkpoint
 
+import specbuild
 from specbuild.errors import CheckpointError
 from specbuild.hfmodel import SUPPORTED_ARCHITECTURES, info_from_config, read_model_info
 
@@ -94,29 +99,53 @@ def test_invalid_config_json(tmp_path):
         read_model_info(tmp_path)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+NOBODY = 65534  # the unprivileged user and group of Debian and most Linux images
+
+
+def read_as_nobody(folder: Path) -> subprocess.CompletedProcess:
+    """read_model_info(folder) in a child process that gives up root for the user nobody once it has imported what
+    it needs (the interpreter may live where only root may go): root reads a file whatever its mode, so where the
+    suite runs as root (CI's containers) a file's permissions are tried by a process they bind."""
+    code = (
+        "import os, sys\n"
+        "from specbuild.errors import CheckpointError\n"
+        "from specbuild.hfmodel import read_model_info\n"
+        f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
+        "try:\n    read_model_info(sys.argv[1])\n"
+        "except CheckpointError as err:\n    print(err)\n    sys.exit(3)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(specbuild.__file__).resolve().parents[1])}
+    return subprocess.run(
+        [sys.executable, "-c", code, str(folder)], env=env, cwd="/", capture_output=True, text=True, timeout=120
+    )
+
+
 def test_unreadable_config_json(tmp_path):
-    folder = write_checkpoint(tmp_path / "m", 100)
-    (folder / "config.json").chmod(0)
+    """A config.json its reader may not open, by its mode: the refusal names the file and the cause."""
+    if os.geteuid() != 0:
+        folder = write_checkpoint(tmp_path / "m", 100)
+        (folder / "config.json").chmod(0)
+        try:
+            with pytest.raises(CheckpointError, match=r"config.json cannot be read \(Permission denied\)"):
+                read_model_info(folder)
+        finally:
+            (folder / "config.json").chmod(0o644)
+        return
+    outer = Path(tempfile.mkdtemp(prefix="specbuild-unreadable-"))  # pytest's own folders are root's alone (0700)
     try:
-        with pytest.raises(CheckpointError, match="cannot be read"):
-            read_model_info(folder)
-    finally:
+        outer.chmod(0o755)
+        folder = write_checkpoint(outer / "m", 100)
+        for path in folder.iterdir():
+            path.chmod(0o644)  # everything readable by anyone (safetensors writes 0600) but config.json
+        (folder / "config.json").chmod(0)
+        done = read_as_nobody(folder)
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert "config.json cannot be read (Permission denied)" in done.stdout
         (folder / "config.json").chmod(0o644)
-
-
-def test_unreadable_config_json_even_as_root(tmp_path, monkeypatch):
-    folder = write_checkpoint(tmp_path / "m", 100)
-    real_read_text = Path.read_text
-
-    def deny(self, *args, **kwargs):
-        if self.name == "config.json":
-            raise PermissionError(13, "Permission denied")
-        return real_read_text(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", deny)
-    with pytest.raises(CheckpointError, match=r"config.json cannot be read \(Permission denied\)"):
-        read_model_info(folder)
+        readable = read_as_nobody(folder)
+        assert readable.returncode == 0, readable.stdout + readable.stderr  # readable: the mode was the cause
+    finally:
+        shutil.rmtree(outer)
 
 
 def test_config_without_architectures(tmp_path):

@@ -1,5 +1,5 @@
 """The generation session without a model or a server: the one driver of the loop (on the numpy toy pair), the
-one reader of a response stream, the one URL rule, the one K rule, NVIDIA's finish reasons."""
+one reader of a response stream, the one URL rule, the K rule as the session applies it (the rule itself: test_draft_len.py), NVIDIA's finish reasons."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from specbuild.decode.generation import Options, finish_reason
 from specbuild.errors import RequestError
 from specbuild.session.local import LocalSession
 from specbuild.session.served import Deployment, ServedSession, read_stream, server_url
-from specbuild.speculative.draft_len import resolve_fixed_k, resolve_k, resolve_ks
 from specbuild.speculative.loop import GenerationRequest
 from specbuild.speculative.stats import SpeculationStats
 from specbuild.triton.client import Chunk
@@ -39,35 +38,6 @@ def toy_session(end_id=None, **kwargs) -> LocalSession:
 
 
 # ---- the one K rule ---------------------------------------------------------------------------------------
-def test_k_rule_default_clamp_and_refusal():
-    assert resolve_k(None, 6, default=4).k == 4 and not resolve_k(None, 6, default=4).clamped
-    clamped = resolve_k(50, 6, default=4)
-    assert (clamped.k, clamped.requested, clamped.clamped) == (6, 50, True)
-    assert clamped.note().startswith("num_draft_tokens = 50 exceeds the target engine's max_draft_len = 6: using 6.")
-    with pytest.raises(RequestError, match="num_draft_tokens = -1 is invalid"):
-        resolve_k(-1, 6)
-    with pytest.raises(RequestError, match="no default K"):
-        resolve_k(None, 6)
-    assert resolve_ks((8, 2, 4), 4) == (
-        (0, 2, 4),
-        ["K = 8 measured as K = 4: above the deployment's max_draft_len = 4"],
-    )
-
-
-def test_a_fixed_k_deployment_uses_its_k_and_says_so():
-    """The LLM API drafts its max_draft_len at every step and takes no K per request."""
-    assert resolve_fixed_k(None, 4) == resolve_k(None, 4, default=4) and not resolve_fixed_k(4, 4).clamped
-    asked = resolve_fixed_k(2, 4)
-    assert (asked.k, asked.requested, asked.clamped) == (4, 2, True)
-    assert asked.note() == (
-        "num_draft_tokens = 2 cannot be asked of this deployment: it drafts max_draft_len = 4 "
-        "tokens at every step (the LLM API path); using 4."
-    )
-    assert resolve_fixed_k(6, 4).k == 4
-    with pytest.raises(RequestError, match="num_draft_tokens = -1 is invalid"):
-        resolve_fixed_k(-1, 4)
-
-
 def test_the_loop_and_the_session_clamp_by_the_same_rule():
     session = toy_session()
     gen = session.generate("def f(x):", Options(max_tokens=12, num_draft_tokens=50))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,12 +53,11 @@ def _starts(haystack: np.ndarray, pattern: np.ndarray) -> np.ndarray:
     return np.flatnonzero((windows == pattern).all(axis=1))
 
 
-def _continuation(sequence: np.ndarray, tail: np.ndarray, k: int, oldest: bool, own: bool) -> list[int] | None:
-    """Up to k tokens that followed tail in sequence; own: sequence ends with tail itself, which is not a match."""
-    haystack = sequence[:-1] if own else sequence  # own: a match must end before the last token, so something follows
-    starts = _starts(haystack, tail)
-    if not own:
-        starts = starts[starts + tail.size < sequence.size]  # something must follow
+def _continuation(sequence: np.ndarray, tail: np.ndarray, k: int, oldest: bool) -> list[int] | None:
+    """Up to k tokens that followed tail in sequence. An occurrence at the very end has nothing after it and is no
+    match: so a request's own context, which ends with tail, never matches itself."""
+    starts = _starts(sequence, tail)
+    starts = starts[starts + tail.size < sequence.size]  # something must follow
     if starts.size == 0:
         return None
     start = int(starts[0] if oldest else starts[-1]) + tail.size
@@ -75,11 +74,11 @@ def find_match(
     others = pool.sequences() if pool is not None else []
     for n in range(min(settings.max_matching_ngram_size, sequence.size), 0, -1):
         tail = sequence[-n:]
-        found = _continuation(sequence, tail, k, settings.oldest, own=True)
+        found = _continuation(sequence, tail, k, settings.oldest)
         if found:
             return Match(found, n, "request")
         for other in others:
-            found = _continuation(other, tail, k, settings.oldest, own=False)
+            found = _continuation(other, tail, k, settings.oldest)
             if found:
                 return Match(found, n, "pool")
     return None
@@ -133,16 +132,18 @@ class LookupPool:
 class LookupDrafter:
     """Drafter: prompt lookup over the request's context (and the pool when given); no model is called."""
 
-    def __init__(self, settings: LookupSettings, pool: LookupPool | None = None):
-        self.settings, self.pool = settings, pool
+    def __init__(
+        self, settings: LookupSettings, pool: LookupPool | None = None, clock: Callable[[], float] = time.perf_counter
+    ):
+        self.settings, self.pool, self.clock = settings, pool, clock
 
     def match(self, tokens: Sequence[int], k: int) -> Match | None:
         return find_match(tokens, k, self.settings, self.pool)
 
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         found = self.match(tokens, k)
-        return Draft(tokens=found.tokens if found else [], seconds=time.perf_counter() - t0, source=drafters.LOOKUP)
+        return Draft(tokens=found.tokens if found else [], seconds=self.clock() - t0, source=drafters.LOOKUP)
 
 
 class HybridDrafter:
@@ -160,7 +161,7 @@ class HybridDrafter:
     SEEDED_C = 0.25  # c before it is measured, and for seeded sampling (speculative.loop.SEEDED_COST_RATIO)
 
     def __init__(self, lookup: LookupDrafter, model: Drafter):
-        self.lookup, self.model = lookup, model
+        self.lookup, self.model, self.clock = lookup, model, lookup.clock
         # name -> [accepted, drafted]
         self.counts = {name: list(self.PRIOR) for name in (drafters.LOOKUP, drafters.MODEL)}
         self._last: tuple[int, list[int], str] | None = None  # the previous proposal: context length, tokens, drafter
@@ -168,7 +169,7 @@ class HybridDrafter:
         self._seconds = {drafters.MODEL: [0.0, 0], "verify": [0.0, 0]}  # name -> [seconds, calls]
 
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self._learn(tokens, t0)
         found = self.lookup.match(tokens, k)
         if found is not None and found.ngram >= self.lookup.settings.hybrid_min_match:
@@ -176,11 +177,11 @@ class HybridDrafter:
             if expected_tokens_per_step(self.acceptance(drafters.LOOKUP), len(found.tokens)) * (1 + c) >= (
                 expected_tokens_per_step(self.acceptance(drafters.MODEL), k)
             ):
-                draft = Draft(tokens=found.tokens, seconds=time.perf_counter() - t0, source=drafters.LOOKUP)
+                draft = Draft(tokens=found.tokens, seconds=self.clock() - t0, source=drafters.LOOKUP)
                 return self._proposed(tokens, draft)
         draft = self.model.propose(tokens, k, sampling)
         draft.source = drafters.MODEL
-        self._seconds[drafters.MODEL][0] += draft.seconds or time.perf_counter() - t0
+        self._seconds[drafters.MODEL][0] += draft.seconds or self.clock() - t0
         self._seconds[drafters.MODEL][1] += 1
         return self._proposed(tokens, draft)
 
@@ -195,8 +196,8 @@ class HybridDrafter:
         return (model_s / models) / (verify_s / verifies)
 
     def _proposed(self, tokens: list[int], draft: Draft) -> Draft:
-        self._last = (len(tokens), list(draft.tokens), draft.source) if draft.tokens else None
-        self._ended = time.perf_counter()
+        self._last = (len(tokens), list(draft.tokens), draft.source)
+        self._ended = self.clock()
         return draft
 
     def _learn(self, tokens: list[int], now: float) -> None:
@@ -229,7 +230,5 @@ def make_drafter(name: str, model: Drafter | None, settings: LookupSettings, poo
     if name == drafters.LOOKUP:
         return lookup
     if name == "hybrid":
-        if model is None:
-            raise ValueError("drafter 'hybrid' needs a draft model")
         return HybridDrafter(lookup, model)
     raise AssertionError(f"drafter {name!r} has a record but no construction here")

@@ -1,0 +1,50 @@
+"""docs/mutation.md is made from docs/mutation/results.json (the runs) and docs/mutation/equivalents.toml (the
+reasons): the committed report is what the two make, every file scripts/mutation.py mutates has a test list that
+exists, and no mutant is listed as equivalent that a run killed or that is gone."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("mutation_script", ROOT / "scripts" / "mutation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_report_is_what_the_results_and_reasons_make():
+    script = load_script()
+    results = json.loads(script.RESULTS.read_text())
+    made = script.report(results, script.read_equivalents())
+    assert made == script.REPORT.read_text(), "run `python scripts/mutation.py --report-only` and commit the report"
+    assert "but killed or gone" not in made
+
+
+def test_every_mutated_file_and_test_list_exists():
+    script = load_script()
+    for file, tests in script.FILES.items():
+        assert (ROOT / "pipeline" / "specbuild" / file).is_file(), file
+        assert tests and all((ROOT / t).is_file() for t in tests), (file, tests)
+
+
+def test_an_equivalent_that_a_run_killed_is_reported_stale_and_a_survivor_unexplained():
+    script = load_script()
+    results = {
+        "speculative/x.py": {
+            "counts": {"killed": 3, "survived": 1},
+            "not_killed": {"x_f__mutmut_2": {"status": "survived", "change": "return a - b"}},
+        }
+    }
+    equivalents = {"speculative/x.py": {"x_f__mutmut_1": "no reason"}}
+    made = script.report(results, equivalents)
+    assert "| `speculative/x.py` |  | 4 | 3 | 0 | 1 | 0 | 0 | 75.0% |" in made
+    assert "- `x_f__mutmut_2` (survived): `return a - b`" in made
+    assert "- `x_f__mutmut_1`" in made.split("but killed or gone")[1]
+    explained = script.report(results, {"speculative/x.py": {"x_f__mutmut_2": "a reason"}})
+    assert "| 4 | 3 | 1 | 0 | 0 | 0 | 100.0% |" in explained and "- a reason (`x_f__mutmut_2`)" in explained
