@@ -73,7 +73,17 @@ $(PINS_VENV)/.installed: pyproject.toml Makefile scripts/install_torch.py
 test-kernels: setup
 	$(BIN)/python scripts/kernel_matrix.py
 
+# The tests whose expectations depend on the CPU cores the code sees (overlap "auto", the BLS's schedule under
+# load), under 2, 8 and 64 cores: SPECBUILD_CORES overrides what speculative.overlap.available_cores() reads.
+CORES_TESTS := tests/test_speculative_overlap.py tests/test_bls_server.py tests/test_generate_cli.py \
+	tests/test_bench_tiny.py tests/test_drafters.py
+.PHONY: test-cores
+test-cores: setup
+	for cores in 2 8 64; do echo "== SPECBUILD_CORES=$$cores"; \
+	  SPECBUILD_CORES=$$cores $(BIN)/python -m pytest -q $(CORES_TESTS) || exit 1; done
+
 # Mutation testing of the core (mutmut, installed into the venv here; a copy of the tree is mutated, never this one):
+# the runs are in docs/mutation/results.json, the equivalent survivors' reasons in docs/mutation/equivalents.toml,
 # the report is docs/mutation.md. FILES="speculative/lookup.py ..." narrows it (paths under pipeline/specbuild).
 .PHONY: mutation
 mutation: setup

@@ -8,6 +8,7 @@ so early drafts finish before, during or after the verification they overlap.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import threading
 import time
@@ -440,6 +441,38 @@ def test_settings_and_the_auto_rule_for_a_deployment():
     assert overlap_module.resolve_auto(True, 1, 2, "x") == (True, "overlap on as asked")  # as asked, whatever the cores
     assert overlap_module.resolve_auto(False, 8, 2, "x") == (False, "overlap off as asked")
     assert overlap_module.available_cores() >= 1
+
+
+def test_the_cores_are_the_fewer_of_the_mask_and_the_quota_unless_set(tmp_path, monkeypatch):
+    monkeypatch.delenv(overlap_module.CORES_ENV, raising=False)
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert overlap_module.cgroup_cpu_quota(v2) is None  # no limit
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert overlap_module.cgroup_cpu_quota(v2) == 1.5
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert overlap_module.cgroup_cpu_quota(v1) is None
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    assert overlap_module.cgroup_cpu_quota(v1) == 4.0
+    assert overlap_module.cgroup_cpu_quota(tmp_path / "none") is None
+
+    mask = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(overlap_module, "cgroup_cpu_quota", lambda: 0.5)
+    assert overlap_module.available_cores() == 1  # half a CPU still runs one thread
+    monkeypatch.setattr(overlap_module, "cgroup_cpu_quota", lambda: mask + 0.5)
+    assert overlap_module.available_cores() == mask  # a quota above the mask: the mask
+    monkeypatch.setattr(overlap_module, "cgroup_cpu_quota", lambda: None)
+    assert overlap_module.available_cores() == mask
+    monkeypatch.setenv(overlap_module.CORES_ENV, "64")
+    assert overlap_module.available_cores() == 64
+    for bad in ("0", "two", "-3", ""):
+        monkeypatch.setenv(overlap_module.CORES_ENV, bad)
+        with pytest.raises(ValueError, match=f"SPECBUILD_CORES = {bad!r}: must be a whole number of cores >= 1"):
+            overlap_module.available_cores()
 
 
 # --- the closed form -----------------------------------------------------------------------------

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from specbuild.speculative.interfaces import Ahead, AheadDrafter, Draft, Drafter, Pending, SamplingParams
 from specbuild.speculative.stats import SpeculationStats
@@ -297,12 +299,39 @@ class Segments:
             self.ahead, self._started, self._steps = self.schedule.choose(), (now, tokens), 0
 
 
+CORES_ENV = "SPECBUILD_CORES"  # the cores to plan for, where the affinity mask and the CPU quota do not say it
+
+
 def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    """CPU cores this process may use: the fewer of its affinity mask (which containers and taskset narrow) and its
+    cgroup's CPU quota, rounded up (a Kubernetes CPU limit leaves the mask at every core of the node and sets the
+    quota); SPECBUILD_CORES, where set, overrides both."""
+    if (override := os.environ.get(CORES_ENV)) is not None:
+        if not override.strip().isdigit() or int(override) < 1:
+            raise ValueError(f"{CORES_ENV} = {override!r}: must be a whole number of cores >= 1")
+        return int(override)
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota is not None else cores
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs the process's cgroup may use per period (cgroup v2 cpu.max, v1 cpu.cfs_quota_us over cpu.cfs_period_us),
+    or None where there is no limit or no cgroup file to read (the kernel's cgroup-v2.rst and sched-bwc.rst)."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]  # "max 100000" or "200000 100000"
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())  # -1: no limit
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def parse_setting(value: object, where: str = "overlap") -> bool | str:
