@@ -21,6 +21,7 @@ KEYS = {
     "target_seconds",
     "early_drafts",
     "early_draft_hits",
+    "fallback_steps",
     "early_draft_hit_rate",
     "hidden_seconds",
 }
@@ -59,6 +60,18 @@ def test_empty_stats_are_zero_not_nan():
 def test_record_step_rejects_more_accepted_than_drafted():
     with pytest.raises(ValueError, match=r"accepted = 3 must lie in \[0, drafted = 2\]"):
         SpeculationStats().record_step(2, 3)
+
+
+def test_a_fallback_step_counts_as_its_drafters_step_with_no_proposal():
+    s = filled()
+    s.record_step(0, 0, 0.02, 0.05, "model", fallback=True)  # the draft model failed: a target-only step
+    assert s.fallback_steps == 1 and s.by_drafter["model"] == {"steps": 1, "proposals": 0, "drafted": 0, "accepted": 0}
+    assert s.merge(s).fallback_steps == 2 and s.merge(filled()).fallback_steps == 1
+    assert (
+        SpeculationStats.from_dict({k: v for k, v in s.to_dict().items() if k != "fallback_steps"}).fallback_steps == 0
+    )
+    with pytest.raises(ValueError, match="a fallback step drafts nothing, not 2 tokens"):
+        SpeculationStats().record_step(2, 0, drafter="model", fallback=True)
 
 
 def test_merge_sums_counts_and_aligns_positions():

@@ -1,6 +1,7 @@
 """Fault injection against `specbuild serve` as a user runs it (a subprocess on the full repository, BLS
 included): each Python backend stub is killed in turn, then tritonserver itself, then the server is frozen
-when SIGTERM comes. What the supervisor must do is asserted: a stream in flight ends with an error, the
+when SIGTERM comes. What the supervisor must do is asserted: a stream in flight ends with an error (but where only
+the draft model died: then it ends as it would have, its steps on the target alone, speculative.fallback), the
 deployment serves again (BLS and ensemble answer) after a model reload or a server restart, the right log lines
 and metrics. How fast is not asserted: the bounds below are deadlines that keep a broken recovery from hanging
 the suite, generous enough for a machine five times slower than the slowest run measured (docs/triton.md's
@@ -24,6 +25,7 @@ tests/test_triton_lifecycle_units.py, so they are tested on a machine that only 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import queue
 import signal
@@ -309,11 +311,22 @@ class Stream:
             tensor.set_data_from_numpy(value)
             inputs.append(tensor)
         self.client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        self.text: list[str] = []  # the streamed text, piece by piece
+        self.outputs: dict[str, object] = {}  # the final figures (the BLS's speculation_stats), once sent
+
+    def _read(self, result) -> None:
+        response = result.get_response()
+        names = {output.name for output in response.outputs}
+        if "text_output" in names:
+            self.text += [piece.decode() for piece in result.as_numpy("text_output").reshape(-1)]
+        if "speculation_stats" in names:
+            self.outputs["speculation_stats"] = json.loads(result.as_numpy("speculation_stats").reshape(-1)[0])
 
     def first(self, n: int = 3) -> None:
         for _ in range(n):
-            _, _, error = self.events.get(timeout=60)
+            _, result, error = self.events.get(timeout=60)
             assert error is None, error
+            self._read(result)
 
     def end(self, since: float, limit: float) -> tuple[float, str]:
         """(seconds from `since` to the stream's end, its error message or "final")."""
@@ -325,6 +338,7 @@ class Stream:
                 raise AssertionError(f"the stream still hangs {limit:.0f} s after the kill") from None
             if error is not None:
                 return at - since, str(error)
+            self._read(result)
             final = result.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 return at - since, "final"
@@ -333,9 +347,10 @@ class Stream:
         threading.Thread(target=self.client.close, daemon=True).start()  # close() waits for a hung stream
 
 
-def kill_during_stream(served: Served, model: str, request=Stream.BLS) -> tuple[procfs.Stub, float, float, str]:
+def kill_during_stream(served: Served, model: str, request=Stream.BLS) -> tuple[procfs.Stub, float, float, str, Stream]:
     """Open a stream, kill model's stub after its first responses: (the stub, when it was killed, seconds until
-    the stream ended, its error message). A stream still open STREAM_END_S later fails the test."""
+    the stream ended, its error message or "final", the stream). A stream still open STREAM_END_S later fails the
+    test."""
     stream = Stream(served.grpc, request)
     try:
         stream.first()
@@ -345,26 +360,45 @@ def kill_during_stream(served: Served, model: str, request=Stream.BLS) -> tuple[
         ended, message = stream.end(killed, STREAM_END_S)  # Triton alone never ends a decoupled model's
     finally:
         stream.close()
-    return stub, killed, ended, message
+    return stub, killed, ended, message, stream
 
 
-def test_a_killed_draft_stub_ends_the_stream_with_an_error_and_the_model_is_reloaded(served):
+def fallback_steps_counted(served: Served) -> float:
+    """specbuild_draft_fallback_steps_total on the server's /metrics (the BLS's counter)."""
+    import urllib.request
+
+    with urllib.request.urlopen(served.document["endpoints"]["metrics"], timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("specbuild_draft_fallback_steps")
+    )
+
+
+def test_a_killed_draft_stub_costs_the_stream_nothing_and_the_model_is_reloaded(served):
+    """The draft model is only a speedup: its stub killed mid-stream, the steps run on the target alone until it is
+    back (speculative.fallback), and the stream ends as it would have, with the same greedy text."""
     served.begin()
+    from specbuild.triton.client import SpecbuildClient
+
+    with SpecbuildClient(served.grpc) as client:  # what the stream must say: the target's own greedy text
+        expected, _ = client.complete("def add(a, b):", max_tokens=256, num_draft_tokens=0)
+    counted_before = fallback_steps_counted(served)
     old_server = served.server_pid()
-    old, killed, ended, message = kill_during_stream(served, "tensorrt_llm_draft")
+    old, killed, ended, message, stream = kill_during_stream(served, "tensorrt_llm_draft")
     path, again = served.recovered("tensorrt_llm_draft", old_server, killed)
     print(
-        f"\ndraft stub killed mid-stream: stream ended with an error after {ended:.1f} s ({message}); "
-        f"{path}; serving again after {again:.1f} s"
+        f"\ndraft stub killed mid-stream: stream ended after {ended:.1f} s ({message}); {path}; "
+        f"serving again after {again:.1f} s"
     )
-    if path == "reload":  # the BLS names the model that failed, in either of Triton's answers for a dead stub:
-        # the stub's failed health check, or, once the reload has begun (an early draft on the BLS's second thread
-        # met the dead stub first, and the step's own draft came after), the model not ready
-        assert "model 'tensorrt_llm_draft' failed: " in message and (
-            "Stub process 'tensorrt_llm_draft_0_0' is not healthy." in message
-            or "Model 'tensorrt_llm_draft' is not ready." in message
-        ), message
-    else:
+    if path == "reload":
+        assert message == "final", message
+        assert "".join(stream.text) == expected
+        fallback = stream.outputs["speculation_stats"]["fallback_steps"]
+        assert fallback >= 1  # the dead stub's steps ran on the target alone
+        assert fallback_steps_counted(served) - counted_before >= fallback  # and the probes' since
+        log = open(served.document["log"], errors="replace").read()
+        assert "tensorrt_llm_bls: the draft model failed (ModelCallError: model 'tensorrt_llm_draft' failed: " in log
+    else:  # tritonserver went down with its stub: no stream outlives its server
         assert any(text in message for text in TRANSPORT_ERRORS), message
     assert served.stub("tensorrt_llm_draft").pid != old.pid
     served.assert_counted()
@@ -408,7 +442,7 @@ def test_a_killed_bls_stub_restarts_the_server_which_ends_its_streams(served):
     served.begin()
     old_server, old_prefix = served.server_pid(), served.shm_prefix()
     assert list(SHM_ROOT.glob(old_prefix + "*"))
-    _, killed, ended, message = kill_during_stream(served, "tensorrt_llm_bls")
+    _, killed, ended, message, _ = kill_during_stream(served, "tensorrt_llm_bls")
     served.restarted_for_decoupled("tensorrt_llm_bls", killed, ended, message)
     assert served.server_pid() != old_server
     assert not list(SHM_ROOT.glob(old_prefix + "*")), "the killed server's shared-memory regions were left behind"
@@ -465,7 +499,7 @@ def test_a_killed_llmapi_stub_restarts_the_server_which_ends_its_streams(llmapi_
     assert set(served.document["canary"]) == {"tensorrt_llm (grpc)", "tensorrt_llm (http)"}
     served.begin()
     old_server, old_prefix = served.server_pid(), served.shm_prefix()
-    old, killed, ended, message = kill_during_stream(served, "tensorrt_llm", Stream.LLMAPI)
+    old, killed, ended, message, _ = kill_during_stream(served, "tensorrt_llm", Stream.LLMAPI)
     served.restarted_for_decoupled("tensorrt_llm", killed, ended, message)
     assert served.server_pid() != old_server and served.stub("tensorrt_llm").pid != old.pid
     assert not list(SHM_ROOT.glob(old_prefix + "*")), "the killed server's shared-memory regions were left behind"

@@ -6,17 +6,20 @@
     drafting.remember(ready.drafter, prompt_ids, output_ids, stats)  # the pool learns the finished text
 
 The local session, the Triton BLS and the CPU stand-in of the llmapi model each hold one, made when they load; the
-BLS's instances share one pool (speculative.shared_pool), the others keep one of their own.
+BLS's instances share one pool (speculative.shared_pool), the others keep one of their own. Every request's draft
+model drafter is wrapped in a FallbackDrafter over the deployment's DraftHealth (speculative.fallback): a failed draft
+call is a target-only step, not an error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from specbuild import drafters
 from specbuild.drafters import LookupSettings
+from specbuild.speculative.fallback import DraftHealth, FallbackDrafter
 from specbuild.speculative.interfaces import Drafter
 from specbuild.speculative.lookup import LookupPool, make_drafter
 from specbuild.speculative.stats import SpeculationStats
@@ -30,16 +33,25 @@ class Drafting:
     model: Drafter | None  # the draft model's drafter; None: the deployment has no draft model
     settings: LookupSettings
     pool: LookupPool | None = None  # recent requests' text, when settings.is_public_pool
+    log: Callable[[str], None] | None = None  # told when the draft model starts failing and when it answers again
+    health: DraftHealth = field(default_factory=DraftHealth)  # the draft model as this deployment's requests see it
 
     @classmethod
-    def create(cls, default: str, model: Drafter | None, settings: LookupSettings, pool: Any = None) -> Drafting:
+    def create(
+        cls,
+        default: str,
+        model: Drafter | None,
+        settings: LookupSettings,
+        pool: Any = None,
+        log: Callable[[str], None] | None = None,
+    ) -> Drafting:
         """pool: the pool to use when settings.is_public_pool (e.g. one shared by processes,
-        speculative.shared_pool); None: one of this process's own."""
+        speculative.shared_pool); None: one of this process's own. log: where the draft model's failures are told."""
         if not settings.is_public_pool:
             pool = None
         elif pool is None:
             pool = LookupPool(settings.pool_max_tokens)
-        return cls(default, model, settings, pool)
+        return cls(default, model, settings, pool, log)
 
     def close(self) -> None:
         """Let go of the pool (one shared with other processes is removed by the last to close it)."""
@@ -52,8 +64,12 @@ class Drafting:
         return drafters.runnable(self.model is not None)
 
     def drafter(self, name: str, model: Drafter | None = None) -> Drafter:
-        """The drafter called `name`; `model`: another drafter over the same draft model (e.g. batched)."""
-        return make_drafter(name, model or self.model, self.settings, self.pool)
+        """The drafter called `name`; `model`: another drafter over the same draft model (e.g. batched). The draft
+        model's calls fall back to target-only steps where they fail (speculative.fallback)."""
+        model = model or self.model
+        if model is not None:
+            model = FallbackDrafter(model, self.health, self.log)
+        return make_drafter(name, model, self.settings, self.pool)
 
     def remember(
         self, drafter: str, prompt_ids: Sequence[int], output_ids: Sequence[int], stats: SpeculationStats

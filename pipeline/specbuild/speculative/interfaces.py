@@ -43,6 +43,7 @@ class Draft:
     probs: np.ndarray | None = None  # [k, vocab] q: the drafter's (processed) distributions; None when greedy
     seconds: float = 0.0  # wall time spent drafting
     source: str = "model"  # which drafter proposed it: "model" (a draft model) or "lookup" (speculative.lookup)
+    failure: str | None = None  # why the drafter could not propose (speculative.fallback): a target-only step
 
 
 @dataclass

@@ -236,7 +236,12 @@ def _steps(
 
             drafted, accepted = len(draft.tokens), verification.accepted
             stats.record_step(
-                drafted, accepted, draft_seconds, target_seconds, getattr(draft, "source", "model") if k > 0 else None
+                drafted,
+                accepted,
+                draft_seconds,
+                target_seconds,
+                getattr(draft, "source", "model") if k > 0 else None,
+                fallback=k > 0 and getattr(draft, "failure", None) is not None,
             )
             if controller is not None:
                 controller.update(drafted, accepted, draft_seconds, target_seconds)

@@ -136,7 +136,10 @@ class EarlyDraft:
                 with contextlib.suppress(Exception):  # a failed early draft is dropped; the step drafts anew
                     self.handle.result()
             return None, time.perf_counter() - t0
-        ahead = self.handle.result()
+        try:
+            ahead = self.handle.result()
+        except Exception:  # noqa: BLE001 - a failed early draft is a miss: the step drafts anew (speculative.fallback)
+            return None, time.perf_counter() - t0
         waited = time.perf_counter() - t0
         return (ahead, waited) if ahead.guess is not None and ahead.guess == context[-1] else (None, waited)
 

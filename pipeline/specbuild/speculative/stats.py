@@ -16,6 +16,8 @@
   verified, and those used by the next step; early_draft_hit_rate = hits / early drafts.
 - hidden_seconds: drafter time of the used early drafts that ran while the target verified
   (their draft seconds minus the time the loop waited for them): draft time taken off the request.
+- fallback_steps: steps whose drafter failed (its model dead, frozen or answering an error; speculative.fallback)
+  and which ran on the target alone; they count as steps of that drafter with no proposal.
 - by_drafter[name] (name: "model" or "lookup", `Draft.source`): per drafter, the steps it was asked to propose,
   the proposals it made (steps with at least one token), and its drafted and accepted tokens. Steps with K = 0 ask no
   drafter and are in no entry.
@@ -55,6 +57,7 @@ class SpeculationStats:
     early_drafts: int = 0
     early_draft_hits: int = 0
     hidden_seconds: float = 0.0
+    fallback_steps: int = 0
     by_drafter: dict[str, dict[str, int]] = field(default_factory=dict)  # name -> steps, proposals, drafted, accepted
 
     @property
@@ -81,11 +84,15 @@ class SpeculationStats:
         draft_seconds: float = 0.0,
         target_seconds: float = 0.0,
         drafter: str | None = None,
+        fallback: bool = False,
     ) -> None:
         """Count one verify call that was shown `drafted` tokens and kept `accepted` of them; `drafter`: who was
-        asked for them (None: nobody, K = 0)."""
+        asked for them (None: nobody, K = 0); `fallback`: the drafter failed, so the step ran on the target alone."""
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted = {accepted} must lie in [0, drafted = {drafted}]")
+        if fallback and drafted:
+            raise ValueError(f"a fallback step drafts nothing, not {drafted} tokens")
+        self.fallback_steps += int(fallback)
         if drafter is not None:
             add_drafter_counts(
                 self.by_drafter,
@@ -123,6 +130,7 @@ class SpeculationStats:
             early_drafts=self.early_drafts + other.early_drafts,
             early_draft_hits=self.early_draft_hits + other.early_draft_hits,
             hidden_seconds=self.hidden_seconds + other.hidden_seconds,
+            fallback_steps=self.fallback_steps + other.fallback_steps,
         )
         for src in (self, other):
             for name, counts in src.by_drafter.items():
@@ -149,6 +157,7 @@ class SpeculationStats:
             "early_draft_hits": self.early_draft_hits,
             "early_draft_hit_rate": self.early_draft_hit_rate,
             "hidden_seconds": self.hidden_seconds,
+            "fallback_steps": self.fallback_steps,
             "by_drafter": self.drafter_figures(),
         }
 
@@ -174,12 +183,14 @@ class SpeculationStats:
             "early_draft_hits": self.early_draft_hits,
             "early_draft_hit_rate": self.early_draft_hit_rate,
             "hidden_seconds": self.hidden_seconds,
+            "fallback_steps": self.fallback_steps,
             "by_drafter": {name: dict(counts) for name, counts in sorted(self.by_drafter.items())},
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeculationStats:
-        """Inverse of to_dict (derived keys are recomputed, not trusted; the early-draft keys may be absent)."""
+        """Inverse of to_dict (derived keys are recomputed, not trusted; the early-draft and fallback keys may be
+        absent)."""
         missing = [k for k in _KEYS if k not in data]
         if missing:
             raise ValueError(f"speculation stats are missing keys {missing}")
@@ -197,6 +208,7 @@ class SpeculationStats:
             early_drafts=int(data.get("early_drafts", 0)),
             early_draft_hits=int(data.get("early_draft_hits", 0)),
             hidden_seconds=float(data.get("hidden_seconds", 0.0)),
+            fallback_steps=int(data.get("fallback_steps", 0)),
             by_drafter={
                 str(name): {key: int(counts.get(key, 0)) for key in DRAFTER_COUNTS}
                 for name, counts in dict(data.get("by_drafter") or {}).items()

@@ -126,7 +126,13 @@ class TritonPythonModel:
         # pool is shared by every instance of this model on this server (each instance is a process)
         lookup = settings.lookup()
         shared = SharedLookupPool(pool_path(self.model_name), lookup.pool_max_tokens) if lookup.is_public_pool else None
-        self.drafting = Drafting.create(settings.drafter, None, lookup, shared)
+        self.drafting = Drafting.create(
+            settings.drafter,
+            None,
+            lookup,
+            shared,
+            log=lambda message: pb_utils.Logger.log_warn(f"{self.model_name}: {message}"),
+        )
         self.rules = RequestRules(
             self.tokenizer,
             end_ids(self.pre.end_id, listed_end_ids(tokenizer_dir)),

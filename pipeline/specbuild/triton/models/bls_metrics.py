@@ -40,6 +40,8 @@ COUNTERS = {
     "specbuild_acceptance_disagreements_total": "Verify steps whose total_accepted_draft_tokens was missing or differed "
     "from the count the returned tokens give (the tokens decide)",
     "specbuild_cancelled_requests_total": "Requests the client cancelled, stopped before their end",
+    "specbuild_draft_fallback_steps_total": "Steps whose draft model call failed (dead, frozen, an error answer) and "
+    "which ran on the target alone (speculative.fallback): the text is the same, only slower",
 }
 DRAFTER_COUNTERS = {  # by drafter (label "drafter": model, lookup), SpeculationStats.by_drafter
     "specbuild_drafter_steps_total": "Steps a drafter was asked to propose",
@@ -111,6 +113,8 @@ class SpeculationMetrics:
         m["specbuild_accepted_tokens_total"].increment(stats.accepted)
         m["specbuild_generated_tokens_total"].increment(generated_tokens)
         m["specbuild_verify_steps_total"].increment(stats.steps)
+        if stats.fallback_steps:
+            m["specbuild_draft_fallback_steps_total"].increment(stats.fallback_steps)
         m["specbuild_draft_seconds_total"].increment(stats.draft_seconds)
         m["specbuild_target_seconds_total"].increment(stats.target_seconds)
         for kind, counts in (("drafted", stats.per_position_drafted), ("accepted", stats.per_position_accepted)):
