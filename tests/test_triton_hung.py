@@ -1,5 +1,6 @@
-"""A hung model under `specbuild serve`: each Python backend stub frozen with SIGSTOP in turn (the draft model's also
-during a stream, which must end as it would have), then tritonserver itself. The supervisor must not wait for failed canaries: a frozen process (/proc state T) is killed at once and
+"""A hung model under `specbuild serve`: each Python backend stub frozen with SIGSTOP in turn (the draft's and the
+target's also during a stream, which must end as it would have), then tritonserver itself. The supervisor must not
+wait for failed canaries: a frozen process (/proc state T) is killed at once and
 its model reloaded (a decoupled model, and a frozen server: the server restarted). Asserted: the supervisor's log
 line for the freeze and the path it took, and serving again; the seconds from the freeze to serving again are
 printed (pytest -s) and recorded in docs/triton.md's failure table, where the aim (15 s) is. The deadline here
@@ -53,18 +54,20 @@ def test_a_frozen_stub_is_killed_and_its_model_reloaded(served, model):
     served.expected[f'specbuild_supervisor_recoveries_total{{action="reload",model="{model}"}}'] += 1
 
 
-def test_a_frozen_draft_stub_costs_a_stream_in_flight_nothing(served):
-    """The draft model frozen mid-stream: the stream's steps run on the target alone until the supervisor has killed
-    the stub and reloaded the model (speculative.fallback), and the stream ends as it would have."""
-    from test_triton_faults import STREAM_END_S, Stream, fallback_steps_counted
+@pytest.mark.parametrize("model", ["tensorrt_llm_draft", "tensorrt_llm"])
+def test_a_frozen_model_stub_costs_a_stream_in_flight_nothing(served, model):
+    """The draft or the target model frozen mid-stream: the stream's steps run on the target alone, or wait for the
+    target, until the supervisor has killed the stub and reloaded the model, and the stream ends as it would have."""
+    from test_triton_faults import MODEL_FAULTS, STREAM_END_S, Stream, counted
 
     from specbuild.triton.client import SpecbuildClient
 
+    figure, metric, _ = MODEL_FAULTS[model]
     served.settle()
     with SpecbuildClient(served.grpc) as client:  # the target's own greedy text
         expected, _ = client.complete("def add(a, b):", max_tokens=256, num_draft_tokens=0)
-    counted_before = fallback_steps_counted(served)
-    frozen = served.stub("tensorrt_llm_draft")
+    counted_before = counted(served, metric)
+    frozen = served.stub(model)
     stream = Stream(served.grpc)
     try:
         stream.first()
@@ -74,17 +77,17 @@ def test_a_frozen_draft_stub_costs_a_stream_in_flight_nothing(served):
     finally:
         stream.close()
         _kill(frozen.pid)
-    print(f"\ndraft stub frozen mid-stream: the stream ended after {ended:.1f} s ({message})")
+    print(f"\n{model} stub frozen mid-stream: the stream ended after {ended:.1f} s ({message})")
     assert message == "final", message
     assert "".join(stream.text) == expected
-    fallback = stream.outputs["speculation_stats"]["fallback_steps"]
-    assert fallback >= 1 and fallback_steps_counted(served) - counted_before >= fallback
+    assert counted(served, metric) > counted_before
+    if figure is not None:
+        assert stream.outputs["speculation_stats"][figure] >= 1
     served.settle()
-    assert served.saw(
-        f"supervisor: the Python backend stub of tensorrt_llm_draft (tensorrt_llm_draft_0_0, pid {frozen.pid}) is frozen"
-    ), served.tail()
-    served.expected['specbuild_supervisor_failures_total{kind="stub_hung",model="tensorrt_llm_draft"}'] += 1
-    served.expected['specbuild_supervisor_recoveries_total{action="reload",model="tensorrt_llm_draft"}'] += 1
+    seen = f"supervisor: the Python backend stub of {model} ({model}_0_0, pid {frozen.pid}) is frozen"
+    assert served.saw(seen), served.tail()
+    served.expected[f'specbuild_supervisor_failures_total{{kind="stub_hung",model="{model}"}}'] += 1
+    served.expected[f'specbuild_supervisor_recoveries_total{{action="reload",model="{model}"}}'] += 1
 
 
 def test_a_frozen_bls_stub_restarts_the_server(served):

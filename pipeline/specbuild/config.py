@@ -134,6 +134,10 @@ class ServeSpec:
     # The BLS's own bound: no model has a Triton queue bound (specbuild.triton.configs says why).
     max_queue_size: int | None = None
     decoupled: bool = True  # stream accepted tokens as they are verified
+    # seconds a request waits for a failed target to serve again (its verify call tried again), counted from the
+    # step's first failure; past it the request ends UNAVAILABLE (specbuild.triton.models.target_retry). 30 s covers
+    # a model reload (2-13 s measured on the CPU example) with room; 0 = a failure ends the request at once
+    target_retry_s: int = 30
 
     def queue_size(self, max_batch_size: int) -> int:
         """The BLS's queue bound: the setting, or the default for a BLS running max_batch_size requests at once per
@@ -371,6 +375,7 @@ def validate(spec: Spec) -> Spec:
     _positive("serve.max_queue_delay_microseconds", s.max_queue_delay_microseconds, 0)
     if s.max_queue_size is not None:
         _positive("serve.max_queue_size", s.max_queue_size, 0)
+    _positive("serve.target_retry_s", s.target_retry_s, 0)
     return spec
 
 

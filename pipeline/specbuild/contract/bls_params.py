@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbuild import drafters
+from specbuild.config import ServeSpec
 from specbuild.contract import models
 from specbuild.drafters import LookupSettings
 from specbuild.speculative.overlap import parse_setting
@@ -42,6 +43,8 @@ class BlsParameters:
     max_concurrent_requests: int = 16  # requests served at once, a thread each
     max_queue_size: int = 0  # more waiting for a slot; past that, UNAVAILABLE (0 = no bound)
     serving_gate: str = ""  # the model the drain closes (specbuild.triton.models.serving_gate); "" = none
+    # seconds a request waits for a failed target to serve again (triton.models.target_retry): serve.target_retry_s
+    target_retry_s: int = ServeSpec.target_retry_s
     drafter: str = drafters.DEFAULT  # what proposes when a request does not say (specbuild.drafters)
     # prompt lookup's settings, the spec's [lookup] (their defaults are LookupSettings')
     max_matching_ngram_size: int = LookupSettings.max_matching_ngram_size

@@ -72,6 +72,8 @@ REASONS: dict[str, str] = {
     "serve.max_queue_size": "requests waiting for the BLS before it refuses more (UNAVAILABLE); unset = 4 x the "
     "requests it runs at once (build.max_batch_size x bls_instance_count); 0 = unbounded",
     "serve.decoupled": "stream accepted tokens as they are verified",
+    "serve.target_retry_s": "seconds a request waits for a failed target model to serve again before it ends "
+    "UNAVAILABLE (its steps are tried again: the text is unchanged); 0 = end it at once",
     "llmapi.free_gpu_memory_fraction": "KV cache of target + draft as a share of free GPU memory; TensorRT-LLM's "
     "default is 0.9 (`specbuild check --backend llmapi` shows what it holds)",
     "llmapi.enable_block_reuse": "reuse KV-cache blocks across requests that share a prefix",

@@ -79,6 +79,7 @@ class RepoSettings:
     bls_decoupled: bool  # the BLS streams accepted tokens (decoupled transaction policy)
     max_queue_delay_microseconds: int
     max_queue_size: int  # requests waiting for a BLS slot, all instances together (bls_queue_size); 0 = unbounded
+    target_retry_s: int  # seconds a request waits for a failed target to serve again (the spec's serve.target_retry_s)
     preprocessing_instance_count: int
     postprocessing_instance_count: int
     bls_instance_count: int
@@ -317,6 +318,7 @@ def bls(s: RepoSettings) -> model_config_pb2.ModelConfig:
             # in the BLS for a slot; past that it answers UNAVAILABLE "Exceeds maximum queue size" (0 = no bound).
             max_concurrent_requests=s.max_batch_size,
             max_queue_size=bls_queue_size(s),
+            target_retry_s=s.target_retry_s,
             serving_gate=gate.MODEL_NAME,  # closed by the drain: new requests are then refused UNAVAILABLE
             drafter=s.drafter,
             **BlsParameters.lookup_parameters(s.lookup),

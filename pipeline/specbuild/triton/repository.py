@@ -184,6 +184,7 @@ def plan_settings(
         bls_decoupled=s.decoupled,
         max_queue_delay_microseconds=s.max_queue_delay_microseconds,
         max_queue_size=s.queue_size(spec.build.max_batch_size),
+        target_retry_s=s.target_retry_s,
         preprocessing_instance_count=s.preprocessing_instance_count,
         postprocessing_instance_count=s.postprocessing_instance_count,
         bls_instance_count=s.bls_instance_count,

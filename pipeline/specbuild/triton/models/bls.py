@@ -69,6 +69,7 @@ from specbuild.triton.models.common import ModelCallError, call_model, parameter
 from specbuild.triton.models.postprocessing import decode_ids
 from specbuild.triton.models.preprocessing import Preprocessor, load_tokenizer
 from specbuild.triton.models.response_pipe import ResponsePipe
+from specbuild.triton.models.target_retry import RetryingVerifier, TargetUnavailable
 from specbuild.triton.models.token_bytes import max_token_bytes
 
 TARGET_EXCLUDES_INPUT = False  # the generated tensorrt_llm models' exclude_input_in_output
@@ -109,6 +110,7 @@ class TritonPythonModel:
         self.auto_schedule = AutoSchedule()  # "auto": measured across this model instance's requests
         self.slots = settings.max_concurrent_requests
         self.max_waiting = settings.max_queue_size  # absent (an older repository): no bound
+        self.target_retry_s = settings.target_retry_s
         self.pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="bls")  # its queue is FIFO
         self.closing = False
         self.metrics = SpeculationMetrics(pb_utils, self.model_name, self.max_draft_len)
@@ -245,6 +247,9 @@ class TritonPythonModel:
             return TritonError(str(err), TritonError.INVALID_ARG)
         if isinstance(err, Cancelled):
             return TritonError(str(err), getattr(TritonError, "CANCELLED", TritonError.UNKNOWN))
+        if isinstance(err, TargetUnavailable):  # the target did not serve again in time: the client may send it again
+            self.pb.Logger.log_error(f"{self.model_name}: {err}")
+            return TritonError(str(err), getattr(TritonError, "UNAVAILABLE", TritonError.UNKNOWN))
         if isinstance(err, ModelCallError):  # logged: the supervisor reads "Stub process ... is not healthy" there
             self.pb.Logger.log_error(f"{self.model_name}: {err}")
             return TritonError(str(err))
@@ -320,28 +325,39 @@ class TritonPythonModel:
         # a lookup proposal reaches the target as draft_input_ids, as NVIDIA's n-gram example sends it
         # (NVIDIA/TensorRT-LLM examples/ngram/run_dtm_ngram.py): no draft model call, no draft logits
         drafter = self.drafting.drafter(ready.drafter, model)
-        verifier = ContractVerifier(
-            lambda inputs: call_model(self.pb, self.target_model, inputs),
-            max_draft_len=self.max_draft_len,
-            end_id=ready.model_end_id,
-            pad_id=pad_id,
-            logits_dtype=self.logits_dtype,
-            on_disagreement=self._disagreement,
+        cancelled = cancelled or request.is_cancelled
+        verifier = RetryingVerifier(  # a failed target call is tried again until it serves (target_retry)
+            ContractVerifier(
+                lambda inputs: call_model(self.pb, self.target_model, inputs),
+                max_draft_len=self.max_draft_len,
+                end_id=ready.model_end_id,
+                pad_id=pad_id,
+                logits_dtype=self.logits_dtype,
+                on_disagreement=self._disagreement,
+            ),
+            self.target_retry_s,
+            log=lambda message: self.pb.Logger.log_warn(f"{self.model_name}: {message}"),
+            cancelled=cancelled,
         )
         stream = TextStream(self.tokenizer, prompt) if req.stream else None
-        result = drive(
-            prompt,
-            drafter,
-            verifier,
-            ready.request,
-            k=ready.k,
-            text=stream,
-            on_text=lambda delta: send(self._response(delta)),
-            cancelled=cancelled or request.is_cancelled,
-            stop_words=ready.stop_words,
-            schedule=self.auto_schedule,
-            drafter_name=ready.drafter,
-        )
+        try:
+            result = drive(
+                prompt,
+                drafter,
+                verifier,
+                ready.request,
+                k=ready.k,
+                text=stream,
+                on_text=lambda delta: send(self._response(delta)),
+                cancelled=cancelled,
+                stop_words=ready.stop_words,
+                schedule=self.auto_schedule,
+                drafter_name=ready.drafter,
+            )
+        finally:
+            if verifier.retries:
+                with self.metrics_lock:
+                    self.metrics.target_retries(verifier.retries, verifier.waited_s)
         if result.finish_reason == "cancelled":
             with self.metrics_lock:
                 self.metrics.cancelled()

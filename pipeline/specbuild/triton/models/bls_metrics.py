@@ -40,6 +40,9 @@ COUNTERS = {
     "specbuild_acceptance_disagreements_total": "Verify steps whose total_accepted_draft_tokens was missing or differed "
     "from the count the returned tokens give (the tokens decide)",
     "specbuild_cancelled_requests_total": "Requests the client cancelled, stopped before their end",
+    "specbuild_target_retries_total": "Verify calls tried again because the target model failed (dead, frozen, not "
+    "ready while reloaded): the request waited for it (triton.models.target_retry), its text unchanged",
+    "specbuild_target_wait_seconds_total": "Time requests waited for a failed target model to serve again",
     "specbuild_draft_fallback_steps_total": "Steps whose draft model call failed (dead, frozen, an error answer) and "
     "which ran on the target alone (speculative.fallback): the text is the same, only slower",
 }
@@ -100,6 +103,11 @@ class SpeculationMetrics:
     def cancelled(self) -> None:
         """One request stopped because its client cancelled it."""
         self._metrics["specbuild_cancelled_requests_total"].increment(1)
+
+    def target_retries(self, retries: int, waited_s: float) -> None:
+        """One request's verify calls tried again, and the time it waited for the target (triton.models.target_retry)."""
+        self._metrics["specbuild_target_retries_total"].increment(retries)
+        self._metrics["specbuild_target_wait_seconds_total"].increment(waited_s)
 
     def disagreement(self) -> None:
         """One verify step whose acceptance figure the tokens contradicted (contract.adapters.ContractVerifier)."""
