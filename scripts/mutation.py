@@ -119,7 +119,8 @@ def report(results: dict, equivalents: dict[str, dict[str, str]]) -> str:
         f"Written by `make mutation` (scripts/mutation.py, {MUTMUT}) from docs/mutation/results.json (the runs) and",
         "docs/mutation/equivalents.toml (the survivors that change nothing a caller can observe, with the reason). A",
         "mutant is one small change to the code (an operator, a constant, a call dropped); killed means a test failed on",
-        "it. The score is killed / (mutants - equivalent); a survivor not listed as equivalent needs a test that kills it.",
+        "it (or hung on it: mutmut's timeout). The score is killed / (mutants - equivalent); a survivor not listed as",
+        "equivalent needs a test that kills it.",
         "",
         "| file | tests | mutants | killed | equivalent | survived | not covered | other | score |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -129,10 +130,10 @@ def report(results: dict, equivalents: dict[str, dict[str, str]]) -> str:
         counts, not_killed = Counter(results[file]["counts"]), results[file]["not_killed"]
         reasons = equivalents.get(file, {})
         equivalent = [name for name in not_killed if name in reasons]
-        open_ = [name for name in not_killed if name not in reasons]
+        open_ = [name for name in not_killed if name not in reasons and not_killed[name]["status"] != "timeout"]
         stale = sorted(set(reasons) - set(not_killed))
         total = sum(counts.values())
-        killed = counts["killed"]
+        killed = counts["killed"] + counts["timeout"]  # a mutant the tests hung on was caught too
         other = total - killed - counts["survived"] - counts["no tests"]
         live = total - len(equivalent)
         score = f"{killed / live:.1%}" if live else "-"

@@ -132,6 +132,14 @@ def test_a_lookup_draft_reports_the_time_it_took():
     assert (draft.tokens, draft.probs, draft.seconds, draft.source) == ([2, 1], None, 0.25, "lookup")
 
 
+def test_a_hybrid_lookup_draft_reports_the_time_it_took():
+    model = ScriptedModel([7, 7], [0.4])
+    clock = Clock(10.0, 10.25, 10.5)  # the proposal's start, its lookup's end, when it was returned
+    hybrid = HybridDrafter(LookupDrafter(LookupSettings(hybrid_min_match=1), clock=clock), model)
+    draft = hybrid.propose([1, 2, 1], 2, GREEDY)  # "1" recurs: a tie with the model's 2 tokens goes to the lookup
+    assert (draft.tokens, draft.seconds, draft.source, model.calls) == ([2, 1], 0.25, "lookup", 0)
+
+
 # ---- the hybrid's bookkeeping --------------------------------------------------------------------------------------
 NO_MATCH = [1, 2, 3]  # nothing recurs: the hybrid asks the model
 
