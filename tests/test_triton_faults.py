@@ -449,11 +449,48 @@ def test_a_killed_server_is_restarted_and_its_regions_removed(served):
 
 
 def test_a_killed_bls_stub_restarts_the_server_which_ends_its_streams(served):
+    """Raw tritonclient streams end with the transport's UNAVAILABLE; specbuild's client sends a greedy request again
+    once the server is back and resumes it where it was cut (triton.client.resume_stream): the same text."""
+    from specbuild.triton.client import SpecbuildClient
+
     served.begin()
+    with SpecbuildClient(served.grpc) as client:
+        expected, _ = client.complete("def add(a, b):", max_tokens=256, num_draft_tokens=0)
     old_server, old_prefix = served.server_pid(), served.shm_prefix()
     assert list(SHM_ROOT.glob(old_prefix + "*"))
-    _, killed, ended, message, _ = kill_during_stream(served, "tensorrt_llm_bls")
+    stream = Stream(served.grpc)
+    resumed: dict = {}
+    arrived = queue.Queue()
+
+    def specbuild_stream() -> None:
+        try:
+            with SpecbuildClient(served.grpc, resume_s=served.restart_limit()) as client:
+                text = ""
+                for chunk in client.generate("def add(a, b):", max_tokens=256, num_draft_tokens=1):
+                    text += chunk.text
+                    arrived.put(chunk.final)
+                    resumed["stats"] = chunk.stats or resumed.get("stats")
+                resumed["text"] = text
+        except Exception as err:  # noqa: BLE001 - the test reads it below
+            resumed["error"] = err
+        arrived.put(None)
+
+    try:
+        stream.first()
+        thread = threading.Thread(target=specbuild_stream, daemon=True)
+        thread.start()  # after the raw stream's first responses: it ends later than that one
+        assert [arrived.get(timeout=60) for _ in range(3)] == [False] * 3, resumed
+        old = served.stub("tensorrt_llm_bls")
+        os.kill(old.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        ended, message = stream.end(killed, STREAM_END_S)
+    finally:
+        stream.close()
     served.restarted_for_decoupled("tensorrt_llm_bls", killed, ended, message)
+    thread.join(served.restart_limit() + STREAM_END_S)
+    print(f"specbuild's client: {resumed.get('error') or resumed['stats']}")
+    assert "error" not in resumed, resumed["error"]
+    assert resumed["text"] == expected and resumed["stats"]["resumed"] == 1
     assert served.server_pid() != old_server
     assert not list(SHM_ROOT.glob(old_prefix + "*")), "the killed server's shared-memory regions were left behind"
     served.assert_counted()

@@ -34,10 +34,11 @@ from __future__ import annotations
 import http.client
 import json
 import queue
+import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,72 @@ TEXT_OUTPUTS = tuple(
     if tensors.BLS_OUTPUT[name].dtype == "TYPE_STRING" and name not in tensors.JSON_OUTPUTS
 )
 ID_OUTPUTS = tuple(name for name in STAT_OUTPUTS if tensors.BLS_OUTPUT[name].dims == (-1,))  # token ids
+
+# How a stream reads when the server went away under it (its BLS process died and took the server down, or the server
+# was killed or restarted): gRPC's transport errors (status UNAVAILABLE) and http.client's. An answer the server gave
+# (a full queue, a drain's refusal, a bad request) reads otherwise and is never resumed.
+CUT_MARKERS = ("Socket closed", "Connection reset", "Stream removed", "Broken pipe", "RST_STREAM", "recvmsg")
+RESUME_S = 120.0  # how long a cut stream waits for the server to serve again: a restart loads every model (8-32 s)
+
+
+class StreamCut(ClientError):
+    """The server went away during a stream (not an answer it gave): a deterministic request may be resumed."""
+
+
+def resume_stream(
+    attempt: Callable[[], Iterator[Chunk]],
+    exact: bool,
+    wait_for_server: Callable[[float], bool],
+    resume_s: float = RESUME_S,
+) -> Iterator[Chunk]:
+    """The chunks of `attempt()` (one request), the request sent again where its stream is cut after it began.
+
+    A greedy or seeded request gives the same text when it runs again, so the text already yielded is skipped in the
+    new stream (checked character for character) and the caller's stream goes on where it was cut: nothing is sent
+    twice and nothing skipped. `exact` False (sampling without a seed): a cut is reported, with what arrived, as it
+    cannot be resumed. `wait_for_server(deadline)`: True once the server answers again, before the monotonic
+    deadline. The final chunk's stats say how often the stream was resumed (`resumed`)."""
+    sent, resumes = "", 0
+    while True:
+        seen = ""
+        try:
+            for chunk in attempt():
+                seen += chunk.text
+                if len(seen) <= len(sent) and not chunk.final:
+                    if not sent.startswith(seen):
+                        raise _diverged(sent, seen)
+                    continue
+                if not seen.startswith(sent):
+                    raise _diverged(sent, seen)
+                new, sent = seen[len(sent) :], seen
+                if chunk.final and resumes:
+                    chunk.stats["resumed"] = resumes
+                yield Chunk(new, chunk.final, chunk.stats)
+            return
+        except StreamCut as err:
+            if not sent and not seen:
+                raise  # nothing had arrived: the server's state is unknown, so nothing is assumed
+            if not exact:
+                raise StreamCut(
+                    f"{err} The stream was cut after {len(sent)} characters; a request that samples without a seed "
+                    "cannot be resumed as it was (it would be another sample): send it again, or send a seed."
+                ) from None
+            deadline = time.monotonic() + resume_s
+            if resume_s <= 0 or not wait_for_server(deadline):
+                raise StreamCut(
+                    f"{err} The stream was cut after {len(sent)} characters and the server did not serve again within "
+                    f"{resume_s:.0f} s: send the request again."
+                ) from None
+            resumes += 1
+
+
+def _diverged(sent: str, seen: str) -> ClientError:
+    at = next((i for i, (a, b) in enumerate(zip(sent, seen, strict=False)) if a != b), min(len(sent), len(seen)))
+    return ClientError(
+        f"the resumed stream differs from the text already received at character {at} "
+        f"({sent[at : at + 20]!r} received, {seen[at : at + 20]!r} now): the server's output is not reproducible "
+        "(another model, or another schedule), so the stream cannot go on."
+    )
 
 
 def _wire(data_type: str) -> tuple[str, type]:
@@ -206,13 +273,23 @@ class _LlmapiResponses:
 
 
 class SpecbuildClient:
-    def __init__(self, url: str, protocol: str = "grpc", model: str = models.BLS, timeout: float = 300.0):
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "grpc",
+        model: str = models.BLS,
+        timeout: float = 300.0,
+        resume_s: float = RESUME_S,
+    ):
+        """resume_s: how long a streamed request cut by the server going away waits for it to serve again before it
+        is sent again and resumed where it was cut (`resume_stream`); 0 = a cut is an error at once."""
         if protocol not in ("grpc", "http"):
             raise ClientError(f"protocol {protocol!r} is not supported: use 'grpc' or 'http'.")
         self.url = url.removeprefix("http://").removeprefix("grpc://").rstrip("/")
         self.protocol = protocol
         self.model = model
         self.timeout = timeout
+        self.resume_s = resume_s
         self._grpc = None
         self._llmapi: bool | None = None  # the model is Triton's llmapi model (found on first use)
 
@@ -345,10 +422,38 @@ class SpecbuildClient:
                     "(the llmapi model drafts as its model.yaml's speculative_config says)."
                 )
             parameters["drafter"] = drafter
+        send = self._generate_grpc if self.protocol == "grpc" else self._generate_http
+
+        def attempt() -> Iterator[Chunk]:
+            return send(prompt, fields, stop_words or [], parameters)
+
+        if not stream or self.resume_s <= 0:
+            yield from attempt()
+            return
+        exact = fields.get("temperature", 0) <= 0 or "seed" in fields  # greedy, or seeded sampling: reproducible
+        yield from resume_stream(attempt, exact, self._wait_until_serving, self.resume_s)
+
+    def _wait_until_serving(self, deadline: float) -> bool:
+        """After a cut stream: True once the server and this client's model answer ready again (a new connection
+        each try), False at the monotonic deadline."""
+        while time.monotonic() < deadline:
+            self.close()
+            if self.is_ready() and self._model_ready():
+                return True
+            time.sleep(0.5)
+        return False
+
+    def _model_ready(self) -> bool:
         if self.protocol == "grpc":
-            yield from self._generate_grpc(prompt, fields, stop_words or [], parameters)
-        else:
-            yield from self._generate_http(prompt, fields, stop_words or [], parameters)
+            try:
+                return bool(self._grpc_client().is_model_ready(self.model))
+            except Exception:  # noqa: BLE001 - any transport failure means "not ready"
+                return False
+        try:
+            with urllib.request.urlopen(f"http://{self.url}/v2/models/{self.model}/ready", timeout=5) as r:
+                return r.status == 200
+        except UNREACHABLE:
+            return False
 
     def complete(self, prompt: str, **kwargs: Any) -> tuple[str, dict[str, Any]]:
         """The whole text and the final response's outputs, for a quick call (no timing: see ServedSession)."""
@@ -410,7 +515,9 @@ class SpecbuildClient:
                     ) from None
                 if error is not None:
                     message = error.message() if hasattr(error, "message") else str(error)
-                    raise ClientError(f"{self.model}: {message}")
+                    status = str(error.status()) if hasattr(error, "status") else ""
+                    cut = "UNAVAILABLE" in status + str(error) and any(m in str(error) for m in CUT_MARKERS)
+                    raise (StreamCut if cut else ClientError)(f"{self.model}: {message}")
                 response = result.get_response()
                 final = (
                     response.parameters["triton_final_response"].bool_param
@@ -471,7 +578,14 @@ class SpecbuildClient:
                 yield responses.chunk(outputs, True)
                 return
             last: dict[str, Any] | None = None
-            for raw in response:
+            lines = iter(response)
+            while True:
+                try:
+                    raw = next(lines, None)
+                except (http.client.HTTPException, OSError) as err:  # the server went away mid-stream
+                    raise StreamCut(f"{self.model}: the stream was cut ({type(err).__name__}: {err}).") from None
+                if raw is None:
+                    break
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:"):
                     continue
@@ -482,7 +596,7 @@ class SpecbuildClient:
                     yield chunk
                 last = outputs
             if last is None:
-                raise ClientError(f"{self.model}: the stream ended without a response.")
+                raise StreamCut(f"{self.model}: the stream ended without a response (the server went away).")
             yield responses.chunk(last, True)
 
 
