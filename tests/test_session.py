@@ -15,7 +15,7 @@ from specbuild.cli import main
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.decode.driver import drive
 from specbuild.decode.generation import Options, finish_reason
-from specbuild.errors import RequestError
+from specbuild.errors import ClientError, RequestError
 from specbuild.session.local import LocalSession
 from specbuild.session.served import Deployment, ServedSession, read_stream, server_url
 from specbuild.speculative.loop import GenerationRequest
@@ -322,3 +322,55 @@ def test_the_pinned_llmapi_outputs_carry_no_ids_and_no_count():
 
     names = [t.name for t in llmapi.OUTPUTS]
     assert "text_output" in names and not [n for n in names if "ids" in n or n.startswith("num_")]
+
+
+class _Health:
+    """A stand-in for Triton's health endpoints on loopback: live always, ready after `not_ready` asks."""
+
+    def __init__(self, not_ready: int):
+        import http.server
+        import threading
+
+        health = self
+        self.asked = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                if self.path == "/v2/health/ready":
+                    health.asked += 1
+                    ready = health.asked > not_ready
+                    self.send_response(200 if ready else 400)
+                else:
+                    self.send_response(200 if self.path == "/v2/health/live" else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_server_that_answers_but_is_not_ready_is_waited_for_then_said_to_be_reloading():
+    """A model being reloaded makes Triton not ready but live: check_ready waits for it, and where it stays so the
+    error says what is happening, not that no server answers."""
+    from specbuild.session.served import ServedSession
+
+    health = _Health(not_ready=2)
+    try:
+        ServedSession(health.url, "http").check_ready(wait_s=30)
+        assert health.asked == 3  # ready at the third look
+        health.asked = -(10**6)  # not ready for as long as the test looks
+        with pytest.raises(ClientError) as err:
+            ServedSession(health.url, "http").check_ready(wait_s=1)
+        assert str(err.value).startswith(
+            f"the Triton server at {health.url} answers but is not ready: a model is loading, or being reloaded"
+        )
+    finally:
+        health.close()

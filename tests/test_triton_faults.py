@@ -488,7 +488,8 @@ def test_a_killed_bls_stub_restarts_the_server_which_ends_its_streams(served):
         stream.close()
     served.restarted_for_decoupled("tensorrt_llm_bls", killed, ended, message)
     thread.join(served.restart_limit() + STREAM_END_S)
-    print(f"specbuild's client: {resumed.get('error') or resumed['stats']}")
+    said = resumed.get("error") or {k: resumed["stats"].get(k) for k in ("finish_reason", "resumed")}
+    print(f"specbuild's client: {said}")
     assert "error" not in resumed, resumed["error"]
     assert resumed["text"] == expected and resumed["stats"]["resumed"] == 1
     assert served.server_pid() != old_server
@@ -551,3 +552,23 @@ def test_a_killed_llmapi_stub_restarts_the_server_which_ends_its_streams(llmapi_
     assert served.server_pid() != old_server and served.stub("tensorrt_llm").pid != old.pid
     assert not list(SHM_ROOT.glob(old_prefix + "*")), "the killed server's shared-memory regions were left behind"
     served.assert_counted()
+
+
+def test_a_restarted_server_stops_with_serve_and_frees_its_ports(llmapi_served):
+    """After the supervisor restarted tritonserver (the test above), SIGTERM to serve stops the restarted server too,
+    within the drain window: when serve returns no process of it is left and every port is free to bind again."""
+    import socket
+
+    served = llmapi_served
+    served.settle()
+    assert served.expected["specbuild_supervisor_server_starts_total"] >= 2  # this server is a restarted one
+    processes = [served.process.pid, *procfs.descendants(served.process.pid)]
+    ports = [int(url.rsplit(":", 1)[1].split("/")[0]) for url in served.document["endpoints"].values()]
+    served.process.send_signal(signal.SIGTERM)
+    code = served.process.wait(EXIT_TIMEOUT_S + 60)  # a deadline: the drain has nothing to wait for here
+    assert code == 0, served.tail()
+    assert [pid for pid in processes if procfs.alive(pid)] == []
+    for port in ports:
+        with socket.socket() as s:  # as a server binds (SO_REUSEADDR: the closed connections' TIME_WAIT is no hold)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))  # OSError (address in use) while a listener still holds it

@@ -92,6 +92,9 @@ class Deployment:
         return cls(llmapi=True, add_special_tokens=LLMAPI_ADD_SPECIAL_TOKENS)
 
 
+READY_WAIT_S = 30.0  # how long `check_ready` waits for a live server to become ready (a model reload: 2-13 s)
+
+
 @dataclass
 class Streamed:
     text: str
@@ -214,9 +217,24 @@ class ServedSession:
             f"{other} port), or run in-process with `specbuild generate{c} --local ...`."
         )
 
-    def check_ready(self) -> None:
-        if not self.client.is_ready():
-            raise self.no_server()
+    def unavailable(self) -> ClientError:
+        """The error for a server that is not ready: one that answers but is loading or reloading a model says so;
+        where nothing answers, `no_server`."""
+        if not self.client.is_live():
+            return self.no_server()
+        return ClientError(
+            f"the Triton server at {self.url} answers but is not ready: a model is loading, or being reloaded after a "
+            "failure (specbuild serve's supervisor reloads one in seconds; its log says which). Try again shortly."
+        )
+
+    def check_ready(self, wait_s: float = READY_WAIT_S) -> None:
+        """Return once the server is ready; a live server that is not (a model loading or reloading) is given
+        wait_s to become ready."""
+        deadline = time.monotonic() + wait_s
+        while not self.client.is_ready():
+            if time.monotonic() >= deadline or not self.client.is_live():
+                raise self.unavailable()
+            time.sleep(0.5)
 
     def resolve_k(self, requested: int | None) -> ResolvedK | None:
         """An llmapi deployment's K (it drafts one fixed K and does not say it): `resolve_fixed_k` with the spec's
@@ -252,7 +270,7 @@ class ServedSession:
             grpc_missing = self.protocol == "grpc" and importlib.util.find_spec("tritonclient") is None
             if grpc_missing or self.client.is_ready():
                 raise  # its message says how to install the client, or what the server refused
-            raise self.no_server() from None
+            raise self.unavailable() from None
         seconds = time.perf_counter() - started
         out = streamed.outputs
         figures = out.get("speculation_stats")

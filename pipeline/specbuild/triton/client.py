@@ -303,6 +303,19 @@ class SpecbuildClient:
             self._grpc = grpcclient.InferenceServerClient(self.url)
         return self._grpc
 
+    def is_live(self) -> bool:
+        """The server answers at all (it may not be ready: a model loading or being reloaded)."""
+        if self.protocol == "grpc":
+            try:
+                return bool(self._grpc_client().is_server_live())
+            except Exception:  # noqa: BLE001 - any transport failure means "not live"
+                return False
+        try:
+            with urllib.request.urlopen(f"http://{self.url}/v2/health/live", timeout=5) as r:
+                return r.status == 200
+        except UNREACHABLE:
+            return False
+
     def is_ready(self) -> bool:
         if self.protocol == "grpc":
             try:
