@@ -76,12 +76,13 @@ def resume_stream(
     wait_for_server: Callable[[float], bool],
     resume_s: float = RESUME_S,
 ) -> Iterator[Chunk]:
-    """The chunks of `attempt()` (one request), the request sent again where its stream is cut after it began.
+    """The chunks of `attempt()` (one request), the request sent again where its stream is cut (StreamCut: the server
+    was there and went away; a server that never answered is not waited for).
 
     A greedy or seeded request gives the same text when it runs again, so the text already yielded is skipped in the
     new stream (checked character for character) and the caller's stream goes on where it was cut: nothing is sent
-    twice and nothing skipped. `exact` False (sampling without a seed): a cut is reported, with what arrived, as it
-    cannot be resumed. `wait_for_server(deadline)`: True once the server answers again, before the monotonic
+    twice and nothing skipped. `exact` False (sampling without a seed): a cut after some text is reported, with what
+    arrived, as it cannot be resumed (a cut before any text is sent again: no sample was shown). `wait_for_server(deadline)`: True once the server answers again, before the monotonic
     deadline. The final chunk's stats say how often the stream was resumed (`resumed`)."""
     sent, resumes = "", 0
     while True:
@@ -101,9 +102,7 @@ def resume_stream(
                 yield Chunk(new, chunk.final, chunk.stats)
             return
         except StreamCut as err:
-            if not sent and not seen:
-                raise  # nothing had arrived: the server's state is unknown, so nothing is assumed
-            if not exact:
+            if not exact and sent:
                 raise StreamCut(
                     f"{err} The stream was cut after {len(sent)} characters; a request that samples without a seed "
                     "cannot be resumed as it was (it would be another sample): send it again, or send a seed."
