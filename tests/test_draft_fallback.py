@@ -91,6 +91,7 @@ def test_greedy_output_equals_k0_whatever_steps_the_draft_fails(pattern):
 def test_after_a_failure_the_deployment_pauses_its_drafts_doubling_to_a_cap_and_a_success_ends_it():
     clock, told = StoppedClock(), []
     health = DraftHealth(clock=clock)
+    assert health.last_error is None and DraftHealth(clock=lambda: 0.0).may_try()  # healthy from the first instant
     dead = True
     flaky = FlakyDrafter(DRAFT, lambda n: dead)
     drafter = FallbackDrafter(flaky, health, told.append)
@@ -98,6 +99,7 @@ def test_after_a_failure_the_deployment_pauses_its_drafts_doubling_to_a_cap_and_
     for _ in range(6):
         draft = drafter.propose([1, 2], 2, SamplingParams())
         assert draft.tokens == [] and draft.failure.startswith("ModelCallError: model 'tensorrt_llm_draft' failed")
+        assert 0.0 < draft.seconds < 60.0  # the failed call's own time
         start = clock.now
         while not health.may_try():  # paused: no call is made
             assert drafter.propose([1, 2], 2, SamplingParams()).failure.startswith("paused after: ModelCallError")

@@ -1,8 +1,8 @@
 """The chaos soak, short (scripts/soak.py; `make soak` runs the 30-minute one): two streams of specbuild's client,
 greedy and seeded, through `specbuild serve` while a fault comes every few seconds: every model's process killed,
 the draft's and the target's frozen, a burst of malformed requests, a client gone mid-stream, SIGTERM to serve and a
-new serve. Asserted: no request failed at specbuild's client, every output equals the same request's before any
-fault, serve stopped cleanly each time and left no process. The resources and the longest pause are printed (-s): the
+new serve. Asserted: no request failed at specbuild's client, every greedy output equals the same request's before
+any fault (a seeded one may differ where a fault changed its steps: counted, not asserted), serve stopped cleanly each time and left no process. The resources and the longest pause are printed (-s): the
 aims on them are for the 30-minute run (docs/triton.md, "The chaos soak"), not for a test on a shared machine."""
 
 from __future__ import annotations
@@ -39,6 +39,6 @@ def test_a_short_soak_loses_nothing(tmp_path, example_tiny):
         "restart serve",
     ], run.stderr[-3000:]
     assert report["failed"] == 0, report["failures"]
-    assert report["outputs_differing"] == 0, report["differing"]
+    assert report["greedy_differing"] == 0, report["differing"]
     assert report["requests"] > 0 and report["serve_exit"] == 0 and report["processes_left"] == []
     assert run.returncode == 0

@@ -39,7 +39,7 @@ class FakeTime:
     """A clock that a sleep moves: the waits of a test take no time."""
 
     def __init__(self):
-        self.now, self.slept = 0.0, []
+        self.now, self.slept = 100.0, []  # not 0: a time is never mistaken for a duration
 
     def clock(self) -> float:
         return self.now
@@ -90,7 +90,8 @@ def test_the_waits_double_to_a_second_and_the_deadline_ends_the_request_unavaila
     with pytest.raises(TargetUnavailable) as err:
         verifier.verify([1, 2], ToyDrafter(DRAFT).propose([1, 2], 2, SamplingParams()), SamplingParams())
     assert time.slept == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 0.5]  # the last wait ends at the deadline
-    assert time.now == 5.0 and verifier.retries == 8 and verifier.verifier.attempts == 9
+    assert time.now == 105.0 and verifier.retries == 8 and verifier.verifier.attempts == 9
+    assert verifier.waited_s == 5.0
     assert str(err.value) == (
         f"{DEAD} (tried again for 5.0 s, up to serve.target_retry_s = 5 s, and it did not serve again); the text "
         "streamed so far stands, and the request may be sent again"
@@ -101,11 +102,14 @@ def test_the_waits_double_to_a_second_and_the_deadline_ends_the_request_unavaila
 
 def test_a_target_back_within_the_deadline_is_a_pause_and_said_so():
     told = []
-    verifier, time = retrying(FlakyVerifier(TARGET, lambda n: n <= 3), deadline_s=5.0, log=told.append)
-    verification = verifier.verify([1, 2], ToyDrafter(DRAFT).propose([1, 2], 2, SamplingParams()), SamplingParams())
-    assert verification.tokens and verifier.retries == 3 and time.now == pytest.approx(0.7)
+    verifier, time = retrying(FlakyVerifier(TARGET, lambda n: n <= 3 or n == 5), deadline_s=5.0, log=told.append)
+    draft = ToyDrafter(DRAFT).propose([1, 2], 2, SamplingParams())
+    verification = verifier.verify([1, 2], draft, SamplingParams())
+    assert verification.tokens and verifier.retries == 3 and time.now == pytest.approx(100.7)
     assert verifier.waited_s == pytest.approx(0.7)
     assert told[-1] == "the target model answers again after 0.7 s: the request goes on" and len(told) == 2
+    verifier.verify([1, 2], draft, SamplingParams())  # the fifth call fails, the sixth answers: 0.1 s more
+    assert verifier.retries == 4 and verifier.waited_s == pytest.approx(0.8)
 
 
 def test_a_deadline_of_zero_ends_the_request_at_the_first_failure():
