@@ -8,7 +8,7 @@ BIN     := $(VENV)/bin
 DEMO    := .demo
 UP_FLAGS ?=            # e.g. UP_FLAGS=--once to stop the server after the demo prompts
 
-.PHONY: setup demo test lint format clean-demo cli-docs
+.PHONY: setup demo test lint format clean-demo cli-docs soak
 
 setup: $(VENV)/.installed
 
@@ -86,5 +86,12 @@ test-cores: setup
 # the runs are in docs/mutation/results.json, the equivalent survivors' reasons in docs/mutation/equivalents.toml,
 # the report is docs/mutation.md. FILES="speculative/lookup.py ..." narrows it (paths under pipeline/specbuild).
 .PHONY: mutation
+# The chaos soak (scripts/soak.py; docs/triton.md, "The chaos soak") on the example's repository, made first by
+# `make demo UP_FLAGS=--once` where it is not there. SOAK_FLAGS="--minutes 5" shortens it.
+SOAK_FLAGS ?= --minutes 30 --streams 4 --fault-every 20
+soak: setup
+	test -f $(DEMO)/specbuild.toml || $(MAKE) demo UP_FLAGS=--once
+	$(BIN)/python scripts/soak.py -c $(DEMO)/specbuild.toml $(SOAK_FLAGS)
+
 mutation: setup
 	$(BIN)/python scripts/mutation.py $(if $(FILES),--files $(FILES))

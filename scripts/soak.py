@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specbuild.artifacts import default_repo_dir
+from specbuild.config import load_spec
 from specbuild.errors import ClientError
 from specbuild.triton import procfs
 from specbuild.triton.client import SpecbuildClient
@@ -308,14 +310,15 @@ def malformed_burst(url: str, count: int = 20) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-c", "--config", type=Path, required=True, help="the spec file")
-    parser.add_argument("--repo", type=Path, required=True, help="the Triton repository `specbuild repo` wrote")
+    parser.add_argument("--repo", type=Path, help="the Triton repository (default: where `specbuild repo` writes it)")
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--fault-every", type=float, default=20.0, help="seconds between faults")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
-    serve = Serve(args.config, args.repo, free_ports(3))
+    repo = args.repo or default_repo_dir(load_spec(args.config).output_dir)
+    serve = Serve(args.config, repo, free_ports(3))
     serve.start()
     try:
         report = Soak(serve, args.streams, args.max_tokens).run(args.minutes, args.fault_every)
