@@ -121,3 +121,85 @@ def test_early_draft_counts_merge_and_read_back_without_them():
     fields = s.report_fields()
     assert fields["early_drafts"] == 3 and fields["early_draft_hit_rate"] == pytest.approx(1 / 3)
     assert fields["hidden_seconds"] == pytest.approx(0.004)
+
+
+def every_field() -> SpeculationStats:
+    """Statistics with every field away from its default: two drafters, a fallback step, two early hits."""
+    s = SpeculationStats()
+    s.record_step(3, 2, 0.01, 0.1, "model")
+    s.record_step(1, 1, 0.002, 0.1, "lookup")
+    s.record_step(0, 0, 0.0, 0.1, "lookup")  # asked, nothing found
+    s.record_step(0, 0, 0.004, 0.1, "model", fallback=True)
+    s.record_step(0, 0, 0.0, 0.1, "model", fallback=True)
+    for _ in range(3):
+        s.record_early_draft()
+    s.record_early_hit(0.25)
+    s.record_early_hit(0.5)
+    return s
+
+
+def test_every_field_survives_to_dict_and_back_and_the_optional_ones_default_to_zero():
+    s = every_field()
+    assert (s.fallback_steps, s.early_draft_hits, s.hidden_seconds) == (2, 2, 0.75)
+    assert s.by_drafter == {
+        "model": {"steps": 3, "proposals": 1, "drafted": 3, "accepted": 2},
+        "lookup": {"steps": 2, "proposals": 1, "drafted": 1, "accepted": 1},
+    }
+    assert SpeculationStats.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    d = s.to_dict()
+    for key in ("early_drafts", "early_draft_hits", "early_draft_hit_rate", "hidden_seconds", "fallback_steps"):
+        del d[key]
+    d["by_drafter"] = {"model": {"steps": 2}}  # a drafter's counts with only some keys
+    back = SpeculationStats.from_dict(d)
+    assert (back.early_draft_hits, back.fallback_steps) == (0, 0)
+    assert back.by_drafter == {"model": {"steps": 2, "proposals": 0, "drafted": 0, "accepted": 0}}
+    del d["by_drafter"]
+    assert SpeculationStats.from_dict(d).by_drafter == {}
+    merged = SpeculationStats().merge(s)
+    assert merged == s and merged.by_drafter is not s.by_drafter
+
+
+def test_the_report_fields_are_exactly_these():
+    s = every_field()
+    assert s.report_fields() == {
+        "acceptance_rate": 0.75,
+        "mean_accepted_len": (3 + 5) / 5,
+        "drafted": 4,
+        "accepted": 3,
+        "steps": 5,
+        "per_position_acceptance": [2 / 2, 1 / 1, 0.0],
+        "draft_seconds": pytest.approx(0.016),
+        "target_seconds": pytest.approx(0.5),
+        "early_drafts": 3,
+        "early_draft_hits": 2,
+        "early_draft_hit_rate": 2 / 3,
+        "hidden_seconds": 0.75,
+        "fallback_steps": 2,
+        "by_drafter": {
+            "lookup": {"steps": 2, "proposals": 1, "drafted": 1, "accepted": 1, "acceptance_rate": 1.0},
+            "model": {"steps": 3, "proposals": 1, "drafted": 3, "accepted": 2, "acceptance_rate": 2 / 3},
+        },
+    }
+    idle = SpeculationStats()
+    idle.record_step(0, 0, drafter="lookup")  # asked, never proposed: a rate of 0, not a division by zero
+    assert idle.drafter_figures() == {
+        "lookup": {"steps": 1, "proposals": 0, "drafted": 0, "accepted": 0, "acceptance_rate": 0.0}
+    }
+    assert (idle.draft_seconds, idle.target_seconds) == (0.0, 0.0)  # no time given: none counted
+
+
+def test_a_length_mismatch_is_said_exactly():
+    d = every_field().to_dict()
+    d["per_position_accepted"] = [1]
+    with pytest.raises(ValueError) as err:
+        SpeculationStats.from_dict(d)
+    assert str(err.value) == "per_position_drafted and per_position_accepted differ in length"
+
+
+def test_drafter_counts_add_up_and_a_missing_count_is_zero():
+    from specbuild.speculative.stats import add_drafter_counts
+
+    table: dict = {}
+    add_drafter_counts(table, "lookup", {"steps": 2, "drafted": 5})  # e.g. a bench cell's entry from JSON
+    add_drafter_counts(table, "lookup", {"steps": 1, "proposals": 1, "drafted": 1, "accepted": 1})
+    assert table == {"lookup": {"steps": 3, "proposals": 1, "drafted": 6, "accepted": 1}}
