@@ -530,3 +530,83 @@ def test_greedy_with_lookup_or_the_hybrid_equals_target_only(server, target_only
     for name, count in proposed.items():  # the metrics count each drafter's proposals as the responses do
         key = f"specbuild_drafter_proposals_total[drafter={name}]"
         assert after[key] - before.get(key, 0.0) == count, name
+
+
+def _frontend_request(server, prompt: str, stream: bool, max_tokens: int) -> list[dict]:
+    """The tensors Triton's OpenAI-compatible frontend sends a TensorRT-LLM model (triton-inference-server/server,
+    python/openai/openai_frontend/engine/utils/triton.py, `_create_trtllm_generate_request`: always text_input, stream,
+    max_tokens, return_num_input_tokens and return_num_output_tokens; echo=False as exclude_input_in_output), on a
+    gRPC stream: each response's text and token counts."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    tensors = {
+        "text_input": (np.array([[prompt.encode()]], dtype=object), "BYTES"),
+        "stream": (np.array([[stream]]), "BOOL"),
+        "max_tokens": (np.array([[max_tokens]], np.int32), "INT32"),
+        "exclude_input_in_output": (np.array([[True]]), "BOOL"),
+        "return_num_input_tokens": (np.array([[True]]), "BOOL"),
+        "return_num_output_tokens": (np.array([[True]]), "BOOL"),
+    }
+    inputs = []
+    for name, (value, datatype) in tensors.items():
+        inputs.append(grpcclient.InferInput(name, list(value.shape), datatype))
+        inputs[-1].set_data_from_numpy(value)
+    answers: queue.Queue = queue.Queue()
+    raw = grpcclient.InferenceServerClient(server.grpc_url)
+    responses = []
+    try:
+        raw.start_stream(callback=lambda result=None, error=None: answers.put((result, error)))
+        raw.async_stream_infer("tensorrt_llm_bls", inputs, enable_empty_final_response=True)
+        while True:
+            result, error = answers.get(timeout=120)
+            assert error is None, error
+            response = result.get_response()
+            names = {output.name for output in response.outputs}
+            responses.append(
+                {
+                    name: result.as_numpy(name).reshape(-1)[0]
+                    for name in ("num_input_tokens", "num_output_tokens")
+                    if name in names
+                }
+                | {"text": result.as_numpy("text_output").reshape(-1)[0].decode() if "text_output" in names else ""}
+            )
+            final = response.parameters.get("triton_final_response")
+            if final is None or final.bool_param:
+                return responses
+    finally:
+        raw.stop_stream()
+        raw.close()
+
+
+def _frontend_usage(responses: list[dict]) -> tuple[int | None, int]:
+    """Usage as the frontend counts it (`_StreamingUsageAccumulator`): prompt tokens from the first response that has
+    both counts, completion tokens summed over every such response."""
+    counted = [r for r in responses if "num_input_tokens" in r and "num_output_tokens" in r]
+    return (int(counted[0]["num_input_tokens"]) if counted else None), sum(int(r["num_output_tokens"]) for r in counted)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_openai_frontends_tensors_are_served_and_its_usage_counts_every_token(server, stream):
+    """NVIDIA's OpenAI frontend always asks for both counts: the BLS serves it (it refused before), and the usage the
+    frontend adds up equals the request's own counts, over streamed responses that carry several tokens each."""
+    prompt = '{"name": '
+    with SpecbuildClient(server.grpc_url) as client:
+        text, stats = client.complete(prompt, max_tokens=32)
+    responses = _frontend_request(server, prompt, stream, 32)
+    assert "".join(r["text"] for r in responses) == text
+    assert (
+        _frontend_usage(responses)
+        == (stats["num_input_tokens"], stats["num_output_tokens"])
+        == (
+            stats["num_input_tokens"],
+            len(stats["output_ids"]),
+        )
+    )
+    if stream:
+        per_response = [int(r["num_output_tokens"]) for r in responses[:-1]]
+        assert all(r["num_input_tokens"] == stats["num_input_tokens"] for r in responses)
+        assert max(per_response) > 1  # a verify step that kept draft tokens streams them in one response
+    else:
+        assert len(responses) == 1

@@ -22,6 +22,7 @@ class TextStream:
         self.prefix_offset = 0  # start of the window decoded for comparison
         self.read_offset = len(self.ids)  # tokens before this are already shown
         self.text = ""  # everything emitted so far
+        self.pushed = 0  # generated tokens pushed so far (their text is emitted or held back)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -29,6 +30,7 @@ class TextStream:
     def push(self, tokens: Sequence[int]) -> str:
         """Add generated tokens; return the new text that is now complete ("" if none yet)."""
         self.ids.extend(int(t) for t in tokens)
+        self.pushed += len(tokens)
         shown = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
         if len(full) <= len(shown) or full.endswith("\ufffd"):

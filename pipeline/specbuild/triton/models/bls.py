@@ -340,6 +340,13 @@ class TritonPythonModel:
             cancelled=cancelled,
         )
         stream = TextStream(self.tokenizer, prompt) if req.stream else None
+        counted = 0  # output tokens the streamed responses have counted (num_output_tokens, when asked)
+
+        def streamed(delta: str) -> None:
+            nonlocal counted
+            covered, counted = stream.pushed - counted, stream.pushed
+            send(self._response(delta, counts=self._counts(req, len(prompt), covered)))
+
         try:
             result = drive(
                 prompt,
@@ -348,7 +355,7 @@ class TritonPythonModel:
                 ready.request,
                 k=ready.k,
                 text=stream,
-                on_text=lambda delta: send(self._response(delta)),
+                on_text=streamed,
                 cancelled=cancelled,
                 stop_words=ready.stop_words,
                 schedule=self.auto_schedule,
@@ -367,7 +374,8 @@ class TritonPythonModel:
             self.metrics.record(result.stats, len(result.output_ids))
             self.metrics.pool(self.drafting.figures())
         if req.stream:  # streamed responses carry new text only, like TensorRT-LLM's; it has all been sent
-            return self._response("", result)
+            # asked for per-response counts, the final one counts what the others did not (their sum is the total)
+            return self._response("", result, counted=counted if req.return_num_output_tokens else 0)
         exclude = TARGET_EXCLUDES_INPUT if req.exclude_input_in_output is None else req.exclude_input_in_output
         ids = result.output_ids if exclude else prompt + result.output_ids
         return self._response(decode_ids(self.tokenizer, ids, skip_special_tokens=True), result)
@@ -379,9 +387,20 @@ class TritonPythonModel:
         with self.metrics_lock:
             self.metrics.disagreement()
 
-    def _response(self, text: str, result: Generation | None = None):
-        """One response; every tensor carries the batch dimension of 1 (max_batch_size > 0)."""
+    @staticmethod
+    def _counts(req: BlsRequest, input_tokens: int, output_tokens: int) -> dict[str, int]:
+        """A streamed response's token counts, those the request asked for (return_num_input/output_tokens)."""
+        asked = {"num_input_tokens": req.return_num_input_tokens, "num_output_tokens": req.return_num_output_tokens}
+        values = {"num_input_tokens": input_tokens, "num_output_tokens": output_tokens}
+        return {name: values[name] for name, wanted in asked.items() if wanted}
+
+    def _response(
+        self, text: str, result: Generation | None = None, counts: dict[str, int] | None = None, counted: int = 0
+    ):
+        """One response; every tensor carries the batch dimension of 1 (max_batch_size > 0). counts: a streamed
+        response's token counts; counted: output tokens earlier responses counted (the final one gives the rest)."""
         tensors = [self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object))]  # [1], as NVIDIA's
+        tensors += [self.pb.Tensor(name, np.array([[value]], dtype=np.int32)) for name, value in (counts or {}).items()]
         if result is not None:
             stats, reason = result.stats, result.stop_reason
             tensors += [
@@ -395,7 +414,7 @@ class TritonPythonModel:
                         "total_draft_tokens": stats.drafted,
                         "mean_accepted_len": stats.mean_accepted_len,
                         "num_input_tokens": len(result.prompt_ids or ()),
-                        "num_output_tokens": len(result.output_ids),
+                        "num_output_tokens": len(result.output_ids) - counted,
                         "output_ids": list(result.output_ids),
                         "speculation_stats": {
                             **stats.to_dict(),

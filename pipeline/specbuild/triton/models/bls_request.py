@@ -74,8 +74,6 @@ NEUTRAL_INPUTS = {
     "min_tokens": 0,
     "num_return_sequences": 1,
     "return_log_probs": False,
-    "return_num_input_tokens": False,
-    "return_num_output_tokens": False,
 }
 
 
@@ -108,6 +106,10 @@ class BlsRequest:
     pad_id: int | None
     stop_words: list[str] = field(default_factory=list)
     exclude_input_in_output: bool | None = None  # None = the target model's setting (false in generated repositories)
+    # every response carries num_input_tokens / the tokens its text covers (num_output_tokens), as NVIDIA's backend
+    # does when asked; Triton's OpenAI frontend always asks and sums a stream's counts (its usage)
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
 
 
 def _scalar(get: Getter, name: str, kind: str) -> object | None:
@@ -267,4 +269,6 @@ def parse_request(get: Getter, limits: RequestLimits) -> BlsRequest:
         pad_id=_token_id(get, "pad_id", 0, limits, ""),
         stop_words=_strings(get, "stop_words", limits),
         exclude_input_in_output=exclude,
+        return_num_input_tokens=bool(_scalar(get, "return_num_input_tokens", "bool") or False),
+        return_num_output_tokens=bool(_scalar(get, "return_num_output_tokens", "bool") or False),
     )
