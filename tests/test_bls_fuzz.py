@@ -8,16 +8,14 @@ would have had alone. The number of cases tried is printed (pytest -s) and asser
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_bls_server import _generate as generate
 from triton_helpers import make_deployment, serving
 
 from specbuild.contract import tensors
@@ -173,19 +171,6 @@ def test_every_declared_input_sent_bad_is_refused_by_name_or_served(server, besi
         )
         assert "internal error" not in message.lower() and "Traceback" not in message, (what, message)
     assert tracebacks(server) == before, (what, message)
-
-
-def generate(server, body: dict) -> tuple[int, str]:
-    request = urllib.request.Request(
-        f"http://{server.http_url.removeprefix('http://')}/v2/models/tensorrt_llm_bls/generate",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 JSON_VALUES = {

@@ -304,25 +304,23 @@ class SpecbuildClient:
 
     def is_live(self) -> bool:
         """The server answers at all (it may not be ready: a model loading or being reloaded)."""
-        if self.protocol == "grpc":
-            try:
-                return bool(self._grpc_client().is_server_live())
-            except Exception:  # noqa: BLE001 - any transport failure means "not live"
-                return False
-        try:
-            with urllib.request.urlopen(f"http://{self.url}/v2/health/live", timeout=5) as r:
-                return r.status == 200
-        except UNREACHABLE:
-            return False
+        return self._says_yes(lambda client: client.is_server_live(), "v2/health/live")
 
     def is_ready(self) -> bool:
+        return self._says_yes(lambda client: client.is_server_ready(), "v2/health/ready")
+
+    def _model_ready(self) -> bool:
+        return self._says_yes(lambda client: client.is_model_ready(self.model), f"v2/models/{self.model}/ready")
+
+    def _says_yes(self, ask_grpc: Callable[[Any], Any], http_path: str) -> bool:
+        """A health question, over gRPC (`ask_grpc(client)`) or HTTP (200 at `http_path`); any failure is a no."""
         if self.protocol == "grpc":
             try:
-                return bool(self._grpc_client().is_server_ready())
-            except Exception:  # noqa: BLE001 - any transport failure means "not ready"
+                return bool(ask_grpc(self._grpc_client()))
+            except Exception:  # noqa: BLE001 - tritonclient raises several types; all mean "no"
                 return False
         try:
-            with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=5) as r:
+            with urllib.request.urlopen(f"http://{self.url}/{http_path}", timeout=5) as r:
                 return r.status == 200
         except UNREACHABLE:
             return False
@@ -454,18 +452,6 @@ class SpecbuildClient:
                 return True
             time.sleep(0.5)
         return False
-
-    def _model_ready(self) -> bool:
-        if self.protocol == "grpc":
-            try:
-                return bool(self._grpc_client().is_model_ready(self.model))
-            except Exception:  # noqa: BLE001 - any transport failure means "not ready"
-                return False
-        try:
-            with urllib.request.urlopen(f"http://{self.url}/v2/models/{self.model}/ready", timeout=5) as r:
-                return r.status == 200
-        except UNREACHABLE:
-            return False
 
     def complete(self, prompt: str, **kwargs: Any) -> tuple[str, dict[str, Any]]:
         """The whole text and the final response's outputs, for a quick call (no timing: see ServedSession)."""
