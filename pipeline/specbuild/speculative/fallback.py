@@ -7,10 +7,11 @@ reach the client. `FallbackDrafter` wraps a request's draft-model drafter: where
 client's own fault (RequestError: the client's request is at fault, and it hears so), the step gets an empty draft
 marked with the failure, and the loop counts it (`SpeculationStats.fallback_steps`).
 
-`DraftHealth` is the deployment's memory of it, shared by its requests: after a failure, drafts are not asked for
-during a pause that doubles with each failure in a row (RETRY_FIRST_S up to RETRY_MAX_S), so a dead model costs one
-failed call per pause, not one per step of every request; the first draft that succeeds ends it, and speculation
-resumes where the model serves again (specbuild serve's supervisor reloads a dead model in about a second).
+`DraftHealth` is the deployment's memory of it (one per `decode.drafting.Drafting`: the local session, each BLS
+instance), shared by its requests: after a failure, drafts are not asked for during a pause that doubles with each
+failure in a row (RETRY_FIRST_S up to RETRY_MAX_S), so a dead model costs one failed call per pause, not one per step
+of every request; the first draft that succeeds ends it, and speculation resumes where the model serves again
+(specbuild serve's supervisor reloads a dead model in about a second).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ __all__ = ["DraftHealth", "FallbackDrafter"]
 
 
 class DraftHealth:
-    """Whether a deployment's draft model is asked for drafts now (thread-safe; one per deployment)."""
+    """Whether a deployment's draft model is asked for drafts now (thread-safe; one per Drafting)."""
 
     RETRY_FIRST_S = 0.25  # the pause after a first failure
     RETRY_MAX_S = 2.0  # the longest pause, however many failures in a row
