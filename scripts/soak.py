@@ -1,23 +1,25 @@
 """A chaos soak: concurrent greedy and seeded streams through `specbuild serve` while faults rotate (`make soak`).
 
-    python scripts/soak.py -c specbuild.toml --repo triton_repo --minutes 30 --streams 4 --fault-every 20 --json
+    python scripts/soak.py -c specbuild.toml --minutes 30 --streams 4 --fault-every 20 --json
 
 `serve` is started on free loopback ports (kept across its restarts). Each stream is one of specbuild's clients
 (`SpecbuildClient`, which resumes a stream cut by a restart) sending, in turn, a prompt of PROMPTS greedy or sampled
 with a seed; every output is compared with the same request's output before any fault: a greedy one must equal it, a
 seeded one may differ (a step a fault ran on the target alone, or another schedule, draws other random numbers; its
-distribution is still the target's) and is counted. Every `--fault-every` seconds
-the next fault of FAULTS: a model's process killed (the draft, the target, pre- and postprocessing, the BLS), the draft's
-and the target's frozen (SIGSTOP), a burst of malformed requests, a client that disconnects mid-stream, and SIGTERM to
-`serve` then a new `serve` on the same ports. A request refused while no server answers (between a stop and the next
-start: what a load balancer would send elsewhere) is tried again and counted as refused, not failed.
+distribution is still the target's) and is counted. Every `--fault-every` seconds the next fault of FAULTS: a model's
+process killed (the draft, the target, pre- and postprocessing, the BLS), the draft's and the target's frozen
+(SIGSTOP), a burst of malformed requests, a client that disconnects mid-stream, and SIGTERM to `serve` then a new
+`serve` on the same ports. A request refused while the server is not ready (stopping, starting, restarting: what a
+load balancer would send elsewhere) is tried again after 0.5 s and counted as refused, not failed. A seeded stream cut
+by a restart whose replay draws other numbers ends with the client's refusal to go on: counted apart
+(`seeded_unresumable`), an error the client sees though nothing the request needs was lost.
 
 Reported (`--json`: one document): requests, failed ones with their errors, outputs that differ, the longest pause a
 stream saw (between two of its chunks, or before its first), the faults done, and the server's memory (RSS), file
 descriptors, threads, shared-memory regions and processes at the start (after a warm-up of a sixth of the run) and at
-the end, with their growth; and the processes left once `serve` has stopped. Exit 1 when a request failed, a greedy
-output differed or a process was left. The suite runs a short one (tests/test_soak.py); the aims and two 30-minute runs'
-figures are in docs/triton.md ("The chaos soak").
+the end, with their growth; and the processes left once `serve` has stopped. Exit 1 when a request failed (but for
+`seeded_unresumable`), a greedy output differed or a process was left. The suite runs a short one
+(tests/test_soak.py); the aims and the 30-minute runs' figures are in docs/triton.md ("The chaos soak").
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ FAULTS = (
     "restart serve",
 )
 DOWN = ("draining", "cannot reach", "failed to connect", "Connection refused", "no response from")
+# A seeded stream cut by a restart and sent again may draw other numbers (a step a fault ran on the target alone, or
+# another schedule): the client refuses to go on rather than send other text (triton.client.resume_stream).
+UNRESUMABLE = ("resumed stream differs", "cannot be resumed")
 
 
 def free_ports(n: int) -> list[int]:
@@ -156,6 +161,7 @@ class Soak:
         self.lock = threading.Lock()
         self.requests = self.refused = self.resumed = 0
         self.failures: list[str] = []
+        self.unresumable: list[str] = []  # seeded streams cut and sent again whose replay drew other numbers
         self.differed: list[str] = []  # greedy outputs unlike the fault-free run's: must not happen
         self.sampled_differed: list[str] = []  # seeded ones: a fault's target-only step draws other numbers
         self.longest_pause = 0.0
@@ -185,14 +191,18 @@ class Soak:
                 with SpecbuildClient(self.serve.grpc, resume_s=300) as client:
                     text, pause, resumed = self.one(client, prompt, seed)
             except ClientError as err:
-                if any(marker in str(err) for marker in DOWN):
-                    with self.lock:
-                        self.refused += 1
-                    time.sleep(0.5)
-                    continue
+                down = any(marker in str(err) for marker in DOWN) or not self.ready()
+                unresumable = seed is not None and any(marker in str(err) for marker in UNRESUMABLE)
                 with self.lock:
-                    self.requests += 1
-                    self.failures.append(f"{prompt!r} seed={seed}: {err}")
+                    if down:
+                        self.refused += 1
+                    elif unresumable:
+                        self.requests += 1
+                        self.unresumable.append(f"{prompt!r} seed={seed}: {err}")
+                    else:
+                        self.requests += 1
+                        self.failures.append(f"{prompt!r} seed={seed}: {err}")
+                time.sleep(0.5)  # as a client would before it tries again
                 continue
             with self.lock:
                 self.requests += 1
@@ -200,6 +210,11 @@ class Soak:
                 self.longest_pause = max(self.longest_pause, pause)
                 if text != self.reference[prompt, seed]:
                     (self.differed if seed is None else self.sampled_differed).append(f"{prompt!r} seed={seed}")
+
+    def ready(self) -> bool:
+        """The server says it is ready (a failure while it is not is a refusal while down, not a failure)."""
+        with SpecbuildClient(self.serve.grpc) as client:
+            return client.is_ready()
 
     def fault(self, name: str) -> None:
         action, _, model = name.partition(" ")
@@ -259,6 +274,8 @@ class Soak:
             "requests": self.requests,
             "failed": len(self.failures),
             "failures": self.failures[:20],
+            "seeded_unresumable": len(self.unresumable),
+            "unresumable": self.unresumable[:10],
             "refused_while_down": self.refused,
             "resumed": self.resumed,
             "greedy_differing": len(self.differed),
@@ -327,7 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        for key in ("requests", "failed", "refused_while_down", "resumed", "greedy_differing", "sampled_differing"):
+        for key in (
+            "requests",
+            "failed",
+            "seeded_unresumable",
+            "refused_while_down",
+            "resumed",
+            "greedy_differing",
+            "sampled_differing",
+        ):
             print(f"{key:22} {report[key]}")
         print(f"{'longest pause':22} {report['longest_pause_s']} s")
         print(f"{'faults':22} {len(report['faults'])}")
