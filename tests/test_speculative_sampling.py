@@ -130,3 +130,52 @@ def test_sample_rows_never_returns_past_the_last_nonzero_token():
 
     rows = np.array([[0.1, 0.2, 0.7, 0.0, 0.0]])
     assert sample_rows(rows, MaxUniform()).tolist() == [2]
+
+
+def test_each_row_is_processed_on_its_own():
+    """Two rows of different scale: the max, the sums and the nucleus are per row (a whole-array one would mix them)."""
+    logits = np.array([[0.0, 1.0, 2.0, 3.0], [40.0, 0.0, 0.0, 0.0]])
+    for sampling in (SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.9)):
+        probs = process_logits(logits, sampling)
+        assert probs.sum(axis=1) == pytest.approx([1.0, 1.0])
+        assert probs[0] == pytest.approx(process_logits(logits[0], sampling))
+        assert probs[1] == pytest.approx(process_logits(logits[1], sampling))
+
+
+def test_top_k_at_its_edges_one_and_the_vocabulary():
+    logits = np.array([0.0, 1.0, 2.0, 3.0])
+    assert process_logits(logits, SamplingParams(temperature=1.0, top_k=1)).tolist() == [0.0, 0.0, 0.0, 1.0]
+    every = process_logits(logits, SamplingParams(temperature=1.0, top_k=4))
+    assert every == pytest.approx(process_logits(logits, SamplingParams(temperature=1.0)))
+    assert (every > 0).all()
+
+
+def test_bad_logits_are_refused_in_these_words():
+    cases = [
+        (np.zeros((2, 0)), "logits must be [n, vocab] with vocab > 0, got shape (2, 0)"),
+        (np.zeros((1, 2, 3)), "logits must be [n, vocab] with vocab > 0, got shape (1, 2, 3)"),
+        (np.array([[0.0, np.nan]]), "logits contain NaN or +inf: the model produced invalid scores"),
+        (np.array([[0.0, -np.inf], [-np.inf, -np.inf]]), "a logits row is entirely -inf: no token can be produced"),
+    ]
+    for logits, message in cases:
+        with pytest.raises(ValueError) as err:
+            process_logits(logits, SamplingParams(temperature=1.0))
+        assert str(err.value) == message
+    assert process_logits(np.array([[5.0]]), SamplingParams(temperature=1.0)).tolist() == [[1.0]]  # a vocab of one
+    # one -inf per row, but no row all -inf: fine
+    assert process_logits(np.array([[0.0, -np.inf], [-np.inf, 0.0]]), SamplingParams(temperature=1.0)).tolist() == [
+        [1.0, 0.0],
+        [0.0, 1.0],
+    ]
+    with pytest.raises(ValueError) as err:
+        sample_rows(np.array([[0.0, 0.0]]), np.random.default_rng(0))
+    assert str(err.value) == "cannot sample from a row with no probability mass"
+
+
+def test_a_draw_that_rounds_up_to_the_total_takes_the_last_token_with_mass():
+    class Top:
+        def random(self, n):
+            return np.full(n, 1.0)  # u * total == total: past every cdf entry
+
+    probs = np.array([[0.2, 0.8, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.0, 1.0]])
+    assert sample_rows(probs, Top()).tolist() == [1, 3, 3]

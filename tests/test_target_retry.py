@@ -112,6 +112,15 @@ def test_a_target_back_within_the_deadline_is_a_pause_and_said_so():
     assert verifier.retries == 4 and verifier.waited_s == pytest.approx(0.8)
 
 
+def test_the_time_waited_adds_up_across_steps_even_when_one_gives_up():
+    verifier, _ = retrying(FlakyVerifier(TARGET, lambda n: n != 2), deadline_s=1.0)
+    draft = ToyDrafter(DRAFT).propose([1, 2], 1, SamplingParams())
+    verifier.verify([1, 2], draft, SamplingParams())  # the first call fails, the second answers: 0.1 s
+    with pytest.raises(TargetUnavailable):
+        verifier.verify([1, 2], draft, SamplingParams())  # every later call fails: 1.0 s
+    assert verifier.waited_s == pytest.approx(1.1)
+
+
 def test_a_deadline_of_zero_ends_the_request_at_the_first_failure():
     verifier, time = retrying(FlakyVerifier(TARGET, lambda n: n == 1), deadline_s=0.0)
     with pytest.raises(TargetUnavailable):
