@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from triton_helpers import alive
@@ -123,12 +123,11 @@ def test_a_demo_prompt_is_cut_to_its_last_lines_that_fit():
 
 
 @pytest.mark.fault
-def test_a_model_frozen_during_the_demo_is_recovered_its_prompt_sent_again_and_up_keeps_serving(tiny_spec_path):
+def test_a_model_frozen_during_the_demo_costs_no_prompt_is_recovered_and_up_keeps_serving(tiny_spec_path):
     """`up` is supervised from the moment the server is ready: the draft model's process frozen while the demo
-    prompts stream is killed and reloaded by the supervisor, the prompt it cut is reported and sent once more, every
-    prompt gets its text, and `up` keeps serving (it stopped serving and exited 1 before). The stop afterwards is
-    clean and quick: the killed stub's request keeps its old model instance in tritonserver, which never unloads,
-    and the supervisor stops waiting for it once every model has unloaded (it waited out --exit-timeout, exit 1)."""
+    prompts stream costs them nothing (their steps run on the target alone, speculative.fallback: every prompt gets
+    its text, none fails), the supervisor kills and reloads it, and `up` keeps serving (it stopped serving and exited
+    1 before supervision, and cut the prompt before the fallback). The stop afterwards is clean: exit 0."""
     import threading
 
     from specbuild.triton import procfs
@@ -164,15 +163,15 @@ def test_a_model_frozen_during_the_demo_is_recovered_its_prompt_sent_again_and_u
         assert serving.wait(600), "".join(lines)[-3000:]
         log = "".join(lines)
         assert frozen and process.poll() is None, log[-3000:]  # still serving after the demo
+        assert "prompt failed" not in log and log.count("--- 48 tokens") == 3, log[-3000:]  # every prompt, whole
+        deadline = time.monotonic() + 120  # a deadline: the reload may end after the demo's last prompt
+        while "tensorrt_llm_draft serving again" not in "".join(lines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = "".join(lines)
         assert "is frozen" in log and "tensorrt_llm_draft serving again" in log, log[-3000:]
-        failed = re.findall(r"--- the (\w+) prompt failed", log)
-        assert len(failed) == 1, log[-3000:]
-        assert f"--- the server serves again: the {failed[0]} prompt once more" in log
-        assert log.count("--- 48 tokens") == 3, log[-3000:]  # every prompt got its text, the cut one on its retry
         process.send_signal(signal.SIGTERM)
-        # exit 0 (it was 1, after waiting out the exit timeout), because the supervisor stopped waiting early
+        # exit 0 (it was 1, after waiting out the exit timeout, before the supervisor stopped waiting early)
         assert process.wait(timeout=120) == 0, "".join(lines)[-3000:]
-        assert "with nothing left to wait for" in "".join(lines), "".join(lines)[-3000:]
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
