@@ -138,3 +138,27 @@ def test_a_shared_controller_carries_what_earlier_requests_measured():
     assert fresh[0].k == 4
     not_adaptive = GenerationRequest(max_tokens=5, num_draft_tokens=2)
     assert next(generate([3, 4], drafter, verifier, not_adaptive, controller=shared)).k == 2  # ignored
+
+
+def test_the_bounds_take_their_whole_domain_and_refuse_outside_it_in_these_words():
+    from specbuild.speculative.adaptive import expected_hit_rate, predicted_overlap_speedup
+
+    assert expected_hit_rate(0.0, 2) == 0.0 and expected_hit_rate(1.0, 3) == 1.0 and expected_hit_rate(0.5, 0) == 0.5
+    assert predicted_overlap_speedup(0.0, 2, 0.5, hit=1.0) == pytest.approx(1.0 / 1.5)  # h = 1 is allowed
+    assert predicted_overlap_speedup(0.5, 1, 0.5) == pytest.approx(1.5 / (1.0 + 0.75 * 0.5))  # K = 1 is no K = 0
+    assert AdaptiveK(k_max=0, decay=0.0, probe_every=1).k_max == 0  # every edge of the settings is allowed
+    refused = [
+        (lambda: expected_tokens_per_step(0.5, -1), "need k >= 0 and 0 <= alpha <= 1, got k = -1, alpha = 0.5"),
+        (lambda: expected_hit_rate(1.5, 2), "need k >= 0 and 0 <= alpha <= 1, got k = 2, alpha = 1.5"),
+        (lambda: expected_hit_rate(0.5, -1), "need k >= 0 and 0 <= alpha <= 1, got k = -1, alpha = 0.5"),
+        (lambda: predicted_speedup(0.5, 2, -0.1), "cost ratio c must be >= 0, got -0.1"),
+        (lambda: predicted_overlap_speedup(0.5, 2, -0.1), "cost ratio c must be >= 0, got -0.1"),
+        (lambda: predicted_overlap_speedup(0.5, 2, 0.1, hit=1.5), "hit rate must lie in [0, 1], got 1.5"),
+        (lambda: AdaptiveK(k_max=-1), "k_max must be >= 0, got -1"),
+        (lambda: AdaptiveK(k_max=4, decay=1.0), "need 0 <= decay < 1 and probe_every >= 1, got 1.0, 8"),
+        (lambda: AdaptiveK(k_max=4, probe_every=0), "need 0 <= decay < 1 and probe_every >= 1, got 0.9, 0"),
+    ]
+    for call, message in refused:
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == message
