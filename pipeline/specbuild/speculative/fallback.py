@@ -64,15 +64,22 @@ class DraftHealth:
 class FallbackDrafter:
     """Drafter: `drafter` (a draft model's), or an empty draft marked failed where it fails or `health` pauses it.
 
-    `log(message)` is told of each failed call (the first of a run says what follows) and when drafting resumes."""
+    `log(message)` is told of each failed call (the first of a run says what follows) and when drafting resumes;
+    `timer` times a failed call (its Draft.seconds)."""
 
-    def __init__(self, drafter: Drafter, health: DraftHealth, log: Callable[[str], None] | None = None):
-        self.drafter, self.health, self.log = drafter, health, log
+    def __init__(
+        self,
+        drafter: Drafter,
+        health: DraftHealth,
+        log: Callable[[str], None] | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ):
+        self.drafter, self.health, self.log, self.timer = drafter, health, log, timer
 
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams) -> Draft:
         if not self.health.may_try():
             return Draft(tokens=[], failure=f"paused after: {self.health.last_error}")
-        t0 = time.perf_counter()
+        t0 = self.timer()
         try:
             draft = self.drafter.propose(tokens, k, sampling)
         except RequestError:
@@ -87,7 +94,7 @@ class FallbackDrafter:
                     if first
                     else f"the draft model failed again ({error}); next try in {self.health.pause:.2f} s"
                 )
-            return Draft(tokens=[], seconds=time.perf_counter() - t0, failure=error)
+            return Draft(tokens=[], seconds=self.timer() - t0, failure=error)
         if self.health.succeeded() and self.log is not None:
             self.log("the draft model answers again: drafting resumed")
         return draft

@@ -82,8 +82,9 @@ def resume_stream(
     A greedy or seeded request gives the same text when it runs again, so the text already yielded is skipped in the
     new stream (checked character for character) and the caller's stream goes on where it was cut: nothing is sent
     twice and nothing skipped. `exact` False (sampling without a seed): a cut after some text is reported, with what
-    arrived, as it cannot be resumed (a cut before any text is sent again: no sample was shown). `wait_for_server(deadline)`: True once the server answers again, before the monotonic
-    deadline. The final chunk's stats say how often the stream was resumed (`resumed`)."""
+    arrived, as it cannot be resumed (a cut before any text is sent again: no sample was shown).
+    `wait_for_server(deadline)`: True once the server answers again, before the monotonic deadline. The final chunk's
+    stats say how often the stream was resumed (`resumed`)."""
     sent, resumes = "", 0
     while True:
         seen = ""
