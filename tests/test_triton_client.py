@@ -211,3 +211,62 @@ def test_fields_outside_their_input_type_are_refused_before_sending(monkeypatch,
     )
     assert sent[-1]["max_tokens"] == 2**31 - 1 and type(sent[-1]["max_tokens"]) is int
     assert sent[-1]["seed"] == 2**64 - 1 and sent[-1]["temperature"] == 1.0
+
+
+class _BrokenTransport:
+    """gRPC's response iterator for a stream whose server went away before anything was sent: it raises what grpc
+    raises then (UNAVAILABLE, "Socket closed") and is no longer active."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import grpc
+
+        class Closed(grpc.RpcError):
+            def code(self):
+                return grpc.StatusCode.UNAVAILABLE
+
+            def details(self):
+                return "Socket closed"
+
+            def debug_error_string(self):
+                return "Socket closed"
+
+        raise Closed()
+
+    def is_active(self):
+        return False
+
+    def cancel(self):
+        pass
+
+
+def _broken_before_send(monkeypatch):
+    """tritonclient's own stream (tritonclient/grpc/_infer_stream.py), its transport broken before the request is
+    sent: its reader marks it inactive and reports why through the callback, then async_stream_infer refuses with
+    "The stream is no longer in valid state ..."; start_stream waits for the reader so that order is certain."""
+    import tritonclient.grpc as grpcclient
+
+    real_start = grpcclient.InferenceServerClient.start_stream
+
+    def start_stream(self, callback, **kwargs):
+        self._client_stub.ModelStreamInfer = lambda *args, **kw: _BrokenTransport()
+        real_start(self, callback, **kwargs)
+        self._stream._handler.join()
+
+    monkeypatch.setattr(grpcclient.InferenceServerClient, "start_stream", start_stream)
+    monkeypatch.setattr(c.SpecbuildClient, "_config", lambda self, model: None)
+
+
+def test_a_stream_broken_before_its_request_is_sent_is_a_cut(monkeypatch):
+    """Found by the chaos soak: the server went away between two requests on one client; the next send is refused
+    by tritonclient, and the reason its reader reported (the transport's) decides: a cut, resumed like any other."""
+    _broken_before_send(monkeypatch)
+    with pytest.raises(c.StreamCut, match="tensorrt_llm_bls: Socket closed"):
+        list(c.SpecbuildClient("127.0.0.1:1", resume_s=0).generate("x", max_tokens=4))
+    waited = []
+    monkeypatch.setattr(c.SpecbuildClient, "_wait_until_serving", lambda self, deadline: waited.append(deadline))
+    with pytest.raises(c.StreamCut, match="did not serve again within 9 s"):
+        list(c.SpecbuildClient("127.0.0.1:1", resume_s=9).generate("x", max_tokens=4))
+    assert len(waited) == 1  # waited for the server once, as for a stream cut in the middle

@@ -148,7 +148,9 @@ class Streams:
 
         text, stats, result = "", {}, {}
         try:
-            with SpecbuildClient(url, protocol="grpc", model=model, timeout=HANG_S) as client:
+            # resume_s=0: a stream the drain cuts is what these tests observe; resumed, it would wait for a server
+            # that is not coming back (tests/test_triton_faults.py resumes them)
+            with SpecbuildClient(url, protocol="grpc", model=model, timeout=HANG_S, resume_s=0) as client:
                 for chunk in client.generate(PROMPT, max_tokens=max_tokens, temperature=0.0):
                     self.first[i].set()
                     text += chunk.text

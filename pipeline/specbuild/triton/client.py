@@ -63,6 +63,7 @@ ID_OUTPUTS = tuple(name for name in STAT_OUTPUTS if tensors.BLS_OUTPUT[name].dim
 # was killed or restarted): gRPC's transport errors (status UNAVAILABLE) and http.client's. An answer the server gave
 # (a full queue, a drain's refusal, a bad request) reads otherwise and is never resumed.
 CUT_MARKERS = ("Socket closed", "Connection reset", "Stream removed", "Broken pipe", "RST_STREAM", "recvmsg")
+STREAM_ERROR_WAIT_S = 2.0  # how long a refused send waits for tritonclient's reader to say why the stream broke
 RESUME_S = 120.0  # how long a cut stream waits for the server to serve again: a restart loads every model (8-32 s)
 
 
@@ -513,10 +514,7 @@ class SpecbuildClient:
                         f"no response from {self.model} at {self.url} within {self.timeout:.0f} s."
                     ) from None
                 if error is not None:
-                    message = error.message() if hasattr(error, "message") else str(error)
-                    status = str(error.status()) if hasattr(error, "status") else ""
-                    cut = "UNAVAILABLE" in status + str(error) and any(m in str(error) for m in CUT_MARKERS)
-                    raise (StreamCut if cut else ClientError)(f"{self.model}: {message}")
+                    raise self._stream_error(error)
                 response = result.get_response()
                 final = (
                     response.parameters["triton_final_response"].bool_param
@@ -530,12 +528,30 @@ class SpecbuildClient:
                 if final:
                     return
         except InferenceServerException as err:
+            # tritonclient refuses to send on a stream its reader found broken ("The stream is no longer in valid
+            # state ...", tritonclient/grpc/_infer_stream.py: it marks the stream inactive, then calls the callback
+            # with the reason): that reason is what happened (the server went away before this request was sent: a
+            # cut). Any other refusal puts nothing there, and costs this wait once.
+            try:
+                _, error = results.get(timeout=STREAM_ERROR_WAIT_S)
+            except queue.Empty:
+                error = None
+            if error is not None:
+                raise self._stream_error(error) from None
             raise ClientError(f"{self.model} at {self.url}: {err.message()}") from None
         finally:
             try:
                 client.stop_stream()
             except Exception:  # noqa: BLE001 - the stream may already be closed by the failure above
                 pass
+
+    def _stream_error(self, error) -> ClientError:
+        """A stream's error as the client raises it: StreamCut where the server went away under it (UNAVAILABLE with
+        a transport's words), otherwise the server's answer."""
+        message = error.message() if hasattr(error, "message") else str(error)
+        status = str(error.status()) if hasattr(error, "status") else ""
+        cut = "UNAVAILABLE" in status + str(error) and any(m in str(error) for m in CUT_MARKERS)
+        return (StreamCut if cut else ClientError)(f"{self.model}: {message}")
 
     @staticmethod
     def _grpc_input(grpcclient, name: str, value: np.ndarray, datatype: str):
