@@ -22,6 +22,7 @@ KEYS = {
     "early_drafts",
     "early_draft_hits",
     "fallback_steps",
+    "constrained_steps",
     "early_draft_hit_rate",
     "hidden_seconds",
 }
@@ -60,6 +61,16 @@ def test_empty_stats_are_zero_not_nan():
 def test_record_step_rejects_more_accepted_than_drafted():
     with pytest.raises(ValueError, match=r"accepted = 3 must lie in \[0, drafted = 2\]"):
         SpeculationStats().record_step(2, 3)
+
+
+def test_constrained_steps_merge_round_trip_and_read_back_without_them():
+    s = filled()
+    s.constrained_steps = 2
+    assert s.merge(s).constrained_steps == 4 and s.merge(filled()).constrained_steps == 2
+    assert SpeculationStats.from_dict(s.to_dict()).constrained_steps == 2
+    assert s.report_fields()["constrained_steps"] == 2
+    without = {k: v for k, v in s.to_dict().items() if k != "constrained_steps"}
+    assert SpeculationStats.from_dict(without).constrained_steps == 0
 
 
 def test_a_fallback_step_counts_as_its_drafters_step_with_no_proposal():
@@ -175,6 +186,7 @@ def test_the_report_fields_are_exactly_these():
         "early_draft_hit_rate": 2 / 3,
         "hidden_seconds": 0.75,
         "fallback_steps": 2,
+        "constrained_steps": 0,
         "by_drafter": {
             "lookup": {"steps": 2, "proposals": 1, "drafted": 1, "accepted": 1, "acceptance_rate": 1.0},
             "model": {"steps": 3, "proposals": 1, "drafted": 3, "accepted": 2, "acceptance_rate": 2 / 3},

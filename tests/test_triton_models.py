@@ -142,7 +142,6 @@ def test_reference_llm_refuses_what_it_cannot_honour():
         ("beam_width", np.array([[2]], np.int32), "beam_width"),
         ("streaming", np.array([[True]]), "Streaming is only supported if model is deployed using decoupled mode."),
         ("return_log_probs", np.array([[True]]), "return_log_probs"),
-        ("bad_words_list", np.array([[[7], [1]]], np.int32), "bad_words_list"),
         ("embedding_bias", np.array([[0.0, 1.5]], np.float32), "embedding_bias"),
         ("lora_task_id", np.array([[1]], np.uint64), "lora_task_id"),
     ):

@@ -173,6 +173,22 @@ class ContractVerifier:
             self._cross_check(response, k, accepted, stopped, draft_ids, new)
         return Verification(accepted=accepted, tokens=out, seconds=time.perf_counter() - t0)
 
+    def step_banning(self, tokens: list[int], banned: np.ndarray, sampling: SamplingParams) -> int:
+        """One plain step continuing `tokens` with each id in `banned` a one-token bad word (`bad_words_list`,
+        TensorRT-LLM's [2, n] word list): the target's choice among the rest, its end_id when it ends there. A guided
+        request's constrained token (speculative.guide); never sent with draft tokens."""
+        request = _base_request(tokens, 1, self.end_id, self.pad_id, sampling)
+        ids = np.asarray(banned, dtype=np.int32).reshape(-1)  # [n]: each id one word, ending at offset i + 1
+        request["bad_words_list"] = np.stack([ids, np.arange(1, ids.size + 1, dtype=np.int32)])  # [2, n]
+        new = _new_tokens(self.call(request), len(tokens), "target")
+        if new:
+            return new[0]
+        if self.end_id is None:
+            raise GenerationError(
+                "the target returned no token and no end_id is known: pass end_id to ContractVerifier."
+            )
+        return self.end_id
+
     def _cross_check(
         self, response: dict[str, Any], k: int, accepted: int, stopped: bool, draft_ids: list[int], new: list[int]
     ) -> None:

@@ -67,6 +67,7 @@ class ParsedRequest:
     return_logits: bool
     return_perf_metrics: bool  # the acceptance outputs are returned only when asked, as by the C++ backend
     stop_words: list[list[int]] = field(default_factory=list)  # stop_words_list's sequences (generated tokens)
+    bad_words: list[list[int]] = field(default_factory=list)  # bad_words_list's sequences: never generated
 
 
 def _scalar(request: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
@@ -159,4 +160,5 @@ def parse_request(request: dict[str, Any], vocab: int, limits: Limits) -> Parsed
         return_logits=_scalar(request, "return_generation_logits", bool, False),
         return_perf_metrics=_scalar(request, "return_perf_metrics", bool, False),
         stop_words=word_sequences(request.get("stop_words_list")),
+        bad_words=word_sequences(request.get("bad_words_list")),
     )

@@ -17,6 +17,7 @@ from specbuild.decode.generation import Generation, StepRecord, finish_reason
 from specbuild.decode.textstream import TextStream
 from specbuild.speculative.adaptive import AdaptiveK
 from specbuild.speculative.draft_len import ResolvedK
+from specbuild.speculative.guide import Guide
 from specbuild.speculative.interfaces import Drafter, Verifier
 from specbuild.speculative.loop import GenerationRequest, Step, generate
 from specbuild.speculative.overlap import AutoSchedule
@@ -52,13 +53,14 @@ def drive(
     ahead_drafter: Drafter | None = None,  # proposes the early drafts (None: drafter)
     on_step: Callable[[Step, list[int]], None] | None = None,  # each step and the output so far ([n])
     drafter_name: str | None = None,  # reported as Generation.drafter
+    guide: Guide | None = None,  # the request's grammar state: structured output (speculative.guide)
 ) -> Generation:
     """Run one request to its end. A bad request raises RequestError before the first step."""
     output: list[int] = []
     records: list[StepRecord] = []
     stats, reason, first = SpeculationStats(), None, None
     started = time.perf_counter()
-    steps = generate(prompt_ids, drafter, verifier, request, controller, schedule, ahead_drafter)
+    steps = generate(prompt_ids, drafter, verifier, request, controller, schedule, ahead_drafter, guide)
     for step in steps:
         if cancelled is not None and cancelled():
             steps.close()

@@ -45,6 +45,8 @@ class Options:
     overlap: bool | str | None = None  # draft the next step while the target verifies: True, False, "auto"
     drafter: str | None = None  # what proposes the draft tokens (specbuild.drafters: model, lookup, hybrid)
     stop: tuple[str, ...] = ()  # stop words: the generation ends with the first it produces (kept in the text)
+    guide_type: str | None = None  # structured output: json, json_schema, regex or ebnf_grammar (decode.grammar)
+    guide: str | None = None  # the schema, regex or grammar text of guide_type
 
     def sampling_dict(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}

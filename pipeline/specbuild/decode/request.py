@@ -22,6 +22,8 @@ The rules, each written here only:
 - Stop words: each tokenized without special tokens, the sequences NVIDIA's preprocessing packs into
   TensorRT-LLM's [2, n] word list for the engines (`contract.words`); a word that tokenizes to nothing is
   dropped, as there. `stop_words` maps each sequence back to its text, for `stop_reason`.
+- A guide (structured output: `decode.grammar`): compiled per request by the deployment's `Grammars`; a guided
+  request ends at the deployment's end ids (the grammar's stop tokens), so one naming another end_id is refused.
 - Stop token ids (the LLM API's `SamplingParams.stop_token_ids`): each a one-token stop sequence whose
   `stop_reason` is the id, matched before the words, as TensorRT-LLM's `_get_stop_reasons_and_words` lists
   them (tensorrt_llm/sampling_params.py @a98a906).
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbuild import drafters
+from specbuild.decode.grammar import Grammars, GuideRequest, XgrammarGuide
 from specbuild.errors import RequestError
 from specbuild.speculative.draft_len import ResolvedK, resolve_k
 from specbuild.speculative.interfaces import SamplingParams
@@ -51,6 +54,7 @@ class Prepared:
     model_end_id: int | None  # the end_id the models get (NO_END_ID kept; None: the deployment has none)
     stop_words: dict[tuple[int, ...], str | int]  # stop sequence -> its text (a stop token id: the id)
     drafter: str = drafters.DEFAULT  # which drafter proposes (specbuild.drafters)
+    guide: XgrammarGuide | None = None  # this request's grammar state (structured output), None: unguided
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class RequestRules:
     adaptive: bool = False  # K adapts when a request does not say
     default_drafter: str = drafters.DEFAULT  # the drafter when a request names none
     runnable_drafters: tuple[str, ...] = (drafters.DEFAULT,)  # the drafters this deployment can run
+    grammars: Grammars | None = None  # compiles guides; None: this deployment serves no guided request
 
     def prepare(
         self,
@@ -77,6 +82,7 @@ class RequestRules:
         adaptive: bool | None = None,
         overlap: bool | str = False,
         drafter: str | None = None,
+        guide: GuideRequest | None = None,
     ) -> Prepared:
         """One request's GenerationRequest. `end_id`: None = the deployment's; NO_END_ID = none. Values are
         kept as asked: the loop's `GenerationRequest.validate` refuses a bad one by name."""
@@ -109,4 +115,14 @@ class RequestRules:
             adaptive=(self.adaptive if adaptive is None else adaptive) and k.k > 0,
             overlap=overlap if name == drafters.MODEL else False,
         )
-        return Prepared(request, k, model_end_id, stop_words, name)
+        grammar = None
+        if guide is not None:
+            if self.grammars is None:
+                raise RequestError("guided decoding needs the deployment's tokenizer, and this one has none.")
+            if model_end_id not in self.grammars.end_ids:
+                raise RequestError(
+                    f"end_id = {model_end_id} cannot end a guided request: a guided output ends where its grammar "
+                    f"allows, at one of the deployment's end ids {list(self.grammars.end_ids)}; leave end_id unset."
+                )
+            grammar = self.grammars.guide(guide)
+        return Prepared(request, k, model_end_id, stop_words, name, grammar)

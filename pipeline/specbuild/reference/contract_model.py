@@ -7,7 +7,8 @@ I/O as the C++ backend; the request rules are the executor's (`specbuild.contrac
     input_ids INT32 [len], input_lengths INT32 [1], request_output_len INT32 [1]     (required)
     draft_input_ids INT32 [k], draft_logits [k, vocab] (logits dtype)               (verification)
     end_id, pad_id INT32 [1]; temperature FP32 [1], runtime_top_k INT32 [1],
-    runtime_top_p FP32 [1], seed UINT64 [1]; stop_words_list INT32 [2, n]; return_generation_logits,
+    runtime_top_p FP32 [1], seed UINT64 [1]; stop_words_list, bad_words_list INT32 [2, n] (bad words: one-token
+    words on a request without draft tokens); return_generation_logits,
     return_perf_metrics BOOL [1]                                                    (optional)
   ->
     output_ids INT32 [1, len] (prompt included: exclude_input_in_output = false),
@@ -46,11 +47,39 @@ from specbuild.speculative.sampling import sample
 __all__ = ["ContractModel", "Limits"]
 
 
-def _picker(sampling: TrtllmSampling, logits_dtype: str):
+def _picker(sampling: TrtllmSampling, logits_dtype: str, banned: list[int]):
+    """logits [vocab] -> the token: greedy or sampled as TensorRT-LLM does, never one of `banned` (one-token bad
+    words, whose logits the ban-words layer sets to -inf before the choice)."""
+
+    def allowed(logits: np.ndarray) -> np.ndarray:
+        if not banned:
+            return logits
+        logits = np.array(logits, dtype=np.float32)
+        logits[banned] = -np.inf
+        return logits
+
     if sampling.greedy:
-        return lambda logits: int(np.argmax(logits))
+        return lambda logits: int(np.argmax(allowed(logits)))
     rng = np.random.default_rng(sampling.seed)
-    return lambda logits: sample(sampling.probs(logits, logits_dtype), rng)
+    return lambda logits: sample(sampling.probs(allowed(logits), logits_dtype), rng)
+
+
+def _banned_tokens(request: ParsedRequest) -> list[int]:
+    """The request's bad words as banned ids: the reference model honours one-token words on a plain request, which
+    is how the BLS uses them (speculative.guide); anything else is refused by name rather than ignored."""
+    if not request.bad_words:
+        return []
+    if request.draft is not None:
+        raise RequestError(
+            "input 'bad_words_list' with 'draft_input_ids' is not supported by the reference model: send bad words "
+            "on a request without draft tokens."
+        )
+    if any(len(word) != 1 for word in request.bad_words):
+        raise RequestError(
+            "input 'bad_words_list' with a word of several tokens is not supported by the reference model: send "
+            "one-token words."
+        )
+    return sorted({word[0] for word in request.bad_words})
 
 
 class ContractModel:
@@ -72,7 +101,9 @@ class ContractModel:
         parsed: list[ParsedRequest | RequestError] = []
         for i, request in enumerate(requests):
             try:
-                parsed.append(parse_request(request, self.engine.vocab_size, self.limits))
+                one = parse_request(request, self.engine.vocab_size, self.limits)
+                _banned_tokens(one)  # what the reference model cannot honour, refused before any work
+                parsed.append(one)
             except RequestError as err:
                 if errors == "raise":
                     raise RequestError(f"request {i}: {err}" if len(requests) > 1 else str(err)) from None
@@ -116,7 +147,7 @@ class ContractModel:
         decoded = self.engine.decode(
             [r.input_ids for r in reqs],
             [r.output_len for r in reqs],
-            [_picker(r.sampling, self.limits.logits_dtype) for r in reqs],
+            [_picker(r.sampling, self.limits.logits_dtype, _banned_tokens(r)) for r in reqs],
             [r.end_id for r in reqs],
             [r.stop_words for r in reqs],
         )

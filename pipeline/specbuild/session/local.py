@@ -27,6 +27,7 @@ from specbuild.config import Spec
 from specbuild.decode.drafting import Drafting
 from specbuild.decode.driver import drive
 from specbuild.decode.generation import Generation, Options
+from specbuild.decode.grammar import Grammars, GuideRequest
 from specbuild.decode.request import RequestRules
 from specbuild.decode.textstream import TextStream
 from specbuild.drafters import LookupSettings
@@ -60,6 +61,7 @@ class LocalSession:
         ahead_drafter: Drafter | None = None,
         sources: dict[str, Any] | None = None,
         drafting: Drafting | None = None,
+        vocab_size: int | None = None,
     ):
         self.drafter, self.verifier = drafter, verifier
         # the drafters requests can choose: the draft model's (`drafter`; None: there is none), prompt lookup, the
@@ -76,6 +78,9 @@ class LocalSession:
             adaptive,
             self.drafting.default,
             self.drafting.available,
+            grammars=Grammars(tokenizer, vocab_size, end_ids(end_id, other_end_ids))
+            if tokenizer is not None and vocab_size
+            else None,  # guided requests need the tokenizer's vocabulary and the model's size
         )
         self.max_seq_len = max_seq_len  # prompt + generated tokens the engines take (None: no limit known)
         self.pair = pair  # reference.loading.LocalPair when loaded from a spec
@@ -130,6 +135,7 @@ class LocalSession:
             overlap_reason=pair.overlap_reason,
             ahead_drafter=pair.ahead_drafter,
             drafting=Drafting.create(spec.speculative.drafter, pair.drafter, spec.lookup),
+            vocab_size=pair.target_model.engine.vocab_size,
         )
 
     def close(self) -> None:
@@ -203,6 +209,7 @@ class LocalSession:
                 adaptive=options.adaptive,
                 overlap=self.overlap if options.overlap is None else options.overlap,
                 drafter=options.drafter,
+                guide=GuideRequest.from_inputs(options.guide_type, options.guide),
             )
         overlap = ready.request.overlap  # off for a drafter other than the draft model (decode.request)
         # Drafting ahead, the early drafts come from the draft model's own process; "auto" makes a step's own
@@ -223,6 +230,7 @@ class LocalSession:
             schedule=self.auto_schedule,
             ahead_drafter=ahead if pair is None else None,
             drafter_name=ready.drafter,
+            guide=ready.guide,
         )
         if generation.finish_reason != "cancelled":
             self.drafting.remember(ready.drafter, prompt_ids, generation.output_ids or [], generation.stats)

@@ -51,6 +51,7 @@ import numpy as np
 from specbuild.errors import GenerationError, RequestError
 from specbuild.speculative.adaptive import AdaptiveK
 from specbuild.speculative.draft_len import check_k
+from specbuild.speculative.guide import Guide, GuidedVerifier, check_guided_sampling, cut_draft, keep_allowed
 from specbuild.speculative.interfaces import Draft, Drafter, SamplingParams, Verification, Verifier
 from specbuild.speculative.overlap import AutoSchedule, DraftAhead
 from specbuild.speculative.sampling import validate_sampling
@@ -137,6 +138,7 @@ def generate(
     controller: AdaptiveK | None = None,
     schedule: AutoSchedule | None = None,
     ahead_drafter: Drafter | None = None,
+    guide: Guide | None = None,
 ) -> Iterator[Step]:
     """Run the draft/verify loop, yielding one Step per verify call (stream step.tokens).
 
@@ -145,9 +147,15 @@ def generate(
     fresh AdaptiveK for this request. The request's K and max_draft_len still cap it. With request.overlap =
     "auto", `schedule` (one AutoSchedule per deployment, learning across requests) decides when to draft ahead;
     None: a fresh one for this request. `ahead_drafter`: what proposes the early drafts (e.g. the draft model in a
-    process of its own); None: `drafter`, which always proposes the drafts a step makes itself.
+    process of its own); None: `drafter`, which always proposes the drafts a step makes itself. `guide`: this
+    request's grammar state (speculative.guide): the output is the target's constrained greedy text, and the
+    verifier must be a GuidedVerifier.
     """
     request.validate()
+    if guide is not None:
+        check_guided_sampling(request.sampling)
+        if not isinstance(verifier, GuidedVerifier):
+            raise GenerationError("a guided request needs a verifier that can step with banned tokens (step_banning).")
     if len(prompt_ids) == 0 or not all(_is_int(t) and t >= 0 for t in prompt_ids):
         raise RequestError(f"prompt_ids = {list(prompt_ids)[:8]!r} is invalid: give at least one token id >= 0.")
     max_draft_len = getattr(verifier, "max_draft_len", None)
@@ -185,6 +193,7 @@ def generate(
         base_seed,
         schedule if request.overlap == "auto" else None,
         ahead_drafter or drafter,
+        guide,
     )
 
 
@@ -198,6 +207,7 @@ def _steps(
     base_seed: int | None,
     schedule: AutoSchedule | None,
     ahead_drafter: Drafter,
+    guide: Guide | None = None,
 ) -> Iterator[Step]:
     sampling = request.sampling
     stops = [[int(t) for t in s] for s in request.stop_sequences]
@@ -226,6 +236,8 @@ def _steps(
                 draft_seconds = draft.seconds or time.perf_counter() - t0
             if k > 0:
                 _check_draft(draft, k)
+                if guide is not None:
+                    draft = cut_draft(draft, guide)
             if ahead is not None:
                 ahead.start(context, output, draft, draft_seconds, index + 1, stats)
 
@@ -233,6 +245,11 @@ def _steps(
             verification = verifier.verify(list(context), draft, _seeded(sampling, base_seed, index, VERIFIER))
             target_seconds = verification.seconds or time.perf_counter() - t0
             _check_verification(verification, draft)
+            if guide is not None:
+                verification, constrained = keep_allowed(
+                    verification, guide, verifier, list(context), _seeded(sampling, base_seed, index, VERIFIER)
+                )
+                stats.constrained_steps += constrained
 
             drafted, accepted = len(draft.tokens), verification.accepted
             stats.record_step(

@@ -18,6 +18,8 @@
   (their draft seconds minus the time the loop waited for them): draft time taken off the request.
 - fallback_steps: steps whose drafter failed (its model dead, frozen or answering an error; speculative.fallback)
   and which ran on the target alone; they count as steps of that drafter with no proposal.
+- constrained_steps (guided requests, speculative.guide): extra plain target steps made where the guide refused the
+  verifier's own token, to find the target's choice among the allowed ones (not counted in steps).
 - by_drafter[name] (name: "model" or "lookup", `Draft.source`): per drafter, the steps it was asked to propose,
   the proposals it made (steps with at least one token), and its drafted and accepted tokens. Steps with K = 0 ask no
   drafter and are in no entry.
@@ -58,6 +60,7 @@ class SpeculationStats:
     early_draft_hits: int = 0
     hidden_seconds: float = 0.0
     fallback_steps: int = 0
+    constrained_steps: int = 0
     by_drafter: dict[str, dict[str, int]] = field(default_factory=dict)  # name -> steps, proposals, drafted, accepted
 
     @property
@@ -131,6 +134,7 @@ class SpeculationStats:
             early_draft_hits=self.early_draft_hits + other.early_draft_hits,
             hidden_seconds=self.hidden_seconds + other.hidden_seconds,
             fallback_steps=self.fallback_steps + other.fallback_steps,
+            constrained_steps=self.constrained_steps + other.constrained_steps,
         )
         for src in (self, other):
             for name, counts in src.by_drafter.items():
@@ -158,6 +162,7 @@ class SpeculationStats:
             "early_draft_hit_rate": self.early_draft_hit_rate,
             "hidden_seconds": self.hidden_seconds,
             "fallback_steps": self.fallback_steps,
+            "constrained_steps": self.constrained_steps,
             "by_drafter": self.drafter_figures(),
         }
 
@@ -184,6 +189,7 @@ class SpeculationStats:
             "early_draft_hit_rate": self.early_draft_hit_rate,
             "hidden_seconds": self.hidden_seconds,
             "fallback_steps": self.fallback_steps,
+            "constrained_steps": self.constrained_steps,
             "by_drafter": {name: dict(counts) for name, counts in sorted(self.by_drafter.items())},
         }
 
@@ -209,6 +215,7 @@ class SpeculationStats:
             early_draft_hits=int(data.get("early_draft_hits", 0)),
             hidden_seconds=float(data.get("hidden_seconds", 0.0)),
             fallback_steps=int(data.get("fallback_steps", 0)),
+            constrained_steps=int(data.get("constrained_steps", 0)),
             by_drafter={
                 str(name): {key: int(counts.get(key, 0)) for key in DRAFTER_COUNTS}
                 for name, counts in dict(data.get("by_drafter") or {}).items()

@@ -16,7 +16,8 @@ model_state_->getLogitsDataType())`). The executor's request rules are in `specb
 What the backend treats as absent is accepted: an empty `embedding_bias` (`utils.cc` drops a bias of
 shape [0]), empty stop/bad word lists, and decoder_input_ids / decoder_input_lengths, which a
 decoder-only engine does not read (NVIDIA's preprocessing always sends them). Inputs the reference
-runtime cannot honour (beam search, log probs, context logits, penalties, bad words, a non-empty bias,
+runtime cannot honour (beam search, log probs, context logits, penalties, bad words of several tokens or beside
+draft tokens, a non-empty bias,
 LoRA, multimodal) are refused by name with INVALID_ARG; stop words are honoured (the ensemble's clients send
 them, and preprocessing adds a checkpoint's other end ids as stop words); sent with their neutral values they
 are accepted. `min_tokens` is accepted and not enforced (NVIDIA's BLS sends it on draft calls; it
@@ -78,6 +79,7 @@ PER_ROW = (
     "return_generation_logits",
     "return_perf_metrics",
     "stop_words_list",
+    "bad_words_list",
 )
 IGNORED = (
     "min_tokens",
@@ -112,11 +114,6 @@ LOGITS_TYPE_CHECK = (
 )
 
 
-def _word_list_empty(value: np.ndarray) -> bool:
-    array = np.asarray(value)
-    return array.size == 0 or bool(np.all(array.reshape(-1, 2, array.shape[-1])[:, 1, :] < 0))
-
-
 def check_supported(inputs: dict[str, np.ndarray], decoupled: bool = False) -> None:
     batch = np.asarray(inputs["input_ids"]).shape[0] if "input_ids" in inputs else 1
     if not decoupled and batch > 1:
@@ -135,8 +132,6 @@ def check_supported(inputs: dict[str, np.ndarray], decoupled: bool = False) -> N
             continue
         if name == "embedding_bias" and (np.asarray(value).size == 0 or not np.any(np.asarray(value))):
             continue  # empty: absent to the backend; all zeros: adds nothing
-        if name == "bad_words_list" and _word_list_empty(value):
-            continue
         raise RequestError(f"input {name!r} is not supported by the reference model: remove it.")
 
 
