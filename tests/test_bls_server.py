@@ -532,11 +532,12 @@ def test_greedy_with_lookup_or_the_hybrid_equals_target_only(server, target_only
         assert after[key] - before.get(key, 0.0) == count, name
 
 
-def _frontend_request(server, prompt: str, stream: bool, max_tokens: int) -> list[dict]:
+def _frontend_request(server, prompt: str, stream: bool, max_tokens: int, guide: str | None = None) -> list[dict]:
     """The tensors Triton's OpenAI-compatible frontend sends a TensorRT-LLM model (triton-inference-server/server,
     python/openai/openai_frontend/engine/utils/triton.py, `_create_trtllm_generate_request`: always text_input, stream,
     max_tokens, return_num_input_tokens and return_num_output_tokens; echo=False as exclude_input_in_output), on a
-    gRPC stream: each response's text and token counts."""
+    gRPC stream: each response's text and token counts. `guide`: a tool call's JSON schema, which the frontend sends
+    as guided_decoding_guide_type = json_schema and guided_decoding_guide."""
     import queue
 
     import tritonclient.grpc as grpcclient
@@ -549,6 +550,9 @@ def _frontend_request(server, prompt: str, stream: bool, max_tokens: int) -> lis
         "return_num_input_tokens": (np.array([[True]]), "BOOL"),
         "return_num_output_tokens": (np.array([[True]]), "BOOL"),
     }
+    if guide is not None:
+        tensors["guided_decoding_guide_type"] = (np.array([[b"json_schema"]], dtype=object), "BYTES")
+        tensors["guided_decoding_guide"] = (np.array([[guide.encode()]], dtype=object), "BYTES")
     inputs = []
     for name, (value, datatype) in tensors.items():
         inputs.append(grpcclient.InferInput(name, list(value.shape), datatype))
@@ -610,3 +614,67 @@ def test_the_openai_frontends_tensors_are_served_and_its_usage_counts_every_toke
         assert max(per_response) > 1  # a verify step that kept draft tokens streams them in one response
     else:
         assert len(responses) == 1
+
+
+GUIDES = [
+    ("json_schema", json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})),
+    ("regex", r"(yes|no), [a-z]{2,10}\."),
+    ("json_schema", json.dumps({"enum": ["red", "green", "blue"]})),
+]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_guided_greedy_through_the_bls_equals_the_local_constrained_greedy(server, local, protocol, stream):
+    """Structured output through the served BLS: NVIDIA's guided inputs, any K, token for token the in-process
+    constrained greedy at K = 0 (itself equal to the target's constrained argmax: tests/test_guided.py)."""
+    from specbuild.decode.generation import Options
+
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    constrained = 0
+    with SpecbuildClient(url, protocol=protocol) as client:
+        for guide_type, guide in GUIDES:
+            for prompt in PROMPTS[:2]:
+                options = Options(max_tokens=24, num_draft_tokens=0, guide_type=guide_type, guide=guide)
+                expected = local.generate(prompt, options)
+                for k in (0, 4):
+                    chunks = list(
+                        client.generate(
+                            prompt, max_tokens=24, num_draft_tokens=k, stream=stream, guide_type=guide_type, guide=guide
+                        )
+                    )
+                    stats = chunks[-1].stats
+                    assert stats["output_ids"] == expected.output_ids, (guide, prompt, k)
+                    assert "".join(c.text for c in chunks) == expected.text
+                    constrained += stats["speculation_stats"]["constrained_steps"]
+    assert constrained > 0  # the served BLS made constrained steps (bad_words_list to the real server's target)
+
+
+@pytest.mark.parametrize(
+    ("guide_type", "guide", "message"),
+    [
+        ("json_schema", "{bad", r"guided_decoding_guide \(json_schema\) does not compile: Failed to parse JSON"),
+        ("regex", "(", r"guided_decoding_guide \(regex\) does not compile: Regex parsing error"),
+        ("yaml", "a: 1", "guided_decoding_guide_type = 'yaml' is unknown"),
+        (None, "[0-9]+", "without guided_decoding_guide_type"),
+    ],
+)
+def test_a_malformed_guide_is_invalid_arg_and_the_server_keeps_serving(server, target_only, guide_type, guide, message):
+    with SpecbuildClient(server.grpc_url) as client:
+        with pytest.raises(ClientError, match=message):
+            client.complete("x", max_tokens=4, guide_type=guide_type, guide=guide)
+        text, stats = client.complete("def add(a, b):", max_tokens=8)
+    assert stats["output_ids"] == target_only("def add(a, b):", 8)
+
+
+def test_the_openai_frontends_tool_call_guide_is_served(server, local):
+    """A tool call through NVIDIA's OpenAI frontend sends its arguments' schema as a json_schema guide with the
+    counts it always asks for: the BLS honours it, and the text is what the in-process guided run gives."""
+    from specbuild.decode.generation import Options
+
+    schema = GUIDES[0][1]
+    expected = local.generate('{"name": ', Options(max_tokens=24, guide_type="json_schema", guide=schema))
+    for stream in (True, False):
+        responses = _frontend_request(server, '{"name": ', stream, 24, guide=schema)
+        assert "".join(r["text"] for r in responses) == expected.text
+        assert _frontend_usage(responses)[1] == len(expected.output_ids)

@@ -336,6 +336,20 @@ def listed_end_ids(folder: str | Path) -> list[int]:
     return []
 
 
+def checkpoint_vocab_size(folder: str | Path) -> int | None:
+    """config.json's vocab_size in `folder` (a checkpoint, or a reference engine, which copies it; a multimodal
+    config's text_config), the model's rows: None where it does not say."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for where in (config, config.get("text_config") if isinstance(config, dict) else None):
+        value = where.get("vocab_size") if isinstance(where, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def end_ids(first: int | None, others: Iterable[int | None]) -> tuple[int, ...]:
     """Every id that ends a generation, each once: `first` (the one sent to the models as end_id), then the others
     (the tokenizer's eos, the checkpoint's listed ones)."""

@@ -9,6 +9,7 @@ server loads, as its stand-in runs it). Without --local the prompt goes to a run
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -93,6 +94,22 @@ from specbuild.cli.common import emit_json, get_spec, json_option, log, shown_pa
     "loads it (its output_ids are the models', which the llmapi server does not send); trtllm, "
     "reference: reference engines when built, else the Hugging Face checkpoints. " + backends.DEFAULT_HELP,
 )
+@click.option(
+    "--json-schema",
+    "json_schema",
+    default=None,
+    metavar="SCHEMA",
+    help="Structured output: the text is JSON valid against SCHEMA (inline JSON, or @file). Greedy only; exact with "
+    "speculation.",
+)
+@click.option("--json-object", "json_object", is_flag=True, help="Structured output: the text is one JSON value.")
+@click.option("--regex", default=None, metavar="REGEX", help="Structured output: the text matches REGEX.")
+@click.option(
+    "--grammar",
+    default=None,
+    metavar="EBNF",
+    help="Structured output: the text follows the EBNF grammar (xgrammar's dialect, rule `root`; inline or @file).",
+)
 @click.option("--device", default="auto", show_default=True, help="--local: cpu, cuda, or auto.")
 @click.option(
     "--no-cache", "no_cache", is_flag=True, help="--local: disable the KV and prefix caches (slower; same output)."
@@ -124,6 +141,10 @@ def command(
     overlap,
     drafter,
     backend,
+    json_schema,
+    json_object,
+    regex,
+    grammar,
     device,
     no_cache,
     threads,
@@ -139,6 +160,8 @@ def command(
       specbuild generate --local --stop return "def add(a, b):"    # ends with the first "return"
       specbuild generate --local --drafter lookup "Repeat: the cat sat on the mat. Repeat: the cat"
       specbuild generate --chat --system "Be brief." "What is speculative decoding?"
+      specbuild generate --local --json-schema @person.schema.json "A person as JSON: "
+      specbuild generate --local --regex "[0-9]{1,3}" "The answer is "
 
     Text goes to stdout (streamed unless --no-stream); acceptance figures to stderr, or
     everything as one JSON document with --json.
@@ -165,6 +188,7 @@ def command(
         overlap=None if local else overlap,
         drafter=drafter,
         stop=tuple(stop),
+        **_guide(json_schema, json_object, regex, grammar),
     )
     echo = None if as_json or not stream else _echo_stdout
     if local:
@@ -189,6 +213,29 @@ def command(
     else:
         click.echo("")
     log(summary(doc))
+
+
+def _guide(json_schema: str | None, json_object: bool, regex: str | None, grammar: str | None) -> dict[str, str]:
+    """The one guide the options ask for, as Options' guide_type / guide (NVIDIA's guide types)."""
+    asked = {
+        "json_schema": json_schema,
+        "json": "" if json_object else None,
+        "regex": regex,
+        "ebnf_grammar": grammar,
+    }
+    given = {kind: text for kind, text in asked.items() if text is not None}
+    if len(given) > 1:
+        raise click.UsageError("pass one of --json-schema, --json-object, --regex, --grammar.")
+    if not given:
+        return {}
+    ((kind, text),) = given.items()
+    if kind in ("json_schema", "ebnf_grammar") and text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as err:
+            option = "--json-schema" if kind == "json_schema" else "--grammar"
+            raise click.BadParameter(f"cannot read {text[1:]}: {err.strerror}", param_hint=option) from None
+    return {"guide_type": kind, "guide": text}
 
 
 def _echo_stdout(text: str) -> None:

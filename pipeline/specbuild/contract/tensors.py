@@ -190,6 +190,10 @@ BLS_INPUTS: tuple[Tensor, ...] = _TEXT_INPUTS + (
     Tensor("num_return_sequences", "TYPE_INT32", (1,), optional=True),
     Tensor("num_draft_tokens", "TYPE_INT32", (1,), optional=True),  # K; 0 = target only
     Tensor("use_draft_logits", "TYPE_BOOL", (1,), optional=True),
+    # structured output, NVIDIA's names (its BLS and tensorrt_llm model declare them): json, json_schema, regex,
+    # ebnf_grammar, and the guide's text; specbuild's BLS applies the guide itself (speculative.guide)
+    Tensor("guided_decoding_guide_type", "TYPE_STRING", (1,), optional=True),
+    Tensor("guided_decoding_guide", "TYPE_STRING", (1,), optional=True),
 )
 BLS_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "TYPE_STRING", (-1,)),

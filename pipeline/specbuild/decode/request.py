@@ -118,7 +118,10 @@ class RequestRules:
         grammar = None
         if guide is not None:
             if self.grammars is None:
-                raise RequestError("guided decoding needs the deployment's tokenizer, and this one has none.")
+                raise RequestError(
+                    "this deployment does not serve guided requests: structured output runs on the engine path (the "
+                    "BLS, and `generate --local` on the reference runtime), which needs the tokenizer."
+                )
             if model_end_id not in self.grammars.end_ids:
                 raise RequestError(
                     f"end_id = {model_end_id} cannot end a guided request: a guided output ends where its grammar "

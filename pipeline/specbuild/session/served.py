@@ -264,6 +264,8 @@ class ServedSession:
                 overlap=options.overlap,
                 drafter=options.drafter,
                 stop_words=list(options.stop),
+                guide_type=options.guide_type,
+                guide=options.guide,
             )
             streamed = read_stream(chunks, on_text, started)
         except ClientError:

@@ -166,6 +166,8 @@ _INPUT_TYPES = {  # request field -> (Triton datatype, numpy dtype): NVIDIA's BL
         "use_draft_logits",
         "exclude_input_in_output",
         "return_perf_metrics",
+        "guided_decoding_guide_type",
+        "guided_decoding_guide",
     )
 }
 
@@ -382,9 +384,14 @@ class SpecbuildClient:
         stop_words: list[str] | None = None,
         overlap: bool | str | None = None,
         drafter: str | None = None,
+        guide_type: str | None = None,
+        guide: str | None = None,
         **extra: Any,
     ) -> Iterator[Chunk]:
         """Yield text chunks as the server sends them; the last one has final=True and the stats.
+
+        `guide_type` (json, json_schema, regex, ebnf_grammar) and `guide` (its schema, regex or grammar): structured
+        output, sent as NVIDIA's guided_decoding_guide_type / guided_decoding_guide inputs (the BLS only).
 
         Options left at None are not sent (the deployment's defaults apply), with two exceptions that keep
         this client's meaning under TensorRT-LLM's rules: a temperature > 0 without top_k or top_p also sends
@@ -404,6 +411,8 @@ class SpecbuildClient:
             "top_p": top_p,
             "seed": seed,
             "stream": stream,
+            "guided_decoding_guide_type": guide_type,
+            "guided_decoding_guide": guide,
             **extra,
         }
         fields = {k: v for k, v in fields.items() if v is not None}
@@ -490,7 +499,7 @@ class SpecbuildClient:
         ]
         for name, (value, datatype, dtype) in request.inputs.items():
             array = (
-                np.array([w.encode("utf-8") for w in value], dtype=object)
+                np.array([w.encode("utf-8") for w in (value if isinstance(value, list) else [value])], dtype=object)
                 if datatype == "BYTES"
                 else np.array([value], dtype=dtype)
             )

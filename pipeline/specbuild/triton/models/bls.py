@@ -57,10 +57,11 @@ from specbuild.contract.tensors import final_values
 from specbuild.decode.drafting import Drafting
 from specbuild.decode.driver import drive
 from specbuild.decode.generation import Generation
+from specbuild.decode.grammar import Grammars
 from specbuild.decode.request import RequestRules
 from specbuild.decode.textstream import TextStream
 from specbuild.errors import RequestError
-from specbuild.hfmodel import end_ids, listed_end_ids
+from specbuild.hfmodel import checkpoint_vocab_size, end_ids, listed_end_ids
 from specbuild.speculative.overlap import AutoSchedule, available_cores, parse_setting, resolve_auto
 from specbuild.speculative.shared_pool import SharedLookupPool, pool_path
 from specbuild.triton.models.bls_metrics import QueueMetrics, SpeculationMetrics
@@ -143,6 +144,13 @@ class TritonPythonModel:
             settings.adaptive_draft_len,
             settings.drafter,
             drafters.runnable(bool(self.draft_model)),  # no draft model (a target-only deployment): lookup only
+            # guided requests (structured output): the tokenizer's vocabulary and the target's rows, read from the
+            # config.json beside the tokenizer (the checkpoint's, or the reference engine's), so padding is banned too
+            grammars=Grammars(
+                self.tokenizer,
+                checkpoint_vocab_size(tokenizer_dir) or len(self.tokenizer),
+                end_ids(self.pre.end_id, listed_end_ids(tokenizer_dir)),
+            ),
         )
         token_bytes = max_token_bytes(self.tokenizer)
         if token_bytes.longest is None:
@@ -309,6 +317,7 @@ class TritonPythonModel:
             stop=req.stop_words,
             overlap=self._schedule(request),
             drafter=self._drafter(request),
+            guide=req.guide,
         )
         pad_id = self.pre.pad_id if req.pad_id is None else req.pad_id
         use_logits = self.default_use_draft_logits if req.use_draft_logits is None else req.use_draft_logits
@@ -360,6 +369,7 @@ class TritonPythonModel:
                 stop_words=ready.stop_words,
                 schedule=self.auto_schedule,
                 drafter_name=ready.drafter,
+                guide=ready.guide,
             )
         finally:
             if verifier.retries:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specbuild.decode.grammar import GuideRequest
 from specbuild.errors import RequestError
 from specbuild.speculative.interfaces import SamplingParams
 
@@ -57,9 +58,8 @@ UNSUPPORTED_INPUTS = (
     "image_url_input",
     "video_bytes_input",
     "decoder_text_input",
-    "guided_decoding_guide_type",
-    "guided_decoding_guide",
 )
+MAX_GUIDE_BYTES = 256 * 1024  # a guide's text (schema, regex, grammar): refused above this, before it is compiled
 
 
 # Inputs accepted only at their neutral value (NVIDIA clients often send them with defaults).
@@ -110,6 +110,7 @@ class BlsRequest:
     # does when asked; Triton's OpenAI frontend always asks and sums a stream's counts (its usage)
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    guide: GuideRequest | None = None  # structured output (guided_decoding_guide_type / _guide); None: unguided
 
 
 def _scalar(get: Getter, name: str, kind: str) -> object | None:
@@ -271,4 +272,21 @@ def parse_request(get: Getter, limits: RequestLimits) -> BlsRequest:
         exclude_input_in_output=exclude,
         return_num_input_tokens=bool(_scalar(get, "return_num_input_tokens", "bool") or False),
         return_num_output_tokens=bool(_scalar(get, "return_num_output_tokens", "bool") or False),
+        guide=_guide(get),
+    )
+
+
+def _guide(get: Getter) -> GuideRequest | None:
+    """NVIDIA's two guided inputs read as one guide, its text bounded in bytes before anything compiles it."""
+    value = get("guided_decoding_guide")
+    if value is not None and np.asarray(value).size == 1:
+        item = np.asarray(value).reshape(-1)[0]
+        size = len(item) if isinstance(item, bytes) else len(str(item).encode("utf-8"))
+        if size > MAX_GUIDE_BYTES:
+            raise RequestError(
+                f"input 'guided_decoding_guide' is {size} bytes, above the {MAX_GUIDE_BYTES} bytes a guide may have."
+            )
+    guide_type = _scalar(get, "guided_decoding_guide_type", "str")
+    return GuideRequest.from_inputs(
+        None if guide_type is None else str(guide_type), _scalar(get, "guided_decoding_guide", "str")
     )

@@ -1,6 +1,6 @@
 """A target that fails is a pause, not an error: the BLS's verify call is tried again until the target serves again.
 
-Each verify call is the whole request so far (the prompt and every token accepted, specbuild.contract.adapters;
+Each verify call (and a guided request's constrained step) is the whole request so far (the prompt and every token accepted, specbuild.contract.adapters;
 KV-cache reuse makes the repeat cheap on a GPU), and a failed call returned nothing the loop used, so calling again
 once the target answers gives the very step the failed call would have: the stream goes on exactly as without the
 fault, greedy or sampled. `RetryingVerifier` wraps the BLS's ContractVerifier: a call that fails with ModelCallError
@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
 
 from specbuild.speculative.interfaces import Draft, SamplingParams, Verification, Verifier
 from specbuild.triton.models.common import ModelCallError
 
 __all__ = ["RetryingVerifier", "TargetUnavailable"]
+
+T = TypeVar("T")
 
 
 class TargetUnavailable(ModelCallError):
@@ -55,11 +60,18 @@ class RetryingVerifier:
         return self.verifier.max_draft_len
 
     def verify(self, tokens: list[int], draft: Draft, sampling: SamplingParams) -> Verification:
+        return self._retried(lambda: self.verifier.verify(tokens, draft, sampling))
+
+    def step_banning(self, tokens: list[int], banned: np.ndarray, sampling: SamplingParams) -> int:
+        """A guided request's constrained step (speculative.guide), tried again like a verification."""
+        return self._retried(lambda: self.verifier.step_banning(tokens, banned, sampling))  # type: ignore[attr-defined]
+
+    def _retried(self, call: Callable[[], T]) -> T:
         first_failure: float | None = None
         wait = self.FIRST_WAIT_S
         while True:
             try:
-                verification = self.verifier.verify(tokens, draft, sampling)
+                verification = call()
             except TargetUnavailable:
                 raise
             except ModelCallError as err:
