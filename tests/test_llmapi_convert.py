@@ -161,6 +161,50 @@ def test_the_stand_in_with_an_ngram_config_drafts_by_lookup_and_gives_the_target
     assert drafted > 0 and llm.lookup.pool.figures()["sequences"] == 3
 
 
+def test_the_stand_in_honours_guided_decoding_params_as_the_engine_path_guides(tmp_path, example_tiny):
+    """SamplingParams.guided_decoding (GuidedDecodingParams' fields: json, json_object, regex, grammar) through the
+    stand-in LLM, speculating: token for token the engine path's guided run at K = 0 in-process (itself the target's
+    constrained greedy, tests/test_guided.py); what the LLM API refuses is refused."""
+    from triton_helpers import make_deployment
+
+    from specbuild.decode.generation import Options
+    from specbuild.llmapi.args import llm_args
+    from specbuild.llmapi.build import locations
+    from specbuild.llmapi.checkpoint import convert_pair
+    from specbuild.llmapi.llm import StandInLLM, sampling_from_request
+    from specbuild.llmapi.protocol import ModelException
+    from specbuild.session.local import LocalSession
+
+    deployment = make_deployment(tmp_path, example_tiny)
+    convert_pair(deployment.spec, ["target", "draft"], log=lambda m: None)
+    args = llm_args(deployment.spec, locations(deployment.spec))
+    assert args["guided_decoding_backend"] == "xgrammar"
+    llm = StandInLLM(args)
+    local = LocalSession.from_spec(deployment.spec, device="cpu", threads=1)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    guides = [
+        ({"json": schema}, "json_schema", json.dumps(schema)),
+        ({"json": json.dumps(schema)}, "json_schema", json.dumps(schema)),
+        ({"regex": "(yes|no), [a-z]{2,10}\\."}, "regex", "(yes|no), [a-z]{2,10}\\."),
+        ({"grammar": 'root ::= "(" [a-z]+ ")"'}, "ebnf_grammar", 'root ::= "(" [a-z]+ ")"'),
+        ({"json_object": True}, "json", ""),
+    ]
+    for guided, guide_type, guide in guides:
+        for prompt in ("def add(a, b):", "Answer: "):
+            options = Options(max_tokens=20, num_draft_tokens=0, guide_type=guide_type, guide=guide)
+            expected = local.generate(prompt, options)
+            sampling = sampling_from_request({"max_tokens": 20, "guided_decoding": guided})
+            final = llm.generate(prompt, sampling, streaming=False).outputs[0]
+            assert final.token_ids == expected.output_ids, (guided, prompt)
+    with pytest.raises(ModelException, match="Only one guide can be used for a request, but got 2"):
+        sampling_from_request({"guided_decoding": {"regex": "a", "json_object": True}})
+    with pytest.raises(ModelException, match="structural_tag is not supported"):
+        sampling_from_request({"guided_decoding": {"structural_tag": "{}"}})
+    without = StandInLLM({key: value for key, value in args.items() if key != "guided_decoding_backend"})
+    with pytest.raises(ModelException, match="guided_decoding needs the LLM argument guided_decoding_backend"):
+        without.generate("x", sampling_from_request({"guided_decoding": {"json_object": True}}), streaming=False)
+
+
 def test_build_needs_both_checkpoints(tiny_spec_path):
     result = CliRunner().invoke(main, ["build", "-c", str(tiny_spec_path), "--backend", "llmapi"])
     assert result.exit_code == 1 and "run `specbuild convert --backend llmapi` first" in result.output.lower()

@@ -161,6 +161,15 @@ ADD_SPECIAL_TOKENS = True
 # SamplingParams.max_tokens when the request sends none: 32 in the sampling_params.py versions read (1.x);
 # not confirmed at the 1.2.1 tag.
 DEFAULT_MAX_TOKENS = 32
+# Guided decoding (structured output): SamplingParams.guided_decoding = GuidedDecodingParams(json=<schema: str or
+# dict>, regex=, grammar=<EBNF>, json_object=True, structural_tag=), one field at a time ("Only one guide can be used
+# for a request"), NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py @000a01d; the LLM compiles it with the
+# `guided_decoding_backend` LLM argument ("xgrammar": _torch/pyexecutor/grammar_matcher.py XGrammarMatcherFactory,
+# json -> compile_json_schema, json_object -> compile_builtin_json_grammar, regex -> compile_regex, grammar ->
+# compile_grammar). Each field as the Triton guide type (decode.grammar) that compiles it the same way:
+GUIDED_DECODING_BACKEND = "xgrammar"
+GUIDED_FIELDS = {"json": "json_schema", "json_object": "json", "regex": "regex", "grammar": "ebnf_grammar"}
+GUIDED_UNSUPPORTED = ("structural_tag",)  # xgrammar structural tags: not served by specbuild's stand-ins
 # RESULT: CompletionOutput.finish_reason: Optional[Literal['stop', 'length', 'timeout', 'cancelled']];
 # END_ID and STOP_WORDS -> 'stop' (stop_reason = the matched stop string), LENGTH -> 'length'.
 FINISH_REASONS = ("stop", "length", "timeout", "cancelled")

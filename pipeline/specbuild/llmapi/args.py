@@ -88,6 +88,7 @@ def llm_args(spec: Spec, where: Locations) -> dict[str, Any]:
         "max_num_tokens": b.max_num_tokens,
         "kv_cache_config": {"free_gpu_memory_fraction": fraction, "enable_block_reuse": spec.llmapi.enable_block_reuse},
         "disable_overlap_scheduler": spec.llmapi.disable_overlap_scheduler,
+        "guided_decoding_backend": contract.GUIDED_DECODING_BACKEND,  # structured output (response_format, guides)
     }
     if sp.num_draft_tokens > 0 and sp.drafter == "lookup":
         args["speculative_config"] = {

@@ -23,6 +23,7 @@ report (blocks of 32 tokens for the prompt and output), and say so in docs/llmap
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from typing import Any
 from specbuild import drafters
 from specbuild.contract import llmapi as contract
 from specbuild.decode.drafting import Drafting
+from specbuild.decode.grammar import Grammars, GuideRequest
 from specbuild.decode.request import RequestRules
 from specbuild.errors import RequestError
 from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
@@ -127,6 +129,32 @@ class Sampling:
     return_perf_metrics: bool
     stop: list[str]
     stop_token_ids: list[int]
+    guide: GuideRequest | None = None  # SamplingParams.guided_decoding as a guide (decode.grammar)
+
+
+def guide_from_params(guided: Any) -> GuideRequest | None:
+    """SamplingParams.guided_decoding (GuidedDecodingParams, or its fields as a mapping) as a guide; ModelException
+    names what is refused: more than one guide (the LLM API's own rule), a structural tag."""
+    if guided is None:
+        return None
+    fields = (
+        dict(guided)
+        if isinstance(guided, dict)
+        else {name: getattr(guided, name, None) for name in (*contract.GUIDED_FIELDS, *contract.GUIDED_UNSUPPORTED)}
+    )
+    given = {name: value for name, value in fields.items() if value}
+    if len(given) > 1:
+        raise ModelException(f"Only one guide can be used for a request, but got {len(given)}.")
+    if not given:
+        return None
+    ((name, value),) = given.items()
+    if name not in contract.GUIDED_FIELDS:
+        raise ModelException(f"guided_decoding.{name} is not supported by the CPU stand-in: use json, regex or grammar")
+    text = "" if name == "json_object" else value if isinstance(value, str) else json.dumps(value)
+    try:
+        return GuideRequest(contract.GUIDED_FIELDS[name], text)
+    except RequestError as err:
+        raise ModelException(str(err)) from None
 
 
 def sampling_from_request(params: dict[str, Any]) -> Sampling:
@@ -159,6 +187,7 @@ def sampling_from_request(params: dict[str, Any]) -> Sampling:
         return_perf_metrics=bool(params.get("return_perf_metrics", False)),
         stop=stop_strings(params.get("stop")),
         stop_token_ids=[int(i) for i in params.get("stop_token_ids") or ()],
+        guide=guide_from_params(params.get("guided_decoding")),
     )
 
 
@@ -196,6 +225,7 @@ class StandInLLM:
             else None
         )
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.target_dir), local_files_only=True)
+        self.vocab_size = self.target.engine.vocab_size  # the target's rows: the ids a guided request may ban
         # one end id, the tokenizer's eos, as SamplingParams._setup sets it (tensorrt_llm/sampling_params.py @a98a906);
         # the checkpoint's other end ids come with each request as stop_token_ids (specbuild.llmapi.end_ids). The LLM
         # API drafts max_draft_len at every step (0: target only), and K does not adapt
@@ -208,6 +238,9 @@ class StandInLLM:
             self.k if drafts else 0,
             default_drafter=self.lookup.default if self.lookup else drafters.MODEL,
             runnable_drafters=(self.lookup.default,) if self.lookup else (drafters.MODEL,),
+            grammars=Grammars(self.tokenizer, self.vocab_size, () if eos is None else (eos,))
+            if self.args.get("guided_decoding_backend") == contract.GUIDED_DECODING_BACKEND
+            else None,  # the LLM compiles guides only with its guided_decoding_backend
         )
         self.max_batch_size = batch
 
@@ -248,11 +281,17 @@ class StandInLLM:
                     f"the prompt ({len(prompt_ids)} tokens) does not fit max_seq_len = {self.max_seq_len}"
                 )
             max_tokens = min(max_tokens, self.max_seq_len - len(prompt_ids))
+        if sampling.guide is not None and self.rules.grammars is None:
+            raise ModelException(
+                "guided_decoding needs the LLM argument guided_decoding_backend: "
+                f"{contract.GUIDED_DECODING_BACKEND} (specbuild writes it into model.yaml; this one lacks it)"
+            )
         ready = self.rules.prepare(
             max_tokens=max_tokens,
             stop=sampling.stop,
             stop_token_ids=sampling.stop_token_ids,
             sampling=SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed),
+            guide=sampling.guide,
         )
         target = call("target") if call else self.target
         verifier = ContractVerifier(target, max_draft_len=self.k, end_id=ready.model_end_id)
@@ -286,6 +325,7 @@ class StandInLLM:
                 stop_words=ready.stop_words,
                 on_step=on_step,
                 drafter_name=ready.drafter,
+                guide=ready.guide,
             )
         except RequestError as err:
             raise ModelException(str(err)) from None
