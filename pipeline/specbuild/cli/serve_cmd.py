@@ -86,13 +86,29 @@ DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuil
 )
 @click.option(
     "--server",
-    type=click.Choice(["tritonserver", "trtllm-serve"]),
+    type=click.Choice(["tritonserver", "trtllm-serve", "openai"]),
     default="tritonserver",
     show_default=True,
     help="trtllm-serve: TensorRT-LLM's OpenAI-compatible server on `build --backend llmapi`'s arguments "
-    "(GPU; no repository; --http-port is its port).",
+    "(GPU; no repository; --http-port is its port). openai: NVIDIA's OpenAI-compatible Triton frontend on the "
+    "engine path's repository (GPU image; /v1 on --openai-port, KServe HTTP and gRPC on --http-port / "
+    "--grpc-port; no supervisor, no drain).",
 )
 @click.option("--trtllm-serve", "trtllm_serve", default=None, help="The trtllm-serve binary (default: PATH).")
+@click.option(
+    "--openai-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="--server openai: the OpenAI API's port (default: 9000, the frontend's).",
+)
+@click.option(
+    "--openai-frontend",
+    "openai_frontend",
+    default=None,
+    metavar="MAIN_PY",
+    help="--server openai: NVIDIA's frontend main.py (default: $SPECBUILD_OPENAI_FRONTEND, else the Triton "
+    "image's /opt/tritonserver/python/openai/openai_frontend/main.py).",
+)
 @click.option(
     "--nodes",
     type=click.IntRange(min=1),
@@ -129,6 +145,8 @@ def command(
     backend,
     server,
     trtllm_serve,
+    openai_port,
+    openai_frontend,
     nodes,
     launcher,
     dry_run,
@@ -185,6 +203,13 @@ def command(
             dry_run,
             as_json,
             stop_timeout=exit_timeout if _given("exit_timeout") else None,
+        )
+    if server == "openai":
+        if backend is not None and not paths.for_backend(backend).openai_frontend:
+            raise click.UsageError("--server openai serves the engine path's repository (its BLS).")
+        _refuse_tritonserver_only_options("--server openai (NVIDIA's process)")
+        return serve_openai(
+            spec, repo, host, http_port, grpc_port, openai_port, openai_frontend, timeout, once, dry_run, as_json
         )
     plan = serve_plan.plan_serve(
         spec,
@@ -253,8 +278,8 @@ def _given(name: str) -> bool:
     return source not in (None, click.core.ParameterSource.DEFAULT)
 
 
-def _refuse_tritonserver_only_options() -> None:
-    """The supervisor and Triton's restricted APIs belong to tritonserver; trtllm-serve has neither."""
+def _refuse_tritonserver_only_options(server: str = "--server trtllm-serve") -> None:
+    """The supervisor and Triton's restricted APIs belong to specbuild's tritonserver; the other servers have neither."""
     flags = {
         "allow_apis": "--allow-api",
         "no_supervise": "--no-supervise",
@@ -264,8 +289,7 @@ def _refuse_tritonserver_only_options() -> None:
     given = [flag for name, flag in flags.items() if _given(name)]
     if given:
         raise click.UsageError(
-            f"{', '.join(given)}: for tritonserver (Triton's restricted APIs, the supervisor); "
-            "--server trtllm-serve has neither."
+            f"{', '.join(given)}: for tritonserver (Triton's restricted APIs, the supervisor); {server} has neither."
         )
 
 
@@ -329,6 +353,60 @@ def serve_trtllm(
     log("trtllm-serve stopped")
 
 
+def serve_openai(
+    spec,
+    repo,
+    host: str | None,
+    http_port: int | None,
+    grpc_port: int | None,
+    port: int | None,
+    main_py: str | None,
+    timeout: float,
+    once: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """NVIDIA's OpenAI-compatible frontend on the repository, in the foreground until SIGINT/SIGTERM (--once: until
+    ready, then stop)."""
+    from pathlib import Path
+
+    from specbuild.llmapi.trtllm_serve import TrtllmServeHandle
+    from specbuild.triton import openai_frontend
+
+    repo = Path(repo).resolve()
+    host = host or spec.serve.host
+    ports = (
+        spec.serve.http_port if http_port is None else http_port,
+        spec.serve.grpc_port if grpc_port is None else grpc_port,
+    )
+    if dry_run:
+        command = openai_frontend.plan(repo, main_py or openai_frontend.IMAGE_FRONTEND, host, port, *ports)
+        if as_json:
+            emit_json({"stage": "serve", "dry_run": True, **command.to_dict()})
+        else:
+            click.echo(shlex.join(command.argv))
+        return
+    command = openai_frontend.plan(repo, openai_frontend.find_frontend(main_py), host, port, *ports)
+    handle = TrtllmServeHandle(command, log_path=repo.parent / f".{repo.name}.openai.log", name="the OpenAI frontend")
+    log(f"starting NVIDIA's OpenAI frontend on {repo}; log: {handle.log_path}")
+    handle.start(timeout=timeout)
+    document = {
+        "stage": "serve",
+        "status": "ready",
+        "pid": handle.process.pid if handle.process else None,
+        **command.to_dict(),
+    }
+    if as_json:
+        emit_json(document)
+    else:
+        click.echo(f"openai   {command.base_url}  (model {document['model']})")
+    if once:
+        handle.stop()
+        return
+    _until_signal(handle)
+    log("the OpenAI frontend stopped")
+
+
 def _until_signal(handle) -> None:
     import signal
     import threading
@@ -343,7 +421,7 @@ def _until_signal(handle) -> None:
             if handle.process is None or handle.process.poll() is not None:
                 code = handle.process.returncode if handle.process else None
                 raise ServeError(
-                    f"trtllm-serve exited unexpectedly (code {code}). Last log lines:\n{handle.log_tail()}"
+                    f"{handle.name} exited unexpectedly (code {code}). Last log lines:\n{handle.log_tail()}"
                 )
     finally:
         handle.stop()

@@ -204,12 +204,13 @@ def nodes_needed(world_size: int, gpus_per_node: int) -> int:
 
 
 class TrtllmServeHandle:
-    """A running trtllm-serve: start (argv list, own process group, log file), wait for /health, stop."""
+    """A running trtllm-serve (or another server whose command has `argv` and `health_url`: `name` says which):
+    start (argv list, own process group, log file), wait for its health URL, stop."""
 
     STOP_TIMEOUT_S = 60.0  # SIGTERM, then SIGKILL after this
 
-    def __init__(self, command: ServeCommand, log_path: Path, stop_timeout: float | None = None):
-        self.command = command
+    def __init__(self, command: Any, log_path: Path, stop_timeout: float | None = None, name: str = "trtllm-serve"):
+        self.command, self.name = command, name
         self.log_path = Path(log_path)
         self.stop_timeout = self.STOP_TIMEOUT_S if stop_timeout is None else stop_timeout
         self.process: subprocess.Popen | None = None
@@ -252,14 +253,14 @@ class TrtllmServeHandle:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise ServeError(
-                    f"trtllm-serve exited with code {self.process.returncode} before it was healthy. "
+                    f"{self.name} exited with code {self.process.returncode} before it was healthy. "
                     f"Last log lines:\n{self.log_tail()}\nFull log: {self.log_path}"
                 )
             if self.healthy():
                 return
             time.sleep(0.25)
         raise ServeError(
-            f"trtllm-serve was not healthy ({self.command.health_url}) after {timeout:.0f} s. "
+            f"{self.name} was not healthy ({self.command.health_url}) after {timeout:.0f} s. "
             f"Last log lines:\n{self.log_tail()}\nFull log: {self.log_path}"
         )
 

@@ -33,6 +33,7 @@ def build_row(result: dict) -> dict:
 
 class EnginePath(PipelinePath):
     name = "engine"
+    openai_frontend = True  # the BLS takes the frontend's TensorRT-LLM tensors (triton.openai_frontend)
 
     # ---- up ----
     def claim_outputs(self, ctx: UpContext) -> None:

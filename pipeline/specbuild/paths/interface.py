@@ -29,6 +29,7 @@ class PipelinePath:
     name: str  # "engine" | "llmapi": the backend record's `path`
     multi_node: bool = False  # one deployment spans nodes with NVIDIA's launcher (deploy --nodes N)
     trtllm_serve: bool = False  # also served by TensorRT-LLM's trtllm-serve (serve --server trtllm-serve)
+    openai_frontend: bool = False  # its repository is also served by NVIDIA's OpenAI frontend (serve --server openai)
     queue_metric: bool = True  # the served entry model reports the BLS's queue depth, which the chart's HPA scales on
     local_note: str = ""  # what `generate --local --backend B` runs on, when it is not the engine pair
 
