@@ -203,9 +203,32 @@ def test_a_build_key_of_digits_only_stays_a_string(example_chart):
     validate_all(objects)
 
 
+def test_openai_enabled_serves_nvidias_frontend_and_exposes_its_port(example_chart):
+    """openai.enabled: serve runs NVIDIA's OpenAI frontend (`serve --server openai`) with the options that server
+    takes, its port on the pod and the Service, the probes on its /health/ready, the monitor on its /metrics."""
+    from specbuild.triton import openai_frontend
+
+    objects = render(example_chart, {"openai": {"enabled": True, "port": 9100}})
+    kinds = by_kind(objects)
+    container = kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:2] == ["--server=openai", "--openai-port=9100"]
+    assert not any(a.startswith(("--max-restarts", "--canary-interval", "--metrics-port")) for a in container["args"])
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["openai"] == 9100
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": openai_frontend.HEALTH, "port": "openai"}, probe
+    service_ports = {p["name"]: p["port"] for p in kinds["Service"][0]["spec"]["ports"]}
+    assert service_ports["openai"] == 9100 and "metrics" not in service_ports
+    assert kinds["ServiceMonitor"][0]["spec"]["endpoints"][0]["port"] == "openai"
+    validate_all(objects)
+    assert facts.OPENAI_PORT == openai_frontend.DEFAULT_PORT
+    default = by_kind(render(example_chart))["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
+    assert "openai" not in {p["name"] for p in default["ports"]}  # off unless asked
+
+
 @pytest.mark.parametrize(
     "values, named",
     [
+        ({"openai": {"enabled": True}, "backend": "llmapi"}, "openai.enabled"),
         ({"gpu": {"count": 0}}, "gpu.count"),
         ({"replicas": 0}, "replicas"),
         ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "autoscaling.minReplicas"),

@@ -209,7 +209,16 @@ def command(
             raise click.UsageError("--server openai serves the engine path's repository (its BLS).")
         _refuse_tritonserver_only_options("--server openai (NVIDIA's process)")
         return serve_openai(
-            spec, repo, host, http_port, grpc_port, openai_port, openai_frontend, timeout, once, dry_run, as_json
+            spec,
+            repo,
+            host,
+            (http_port, grpc_port, openai_port),
+            openai_frontend,
+            timeout,
+            once,
+            dry_run,
+            as_json,
+            stop_timeout=exit_timeout if _given("exit_timeout") else None,
         )
     plan = serve_plan.plan_serve(
         spec,
@@ -357,17 +366,17 @@ def serve_openai(
     spec,
     repo,
     host: str | None,
-    http_port: int | None,
-    grpc_port: int | None,
-    port: int | None,
+    asked_ports: tuple[int | None, int | None, int | None],
     main_py: str | None,
     timeout: float,
     once: bool,
     dry_run: bool,
     as_json: bool,
+    stop_timeout: float | None = None,
 ) -> None:
     """NVIDIA's OpenAI-compatible frontend on the repository, in the foreground until SIGINT/SIGTERM (--once: until
-    ready, then stop)."""
+    ready, then stop). asked_ports: KServe HTTP, KServe gRPC, OpenAI (None: the spec's, the frontend's). A stop
+    kills it after stop_timeout seconds (None: the handle's default)."""
     from pathlib import Path
 
     from specbuild.llmapi.trtllm_serve import TrtllmServeHandle
@@ -375,6 +384,7 @@ def serve_openai(
 
     repo = Path(repo).resolve()
     host = host or spec.serve.host
+    http_port, grpc_port, port = asked_ports
     ports = (
         spec.serve.http_port if http_port is None else http_port,
         spec.serve.grpc_port if grpc_port is None else grpc_port,
@@ -387,7 +397,12 @@ def serve_openai(
             click.echo(shlex.join(command.argv))
         return
     command = openai_frontend.plan(repo, openai_frontend.find_frontend(main_py), host, port, *ports)
-    handle = TrtllmServeHandle(command, log_path=repo.parent / f".{repo.name}.openai.log", name="the OpenAI frontend")
+    handle = TrtllmServeHandle(
+        command,
+        log_path=repo.parent / f".{repo.name}.openai.log",
+        stop_timeout=stop_timeout,
+        name="the OpenAI frontend",
+    )
     log(f"starting NVIDIA's OpenAI frontend on {repo}; log: {handle.log_path}")
     handle.start(timeout=timeout)
     document = {

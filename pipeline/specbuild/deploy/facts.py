@@ -20,6 +20,7 @@ from typing import Any
 from specbuild import paths
 from specbuild.config import GPUS, Spec
 from specbuild.contract.images import TRITON_IMAGE
+from specbuild.triton import openai_frontend
 from specbuild.triton.server import ServerOptions
 from specbuild.triton.supervisor import SupervisorSettings
 
@@ -43,6 +44,7 @@ SERVER_KILL_AFTER_S = 5
 GRACE_MARGIN_S = 5
 
 DEFAULT_EXIT_TIMEOUT_S = ServerOptions.exit_timeout_s
+OPENAI_PORT = openai_frontend.DEFAULT_PORT  # `serve --server openai`: NVIDIA's frontend's /v1, /metrics, /health/ready
 SUPERVISOR = SupervisorSettings()
 
 # The `nvidia.com/gpu.product` label NVIDIA's GPU Feature Discovery puts on a node is the NVML product name with

@@ -56,6 +56,7 @@ def default_values(spec: Spec, backend: str, nodes: int, spec_text: str) -> dict
             "waitFor": record["build_outputs"],
         },
         "ports": {"http": s.http_port, "grpc": s.grpc_port, "metrics": s.metrics_port},
+        "openai": {"enabled": False, "port": f.OPENAI_PORT},
         "serve": {
             "exitTimeoutSeconds": f.DEFAULT_EXIT_TIMEOUT_S,
             "startTimeoutSeconds": int(f.SUPERVISOR.start_timeout_s),
@@ -110,6 +111,9 @@ COMMENTS = {
     "replicas on several nodes read it; existingClaim uses yours instead of creating one.",
     "build": "The Job that converts and builds (specbuild up --until build); serving pods wait for waitFor.",
     "ports": "Triton's ports inside the pod and on the Service (spec [serve]).",
+    "openai": "enabled: serve with NVIDIA's OpenAI-compatible Triton frontend (`serve --server openai`, engine path,\n"
+    "one node): /v1 and /metrics on port, KServe on ports.http / ports.grpc; NVIDIA's process has no drain,\n"
+    "supervisor or canary (probes read its /health/ready). The image must hold the frontend (docs/kubernetes.md).",
     "serve": "specbuild serve's options: the drain on SIGTERM waits exitTimeoutSeconds (the pod's grace\n"
     "period is 2 x that + 10 s); the supervisor gives up after maxRestarts restarts in 10 minutes.",
     "shmSize": "/dev/shm (memory): the Python backend's shared-memory regions.",
@@ -187,6 +191,7 @@ def schema(spec_gpus: list[str]) -> dict[str, Any]:
                     }
                 ),
                 "ports": obj({"http": port, "grpc": port, "metrics": port}),
+                "openai": obj({"enabled": {"type": "boolean"}, "port": port}),
                 "serve": obj(
                     {
                         "exitTimeoutSeconds": {"type": "integer", "minimum": 1, "maximum": 3600},

@@ -61,6 +61,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- if gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas) -}}
 {{- fail (printf "autoscaling.minReplicas = %d exceeds autoscaling.maxReplicas = %d" (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) -}}
 {{- end -}}
+{{- if and .Values.openai.enabled (or (eq .Values.backend "llmapi") (gt (int .Values.nodes) 1)) -}}
+{{- fail (printf "openai.enabled: NVIDIA's OpenAI frontend serves the engine path's repository on one node (backend %q, nodes = %d)" .Values.backend (int .Values.nodes)) -}}
+{{- end -}}
 {{- if gt (int .Values.nodes) 1 -}}
 {{- if ne .Values.backend "llmapi" -}}
 {{- fail (printf "nodes = %d: only backend llmapi spans nodes (the engine path's orchestrator mode is single-node); use replicas" (int .Values.nodes)) -}}
