@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from specbuild import drafters
+from specbuild.bench import guided
 from specbuild.bench.workloads import NAMED
 from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, shown_path, spec_option
 
@@ -31,10 +32,11 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
     "--workload",
     default="code",
     show_default=True,
-    metavar="|".join(NAMED) + "|FILE.jsonl",
+    metavar="|".join((*NAMED, guided.WORKLOAD)) + "|FILE.jsonl",
     help="Built-in prompt set (chat: prose as user messages through the target tokenizer's chat template; edit, "
-    "quote, agent, mixed: prompts that hold their answer's text, where lookup pays), "
-    'or a JSONL file with one {"prompt": ...} or {"messages": [...]} object per line.',
+    "quote, agent, mixed: prompts that hold their answer's text, where lookup pays; json-schema: JSON records "
+    "guided by their schema and not, --requests prompts x 2 rounds: the speedup kept under the grammar and the "
+    'outputs that validate), or a JSONL file with one {"prompt": ...} or {"messages": [...]} object per line.',
 )
 @click.option(
     "--num-draft-tokens",
@@ -209,6 +211,8 @@ def command(
                 click.echo(f"{key}: {value}")
         return
 
+    if workload == guided.WORKLOAD:
+        return _bench_guided(spec, local, url, protocol, k_list, settings, threads, as_json)
     from specbuild.bench.run import run_bench
 
     floor = (lambda work_s, draft_len: _floor(url, work_s, draft_len)) if url else None  # after the measurement
@@ -240,6 +244,30 @@ def command(
         click.echo(table(doc))
         for path in doc.get("plots", []):
             log(f"wrote {path}")
+
+
+def _bench_guided(spec, local, url, protocol, k_list, settings, threads, as_json) -> None:
+    """--workload json-schema: the same prompts guided and not, at K = 0 and each K (bench.guided)."""
+    from specbuild.bench.run import _progress
+
+    ks = list(k_list) if k_list else [0, 4]
+    total = settings.requests * 2 * 2 * len({k for k in ks if k > 0} | {0})  # prompts x rounds x (guided or not) x K
+    tick = _progress(True)(total)
+    if local:
+        from specbuild.session.local import LocalSession
+
+        with LocalSession.from_spec(spec, threads=threads) as session:
+            doc = guided.run(session, ks, settings.requests, 2, settings.max_tokens, tick)
+    else:
+        from specbuild.session.served import ServedSession
+
+        with ServedSession.for_spec(spec, protocol, url) as session:
+            doc = guided.run(session, ks, settings.requests, 2, settings.max_tokens, tick)
+    doc = {"mode": "local" if local else "triton", "url": url, **doc}
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(guided.table(doc))
 
 
 def _floor(url: str, work_s: float, draft_len: int) -> dict | None:

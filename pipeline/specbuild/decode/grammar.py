@@ -68,12 +68,12 @@ class XgrammarGuide:
     """One request's grammar state (speculative.guide.Guide) over xgrammar's GrammarMatcher."""
 
     def __init__(self, matcher: Any, vocab_size: int, bitmask: Any):
-        self.matcher, self.vocab_size, self._bitmask = matcher, vocab_size, bitmask
+        self.matcher, self._vocab_size, self._bitmask = matcher, vocab_size, bitmask
 
     def allowed_prefix(self, tokens: Sequence[int]) -> int:
         taken = 0
         for token in tokens:
-            if not (0 <= int(token) < self.vocab_size) or not self.matcher.accept_token(int(token)):
+            if not (0 <= int(token) < self._vocab_size) or not self.matcher.accept_token(int(token)):
                 break
             taken += 1
         if taken:
@@ -89,10 +89,13 @@ class XgrammarGuide:
         """[vocab] bool: the tokens the grammar allows next."""
         self.matcher.fill_next_token_bitmask(self._bitmask)
         bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")  # bit j of word i: 32i + j
-        return bits[: self.vocab_size].astype(bool)
+        return bits[: self._vocab_size].astype(bool)
 
     def refused(self) -> np.ndarray:
         return np.flatnonzero(~self.allowed()).astype(np.int32)
+
+    def vocab_size(self) -> int:
+        return self._vocab_size
 
 
 class Grammars:

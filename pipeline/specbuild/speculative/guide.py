@@ -13,7 +13,9 @@ allows. The loop keeps that exact with any draft, using the target's unconstrain
    (no draft) with every refused token banned (`GuidedVerifier.step_banning`), which on the engine path is a
    `tensorrt_llm` request with a `bad_words_list` of one-token words: TensorRT-LLM's ban-words layer runs in the
    external-draft-tokens decoding mode too (NVIDIA/TensorRT-LLM `cpp/include/tensorrt_llm/executor/types.h`,
-   `DecodingMode::ExternalDraftTokens()` sets `kUseBanTokens`). No request to the models ever carries a guide: every
+   `DecodingMode::ExternalDraftTokens()` sets `kUseBanTokens`); where the grammar allows one token only (a closed
+   JSON value's end id, a schema's fixed key), that token is the choice and no call is made. No request to the
+   models ever carries a guide: every
    BLS call is a new request, and NVIDIA's C++ guided decoder starts the grammar afresh at each request and advances
    it by one token per step, with no rollback for draft tokens (`cpp/tensorrt_llm/batch_manager/guidedDecoder.cpp`).
 4. The guide advances by the tokens kept.
@@ -50,6 +52,10 @@ class Guide(Protocol):
 
     def refused(self) -> np.ndarray:
         """[n] int32: every token id the grammar refuses next (the ban list of a constrained step)."""
+        ...
+
+    def vocab_size(self) -> int:
+        """The ids the grammar judges: [0, vocab_size)."""
         ...
 
 
@@ -99,7 +105,12 @@ def keep_allowed(
     if guide.allowed_prefix([last]) == 1:
         guide.advance([last])
         return verification, False
-    chosen = int(verifier.step_banning(context + accepted, guide.refused(), sampling))
+    refused = guide.refused()
+    if refused.size == guide.vocab_size() - 1:  # one token allowed: the constrained choice, with no call to make
+        chosen = int(np.setdiff1d(np.arange(guide.vocab_size()), refused)[0])
+        guide.advance([chosen])
+        return dataclasses.replace(verification, tokens=[*accepted, chosen]), False
+    chosen = int(verifier.step_banning(context + accepted, refused, sampling))
     if guide.allowed_prefix([chosen]) != 1:
         raise GenerationError(
             f"the target chose token {chosen} with every refused token banned, and the guide refuses it: the "
