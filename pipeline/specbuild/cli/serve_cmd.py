@@ -94,7 +94,13 @@ DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuil
     "engine path's repository (GPU image; /v1 on --openai-port, KServe HTTP and gRPC on --http-port / "
     "--grpc-port; no supervisor, no drain).",
 )
-@click.option("--trtllm-serve", "trtllm_serve", default=None, help="The trtllm-serve binary (default: PATH).")
+@click.option(
+    "--trtllm-serve",
+    "trtllm_serve",
+    default=None,
+    help="The trtllm-serve binary (default: PATH); `stand-in`: specbuild's CPU stand-in with the same OpenAI API "
+    "(the stand-in LLM; response_format included).",
+)
 @click.option(
     "--openai-port",
     type=click.IntRange(0, 65535),
@@ -320,7 +326,8 @@ def serve_trtllm(
     from specbuild.llmapi import trtllm_serve
 
     if dry_run:
-        command = trtllm_serve.plan(spec, binary or "trtllm-serve", host, port, nodes, launcher, require_built=False)
+        program = trtllm_serve.stand_in_command() if binary == trtllm_serve.STAND_IN else binary or "trtllm-serve"
+        command = trtllm_serve.plan(spec, program, host, port, nodes, launcher, require_built=False)
         document: dict[str, Any] = {"stage": "serve", "dry_run": True, **command.to_dict()}
         if as_json:
             emit_json(document)
@@ -338,7 +345,8 @@ def serve_trtllm(
     handle = trtllm_serve.TrtllmServeHandle(
         command, log_path=spec.pair_dir / ".trtllm-serve.log", stop_timeout=stop_timeout
     )
-    log(f"starting trtllm-serve on {command.argv[1]}; log: {handle.log_path}")
+    what = "specbuild's trtllm-serve stand-in" if binary == trtllm_serve.STAND_IN else "trtllm-serve"
+    log(f"starting {what} on {command.options_file.parent}; log: {handle.log_path}")
     handle.start(timeout=timeout)
     document = {
         "stage": "serve",

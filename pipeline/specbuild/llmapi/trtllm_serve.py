@@ -46,7 +46,19 @@ from specbuild.errors import ArtifactError, ServeError, ToolNotFoundError
 LAUNCHERS = ("srun", "mpirun")
 
 
-def find_trtllm_serve(explicit: str | Path | None = None) -> Path:
+STAND_IN = "stand-in"  # --trtllm-serve stand-in: specbuild's CPU stand-in (llmapi.openai_server), same argv
+
+
+def stand_in_command() -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "specbuild.llmapi.openai_server"]
+
+
+def find_trtllm_serve(explicit: str | Path | None = None) -> Path | list[str]:
+    """trtllm-serve (explicit, else PATH), or the CPU stand-in's command for `STAND_IN`."""
+    if explicit == STAND_IN:
+        return stand_in_command()
     if explicit is not None:
         path = Path(explicit)
         if not path.is_file() or not os.access(path, os.X_OK):
@@ -57,7 +69,8 @@ def find_trtllm_serve(explicit: str | Path | None = None) -> Path:
         raise ToolNotFoundError(
             "trtllm-serve not found on PATH: it comes with TensorRT-LLM, which cannot be installed here. Run this in "
             f"the GPU image (docker/Dockerfile.llmapi, {TRITON_IMAGE}), or pass --trtllm-serve PATH. "
-            "On a CPU machine serve the llmapi repository with tritonserver instead (the default --server)."
+            "On a CPU machine serve the llmapi repository with tritonserver instead (the default --server), or run "
+            f"specbuild's stand-in with the same API: --trtllm-serve {STAND_IN}."
         )
     return Path(found)
 
@@ -102,7 +115,7 @@ class ServeCommand:
 
 def plan(
     spec: Spec,
-    binary: str | Path = "trtllm-serve",
+    binary: str | Path | list[str] = "trtllm-serve",
     host: str | None = None,
     port: int | None = None,
     nodes: int = 1,
@@ -126,7 +139,7 @@ def plan(
     host = host or spec.serve.host
     port = contract.SERVE_DEFAULT_PORT if port is None else port
     argv = [
-        str(binary),
+        *([str(part) for part in binary] if isinstance(binary, list) else [str(binary)]),
         str(args["model"]),
         "--host",
         host,
