@@ -101,7 +101,9 @@ def test_response_format_is_the_guide_exact_with_speculation(client, local, resp
         response = client.completions.create(
             model=model, prompt=prompt, max_tokens=24, temperature=0, extra_body={"response_format": response_format}
         )
-        expected = local.generate(prompt, Options(max_tokens=24, num_draft_tokens=0, guide_type=guide_type, guide=guide))
+        expected = local.generate(
+            prompt, Options(max_tokens=24, num_draft_tokens=0, guide_type=guide_type, guide=guide)
+        )
         assert response.choices[0].text == expected.text, (response_format, prompt)
         if response_format["type"] == "regex" and response.choices[0].finish_reason == "stop":
             assert re.fullmatch(response_format["regex"], response.choices[0].text)
@@ -151,4 +153,22 @@ def test_response_format_maps_as_tensorrt_llms_function_does():
         "json": SCHEMA
     }
     assert openai_server.guided_decoding({"type": "json_schema", "json_schema": SCHEMA}) == {"json": SCHEMA}
-    assert openai_server.guided_decoding({"type": "ebnf", "ebnf": "root ::= \"a\""}) == {"grammar": 'root ::= "a"'}
+    assert openai_server.guided_decoding({"type": "ebnf", "ebnf": 'root ::= "a"'}) == {"grammar": 'root ::= "a"'}
+
+
+def test_serve_starts_the_stand_in_where_trtllm_serve_cannot_run(deployment):
+    """`serve --server trtllm-serve --trtllm-serve stand-in --once`: ready (GET /health), then stopped."""
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    port = free_port()
+    args = ["serve", "-c", str(deployment.spec_path), "--backend", "llmapi", "--server", "trtllm-serve"]
+    result = CliRunner().invoke(
+        main, [*args, "--trtllm-serve", "stand-in", "--http-port", str(port), "--once", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["status"] == "ready" and document["endpoints"]["http"] == f"http://127.0.0.1:{port}"
+    dry = CliRunner().invoke(main, [*args, "--trtllm-serve", "stand-in", "--dry-run", "--json"])
+    assert json.loads(dry.stdout)["argv"][1:3] == ["-m", "specbuild.llmapi.openai_server"]

@@ -3,7 +3,8 @@
     python -m specbuild.llmapi.openai_server <model> --host H --port P --backend pytorch ...
         --extra_llm_api_options llm_api_options.yaml                (trtllm-serve's own argv: `trtllm_serve.plan`)
 
-`specbuild serve --server trtllm-serve --trtllm-serve stand-in` runs it where trtllm-serve cannot (a CPU machine), so
+`specbuild serve --backend llmapi --server trtllm-serve --trtllm-serve stand-in` runs it where trtllm-serve cannot (a
+CPU machine), so
 the `openai` Python client, `curl` and specbuild's tests meet the same API as on a GPU. What it serves, as
 trtllm-serve does (NVIDIA/TensorRT-LLM `tensorrt_llm/serve/openai_server.py` and `openai_protocol.py`, read on main,
 2026; the field names checked, the 1.2.1 tag not): GET /health (200 once loaded), GET /v1/models (the model as named
