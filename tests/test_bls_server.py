@@ -648,6 +648,7 @@ def test_guided_greedy_through_the_bls_equals_the_local_constrained_greedy(serve
                     assert "".join(c.text for c in chunks) == expected.text
                     constrained += stats["speculation_stats"]["constrained_steps"]
     assert constrained > 0  # the served BLS made constrained steps (bad_words_list to the real server's target)
+    assert _metrics(server)["specbuild_constrained_steps_total"] >= constrained  # and counted by the metrics
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,8 @@ COUNTERS = {
     "specbuild_target_wait_seconds_total": "Time requests waited for a failed target model to serve again",
     "specbuild_draft_fallback_steps_total": "Steps whose draft model call failed (dead, frozen, an error answer) and "
     "which ran on the target alone (speculative.fallback): the text is the same, only slower",
+    "specbuild_constrained_steps_total": "Target calls guided requests made where their grammar refused the target's "
+    "own token, banning every refused one (speculative.guide)",
 }
 DRAFTER_COUNTERS = {  # by drafter (label "drafter": model, lookup), SpeculationStats.by_drafter
     "specbuild_drafter_steps_total": "Steps a drafter was asked to propose",
@@ -123,6 +125,8 @@ class SpeculationMetrics:
         m["specbuild_verify_steps_total"].increment(stats.steps)
         if stats.fallback_steps:
             m["specbuild_draft_fallback_steps_total"].increment(stats.fallback_steps)
+        if stats.constrained_steps:
+            m["specbuild_constrained_steps_total"].increment(stats.constrained_steps)
         m["specbuild_draft_seconds_total"].increment(stats.draft_seconds)
         m["specbuild_target_seconds_total"].increment(stats.target_seconds)
         for kind, counts in (("drafted", stats.per_position_drafted), ("accepted", stats.per_position_accepted)):
