@@ -357,17 +357,8 @@ def serve_trtllm(
         "end_id": command.end_id,
         "stop_token_ids": command.stop_token_ids,
     }
-    if as_json:
-        emit_json(document)
-    else:
-        click.echo(f"http     {document['endpoints']['http']}  (OpenAI-compatible)")
-        if command.end_ids_hint():
-            click.echo(command.end_ids_hint())
-    if once:
-        handle.stop()
-        return
-    _until_signal(handle)
-    log("trtllm-serve stopped")
+    lines = [f"http     {document['endpoints']['http']}  (OpenAI-compatible)", command.end_ids_hint()]
+    _serve_foreground(handle, document, lines, once, as_json)
 
 
 def serve_openai(
@@ -419,15 +410,22 @@ def serve_openai(
         "pid": handle.process.pid if handle.process else None,
         **command.to_dict(),
     }
+    _serve_foreground(handle, document, [f"openai   {command.base_url}  (model {document['model']})"], once, as_json)
+
+
+def _serve_foreground(handle, document: dict[str, Any], lines: list[str | None], once: bool, as_json: bool) -> None:
+    """A server process that is ready: its document (--json) or lines, then until a signal (--once: stopped at once)."""
     if as_json:
         emit_json(document)
     else:
-        click.echo(f"openai   {command.base_url}  (model {document['model']})")
+        for line in lines:
+            if line:
+                click.echo(line)
     if once:
         handle.stop()
         return
     _until_signal(handle)
-    log("the OpenAI frontend stopped")
+    log(f"{handle.name} stopped")
 
 
 def _until_signal(handle) -> None:
