@@ -89,3 +89,30 @@ def test_a_cut_before_any_text_is_sent_again_even_sampled_and_a_server_that_stay
     with pytest.raises(StreamCut) as err:
         list(resume_stream(attempts([Chunk("ab", False), CUT]), True, Waits(answers=False), resume_s=7))
     assert "cut after 2 characters and the server did not serve again within 7 s" in str(err.value)
+
+
+def test_cuts_without_new_text_share_one_deadline_and_new_text_starts_a_fresh_one():
+    """A server that answers ready while a model's stub is still dead cuts the request again at once: the wait is
+    resume_s from the first such cut, not from each, so it cannot go on for ever; new text resets it."""
+    waits = Waits()
+    attempt = attempts(
+        [Chunk("ab", False), CUT], [Chunk("ab", False), CUT], [CUT], [Chunk("abc", False), CUT], [final("abcd")]
+    )
+    chunks = list(resume_stream(attempt, exact=True, wait_for_server=waits, resume_s=30))
+    assert "".join(c.text for c in chunks) == "abcd" and chunks[-1].stats["resumed"] == 4
+    first, second, third, fourth = waits.deadlines
+    assert first == second == third  # the same deadline while the stream did not move on
+    assert fourth > third  # "c" arrived: the next cut waits afresh
+
+
+def test_tritons_answer_for_a_dead_or_hung_stub_is_a_cut_and_other_answers_are_not():
+    """Triton's Python backend answers a request to a model whose stub died or hangs with "Stub process '<instance>'
+    is not healthy." (python_backend src/python_be.cc): the supervisor brings the model back, so the request is
+    resumed like a stream the server's going away cut (found by the chaos soak)."""
+    from specbuild.triton.client import _answer
+
+    dead = _answer("tensorrt_llm_bls: Stub process 'tensorrt_llm_bls_0_0' is not healthy.")
+    assert isinstance(dead, StreamCut)
+    refused = _answer("tensorrt_llm_bls: input 'max_tokens' = 0: must be in 1..256 for this deployment.")
+    assert type(refused) is ClientError
+    assert isinstance(_answer("tensorrt_llm_bls: Socket closed", cut=True), StreamCut)

@@ -63,6 +63,8 @@ ID_OUTPUTS = tuple(name for name in STAT_OUTPUTS if tensors.BLS_OUTPUT[name].dim
 # was killed or restarted): gRPC's transport errors (status UNAVAILABLE) and http.client's. An answer the server gave
 # (a full queue, a drain's refusal, a bad request) reads otherwise and is never resumed.
 CUT_MARKERS = ("Socket closed", "Connection reset", "Stream removed", "Broken pipe", "RST_STREAM", "recvmsg")
+# One answer of Triton's is read as a cut too: a model whose Python stub died or hung (contract.models.UNHEALTHY_STUB);
+# the supervisor brings it back (a reload, or a server restart for the BLS), and nothing of the request is lost.
 STREAM_ERROR_WAIT_S = 2.0  # how long a refused send waits for tritonclient's reader to say why the stream broke
 RESUME_S = 120.0  # how long a cut stream waits for the server to serve again: a restart loads every model (8-32 s)
 
@@ -84,9 +86,11 @@ def resume_stream(
     new stream (checked character for character) and the caller's stream goes on where it was cut: nothing is sent
     twice and nothing skipped. `exact` False (sampling without a seed): a cut after some text is reported, with what
     arrived, as it cannot be resumed (a cut before any text is sent again: no sample was shown).
-    `wait_for_server(deadline)`: True once the server answers again, before the monotonic deadline. The final chunk's
+    `wait_for_server(deadline)`: True once the server answers again, before the monotonic deadline. The wait is
+    `resume_s` from the first cut since the stream last moved on (new text), however often the request is cut again
+    meanwhile (a server that says it is ready while a model's stub is still dead answers at once). The final chunk's
     stats say how often the stream was resumed (`resumed`)."""
-    sent, resumes = "", 0
+    sent, resumes, deadline = "", 0, None
     while True:
         seen = ""
         try:
@@ -98,6 +102,8 @@ def resume_stream(
                     continue
                 if not seen.startswith(sent):
                     raise _diverged(sent, seen)
+                if len(seen) > len(sent):
+                    deadline = None  # the stream moved on: a later cut waits afresh
                 new, sent = seen[len(sent) :], seen
                 if chunk.final and resumes:
                     chunk.stats["resumed"] = resumes
@@ -109,7 +115,7 @@ def resume_stream(
                     f"{err} The stream was cut after {len(sent)} characters; a request that samples without a seed "
                     "cannot be resumed as it was (it would be another sample): send it again, or send a seed."
                 ) from None
-            deadline = time.monotonic() + resume_s
+            deadline = deadline if deadline is not None else time.monotonic() + resume_s
             if resume_s <= 0 or not wait_for_server(deadline):
                 raise StreamCut(
                     f"{err} The stream was cut after {len(sent)} characters and the server did not serve again within "
@@ -559,8 +565,8 @@ class SpecbuildClient:
         a transport's words), otherwise the server's answer."""
         message = error.message() if hasattr(error, "message") else str(error)
         status = str(error.status()) if hasattr(error, "status") else ""
-        cut = "UNAVAILABLE" in status + str(error) and any(m in str(error) for m in CUT_MARKERS)
-        return (StreamCut if cut else ClientError)(f"{self.model}: {message}")
+        transport = "UNAVAILABLE" in status + str(error) and any(m in str(error) for m in CUT_MARKERS)
+        return _answer(f"{self.model}: {message}", cut=transport)
 
     @staticmethod
     def _grpc_input(grpcclient, name: str, value: np.ndarray, datatype: str):
@@ -586,7 +592,7 @@ class SpecbuildClient:
         try:
             response = urllib.request.urlopen(http_request, timeout=self.timeout)
         except urllib.error.HTTPError as err:
-            raise ClientError(f"{self.model}: {_http_error(err)}") from None
+            raise _answer(f"{self.model}: {_http_error(err)}") from None
         except http.client.HTTPException:
             raise ClientError(
                 f"what answers at {self.url} does not speak HTTP: is it Triton's gRPC port? Use "
@@ -598,7 +604,7 @@ class SpecbuildClient:
             if endpoint == "generate":
                 outputs = json.loads(response.read().decode())
                 if "error" in outputs:
-                    raise ClientError(f"{self.model}: {outputs['error']}")
+                    raise _answer(f"{self.model}: {outputs['error']}")
                 yield responses.chunk(outputs, True)
                 return
             last: dict[str, Any] | None = None
@@ -615,13 +621,20 @@ class SpecbuildClient:
                     continue
                 outputs = json.loads(line[5:])
                 if "error" in outputs:
-                    raise ClientError(f"{self.model}: {outputs['error']}")
+                    raise _answer(f"{self.model}: {outputs['error']}")
                 if last is not None and (chunk := responses.chunk(last, False)) is not None:
                     yield chunk
                 last = outputs
             if last is None:
                 raise StreamCut(f"{self.model}: the stream ended without a response (the server went away).")
             yield responses.chunk(last, True)
+
+
+def _answer(message: str, cut: bool = False) -> ClientError:
+    """An error the server sent as the client raises it: StreamCut where the server went away under the request
+    (`cut`: a transport's error) or its model's stub is dead or hung (Triton's words, contract.models.UNHEALTHY_STUB),
+    else the server's answer."""
+    return (StreamCut if cut or models.UNHEALTHY_STUB.search(message) else ClientError)(message)
 
 
 def _typed(name: str, value: Any, datatype: str, dtype: Any) -> Any:

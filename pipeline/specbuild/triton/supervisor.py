@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specbuild.contract import models
 from specbuild.errors import ServeError
 from specbuild.triton import drain, procfs
 from specbuild.triton.canary import CanaryProbe, canary, entry_model, entry_models, gate_model
@@ -44,9 +45,7 @@ from specbuild.triton.server import ServerHandle, ServerOptions, StopRequested, 
 # (core src/scheduler_utils.cc, PolicyQueue::Enqueue). The server is busy, not broken, so a canary that gets it is
 # neither a success nor a failure.
 QUEUE_FULL = "Exceeds maximum queue size"
-# Triton's answer for a model whose stub fails its health check (python_backend r24.10 src/python_be.cc: "Stub
-# process '<instance>' is not healthy."): dead, or alive but not answering (frozen, hung).
-UNHEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
+UNHEALTHY = models.UNHEALTHY_STUB  # Triton's answer for a model whose stub is dead or hung
 LOADED = re.compile(r"successfully loaded '([^']+)'")
 UNLOADED = re.compile(r"successfully unloaded '([^']+)'")
 LIVE = re.compile(r"Timeout \d+: Found (\d+) live models")  # core src/server.cc, once a second while it stops
