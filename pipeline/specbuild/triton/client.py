@@ -60,11 +60,11 @@ TEXT_OUTPUTS = tuple(
 ID_OUTPUTS = tuple(name for name in STAT_OUTPUTS if tensors.BLS_OUTPUT[name].dims == (-1,))  # token ids
 
 # How a stream reads when the server went away under it (its BLS process died and took the server down, or the server
-# was killed or restarted): gRPC's transport errors (status UNAVAILABLE) and http.client's. An answer the server gave
-# (a full queue, a drain's refusal, a bad request) reads otherwise and is never resumed.
+# was killed or restarted): gRPC's transport errors (status UNAVAILABLE) and http.client's. One answer of Triton's
+# reads as a cut too: a model whose Python stub died or hung (contract.models.UNHEALTHY_STUB), which the supervisor
+# brings back (a reload, or a server restart for the BLS) with nothing of the request lost (`_answer`). Any other
+# answer (a full queue, a drain's refusal, a bad request) reads otherwise and is never resumed.
 CUT_MARKERS = ("Socket closed", "Connection reset", "Stream removed", "Broken pipe", "RST_STREAM", "recvmsg")
-# One answer of Triton's is read as a cut too: a model whose Python stub died or hung (contract.models.UNHEALTHY_STUB);
-# the supervisor brings it back (a reload, or a server restart for the BLS), and nothing of the request is lost.
 STREAM_ERROR_WAIT_S = 2.0  # how long a refused send waits for tritonclient's reader to say why the stream broke
 RESUME_S = 120.0  # how long a cut stream waits for the server to serve again: a restart loads every model (8-32 s)
 
