@@ -54,6 +54,7 @@ FILES = {
     "speculative/draft_len.py": ["tests/test_draft_len.py", *_SPECULATIVE_TESTS],
     "speculative/lookup.py": ["tests/test_lookup_units.py", *_SPECULATIVE_TESTS],
     "speculative/fallback.py": ["tests/test_draft_fallback.py", *_SPECULATIVE_TESTS],
+    "speculative/guide.py": ["tests/test_guide_units.py", *_SPECULATIVE_TESTS],
     "speculative/stats.py": ["tests/test_speculative_stats.py", *_SPECULATIVE_TESTS],
     "speculative/sampling.py": ["tests/test_speculative_sampling.py", *_SPECULATIVE_TESTS],
     "speculative/adaptive.py": [

@@ -106,6 +106,8 @@ def keep_allowed(
         guide.advance([last])
         return verification, False
     refused = guide.refused()
+    if refused.size == guide.vocab_size():  # nothing more: a kept draft token was an end id, where the loop ends
+        return verification, False
     if refused.size == guide.vocab_size() - 1:  # one token allowed: the constrained choice, with no call to make
         chosen = int(np.setdiff1d(np.arange(guide.vocab_size()), refused)[0])
         guide.advance([chosen])

@@ -332,10 +332,11 @@ def run(
     verifier: Verifier,
     request: GenerationRequest,
     controller: AdaptiveK | None = None,
+    guide: Guide | None = None,
 ) -> GenerationResult:
     """generate() to completion: the generated tokens, why it stopped, and the statistics."""
     tokens: list[int] = []
-    for step in generate(prompt_ids, drafter, verifier, request, controller):
+    for step in generate(prompt_ids, drafter, verifier, request, controller, guide=guide):
         tokens.extend(step.tokens)
         if step.finish_reason:
             return GenerationResult(tokens, step.finish_reason, step.stats or SpeculationStats())
