@@ -81,19 +81,23 @@ class Serve:
         self.spec, self.repo, self.ports = spec, repo, ports
         self.process: subprocess.Popen | None = None
         self.document: dict = {}
+        self.log = (
+            repo.parent / f".{repo.name}.soak-serve.log"
+        )  # serve's stderr, every start appended: an exit says why
 
     def start(self, timeout: float = 600.0) -> None:
         http, grpc, metrics = self.ports
         argv = [sys.executable, "-m", "specbuild", "serve", "-c", str(self.spec), "--repo", str(self.repo)]
         argv += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--json"]
         argv += ["--max-restarts", "100"]
-        self.process = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
+        with open(self.log, "a") as log:
+            self.process = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
         lines, deadline = [], time.monotonic() + timeout
         while time.monotonic() < deadline:
             line = self.process.stdout.readline()
@@ -119,6 +123,12 @@ class Serve:
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         return code, left
+
+    def log_tail(self, lines: int = 15) -> list[str]:
+        try:
+            return self.log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return []
 
     @property
     def grpc(self) -> str:
@@ -287,6 +297,8 @@ class Soak:
             "resources_end": last,
             "growth": {k: round(v, 3) for k, v in growth.items()},
             "serve_exit": code,
+            "serve_log": str(self.serve.log),
+            "serve_log_tail": [] if code == 0 else self.serve.log_tail(),  # what serve said before it exited
             "processes_left": left,
         }
 
