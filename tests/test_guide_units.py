@@ -80,6 +80,7 @@ class Target:
         return Verification(len(out), [*out, int(np.argmax(logits(context)))])
 
     def step_banning(self, tokens, banned, sampling):
+        assert isinstance(sampling, SamplingParams)  # the step's own sampling reaches the banned call
         self.banned_calls += 1
         row = logits(list(tokens)).copy()
         row[np.asarray(banned, dtype=int)] = -np.inf
@@ -126,10 +127,14 @@ def test_guided_output_is_the_constrained_argmax_at_every_k(k):
 
 
 def test_the_draft_is_cut_at_its_first_refused_token_with_its_rows():
+    from specbuild.contract.adapters import ContractDraft
+
     guide = Digits()
-    draft = Draft([1, 2, LETTER, 3], probs=np.arange(4 * VOCAB).reshape(4, VOCAB))
+    rows = np.arange(4 * VOCAB).reshape(4, VOCAB)
+    draft = ContractDraft([1, 2, LETTER, 3], probs=rows, logits=rows + 0.5)
     cut = cut_draft(draft, guide)
-    assert cut.tokens == [1, 2] and cut.probs.shape == (2, VOCAB) and guide.kept == []  # the state unchanged
+    assert cut.tokens == [1, 2] and guide.kept == []  # the state unchanged
+    assert np.array_equal(cut.probs, rows[:2]) and np.array_equal(cut.logits, rows[:2] + 0.5)  # the rows go too
     assert cut_draft(Draft([1, 2]), guide).tokens == [1, 2]
     assert cut_draft(Draft([LETTER, 1]), guide).tokens == []
 
@@ -167,15 +172,21 @@ def test_a_target_that_ignores_the_ban_is_an_error_not_wrong_text():
         def step_banning(self, tokens, banned, sampling):
             return LETTER
 
-    with pytest.raises(GenerationError, match="does not honour bad_words_list"):
+    with pytest.raises(
+        GenerationError, match="the guide refuses it: the target model does not honour bad_words_list.$"
+    ):
         keep_allowed(Verification(0, [LETTER]), Digits(), Deaf(), [0], SamplingParams())
 
 
 def test_sampling_and_a_verifier_without_the_banned_step_are_refused():
     check_guided_sampling(SamplingParams(temperature=0.0))
     check_guided_sampling(SamplingParams(temperature=0.7, top_k=1))  # top-1 is greedy
-    with pytest.raises(RequestError, match="a guided request must be greedy"):
+    with pytest.raises(RequestError) as refused:
         check_guided_sampling(SamplingParams(temperature=0.7, seed=1))
+    assert str(refused.value) == (
+        "a guided request must be greedy (temperature 0): sampling under a guide is not exact with speculation "
+        "here, as the target's verification does not restrict its distribution to the grammar's tokens."
+    )
     with pytest.raises(RequestError, match="a guided request must be greedy"):
         run([1], Drafter(), Target(), GenerationRequest(4, 2, SamplingParams(temperature=0.5)), guide=Digits())
 
