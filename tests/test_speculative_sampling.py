@@ -179,3 +179,49 @@ def test_a_draw_that_rounds_up_to_the_total_takes_the_last_token_with_mass():
 
     probs = np.array([[0.2, 0.8, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.0, 1.0]])
     assert sample_rows(probs, Top()).tolist() == [1, 3, 3]
+
+
+def test_top_p_keeps_a_token_whose_mass_before_is_exactly_top_p_out():
+    """The nucleus stops where the mass before a token reaches top_p: [0.5, 0.25, 0.25] at top_p 0.5 keeps the first
+    token only (the second's mass before it is exactly 0.5)."""
+    logits = np.log(np.array([0.5, 0.25, 0.25]))
+    probs = process_logits(logits, SamplingParams(temperature=1.0, top_p=0.5))
+    assert probs.tolist() == [1.0, 0.0, 0.0]
+
+
+def test_top_p_one_is_off_even_where_the_running_mass_rounds_to_one():
+    """top_p = 1 keeps every token with mass, the tail too, although the mass before it rounds to exactly 1.0."""
+    probs = process_logits(np.array([0.0, -50.0]), SamplingParams(temperature=1.0, top_p=1.0))
+    assert probs[1] > 0.0 and probs.shape == (2,)  # a single row comes back as a row
+
+
+def test_ties_enter_the_nucleus_lowest_index_first():
+    """Equal probabilities are ordered by index (a stable sort): half of 64 equal tokens is the first 32."""
+    probs = process_logits(np.zeros(64), SamplingParams(temperature=1.0, top_p=0.5))
+    assert np.flatnonzero(probs).tolist() == list(range(32))
+
+
+def test_logits_of_any_number_type_give_float64_probabilities():
+    for logits in (np.array([1, 5, 2]), [1, 5, 2], np.array([1, 5, 2], np.float16)):
+        for sampling in (SamplingParams(), SamplingParams(temperature=1.0)):
+            assert process_logits(logits, sampling).dtype == np.float64
+
+
+def test_rows_far_apart_in_scale_are_each_stable():
+    """Each row is shifted by its own max: a row 1000 below another does not underflow to nothing."""
+    probs = process_logits(np.array([[1000.0, 0.0], [0.0, 1.0]]), SamplingParams(temperature=1.0))
+    assert np.isfinite(probs).all() and probs.sum(axis=1) == pytest.approx([1.0, 1.0])
+    assert probs[1] == pytest.approx(softmax(np.array([0.0, 1.0])))
+
+
+@pytest.mark.parametrize(
+    "sampling,message",
+    [
+        (SamplingParams(temperature=1.0, top_k=2.5), r"top_k = 2.5 is invalid"),
+        (SamplingParams(temperature=1.0, seed=1.5), r"seed = 1.5 is invalid"),
+        (SamplingParams(temperature=1.0, top_k=True), r"top_k = True is invalid"),
+    ],
+)
+def test_validate_sampling_wants_integers(sampling, message):
+    with pytest.raises(RequestError, match=message):
+        validate_sampling(sampling)
