@@ -32,7 +32,7 @@ class BlsParameters:
     num_draft_tokens: int  # K when a request asks for none
     max_input_len: int  # prompt tokens
     max_output_len: int  # the most max_tokens one request may ask for
-    tokenizer_dir: str  # absolute, or relative to the repository's parent folder
+    tokenizer_dir: str  # absolute, or relative to the repository folder (the parent of the BLS's own folder)
     tensorrt_llm_model_name: str = models.TARGET
     # "" (or absent): no draft model, as in NVIDIA's BLS; its drafters are those without one (specbuild.drafters)
     tensorrt_llm_draft_model_name: str = ""
