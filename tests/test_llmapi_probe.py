@@ -26,6 +26,7 @@ WRITTEN = [
     "max_num_tokens",
     "kv_cache_config",
     "disable_overlap_scheduler",
+    "guided_decoding_backend",
     "speculative_config",
 ]
 
