@@ -42,6 +42,7 @@ from specbuild.config import Spec
 from specbuild.contract import llmapi as contract
 from specbuild.contract.images import TRITON_IMAGE
 from specbuild.errors import ArtifactError, ServeError, ToolNotFoundError
+from specbuild.session.served import reachable_host
 
 LAUNCHERS = ("srun", "mpirun")
 
@@ -87,8 +88,7 @@ class ServeCommand:
 
     @property
     def health_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"http://{host}:{self.port}{contract.SERVE_HEALTH}"
+        return f"http://{reachable_host(self.host)}:{self.port}{contract.SERVE_HEALTH}"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -46,7 +46,7 @@ from specbuild.errors import ClientError
 from specbuild.speculative.draft_len import ResolvedK, resolve_fixed_k
 from specbuild.speculative.stats import SpeculationStats
 
-__all__ = ["Deployment", "MODEL", "ServedSession", "read_stream", "server_url"]
+__all__ = ["Deployment", "MODEL", "ServedSession", "reachable_host", "read_stream", "server_url"]
 
 MODEL = models.BLS  # the model a client calls by default
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")  # a server bound to every address is reached on loopback
@@ -57,8 +57,12 @@ def server_url(spec: Spec, protocol: str, url: str | None = None) -> str:
     for the protocol, with a wildcard host reached as 127.0.0.1."""
     if url:
         return url.removeprefix("http://").removeprefix("grpc://").rstrip("/")
-    host = "127.0.0.1" if spec.serve.host in WILDCARD_HOSTS else spec.serve.host
-    return f"{host}:{spec.serve.grpc_port if protocol == 'grpc' else spec.serve.http_port}"
+    return f"{reachable_host(spec.serve.host)}:{spec.serve.grpc_port if protocol == 'grpc' else spec.serve.http_port}"
+
+
+def reachable_host(host: str) -> str:
+    """Where a client on this machine reaches a server bound to `host`: a wildcard address as 127.0.0.1."""
+    return "127.0.0.1" if host in WILDCARD_HOSTS else host
 
 
 @dataclass(frozen=True)

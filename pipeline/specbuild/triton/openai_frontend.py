@@ -33,6 +33,7 @@ from specbuild.contract import models
 from specbuild.contract.bls_params import BlsParameters
 from specbuild.contract.pbtxt import parse_pbtxt
 from specbuild.errors import ArtifactError, ToolNotFoundError
+from specbuild.session.served import reachable_host
 
 FRONTEND_ENV = "SPECBUILD_OPENAI_FRONTEND"  # main.py of NVIDIA's frontend, where it is not in the image's place
 IMAGE_FRONTEND = Path("/opt/tritonserver/python/openai/openai_frontend/main.py")  # NVIDIA's Triton images
@@ -50,8 +51,7 @@ class FrontendCommand:
 
     @property
     def health_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"http://{host}:{self.port}{HEALTH}"
+        return f"http://{reachable_host(self.host)}:{self.port}{HEALTH}"
 
     @property
     def base_url(self) -> str:
