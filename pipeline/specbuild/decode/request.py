@@ -32,7 +32,7 @@ The rules, each written here only:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specbuild import drafters
@@ -68,7 +68,14 @@ class RequestRules:
     adaptive: bool = False  # K adapts when a request does not say
     default_drafter: str = drafters.DEFAULT  # the drafter when a request names none
     runnable_drafters: tuple[str, ...] = (drafters.DEFAULT,)  # the drafters this deployment can run
-    grammars: Grammars | None = None  # compiles guides; None: this deployment serves no guided request
+    # the target's rows (its vocab_size): with the tokenizer, guided requests are served, their grammars compiled
+    # against the tokenizer's vocabulary with this deployment's end ids as stop tokens; None: no guided request
+    vocab_size: int | None = None
+    grammars: Grammars | None = field(init=False, default=None, repr=False, compare=False)  # from the fields above
+
+    def __post_init__(self) -> None:
+        if self.tokenizer is not None and self.vocab_size:
+            object.__setattr__(self, "grammars", Grammars(self.tokenizer, self.vocab_size, self.end_ids))
 
     def prepare(
         self,
@@ -122,10 +129,10 @@ class RequestRules:
                     "this deployment does not serve guided requests: structured output runs on the engine path (the "
                     "BLS, and `generate --local` on the reference runtime), which needs the tokenizer."
                 )
-            if model_end_id not in self.grammars.end_ids:
+            if model_end_id not in self.end_ids:
                 raise RequestError(
                     f"end_id = {model_end_id} cannot end a guided request: a guided output ends where its grammar "
-                    f"allows, at one of the deployment's end ids {list(self.grammars.end_ids)}; leave end_id unset."
+                    f"allows, at one of the deployment's end ids {list(self.end_ids)}; leave end_id unset."
                 )
             grammar = self.grammars.guide(guide)
         return Prepared(request, k, model_end_id, stop_words, name, grammar)

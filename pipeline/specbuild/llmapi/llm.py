@@ -34,7 +34,7 @@ from typing import Any
 from specbuild import drafters
 from specbuild.contract import llmapi as contract
 from specbuild.decode.drafting import Drafting
-from specbuild.decode.grammar import Grammars, GuideRequest
+from specbuild.decode.grammar import GuideRequest
 from specbuild.decode.request import RequestRules
 from specbuild.errors import RequestError
 from specbuild.llmapi.protocol import CompletionOutput, ModelException, RequestOutput, stop_strings
@@ -238,9 +238,10 @@ class StandInLLM:
             self.k if drafts else 0,
             default_drafter=self.lookup.default if self.lookup else drafters.MODEL,
             runnable_drafters=(self.lookup.default,) if self.lookup else (drafters.MODEL,),
-            grammars=Grammars(self.tokenizer, self.vocab_size, () if eos is None else (eos,))
+            # the LLM compiles guides only with its guided_decoding_backend
+            vocab_size=self.vocab_size
             if self.args.get("guided_decoding_backend") == contract.GUIDED_DECODING_BACKEND
-            else None,  # the LLM compiles guides only with its guided_decoding_backend
+            else None,
         )
         self.max_batch_size = batch
 

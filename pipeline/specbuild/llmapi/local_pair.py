@@ -55,5 +55,5 @@ def local_pair(spec: Spec, device: str | None = "cpu") -> dict:
         "max_seq_len": llm.max_seq_len,
         "sources": {"engine_source": SOURCE, "draft_engine_source": SOURCE if llm.draft else None},
         # guided requests, where model.yaml names the LLM's guided_decoding_backend (specbuild writes it)
-        "vocab_size": llm.vocab_size if llm.rules.grammars is not None else None,
+        "vocab_size": llm.rules.vocab_size,
     }

@@ -27,7 +27,7 @@ from specbuild.config import Spec
 from specbuild.decode.drafting import Drafting
 from specbuild.decode.driver import drive
 from specbuild.decode.generation import Generation, Options
-from specbuild.decode.grammar import Grammars, GuideRequest
+from specbuild.decode.grammar import GuideRequest
 from specbuild.decode.request import RequestRules
 from specbuild.decode.textstream import TextStream
 from specbuild.drafters import LookupSettings
@@ -78,9 +78,7 @@ class LocalSession:
             adaptive,
             self.drafting.default,
             self.drafting.available,
-            grammars=Grammars(tokenizer, vocab_size, end_ids(end_id, other_end_ids))
-            if tokenizer is not None and vocab_size
-            else None,  # guided requests need the tokenizer's vocabulary and the model's size
+            vocab_size=vocab_size,  # guided requests: the tokenizer's vocabulary and the model's size
         )
         self.max_seq_len = max_seq_len  # prompt + generated tokens the engines take (None: no limit known)
         self.pair = pair  # reference.loading.LocalPair when loaded from a spec

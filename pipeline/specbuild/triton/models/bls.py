@@ -57,7 +57,6 @@ from specbuild.contract.tensors import final_values
 from specbuild.decode.drafting import Drafting
 from specbuild.decode.driver import drive
 from specbuild.decode.generation import Generation
-from specbuild.decode.grammar import Grammars
 from specbuild.decode.request import RequestRules
 from specbuild.decode.textstream import TextStream
 from specbuild.errors import RequestError
@@ -146,11 +145,7 @@ class TritonPythonModel:
             drafters.runnable(bool(self.draft_model)),  # no draft model (a target-only deployment): lookup only
             # guided requests (structured output): the tokenizer's vocabulary and the target's rows, read from the
             # config.json beside the tokenizer (the checkpoint's, or the reference engine's), so padding is banned too
-            grammars=Grammars(
-                self.tokenizer,
-                checkpoint_vocab_size(tokenizer_dir) or len(self.tokenizer),
-                end_ids(self.pre.end_id, listed_end_ids(tokenizer_dir)),
-            ),
+            vocab_size=checkpoint_vocab_size(tokenizer_dir) or len(self.tokenizer),
         )
         token_bytes = max_token_bytes(self.tokenizer)
         if token_bytes.longest is None:
