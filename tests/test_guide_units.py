@@ -46,12 +46,10 @@ class Digits:
             assert int(token) in self._allowed(self.kept), (token, self.kept)
             self.kept.append(int(token))
 
-    def refused(self):
-        allowed = self._allowed(self.kept)
-        return np.array([t for t in range(VOCAB) if t not in allowed], dtype=np.int32)
-
-    def vocab_size(self):
-        return VOCAB
+    def allowed(self):
+        mask = np.zeros(VOCAB, dtype=bool)
+        mask[list(self._allowed(self.kept))] = True
+        return mask
 
 
 def logits(context: list[int]) -> np.ndarray:
@@ -103,7 +101,7 @@ def constrained_argmax(prompt: list[int], max_tokens: int) -> list[int]:
     guide, out = Digits(), []
     while len(out) < max_tokens:
         row = logits(prompt + out).copy()
-        row[guide.refused()] = -np.inf
+        row[~guide.allowed()] = -np.inf
         token = int(np.argmax(row))
         if token == END:
             return out

@@ -91,12 +91,6 @@ class XgrammarGuide:
         bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")  # bit j of word i: 32i + j
         return bits[: self._vocab_size].astype(bool)
 
-    def refused(self) -> np.ndarray:
-        return np.flatnonzero(~self.allowed()).astype(np.int32)
-
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
 
 class Grammars:
     """A deployment's grammar compiler: the tokenizer's vocabulary read once, each guide compiled per request

@@ -50,12 +50,8 @@ class Guide(Protocol):
         """Accept `tokens` (each allowed in turn); the state moves past them."""
         ...
 
-    def refused(self) -> np.ndarray:
-        """[n] int32: every token id the grammar refuses next (the ban list of a constrained step)."""
-        ...
-
-    def vocab_size(self) -> int:
-        """The ids the grammar judges: [0, vocab_size)."""
+    def allowed(self) -> np.ndarray:
+        """[vocab] bool: the tokens the grammar allows next (the rest is the ban list of a constrained step)."""
         ...
 
 
@@ -105,13 +101,15 @@ def keep_allowed(
     if guide.allowed_prefix([last]) == 1:
         guide.advance([last])
         return verification, False
-    refused = guide.refused()
-    if refused.size == guide.vocab_size():  # nothing more: a kept draft token was an end id, where the loop ends
+    mask = guide.allowed()
+    allowed = np.flatnonzero(mask)
+    if allowed.size == 0:  # nothing more: a kept draft token was an end id, where the loop ends
         return verification, False
-    if refused.size == guide.vocab_size() - 1:  # one token allowed: the constrained choice, with no call to make
-        chosen = int(np.setdiff1d(np.arange(guide.vocab_size()), refused)[0])
+    if allowed.size == 1:  # one token allowed: the constrained choice, with no call to make
+        chosen = int(allowed[0])
         guide.advance([chosen])
         return dataclasses.replace(verification, tokens=[*accepted, chosen]), False
+    refused = np.flatnonzero(~mask).astype(np.int32)
     chosen = int(verifier.step_banning(context + accepted, refused, sampling))
     if guide.allowed_prefix([chosen]) != 1:
         raise GenerationError(
