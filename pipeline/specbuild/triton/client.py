@@ -78,6 +78,7 @@ def resume_stream(
     exact: bool,
     wait_for_server: Callable[[float], bool],
     resume_s: float = RESUME_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[Chunk]:
     """The chunks of `attempt()` (one request), the request sent again where its stream is cut (StreamCut: the server
     was there and went away; a server that never answered is not waited for).
@@ -86,7 +87,7 @@ def resume_stream(
     new stream (checked character for character) and the caller's stream goes on where it was cut: nothing is sent
     twice and nothing skipped. `exact` False (sampling without a seed): a cut after some text is reported, with what
     arrived, as it cannot be resumed (a cut before any text is sent again: no sample was shown).
-    `wait_for_server(deadline)`: True once the server answers again, before the monotonic deadline. The wait is
+    `wait_for_server(deadline)`: True once the server answers again, before the deadline (on `clock`). The wait is
     `resume_s` from the first cut since the stream last moved on (new text), however often the request is cut again
     meanwhile (a server that says it is ready while a model's stub is still dead answers at once). The final chunk's
     stats say how often the stream was resumed (`resumed`)."""
@@ -115,7 +116,7 @@ def resume_stream(
                     f"{err} The stream was cut after {len(sent)} characters; a request that samples without a seed "
                     "cannot be resumed as it was (it would be another sample): send it again, or send a seed."
                 ) from None
-            deadline = deadline if deadline is not None else time.monotonic() + resume_s
+            deadline = deadline if deadline is not None else clock() + resume_s
             if resume_s <= 0 or not wait_for_server(deadline):
                 raise StreamCut(
                     f"{err} The stream was cut after {len(sent)} characters and the server did not serve again within "
