@@ -128,6 +128,14 @@ def validates(text: str, schema: dict[str, Any]) -> bool:
     return True
 
 
+ROUNDS = 2  # what bench runs: every prompt in every cell twice
+
+
+def run_cells(ks: list[int]) -> list[tuple[bool, int]]:
+    """The cells a run measures, (guided, K): unguided and guided, each at K = 0 and each K > 0 of `ks`."""
+    return [(guided, k) for guided in (False, True) for k in (0, *sorted({k for k in ks if k > 0}))]
+
+
 def run(
     session: Any,  # LocalSession or ServedSession: generate(prompt, Options) -> Generation
     ks: list[int],
@@ -141,7 +149,7 @@ def run(
     if not asked:
         raise BenchError("--workload json-schema compares speculation with K = 0: give a K > 0 (--num-draft-tokens).")
     work = prompts(n_prompts)
-    cells = [(guided, k) for guided in (False, True) for k in (0, *asked)]
+    cells = run_cells(ks)
     totals = {cell: [0, 0.0] for cell in cells}  # tokens, seconds
     outputs: dict[tuple[bool, int], list[tuple[int, list[int] | None, str]]] = {cell: [] for cell in cells}
     constrained = dict.fromkeys(asked + [0], 0)

@@ -251,18 +251,14 @@ def _bench_guided(spec, local, url, protocol, k_list, settings, threads, as_json
     from specbuild.bench.run import _progress
 
     ks = list(k_list) if k_list else [0, 4]
-    total = settings.requests * 2 * 2 * len({k for k in ks if k > 0} | {0})  # prompts x rounds x (guided or not) x K
+    total = settings.requests * guided.ROUNDS * len(guided.run_cells(ks))  # prompts x rounds x cells
     tick = _progress(True)(total)
-    if local:
-        from specbuild.session.local import LocalSession
+    from specbuild.session.local import LocalSession
+    from specbuild.session.served import ServedSession
 
-        with LocalSession.from_spec(spec, threads=threads) as session:
-            doc = guided.run(session, ks, settings.requests, 2, settings.max_tokens, tick)
-    else:
-        from specbuild.session.served import ServedSession
-
-        with ServedSession.for_spec(spec, protocol, url) as session:
-            doc = guided.run(session, ks, settings.requests, 2, settings.max_tokens, tick)
+    session = LocalSession.from_spec(spec, threads=threads) if local else ServedSession.for_spec(spec, protocol, url)
+    with session:
+        doc = guided.run(session, ks, settings.requests, guided.ROUNDS, settings.max_tokens, tick)
     doc = {"mode": "local" if local else "triton", "url": url, **doc}
     if as_json:
         emit_json(doc)
