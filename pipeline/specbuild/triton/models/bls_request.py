@@ -228,12 +228,9 @@ def _sampling(get: Getter) -> SamplingParams:
 
 def parse_request(get: Getter, limits: RequestLimits) -> BlsRequest:
     """Read and check every input against this deployment's `limits`."""
-    prompt = get("text_input")
-    if prompt is not None and np.asarray(prompt).size == 1:  # the size first: nothing is decoded before it
-        item = np.asarray(prompt).reshape(-1)[0]
-        if isinstance(item, (bytes, str)):
-            size = len(item) if isinstance(item, bytes) else len(item.encode("utf-8"))
-            _check_bytes("text_input", size, limits)
+    size = _text_bytes(get("text_input"))  # the size first: nothing is decoded before it
+    if size is not None:
+        _check_bytes("text_input", size, limits)
     for name in UNSUPPORTED_INPUTS:
         if get(name) is not None:
             raise RequestError(f"input '{name}' is not supported by specbuild's speculative BLS; remove it.")
@@ -276,16 +273,24 @@ def parse_request(get: Getter, limits: RequestLimits) -> BlsRequest:
     )
 
 
+def _text_bytes(value: np.ndarray | None) -> int | None:
+    """The UTF-8 size of a one-string input, read before anything decodes it; None when it is not one string (the
+    input's own reader says what is wrong with it)."""
+    if value is None or np.asarray(value).size != 1:
+        return None
+    item = np.asarray(value).reshape(-1)[0]
+    if not isinstance(item, (bytes, str)):
+        return None
+    return len(item) if isinstance(item, bytes) else len(item.encode("utf-8"))
+
+
 def _guide(get: Getter) -> GuideRequest | None:
     """NVIDIA's two guided inputs read as one guide, its text bounded in bytes before anything compiles it."""
-    value = get("guided_decoding_guide")
-    if value is not None and np.asarray(value).size == 1:
-        item = np.asarray(value).reshape(-1)[0]
-        size = len(item) if isinstance(item, bytes) else len(str(item).encode("utf-8"))
-        if size > MAX_GUIDE_BYTES:
-            raise RequestError(
-                f"input 'guided_decoding_guide' is {size} bytes, above the {MAX_GUIDE_BYTES} bytes a guide may have."
-            )
+    size = _text_bytes(get("guided_decoding_guide"))
+    if size is not None and size > MAX_GUIDE_BYTES:
+        raise RequestError(
+            f"input 'guided_decoding_guide' is {size} bytes, above the {MAX_GUIDE_BYTES} bytes a guide may have."
+        )
     guide_type = _scalar(get, "guided_decoding_guide_type", "str")
     return GuideRequest.from_inputs(
         None if guide_type is None else str(guide_type), _scalar(get, "guided_decoding_guide", "str")
