@@ -56,11 +56,11 @@ def server(deployment):
 
 @pytest.fixture
 def small_queue_server(deployment, monkeypatch):
-    """Its models are timed stand-ins (each call takes at least 50 ms, waiting): a request of 200 tokens then takes
+    """Its models are timed stand-ins (each step takes at least 50 ms, waiting): a request of 200 tokens then takes
     seconds on any machine, so 20 at once fill the slots and the queue, and a poll every 0.2 s sees them."""
-    from specbuild.triton.models.reference_llm import CALL_SECONDS_ENV
+    from specbuild.reference.timing import TIMING_ENV
 
-    monkeypatch.setenv(CALL_SECONDS_ENV, "0.05")
+    monkeypatch.setenv(TIMING_ENV, "50ms")
     with _serve(deployment, "triton_repo_q4", max_queue_size=QUEUE) as handle:
         yield handle
 

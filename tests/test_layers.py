@@ -16,7 +16,14 @@ ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 # Bottom to top; the same table is the picture in docs/architecture.md.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("specbuild", "specbuild.errors", "specbuild.progress"),  # the package root holds only __version__
-    ("specbuild.config", "specbuild.quantization", "specbuild.backends", "specbuild.families", "specbuild.drafters"),
+    (
+        "specbuild.config",
+        "specbuild.quantization",
+        "specbuild.backends",
+        "specbuild.families",
+        "specbuild.drafters",
+        "specbuild.gpus",
+    ),
     ("specbuild.artifacts", "specbuild.hfmodel", "specbuild.corpus"),
     ("specbuild.speculative",),
     ("specbuild.decode",),

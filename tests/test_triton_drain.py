@@ -389,11 +389,11 @@ def test_sigterm_as_soon_as_triton_answers_ready_drains_too(deployment):
 
 def test_the_drain_gives_up_after_exit_timeout_and_says_how_many_it_cut(deployment, monkeypatch):
     """--exit-timeout 1 against MANY streams (4 running, the rest waiting for a BLS slot), served by timed stand-ins
-    (each model call takes at least 50 ms, waiting): a stream of MAX_TOKENS then takes seconds on any machine, so
+    (each model step takes at least 50 ms, waiting): a stream of MAX_TOKENS then takes seconds on any machine, so
     some are cut; the test holds what serve says to what clients saw."""
-    from specbuild.triton.models.reference_llm import CALL_SECONDS_ENV
+    from specbuild.reference.timing import TIMING_ENV
 
-    monkeypatch.setenv(CALL_SECONDS_ENV, "0.05")
+    monkeypatch.setenv(TIMING_ENV, "50ms")
     serving, document = serve(deployment.spec_path, deployment.repo, "--exit-timeout", "1")
     try:
         streams = Streams(document["endpoints"]["grpc"], MANY, MAX_TOKENS)

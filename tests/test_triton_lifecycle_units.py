@@ -460,15 +460,3 @@ def test_an_unloading_bls_refuses_new_requests_and_those_still_waiting_with_unav
     waiting = AnsweredRequest()  # admitted before the unload began, given a slot after it
     bls._in_slot(waiting, object(), 0.0)
     assert waiting.sent[0][0].error.message == "tensorrt_llm_bls is unloading"
-
-
-def test_the_timed_stand_in_reads_its_least_call_time_from_the_environment():
-    import pytest
-
-    from specbuild.triton.models.reference_llm import CALL_SECONDS_ENV, call_seconds
-
-    assert call_seconds({}) == 0.0 and call_seconds({CALL_SECONDS_ENV: " "}) == 0.0
-    assert call_seconds({CALL_SECONDS_ENV: "0.05"}) == 0.05
-    for bad in ("-1", "fast", "nan", "inf"):
-        with pytest.raises(ValueError, match=f"{CALL_SECONDS_ENV} = '{bad}': give the least seconds"):
-            call_seconds({CALL_SECONDS_ENV: bad})

@@ -16,7 +16,7 @@ from typing import Any
 
 import tomllib
 
-from specbuild import backends, drafters, quantization
+from specbuild import backends, drafters, gpus, quantization
 from specbuild.drafters import LookupSettings
 from specbuild.errors import SpecError
 
@@ -27,22 +27,8 @@ DTYPES = ("float16", "bfloat16", "float32")
 # llmapi: TensorRT-LLM's LLM API / PyTorch backend, no engines (GPU), served on CPU by a stand-in.
 BACKENDS = backends.NAMES  # specbuild.backends: one record each
 
-# Known GPUs: usable memory in GiB as reported by the driver, and the SM version.
-GPUS: dict[str, tuple[float, int]] = {
-    "H100-80GB": (79.6, 90),
-    "H100-94GB": (93.1, 90),
-    "H200": (139.8, 90),
-    "H20": (95.0, 90),
-    "GH200": (94.5, 90),
-    "B200": (178.4, 100),
-    "A100-80GB": (79.2, 80),
-    "A100-40GB": (39.4, 80),
-    "A10G": (22.0, 86),
-    "L4": (22.0, 89),
-    "L40S": (44.4, 89),
-    "RTX-4090": (23.6, 89),
-    "RTX-6000-ADA": (47.5, 89),
-}
+# Known GPUs: usable memory in GiB as reported by the driver, and the SM version (records: specbuild.gpus).
+GPUS: dict[str, tuple[float, int]] = {name: (gpu.memory_gib, gpu.sm) for name, gpu in gpus.GPUS.items()}
 
 
 def known_gpu(memory_gib: float, sm: int) -> str | None:

@@ -7,8 +7,8 @@ E / (max(1, (K+1) c) + (1 - h) K c) with the early-draft hit rate h (alpha^(K+1)
 is derived in docs/speculative.md. The formulas live in `specbuild.speculative.adaptive`; this module
 only feeds them measured numbers and estimates c for a GPU from the models' sizes.
 
-GPU estimate: a decode step at small batch is memory-bound, so its time is about the bytes of
-weights read per token divided by the memory bandwidth, plus a fixed per-layer launch cost.
+GPU estimate: `specbuild.gpus`' cost model of a memory-bound step (weight bytes over the GPU's bandwidth plus a
+launch floor per layer).
 """
 
 from __future__ import annotations
@@ -17,27 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specbuild import gpus
 from specbuild.config import ModelSpec, Spec
 from specbuild.quantization import FORMATS
-
-# Peak HBM/GDDR bandwidth in GB/s (vendor data sheets), keyed like specbuild.config.GPUS.
-GPU_BANDWIDTH_GBS: dict[str, float] = {
-    "H100-80GB": 3350.0,
-    "H100-94GB": 3900.0,
-    "H200": 4800.0,
-    "H20": 4000.0,
-    "GH200": 4000.0,
-    "B200": 8000.0,
-    "A100-80GB": 2039.0,
-    "A100-40GB": 1555.0,
-    "A10G": 600.0,
-    "L4": 300.0,
-    "L40S": 864.0,
-    "RTX-4090": 1008.0,
-    "RTX-6000-ADA": 960.0,
-}
-ACHIEVED_BANDWIDTH_FRACTION = 0.7  # decode kernels reach roughly this share of peak bandwidth
-LAUNCH_SECONDS_PER_LAYER = 5e-6  # fixed cost per decoder layer per step (kernel launches), an assumption
 
 BYTES_PER_WEIGHT = {name: fmt.weight_bytes for name, fmt in FORMATS.items()}  # specbuild.quantization; None: dtype
 BYTES_PER_DTYPE = {"float16": 2.0, "bfloat16": 2.0, "float32": 4.0}
@@ -110,13 +92,8 @@ def weight_bytes(size: ModelSize, model: ModelSpec) -> float:
 
 
 def gpu_step_seconds(size: ModelSize, model: ModelSpec, gpu_name: str | None) -> float | None:
-    bandwidth = GPU_BANDWIDTH_GBS.get(gpu_name or "")
-    if bandwidth is None:
-        return None
-    return (
-        weight_bytes(size, model) / (bandwidth * 1e9 * ACHIEVED_BANDWIDTH_FRACTION)
-        + size.layers * LAUNCH_SECONDS_PER_LAYER
-    )
+    gpu = gpus.GPUS.get(gpu_name or "")
+    return None if gpu is None else gpus.step_seconds(gpu, weight_bytes(size, model), size.layers)
 
 
 def gpu_estimate(spec: Spec, target: ModelSize, draft: ModelSize) -> dict[str, object]:
@@ -129,10 +106,7 @@ def gpu_estimate(spec: Spec, target: ModelSize, draft: ModelSize) -> dict[str, o
         "draft_parameters": draft.parameters,
         "target_weight_bytes": int(weight_bytes(target, spec.target)),
         "draft_weight_bytes": int(weight_bytes(draft, spec.draft)),
-        "assumptions": (
-            f"memory-bound decode at {ACHIEVED_BANDWIDTH_FRACTION:.0%} of peak bandwidth, "
-            f"plus {LAUNCH_SECONDS_PER_LAYER * 1e6:.0f} us per layer per step; KV-cache reads ignored"
-        ),
+        "assumptions": gpus.ASSUMPTIONS + "; KV-cache reads ignored",
     }
     if t is None or d is None:
         result.update(
@@ -141,7 +115,7 @@ def gpu_estimate(spec: Spec, target: ModelSize, draft: ModelSize) -> dict[str, o
         )
         return result
     result.update(
-        bandwidth_gbs=GPU_BANDWIDTH_GBS[spec.gpu.name or ""],
+        bandwidth_gbs=gpus.GPUS[spec.gpu.name or ""].bandwidth_gbs,
         target_step_seconds=round(t, 9),
         draft_step_seconds=round(d, 9),
         cost_ratio=round(d / t, 6),

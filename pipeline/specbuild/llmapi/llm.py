@@ -81,12 +81,14 @@ def validate_args(args: dict[str, Any]) -> dict[str, Any]:
     return {**args, "backend": backend, "speculative_config": spec}
 
 
-def load_model(folder: Path, limits: dict[str, int], device: str = "cpu"):
-    """A ContractModel over a checkpoint written by `convert --backend llmapi` (FP8 weights read back)."""
+def load_model(folder: Path, limits: dict[str, int], device: str = "cpu", role: str = "target"):
+    """A ContractModel over a checkpoint written by `convert --backend llmapi` (FP8 weights read back); a timed
+    stand-in's when $SPECBUILD_STANDIN_TIMING asks (reference.timing)."""
     from specbuild.contract.executor import Limits
     from specbuild.llmapi.hfexport import load_export
     from specbuild.reference.contract_model import ContractModel
     from specbuild.reference.engine import ReferenceEngine
+    from specbuild.reference.loading import timed_clock
     from specbuild.reference.model import LlamaModel, args_from_config
 
     loaded = load_export(folder)
@@ -95,7 +97,7 @@ def load_model(folder: Path, limits: dict[str, int], device: str = "cpu"):
         loaded.state_dict,
         device=device,
     )
-    return ContractModel(ReferenceEngine(model), Limits(**limits))
+    return ContractModel(ReferenceEngine(model), Limits(**limits), timed_clock(role, model, announce=True))
 
 
 def release_args(args, hf_config: dict[str, Any]):
@@ -220,6 +222,7 @@ class StandInLLM:
                 Path(spec[contract.DRAFT_MODEL_KEY]),
                 {"max_batch_size": batch, "max_seq_len": seq, "max_draft_len": 0},
                 device,
+                role="draft",
             )
             if spec and self.lookup is None
             else None

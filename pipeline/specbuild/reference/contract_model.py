@@ -41,6 +41,7 @@ from specbuild.contract.logits import engine_logits
 from specbuild.contract.sampling import TrtllmSampling
 from specbuild.errors import RequestError
 from specbuild.reference.engine import ReferenceEngine
+from specbuild.reference.timing import CallClock
 from specbuild.speculative.acceptance import accept_greedy, accept_sampling
 from specbuild.speculative.sampling import sample
 
@@ -85,9 +86,10 @@ def _banned_tokens(request: ParsedRequest) -> list[int]:
 class ContractModel:
     """The reference engine behind the tensorrt_llm tensor contract."""
 
-    def __init__(self, engine: ReferenceEngine, limits: Limits | None = None):
+    def __init__(self, engine: ReferenceEngine, limits: Limits | None = None, clock: CallClock | None = None):
         self.engine = engine
         self.limits = limits or Limits()
+        self.clock = clock  # a timed stand-in's (reference.timing): each call lasts its timed steps
 
     def __call__(self, request: dict[str, Any]) -> dict[str, np.ndarray]:
         response = self.execute([request])[0]
@@ -97,7 +99,9 @@ class ContractModel:
 
     def execute(self, requests: list[dict[str, Any]], errors: str = "raise") -> list[Any]:
         """One response dict per request. errors="return" puts a RequestError in a bad request's slot
-        instead of raising, so one bad request does not fail the others (what the Triton model wants)."""
+        instead of raising, so one bad request does not fail the others (what the Triton model wants).
+        A timed stand-in's call then waits for the rest of its steps' time (`reference.timing`)."""
+        started = self.clock.now() if self.clock is not None else 0.0
         parsed: list[ParsedRequest | RequestError] = []
         for i, request in enumerate(requests):
             try:
@@ -119,6 +123,11 @@ class ContractModel:
         for group in (decode[j : j + step] for j in range(0, len(decode), step)):
             for i, response in zip(group, self._decode([parsed[i] for i in group])):  # type: ignore[misc]
                 out[i] = response
+        if self.clock is not None and good:
+            rows = [parsed[i] for i in good]
+            contexts = [len(r.input_ids) + len(r.draft or ()) for r in rows]  # type: ignore[union-attr]
+            steps = max(1 if r.draft is not None else r.output_len for r in rows)  # type: ignore[union-attr]
+            self.clock.finish(started, contexts, steps)
         return out
 
     def _verify(self, reqs: list[ParsedRequest]) -> list[dict[str, np.ndarray]]:

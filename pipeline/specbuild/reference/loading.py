@@ -112,7 +112,23 @@ def load_contract_model(
         else:
             detail(line)
     limits = Limits.from_engine(source.limits, model.args.max_position_embeddings)  # logits dtype, max_num_tokens too
-    return ContractModel(ReferenceEngine(model, use_cache=use_cache), limits)
+    return ContractModel(ReferenceEngine(model, use_cache=use_cache), limits, timed_clock(source.role, model, announce))
+
+
+def timed_clock(role: str, model, announce: bool = False):
+    """The clock of a timed stand-in ($SPECBUILD_STANDIN_TIMING, reference.timing) for `role`'s model, None when
+    untimed. `role` may carry a note after the name ("draft (own process, drafts ahead)")."""
+    from specbuild.reference import timing
+
+    asked = timing.from_environ()
+    clock = asked.clock_for(role.split()[0], model) if asked is not None else None
+    if clock is not None:
+        line = f"specbuild: {role}: a timed stand-in: {asked.describe()} ({timing.TIMING_ENV})"
+        if announce:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            detail(line)
+    return clock
 
 
 @dataclass

@@ -269,6 +269,7 @@ class LlamaModel:
                 f"{', ...' if len(unknown) > 4 else ''}): the reference runtime would ignore them and compute "
                 "something else. Check the architecture in config.json."
             )
+        self.parameter_count = sum(state[name].numel() for name in used)  # the weights a step reads
         self.inv_freq = rope_inv_freq(args).to(self.device)  # [head_dim // 2], float32
         self._cos = self._sin = torch.empty(0, args.head_dim, device=self.device, dtype=dtype)
         self.max_len = max_len or args.max_position_embeddings

@@ -23,19 +23,16 @@ them, and preprocessing adds a checkpoint's other end ids as stop words); sent w
 are accepted. `min_tokens` is accepted and not enforced (NVIDIA's BLS sends it on draft calls; it
 only delays EOS there).
 
-A timed stand-in: with $SPECBUILD_STANDIN_CALL_SECONDS set (seconds, e.g. 0.05) in tritonserver's environment, each
-`execute` call takes at least that long, waiting (not computing) for what its computation left, as a GPU call leaves
-the host free; the outputs are unchanged. The server log says so when the model loads. Tests use it to make a
-request outlast a bound on any machine, however fast.
+A timed stand-in: with $SPECBUILD_STANDIN_TIMING in tritonserver's environment (`serve --timed` sets it), each call
+takes the time its steps would take on a GPU, waiting (not computing) for what its computation left, as a GPU call
+leaves the host free; the outputs are unchanged (specbuild.reference.timing). The server log says so when the model
+loads. Tests use it to make a request outlast a bound on any machine, however fast.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +43,6 @@ from specbuild.contract.backend_params import BackendParams
 from specbuild.contract.logits import TRITON_TYPES
 from specbuild.errors import RequestError
 from specbuild.triton.models.common import request_inputs, resolve_path
-
-CALL_SECONDS_ENV = "SPECBUILD_STANDIN_CALL_SECONDS"
-
-
-def call_seconds(environ: Mapping[str, str] = os.environ) -> float:
-    """The least time one call takes ($SPECBUILD_STANDIN_CALL_SECONDS; 0 when unset); ValueError names a bad value."""
-    raw = environ.get(CALL_SECONDS_ENV, "").strip()
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0.0):
-        raise ValueError(f"{CALL_SECONDS_ENV} = {raw!r}: give the least seconds one call takes, a number >= 0.")
-    return value
-
 
 PER_ROW = (
     "input_ids",
@@ -230,7 +210,6 @@ def _share_cpu(source, device: str | None) -> None:
     """Two LLM models (target, draft) run in separate stub processes on the same cores: with torch's default
     thread count each, OpenMP spin-waits oversubscribe the CPU and a step takes many times longer
     (docs/bench/results.md). One thread for small models, else half the cores."""
-    import os
 
     import torch
 
@@ -257,22 +236,8 @@ class TritonPythonModel:
         engine_type = TRITON_TYPES[self.contract.limits.logits_dtype]
         self.logits_type_ok = declared_logits_type(config) in (None, engine_type)
         self.names = [t.name for t in tensors.LLM_INPUTS]
-        self.call_seconds = call_seconds()
-        if self.call_seconds:
-            pb_utils.Logger.log_info(
-                f"{self.name}: a timed stand-in: each call takes at least {self.call_seconds} s ({CALL_SECONDS_ENV})"
-            )
 
     def execute(self, requests: list) -> list:
-        started = time.perf_counter()
-        try:
-            return self._execute(requests)
-        finally:
-            left = self.call_seconds - (time.perf_counter() - started)
-            if left > 0:
-                time.sleep(left)  # waiting, not computing: the host stays free, as during a GPU call
-
-    def _execute(self, requests: list) -> list:
         pb = self.pb
         prepared: list[Any] = []
         rows: list[dict[str, np.ndarray]] = []
