@@ -27,7 +27,7 @@ def test_the_timing_texts_and_what_each_means():
     assert gpu.gpu is gpus.GPUS["H100-80GB"] and gpu.parameters == {"target": 8e9, "draft": 5e8}
     assert gpu.bytes_per_weight == 1.0 and gpu.fixed == {}
     assert "H100-80GB" in gpu.describe() and "8B" in gpu.describe()
-    assert per_role.describe() == "target 20 ms per call, draft 1.5 ms per call"
+    assert per_role.describe() == "target 20 ms per step, draft 1.5 ms per step"
 
 
 @pytest.mark.parametrize(

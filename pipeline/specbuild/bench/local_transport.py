@@ -68,6 +68,7 @@ class LocalTransport:
     overlap: bool | str = False  # the loop's schedule for single requests (GenerationRequest.overlap)
     drafter: str | None = None  # what proposes (specbuild.drafters); None: the session's default
     peers: list[LocalTransport] = field(default_factory=list)  # other schedules on the same models (overlap="compare")
+    sweeps_concurrency: bool = False  # as a peer, measured at every concurrency too (Triton against in-process)
     _batched_pair: tuple[Drafter, Verifier] | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 

@@ -342,6 +342,12 @@ def table(doc: dict[str, Any]) -> str:
     serving = doc.get("serving_overhead")
     if serving:
         lines.append(f"Triton vs local, one stream: {_fmt(serving.get('triton_over_local'))}x of local tokens/s")
+        for row in serving.get("streams", []):
+            lines.append(
+                f"Triton vs local, {row['concurrency']} streams at K = {row['num_draft_tokens']}: "
+                f"{_fmt(row['triton_over_local'])}x of local tokens/s ({_fmt(row['triton_tokens_per_s'], '.1f')} "
+                f"against {_fmt(row['local_tokens_per_s'], '.1f')})"
+            )
         if serving.get("floor"):
             lines.append(
                 f"Triton's cost per model call: {_ms(serving.get('overhead_s_per_call'))} ms; Triton's floor "
@@ -355,6 +361,15 @@ def table(doc: dict[str, Any]) -> str:
                 f"{_fmt(serving['overlapped'].get('triton_over_local'))}x at K = "
                 f"{serving['overlapped'].get('num_draft_tokens')}"
             )
+    timed = doc.get("timed_stand_in")
+    if timed:
+        overran = ", ".join(f"{role} {f['overruns']} of {f['calls']}" for role, f in timed["in_process"].items())
+        lines.append(
+            f"timed stand-ins ({timed['described']}): the figures are of models that wait out a GPU's step times, "
+            f"not of this machine's computation; in-process calls that overran their time: {overran or 'none timed'}"
+        )
+        if timed.get("served"):
+            lines.append(f"the server's models: {timed['served']}")
     for note in doc.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -6,8 +6,8 @@
          models, interleaved request by request, and adds an "overlap" section comparing them.
 --url:   a Triton server, each request asking for the schedule `overlap` names (None: the server's own;
          "compare": sequential and overlapped requests interleaved, with the same "overlap" section)
-         (+ the local runtime at concurrency 1, sequential, when it can be loaded here, for the serving
-         overhead: Triton tokens/s over local sequential tokens/s on one stream, for each schedule).
+         (+ the local runtime, sequential, when it can be loaded here, for the serving overhead: Triton
+         tokens/s over local tokens/s on one stream, for each schedule, and at each --concurrency above 1).
 Greedy runs also say whether every K gave exactly the K = 0 tokens (`same_tokens_as_k0`).
 """
 
@@ -52,6 +52,12 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _rate(m: Measurements, k: int) -> float | None:
     results = m.cells.get((k, 1))
     return sum(r.output_tokens for r in results) / m.wall[(k, 1)] if results and m.wall[(k, 1)] else None
+
+
+def _throughput(m: Measurements, k: int, concurrency: int) -> float | None:
+    """All streams' tokens over the wall time of their batches, at K = k and `concurrency` streams."""
+    results, wall = m.cells.get((k, concurrency)), m.wall.get((k, concurrency))
+    return sum(r.output_tokens for r in results) / wall if results and wall else None
 
 
 def _acceptance(results: list[RequestResult]) -> float:
@@ -127,7 +133,8 @@ def hf_section(ours: Measurements, hf: Measurements, best_k: int | None) -> dict
 def serving_section(
     triton: Measurements, local: Measurements, best_k: int | None, floor: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Triton against in-process on one stream: the cost of serving (tokenizer models, BLS calls, network). Per K,
+    """Triton against in-process on one stream: the cost of serving (tokenizer models, BLS calls, network), and at each
+    concurrency above 1 (`streams`: all streams' tokens per second, batch by batch beside each other). Per K,
     `overhead_s_per_call`: the seconds Triton adds per model call the BLS makes (a draft and a verify per step at
     K > 0, a verify at K = 0; the request's own costs, tokenizing and the client's round trip, spread over them).
     With `floor` (triton.floor_probe: a BLS call to an identity model on this machine, beyond its work), that cost over
@@ -157,6 +164,18 @@ def serving_section(
             rows[-1]["ceiling"] = _ratio(local_call, local_call + floor["median_s"])
     at = next((r for r in rows if r["num_draft_tokens"] == best_k), None)
     section = {"num_draft_tokens": best_k, "triton_over_local": at["triton_over_local"] if at else None, "runs": rows}
+    streams = [
+        {
+            "num_draft_tokens": k,
+            "concurrency": c,
+            "triton_tokens_per_s": round(_throughput(triton, k, c) or 0.0, 3),
+            "local_tokens_per_s": round(_throughput(local, k, c) or 0.0, 3),
+            "triton_over_local": _ratio(_throughput(triton, k, c), _throughput(local, k, c)),
+        }
+        for c, k in sorted((c, k) for k, c in local.cells if c > 1 and (k, c) in triton.cells)
+    ]
+    if streams:
+        section["streams"] = streams
     if floor is not None:
         section["floor"] = floor
         for key in ("overhead_s_per_call", "overhead_over_floor", "ceiling"):
@@ -262,6 +281,33 @@ def overlap_section(
     }
 
 
+def timed_section(mode: str, transports: list[Any]) -> dict[str, Any] | None:
+    """What a run's timed stand-ins were ($SPECBUILD_STANDIN_TIMING, reference.timing; None: untimed), and how many
+    in-process calls overran their timed steps (their computation alone took longer: those figures are this
+    machine's). A server is timed only when started with the same timing (`serve --timed`); its log says so."""
+    from specbuild.reference import timing
+
+    asked = timing.from_environ()
+    if asked is None:
+        return None
+    seen: dict[int, tuple[str, Any]] = {}
+    for transport in transports:
+        pair = getattr(getattr(transport, "session", None), "pair", None)
+        for role in ("target", "draft"):
+            clock = getattr(getattr(pair, f"{role}_model", None), "clock", None)
+            if clock is not None:
+                seen[id(clock)] = (role, clock)
+    in_process: dict[str, dict[str, int]] = {}
+    for role, clock in seen.values():
+        figures = in_process.setdefault(role, {"calls": 0, "overruns": 0})
+        figures["calls"] += clock.calls
+        figures["overruns"] += clock.overruns
+    section: dict[str, Any] = {"timing": asked.text, "described": asked.describe(), "in_process": in_process}
+    if mode == "triton":
+        section["served"] = f"timed only if the server was started with --timed {asked.text!r} (its log says so)"
+    return section
+
+
 def _early_share(measured: Measurements, k: int) -> float | None:
     """Of the auto schedule's verify steps at K, the share that drafted the next step ahead."""
     results = measured.cells.get((k, 1), [])
@@ -328,7 +374,9 @@ def run_bench(
                 [transport.with_overlap(True, "triton-overlap"), transport.with_overlap("auto", "triton-auto")]
             )
         try:
-            peers.append(_local_transport(spec, log, threads, row_block, overlap=False))
+            local = _local_transport(spec, log, threads, row_block, overlap=False)
+            local.sweeps_concurrency = True  # Triton against in-process at every concurrency, batch by batch
+            peers.append(local)
         except SpecbuildError as err:
             notes.append(f"serving overhead not measured: the local runtime cannot be loaded here ({err})")
         mode = "triton"
@@ -394,6 +442,9 @@ def run_bench(
         extra["greedy_equal"] = all(equal) if equal else None
     if overlapped is not None:
         extra["overlap"] = overlap_section(ours, overlapped, measured.get(f"{transport.name}-auto"))
+    timed = timed_section(mode, [transport, *peers])
+    if timed is not None:
+        extra["timed_stand_in"] = timed
     if drafter is not None:
         others = {name: measured.get(f"{transport.name}-{name}") for name in runnable[1:]} if compare else {}
         extra["drafters"] = drafter_section(ours, others, prompts, transport.drafter)

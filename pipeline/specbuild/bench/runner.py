@@ -144,14 +144,15 @@ def sweep_k(
 
 
 def sweep_concurrency(
-    transport: Transport,
+    transports: Sequence[Transport],
     ks: Sequence[int],
     workload: Workload,
     settings: Settings,
     tick: Callable[[], None],
-    into: Measurements,
+    into: dict[str, Measurements],
 ) -> None:
-    """Concurrency > 1: batches of N simultaneous requests, K = 0 and K > 0 batches interleaved."""
+    """Concurrency > 1: batches of N simultaneous requests, K = 0 and K > 0 batches interleaved, and each batch on
+    every transport in turn (the first one first on even batches, last on odd ones)."""
     for concurrency in settings.concurrency:
         if concurrency == 1:
             continue
@@ -160,17 +161,18 @@ def sweep_concurrency(
             for b in range(batches):
                 for k in ks if b % 2 == 0 else list(reversed(ks)):
                     prompts = [_prompt(workload, b * concurrency + j) for j in range(concurrency)]
-                    start = time.perf_counter()
-                    futures = [
-                        pool.submit(transport.request, p, k, _tokens(p, settings), settings, True) for p in prompts
-                    ]
-                    results = [f.result() for f in futures]
-                    elapsed = time.perf_counter() - start
-                    for j, result in enumerate(results):
-                        result.prompt_index, result.concurrency = b * concurrency + j, concurrency
-                    into.add(k, concurrency, results, elapsed)
-                    for _ in results:
-                        tick()
+                    for transport in transports if b % 2 == 0 else list(reversed(transports)):
+                        start = time.perf_counter()
+                        futures = [
+                            pool.submit(transport.request, p, k, _tokens(p, settings), settings, True) for p in prompts
+                        ]
+                        results = [f.result() for f in futures]
+                        elapsed = time.perf_counter() - start
+                        for j, result in enumerate(results):
+                            result.prompt_index, result.concurrency = b * concurrency + j, concurrency
+                        into[transport.name].add(k, concurrency, results, elapsed)
+                        for _ in results:
+                            tick()
 
 
 def sweep_ks(transport: Transport, settings: Settings) -> tuple[tuple[int, ...], list[str]]:
@@ -196,7 +198,8 @@ def run(
     peers: Sequence[Transport] = (),
     progress: Callable[[int], Callable[[], None]] | None = None,
 ) -> dict[str, Measurements]:
-    """Measure `transport` (and `peers`, interleaved at concurrency 1) over the sweep.
+    """Measure `transport` (and `peers`, interleaved at concurrency 1) over the sweep; a peer whose
+    `sweeps_concurrency` is true is measured at every concurrency too, batch by batch beside the transport.
 
     `progress(total)` returns a tick function called once per measured request.
     Returns one `Measurements` per transport name.
@@ -210,14 +213,14 @@ def run(
         )
         concurrent_levels = []
     total = settings.requests * sum(1 for t in (transport, *peers) for k in ks if _measures(t, k))
-    total += sum(max(1, settings.requests // c) * c * len(ks) for c in concurrent_levels)
+    beside = [t for t in peers if getattr(t, "sweeps_concurrency", False) and t.concurrent]
+    total += sum(max(1, settings.requests // c) * c * len(ks) for c in concurrent_levels) * (1 + len(beside))
     tick = progress(total) if progress else (lambda: None)
     out = {t.name: Measurements(notes=list(notes) if t is transport else []) for t in (transport, *peers)}
     if settings.warmup:
         warm_up([transport, *peers], ks, workload, settings)
     sweep_k([transport, *peers], ks, workload, settings, tick, out)
     if concurrent_levels:
-        sweep_concurrency(
-            transport, ks, workload, replace(settings, concurrency=tuple(concurrent_levels)), tick, out[transport.name]
-        )
+        levels = replace(settings, concurrency=tuple(concurrent_levels))
+        sweep_concurrency([transport, *beside], ks, workload, levels, tick, out)
     return out

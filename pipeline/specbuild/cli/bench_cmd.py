@@ -9,7 +9,16 @@ import click
 from specbuild import drafters
 from specbuild.bench import guided
 from specbuild.bench.workloads import NAMED
-from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, shown_path, spec_option
+from specbuild.cli.common import (
+    dry_run_option,
+    emit_json,
+    get_spec,
+    json_option,
+    log,
+    shown_path,
+    spec_option,
+    timed_option,
+)
 
 
 @click.command("bench")
@@ -110,6 +119,7 @@ from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_optio
     help="torch CPU threads for in-process models (default: 1 for small models, else torch's "
     "choice). More threads than free cores makes a busy machine many times slower.",
 )
+@timed_option
 @json_option
 @dry_run_option
 def command(
@@ -131,6 +141,7 @@ def command(
     overlap,
     drafter,
     threads,
+    timed,
     as_json,
     dry_run,
 ):
@@ -153,6 +164,7 @@ def command(
       specbuild bench --local --workload edit --drafter compare --num-draft-tokens 0,4
       specbuild bench --url http://127.0.0.1:8000 --concurrency 1,2,4 --workload json
       specbuild bench --url http://127.0.0.1:8000 --workload json --overlap compare
+      specbuild bench --local --timed target=20ms,draft=2ms --concurrency 1,8
     """
     from specbuild.bench import runner
 
@@ -202,6 +214,7 @@ def command(
             "vs_plain": vs_plain,
             "overlap": overlap,
             "drafter": drafter,
+            "timed": timed,
             "files": [str(plot_dir / n) for n in _plot_names()] if plot_dir else [],
         }
         if as_json:

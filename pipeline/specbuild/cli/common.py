@@ -27,6 +27,36 @@ force_option = click.option("--force", is_flag=True, help="Redo the work even if
 dry_run_option = click.option(
     "--dry-run", is_flag=True, help="Print what would run and which files would be written; change nothing."
 )
+
+
+def _timing(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--timed: checked here, then set as $SPECBUILD_STANDIN_TIMING, which every reference model reads as it loads
+    (in this process, in the draft's child, in a server started from here)."""
+    if value is None:
+        return None
+    import os
+
+    from specbuild.reference import timing
+
+    try:
+        timing.StandInTiming.parse(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    os.environ[timing.TIMING_ENV] = value
+    return value
+
+
+timed_option = click.option(
+    "--timed",
+    metavar="TIMING",
+    default=None,
+    callback=_timing,
+    expose_value=True,
+    help="Timed stand-ins: the reference models take the time a GPU's step would (waiting, not computing), with "
+    "their outputs unchanged: 20ms (every step), target=20ms,draft=2ms, or gpu=H100-80GB[,target=8B][,draft=1B]"
+    "[,bytes_per_weight=1] (that GPU's cost model of weights and KV bytes over its bandwidth; the models' own sizes "
+    "unless named). Sets $SPECBUILD_STANDIN_TIMING. Figures then describe the GPU's step times, not this machine.",
+)
 role_option = click.option(
     "--role",
     type=click.Choice(["target", "draft", "both"]),

@@ -10,7 +10,7 @@ import click
 
 from specbuild import backends, paths
 from specbuild.artifacts import default_repo_dir
-from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, spec_option
+from specbuild.cli.common import dry_run_option, emit_json, get_spec, json_option, log, spec_option, timed_option
 from specbuild.triton.server import RESTRICTED_APIS, ServerOptions
 from specbuild.triton.supervisor import SupervisorSettings
 
@@ -129,6 +129,7 @@ DEFAULTS = SupervisorSettings()  # the library's defaults, shared with `specbuil
     show_default=True,
     help="Multi-node launcher for --nodes > 1.",
 )
+@timed_option
 @dry_run_option
 @json_option
 def command(
@@ -155,6 +156,7 @@ def command(
     openai_frontend,
     nodes,
     launcher,
+    timed,
     dry_run,
     as_json,
 ):
@@ -245,8 +247,13 @@ def command(
             f"{plan.repo} is a {plan.backend!r} repository, not {backend!r}: write one with "
             f"`specbuild repo --backend {backend} --out-dir <folder>` and pass --repo."
         )
+    if timed and backends.get(plan.backend).builder == "trtllm-build":
+        raise click.UsageError(
+            f"--timed shapes the reference models' timing; {plan.repo} serves TensorRT-LLM engines, which take "
+            "their own time. Serve a reference repository (`specbuild repo --backend reference`)."
+        )
     if dry_run:
-        document = {"stage": "serve", "dry_run": True, **plan.to_dict()}
+        document = {"stage": "serve", "dry_run": True, **plan.to_dict(), "timed_stand_in": timed}
         if as_json:
             emit_json(document)
         else:
@@ -261,6 +268,8 @@ def command(
     supervisor = Supervisor.for_repo(plan.options, plan.install, settings, log=log)
     handle = supervisor.handle
     log(f"starting tritonserver ({plan.install.kind}) on {plan.repo}; log: {handle.log_path}")
+    if timed:
+        log(f"timed stand-ins: the models wait out {timed!r} per step (SPECBUILD_STANDIN_TIMING)")
 
     def announce(canary: dict[str, str]) -> None:
         document = {
@@ -270,6 +279,7 @@ def command(
             "canary": canary,
             "repo": str(plan.repo),
             "backend": plan.backend,
+            "timed_stand_in": timed,
             "pid": handle.process.pid,
             "log": str(handle.log_path),
             "supervisor_metrics": str(supervisor.metrics.path),

@@ -100,7 +100,7 @@ class StandInTiming:
 
     def describe(self) -> str:
         if self.gpu is None:
-            return ", ".join(f"{role} {seconds * 1e3:g} ms per call" for role, seconds in self.fixed.items())
+            return ", ".join(f"{role} {seconds * 1e3:g} ms per step" for role, seconds in self.fixed.items())
         sizes = "".join(f", {role} as {count / 1e9:g}B parameters" for role, count in self.parameters.items())
         return f"{self.gpu.name}'s cost model ({gpus.ASSUMPTIONS}){sizes}"
 
