@@ -81,16 +81,19 @@ def test_a_call_waits_for_what_its_computation_left_and_an_overrun_is_counted():
     clock = CallClock(lambda contexts, steps: steps * 0.010, now=time.now, sleep=time.sleep)
     started = time.now()
     time.t += 0.004  # the computation took 4 ms of a 10 ms step
-    clock.finish(started, [7], 1)
+    clock.finish(started, [([7], 1)])
     assert time.slept == [pytest.approx(0.006)] and (clock.calls, clock.overruns) == (1, 0)
     started = time.now()
     time.t += 0.025  # 25 ms of computation for 2 steps of 10 ms: nothing to wait, one overrun
-    clock.finish(started, [7], 2)
+    clock.finish(started, [([7], 2)])
     assert len(time.slept) == 1 and (clock.calls, clock.overruns) == (2, 1)
     started = time.now()
     time.t += 0.001
-    clock.finish(started, [7], 3)  # a call of 3 steps (a draft proposing 3 tokens) lasts 30 ms
+    clock.finish(started, [([7], 3)])  # a call of 3 steps (a draft proposing 3 tokens) lasts 30 ms
     assert time.slept[-1] == pytest.approx(0.029)
+    started = time.now()
+    clock.finish(started, [([7, 8], 1), ([9], 1)])  # more rows than a batch holds: two batches, one after the other
+    assert time.slept[-1] == pytest.approx(0.020) and clock.timed_seconds == pytest.approx(0.080)
 
 
 def test_fixed_timing_is_per_step_of_the_named_role_only():
@@ -163,3 +166,30 @@ def test_a_timed_pair_gives_the_same_tokens_and_each_call_lasts_its_steps(tiny_s
         assert target_seconds == pytest.approx(0.030 * target_calls)  # a verify call is one step
         assert draft_seconds == pytest.approx(0.003 * result.stats.drafted)  # a proposal of n tokens is n steps
         assert took >= target_seconds + draft_seconds
+
+
+def test_a_call_of_more_rows_than_the_engine_batches_lasts_one_step_per_batch(tiny_spec_path, monkeypatch):
+    """A verify call of 5 rows to a model whose max_batch_size is 2 runs 3 batches: 3 timed steps, as an engine that
+    holds 2 rows at a time would take."""
+    import dataclasses
+
+    import numpy as np
+
+    from specbuild.config import load_spec
+    from specbuild.reference.loading import load_pair
+
+    monkeypatch.setenv(TIMING_ENV, "target=10ms")
+    model = load_pair(load_spec(tiny_spec_path), device="cpu").target_model
+    model.limits = dataclasses.replace(model.limits, max_batch_size=2)
+    rows = [
+        {
+            "input_ids": np.array([[5, 6, 7 + i]]),
+            "input_lengths": np.array([[3]]),
+            "draft_input_ids": np.array([[8, 9]]),
+            "request_output_len": np.array([[3]]),
+        }
+        for i in range(5)
+    ]
+    before = model.clock.timed_seconds
+    model.execute(rows)
+    assert model.clock.timed_seconds - before == pytest.approx(0.030)

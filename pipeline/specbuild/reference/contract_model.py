@@ -117,17 +117,17 @@ class ContractModel:
         verify = [i for i in good if parsed[i].draft is not None]  # type: ignore[union-attr]
         decode = [i for i in good if parsed[i].draft is None]  # type: ignore[union-attr]
         step = max(1, self.limits.max_batch_size)
+        batches: list[list[ParsedRequest]] = []
         for group in (verify[j : j + step] for j in range(0, len(verify), step)):
-            for i, response in zip(group, self._verify([parsed[i] for i in group])):  # type: ignore[misc]
+            batches.append([parsed[i] for i in group])  # type: ignore[misc]
+            for i, response in zip(group, self._verify(batches[-1])):
                 out[i] = response
         for group in (decode[j : j + step] for j in range(0, len(decode), step)):
-            for i, response in zip(group, self._decode([parsed[i] for i in group])):  # type: ignore[misc]
+            batches.append([parsed[i] for i in group])  # type: ignore[misc]
+            for i, response in zip(group, self._decode(batches[-1])):
                 out[i] = response
-        if self.clock is not None and good:
-            rows = [parsed[i] for i in good]
-            contexts = [len(r.input_ids) + len(r.draft or ()) for r in rows]  # type: ignore[union-attr]
-            steps = max(1 if r.draft is not None else r.output_len for r in rows)  # type: ignore[union-attr]
-            self.clock.finish(started, contexts, steps)
+        if self.clock is not None and batches:
+            self.clock.finish(started, [_timed_steps(batch) for batch in batches])
         return out
 
     def _verify(self, reqs: list[ParsedRequest]) -> list[dict[str, np.ndarray]]:
@@ -172,6 +172,13 @@ class ContractModel:
         if logits is not None:  # [1 beam, n, vocab] in the engine's logits dtype
             response["generation_logits"] = engine_logits(logits, self.limits.logits_dtype)[None]
         return response
+
+
+def _timed_steps(batch: list[ParsedRequest]) -> tuple[list[int], int]:
+    """A batch's rows' context lengths and its steps, for a timed stand-in: a verify is one step (its drafts checked at
+    once), a decode of n tokens is n steps."""
+    contexts = [len(r.input_ids) + len(r.draft or ()) for r in batch]
+    return contexts, max(1 if r.draft is not None else r.output_len for r in batch)
 
 
 def _until_stop(tokens: list[int], stops: list[list[int]]) -> list[int]:

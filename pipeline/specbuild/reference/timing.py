@@ -145,10 +145,11 @@ class CallClock:
         self.timed_seconds = 0.0  # the time the calls were to take, in all
         self.overruns = 0  # calls whose computation alone outlasted their timed step
 
-    def finish(self, started: float, contexts: Sequence[int], steps: int) -> None:
-        """Wait out the call that began at `started` (this clock's `now`): `steps` steps whose rows read `contexts`
-        tokens each."""
-        seconds = self.seconds_for(contexts, steps)
+    def finish(self, started: float, groups: Sequence[tuple[Sequence[int], int]]) -> None:
+        """Wait out the call that began at `started` (this clock's `now`): one batch after another, each `(contexts,
+        steps)`: `steps` steps whose rows read `contexts` tokens each (an engine runs at most max_batch_size rows
+        together, so a call of more rows is several batches)."""
+        seconds = sum(self.seconds_for(contexts, steps) for contexts, steps in groups)
         left = seconds - (self.now() - started)
         self.calls += 1
         self.timed_seconds += seconds
