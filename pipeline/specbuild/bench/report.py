@@ -361,6 +361,24 @@ def table(doc: dict[str, Any]) -> str:
                 f"{_fmt(serving['overlapped'].get('triton_over_local'))}x at K = "
                 f"{serving['overlapped'].get('num_draft_tokens')}"
             )
+    predicted = doc.get("prediction")
+    if predicted:
+        lines.append(
+            f"predicted on {predicted['described']}: target step {_ms(predicted['target_step_seconds'])} ms, "
+            f"c {_fmt(predicted['cost_ratio'], '.3f')} (from this run's acceptance; leaves out "
+            f"{predicted['leaves_out']})"
+        )
+        for run in predicted["runs"]:
+            lines.append(
+                f"  K = {run['num_draft_tokens']}: sequential {_fmt(run['sequential'])}x, overlapped "
+                f"{_fmt(run['overlapped'])}x (hit rate {_fmt(run['hit_rate'])}), bound {_fmt(run['bound'])}x; "
+                f"measured here {_fmt(run['measured_speedup'])}x"
+            )
+        if predicted["best"]:
+            best_run = predicted["best"]
+            lines.append(
+                f"  best: K = {best_run['num_draft_tokens']}, {best_run['schedule']}: {_fmt(best_run['speedup'])}x"
+            )
     timed = doc.get("timed_stand_in")
     if timed:
         overran = ", ".join(f"{role} {f['overruns']} of {f['calls']}" for role, f in timed["in_process"].items())

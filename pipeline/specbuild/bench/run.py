@@ -353,14 +353,24 @@ def run_bench(
     overlap: bool | str | None = None,
     floor: Callable[[float, int], dict[str, Any] | None] | None = None,
     drafter: str | None = None,
+    predict: str | None = None,
 ) -> dict[str, Any]:
     """One bench run as a JSON-ready document. row_block: the runtime's matmul row block (None = its default).
     overlap: the in-process schedule, True / False / "auto" / None (the spec's) / "compare" (both, --local).
     floor(work_s, draft_len): measures Triton's cost of a BLS call on the server's machine (triton.floor_probe), reported
     beside ours; called after the measurement, with the shape of the best K's calls (in-process seconds per model
     call as the work, the best K as the draft length). drafter: what proposes (specbuild.drafters), None: the
-    deployment's; "compare": every drafter, interleaved request by request, with a "drafters" section."""
+    deployment's; "compare": every drafter, interleaved request by request, with a "drafters" section. predict: a
+    timing (reference.timing's grammar) to predict each K's speedup under from the measured acceptance
+    (bench.predict), checked before anything is measured."""
     prompts = workloads.load(workload, settings.requests, Path(spec.target.checkpoint))
+    predicted_times = None
+    if predict is not None:
+        from specbuild.bench import predict as predicting
+        from specbuild.reference.timing import StandInTiming
+
+        predict_timing = StandInTiming.parse(predict)
+        predicted_times = predicting.step_times(spec, predict_timing)
     peers: list[Any] = []
     notes: list[str] = []
     if url:
@@ -442,6 +452,8 @@ def run_bench(
         extra["greedy_equal"] = all(equal) if equal else None
     if overlapped is not None:
         extra["overlap"] = overlap_section(ours, overlapped, measured.get(f"{transport.name}-auto"))
+    if predicted_times is not None:
+        extra["prediction"] = predicting.prediction(rows, predicted_times, predict_timing)
     timed = timed_section(mode, [transport, *peers])
     if timed is not None:
         extra["timed_stand_in"] = timed

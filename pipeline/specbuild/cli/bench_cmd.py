@@ -119,6 +119,14 @@ from specbuild.cli.common import (
     help="torch CPU threads for in-process models (default: 1 for small models, else torch's "
     "choice). More threads than free cores makes a busy machine many times slower.",
 )
+@click.option(
+    "--predict",
+    metavar="TIMING",
+    default=None,
+    help="Also predict each K's speedup, sequential and overlapped, where steps take TIMING (the --timed grammar: "
+    "gpu=H100-80GB[,target=8B][,draft=1B] for that GPU's cost model of the spec's models, or "
+    "target=20ms,draft=2ms), from the acceptance this run measures; with the best K and the bound.",
+)
 @timed_option
 @json_option
 @dry_run_option
@@ -141,6 +149,7 @@ def command(
     overlap,
     drafter,
     threads,
+    predict,
     timed,
     as_json,
     dry_run,
@@ -165,6 +174,7 @@ def command(
       specbuild bench --url http://127.0.0.1:8000 --concurrency 1,2,4 --workload json
       specbuild bench --url http://127.0.0.1:8000 --workload json --overlap compare
       specbuild bench --local --timed target=20ms,draft=2ms --concurrency 1,8
+      specbuild bench --local --predict gpu=H100-80GB --num-draft-tokens 0,2,4,8
     """
     from specbuild.bench import runner
 
@@ -179,6 +189,13 @@ def command(
     if overlap == "compare" and drafter == "compare":
         raise click.UsageError("compare one thing per run: --overlap compare or --drafter compare.")
     schedule = {"on": True, "off": False}.get(overlap, overlap)
+    if predict is not None:
+        from specbuild.reference.timing import StandInTiming
+
+        try:
+            StandInTiming.parse(predict)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--predict") from None
     from specbuild.errors import BenchError
 
     try:
@@ -215,6 +232,7 @@ def command(
             "overlap": overlap,
             "drafter": drafter,
             "timed": timed,
+            "predict": predict,
             "files": [str(plot_dir / n) for n in _plot_names()] if plot_dir else [],
         }
         if as_json:
@@ -244,6 +262,7 @@ def command(
         overlap=schedule,
         floor=floor,
         drafter=drafter,
+        predict=predict,
     )
     if plot_dir is not None:
         from specbuild.bench.plots import write_plots

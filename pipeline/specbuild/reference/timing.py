@@ -15,9 +15,9 @@ process, in the draft's child process, in tritonserver's Python models, in the L
 A step is one token position: a verify call (K draft tokens checked at once) is one step, as is a prefill; a call that
 decodes n tokens (the draft model proposing K) is n steps. The rows of one call share its steps, as a GPU's batch
 does.
-- `gpu=H100-80GB[,target=8B][,draft=1B][,bytes_per_weight=2]`: each call takes what `specbuild.gpus`' cost model
+- `gpu=H100-80GB[,target=8B][,draft=1B][,bytes_per_weight=1]`: each call takes what `specbuild.gpus`' cost model
   gives on that GPU: the weights read once (the model's own parameter count, or the one named, e.g. as if the target
-  had 8 billion), plus the KV cache each row of the call reads (its context length; the model's own layers and KV
+  had 8 billion) at `bytes_per_weight` (float16's 2 unless given), plus the KV cache each row of the call reads (its context length; the model's own layers and KV
   heads), plus the launch floor, per step.
 
 A call whose computation alone took longer than its timed step is an overrun: the figure then reflects this host, and
@@ -64,7 +64,7 @@ class StandInTiming:
     fixed: dict[str, float] = field(default_factory=dict)  # role -> seconds per call
     gpu: gpus.Gpu | None = None
     parameters: dict[str, float] = field(default_factory=dict)  # role -> parameter count to cost (gpu mode)
-    bytes_per_weight: float = 2.0  # gpu mode: float16 weights; 1 for FP8, 0.5 for 4-bit
+    bytes_per_weight: float | None = None  # gpu mode: as given (1 for FP8, 0.5 for 4-bit); None: float16's 2
 
     @classmethod
     def parse(cls, text: str) -> StandInTiming:
@@ -93,8 +93,8 @@ class StandInTiming:
         except KeyError as err:
             raise ValueError(f"timed stand-in {text!r}: {err.args[0]}.") from None
         parameters = {role: _count(pairs[role]) for role in ROLES if role in pairs}
-        per_weight = _count(pairs.get("bytes_per_weight", "2"))
-        if any(v is None or v <= 0 for v in (*parameters.values(), per_weight)):
+        per_weight = _count(pairs["bytes_per_weight"]) if "bytes_per_weight" in pairs else None
+        if any(v is None or v <= 0 for v in parameters.values()) or (per_weight is not None and per_weight <= 0):
             raise bad
         return cls(raw, gpu=gpu, parameters=parameters, bytes_per_weight=per_weight)  # type: ignore[arg-type]
 
@@ -111,7 +111,7 @@ class StandInTiming:
             seconds = self.fixed.get(role)
             return None if seconds is None else CallClock(lambda contexts, steps: steps * seconds)
         gpu, args = self.gpu, model.args
-        weights = self.parameters.get(role, model.parameter_count) * self.bytes_per_weight
+        weights = self.parameters.get(role, model.parameter_count) * (self.bytes_per_weight or 2.0)
         kv_per_token = 2 * args.num_layers * args.num_kv_heads * args.head_dim * KV_BYTES_PER_ELEMENT
 
         def seconds_for(contexts: Sequence[int], steps: int) -> float:
