@@ -268,3 +268,30 @@ def test_repo_and_serve_find_the_repository_in_one_default_folder(tmp_path, monk
     served = run("serve", "-c", str(spec), "--dry-run", "--json")
     assert served.exit_code == 0, served.output
     assert f"--model-repository={expected}" in json.loads(served.stdout)["argv"]
+
+
+def test_serve_timed_is_checked_shown_in_the_dry_run_and_refused_for_tensorrt_engines(tmp_path, monkeypatch):
+    from specbuild.reference.timing import TIMING_ENV
+
+    monkeypatch.setenv(TIMING_ENV, "")  # --timed sets it in this process: restored after the test
+    spec = write_spec(tmp_path)
+    run("repo", "-c", str(spec), "--backend", "reference", "--out-dir", str(tmp_path / "reference_repo"))
+    shown = run(
+        "serve",
+        "-c",
+        str(spec),
+        "--repo",
+        str(tmp_path / "reference_repo"),
+        "--dry-run",
+        "--json",
+        "--timed",
+        "target=20ms,draft=2ms",
+    )
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["timed_stand_in"] == "target=20ms,draft=2ms"
+    assert os.environ[TIMING_ENV] == "target=20ms,draft=2ms"  # what tritonserver's models inherit
+    bad = run("serve", "-c", str(spec), "--repo", str(tmp_path / "reference_repo"), "--dry-run", "--timed", "soon")
+    assert bad.exit_code == 2 and "timed stand-in 'soon': give the time per call" in bad.output
+    run("repo", "-c", str(spec), "--backend", "trtllm", "--out-dir", str(tmp_path / "trtllm_repo"))
+    refused = run("serve", "-c", str(spec), "--repo", str(tmp_path / "trtllm_repo"), "--dry-run", "--timed", "20ms")
+    assert refused.exit_code == 2 and "serves TensorRT-LLM engines, which take their own time" in refused.output
