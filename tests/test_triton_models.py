@@ -66,6 +66,15 @@ def test_preprocessing_takes_nvidia_clients_neutral_inputs(tokenizer):
     assert out["EMBEDDING_BIAS"].shape == (1, 0)  # no word: no bias, which the engine treats as absent
     for name in ("BAD_WORDS_IDS", "STOP_WORDS_IDS"):
         assert out[name].tolist() == [[[0], [-1]]]  # NVIDIA's padding of a list without words
+    for name in ("BAD_WORDS_DICT", "STOP_WORDS_DICT"):  # a word that is not text is refused by its input's name
+        with pytest.raises(RequestError, match=f"input '{name}' is not valid UTF-8"):
+            Preprocessor(tokenizer)(
+                {
+                    "QUERY": np.array([[b"def f("]], dtype=object),
+                    "REQUEST_OUTPUT_LEN": np.array([[4]], np.int32),
+                    name: np.array([[b"\x80"]], dtype=object),
+                }
+            )
     bias = Preprocessor(tokenizer)(
         {
             "QUERY": np.array([[b"x"]], dtype=object),
@@ -101,6 +110,9 @@ def test_postprocessing_decodes_up_to_sequence_length(tokenizer):
     assert two.shape == (2,) and two[1].decode() == tokenizer.decode(ids[:2], skip_special_tokens=True)  # batch x beam
     with pytest.raises(RequestError, match="SEQUENCE_LENGTH"):
         post({"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": np.array([[99]], np.int32)})
+    for lengths in ([[]], [[1, 2]]):  # not one length per sequence (found by tests/test_models_fuzz.py)
+        with pytest.raises(RequestError, match=r"SEQUENCE_LENGTH holds \d lengths for the 1 sequences of TOKENS_BATCH"):
+            post({"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": np.array(lengths, np.int32).reshape(1, -1)})
     padded = post(
         {
             "TOKENS_BATCH": np.array([[ids[:2] + [len(tokenizer) + 3]]], np.int32),

@@ -37,7 +37,13 @@ class Postprocessor:
         if tokens.ndim == 2:  # [b, len]: a single beam
             tokens = tokens[:, None, :]
         batch, beams, width = tokens.shape
-        lengths = inputs["SEQUENCE_LENGTH"].reshape(batch, beams)
+        lengths = inputs["SEQUENCE_LENGTH"]
+        if lengths.size != batch * beams:
+            raise RequestError(
+                f"SEQUENCE_LENGTH holds {lengths.size} lengths for the {batch * beams} sequences of TOKENS_BATCH "
+                f"{list(tokens.shape)}: send one length per sequence."
+            )
+        lengths = lengths.reshape(batch, beams)
         out = np.empty(batch * beams, dtype=object)  # [b * beam]
         for i in range(batch):
             for j in range(beams):

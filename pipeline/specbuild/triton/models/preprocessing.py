@@ -81,10 +81,10 @@ class Preprocessor:
             "REQUEST_INPUT_LEN": np.array([[len(row)] for row in ids], dtype=np.int32),
             "DECODER_INPUT_ID": pad_id.copy(),
             "REQUEST_DECODER_INPUT_LEN": np.ones((batch, 1), dtype=np.int32),
-            "BAD_WORDS_IDS": to_word_list(self.tokenizer, self._words(inputs.get("BAD_WORDS_DICT"), batch), batch),
+            "BAD_WORDS_IDS": to_word_list(self.tokenizer, self._words(inputs, "BAD_WORDS_DICT", batch), batch),
             "STOP_WORDS_IDS": to_word_list(
                 self.tokenizer,
-                self._words(inputs.get("STOP_WORDS_DICT"), batch),
+                self._words(inputs, "STOP_WORDS_DICT", batch),
                 batch,
                 None if "END_ID" in inputs else [[e] for e in self.other_end_ids],
             ),
@@ -101,11 +101,12 @@ class Preprocessor:
         return value.reshape(batch, -1)[:, :1].astype(np.int32)
 
     @staticmethod
-    def _words(value: np.ndarray | None, batch: int) -> list[list[str]] | None:
+    def _words(inputs: dict[str, np.ndarray], name: str, batch: int) -> list[list[str]] | None:
+        value = inputs.get(name)
         if value is None:
             return None
         rows = value.reshape(batch, -1)
-        return [[w for w in (as_text(item, "words") for item in row) if w] for row in rows]
+        return [[w for w in (as_text(item, name) for item in row) if w] for row in rows]
 
     def _bias(self, inputs: dict[str, np.ndarray], batch: int) -> np.ndarray:  # -> [b, vocab] or [b, 0]
         words, weights = inputs.get("EMBEDDING_BIAS_WORDS"), inputs.get("EMBEDDING_BIAS_WEIGHTS")
