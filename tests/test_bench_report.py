@@ -266,3 +266,23 @@ def test_results_take_medians_over_runs(document, tmp_path):
 
 def _cell(doc, k):
     return next(r for r in doc["runs"] if r["concurrency"] == 1 and r["num_draft_tokens"] == k)
+
+
+def test_a_timed_run_says_so_and_warns_where_this_machine_set_the_figures(document):
+    doc, _ = document
+    timed = {
+        "timing": "target=20ms,draft=2ms",
+        "described": "target 20 ms per step, draft 2 ms per step",
+        "in_process": {"target": {"calls": 100, "overruns": 10}, "draft": {"calls": 50, "overruns": 6}},
+        "served": "timed only if the server was started with --timed 'target=20ms,draft=2ms' (its log says so)",
+    }
+    lines = report.table({**doc, "timed_stand_in": timed}).splitlines()
+    said = next(line for line in lines if line.startswith("timed stand-ins (target 20 ms per step"))
+    assert "overran their time: target 10 of 100, draft 6 of 50" in said
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert warnings == [  # 10 % is within the share a run may overrun (its prefills); 12 % is not
+        "warning: 12% of the draft's calls overran their timed step: this machine's computation, not the timing, "
+        "sets those figures; time longer steps"
+    ]
+    assert any(line.startswith("the server's models: timed only if") for line in lines)
+    assert not any("timed" in line for line in report.table(doc).splitlines())

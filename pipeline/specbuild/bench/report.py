@@ -261,6 +261,9 @@ def own_bound(row: dict[str, Any]) -> float | None:
     return row["overlap_bound"] if row["schedule"] == "overlapped" else row["bound"]
 
 
+OVERRUN_SHARE = 0.1  # above this share of a role's calls overrunning, a timed run's figures are this machine's
+
+
 def table(doc: dict[str, Any]) -> str:
     """A fixed-width terminal table of every cell (with a units row), then the headline and notes."""
     head = " ".join(f"{name:>{width}}" for name, _, width in COLUMNS)
@@ -386,6 +389,12 @@ def table(doc: dict[str, Any]) -> str:
             f"timed stand-ins ({timed['described']}): the figures are of models that wait out a GPU's step times, "
             f"not of this machine's computation; in-process calls that overran their time: {overran or 'none timed'}"
         )
+        for role, figures in timed["in_process"].items():
+            if figures["calls"] and figures["overruns"] > OVERRUN_SHARE * figures["calls"]:
+                lines.append(
+                    f"warning: {figures['overruns'] / figures['calls']:.0%} of the {role}'s calls overran their timed "
+                    "step: this machine's computation, not the timing, sets those figures; time longer steps"
+                )
         if timed.get("served"):
             lines.append(f"the server's models: {timed['served']}")
     for note in doc.get("notes", []):
