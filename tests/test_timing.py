@@ -193,3 +193,26 @@ def test_a_call_of_more_rows_than_the_engine_batches_lasts_one_step_per_batch(ti
     before = model.clock.timed_seconds
     model.execute(rows)
     assert model.clock.timed_seconds - before == pytest.approx(0.030)
+
+
+def test_a_served_stand_in_times_its_whole_call_its_tensor_work_included():
+    """In tritonserver the stand-in's step runs from Triton handing it the requests to its answer: reading and writing
+    the tensors (the C++ backend's microseconds) falls inside the timed step instead of adding to it; a call that ran
+    no rows (every request refused) waits for nothing."""
+    from specbuild.triton.models import reference_llm
+
+    time = ScriptedTime()
+    clock = CallClock(lambda contexts, steps: steps * 0.010, now=time.now, sleep=time.sleep)
+    model = object.__new__(reference_llm.TritonPythonModel)
+    model.contract = SimpleNamespace(clock=clock, timed_steps=[([3], 9)])  # a stale figure from an earlier call
+
+    def served(requests, ran=True):
+        time.t += 0.004  # tensors read, the model's computation, tensors written
+        if ran:
+            model.contract.timed_steps = [([4, 5], 1)]
+        return ["answer"] * len(requests)
+
+    model._execute = served
+    assert model.execute([object()]) == ["answer"] and time.slept == [pytest.approx(0.006)]
+    model._execute = lambda requests: served(requests, ran=False)
+    assert model.execute([object(), object()]) == ["answer", "answer"] and len(time.slept) == 1

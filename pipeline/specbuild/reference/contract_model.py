@@ -90,6 +90,7 @@ class ContractModel:
         self.engine = engine
         self.limits = limits or Limits()
         self.clock = clock  # a timed stand-in's (reference.timing): each call lasts its timed steps
+        self.timed_steps: list[tuple[list[int], int]] = []  # the last call's batches: (contexts, steps) each
 
     def __call__(self, request: dict[str, Any]) -> dict[str, np.ndarray]:
         response = self.execute([request])[0]
@@ -97,11 +98,13 @@ class ContractModel:
             raise response
         return response
 
-    def execute(self, requests: list[dict[str, Any]], errors: str = "raise") -> list[Any]:
+    def execute(self, requests: list[dict[str, Any]], errors: str = "raise", wait: bool = True) -> list[Any]:
         """One response dict per request. errors="return" puts a RequestError in a bad request's slot
         instead of raising, so one bad request does not fail the others (what the Triton model wants).
-        A timed stand-in's call then waits for the rest of its steps' time (`reference.timing`)."""
+        A timed stand-in's call then waits for the rest of its steps' time (`reference.timing`); wait=False leaves
+        that to the caller, who times a call that also holds its own work (`timed_steps`: the call's batches)."""
         started = self.clock.now() if self.clock is not None else 0.0
+        self.timed_steps = []
         parsed: list[ParsedRequest | RequestError] = []
         for i, request in enumerate(requests):
             try:
@@ -127,7 +130,9 @@ class ContractModel:
             for i, response in zip(group, self._decode(batches[-1])):
                 out[i] = response
         if self.clock is not None and batches:
-            self.clock.finish(started, [_timed_steps(batch) for batch in batches])
+            self.timed_steps = [_timed_steps(batch) for batch in batches]
+            if wait:
+                self.clock.finish(started, self.timed_steps)
         return out
 
     def _verify(self, reqs: list[ParsedRequest]) -> list[dict[str, np.ndarray]]:
