@@ -131,6 +131,20 @@ def test_overlapped_transport_reports_early_drafts_and_compare_section():
     assert section["num_draft_tokens"] == best["num_draft_tokens"]
     doc = report.document("local", "toy", "toy", {}, seq_rows, extra={"overlap": section})
     assert "overlapped (draft-ahead) at K = " in report.table(doc)
+    # each ratio's spread: the quartiles of the same ratio prompt by prompt
+    ovl, seq = measured["local-overlap"], measured["local"]
+    for row in section["runs"]:
+        k, spread = row["num_draft_tokens"], row["overlapped_over_sequential_spread"]
+        by_prompt = {r.prompt_index: r.tokens_per_s for r in seq.cells[(k, 1)]}
+        ratios = sorted(r.tokens_per_s / by_prompt[r.prompt_index] for r in ovl.cells[(k, 1)])
+        assert spread["prompts"] == 3 and spread["median"] == pytest.approx(ratios[1], abs=1e-4)
+        assert spread["p25"] == pytest.approx((ratios[0] + ratios[1]) / 2, abs=1e-4)  # inclusive quartiles of 3
+        assert f"K = {k}: overlapped / sequential {row['overlapped_over_sequential']:.2f}x (per prompt " in (
+            report.table(doc)
+        )
+    with_auto = overlap_section(seq, ovl, auto=seq)  # auto measured as the sequential run: its spread is <= 1
+    for row in with_auto["runs"]:
+        assert row["auto_over_best_spread"]["p75"] <= 1.0 and "auto_over_best" in row
 
 
 def test_peers_alternate_which_runs_first():

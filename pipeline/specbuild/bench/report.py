@@ -261,6 +261,10 @@ def own_bound(row: dict[str, Any]) -> float | None:
     return row["overlap_bound"] if row["schedule"] == "overlapped" else row["bound"]
 
 
+def _quartiles(spread: dict[str, float] | None) -> str:
+    return f" (per prompt {_fmt(spread['p25'])}-{_fmt(spread['p75'])})" if spread else ""
+
+
 OVERRUN_SHARE = 0.1  # above this share of a role's calls overrunning, a timed run's figures are this machine's
 
 
@@ -322,6 +326,17 @@ def table(doc: dict[str, Any]) -> str:
             f"of the time; bound {_fmt(overlap['overlap_bound'])}x (sequential {_fmt(overlap['bound'])}x), "
             f"efficiency {_fmt(overlap['efficiency'])}"
         )
+        for row in overlap["runs"]:
+            lines.append(
+                f"  K = {row['num_draft_tokens']}: overlapped / sequential {_fmt(row['overlapped_over_sequential'])}x"
+                f"{_quartiles(row.get('overlapped_over_sequential_spread'))}"
+                + (
+                    f"; auto / the better fixed {_fmt(row['auto_over_best'])}x"
+                    f"{_quartiles(row.get('auto_over_best_spread'))}"
+                    if "auto_over_best" in row
+                    else ""
+                )
+            )
     compared = doc.get("drafters")
     if compared:
         lines.append("drafters, speedup over K = 0 (acceptance; steps with a proposal / steps asked, per drafter):")

@@ -60,6 +60,23 @@ def _throughput(m: Measurements, k: int, concurrency: int) -> float | None:
     return sum(r.output_tokens for r in results) / wall if results and wall else None
 
 
+def _per_prompt(m: Measurements, k: int) -> dict[int, float]:
+    """One stream's tokens/s per prompt at K = k (each prompt ran once per transport, back to back with the others)."""
+    return {r.prompt_index: r.tokens_per_s for r in m.cells.get((k, 1), [])}
+
+
+def _spread(ours: dict[int, float], *others: dict[int, float]) -> dict[str, float] | None:
+    """Quartiles over the prompts of ours / the best of the others on the same prompt: how far one run's ratio can
+    be trusted (a ratio whose quartiles straddle 1 is not a difference)."""
+    import statistics
+
+    ratios = [ours[i] / best for i in ours if all(i in o for o in others) and (best := max(o[i] for o in others)) > 0]
+    if len(ratios) < 2:
+        return None
+    p25, median, p75 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return {"p25": round(p25, 4), "median": round(median, 4), "p75": round(p75, 4), "prompts": len(ratios)}
+
+
 def _acceptance(results: list[RequestResult]) -> float:
     drafted = sum(r.drafted for r in results)
     return round(sum(r.accepted for r in results) / drafted, 4) if drafted else 0.0
@@ -242,6 +259,7 @@ def overlap_section(
                 "sequential_tokens_per_s": q["tokens_per_s"],
                 "overlapped_tokens_per_s": o["tokens_per_s"],
                 "overlapped_over_sequential": _ratio(_rate(overlapped, k), _rate(sequential, k)),
+                "overlapped_over_sequential_spread": _spread(_per_prompt(overlapped, k), _per_prompt(sequential, k)),
                 "early_drafts": o["early_drafts"],
                 "early_draft_hit_rate": o["early_draft_hit_rate"],
                 "predicted_hit_rate": round(hit_model, 4) if hit_model is not None else None,
@@ -259,6 +277,9 @@ def overlap_section(
             rows[-1].update(
                 auto_tokens_per_s=report.rounded(_rate(auto, k), 3),
                 auto_over_best=_ratio(_rate(auto, k), fixed_best),
+                auto_over_best_spread=_spread(
+                    _per_prompt(auto, k), _per_prompt(overlapped, k), _per_prompt(sequential, k)
+                ),
                 auto_early_draft_share=_early_share(auto, k),
             )
     best = max(rows, key=lambda r: r["overlapped_tokens_per_s"] or 0.0) if rows else None
