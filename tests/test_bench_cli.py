@@ -144,7 +144,7 @@ def test_timed_and_predict_are_checked_before_anything_loads(spec_file, monkeypa
     r = bench("-c", spec_file, "--local", "--timed", "gpu=H9000")
     assert r.exit_code == 2 and "unknown GPU 'H9000': known GPUs are H100-80GB" in r.output
     r = bench("-c", spec_file, "--local", "--predict", "fast")
-    assert r.exit_code == 2 and "timed stand-in 'fast': give the time per call" in r.output
+    assert r.exit_code == 2 and "timed stand-in 'fast': give the time per step" in r.output
     r = bench("-c", spec_file, "--local", "--dry-run", "--json", "--timed", "5ms", "--predict", "gpu=L4")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["timed"] == "5ms" and json.loads(r.stdout)["predict"] == "gpu=L4"

@@ -47,7 +47,7 @@ def test_the_timing_texts_and_what_each_means():
     ],
 )
 def test_a_timing_that_means_nothing_is_refused_with_what_to_give(text):
-    with pytest.raises(ValueError, match="give the time per call"):
+    with pytest.raises(ValueError, match="give the time per step"):
         StandInTiming.parse(text)
 
 

@@ -291,7 +291,7 @@ def test_serve_timed_is_checked_shown_in_the_dry_run_and_refused_for_tensorrt_en
     assert json.loads(shown.stdout)["timed_stand_in"] == "target=20ms,draft=2ms"
     assert os.environ[TIMING_ENV] == "target=20ms,draft=2ms"  # what tritonserver's models inherit
     bad = run("serve", "-c", str(spec), "--repo", str(tmp_path / "reference_repo"), "--dry-run", "--timed", "soon")
-    assert bad.exit_code == 2 and "timed stand-in 'soon': give the time per call" in bad.output
+    assert bad.exit_code == 2 and "timed stand-in 'soon': give the time per step" in bad.output
     run("repo", "-c", str(spec), "--backend", "trtllm", "--out-dir", str(tmp_path / "trtllm_repo"))
     refused = run("serve", "-c", str(spec), "--repo", str(tmp_path / "trtllm_repo"), "--dry-run", "--timed", "20ms")
     assert refused.exit_code == 2 and "serves TensorRT-LLM engines, which take their own time" in refused.output

@@ -26,6 +26,8 @@ from specbuild.config import ModelSpec, Spec
 from specbuild.errors import BenchError
 from specbuild.reference.timing import StandInTiming
 
+SCHEDULES = ("sequential", "overlapped")
+
 
 def step_times(spec: Spec, timing: StandInTiming) -> dict[str, float]:
     """Seconds per step of each role under `timing`: its fixed time, or the GPU's cost model of the model's size."""
@@ -58,12 +60,12 @@ def prediction(rows: list[dict[str, Any]], times: dict[str, float], timing: Stan
     target = times["target"]
     c = times.get("draft", 0.0) / target
     runs = []
-    for row in sorted((r for r in rows if r["concurrency"] == 1 and r["num_draft_tokens"] > 0), key=_k):
+    one_stream = (r for r in rows if r["concurrency"] == 1 and r["num_draft_tokens"] > 0)
+    for row in sorted(one_stream, key=lambda r: r["num_draft_tokens"]):
         k, tokens, drafted = row["num_draft_tokens"], row["mean_accepted_len"], row["mean_k"]
         if not tokens or drafted is None:
             continue
-        alpha = row["alpha"]
-        hit = row["early_draft_hit_rate"] if row["early_draft_hit_rate"] is not None else None
+        alpha, hit = row["alpha"], row["early_draft_hit_rate"]  # hit: None where the run did not draft ahead
         if hit is None:
             hit = theory.hit_rate(alpha, k) if alpha is not None else 0.0
         runs.append(
@@ -90,10 +92,3 @@ def prediction(rows: list[dict[str, Any]], times: dict[str, float], timing: Stan
         "best": {"num_draft_tokens": top[1], "schedule": top[2], "speedup": top[0]} if top else None,
         "leaves_out": "the host's time per step (the loop's, Triton's), KV-cache reads, batching",
     }
-
-
-SCHEDULES = ("sequential", "overlapped")
-
-
-def _k(row: dict[str, Any]) -> int:
-    return row["num_draft_tokens"]

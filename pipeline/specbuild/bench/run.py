@@ -50,8 +50,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _rate(m: Measurements, k: int) -> float | None:
-    results = m.cells.get((k, 1))
-    return sum(r.output_tokens for r in results) / m.wall[(k, 1)] if results and m.wall[(k, 1)] else None
+    """One stream's tokens/s at K = k."""
+    return _throughput(m, k, 1)
 
 
 def _throughput(m: Measurements, k: int, concurrency: int) -> float | None:

@@ -10,15 +10,15 @@ process, in the draft's child process, in tritonserver's Python models, in the L
 `bench --timed` / `serve --timed`, which set it:
 
 - `20ms`: every step of either model takes at least 20 ms;
-- `target=20ms,draft=2ms`: per role (a role not named is not timed).
+- `target=20ms,draft=2ms`: per role (a role not named is not timed);
+- `gpu=H100-80GB[,target=8B][,draft=1B][,bytes_per_weight=1]`: each step takes what `specbuild.gpus`' cost model
+  gives on that GPU: the weights read once (the model's own parameter count, or the one named, e.g. as if the target
+  had 8 billion) at `bytes_per_weight` (float16's 2 unless given), plus the KV cache each row reads (its context; the
+  model's own layers and KV heads), plus the launch floor.
 
 A step is one token position: a verify call (K draft tokens checked at once) is one step, as is a prefill; a call that
-decodes n tokens (the draft model proposing K) is n steps. The rows of one call share its steps, as a GPU's batch
-does.
-- `gpu=H100-80GB[,target=8B][,draft=1B][,bytes_per_weight=1]`: each call takes what `specbuild.gpus`' cost model
-  gives on that GPU: the weights read once (the model's own parameter count, or the one named, e.g. as if the target
-  had 8 billion) at `bytes_per_weight` (float16's 2 unless given), plus the KV cache each row of the call reads (its context length; the model's own layers and KV
-  heads), plus the launch floor, per step.
+decodes n tokens (the draft model proposing K) is n steps. The rows of one batch share its steps, as a GPU's batch
+does, and a call of more rows than the engine's max_batch_size runs one batch after another.
 
 A call whose computation alone took longer than its timed step is an overrun: the figure then reflects this host, and
 `CallClock.overruns` counts them so a report can say so.
@@ -41,8 +41,8 @@ KV_BYTES_PER_ELEMENT = 2.0  # a float16 KV cache
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 _COUNTS = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9}
 USAGE = (
-    "give the time per call (e.g. 20ms, or target=20ms,draft=2ms) or a GPU's cost model "
-    "(gpu=H100-80GB[,target=8B][,draft=1B][,bytes_per_weight=2])"
+    "give the time per step (e.g. 20ms, or target=20ms,draft=2ms) or a GPU's cost model "
+    "(gpu=H100-80GB[,target=8B][,draft=1B][,bytes_per_weight=1])"
 )
 
 
@@ -61,7 +61,7 @@ class StandInTiming:
     """What each role's calls take: fixed seconds, or a GPU's cost model (with a parameter count to read as)."""
 
     text: str
-    fixed: dict[str, float] = field(default_factory=dict)  # role -> seconds per call
+    fixed: dict[str, float] = field(default_factory=dict)  # role -> seconds per step
     gpu: gpus.Gpu | None = None
     parameters: dict[str, float] = field(default_factory=dict)  # role -> parameter count to cost (gpu mode)
     bytes_per_weight: float | None = None  # gpu mode: as given (1 for FP8, 0.5 for 4-bit); None: float16's 2
@@ -132,7 +132,7 @@ def from_environ(environ: Mapping[str, str] = os.environ) -> StandInTiming | Non
 
 
 class CallClock:
-    """Makes each call last its timed step: the call's computation, then a wait for the rest."""
+    """Makes each call last its timed steps: the call's computation, then a wait for the rest."""
 
     def __init__(
         self,
