@@ -10,6 +10,7 @@ from specbuild import drafters
 from specbuild.bench import guided
 from specbuild.bench.workloads import NAMED
 from specbuild.cli.common import (
+    checked_timing,
     dry_run_option,
     emit_json,
     get_spec,
@@ -123,6 +124,7 @@ from specbuild.cli.common import (
     "--predict",
     metavar="TIMING",
     default=None,
+    callback=checked_timing,
     help="Also predict each K's speedup, sequential and overlapped, where steps take TIMING (the --timed grammar: "
     "gpu=H100-80GB[,target=8B][,draft=1B] for that GPU's cost model of the spec's models, or "
     "target=20ms,draft=2ms), from the acceptance this run measures; with the best K and the bound.",
@@ -189,13 +191,6 @@ def command(
     if overlap == "compare" and drafter == "compare":
         raise click.UsageError("compare one thing per run: --overlap compare or --drafter compare.")
     schedule = {"on": True, "off": False}.get(overlap, overlap)
-    if predict is not None:
-        from specbuild.reference.timing import StandInTiming
-
-        try:
-            StandInTiming.parse(predict)
-        except ValueError as err:
-            raise click.BadParameter(str(err), param_hint="--predict") from None
     from specbuild.errors import BenchError
 
     try:

@@ -29,20 +29,27 @@ dry_run_option = click.option(
 )
 
 
+def checked_timing(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A TIMING option's value (reference.timing's grammar: --timed, bench --predict), refused as a usage error."""
+    if value is not None:
+        from specbuild.reference.timing import StandInTiming
+
+        try:
+            StandInTiming.parse(value)
+        except ValueError as err:
+            raise click.BadParameter(str(err)) from None
+    return value
+
+
 def _timing(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """--timed: checked here, then set as $SPECBUILD_STANDIN_TIMING, which every reference model reads as it loads
-    (in this process, in the draft's child, in a server started from here)."""
-    if value is None:
-        return None
-    import os
+    """--timed: checked, then set as $SPECBUILD_STANDIN_TIMING, which every reference model reads as it loads (in this
+    process, in the draft's child, in a server started from here)."""
+    if checked_timing(ctx, param, value) is not None:
+        import os
 
-    from specbuild.reference import timing
+        from specbuild.reference.timing import TIMING_ENV
 
-    try:
-        timing.StandInTiming.parse(value)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
-    os.environ[timing.TIMING_ENV] = value
+        os.environ[TIMING_ENV] = value
     return value
 
 
