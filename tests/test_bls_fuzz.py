@@ -9,29 +9,19 @@ would have had alone. The number of cases tried is printed (pytest -s) and asser
 from __future__ import annotations
 
 import queue
-import threading
 
 import numpy as np
 import pytest
+from fuzz_helpers import OTHER_TYPES, PROMPT, WIRE, stream_beside, tracebacks, value_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bls_server import _generate as generate
 from triton_helpers import make_deployment, serving
 
 from specbuild.contract import tensors
-from specbuild.triton.client import SpecbuildClient
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 INPUTS = {t.name: t for t in tensors.BLS_INPUTS}
-WIRE = {  # a declared type -> (Triton's wire datatype, numpy dtype)
-    "TYPE_STRING": ("BYTES", object),
-    "TYPE_INT32": ("INT32", np.int32),
-    "TYPE_UINT64": ("UINT64", np.uint64),
-    "TYPE_FP32": ("FP32", np.float32),
-    "TYPE_BOOL": ("BOOL", np.bool_),
-}
-OTHER_TYPES = [("INT64", np.int64), ("FP64", np.float64), ("INT8", np.int8), ("BYTES", object), ("BOOL", np.bool_)]
-PROMPT = "def add(a, b):"
 CASES = 160  # hypothesis examples per test
 tried = {"grpc": 0, "http": 0}
 answers: dict[str, int] = {}  # what the cases got: "served", or the start of the refusal's message
@@ -46,41 +36,8 @@ def server(tmp_path_factory, example_tiny):
 
 @pytest.fixture(scope="module")
 def beside(server):
-    """A greedy stream that runs beside the fuzzing, and the text it must end with (the same request alone)."""
-    with SpecbuildClient(server.grpc_url) as client:
-        expected, _ = client.complete(PROMPT, max_tokens=200, num_draft_tokens=2)
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            with SpecbuildClient(server.grpc_url) as client:
-                outcome["text"] = "".join(c.text for c in client.generate(PROMPT, max_tokens=200, num_draft_tokens=2))
-        except Exception as err:  # noqa: BLE001 - asserted at the end
-            outcome["error"] = err
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    yield thread, outcome, expected
-
-
-def value_of(declared: str, draw) -> np.ndarray:
-    """A value of the declared type, drawn from its whole range and its edges (the shape is the caller's)."""
-    if declared == "TYPE_STRING":
-        return draw(
-            st.one_of(
-                st.binary(max_size=40),  # often not UTF-8
-                st.text(max_size=40).map(str.encode),
-                st.just(b""),
-                st.just(("x" * 200_000).encode()),  # huge
-            )
-        )
-    if declared == "TYPE_INT32":
-        return draw(st.one_of(st.integers(-(2**31), 2**31 - 1), st.sampled_from([-1, 0, 1, 2**31 - 1, -(2**31)])))
-    if declared == "TYPE_UINT64":
-        return draw(st.integers(0, 2**64 - 1))
-    if declared == "TYPE_FP32":
-        return draw(st.floats(width=32, allow_nan=True, allow_infinity=True))
-    return draw(st.booleans())
+    """A greedy stream through the BLS that runs beside the fuzzing, and the text it must end with (alone)."""
+    yield stream_beside(server)
 
 
 @st.composite
@@ -147,10 +104,6 @@ def stream_answer(server, inputs: dict, parameters: dict) -> str | None:
     finally:
         raw.stop_stream()
         raw.close()
-
-
-def tracebacks(server) -> int:
-    return server.log_path.read_text(errors="replace").count("Traceback")
 
 
 @settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)

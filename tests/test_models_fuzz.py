@@ -10,32 +10,18 @@ inputs: tests/test_bls_fuzz.py.)
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
+from fuzz_helpers import OTHER_TYPES, PROMPT, WIRE, stream_beside, tracebacks, value_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from triton_helpers import make_deployment, serving
 
 from specbuild.contract import tensors
 from specbuild.triton import configs
-from specbuild.triton.client import SpecbuildClient
 from specbuild.triton.models import reference_llm
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
-WIRE = {  # a declared type -> (Triton's wire datatype, numpy dtype); LOGITS: the repository's logits type, FP32
-    "TYPE_STRING": ("BYTES", object),
-    "TYPE_INT32": ("INT32", np.int32),
-    "TYPE_UINT64": ("UINT64", np.uint64),
-    "TYPE_UINT8": ("UINT8", np.uint8),
-    "TYPE_FP32": ("FP32", np.float32),
-    "TYPE_FP16": ("FP16", np.float16),
-    "LOGITS": ("FP32", np.float32),
-    "TYPE_BOOL": ("BOOL", np.bool_),
-}
-OTHER_TYPES = [("INT64", np.int64), ("FP64", np.float64), ("INT8", np.int8), ("BYTES", object), ("BOOL", np.bool_)]
-PROMPT = "def add(a, b):"
 CASES = 160  # hypothesis examples per model
 IDS = [5, 6, 7, 8]
 VALID = {  # model -> a valid request's required inputs, {name: array} (the batch dimension first)
@@ -110,44 +96,7 @@ def server(tmp_path_factory, example_tiny):
 @pytest.fixture(scope="module")
 def beside(server):
     """A greedy stream through the BLS that runs beside the fuzzing, and the text it must end with (alone)."""
-    with SpecbuildClient(server.grpc_url) as client:
-        expected, _ = client.complete(PROMPT, max_tokens=200, num_draft_tokens=2)
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            with SpecbuildClient(server.grpc_url) as client:
-                outcome["text"] = "".join(c.text for c in client.generate(PROMPT, max_tokens=200, num_draft_tokens=2))
-        except Exception as err:  # noqa: BLE001 - asserted at the end
-            outcome["error"] = err
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    yield thread, outcome, expected
-
-
-def value_of(declared: str, draw):
-    """A value of the declared type, drawn from its whole range and its edges."""
-    if declared == "TYPE_STRING":
-        return draw(
-            st.one_of(
-                st.binary(max_size=40),  # often not UTF-8
-                st.text(max_size=40).map(str.encode),
-                st.just(b""),
-                st.just(("x" * 100_000).encode()),  # huge
-            )
-        )
-    if declared == "TYPE_INT32":
-        return draw(st.one_of(st.integers(-(2**31), 2**31 - 1), st.sampled_from([-1, 0, 1, 3, 2**31 - 1, -(2**31)])))
-    if declared == "TYPE_UINT64":
-        return draw(st.integers(0, 2**64 - 1))
-    if declared == "TYPE_UINT8":
-        return draw(st.integers(0, 255))
-    if declared in ("TYPE_FP32", "LOGITS"):
-        return draw(st.floats(width=32, allow_nan=True, allow_infinity=True))
-    if declared == "TYPE_FP16":
-        return draw(st.floats(width=16, allow_nan=True, allow_infinity=True))
-    return draw(st.booleans())
+    yield stream_beside(server)
 
 
 def _shaped(values: list, dims: tuple[int, ...], dtype) -> np.ndarray:
@@ -214,10 +163,6 @@ def answer(server, model: str, inputs: dict) -> str | None:
         return err.message()
     finally:
         client.close()
-
-
-def tracebacks(server) -> int:
-    return server.log_path.read_text(errors="replace").count("Traceback")
 
 
 def check_case(server, model: str, what: str, inputs: dict) -> None:
