@@ -349,7 +349,7 @@ def test_the_worker_thread_ends_with_the_request():
 
 
 def test_auto_measures_each_schedule_then_runs_the_faster_and_looks_at_the_other_now_and_then():
-    schedule = AutoSchedule(explore_every=3, margin=0.02)
+    schedule = AutoSchedule(explore_every=3, margin=0.02, explore_cost=1.0)  # looks every 3 whatever the gap
     assert schedule.choose() is True  # nothing measured: drafting ahead first
     schedule.report(True, 1.0, 10)
     assert schedule.choose() is False  # then the sequential schedule once
@@ -363,6 +363,40 @@ def test_auto_measures_each_schedule_then_runs_the_faster_and_looks_at_the_other
     close.report(True, 0.99, 10)
     close.report(False, 1.0, 10)
     assert close.faster() is False  # 1 % faster does not pay for a second busy core (margin 2 %)
+
+
+def test_auto_looks_at_the_slower_schedule_less_often_the_wider_the_gap():
+    """Each look costs the gap for a segment: a 25 % gap is looked at every 25 segments (about 1 % of the time), a
+    1 % gap every `explore_every`, a huge one at most every `max_explore_every`."""
+    wide = AutoSchedule(explore_every=3)
+    wide.report(True, 1.0, 10)
+    wide.report(False, 0.8, 10)  # sequential 1.25x as fast
+    assert wide.explore_interval() == 25
+    assert [wide.choose() for _ in range(27)] == [False] * 25 + [True, False]
+    narrow = AutoSchedule(explore_every=3, margin=0.0)
+    narrow.report(True, 1.0, 10)
+    narrow.report(False, 0.99, 10)
+    assert narrow.explore_interval() == 3
+    huge = AutoSchedule()
+    huge.report(True, 1.0, 10)
+    huge.report(False, 0.1, 10)
+    assert huge.explore_interval() == huge.max_explore_every == 32
+    assert AutoSchedule().explore_interval() == 8  # nothing measured yet
+
+
+def test_auto_learns_each_k_on_its_own():
+    """Seconds per token depend on K: requests asking for K = 2 and K = 4 at once must not compare K = 4's drafting
+    ahead with K = 2's sequential segments. Each K gets its own learner, with the deployment's settings."""
+    deployment = AutoSchedule(explore_every=5, margin=0.05)
+    two, four = deployment.for_k(2), deployment.for_k(4)
+    assert deployment.for_k(2) is two and two is not four and (four.explore_every, four.margin) == (5, 0.05)
+    two.report(True, 2.0, 10)
+    two.report(False, 1.0, 10)  # at K = 2 sequential is faster
+    four.report(True, 0.5, 10)
+    four.report(False, 1.0, 10)  # at K = 4 drafting ahead is
+    assert two.faster() is False and four.faster() is True
+    assert deployment.figures()["by_k"][2]["drafting_ahead"] is False
+    assert deployment.figures()["by_k"][4]["drafting_ahead"] is True
 
 
 class Timed:
@@ -411,8 +445,9 @@ def test_a_deployments_schedule_learns_across_requests():
     request = GenerationRequest(max_tokens=12, num_draft_tokens=2, overlap="auto")
     for _ in range(3):
         list(generate([1, 2], ToyDrafter(TARGET), ToyVerifier(TARGET), request, schedule=schedule))
-    measured = schedule.figures()["segments"]
+    measured = schedule.figures()["by_k"][2]["segments"]  # the learner of the K these requests asked for
     assert measured["ahead"] >= 1 and measured["sequential"] >= 1
+    assert schedule.for_k(2).figures()["segments"] == measured
 
 
 def test_invalid_overlap_setting_is_a_request_error():
