@@ -215,7 +215,7 @@ def _steps(
     if request.overlap and k_max > 0:
         ahead = DraftAhead(
             ahead_drafter,
-            schedule.for_k(request.num_draft_tokens) if schedule is not None else None,
+            schedule,
             lambda output, draft, seconds: _k_after_a_hit(output, draft, seconds, request, stops, k_max, controller),
             lambda step: _seeded(sampling, base_seed, step, DRAFTER),
         )

@@ -220,9 +220,9 @@ class AutoSchedule:
 
     One per deployment (a local session, the BLS) learns across requests, and requests running at the same time
     report into it (thread-safe); a request without one gets its own. Tokens per step do not depend on the
-    schedule at the same K (the same acceptance), so seconds per token compare the schedules alone; they do depend
-    on K, so each K asked for learns on its own (`for_k`: a deployment's requests ask for different K, and a
-    comparison across them would credit the schedule with K's difference).
+    schedule (the same K, the same acceptance), so seconds per token compare the schedules alone. (One learner per
+    K was tried: on the bench's short runs each K's own first look at the slower schedule cost more than mixing K
+    did, docs/bench/results.md.)
 
     Looking at the other schedule costs its gap for a segment, so the look comes less often as the measured gap
     grows: every `explore_every` segments, or every gap / `explore_cost` segments where that is more (a schedule 21 %
@@ -234,7 +234,6 @@ class AutoSchedule:
     margin: float = 0.02
     explore_cost: float = 0.01
     max_explore_every: int = 32
-    _by_k: dict[int, AutoSchedule] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _seconds: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0}, init=False, repr=False)
     _tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0}, init=False, repr=False)
@@ -250,20 +249,6 @@ class AutoSchedule:
         if ahead is None or sequential is None:
             return True
         return ahead * (1.0 + self.margin) < sequential
-
-    def for_k(self, k: int) -> AutoSchedule:
-        """The learner of the requests that ask for K = `k` (made on first use, with this one's settings)."""
-        with self._lock:
-            if k not in self._by_k:
-                self._by_k[k] = AutoSchedule(
-                    self.segment,
-                    self.explore_every,
-                    self.decay,
-                    self.margin,
-                    self.explore_cost,
-                    self.max_explore_every,
-                )
-            return self._by_k[k]
 
     def explore_interval(self) -> int:
         """Segments of the faster schedule between two looks at the other (see the class's docstring)."""
@@ -297,7 +282,7 @@ class AutoSchedule:
 
     def figures(self) -> dict[str, object]:
         with self._lock:
-            figures: dict[str, object] = {
+            return {
                 "drafting_ahead": self.faster(),
                 "segments": {"ahead": self._segments[True], "sequential": self._segments[False]},
                 "seconds_per_token": {
@@ -305,10 +290,6 @@ class AutoSchedule:
                     "sequential": self.seconds_per_token(False),
                 },
             }
-            learners = dict(self._by_k)
-        if learners:
-            figures["by_k"] = {k: learner.figures() for k, learner in sorted(learners.items())}
-        return figures
 
 
 class Segments:
