@@ -1,13 +1,16 @@
 """What the fuzz tests of the served models share (tests/test_bls_fuzz.py, tests/test_models_fuzz.py): the wire types
 of the declared types, values of each type from its whole range and its edges, the stream that runs beside the
-fuzzing, and the server log's traceback count."""
+fuzzing, the tiny pair's server they fuzz, and the server log's traceback count."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from pathlib import Path
 
 import numpy as np
 from hypothesis import strategies as st
+from triton_helpers import make_deployment, serving
 
 from specbuild.triton.client import SpecbuildClient
 
@@ -47,6 +50,14 @@ def value_of(declared: str, draw):
     if declared == "TYPE_FP16":
         return draw(st.floats(width=16, allow_nan=True, allow_infinity=True))
     return draw(st.booleans())
+
+
+@contextlib.contextmanager
+def tiny_server(root: Path, example_tiny):
+    """The tiny pair's repository in `root`, served (the handle) until the block ends."""
+    deployment = make_deployment(root, example_tiny)
+    with serving(deployment.repo, deployment.root / "server.log") as handle:
+        yield handle
 
 
 def stream_beside(server):

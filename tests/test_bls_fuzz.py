@@ -12,11 +12,10 @@ import queue
 
 import numpy as np
 import pytest
-from fuzz_helpers import OTHER_TYPES, PROMPT, WIRE, stream_beside, tracebacks, value_of
+from fuzz_helpers import OTHER_TYPES, PROMPT, WIRE, stream_beside, tiny_server, tracebacks, value_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bls_server import _generate as generate
-from triton_helpers import make_deployment, serving
 
 from specbuild.contract import tensors
 
@@ -29,8 +28,7 @@ answers: dict[str, int] = {}  # what the cases got: "served", or the start of th
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, example_tiny):
-    deployment = make_deployment(tmp_path_factory.mktemp("fuzz"), example_tiny)
-    with serving(deployment.repo, deployment.root / "server.log") as handle:
+    with tiny_server(tmp_path_factory.mktemp("fuzz"), example_tiny) as handle:
         yield handle
 
 

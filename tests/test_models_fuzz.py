@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fuzz_helpers import OTHER_TYPES, PROMPT, WIRE, stream_beside, tracebacks, value_of
+from fuzz_helpers import OTHER_TYPES, PROMPT, WIRE, stream_beside, tiny_server, tracebacks, value_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from triton_helpers import make_deployment, serving
 
 from specbuild.contract import tensors
 from specbuild.triton import configs
@@ -88,8 +87,7 @@ answers: dict[str, int] = {}  # what the cases got: "served", or the model and t
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, example_tiny):
-    deployment = make_deployment(tmp_path_factory.mktemp("models-fuzz"), example_tiny)
-    with serving(deployment.repo, deployment.root / "server.log") as handle:
+    with tiny_server(tmp_path_factory.mktemp("models-fuzz"), example_tiny) as handle:
         yield handle
 
 
