@@ -572,3 +572,36 @@ def test_a_restarted_server_stops_with_serve_and_frees_its_ports(llmapi_served):
         with socket.socket() as s:  # as a server binds (SO_REUSEADDR: the closed connections' TIME_WAIT is no hold)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))  # OSError (address in use) while a listener still holds it
+
+
+def test_a_stub_killed_as_the_stop_comes_does_not_hold_the_stop(tmp_path, example_tiny):
+    """Seen in the chaos soak (tests/test_soak.py): the draft's stub killed while it held a request, SIGTERM to serve
+    before the supervisor had recovered it; every model unloaded but the dead stub's old instance, which never does,
+    and tritonserver waited out its exit timeout for it and exited 1. The supervisor counts a model whose stub died
+    from the moment it dies (or, not yet seen, when the stop comes), so its stop gives up on that instance alone:
+    serve exits 0, the stream it held ends as it would have, and nothing of it is left."""
+    deployment = make_deployment(tmp_path, example_tiny)
+    request = (
+        "tensorrt_llm_bls",
+        tuple((n, v if n != "max_tokens" else np.array([[64]], np.int32), t) for n, v, t in Stream.BLS[1]),
+    )
+    for served in serve(deployment.root, deployment.spec_path, deployment.repo):
+        processes = [served.process.pid, *procfs.descendants(served.process.pid)]
+        stream = Stream(served.grpc, request)
+        try:
+            stream.first()
+            os.kill(served.stub("tensorrt_llm_draft").pid, signal.SIGKILL)
+            served.process.send_signal(signal.SIGTERM)  # before the supervisor's next look (it polls every 1 s)
+            stopped = time.monotonic()
+            _, message = stream.end(stopped, STREAM_END_S)
+        finally:
+            stream.close()
+        code = served.process.wait(EXIT_TIMEOUT_S + 60)  # a deadline; the exit code is what is asserted
+        abandoned = served.saw("with nothing left to wait for", timeout=0)
+        print(
+            f"\ndraft stub killed, SIGTERM at once: serve exited {code} after {time.monotonic() - stopped:.1f} s"
+            + (" (the old draft instance abandoned)" if abandoned else "")
+        )
+        assert message == "final", message
+        assert code == 0, served.tail()
+        assert [pid for pid in processes if procfs.alive(pid)] == []

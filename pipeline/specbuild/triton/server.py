@@ -295,14 +295,17 @@ class ServerHandle:
             line.split(": Found ", 1)[1].rstrip('"') for line in lines if '"Timeout ' in line and ": Found " in line
         ]
         http = [wait for wait in waits if "HTTP service connections" in wait]
-        if http:  # the HTTP front end stops first and spends the shared budget while connections are open
+        if waits and waits[-1] in http:  # the HTTP front end stops first and spends the shared budget
             return (
                 f"tritonserver spent {len(http)} s of it waiting for open HTTP connections ({http[-1]}): a client "
                 "kept its connection open (HTTP keep-alive, e.g. an open tritonclient.http client); close "
                 "clients before stopping the server"
             )
-        if waits:
-            return f"tritonserver waited for models to unload ({waits[-1]}), e.g. a decoupled model with open streams"
+        if waits:  # what it still waited for when its time ran out
+            return (
+                f"tritonserver waited for models to unload ({waits[-1]}), e.g. a decoupled model with open streams, "
+                "or the old instance of a model whose stub died holding a request"
+            )
         return ""
 
     def _failure(self, what: str) -> ServeError:

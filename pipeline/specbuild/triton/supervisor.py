@@ -51,23 +51,23 @@ UNLOADED = re.compile(r"successfully unloaded '([^']+)'")
 LIVE = re.compile(r"Timeout \d+: Found (\d+) live models")  # core src/server.cc, once a second while it stops
 
 
-def lingering_only(before_stop: str, since_stop: str, reloaded: set[str]) -> str | None:
-    """From tritonserver's log: why its stop can only wait for old instances of reloaded models (every model still
-    loaded when the stop began has unloaded since, and it still counts live models, no more than were reloaded);
-    None while anything else may still finish."""
+def lingering_only(before_stop: str, since_stop: str, stub_died: set[str]) -> str | None:
+    """From tritonserver's log: why its stop can only wait for old instances of models whose stub died (every other
+    model still loaded when the stop began has unloaded since, and it still counts live models, no more than such
+    models: their instance reloaded since or not); None while anything else may still finish."""
     loaded = set(LOADED.findall(before_stop)) - set(UNLOADED.findall(before_stop))  # the drain unloads the entry ones
     unloads = list(UNLOADED.finditer(since_stop))
     counts = list(LIVE.finditer(since_stop))
-    if not reloaded or not loaded or not loaded <= {m.group(1) for m in unloads} or not counts:
+    if not stub_died or not counts or not loaded - stub_died <= {m.group(1) for m in unloads}:
         return None
-    if counts[-1].start() < unloads[-1].start():  # not counted since the last unload: it may be exiting now
+    if unloads and counts[-1].start() < unloads[-1].start():  # not counted since the last unload: it may exit now
         return None
     live = int(counts[-1].group(1))
-    if not 0 < live <= len(reloaded):
+    if not 0 < live <= len(stub_died):
         return None
     return (
-        f"every model had unloaded, and tritonserver waited only for {live} old instance(s) of "
-        f"{', '.join(sorted(reloaded))}, reloaded after its stub died holding a request (they never unload)"
+        f"every other model had unloaded, and tritonserver waited only for {live} old instance(s) of "
+        f"{', '.join(sorted(stub_died))}, whose stub died holding a request (they never unload)"
     )
 
 
@@ -186,7 +186,8 @@ class Supervisor:
         self._canary_failed = 0
         self._serving = False  # the server is up and has been ready since its last start
         self._log_offset = 0  # how far the server log has been read for unhealthy stubs
-        self._reloaded: set[str] = set()  # models reloaded since this server started (an old instance may linger)
+        self._stub_died: set[str] = set()  # models whose stub died since this server started: an old instance may
+        # linger (supervisor._lingering_only), whether or not its reload was done when the stop came
 
     @classmethod
     def for_repo(
@@ -246,9 +247,10 @@ class Supervisor:
             failure = err
         finally:
             self._interruptible = False
+            self._stub_died.update(self._models_with_dead_stubs())  # died since the last look: not recovered
             result = self.handle.stop(
                 graceful=drained is None or not drained.cut_short,
-                abandon=self._lingering_only() if self._reloaded else None,
+                abandon=self._lingering_only() if self._stub_died else None,
             )
             self._serving = False
             self.metrics.set("specbuild_supervisor_serving", 0)
@@ -371,7 +373,7 @@ class Supervisor:
         self.metrics.set("specbuild_supervisor_serving", 1)
         self._expected = self._live_instances()
         self._serving, self._log_offset = True, 0
-        self._reloaded = set()  # a new server: no old instances linger
+        self._stub_died = set()  # a new server: no old instances linger
 
     # ---- watching --------------------------------------------------------------------------------
     def watch(self, until: Callable[[], bool] | None = None) -> None:
@@ -516,6 +518,7 @@ class Supervisor:
 
     def _recover(self, dead: dict[str, list[str]], detected: float | None = None, reported: bool = False) -> None:
         detected = time.monotonic() if detected is None else detected
+        self._stub_died.update(dead)  # before the reload: a stop may come while it runs
         for model, instances in dead.items():
             if not reported:
                 self._failed(model, "stub_died", f"the Python backend stub of {model} ({', '.join(instances)}) died")
@@ -531,7 +534,6 @@ class Supervisor:
                 self._restart(model, detected)
                 return
             self._skip_log()  # its requests' failures while it was down are about the old stub
-            self._reloaded.add(model)
             seconds = time.monotonic() - detected
             self.metrics.add("specbuild_supervisor_recoveries_total", model=model, action="reload")
             self.metrics.set("specbuild_supervisor_recovery_seconds", round(seconds, 3), model=model)
@@ -542,12 +544,22 @@ class Supervisor:
                 seconds=round(seconds, 3),
             )
 
+    def _models_with_dead_stubs(self) -> set[str]:
+        """Models with an instance seen alive whose stub is gone now (from /proc alone: no request to the server), but
+        those a drain unloads (the entry models and the gate: their stubs leave with them)."""
+        process = self.handle.process
+        if process is None or process.poll() is not None:
+            return set()
+        live = self._live_instances()
+        drained = set(entry_models(self.handle.opts.repo)) | {gate_model(self.handle.opts.repo)}
+        return {model for instance, model in self._expected.items() if instance not in live} - drained
+
     def _lingering_only(self) -> Callable[[], str | None]:
-        """For the stop after a reload: a stub that died (or was killed) while it held a request leaves its old
+        """For the stop after a stub died: one that died (or was killed) while it held a request leaves its old
         model instance in tritonserver, which never unloads, so its SIGTERM would wait out --exit-timeout for
         nothing and exit 1 (seen with python_backend r24.10 in nvidia-pytriton 0.7: "Found 1 live models" after
         every model had logged "successfully unloaded"). Once every loaded model has unloaded and the server still
-        counts no more live models than were reloaded, the reason to kill it at once; None until then."""
+        counts no more live models than had a stub die, the reason to kill it at once; None until then."""
         path = self.handle.log_path
         try:
             before = path.read_bytes()  # read once; each check reads only what came since
@@ -562,7 +574,7 @@ class Supervisor:
                     since = log.read().decode(errors="replace")
             except OSError:
                 return None
-            return lingering_only(before_text, since, self._reloaded)
+            return lingering_only(before_text, since, self._stub_died)
 
         return check
 
