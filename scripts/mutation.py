@@ -64,6 +64,10 @@ FILES = {
         "tests/test_speculative_overlap.py::test_overlapped_output_matches_the_target_distribution_and_a_seed_bug_is_caught",
     ],
     "triton/models/target_retry.py": ["tests/test_target_retry.py"],
+    "triton/models/bls_request.py": ["tests/test_bls_request.py", "tests/test_request_rules.py"],
+    "contract/sampling.py": ["tests/test_runtime_contract.py", "tests/test_speculative_sampling.py"],
+    "contract/words.py": ["tests/test_runtime_contract.py", "tests/test_request_rules.py", "tests/test_bls_request.py"],
+    "contract/logits.py": ["tests/test_runtime_contract.py", "tests/test_triton_configs.py"],
 }
 RESULT = re.compile(r"^\s*(specbuild\.[\w.]+):\s*(.+)$")
 

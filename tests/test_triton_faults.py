@@ -602,6 +602,6 @@ def test_a_stub_killed_as_the_stop_comes_does_not_hold_the_stop(tmp_path, exampl
             f"\ndraft stub killed, SIGTERM at once: serve exited {code} after {time.monotonic() - stopped:.1f} s"
             + (" (the old draft instance abandoned)" if abandoned else "")
         )
-        assert message == "final", message
+        assert message == "final", f"{message}\n{served.tail()}"
         assert code == 0, served.tail()
         assert [pid for pid in processes if procfs.alive(pid)] == []
