@@ -65,9 +65,9 @@ FILES = {
     ],
     "triton/models/target_retry.py": ["tests/test_target_retry.py"],
     "triton/models/bls_request.py": ["tests/test_bls_request.py", "tests/test_request_rules.py"],
-    "contract/sampling.py": ["tests/test_runtime_contract.py", "tests/test_speculative_sampling.py"],
-    "contract/words.py": ["tests/test_runtime_contract.py", "tests/test_request_rules.py", "tests/test_bls_request.py"],
-    "contract/logits.py": ["tests/test_runtime_contract.py", "tests/test_triton_configs.py"],
+    "contract/sampling.py": ["tests/test_contract_units.py", "tests/test_runtime_contract.py"],
+    "contract/words.py": ["tests/test_contract_units.py", "tests/test_runtime_contract.py", "tests/test_request_rules.py"],
+    "contract/logits.py": ["tests/test_contract_units.py", "tests/test_runtime_contract.py", "tests/test_triton_configs.py"],
 }
 RESULT = re.compile(r"^\s*(specbuild\.[\w.]+):\s*(.+)$")
 

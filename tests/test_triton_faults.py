@@ -579,7 +579,8 @@ def test_a_stub_killed_as_the_stop_comes_does_not_hold_the_stop(tmp_path, exampl
     before the supervisor had recovered it; every model unloaded but the dead stub's old instance, which never does,
     and tritonserver waited out its exit timeout for it and exited 1. The supervisor counts a model whose stub died
     from the moment it dies (or, not yet seen, when the stop comes), so its stop gives up on that instance alone:
-    serve exits 0, the stream it held ends as it would have, and nothing of it is left."""
+    serve exits 0, the stream it held ends as it would have, and nothing of it is left. (Where tritonserver goes down
+    with the stub, as on some machines, the stop has no server to wait for: serve says it exited, exit 1.)"""
     deployment = make_deployment(tmp_path, example_tiny)
     request = (
         "tensorrt_llm_bls",
@@ -602,6 +603,9 @@ def test_a_stub_killed_as_the_stop_comes_does_not_hold_the_stop(tmp_path, exampl
             f"\ndraft stub killed, SIGTERM at once: serve exited {code} after {time.monotonic() - stopped:.1f} s"
             + (" (the old draft instance abandoned)" if abandoned else "")
         )
-        assert message == "final", f"{message}\n{served.tail()}"
-        assert code == 0, served.tail()
+        if any(text in message for text in TRANSPORT_ERRORS):  # tritonserver went down with its stub (see above)
+            assert code == 1 and served.saw("tritonserver did not stop cleanly: it exited with code"), served.tail()
+        else:
+            assert message == "final", f"{message}\n{served.tail()}"
+            assert code == 0, served.tail()
         assert [pid for pid in processes if procfs.alive(pid)] == []

@@ -60,8 +60,7 @@ class TrtllmSampling:
             top_p = None  # utils.cc: runtime_top_p <= 0 is treated as not given
         if top_k is not None:
             _check(top_k >= 0, "topK.value() >= 0")
-        if top_p is not None:
-            _check(top_p > 0.0, "topP.value() > 0.f")
+        if top_p is not None:  # checkTopP's "topP.value() > 0.f" cannot fail here: utils.cc dropped it first
             _check(top_p <= 1.0, "topP.value() <= 1.f")
         if temperature is not None:
             _check(temperature >= 0.0, "temperature.value() >= 0.f")

@@ -1,0 +1,125 @@
+"""The contract's small rules, one by one: TensorRT-LLM's sampling set-up and temperature kernel as the stand-in
+applies them (specbuild.contract.sampling), and the [2, m] word-list format (specbuild.contract.words). Each expected
+value is worked out by hand from the rule the module cites, so a wrong rule fails here rather than only through a
+whole generation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specbuild.contract.sampling import TrtllmSampling
+from specbuild.contract.words import from_sequences, to_word_list, word_sequences
+from specbuild.errors import RequestError
+
+
+# ---- sampling ---------------------------------------------------------------------------------------------------
+def test_the_setup_turns_unset_fields_into_the_layers_values():
+    assert TrtllmSampling.from_tensors() == TrtllmSampling(1.0, 1, 1.0, 0)  # nothing sent: greedy (k 1, then p 1)
+    assert TrtllmSampling.from_tensors(top_k=4) == TrtllmSampling(1.0, 4, 1.0, 0)  # top_k alone: top_p 1
+    assert TrtllmSampling.from_tensors(top_p=0.5).top_k == 0  # top_p alone keeps top_k 0 (off)
+    assert TrtllmSampling.from_tensors(top_k=0, top_p=-1.0) == TrtllmSampling(1.0, 1, 1.0, 0)  # top_p <= 0: unset
+    assert TrtllmSampling.from_tensors(temperature=0.5, seed=9) == TrtllmSampling(0.5, 1, 1.0, 9)
+    with pytest.raises(RequestError, match=r"Assertion failed: topP.value\(\) <= 1.f"):
+        TrtllmSampling.from_tensors(top_p=1.5)
+    with pytest.raises(RequestError, match=r"Assertion failed: topK.value\(\) >= 0"):
+        TrtllmSampling.from_tensors(top_k=-1)
+    with pytest.raises(RequestError, match=r"Assertion failed: temperature.value\(\) >= 0.f"):
+        TrtllmSampling.from_tensors(temperature=-0.1)
+
+
+def test_top_k_and_top_p_reach_the_distribution():
+    logits = np.array([4.0, 3.0, 2.0, 1.0, 0.0], np.float32)
+    top2 = TrtllmSampling.from_tensors(temperature=1.0, top_k=2).probs(logits, "float32")
+    e = np.exp([0.0, -1.0])
+    np.testing.assert_allclose(top2, [*(e / e.sum()), 0, 0, 0], rtol=1e-12)
+    p = np.exp(-np.arange(5.0)) / np.exp(-np.arange(5.0)).sum()  # 0.636, 0.234, ...: 0.6 is reached by the first
+    nucleus = TrtllmSampling.from_tensors(top_k=0, top_p=0.6).probs(logits, "float32")
+    np.testing.assert_allclose(nucleus, [1, 0, 0, 0, 0], atol=0)
+    assert TrtllmSampling.from_tensors(top_k=0, top_p=1.0).probs(logits, "float32") == pytest.approx(p, rel=1e-12)
+
+
+def test_the_scaled_logits_are_stored_back_in_the_logits_dtype():
+    """penaltyKernels.cu multiplies in float32 and stores the result in the logits' own dtype: with float16 logits
+    the probabilities are those of the float16-rounded scaled logits, not of the exact ones."""
+    rng = np.random.default_rng(3)
+    logits = rng.normal(0.0, 3.0, 64).astype(np.float16)
+    sampling = TrtllmSampling.from_tensors(temperature=0.7, top_k=0, top_p=1.0)
+    inv = np.float32(1.0) / (np.float32(0.7) + np.float32(1e-6))
+    stored = (logits.astype(np.float32) * inv).astype(np.float16).astype(np.float64)
+    expected = np.exp(stored - stored.max()) / np.exp(stored - stored.max()).sum()
+    np.testing.assert_allclose(sampling.probs(logits, "float16"), expected, rtol=1e-12)
+    exact = logits.astype(np.float64) * float(inv)
+    assert not np.allclose(np.exp(exact - exact.max()) / np.exp(exact - exact.max()).sum(), expected, rtol=1e-6)
+
+
+def test_temperature_zero_saturates_both_ways_in_float16():
+    """T = 0 scales by 1e6: float16 logits saturate at +-65504 (the kernel clamps to the dtype's largest finite value
+    on both sides), so two negative logits tie, as two positive ones do."""
+    sampling = TrtllmSampling.from_tensors(temperature=0.0, top_k=0, top_p=1.0)
+    negative = np.array([-0.5, -0.25], np.float16)
+    np.testing.assert_array_equal(sampling.probs(negative, "float16"), [0.5, 0.5])
+    positive = np.array([0.5, 0.25, -0.5], np.float16)
+    np.testing.assert_array_equal(sampling.probs(positive, "float16"), [0.5, 0.5, 0.0])
+
+
+# ---- word lists -------------------------------------------------------------------------------------------------
+class SpyTokenizer:
+    """Encodes each character as its code point; records the add_special_tokens it was given."""
+
+    def __init__(self):
+        self.special: list[object] = []
+
+    def encode(self, text: str, add_special_tokens=True) -> list[int]:
+        self.special.append(add_special_tokens)
+        return ([1] if add_special_tokens else []) + [ord(c) for c in text]
+
+
+def test_an_absent_input_is_b_by_2_by_0():
+    out = to_word_list(SpyTokenizer(), None)
+    assert out.shape == (1, 2, 0) and out.dtype == np.int32
+    assert to_word_list(SpyTokenizer(), None, batch=3).shape == (3, 2, 0)
+
+
+def test_words_are_tokenized_without_special_tokens_and_padded_with_minus_one():
+    tokenizer = SpyTokenizer()
+    out = to_word_list(tokenizer, [["ab", "c"], ["d"], [""]], batch=3)
+    assert tokenizer.special == [False] * 4
+    expected = np.array(
+        [
+            [[97, 98, 99], [2, 3, -1]],
+            [[100, 0, 0], [1, -1, -1]],
+            [[0, 0, 0], [-1, -1, -1]],  # "" encodes to nothing: no word
+        ],
+        np.int32,
+    )
+    np.testing.assert_array_equal(out, expected)
+    assert out.dtype == np.int32
+
+
+def test_extra_sequences_join_every_row_even_without_words():
+    out = to_word_list(SpyTokenizer(), None, batch=2, extra=[[7]])
+    np.testing.assert_array_equal(out, np.array([[[7], [1]], [[7], [1]]], np.int32))
+    out = to_word_list(SpyTokenizer(), [["a"]], batch=1, extra=[[7, 8]])
+    np.testing.assert_array_equal(out, np.array([[[97, 7, 8], [1, 3, -1]]], np.int32))
+
+
+def test_rows_with_no_words_are_one_wide():
+    np.testing.assert_array_equal(from_sequences([[]]), np.array([[[0], [-1]]], np.int32))
+    np.testing.assert_array_equal(from_sequences([[[5]]]), np.array([[[5], [1]]], np.int32))
+
+
+def test_word_sequences_reads_back_what_was_written():
+    rows = [[[5, 6], [7]], [[8]]]
+    written = from_sequences(rows)
+    assert [word_sequences(written[i]) for i in range(2)] == rows
+    assert word_sequences(written[1][None]) == [[8]]  # with its batch dimension
+    assert word_sequences(None) == [] and word_sequences(np.empty((1, 2, 0), np.int32)) == []
+
+
+def test_an_empty_word_in_a_clients_list_is_skipped_not_the_end():
+    """A client's own list may hold an empty word (its end offset equal to the one before, 0 for the first): it names
+    no tokens, and the words after it still count; -1 ends the list."""
+    assert word_sequences(np.array([[5, 6, 7], [0, 2, 3]], np.int32)) == [[5, 6], [7]]
+    assert word_sequences(np.array([[5, 6, 7], [2, 2, 3]], np.int32)) == [[5, 6], [7]]
+    assert word_sequences(np.array([[5, 6, 7], [2, -1, 3]], np.int32)) == [[5, 6]]
