@@ -278,3 +278,138 @@ def test_end_and_pad_ids_must_be_in_the_vocabulary(name, value, accepted):
     with pytest.raises(RequestError, match=re.escape(f"{name} = {value} is invalid: use ")) as info:
         parse_request(get, BOUNDED)
     assert "[0, 100)" in str(info.value)
+
+
+# ---- each input reaches its field, each refusal says its own words (mutation testing found these unpinned) -------
+def _flag(value: bool) -> np.ndarray:
+    return np.array([[value]])
+
+
+def test_the_flags_and_the_guide_reach_the_request():
+    plain = parse_request(getter(text_input=text("x"), max_tokens=i32(4)), LIMITS)
+    assert plain.use_draft_logits is None and plain.guide is None
+    assert plain.return_num_input_tokens is False and plain.return_num_output_tokens is False
+    req = parse_request(
+        getter(
+            text_input=text("x"),
+            max_tokens=i32(4),
+            use_draft_logits=_flag(False),
+            return_num_input_tokens=_flag(True),
+            return_num_output_tokens=_flag(True),
+            guided_decoding_guide_type=text("regex"),
+            guided_decoding_guide=text("[ab]+"),
+        ),
+        LIMITS,
+    )
+    assert req.use_draft_logits is False
+    assert req.return_num_input_tokens is True and req.return_num_output_tokens is True
+    assert (req.guide.type, req.guide.text) == ("regex", "[ab]+")
+    counts = parse_request(
+        getter(text_input=text("x"), max_tokens=i32(4), return_num_output_tokens=_flag(False)), LIMITS
+    )
+    assert counts.return_num_output_tokens is False
+
+
+def test_a_guide_is_bounded_in_bytes_before_it_is_read():
+    from specbuild.triton.models.bls_request import MAX_GUIDE_BYTES
+
+    def request(size: int):
+        guide = "a" * (size - 2)
+        return getter(
+            text_input=text("x"),
+            max_tokens=i32(4),
+            guided_decoding_guide_type=text("regex"),
+            guided_decoding_guide=text(f"({guide})"),
+        )
+
+    assert len(parse_request(request(MAX_GUIDE_BYTES), LIMITS).guide.text) == MAX_GUIDE_BYTES
+    with pytest.raises(
+        RequestError,
+        match=re.escape(
+            f"input 'guided_decoding_guide' is {MAX_GUIDE_BYTES + 1} bytes, above the {MAX_GUIDE_BYTES} bytes a "
+            "guide may have."
+        ),
+    ):
+        parse_request(request(MAX_GUIDE_BYTES + 1), LIMITS)
+
+
+def test_max_tokens_is_accepted_from_1_to_the_deployments_limit():
+    for value in (1, LIMITS.max_tokens):
+        assert parse_request(getter(text_input=text("x"), max_tokens=i32(value)), LIMITS).max_tokens == value
+    for value in (0, LIMITS.max_tokens + 1):
+        with pytest.raises(RequestError, match=re.escape(f"must be in 1..{LIMITS.max_tokens} for this deployment")):
+            parse_request(getter(text_input=text("x"), max_tokens=i32(value)), LIMITS)
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"max_tokens": i32(4)}, "input 'text_input' is required and must be non-empty text."),
+        ({"text_input": text("x")}, "input 'max_tokens' is required (INT32, > 0)."),
+        (
+            {"text_input": text("x"), "max_tokens": np.array([[4.0]], np.float32)},
+            "input 'max_tokens' must be an integer tensor (INT32/UINT64), got float32.",
+        ),
+        (
+            {"text_input": i32(5), "max_tokens": i32(4)},
+            "input 'text_input' must be a STRING (BYTES) tensor, got int32.",
+        ),
+        (
+            {"text_input": text("x"), "max_tokens": i32(4), "lora_task_id": i32(1)},
+            "input 'lora_task_id' is not supported by specbuild's speculative BLS; remove it.",
+        ),
+        (
+            {"text_input": text("x"), "max_tokens": i32(4), "embedding_bias_weights": np.array([[1.0]], np.float32)},
+            "input 'embedding_bias_weights' is not supported by specbuild's speculative BLS (only empty); remove it.",
+        ),
+        (
+            {"text_input": text("x"), "max_tokens": i32(4), "bad_words": np.array([[b"\xff"]], dtype=object)},
+            "input 'bad_words' is not supported by specbuild's speculative BLS (only empty); remove it.",
+        ),
+    ],
+)
+def test_each_refusal_names_its_input_in_full(inputs, message):
+    with pytest.raises(RequestError, match="^" + re.escape(message) + "$"):
+        parse_request(getter(**inputs), LIMITS)
+
+
+def test_empty_word_inputs_of_every_dtype_are_accepted():
+    """NVIDIA's clients send [[""]] (object, or a numpy unicode array from other clients) and zero weights."""
+    for empty in (
+        np.array([[b""]], dtype=object),
+        np.array([[""]]),  # dtype <U1: str items
+        np.array([[]], dtype=object),
+    ):
+        parse_request(getter(text_input=text("x"), max_tokens=i32(4), bad_words=empty), LIMITS)
+    for weights in (np.zeros((1, 3), np.float32), np.zeros((1, 0), np.float32)):
+        parse_request(getter(text_input=text("x"), max_tokens=i32(4), embedding_bias_weights=weights), LIMITS)
+
+
+def test_unicode_arrays_are_measured_in_utf8_bytes():
+    """A client's numpy str array (dtype <U) is read as text too, and bounded by its UTF-8 size, not its length."""
+    req = parse_request(
+        getter(text_input=np.array([["x"]]), max_tokens=i32(4), stop_words=np.array([["\n", ""]])), BOUNDED
+    )
+    assert req.text == "x" and req.stop_words == ["\n"]
+    with pytest.raises(RequestError, match=re.escape("input 'text_input' is 42 bytes, above the 40 bytes")):
+        parse_request(getter(text_input=np.array([["é" * 21]]), max_tokens=i32(4)), BOUNDED)  # 21 characters
+    with pytest.raises(RequestError, match=re.escape("input 'stop_words' is 42 bytes, above this deployment's")):
+        parse_request(getter(text_input=text("x"), max_tokens=i32(4), stop_words=np.array([["é" * 21]])), BOUNDED)
+
+
+def test_a_text_input_of_two_strings_is_refused_for_its_shape_not_its_size():
+    two = np.array([[b"x" * 41, b"y"]], dtype=object)
+    with pytest.raises(RequestError, match=re.escape("input 'text_input' must hold exactly one value per request")):
+        parse_request(getter(text_input=two, max_tokens=i32(4)), BOUNDED)
+
+
+def test_an_out_of_range_end_id_is_told_what_to_use():
+    with pytest.raises(RequestError) as info:
+        parse_request(getter(text_input=text("x"), max_tokens=i32(4), end_id=i32(100)), BOUNDED)
+    assert str(info.value) == (
+        "end_id = 100 is invalid: use -1 (no end id) or a token id in [0, 100), this deployment's vocabulary, "
+        "or leave it unset."
+    )
+    with pytest.raises(RequestError) as info:
+        parse_request(getter(text_input=text("x"), max_tokens=i32(4), pad_id=i32(100)), BOUNDED)
+    assert str(info.value).startswith("pad_id = 100 is invalid: use a token id in [0, 100)")

@@ -123,3 +123,67 @@ def test_an_empty_word_in_a_clients_list_is_skipped_not_the_end():
     assert word_sequences(np.array([[5, 6, 7], [0, 2, 3]], np.int32)) == [[5, 6], [7]]
     assert word_sequences(np.array([[5, 6, 7], [2, 2, 3]], np.int32)) == [[5, 6], [7]]
     assert word_sequences(np.array([[5, 6, 7], [2, -1, 3]], np.int32)) == [[5, 6]]
+
+
+# ---- logits dtype -----------------------------------------------------------------------------------------------
+def _spec(tmp_path, dtypes: dict[str, str]):
+    """What role_logits_dtype and pair_logits_datatype read of a spec: its pair folder, its roles and their dtype."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        pair_dir=tmp_path / "pair",
+        roles=list(dtypes),
+        role=lambda role: SimpleNamespace(dtype=dtypes[role]),
+    )
+
+
+def _write(path, data) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+
+
+def test_the_logits_dtype_comes_from_the_first_source_that_has_one(tmp_path):
+    """A built engine (the reference engine's engine.json, else TensorRT-LLM's config.json), then the converted
+    checkpoint, then what modelopt will write; a source without the field means float32."""
+    from specbuild.contract.logits import role_logits_dtype
+
+    spec, engine = _spec(tmp_path, {"target": "bfloat16"}), tmp_path / "engine"
+    checkpoint = spec.pair_dir / "target" / "checkpoint" / "config.json"
+    assert role_logits_dtype(spec, "target", engine) == ("float16", "the spec's target.dtype (what convert will write)")
+    _write(checkpoint, "[1, 2]")  # not a JSON object: not a source
+    assert role_logits_dtype(spec, "target", engine)[0] == "float16"
+    _write(checkpoint, {"architecture": "LlamaForCausalLM"})
+    assert role_logits_dtype(spec, "target", engine) == ("float32", str(checkpoint))
+    _write(checkpoint, {"logits_dtype": "float16"})
+    assert role_logits_dtype(spec, "target", engine) == ("float16", str(checkpoint))
+    _write(engine / "config.json", {"pretrained_config": {"dtype": "float16"}})
+    assert role_logits_dtype(spec, "target", engine) == ("float32", str(engine / "config.json"))
+    _write(engine / "config.json", {"pretrained_config": {"logits_dtype": "float16"}})
+    assert role_logits_dtype(spec, "target", engine) == ("float16", str(engine / "config.json"))
+    _write(engine / "engine.json", {"format": "reference"})  # an older reference engine: float32
+    assert role_logits_dtype(spec, "target", engine) == ("float32", str(engine / "engine.json"))
+
+
+def test_both_roles_must_declare_the_same_supported_logits_type(tmp_path):
+    from specbuild.contract.logits import engine_logits, pair_logits_datatype
+    from specbuild.errors import SpecError
+
+    engines = {"target": tmp_path / "t", "draft": tmp_path / "d"}
+    assert pair_logits_datatype(_spec(tmp_path, {"target": "bfloat16", "draft": "float16"}), engines) == "TYPE_FP16"
+    assert pair_logits_datatype(_spec(tmp_path, {"target": "float32"}), {"target": engines["target"]}) == "TYPE_FP32"
+    with pytest.raises(SpecError) as info:
+        pair_logits_datatype(_spec(tmp_path, {"target": "float16", "draft": "float32"}), engines)
+    assert str(info.value).endswith("Give [target] and [draft] the same dtype, then convert and build again.")
+    assert "the draft's are float32 (from the spec's draft.dtype (what convert will write))" in str(info.value)
+    _write(tmp_path / "t" / "engine.json", {"logits_dtype": "bfloat16"})
+    with pytest.raises(SpecError) as info:
+        pair_logits_datatype(_spec(tmp_path, {"target": "float16", "draft": "float16"}), engines)
+    assert str(info.value) == (
+        f"logits dtype 'bfloat16' (from {tmp_path / 't' / 'engine.json'}) is not one trtllm-build supports "
+        "(float16, float32): convert the checkpoint again."
+    )
+    with pytest.raises(ValueError) as info:
+        engine_logits(np.zeros(2), "bfloat16")
+    assert str(info.value) == "logits dtype 'bfloat16' is not one of ['float16', 'float32']"
