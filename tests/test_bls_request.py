@@ -351,6 +351,14 @@ def test_max_tokens_is_accepted_from_1_to_the_deployments_limit():
             "input 'max_tokens' must be an integer tensor (INT32/UINT64), got float32.",
         ),
         (
+            {"text_input": text("x"), "max_tokens": i32(4), "temperature": i32(1)},
+            "input 'temperature' must be FP32, got int32.",
+        ),
+        (
+            {"text_input": text("x"), "max_tokens": i32(4), "stream": i32(1)},
+            "input 'stream' must be BOOL, got int32.",
+        ),
+        (
             {"text_input": i32(5), "max_tokens": i32(4)},
             "input 'text_input' must be a STRING (BYTES) tensor, got int32.",
         ),
