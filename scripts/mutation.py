@@ -65,6 +65,8 @@ FILES = {
     ],
     "triton/models/target_retry.py": ["tests/test_target_retry.py"],
     "triton/models/bls_request.py": ["tests/test_bls_request.py", "tests/test_request_rules.py"],
+    "triton/supervisor.py": ["tests/test_supervisor_decisions.py", "tests/test_triton_lifecycle_units.py"],
+    "triton/drain.py": ["tests/test_drain_decisions.py", "tests/test_triton_lifecycle_units.py"],
     "contract/sampling.py": ["tests/test_contract_units.py", "tests/test_runtime_contract.py"],
     "contract/words.py": ["tests/test_contract_units.py", "tests/test_runtime_contract.py", "tests/test_request_rules.py"],
     "contract/logits.py": ["tests/test_contract_units.py", "tests/test_runtime_contract.py", "tests/test_triton_configs.py"],

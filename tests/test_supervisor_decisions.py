@@ -1,0 +1,341 @@
+"""The supervisor's decisions, each driven through `watch()` in a scripted world: the server's process and its stubs
+are fakes (the /proc readers answer from a table the test sets), the server is never started, and its stops, starts
+and model-control calls are recorded. What each fault must lead to is asserted: the event and its kind, the metric,
+the recovery (a reload, or a server restart for a decoupled model or a server that exited or froze), and nothing for
+a model unloaded on purpose. The same decisions run against a real tritonserver in tests/test_triton_faults.py and
+tests/test_triton_hung.py; here they run on every machine in a second, so a wrong branch fails here first."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specbuild.triton import procfs
+from specbuild.triton import supervisor as module
+from specbuild.triton.server import ServerOptions
+from specbuild.triton.supervisor import Supervisor, SupervisorSettings, is_decoupled, python_models
+
+SERVER_PID = 4321
+
+
+class World:
+    """The server's process and its stubs as /proc would show them; stubs come back when their model is loaded."""
+
+    def __init__(self, monkeypatch, models: dict[str, int]):
+        self.stubs = {f"{model}_0_0": procfs.Stub(pid, f"{model}_0_0", model, "r") for model, pid in models.items()}
+        self.alive = set(self.stubs)  # instances whose stub lives
+        self.frozen: set[int] = set()  # pids stopped (the server's own included)
+        self.killed: list[tuple[int, int]] = []
+        self.exit_code: int | None = None
+        self.stop_result = None  # what the server's stop returns (None: nothing was running)
+        self.abandon = None  # the stop's abandon check, as serve passed it
+        monkeypatch.setattr(module.procfs, "python_stubs", lambda pid: [self.stubs[i] for i in sorted(self.alive)])
+        monkeypatch.setattr(module.procfs, "stopped", lambda pid: pid in self.frozen)
+        monkeypatch.setattr(module.procfs, "state", lambda pid: "T" if pid in self.frozen else "S")
+        monkeypatch.setattr(module.procfs, "age_seconds", lambda pid: 60.0)
+        monkeypatch.setattr(module.procfs, "alive", lambda pid: False)  # a killed stub is gone at once
+        monkeypatch.setattr(module.os, "kill", lambda pid, sig: self.killed.append((pid, sig)))
+        monkeypatch.setattr(module.time, "sleep", lambda s: None)
+
+    def process(self):
+        world = self
+
+        class Process:  # what the supervisor reads of a Popen
+            pid = SERVER_PID
+
+            def poll(self):
+                return world.exit_code
+
+            @property
+            def returncode(self):
+                return world.exit_code
+
+        return Process()
+
+
+def supervised(tmp_path: Path, monkeypatch, models: dict[str, int], decoupled: tuple[str, ...] = (), **settings):
+    """A Supervisor over a repository of Python models (those in `decoupled` stream), in a World."""
+    repo = tmp_path / "repo"
+    for model in models:
+        (repo / model).mkdir(parents=True, exist_ok=True)
+        policy = "model_transaction_policy { decoupled: true }\n" if model in decoupled else ""
+        (repo / model / "config.pbtxt").write_text(f'name: "{model}"\nbackend: "python"\n{policy}')
+    world = World(monkeypatch, models)
+    settings = {"poll_s": 0.0, "canary_interval_s": 0.0, **settings}
+    sup = Supervisor(
+        ServerOptions(repo=repo),
+        install=object(),
+        log_path=tmp_path / "server.log",
+        settings=SupervisorSettings(**settings),
+    )
+    (tmp_path / "server.log").write_text("I1207 a line of the server's log\n")
+    calls: list[tuple] = []
+
+    def start(timeout):
+        calls.append(("start",))
+        world.exit_code = None
+        world.frozen.discard(SERVER_PID)
+        world.alive = set(world.stubs)
+        sup.handle.process = world.process()
+        sup._expected = sup._live_instances()
+        sup._serving = True
+
+    def control(action, model, timeout=600.0):
+        calls.append((action, model))
+        if action == "load":
+            world.alive |= {i for i, s in world.stubs.items() if s.model == model}
+
+    def stop(graceful=True, abandon=None, **kwargs):
+        calls.append(("stop", graceful))
+        world.abandon = abandon
+        return world.stop_result
+
+    sup.handle.stop = stop
+    sup.handle.model_control = control
+    sup._start = start
+    sup._model_ready = lambda model: model not in world.unloaded
+    world.unloaded = set()
+    start(0)
+    calls.clear()
+    return sup, world, calls
+
+
+def one_look(sup: Supervisor) -> None:
+    """One pass of watch(): its checks run once, then it returns."""
+    looks = iter([False, True])
+    sup.watch(until=lambda: next(looks))
+
+
+def kinds(sup: Supervisor) -> list[tuple[str, str]]:
+    return [(e.get("model"), e.get("kind") or e.get("action")) for e in sup.events]
+
+
+def test_a_healthy_server_is_left_alone(tmp_path, monkeypatch):
+    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    one_look(sup)
+    assert calls == [] and sup.events == []
+
+
+def test_a_server_that_exited_is_restarted_and_its_code_and_signal_named(tmp_path, monkeypatch):
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.exit_code = -signal.SIGSEGV
+    one_look(sup)
+    assert calls == [("stop", False), ("start",)]
+    assert kinds(sup) == [("tritonserver", "server_exited"), ("tritonserver", None), ("tritonserver", "restart")]
+    assert sup.events[0]["message"].startswith("tritonserver exited with code -11 (SIGSEGV); last lines of its log:\n")
+    assert sup.events[0]["message"].endswith("I1207 a line of the server's log")
+    assert sup.metrics.get("specbuild_supervisor_failures_total", kind="server_exited", model="tritonserver") == 1
+    assert sup.metrics.get("specbuild_supervisor_recoveries_total", action="restart", model="tritonserver") == 1
+    assert sup.metrics.get("specbuild_supervisor_serving") == 0  # _start, faked here, is what sets it to 1
+
+
+def test_a_frozen_server_is_killed_and_restarted(tmp_path, monkeypatch):
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.frozen.add(SERVER_PID)
+    one_look(sup)
+    assert calls == [("stop", False), ("start",)]
+    assert sup.events[0]["message"] == f"tritonserver (pid {SERVER_PID}) is frozen (stopped, state T): killing it"
+    assert kinds(sup)[0] == ("tritonserver", "server_hung")
+
+
+def test_a_dead_stub_reloads_its_model_and_only_it(tmp_path, monkeypatch):
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11, "n": 12})
+    world.alive.discard("m_0_0")
+    one_look(sup)
+    assert calls == [("unload", "m"), ("load", "m")]
+    assert sup.events[0]["message"] == "the Python backend stub of m (m_0_0) died"
+    assert sup.events[1]["message"].startswith("m serving again after an unload and load (")
+    assert kinds(sup) == [("m", "stub_died"), ("m", "reload")]
+    assert sup.metrics.get("specbuild_supervisor_recoveries_total", action="reload", model="m") == 1
+    assert sup._stub_died == {"m"}
+    one_look(sup)  # it serves again: nothing more
+    assert len(calls) == 2
+
+
+def test_a_dead_stub_of_a_decoupled_model_restarts_the_server(tmp_path, monkeypatch):
+    """Its open streams hang until the server goes away, so no reload: a restart."""
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"bls": 11, "m": 12}, decoupled=("bls",))
+    world.alive -= {"bls_0_0", "m_0_0"}
+    one_look(sup)
+    assert calls == [("stop", False), ("start",)]
+    assert sup.metrics.get("specbuild_supervisor_recoveries_total", action="restart", model="bls") == 1
+    assert sup.metrics.get("specbuild_supervisor_failures_total", kind="stub_died", model="m") == 1
+
+
+def test_a_model_unloaded_on_purpose_is_not_recovered(tmp_path, monkeypatch):
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11, "n": 12})
+    world.alive.discard("n_0_0")
+    world.unloaded.add("n")
+    one_look(sup)
+    assert calls == [] and sup.events == []
+    assert "n_0_0" not in sup._expected and "n" not in sup._python_models  # and no longer expected
+
+
+def test_a_python_model_whose_stub_was_never_seen_counts_as_dead(tmp_path, monkeypatch):
+    """A stub may die before the first look: every Python model must have one."""
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    sup._expected = {}
+    world.alive.clear()
+    assert sup.dead_models() == {"m": ["m_0_0"]}
+
+
+def test_a_frozen_stub_is_killed_then_its_model_reloaded(tmp_path, monkeypatch):
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11, "n": 12})
+    world.frozen.add(12)
+
+    def kill(pid, sig):  # the kill ends the frozen stub
+        world.killed.append((pid, sig))
+        world.alive.discard("n_0_0")
+
+    monkeypatch.setattr(module.os, "kill", kill)
+    one_look(sup)
+    assert world.killed == [(12, signal.SIGKILL)]
+    assert calls == [("unload", "n"), ("load", "n")]
+    assert (
+        sup.events[0]["message"]
+        == "the Python backend stub of n (n_0_0, pid 12) is frozen (stopped, state T): killing it"
+    )
+    assert kinds(sup) == [("n", "stub_hung"), ("n", "reload")]  # reported once, not again as died
+
+
+def test_canary_answers_count_by_kind_and_three_failures_restart(tmp_path, monkeypatch):
+    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11}, canary_failures=3)
+    probe = lambda error: SimpleNamespace(model="m", error=error)  # noqa: E731
+    sup._canary_result(probe("connection reset"))
+    sup._canary_result(probe("connection reset"))
+    sup._canary_result(probe(None))  # a success resets the count
+    assert sup._canary_failed == 0 and calls == []
+    sup._canary_result(probe(f"{module.QUEUE_FULL} (the queue of m)"))  # busy: neither
+    assert sup.metrics.get("specbuild_supervisor_canary_total", result="busy") == 1
+    assert sup._canary_failed == 0
+    for _ in range(2):
+        sup._canary_result(probe("connection reset"))
+    assert calls == [] and sup.events[-1]["message"] == "canary through m failed (2/3): connection reset"
+    sup._canary_result(probe("connection reset"))
+    assert calls == [("stop", False), ("start",)] and sup._canary_failed == 0
+    assert sup.metrics.get("specbuild_supervisor_canary_total", result="failed") == 5
+    assert sup.metrics.get("specbuild_supervisor_canary_total", result="ok") == 1
+
+
+def test_the_repositorys_python_and_decoupled_models_are_read_from_their_configs(tmp_path):
+    repo = tmp_path / "repo"
+    for name, text in {
+        "a": 'backend: "python"\nmodel_transaction_policy {\n  decoupled: true\n}\n',
+        "b": 'backend :  "python"\n',
+        "c": 'backend: "tensorrtllm"\n',
+        "d": 'backend: "python"\nmodel_transaction_policy { decoupled: false }\n',
+    }.items():
+        (repo / name).mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(text)
+    assert python_models(repo) == ["a", "b", "d"]
+    assert python_models(repo, only=("b", "c")) == ["b"]
+    assert [m for m in "abcd" if is_decoupled(repo, m)] == ["a"]
+    assert not is_decoupled(repo, "missing")
+
+
+def test_the_metrics_file_is_written_on_every_change(tmp_path):
+    metrics = module.SupervisorMetrics(tmp_path / "s.prom")
+    metrics.add("specbuild_supervisor_failures_total", kind="stub_died", model="m")
+    metrics.add("specbuild_supervisor_failures_total", 2.0, kind="stub_died", model="m")
+    metrics.set("specbuild_supervisor_serving", 1)
+    text = (tmp_path / "s.prom").read_text()
+    assert 'specbuild_supervisor_failures_total{kind="stub_died",model="m"} 3.0' in text
+    assert "specbuild_supervisor_serving 1.0" in text
+    assert metrics.get("specbuild_supervisor_failures_total", kind="stub_died", model="m") == 3.0
+    assert metrics.get("specbuild_supervisor_failures_total", kind="canary", model="m") == 0.0
+    module.SupervisorMetrics(None).add("specbuild_supervisor_server_starts_total")  # no file: nothing written
+
+
+def test_a_server_that_exits_without_supervision_ends_serve(tmp_path, monkeypatch):
+    from specbuild.errors import ServeError
+
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11}, enabled=False)
+    world.exit_code = 3
+    monkeypatch.setattr(sup._stop, "wait", lambda timeout: False)
+    with pytest.raises(
+        ServeError,
+        match=r"(?s)^tritonserver exited with code 3; last lines of its log:\n.*\n\(--no-supervise: not restarted\)$",
+    ):
+        sup._wait_unsupervised()
+
+
+# ---- serve(): start, ready, a signal, the drain, the stop --------------------------------------------------------
+def _drained(cut_short: bool = False):
+    from specbuild.triton.drain import DrainResult
+
+    return DrainResult(["m"], 1.5, 2, 1 if cut_short else None, "timeout" if cut_short else None)
+
+
+def test_serve_once_starts_reports_ready_and_stops(tmp_path, monkeypatch):
+    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    ready = []
+    outcome = sup.serve(ready.append, once=True, canary_models=False)
+    assert ready == [{}] and calls == [("start",), ("stop", True)]
+    assert outcome == {"stopped_by": "once", "ready": True, "restarts": 0, "events": []}
+    assert sup.metrics.get("specbuild_supervisor_serving") == 0
+
+
+def test_a_signal_drains_then_stops_gracefully(tmp_path, monkeypatch):
+    from specbuild.triton.server import StopResult
+
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.stop_result = StopResult(0, 2.0)
+    sup.drain = lambda: _drained()
+    before = signal.getsignal(signal.SIGTERM)
+    outcome = sup.serve(lambda answers: signal.raise_signal(signal.SIGTERM), canary_models=False)
+    assert calls == [("start",), ("stop", True)] and world.abandon is None  # no stub died: nothing to give up on
+    assert outcome["stopped_by"] == "signal" and outcome["drain"]["seconds"] == 1.5
+    assert outcome["stop"] == {
+        "exit_code": 0,
+        "seconds": 2.0,
+        "killed": False,
+        "removed_shm_regions": 0,
+        "abandoned": None,
+    }
+    assert signal.getsignal(signal.SIGTERM) is before and sup._stop.is_set()  # its handler is put back
+
+
+def test_a_stop_after_a_stub_died_may_give_up_on_its_old_instance(tmp_path, monkeypatch):
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11, "bls": 12})
+    sup.drain = lambda: _drained()
+
+    def ready(answers):
+        world.alive.discard("m_0_0")  # dies just before the signal: the supervisor never looked
+        signal.raise_signal(signal.SIGTERM)
+
+    sup.serve(ready, canary_models=False)
+    assert sup._stub_died == {"m"} and callable(world.abandon)
+
+
+def test_a_drain_that_cut_requests_kills_the_server_and_says_so(tmp_path, monkeypatch):
+    from specbuild.errors import ServeError
+
+    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    sup.drain = lambda: _drained(cut_short=True)
+    with pytest.raises(ServeError, match="; tritonserver was then killed. Clients of the cut requests got an error"):
+        sup.serve(lambda answers: signal.raise_signal(signal.SIGTERM), canary_models=False)
+    assert calls == [("start",), ("stop", False)]
+
+
+def test_a_stop_that_is_not_clean_fails_serve(tmp_path, monkeypatch):
+    from specbuild.errors import ServeError
+    from specbuild.triton.server import StopResult
+
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.stop_result = StopResult(1, 30.5)
+    with pytest.raises(ServeError, match=r"^tritonserver did not stop cleanly: it exited with code 1 after 30.5 s"):
+        sup.serve(lambda answers: None, once=True, canary_models=False)
+
+
+def test_a_failure_while_serving_stops_the_server_first(tmp_path, monkeypatch):
+    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+
+    def broken(answers):
+        raise RuntimeError("the ready callback broke")
+
+    with pytest.raises(RuntimeError, match="the ready callback broke"):
+        sup.serve(broken, once=True, canary_models=False)
+    assert calls == [("start",), ("stop", True)]
