@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import tomllib
@@ -99,13 +101,15 @@ def outcome(folder: Path) -> dict:
     lines = subprocess.run([*mutmut, "results", "--all", "true"], cwd=folder, capture_output=True, text=True).stdout
     statuses = {m.group(1).rsplit(".", 1)[-1]: m.group(2).strip() for m in map(RESULT.match, lines.splitlines()) if m}
     full = {m.group(1).rsplit(".", 1)[-1]: m.group(1) for m in map(RESULT.match, lines.splitlines()) if m}
-    not_killed = {}
-    for name, status in sorted(statuses.items()):
-        if status == "killed":
-            continue
+    def change(name: str) -> str:
         diff = subprocess.run([*mutmut, "show", full[name]], cwd=folder, capture_output=True, text=True).stdout
         added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
-        not_killed[name] = {"status": status, "change": " | ".join(added)[:150]}
+        return " | ".join(added)[:150]
+
+    names = sorted(name for name, status in statuses.items() if status != "killed")
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # one `mutmut show` process each
+        changes = dict(zip(names, pool.map(change, names)))
+    not_killed = {name: {"status": statuses[name], "change": changes[name]} for name in names}
     return {"counts": dict(Counter(statuses.values())), "not_killed": not_killed}
 
 

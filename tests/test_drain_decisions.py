@@ -30,16 +30,22 @@ class World:
         self, monkeypatch, metrics: list[str], states: list[dict[str, str]], gate_error: Exception | None = None
     ):
         self.metrics, self.states, self.calls, self.logged = list(metrics), list(states), [], []
-        self.now, self.alive, self.frozen = 0.0, True, False
+        self.now, self.alive, self.frozen = 100.0, True, False  # a clock that does not start at 0
+
+        def model_control(action, model, timeout=600.0):
+            assert timeout == module.CALL_TIMEOUT_S  # a server that does not answer is not drained
+            self.calls.append((action, model))
+
         self.handle = SimpleNamespace(
             process=SimpleNamespace(pid=4321),
-            metrics_url="metrics",
-            http_url="http",
-            admin_headers=lambda: {},
-            model_control=lambda action, model, timeout=0: self.calls.append((action, model)),
+            metrics_url="127.0.0.1:1/metrics",
+            http_url="127.0.0.1:2",
+            admin_headers=lambda: {"admin": "key"},
+            model_control=model_control,
         )
 
         def close_gate(handle, gate):
+            assert handle is self.handle
             self.calls.append(("close", gate))
             if gate_error is not None:
                 raise gate_error
@@ -47,19 +53,28 @@ class World:
         def next_of(items):  # each look takes the next value; the last one stays
             return items.pop(0) if len(items) > 1 else items[0]
 
-        monkeypatch.setattr(module, "read_metrics", lambda url, timeout=2.0: next_of(self.metrics))
-        monkeypatch.setattr(module, "model_states", lambda url, headers, timeout=5.0: next_of(self.states))
+        def read_metrics(url, timeout=2.0):
+            assert url == self.handle.metrics_url
+            return next_of(self.metrics)
+
+        def model_states(url, headers, timeout=5.0):
+            assert (url, headers, timeout) == (self.handle.http_url, {"admin": "key"}, module.CALL_TIMEOUT_S)
+            return next_of(self.states)
+
+        monkeypatch.setattr(module, "read_metrics", read_metrics)
+        monkeypatch.setattr(module, "model_states", model_states)
         monkeypatch.setattr(module, "close_gate", close_gate)
-        monkeypatch.setattr(module.procfs, "stopped", lambda pid: self.frozen)
+        monkeypatch.setattr(module.procfs, "stopped", lambda pid: pid == 4321 and self.frozen)
         monkeypatch.setattr(module.time, "monotonic", lambda: self.now)
         monkeypatch.setattr(module.time, "sleep", self.sleep)
 
     def sleep(self, seconds: float) -> None:
+        assert seconds == 0.1  # the poll_s given
         self.now += 1.0  # each poll is a second of the test's clock
 
-    def run(self, timeout_s: float = 10.0, gate: str | None = "serving_gate"):
+    def run(self, timeout_s: float = 10.0, gate: str | None = "serving_gate", models=(BLS, "ensemble")):
         return module.drain(
-            self.handle, [BLS, "ensemble"], timeout_s, self.logged.append, lambda: self.alive, gate=gate, poll_s=0.1
+            self.handle, list(models), timeout_s, self.logged.append, lambda: self.alive, gate=gate, poll_s=0.1
         )
 
 
@@ -72,6 +87,7 @@ def test_the_gate_closes_the_running_requests_finish_then_the_entry_models_unloa
     result = world.run()
     assert result.reason == "drained" and result.complete and not result.cut_short
     assert result.running_at_start == 3 and result.refused_with == "UNAVAILABLE" and result.cut == 0
+    assert result.models == [BLS, "ensemble"]
     assert world.calls == [("close", "serving_gate"), ("unload", BLS), ("unload", "ensemble")]
     assert world.logged == [
         "draining: readiness is false, new requests are refused (UNAVAILABLE); 3 requests running; waiting up to "
@@ -79,6 +95,16 @@ def test_the_gate_closes_the_running_requests_finish_then_the_entry_models_unloa
     ]
     assert result.describe() == f"drained in {result.seconds:.1f} s; 3 requests ran to their end"
     assert result.seconds == 2.0  # a poll for the requests (the first look saw 1), one for the unload
+    assert result.to_dict() == {
+        "models": [BLS, "ensemble"],
+        "seconds": 2.0,
+        "running_at_start": 3,
+        "cut": 0,
+        "reason": "drained",
+        "error": "",
+        "refused_with": "UNAVAILABLE",
+        "complete": True,
+    }
 
 
 def test_without_a_gate_the_unload_is_the_drain(monkeypatch):
@@ -140,6 +166,7 @@ def test_a_frozen_server_is_not_drained(monkeypatch):
     world.frozen = True
     result = world.run()
     assert (result.reason, result.error, result.seconds) == ("error", "tritonserver is frozen (stopped)", 0.0)
+    assert result.models == [BLS, "ensemble"]
     assert world.calls == []
 
 
@@ -148,3 +175,153 @@ def test_a_model_gone_from_the_index_or_unavailable_has_unloaded(monkeypatch, en
     states = {BLS: ended} if ended else {}
     world = World(monkeypatch, [gauges(0)], [states])
     assert world.run().complete
+
+
+def test_a_repository_that_exports_no_count_drains_by_its_unload(monkeypatch):
+    world = World(monkeypatch, [""], [UNLOADING, GONE])
+    result = world.run()
+    assert result.complete and result.running_at_start is None
+    assert world.logged == [
+        "draining: readiness is false, new requests are refused (UNAVAILABLE); waiting up to 10 s for running "
+        "requests to finish (a second Ctrl-C stops at once)"
+    ]
+    assert result.describe() == "drained in 1.0 s"
+
+
+def test_a_bls_whose_gauges_are_gone_holds_nothing(monkeypatch):
+    """Its stub finalized: a model that counted its requests before and exports nothing now holds none."""
+    world = World(monkeypatch, [gauges(1), ""], [GONE])
+    assert world.run().complete
+    world = World(monkeypatch, [gauges(0), gauges(0), ""], [UNLOADING])
+    result = world.run(timeout_s=3.0, models=[BLS])
+    assert result.reason == "timeout" and result.cut == 0  # the unload never ended, but nothing was held
+
+
+def test_an_error_once_the_server_is_gone_is_its_exit(monkeypatch):
+    world = World(monkeypatch, [gauges(0)], [GONE])
+
+    def gone(action, model, timeout=0):
+        world.alive = False
+        raise ServeError("connection refused")
+
+    world.handle.model_control = gone
+    result = world.run()
+    assert (result.reason, result.error, result.cut) == ("server exited", "", None)
+    assert result.describe() == (
+        f"the drain ended after {result.seconds:.1f} s: tritonserver exited: cut the requests still running"
+    )
+
+
+def test_a_second_signal_while_the_cut_is_counted_leaves_it_unknown(monkeypatch):
+    world = World(monkeypatch, [gauges(1)], [UNLOADING])
+    looks = {"n": 0}
+
+    def read_metrics(url, timeout=2.0):
+        looks["n"] += 1
+        if looks["n"] > 4:  # the count of the cut, after the bound
+            raise StopRequested()
+        return gauges(1)
+
+    monkeypatch.setattr(module, "read_metrics", read_metrics)
+    result = world.run(timeout_s=3.0)
+    assert (result.reason, result.cut) == ("second signal", None)
+
+
+def test_metrics_of_one_model_are_summed_and_a_bad_sample_skipped():
+    text = (
+        f'nv_inference_pending_request_count{{model="{BLS}",version="1"}} 2\n'
+        f'specbuild_bls_active_requests{{model="{BLS}"}} not-a-number\n'
+        f'nv_inference_pending_request_count{{model="{BLS}",version="2"}} 3\n'
+        'specbuild_bls_active_requests{model="ensemble"} 4\n'
+        'nv_gpu_utilization{gpu_uuid="x"} 1\n'
+    )
+    assert module.parse_metrics(text) == {
+        ("nv_inference_pending_request_count", BLS): 5.0,
+        ("specbuild_bls_active_requests", "ensemble"): 4.0,
+    }
+    assert module.counting_models(text, [BLS, "ensemble"]) == {"ensemble"}
+    assert module.running_requests(gauges(0), [BLS]) == 0
+    assert module.running_requests(text, ["ensemble"]) == 4
+
+
+# ---- the drain's three calls to the server, against a local HTTP server that answers as Triton's does -----------
+@pytest.fixture
+def endpoint():
+    """An HTTP server on 127.0.0.1 (a free port) that records each request and answers from `answers`."""
+    import http.server
+    import json
+    import threading
+
+    seen, answers = [], {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.command, self.path, self.headers.get("admin"), body))
+            status, payload = answers.get(self.path, (404, {"error": "not found"}))
+            data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", seen, answers
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_model_states_posts_to_the_repository_index(endpoint):
+    url, seen, answers = endpoint
+    answers["/v2/repository/index"] = (200, [{"name": BLS, "state": "UNLOADING"}, {"name": "ensemble"}])
+    assert module.model_states(url, {"admin": "key"}) == {BLS: "UNLOADING", "ensemble": ""}
+    assert seen == [("POST", "/v2/repository/index", "key", b"{}")]
+
+
+def test_read_metrics_returns_the_text_or_nothing(endpoint):
+    url, seen, answers = endpoint
+    answers["/metrics"] = (200, gauges(2))
+    assert module.read_metrics(f"http://{url}/metrics") == gauges(2)
+    assert module.read_metrics(f"http://{url}/elsewhere") == ""  # an error: no figures, not an exception
+    assert [s[:2] for s in seen] == [("GET", "/metrics"), ("GET", "/elsewhere")]
+
+
+def test_the_gate_closes_by_a_load_that_fails_on_purpose(endpoint):
+    from specbuild.contract import serving_gate
+
+    url, seen, answers = endpoint
+    answers["/v2/models/serving_gate/config"] = (200, {"name": "serving_gate", "backend": "python"})
+    calls = []
+
+    def model_control(action, model, timeout=600.0, config=None):
+        calls.append((action, model, timeout, config))
+        if action == "load":
+            raise ServeError(f"load of {model} failed: unable to find backend '{serving_gate.CLOSED_BACKEND}'")
+
+    handle = SimpleNamespace(http_url=url, admin_headers=lambda: {"admin": "key"}, model_control=model_control)
+    module.close_gate(handle, "serving_gate")
+    closed = {"name": "serving_gate", "backend": serving_gate.CLOSED_BACKEND}
+    assert calls == [
+        ("unload", "serving_gate", module.CALL_TIMEOUT_S, None),
+        ("load", "serving_gate", module.CALL_TIMEOUT_S, closed),
+    ]
+    assert seen == [("GET", "/v2/models/serving_gate/config", "key", b"")]
+
+    def loads(action, model, timeout=600.0, config=None):  # a server that has such a backend: the gate is open
+        if action == "load" and model == "other":
+            raise ServeError("some other failure")
+
+    handle.model_control = loads
+    with pytest.raises(ServeError, match=f"serving_gate loaded with backend '{serving_gate.CLOSED_BACKEND}'"):
+        module.close_gate(handle, "serving_gate")
+    answers["/v2/models/other/config"] = (200, {"name": "other"})
+    with pytest.raises(ServeError, match="some other failure"):
+        module.close_gate(handle, "other")

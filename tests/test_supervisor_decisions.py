@@ -263,6 +263,14 @@ def test_a_server_that_exits_without_supervision_ends_serve(tmp_path, monkeypatc
 
 
 # ---- serve(): start, ready, a signal, the drain, the stop --------------------------------------------------------
+def sigterm() -> None:
+    """What SIGTERM does while serve runs: its handler, called as the signal would (no signal is sent, so a handler
+    not installed fails the test instead of ending it)."""
+    handler = signal.getsignal(signal.SIGTERM)
+    assert callable(handler) and handler is not signal.default_int_handler, handler
+    handler(signal.SIGTERM, None)
+
+
 def _drained(cut_short: bool = False):
     from specbuild.triton.drain import DrainResult
 
@@ -285,7 +293,7 @@ def test_a_signal_drains_then_stops_gracefully(tmp_path, monkeypatch):
     world.stop_result = StopResult(0, 2.0)
     sup.drain = lambda: _drained()
     before = signal.getsignal(signal.SIGTERM)
-    outcome = sup.serve(lambda answers: signal.raise_signal(signal.SIGTERM), canary_models=False)
+    outcome = sup.serve(lambda answers: sigterm(), canary_models=False)
     assert calls == [("start",), ("stop", True)] and world.abandon is None  # no stub died: nothing to give up on
     assert outcome["stopped_by"] == "signal" and outcome["drain"]["seconds"] == 1.5
     assert outcome["stop"] == {
@@ -304,7 +312,7 @@ def test_a_stop_after_a_stub_died_may_give_up_on_its_old_instance(tmp_path, monk
 
     def ready(answers):
         world.alive.discard("m_0_0")  # dies just before the signal: the supervisor never looked
-        signal.raise_signal(signal.SIGTERM)
+        sigterm()
 
     sup.serve(ready, canary_models=False)
     assert sup._stub_died == {"m"} and callable(world.abandon)
@@ -316,7 +324,7 @@ def test_a_drain_that_cut_requests_kills_the_server_and_says_so(tmp_path, monkey
     sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11})
     sup.drain = lambda: _drained(cut_short=True)
     with pytest.raises(ServeError, match="; tritonserver was then killed. Clients of the cut requests got an error"):
-        sup.serve(lambda answers: signal.raise_signal(signal.SIGTERM), canary_models=False)
+        sup.serve(lambda answers: sigterm(), canary_models=False)
     assert calls == [("start",), ("stop", False)]
 
 
