@@ -45,3 +45,38 @@ def tiny_spec_path(tmp_path: Path, example_tiny: ExamplePair) -> Path:
 
     text = specfile.render_spec(specfile.example_overrides(example_tiny, "tiny"), header="test spec (tiny example)")
     return specfile.write_spec(tmp_path / "specbuild.toml", text)
+
+
+@pytest.fixture
+def endpoint():
+    """A stand-in for a server's HTTP endpoints (tests/test_drain_decisions.py, test_supervisor_decisions.py): an
+    HTTP server on 127.0.0.1 (a free port) that records each request and answers from `answers`."""
+    import http.server
+    import json
+    import threading
+
+    seen, answers = [], {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.command, self.path, self.headers.get("admin"), body))
+            status, payload = answers.get(self.path, (404, {"error": "not found"}))
+            data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", seen, answers
+    finally:
+        server.shutdown()
+        server.server_close()

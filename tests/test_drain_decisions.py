@@ -245,40 +245,6 @@ def test_metrics_of_one_model_are_summed_and_a_bad_sample_skipped():
 
 
 # ---- the drain's three calls to the server, against a local HTTP server that answers as Triton's does -----------
-@pytest.fixture
-def endpoint():
-    """An HTTP server on 127.0.0.1 (a free port) that records each request and answers from `answers`."""
-    import http.server
-    import json
-    import threading
-
-    seen, answers = [], {}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def _answer(self):
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            seen.append((self.command, self.path, self.headers.get("admin"), body))
-            status, payload = answers.get(self.path, (404, {"error": "not found"}))
-            data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = _answer
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", seen, answers
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_model_states_posts_to_the_repository_index(endpoint):
     url, seen, answers = endpoint
     answers["/v2/repository/index"] = (200, [{"name": BLS, "state": "UNLOADING"}, {"name": "ensemble"}])

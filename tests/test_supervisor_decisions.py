@@ -347,3 +347,234 @@ def test_a_failure_while_serving_stops_the_server_first(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="the ready callback broke"):
         sup.serve(broken, once=True, canary_models=False)
     assert calls == [("start",), ("stop", True)]
+
+
+# ---- the rest of what the supervisor decides and says --------------------------------------------------------------
+def test_drain_unloads_the_loaded_entry_models_behind_the_gate(tmp_path, monkeypatch):
+    from specbuild.triton.drain import DrainResult
+
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"tensorrt_llm_bls": 11, "ensemble": 12, "serving_gate": 13})
+    seen = {}
+
+    def drain(handle, models, timeout_s, log, server_alive, gate=None):
+        seen.update(handle=handle, models=models, timeout=timeout_s, log=log, alive=server_alive(), gate=gate)
+        seen["interruptible"] = sup._interruptible
+        return DrainResult(models, 1.25, 2)
+
+    monkeypatch.setattr(module.drain, "drain", drain)
+    monkeypatch.setattr(module, "entry_models", lambda repo: ["tensorrt_llm_bls", "ensemble"])
+    monkeypatch.setattr(module, "gate_model", lambda repo: "serving_gate")
+    result = sup.drain()
+    assert seen == {
+        "handle": sup.handle,
+        "models": ["tensorrt_llm_bls", "ensemble"],
+        "timeout": sup.handle.opts.exit_timeout_s,
+        "log": sup.log,
+        "alive": True,
+        "gate": "serving_gate",
+        "interruptible": True,  # a second signal ends the drain
+    }
+    assert sup._interruptible is False and result.seconds == 1.25
+    assert sup.events[-1]["message"] == "drained in 1.2 s; 2 requests ran to their end"
+    assert sup.events[-1]["kind"] == "drain" and sup.events[-1]["running_at_start"] == 2
+    assert "models" not in sup.events[-1]
+    sup.handle.opts = ServerOptions(repo=sup.handle.opts.repo, models=("ensemble",))  # only some models loaded
+    sup.drain()
+    assert seen["models"] == ["ensemble"] and seen["gate"] is None
+
+
+def test_a_clients_failure_is_matched_to_what_the_supervisor_saw(tmp_path, monkeypatch):
+    """recovered_after: True once an event since the mark is a recovery, False when one failed and nothing recovered
+    in time, None when it saw nothing within a few looks (the failure was not the server's)."""
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, poll_s=1.0)
+    clock = SimpleNamespace(now=50.0)
+
+    def sleep(seconds):
+        clock.now += seconds
+
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    monkeypatch.setattr(module.time, "sleep", sleep)
+    assert sup.recovered_after(0, timeout=60.0) is None
+    assert clock.now == pytest.approx(50.0 + 3 * 1.0 + 1.0, abs=0.21)  # three looks and a second, then no
+    sup.events.append({"message": "the stub of m died", "kind": "stub_died"})
+    clock.now = 100.0
+    assert sup.recovered_after(0, timeout=30.0) is False and clock.now == pytest.approx(130.0, abs=0.21)
+    sup.events.append({"message": "m serving again", "action": "reload"})
+    assert sup.recovered_after(0, timeout=30.0) is True
+    assert sup.recovered_after(2, timeout=0.0) is False  # nothing looked at in no time
+
+
+def test_a_start_resets_what_the_last_server_left(tmp_path, monkeypatch):
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    del sup._start  # the real one, around a fake handle.start
+    started = []
+    sup.handle.start = lambda timeout, should_stop: started.append((timeout, should_stop())) or sup.handle
+    sup._stub_died, sup._log_offset, sup._serving = {"m"}, 99, False
+    sup._start(12.0)
+    assert started == [(12.0, False)]
+    assert sup._expected == {"m_0_0": "m"} and sup._stub_died == set() and sup._log_offset == 0 and sup._serving
+    assert sup.metrics.get("specbuild_supervisor_server_starts_total") == 1
+    assert sup.metrics.get("specbuild_supervisor_serving") == 1
+
+
+def test_for_repo_puts_the_log_and_metrics_beside_the_repository(tmp_path):
+    (tmp_path / "triton_repo").mkdir()
+    sup = Supervisor.for_repo(ServerOptions(repo=tmp_path / "triton_repo"), install=object())
+    assert sup.handle.log_path == tmp_path / ".triton_repo.tritonserver.log"
+    assert sup.metrics.path == tmp_path / ".triton_repo.supervisor.prom"
+    assert sup.settings == SupervisorSettings()
+    messages = []
+    sup = Supervisor.for_repo(
+        ServerOptions(repo=tmp_path / "triton_repo"), object(), SupervisorSettings(poll_s=3.0), messages.append
+    )
+    sup._event("a thing happened", model="m")
+    assert sup.settings.poll_s == 3.0 and messages == ["supervisor: a thing happened"]
+    assert sup.events[0]["model"] == "m" and sup.events[0]["message"] == "a thing happened"
+
+
+def test_model_ready_asks_tritons_ready_endpoint(tmp_path, monkeypatch, endpoint):
+    url, seen, answers = endpoint
+    (tmp_path / "repo").mkdir()
+    sup = Supervisor(ServerOptions(repo=tmp_path / "repo"), install=object(), log_path=tmp_path / "log")
+    monkeypatch.setattr(type(sup.handle), "http_url", property(lambda self: url))
+    answers["/v2/models/m/ready"] = (200, "")
+    assert sup._model_ready("m") is True
+    assert sup._model_ready("n") is False  # 404: not ready
+    assert [s[1] for s in seen] == ["/v2/models/m/ready", "/v2/models/n/ready"]
+    assert sup._canary_model() == module.entry_model(tmp_path / "repo")
+
+
+def test_a_restart_is_counted_logged_and_timed(tmp_path, monkeypatch):
+    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    clock = SimpleNamespace(now=200.0)
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    sup._canary_failed = 2
+    sup._restart("m", detected=197.5)
+    assert calls == [("stop", False), ("start",)] and sup._canary_failed == 0 and sup._restarts == [200.0]
+    assert sup.events[0]["message"] == "restarting tritonserver (killed; 0 shared-memory regions of it removed)"
+    assert (
+        sup.events[1]["message"] == f"tritonserver restarted, serving again (2.5 s after the failure; pid {SERVER_PID})"
+    )
+    assert (sup.events[1]["action"], sup.events[1]["seconds"], sup.events[1]["model"]) == ("restart", 2.5, "m")
+    assert sup.metrics.get("specbuild_supervisor_recovery_seconds", model="m") == 2.5
+
+
+def test_a_reload_is_counted_logged_and_timed(tmp_path, monkeypatch):
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11, "n": 12})
+    clock = SimpleNamespace(now=300.0)
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    world.alive -= {"m_0_0", "n_0_0"}
+    sup._recover({"m": ["m_0_0"], "n": ["n_0_0"]}, detected=299.0)
+    assert calls == [("unload", "m"), ("load", "m"), ("unload", "n"), ("load", "n")]
+    assert [e["message"] for e in sup.events] == [
+        "the Python backend stub of m (m_0_0) died",
+        "the Python backend stub of n (n_0_0) died",
+        "m serving again after an unload and load (1.0 s)",
+        "n serving again after an unload and load (1.0 s)",
+    ]
+    assert (
+        sup.events[2]["seconds"] == 1.0 and sup.metrics.get("specbuild_supervisor_recovery_seconds", model="n") == 1.0
+    )
+    sup.events.clear()
+    sup._recover({"m": ["m_0_0"]}, detected=299.0, reported=True)  # already reported (a hung stub): no "died"
+    assert [e.get("kind") for e in sup.events] == [None]
+
+
+def test_the_stop_reads_only_the_log_written_after_it_began(tmp_path, monkeypatch):
+    """_lingering_only reads the log once when the stop begins, then only what follows it, for lingering_only."""
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"tensorrt_llm_draft": 11, "tensorrt_llm": 12})
+    log = tmp_path / "server.log"
+    log.write_text(
+        "\"successfully loaded 'tensorrt_llm'\"\n\"successfully loaded 'tensorrt_llm_draft'\"\n"
+        "\"successfully unloaded 'tensorrt_llm_draft' version 1\"\n"
+    )
+    sup._stub_died = {"tensorrt_llm_draft"}
+    check = sup._lingering_only()
+    assert check() is None  # nothing since: it may still stop by itself
+    with log.open("a") as f:
+        f.write("\"successfully unloaded 'tensorrt_llm' version 1\"\n")
+        f.write('"Timeout 20: Found 1 live models and 0 in-flight non-inference requests"\n')
+    assert "tensorrt_llm_draft, whose stub died holding a request" in check()
+    log.unlink()
+    assert check() is None  # a log that went away: no reason
+    assert sup._lingering_only()() is None
+
+
+def test_the_canary_runs_every_interval_and_its_result_is_read_on_a_later_look(tmp_path, monkeypatch):
+    import threading
+
+    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11}, canary_interval_s=5.0, canary_timeout_s=7.0)
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    probes = []
+
+    class Probe:  # its request has failed by the next look
+        def __init__(self, url, model, timeout):
+            self.url, self.model, self.timeout, self.error = url, model, timeout, "connection reset"
+            self.done = threading.Event()
+            self.done.set()
+            probes.append((url, model, timeout, clock.now))
+
+    monkeypatch.setattr(module, "CanaryProbe", Probe)
+    monkeypatch.setattr(sup, "_canary_model", lambda: "m")
+
+    def looks(n):
+        seen = iter(range(n + 1))
+
+        def until():  # each look is a second later
+            clock.now += 1.0
+            return next(seen) >= n
+
+        return until
+
+    sup.watch(looks(9))  # looks at 1..9 s: a probe at 5 s, its result read at 6 s, the next due at 11 s
+    assert probes == [(sup.handle.http_url, "m", 7.0, 5.0)]
+    assert sup._canary_failed == 1 and sup.events[-1]["message"] == "canary through m failed (1/3): connection reset"
+    assert calls == []
+
+
+def test_a_stop_that_gave_up_on_an_old_instance_is_told_and_clean(tmp_path, monkeypatch):
+    from specbuild.triton.server import StopResult
+
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.stop_result = StopResult(-9, 3.5, abandoned="every other model had unloaded")
+    outcome = sup.serve(lambda answers: None, once=True, canary_models=False)
+    assert outcome["stop"]["abandoned"] == "every other model had unloaded" and outcome["stop"]["exit_code"] == -9
+    assert sup.events[-1] == {
+        "time": sup.events[-1]["time"],
+        "message": "tritonserver was killed (SIGKILL) after 3.5 s, with nothing left to wait for: every other model "
+        "had unloaded",
+        "kind": "stop",
+    }
+
+
+def test_a_failure_and_an_unclean_stop_are_both_told(tmp_path, monkeypatch):
+    from specbuild.triton.server import StopResult
+
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.stop_result = StopResult(1, 12.0)
+    said = []
+    sup.log = said.append
+
+    def broken(answers):
+        raise RuntimeError("broken")
+
+    with pytest.raises(RuntimeError):
+        sup.serve(broken, once=True, canary_models=False)
+    assert said[-1] == "tritonserver exited with code 1 after 12.0 s while stopping after the failure."
+
+
+def test_a_server_not_yet_ready_when_the_signal_comes_is_stopped_at_once(tmp_path, monkeypatch):
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+
+    def start(timeout):  # the signal comes while it starts
+        calls.append(("start",))
+        sup.handle.process = world.process()
+        sigterm()
+
+    sup._start = start
+    sup._serving = False
+    monkeypatch.setattr(sup.handle, "ready", lambda: False)
+    outcome = sup.serve(lambda answers: None, canary_models=False)
+    assert calls == [("start",), ("stop", False), ("stop", True)]  # killed at once; the final stop finds nothing
+    assert outcome["stopped_by"] == "signal" and outcome["ready"] is False and "drain" not in outcome
