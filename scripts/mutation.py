@@ -70,8 +70,16 @@ FILES = {
     "triton/supervisor.py": ["tests/test_supervisor_decisions.py", "tests/test_triton_lifecycle_units.py"],
     "triton/drain.py": ["tests/test_drain_decisions.py", "tests/test_triton_lifecycle_units.py"],
     "contract/sampling.py": ["tests/test_contract_units.py", "tests/test_runtime_contract.py"],
-    "contract/words.py": ["tests/test_contract_units.py", "tests/test_runtime_contract.py", "tests/test_request_rules.py"],
-    "contract/logits.py": ["tests/test_contract_units.py", "tests/test_runtime_contract.py", "tests/test_triton_configs.py"],
+    "contract/words.py": [
+        "tests/test_contract_units.py",
+        "tests/test_runtime_contract.py",
+        "tests/test_request_rules.py",
+    ],
+    "contract/logits.py": [
+        "tests/test_contract_units.py",
+        "tests/test_runtime_contract.py",
+        "tests/test_triton_configs.py",
+    ],
 }
 RESULT = re.compile(r"^\s*(specbuild\.[\w.]+):\s*(.+)$")
 
@@ -101,6 +109,7 @@ def outcome(folder: Path) -> dict:
     lines = subprocess.run([*mutmut, "results", "--all", "true"], cwd=folder, capture_output=True, text=True).stdout
     statuses = {m.group(1).rsplit(".", 1)[-1]: m.group(2).strip() for m in map(RESULT.match, lines.splitlines()) if m}
     full = {m.group(1).rsplit(".", 1)[-1]: m.group(1) for m in map(RESULT.match, lines.splitlines()) if m}
+
     def change(name: str) -> str:
         diff = subprocess.run([*mutmut, "show", full[name]], cwd=folder, capture_output=True, text=True).stdout
         added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
