@@ -29,7 +29,7 @@ demo: setup
 	$(BIN)/specbuild up -c $(DEMO)/specbuild.toml $(UP_FLAGS)
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # ruff over the whole tree (its settings: pyproject.toml [tool.ruff]); `make format` rewrites what `make lint` refuses
 lint: setup

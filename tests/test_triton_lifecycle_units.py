@@ -499,3 +499,30 @@ def test_an_unloading_bls_refuses_new_requests_and_those_still_waiting_with_unav
     waiting = AnsweredRequest()  # admitted before the unload began, given a slot after it
     bls._in_slot(waiting, object(), 0.0)
     assert waiting.sent[0][0].error.message == "tensorrt_llm_bls is unloading"
+
+
+def test_the_stop_diagnosis_names_what_took_most_of_the_exit_timeout(tmp_path: Path):
+    """An open HTTP keep-alive connection spends the budget in the HTTP front end's countdown; a model that never
+    unloads spends it in the models' countdown (after a second of HTTP): each is told as what it is."""
+    from specbuild.triton.server import ServerHandle
+
+    log = tmp_path / "server.log"
+    handle = ServerHandle(ServerOptions(repo=tmp_path), install=object(), log_path=log)
+
+    def countdown(http: int, models: int) -> str:
+        lines = [f'I1207 http_server.cc:248] "Timeout {10 - i}: Found 1 HTTP service connections"' for i in range(http)]
+        lines += [
+            f'I1207 server.cc:345] "Timeout {10 - http - i}: Found 1 live models and 0 in-flight non-inference requests"'
+            for i in range(models)
+        ]
+        return "\n".join([*lines, 'E1207 main.cc:535] "failed to stop server: Internal - Exit timeout expired."'])
+
+    log.write_text(countdown(http=9, models=2))
+    assert handle.stop_diagnosis().startswith("tritonserver spent 9 s of it waiting for open HTTP connections")
+    log.write_text(countdown(http=1, models=9))
+    assert handle.stop_diagnosis() == (
+        "tritonserver waited for models to unload (1 live models and 0 in-flight non-inference requests), e.g. a "
+        "decoupled model with open streams, or the old instance of a model whose stub died holding a request"
+    )
+    log.write_text("I1207 stopped in time\n")
+    assert handle.stop_diagnosis() == ""

@@ -295,13 +295,13 @@ class ServerHandle:
             line.split(": Found ", 1)[1].rstrip('"') for line in lines if '"Timeout ' in line and ": Found " in line
         ]
         http = [wait for wait in waits if "HTTP service connections" in wait]
-        if waits and waits[-1] in http:  # the HTTP front end stops first and spends the shared budget
+        if http and 2 * len(http) >= len(waits):  # the HTTP front end stops first and spent most of the shared budget
             return (
                 f"tritonserver spent {len(http)} s of it waiting for open HTTP connections ({http[-1]}): a client "
                 "kept its connection open (HTTP keep-alive, e.g. an open tritonclient.http client); close "
                 "clients before stopping the server"
             )
-        if waits:  # what it still waited for when its time ran out
+        if waits:  # the models took most of it
             return (
                 f"tritonserver waited for models to unload ({waits[-1]}), e.g. a decoupled model with open streams, "
                 "or the old instance of a model whose stub died holding a request"
