@@ -141,6 +141,88 @@ def test_a_frozen_server_is_killed_and_restarted(tmp_path, monkeypatch):
     assert kinds(sup)[0] == ("tritonserver", "server_hung")
 
 
+CRASH_LOG = "Signal (6) received.\n 0# 0x000055AB273FE52D in tritonserver\n 1# abort in libc.so.6\n"
+
+
+def test_a_server_whose_log_says_it_crashed_is_killed_and_restarted_before_it_exits(tmp_path, monkeypatch):
+    """tritonserver's SIGABRT/SIGSEGV handler writes the line, then the process may take minutes to go (a CI run:
+    ten) while it answers nothing: the line is the crash."""
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    with open(tmp_path / "server.log", "a") as log:
+        log.write(CRASH_LOG)
+    one_look(sup)
+    assert calls == [("stop", False), ("start",)]
+    assert kinds(sup) == [("tritonserver", "server_crashed"), ("tritonserver", None), ("tritonserver", "restart")]
+    assert sup.events[0]["message"] == (
+        f"tritonserver (pid {SERVER_PID}) crashed: its log says 'Signal (6) received.' (its stack trace follows "
+        "there): killing it"
+    )
+    assert sup.metrics.get("specbuild_supervisor_failures_total", kind="server_crashed", model="tritonserver") == 1
+    calls.clear()
+    one_look(sup)  # the same line is not a second crash (a start rotates the log; here it stays)
+    assert calls == []
+
+
+@pytest.mark.parametrize("line", ["Signal (15) received.", "Signal (2) received.", "  Signal (6) received. later"])
+def test_a_stop_signal_or_a_line_that_only_quotes_one_is_no_crash(tmp_path, monkeypatch, line):
+    """SIGINT and SIGTERM get the same words from tritonserver's graceful handler (server src/triton_signal.cc)."""
+    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    with open(tmp_path / "server.log", "a") as log:
+        log.write(line + "\n")
+    one_look(sup)
+    assert calls == [] and sup.events == []
+
+
+@pytest.mark.parametrize("down", ["crashed", "exited"])
+def test_a_reload_stops_waiting_for_a_server_that_went_down_and_restarts_it(tmp_path, monkeypatch, down):
+    """What the CI run showed: a stub killed mid-request, the server aborting in python_backend while the reload's
+    load call waited on it. The load is given up as soon as the server is down, not when its request times out."""
+    import threading
+
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11}, start_timeout_s=45.0)
+    released = threading.Event()
+
+    def control(action, model, timeout=600.0):
+        calls.append((action, model, timeout))
+        if action == "load":
+            if down == "crashed":
+                with open(tmp_path / "server.log", "a") as log:
+                    log.write(CRASH_LOG)
+            else:
+                world.exit_code = -signal.SIGABRT
+            released.wait(60)  # the server never answers
+
+    sup.handle.model_control = control
+    world.alive.discard("m_0_0")
+    try:
+        one_look(sup)
+    finally:
+        released.set()
+    assert calls == [("unload", "m", 600.0), ("load", "m", 45.0), ("stop", False), ("start",)]  # a start's bound
+    kind = "server_crashed" if down == "crashed" else "server_exited"
+    assert kinds(sup) == [
+        ("m", "stub_died"),
+        ("tritonserver", kind),
+        ("m", None),
+        ("m", None),
+        ("m", "restart"),
+    ]
+    assert sup.events[2]["message"] == "reloading m did not help (loading m was cut short: tritonserver went down)"
+
+
+def test_a_failed_model_control_call_is_raised_in_the_supervisor_thread(tmp_path, monkeypatch):
+    from specbuild.errors import ServeError
+
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+
+    def refused():
+        raise ServeError("load of m failed: HTTP 400 no such model")
+
+    with pytest.raises(ServeError, match="HTTP 400 no such model"):
+        sup._while_up("loading m", refused)
+    assert sup._while_up("loading m", lambda: None) is None
+
+
 def test_a_dead_stub_reloads_its_model_and_only_it(tmp_path, monkeypatch):
     sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11, "n": 12})
     world.alive.discard("m_0_0")
@@ -409,10 +491,16 @@ def test_a_start_resets_what_the_last_server_left(tmp_path, monkeypatch):
     del sup._start  # the real one, around a fake handle.start
     started = []
     sup.handle.start = lambda timeout, should_stop: started.append((timeout, should_stop())) or sup.handle
-    sup._stub_died, sup._log_offset, sup._serving = {"m"}, 99, False
+    sup._stub_died, sup._serving = {"m"}, False
+    sup._unhealthy_log.offset = sup._crash_log.offset = 99
     sup._start(12.0)
     assert started == [(12.0, False)]
-    assert sup._expected == {"m_0_0": "m"} and sup._stub_died == set() and sup._log_offset == 0 and sup._serving
+    assert (
+        sup._expected == {"m_0_0": "m"}
+        and sup._stub_died == set()
+        and sup._unhealthy_log.offset == sup._crash_log.offset == 0
+    )
+    assert sup._serving
     assert sup.metrics.get("specbuild_supervisor_server_starts_total") == 1
     assert sup.metrics.get("specbuild_supervisor_serving") == 1
 
@@ -578,3 +666,19 @@ def test_a_server_not_yet_ready_when_the_signal_comes_is_stopped_at_once(tmp_pat
     outcome = sup.serve(lambda answers: None, canary_models=False)
     assert calls == [("start",), ("stop", False), ("stop", True)]  # killed at once; the final stop finds nothing
     assert outcome["stopped_by"] == "signal" and outcome["ready"] is False and "drain" not in outcome
+
+
+def test_a_model_control_call_refused_because_the_server_exited_counts_the_exit(tmp_path, monkeypatch):
+    """The unload's connection refused by a server that exited in between: the exit is the failure to count, once."""
+    from specbuild.errors import ServeError
+
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+
+    def refused():
+        world.exit_code = -signal.SIGABRT
+        raise ServeError("unload of m failed: <urlopen error [Errno 111] Connection refused>")
+
+    with pytest.raises(ServeError, match="^unloading m was cut short: tritonserver went down$"):
+        sup._while_up("unloading m", refused)
+    assert kinds(sup) == [("tritonserver", "server_exited")]
+    assert sup.events[0]["message"].startswith("tritonserver exited with code -6 (SIGABRT)")

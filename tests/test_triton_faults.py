@@ -71,11 +71,13 @@ class Served:
         self.expected: collections.Counter = collections.Counter()  # metric lines the faults so far must have made
         self.expected["specbuild_supervisor_server_starts_total"] = 1
         self._marks: tuple[dict[str, float], dict[str, int]] = ({}, {})  # the file and `expected` when a test began
+        self._first_line = 0  # serve's first stderr line of this test
 
     def begin(self) -> None:
         """A fault test starts: the last one's recovery is over, and this test's metrics count from here."""
         self.settle()
         self._marks = (counted_faults(self), dict(self.expected))
+        self._first_line = len(self.lines)
 
     def assert_counted(self) -> None:
         """The metrics file counted exactly what this test's faults made, each once by the path the supervisor took
@@ -139,12 +141,11 @@ class Served:
             self.expected[f'specbuild_supervisor_failures_total{{kind="stub_died",model="{model}"}}'] += 1
             self.expected[f'specbuild_supervisor_recoveries_total{{action="reload",model="{model}"}}'] += 1
             return "reload", again
-        assert self.saw("supervisor: tritonserver exited with code"), self.tail()
         assert self.saw(
             "supervisor: tritonserver restarted, serving again",
             times=self.expected["specbuild_supervisor_server_starts_total"],
         ), self.tail()
-        self.server_exited()  # serving_again above held it to restart_limit()
+        self.went_down_with(model)  # serving_again above held it to restart_limit()
         return "server exited", again
 
     def restarted_for_decoupled(self, model: str, killed: float, ended: float, message: str) -> None:
@@ -165,13 +166,35 @@ class Served:
             self.expected[f'specbuild_supervisor_recoveries_total{{action="restart",model="{model}"}}'] += 1
             self.expected["specbuild_supervisor_server_starts_total"] += 1
         else:
-            assert self.saw("supervisor: tritonserver exited with code", timeout=0), self.tail()
+            self.went_down_with(model)
+
+    def went_down_with(self, model: str) -> None:
+        """tritonserver went down with model's stub, and the supervisor saw it go: the process exited, or its log
+        said it crashed while the process still lived (supervisor.CRASH; a CI run: an abort in python_backend,
+        then ten minutes before the process was gone). Seen before the dead stub: the restart is the server's; after
+        it: the stub's (its reload cut short). Records the metrics the path counts."""
+        crashed = self.said_in_this_test("crashed: its log says 'Signal (")
+        assert crashed or self.said_in_this_test("supervisor: tritonserver exited with code"), self.tail()
+        if self.said_in_this_test(f"supervisor: the Python backend stub of {model} ({model}_0_0) died"):
+            self.expected[f'specbuild_supervisor_failures_total{{kind="stub_died",model="{model}"}}'] += 1
+            self.expected[f'specbuild_supervisor_recoveries_total{{action="restart",model="{model}"}}'] += 1
+            kind = "server_crashed" if crashed else "server_exited"
+            self.expected[f'specbuild_supervisor_failures_total{{kind="{kind}",model="tritonserver"}}'] += 1
+            self.expected["specbuild_supervisor_server_starts_total"] += 1
+        elif crashed:
+            self.expected['specbuild_supervisor_failures_total{kind="server_crashed",model="tritonserver"}'] += 1
+            self.expected['specbuild_supervisor_recoveries_total{action="restart",model="tritonserver"}'] += 1
+            self.expected["specbuild_supervisor_server_starts_total"] += 1
+        else:
             self.server_exited()
 
     def server_exited(self) -> None:
         self.expected['specbuild_supervisor_failures_total{kind="server_exited",model="tritonserver"}'] += 1
         self.expected['specbuild_supervisor_recoveries_total{action="restart",model="tritonserver"}'] += 1
         self.expected["specbuild_supervisor_server_starts_total"] += 1
+
+    def said_in_this_test(self, text: str) -> bool:
+        return any(text in line for line in self.lines[self._first_line :])
 
     def stub(self, model: str) -> procfs.Stub:
         found = [s for s in procfs.python_stubs(self.server_pid()) if s.instance == f"{model}_0_0"]

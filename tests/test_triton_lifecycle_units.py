@@ -255,7 +255,7 @@ def test_a_stub_death_counts_for_the_stop_from_the_moment_it_is_seen_or_the_stop
 
     supervisor, calls, _, _ = _supervised(tmp_path)
 
-    def control(action, model):
+    def control(action, model, timeout=600.0):
         calls.append((action, model))
         if action == "load":
             raise StopRequested()  # SIGTERM while the reload runs
@@ -304,7 +304,7 @@ def _supervised(tmp_path: Path, **settings):
     )
     calls: list[tuple] = []
     supervisor.handle.stop = lambda graceful=True: calls.append(("stop", graceful))
-    supervisor.handle.model_control = lambda action, model: calls.append((action, model))
+    supervisor.handle.model_control = lambda action, model, timeout=600.0: calls.append((action, model))
     supervisor.handle.process = SimpleNamespace(pid=4321)
     supervisor._start = lambda timeout: calls.append(("start",))
     clock = SimpleNamespace(now=1000.0)

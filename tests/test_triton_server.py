@@ -322,3 +322,31 @@ def test_a_model_that_cannot_load_fails_fast_with_the_log(deployment, tmp_path):
         handle.start(timeout=240)
     assert "no/such/tokenizer" in str(err.value)
     assert handle.process is None
+
+
+@pytest.mark.parametrize("signum", ["SIGABRT", "SIGSEGV", "SIGTERM"])
+def test_the_crash_line_the_supervisor_reads_is_what_tritonserver_writes(tmp_path, signum):
+    """The supervisor kills and restarts a server whose log says it crashed, before the process is gone
+    (supervisor.CRASH): the words must be the real binary's, for the two signals its crash handler takes, and
+    SIGTERM's graceful stop must not read as one."""
+    import resource
+    import signal
+
+    from specbuild.triton.supervisor import CRASH
+
+    (tmp_path / "repo").mkdir()
+    log = tmp_path / "server.log"
+    limits = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, limits[1]))  # the server inherits it: no core file in the cwd
+    try:
+        with serving(tmp_path / "repo", log) as handle:
+            handle.process.send_signal(getattr(signal, signum))
+            handle.process.wait(60)
+            text = log.read_text(errors="replace")
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, limits)
+    found = CRASH.findall(text)
+    if signum == "SIGTERM":
+        assert found == [] and "Signal (15) received." in text, text[-2000:]
+    else:
+        assert found == [f"Signal ({getattr(signal, signum).value}) received."], text[-2000:]

@@ -10,7 +10,8 @@ tritonserver 2.51 (python_backend r24.10):
   dies: nothing on the server side tracks the open response factories, and the model can then never be
   unloaded.
 
-What it does, every `poll_s` (1 s): the server process exited -> restart it; a model's stub is dead
+What it does, every `poll_s` (1 s): the server process exited, or its log says it crashed (see CRASH) -> restart
+it; a model's stub is dead
 (/proc: gone or a zombie) -> a non-decoupled model is reloaded through the model-repository API (unload,
 then load: new instances, new stubs), a decoupled model gets a server restart (SIGKILL, which also ends the hung
 streams); every `canary_interval_s` one short request goes through the BLS (an llmapi repository: its one
@@ -49,6 +50,12 @@ UNHEALTHY = models.UNHEALTHY_STUB  # Triton's answer for a model whose stub is d
 LOADED = re.compile(r"successfully loaded '([^']+)'")
 UNLOADED = re.compile(r"successfully unloaded '([^']+)'")
 LIVE = re.compile(r"Timeout \d+: Found (\d+) live models")  # core src/server.cc, once a second while it stops
+# tritonserver's handler for SIGSEGV and SIGABRT (server src/triton_signal.cc, ErrorSignalHandler) writes this line
+# and a stack trace to stderr, then raises the signal again with its default action. Until the process is gone it
+# keeps its ports and answers nothing: a CI run saw the server abort in python_backend's
+# TRITONBACKEND_ModelInstanceExecute after a stub was killed mid-request, then stay alive for ten minutes while the
+# supervisor's model load waited on it. So the line itself is the crash: the server is killed and restarted at once.
+CRASH = re.compile(r"^Signal \((?:6|11)\) received\.$", re.MULTILINE)
 
 
 def lingering_only(before_stop: str, since_stop: str, stub_died: set[str]) -> str | None:
@@ -74,6 +81,32 @@ def lingering_only(before_stop: str, since_stop: str, stub_died: set[str]) -> st
 # A stub this young was started after the failure that named its instance (a reload or restart just made it): a
 # "not healthy" line read now is about its predecessor.
 FRESH_STUB_S = 5.0
+
+
+class LogFollower:
+    """What a log file gained since the last look (at most its last MiB); a file shorter than what was read is a
+    new one (each start rotates the server log), read from its start."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = Path(path), 0
+
+    def news(self) -> str:
+        try:
+            with open(self.path, "rb") as log:
+                end = log.seek(0, os.SEEK_END)
+                if end < self.offset:
+                    self.offset = 0
+                log.seek(max(self.offset, end - (1 << 20)))
+                text = log.read(end - log.tell()).decode(errors="replace")
+                self.offset = end
+        except OSError:
+            return ""
+        return text
+
+    def skip(self) -> None:
+        """What the file says up to now is already dealt with."""
+        with contextlib.suppress(OSError):
+            self.offset = self.path.stat().st_size
 
 
 @dataclass(frozen=True)
@@ -185,7 +218,8 @@ class Supervisor:
         self._restarts: list[float] = []
         self._canary_failed = 0
         self._serving = False  # the server is up and has been ready since its last start
-        self._log_offset = 0  # how far the server log has been read for unhealthy stubs
+        self._unhealthy_log = LogFollower(log_path)  # the server log, read for stubs Triton calls "not healthy"
+        self._crash_log = LogFollower(log_path)  # and for its crash line (CRASH)
         self._stub_died: set[str] = set()  # models whose stub died since this server started: an old instance may
         # linger (supervisor._lingering_only), whether or not its reload was done when the stop came
 
@@ -372,7 +406,8 @@ class Supervisor:
         self.metrics.add("specbuild_supervisor_server_starts_total")
         self.metrics.set("specbuild_supervisor_serving", 1)
         self._expected = self._live_instances()
-        self._serving, self._log_offset = True, 0
+        self._serving = True
+        self._unhealthy_log, self._crash_log = LogFollower(self.handle.log_path), LogFollower(self.handle.log_path)
         self._stub_died = set()  # a new server: no old instances linger
 
     # ---- watching --------------------------------------------------------------------------------
@@ -386,6 +421,9 @@ class Supervisor:
             process = self.handle.process
             if process is None or process.poll() is not None:
                 self._failed("tritonserver", "server_exited", self._exit_message(process))
+                self._restart("tritonserver", time.monotonic())
+            elif crash := self._crash_in_log():
+                self._failed("tritonserver", "server_crashed", crash)
                 self._restart("tritonserver", time.monotonic())
             elif procfs.stopped(process.pid):
                 self._failed(
@@ -437,22 +475,11 @@ class Supervisor:
 
     def _unhealthy_in_log(self) -> set[str]:
         """Instances Triton called "not healthy" in the server log lines written since the last look."""
-        try:
-            with open(self.handle.log_path, "rb") as log:
-                end = log.seek(0, os.SEEK_END)
-                if end < self._log_offset:  # a new log (a restart rotated it)
-                    self._log_offset = 0
-                log.seek(max(self._log_offset, end - (1 << 20)))
-                text = log.read(end - log.tell()).decode(errors="replace")
-                self._log_offset = end
-        except OSError:
-            return set()
-        return set(UNHEALTHY.findall(text))
+        return set(UNHEALTHY.findall(self._unhealthy_log.news()))
 
     def _skip_log(self) -> None:
-        """What the log says up to now is about processes already dealt with."""
-        with contextlib.suppress(OSError):
-            self._log_offset = self.handle.log_path.stat().st_size
+        """What the log says up to now about unhealthy stubs is about processes already dealt with."""
+        self._unhealthy_log.skip()
 
     def _live_instances(self) -> dict[str, str]:
         process = self.handle.process
@@ -491,6 +518,25 @@ class Supervisor:
     def _event(self, message: str, **fields: Any) -> None:
         self.events.append({"time": round(time.time(), 3), "message": message, **fields})
         self.log(f"supervisor: {message}")
+
+    def _crash_in_log(self) -> str | None:
+        """A message when the server log says, since the last look, that the server crashed (CRASH)."""
+        line = CRASH.search(self._crash_log.news())
+        if line is None:
+            return None
+        pid = self.handle.process.pid if self.handle.process is not None else "?"
+        return (
+            f"tritonserver (pid {pid}) crashed: its log says {line.group(0)!r} (its stack trace follows there): "
+            "killing it"
+        )
+
+    def _server_down(self) -> tuple[str, str] | None:
+        """(failure kind, message) when the server cannot answer any more: it exited, or its log says it crashed."""
+        process = self.handle.process
+        if process is None or process.poll() is not None:
+            return "server_exited", self._exit_message(process)
+        crash = self._crash_in_log()
+        return ("server_crashed", crash) if crash else None
 
     def _failed(self, model: str, kind: str, message: str) -> None:
         self.metrics.add("specbuild_supervisor_failures_total", model=model, kind=kind)
@@ -584,11 +630,40 @@ class Supervisor:
         changed; core src/model_repository_manager/model_lifecycle.cc, AsyncLoad), and the model fails
         every request already, so the short gap of an unload costs nothing."""
         instances = sorted(set(dead) | {i for i, m in self._expected.items() if m == model})
-        self.handle.model_control("unload", model)
-        self.handle.model_control("load", model)
+        self._while_up(f"unloading {model}", lambda: self.handle.model_control("unload", model))
+        timeout = self.settings.start_timeout_s  # a load is a start's work for one model
+        self._while_up(f"loading {model}", lambda: self.handle.model_control("load", model, timeout=timeout))
         if self._instances_live(instances):
             return "an unload and load"
         raise ServeError(f"no live stub for {', '.join(instances)} after unload and load")
+
+    def _while_up(self, what: str, call: Callable[[], None]) -> None:
+        """call() (a model-control request) in a thread, while the server is watched every poll_s: a server that
+        exits or crashes meanwhile never answers it, so the wait ends then, the failure counted, with a ServeError
+        (the caller restarts the server; the abandoned request ends with the killed server's connection). A call
+        that failed because the server went down counts the same way."""
+        done, failure = threading.Event(), []
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as err:  # re-raised in the caller's thread
+                failure.append(err)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"supervisor {what}", daemon=True).start()
+        while not done.wait(max(self.settings.poll_s, 0.05)):
+            if down := self._server_down():
+                break
+        else:
+            if not failure:
+                return
+            down = None if isinstance(failure[0], StopRequested) else self._server_down()
+            if down is None:  # refused by a server that still runs
+                raise failure[0]
+        self._failed("tritonserver", *down)
+        raise ServeError(f"{what} was cut short: tritonserver went down")
 
     def _instances_live(self, instances: list[str], wait_s: float = 3.0) -> bool:
         deadline = time.monotonic() + wait_s
