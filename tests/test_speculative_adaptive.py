@@ -97,6 +97,59 @@ def test_controller_measures_the_cost_ratio():
     assert expensive.alpha > 0.9 and expensive.choose() == 0
 
 
+def test_k_0_is_plain_decoding_at_speedup_1_whatever_the_speedup_function_says():
+    """K = 0 is the baseline the candidates are scored against, never a candidate: a 0 among them is dropped."""
+    says = lambda alpha, k, c: 5.0 - k  # noqa: E731  (a function that would rate K = 0 at 5)
+    assert best_k(0.5, 0.0, 2, speedup=says) == (1, 4.0)
+    assert best_k(0.5, 0.0, [0, 2], speedup=says) == (2, 3.0)
+
+
+def test_best_k_considers_k_1_from_a_list():
+    # alpha 0.5, c 0.2: K=1 1.5/1.2 = 1.25, K=2 1.75/1.4 = 1.25 (a tie: the smaller), K=3 1.875/1.6 = 1.17
+    assert best_k(0.5, 0.2, [3, 1])[0] == 1
+    assert best_k(0.5, 0.2, [1, 2, 3]) == (1, pytest.approx(1.25))
+
+
+def test_the_estimates_by_hand():
+    """alpha: the prior (0.8 over 4 trials) decayed by 0.9, plus a successes in a + 1 trials on a rejection (k on a
+    whole acceptance); c: the draft's seconds per token over the target's per step, each an EWMA (0.9 kept)."""
+    ctl = AdaptiveK(k_max=4)
+    ctl.update(4, 1)  # a rejection after one accepted token: 1 success in 2 trials
+    assert ctl.alpha == pytest.approx((0.9 * 3.2 + 1) / (0.9 * 4 + 2))
+    ctl.update(4, 4)  # all four accepted: 4 in 4
+    assert ctl.alpha == pytest.approx((0.9 * (0.9 * 3.2 + 1) + 4) / (0.9 * (0.9 * 4 + 2) + 4))
+    timed = AdaptiveK(k_max=4)
+    timed.update(2, 1, draft_seconds=0.2, target_seconds=1.0)  # the first figures are taken as they are
+    assert timed.c == pytest.approx(0.1)
+    timed.update(4, 1, draft_seconds=0.8, target_seconds=0.5)  # then 0.9 of the old and 0.1 of the new
+    assert timed.c == pytest.approx((0.9 * 0.1 + 0.1 * 0.2) / (0.9 * 1.0 + 0.1 * 0.5))
+    timed.update(4, 1)  # a step without timings changes neither
+    timed.update(0, 0)
+    assert timed.c == pytest.approx((0.9 * 0.1 + 0.1 * 0.2) / (0.9 * 1.0 + 0.1 * 0.5))
+
+
+def test_the_cost_ratio_needs_both_timings():
+    drafted = AdaptiveK(k_max=4)
+    drafted.update(2, 1, draft_seconds=0.2)  # no target time yet: c is not known
+    assert drafted.c == 0.0
+    verified = AdaptiveK(k_max=4)
+    verified.update(2, 1, target_seconds=0.5)  # no draft time yet
+    assert verified.c == 0.0
+
+
+def test_a_probe_is_k_1_and_never_above_k_max():
+    one = AdaptiveK(k_max=1, cost_ratio=0.9, probe_every=2)
+    one.update(1, 0)  # seen failing: K = 0
+    assert one.choose() == 0
+    one.update(0, 0)
+    one.update(0, 0)
+    assert one.choose() == 1  # two plain steps, then a probe with K = 1 = k_max
+    none = AdaptiveK(k_max=0, probe_every=1)
+    none.update(1, 0)  # a draft verified although the request's K is 0 (a shared controller)
+    none.update(0, 0)
+    assert none.choose() == 0  # no probe above k_max
+
+
 def test_controller_rejects_bad_settings():
     with pytest.raises(ValueError):
         AdaptiveK(k_max=-1)
