@@ -80,6 +80,14 @@ FILES = {
         "tests/test_runtime_contract.py",
         "tests/test_triton_configs.py",
     ],
+    "contract/build_rules.py": [
+        "tests/test_build_rules_units.py",
+        "tests/test_check_builder_rules.py",
+        "tests/test_build_argv.py",
+        "tests/test_check_memory.py",
+        "tests/test_quantization_registry.py",
+    ],
+    "speculative/shared_pool.py": ["tests/test_shared_pool.py", "tests/test_lookup_units.py"],
 }
 RESULT = re.compile(r"^\s*(specbuild\.[\w.]+):\s*(.+)$")
 

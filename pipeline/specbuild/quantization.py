@@ -50,7 +50,9 @@ class QuantFormat:
         if sm is None:
             return None
         if sm < self.min_sm:
-            return f"FP8 needs an SM{self.min_sm}+ GPU (Ada, Hopper or newer)"
+            generations = "Ada, Hopper or newer" if self.min_sm >= FP8_MIN_SM else "Ampere or newer"
+            what = "FP8" if self.min_sm >= FP8_MIN_SM else "it"
+            return f"{what} needs an SM{self.min_sm}+ GPU ({generations})"
         if sm in BLACKWELL_SM and self.blackwell == "refused":
             return "trtllm-build refuses INT8/INT4 weight-only and SmoothQuant on SM100-119"
         return None

@@ -75,8 +75,7 @@ QUANT_ALGO: dict[str, str | None] = {name: fmt.quant_algo for name, fmt in FORMA
 
 def spec_paged_context_fmha_loss(quantization: str, kv_cache: str, sm: int | None) -> str | None:
     """`paged_context_fmha_loss` for a spec's `quantization` / `kv_cache` names (what convert will write)."""
-    algo = QUANT_ALGO.get(quantization, quantization)
-    return paged_context_fmha_loss(algo, None if kv_cache == "none" else kv_cache, sm)
+    return paged_context_fmha_loss(QUANT_ALGO.get(quantization, quantization), kv_cache, sm)  # norm_algo reads "none"
 
 
 def fp8_kv_cache_keeps_paged_context_fmha(quantization: str, sm: int | None) -> bool:
@@ -114,15 +113,15 @@ def gpu_refusals(role: str, quantization: str, kv_cache: str, sm: int | None, gp
     The one gate check reports, convert refuses before any work and build refuses before printing or running
     trtllm-build (unknown GPU: only the rules that hold on every GPU).
     """
-    found = []
-    if sm is not None and sm < MIN_SM:
-        found.append(
+    if sm is not None and sm < MIN_SM:  # no format helps: each needs SM80+ too
+        return [
             GpuRefusal(
                 "gpu_too_old",
                 f"{gpu} is SM{sm}; draft/target speculative decoding in TensorRT-LLM needs SM{MIN_SM} or newer.",
                 "Use an Ampere-or-newer GPU.",
             )
-        )
+        ]
+    found = []
     fmt = FORMATS.get(quantization)
     why = fmt.refused_on(sm) if fmt is not None else None
     if why is not None:
