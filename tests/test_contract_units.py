@@ -187,3 +187,84 @@ def test_both_roles_must_declare_the_same_supported_logits_type(tmp_path):
     with pytest.raises(ValueError) as info:
         engine_logits(np.zeros(2), "bfloat16")
     assert str(info.value) == "logits dtype 'bfloat16' is not one of ['float16', 'float32']"
+
+
+def test_the_bls_parameters_as_triton_carries_them_and_back():
+    """Every value a string: booleans as true/false; read back with the BLS's spellings (1/true/yes, 0/false/no, any
+    case), a negative integer, a whole-string setting, and optional fields left as `${...}` or blank take defaults."""
+    from specbuild.contract.bls_params import BlsParameters
+    from specbuild.drafters import LookupSettings
+
+    record = BlsParameters(
+        max_draft_len=4, num_draft_tokens=2, max_input_len=8, max_output_len=9, tokenizer_dir="tok", overlap="auto"
+    )
+    written = record.to_parameters()
+    assert written["use_draft_logits"] == "false" and written["adaptive_draft_len"] == "true"
+    assert written["max_output_len"] == "9" and written["overlap"] == "auto" and written["tokenizer_dir"] == "tok"
+    assert BlsParameters.from_parameters(written) == record
+    for raw, value in (("1", True), ("TRUE", True), (" yes ", True), ("0", False), ("False", False), ("NO", False)):
+        assert BlsParameters.from_parameters({**written, "use_draft_logits": raw}).use_draft_logits is value
+    assert BlsParameters.from_parameters({**written, "max_queue_size": "-1"}).max_queue_size == -1
+    assert BlsParameters.from_parameters({**written, "tokenizer_dir": "  /a b/c  "}).tokenizer_dir == "/a b/c"
+    assert BlsParameters.from_parameters({**written, "overlap": "true"}).overlap is True
+    defaults = BlsParameters.from_parameters({**written, "drafter": "${drafter}", "max_queue_size": " "})
+    assert (defaults.drafter, defaults.max_queue_size) == (BlsParameters.drafter, BlsParameters.max_queue_size)
+    with pytest.raises(
+        ValueError, match=r"^model config parameter 'max_input_len' = '8\.5' is invalid: use an integer\.$"
+    ):
+        BlsParameters.from_parameters({**written, "max_input_len": "8.5"})
+    with pytest.raises(
+        ValueError, match=r"^model config parameter 'is_keep_all' = 'y' is invalid: use true or false\.$"
+    ):
+        BlsParameters.from_parameters({**written, "is_keep_all": "y"})
+    with pytest.raises(
+        ValueError,
+        match=r"^model config parameter 'tokenizer_dir' is required; regenerate the repository with `specbuild repo`\.$",
+    ):
+        BlsParameters.from_parameters({k: v for k, v in written.items() if k != "tokenizer_dir"})
+    from specbuild import drafters
+
+    with pytest.raises(ValueError) as refused:
+        BlsParameters.from_parameters({**written, "drafter": "psychic"})
+    assert str(refused.value) == (
+        f"model config parameter 'drafter' = 'psychic' is invalid: use one of {', '.join(drafters.NAMES)}."
+    )
+    with pytest.raises(ValueError, match="'max_queue_size' = 'X5' is invalid: use an integer"):
+        BlsParameters.from_parameters({**written, "max_queue_size": "X5"})
+    lookup = LookupSettings(max_matching_ngram_size=3, is_keep_all=False, is_use_oldest=False, pool_max_tokens=64)
+    carried = BlsParameters(
+        max_draft_len=4,
+        num_draft_tokens=2,
+        max_input_len=8,
+        max_output_len=9,
+        tokenizer_dir="t",
+        **BlsParameters.lookup_parameters(lookup),
+    )
+    assert carried.lookup() == lookup
+    assert BlsParameters.from_parameters(carried.to_parameters()).lookup() == lookup
+
+
+def test_config_pbtxt_text_its_parameters_and_the_last_defence_against_placeholders(monkeypatch):
+    import sys
+
+    from specbuild.contract import pbtxt
+    from specbuild.errors import SpecError
+
+    config = pbtxt.config_proto().ModelConfig(name="m", backend="python", max_batch_size=4)
+    config.parameters["k"].string_value = "v"
+    text = pbtxt.to_pbtxt(config)
+    assert pbtxt.parse_pbtxt(text) == config
+    assert pbtxt.parameter_values({"parameters": {"k": {"string_value": "v"}, "empty": None, "other": {}}}) == {
+        "k": "v",
+        "empty": "",
+        "other": "",
+    }
+    assert pbtxt.parameter_values({}) == {}
+    config.parameters["k"].string_value = "${engine_dir}"
+    with pytest.raises(SpecError, match=r"^the generated config of m contains a '\$\{' placeholder; this is a bug\.$"):
+        pbtxt.to_pbtxt(config)
+    monkeypatch.setitem(sys.modules, "tritonclient.grpc", None)  # not installed
+    with pytest.raises(
+        SpecError, match=r"^tritonclient is not installed, so Triton configs cannot be built\. Install "
+    ):
+        pbtxt.config_proto()

@@ -682,3 +682,95 @@ def test_a_model_control_call_refused_because_the_server_exited_counts_the_exit(
         sup._while_up("unloading m", refused)
     assert kinds(sup) == [("tritonserver", "server_exited")]
     assert sup.events[0]["message"].startswith("tritonserver exited with code -6 (SIGABRT)")
+
+
+def test_the_server_log_is_read_once_from_where_the_last_look_ended(tmp_path):
+    """Only what was written since (at most the last MiB); a shorter file is a new log, read from its start; bytes
+    that are not UTF-8 are replaced, not an error; no file, no news."""
+    log = tmp_path / "server.log"
+    follower = module.LogFollower(log)
+    assert follower.news() == ""
+    log.write_bytes(b"first\n")
+    assert follower.news() == "first\n"
+    assert follower.news() == ""
+    with open(log, "ab") as out:
+        out.write(b"second \xff\n")
+    assert follower.news() == "second \ufffd\n"
+    log.write_bytes(b"new\n")  # rotated: shorter than what was read
+    assert follower.news() == "new\n"
+    log.write_bytes(b"x" * 10 + b"y" * (1 << 20))
+    assert follower.news() == "y" * (1 << 20)
+    with open(log, "ab") as out:
+        out.write(b"z")
+    follower.skip()
+    assert follower.news() == ""
+
+
+def test_a_crash_seen_with_no_server_process_names_no_pid(tmp_path, monkeypatch):
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    sup.handle.process = None
+    with open(tmp_path / "server.log", "a") as log:
+        log.write(CRASH_LOG)
+    assert sup._crash_in_log().startswith("tritonserver (pid ?) crashed: ")
+
+
+def test_a_reload_cut_short_in_its_unload_says_so(tmp_path, monkeypatch):
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+
+    def control(action, model, timeout=600.0):
+        calls.append((action, model))
+        world.exit_code = -signal.SIGKILL
+        raise module.ServeError(f"{action} of {model} failed: Connection refused")
+
+    sup.handle.model_control = control
+    world.alive.discard("m_0_0")
+    one_look(sup)
+    assert calls == [("unload", "m"), ("stop", False), ("start",)]
+    assert sup.events[2]["message"] == "reloading m did not help (unloading m was cut short: tritonserver went down)"
+
+
+def test_an_abandoned_model_control_request_never_holds_serve_at_exit(tmp_path, monkeypatch):
+    """The request left waiting on a server that went down runs in a daemon thread, named for what it does."""
+    import threading
+
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    released = threading.Event()
+
+    def hangs():
+        world.exit_code = -signal.SIGABRT
+        released.wait(60)
+
+    try:
+        with pytest.raises(module.ServeError):
+            sup._while_up("loading m", hangs)
+        waiting = [t for t in threading.enumerate() if t.name == "supervisor loading m"]
+        assert len(waiting) == 1 and waiting[0].daemon
+    finally:
+        released.set()
+
+
+def test_a_model_with_several_dead_instances_names_each(tmp_path, monkeypatch):
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.stubs["m_1_0"] = procfs.Stub(12, "m_1_0", "m", "r")
+    sup._expected["m_1_0"] = "m"
+    world.alive -= {"m_0_0", "m_1_0"}
+    sup.handle.model_control = lambda action, model, timeout=600.0: calls.append((action, model))  # nothing back
+    one_look(sup)
+    assert sup.events[0]["message"] == "the Python backend stub of m (m_0_0, m_1_0) died"
+    assert sup.events[1]["message"] == (
+        "reloading m did not help (no live stub for m_0_0, m_1_0 after unload and load)"
+    )
+
+
+@pytest.mark.parametrize("error", [ProcessLookupError, PermissionError])
+def test_a_hung_stub_that_cannot_be_signalled_is_still_recovered(tmp_path, monkeypatch, error):
+    """Gone before the kill (ProcessLookupError) or not ours to kill (PermissionError): the recovery goes on."""
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.frozen.add(11)
+
+    def refuse(pid, sig):
+        raise error()
+
+    monkeypatch.setattr(module.os, "kill", refuse)
+    one_look(sup)
+    assert ("unload", "m") in calls and ("load", "m") in calls

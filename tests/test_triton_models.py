@@ -281,27 +281,50 @@ def test_parameters_read_without_fallback_fail_the_load_with_the_backends_messag
             match=f"^unexpected error when creating modelInstanceState: Cannot find parameter with name: {key}$",
         ):
             BackendParams(backend_config(tmp_path, **{key: None})).check_required(resolve)
+    wrapped = "unexpected error when creating modelInstanceState: "
+    empty = wrapped + "Both encoder and decoder model paths are empty ("
+    fix = ": build the engines with `specbuild build`, or fix the path with `specbuild repo`)"
     for changes, message in (
-        ({"gpt_model_type": "static"}, "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching."),
-        ({"gpt_model_path": None}, "Both encoder and decoder model paths are empty"),
-        ({"gpt_model_path": str(tmp_path / "missing")}, "Both encoder and decoder model paths are empty"),
+        (
+            {"gpt_model_type": "static"},
+            wrapped + "Invalid gpt_model_type. Must be v1/inflight_batching/inflight_fused_batching.",
+        ),
+        ({"gpt_model_path": None}, empty + "gpt_model_path is not set" + fix),
+        ({"gpt_model_path": ""}, empty + "gpt_model_path is not set" + fix),
+        (
+            {"gpt_model_path": str(tmp_path / "missing")},
+            empty + f"gpt_model_path {str(tmp_path / 'missing')!r} does not exist" + fix,
+        ),
         (
             {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": str(tmp_path / "no.json")},
-            "Xgrammar's tokenizer info path at",
+            wrapped + f"Xgrammar's tokenizer info path at {tmp_path / 'no.json'} does not exist.",
         ),
         (
             {"guided_decoding_backend": "outlines", "xgrammar_tokenizer_info_path": str(tmp_path)},
-            "Guided decoding is currently supported with 'xgrammar' backend.",
+            wrapped + "Guided decoding is currently supported with 'xgrammar' backend. Invalid "
+            "guided_decoding_backend parameter provided.",
+        ),
+        (
+            {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": str(tmp_path)},
+            "guided decoding (guided_decoding_backend = xgrammar) is not supported by the reference model; leave "
+            "guided_decoding_backend empty, or serve with the tensorrtllm backend.",
         ),
     ):
-        with pytest.raises(ModelLoadError, match=re.escape(message)):
+        with pytest.raises(ModelLoadError, match="^" + re.escape(message) + "$"):
             BackendParams(backend_config(tmp_path, **changes)).check_required(resolve)
-    with pytest.raises(ModelLoadError, match="doesn't have a parameters section"):
+    with pytest.raises(ModelLoadError, match=f"^{wrapped}Model config doesn't have a parameters section$"):
         BackendParams({})
-    # placeholders and empty values mean "not set", as in NVIDIA's template
+    valueless = BackendParams({"parameters": {"gpt_model_type": {}}})  # a parameter with no string_value
+    assert valueless.string("gpt_model_type") == ""
+    # placeholders and empty values mean "not set", as in NVIDIA's template, for either parameter
     BackendParams(
         backend_config(
             tmp_path, guided_decoding_backend="${guided_decoding_backend}", xgrammar_tokenizer_info_path="/nowhere"
+        )
+    ).check_required(resolve)
+    BackendParams(
+        backend_config(
+            tmp_path, guided_decoding_backend="outlines", xgrammar_tokenizer_info_path="${xgrammar_tokenizer_info_path}"
         )
     ).check_required(resolve)
 
