@@ -92,13 +92,23 @@ FILES = {
     "contract/backend_params.py": ["tests/test_triton_models.py", "tests/test_triton_configs.py"],
     "contract/pbtxt.py": ["tests/test_triton_configs.py", "tests/test_contract_units.py"],
     "contract/serving_gate.py": [
+        "tests/test_serving_gate_units.py",
         "tests/test_triton_lifecycle_units.py",
         "tests/test_drain_decisions.py",
         "tests/test_llmapi_contract.py",
         "tests/test_llmapi_answered.py",
         "tests/test_triton_configs.py",
     ],
-    "contract/watched_request.py": ["tests/test_llmapi_answered.py", "tests/test_triton_lifecycle_units.py"],
+    "contract/executor.py": [
+        "tests/test_executor_rules_units.py",
+        "tests/test_runtime_contract.py",
+        "tests/test_contract_units.py",
+    ],
+    "contract/watched_request.py": [
+        "tests/test_serving_gate_units.py",
+        "tests/test_llmapi_answered.py",
+        "tests/test_triton_lifecycle_units.py",
+    ],
 }
 RESULT = re.compile(r"^\s*(specbuild\.[\w.]+):\s*(.+)$")
 
