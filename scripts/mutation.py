@@ -104,6 +104,17 @@ FILES = {
         "tests/test_runtime_contract.py",
         "tests/test_contract_units.py",
     ],
+    "contract/llmapi.py": [
+        "tests/test_llmapi_contract.py",
+        "tests/test_llmapi_protocol.py",
+        "tests/test_llmapi_probe.py",
+        "tests/test_llmapi_answered.py",
+        "tests/test_llmapi_convert.py",
+        "tests/test_llmapi_docker.py",
+        "tests/test_llmapi_trtllm_serve.py",
+        "tests/test_quantization_registry.py",
+        "tests/test_session.py",
+    ],
     "contract/watched_request.py": [
         "tests/test_serving_gate_units.py",
         "tests/test_llmapi_answered.py",

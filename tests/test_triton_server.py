@@ -350,3 +350,43 @@ def test_the_crash_line_the_supervisor_reads_is_what_tritonserver_writes(tmp_pat
         assert found == [] and "Signal (15) received." in text, text[-2000:]
     else:
         assert found == [f"Signal ({getattr(signal, signum).value}) received."], text[-2000:]
+
+
+def test_a_stubs_crash_writes_no_crash_line(tmp_path):
+    """A Python backend stub that segfaults is a dead stub (a model reload), not a crashed server: the stub writes
+    nothing the supervisor reads as the server's crash line, and the server lives on."""
+    import os
+    import resource
+    import signal
+    import time
+
+    from specbuild.triton import procfs
+    from specbuild.triton.supervisor import CRASH
+
+    model = tmp_path / "repo" / "echo"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(
+        'name: "echo"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+    )
+    (model / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+    )
+    log = tmp_path / "server.log"
+    limits = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, limits[1]))
+    try:
+        with serving(tmp_path / "repo", log) as handle:
+            (stub,) = procfs.python_stubs(handle.process.pid)
+            os.kill(stub.pid, signal.SIGSEGV)
+            deadline = time.monotonic() + 30
+            while procfs.alive(stub.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)  # anything the stub or the server writes about it
+            assert not procfs.alive(stub.pid) and handle.process.poll() is None
+            text = log.read_text(errors="replace")
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, limits)
+    assert CRASH.findall(text) == [], text[-2000:]
