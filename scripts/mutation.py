@@ -110,7 +110,6 @@ FILES = {
         "tests/test_llmapi_probe.py",
         "tests/test_llmapi_answered.py",
         "tests/test_llmapi_convert.py",
-        "tests/test_llmapi_docker.py",
         "tests/test_llmapi_trtllm_serve.py",
         "tests/test_quantization_registry.py",
         "tests/test_session.py",

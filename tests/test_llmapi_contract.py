@@ -242,3 +242,19 @@ def test_the_stand_in_refuses_an_ngram_config_the_release_refuses():
         validate_args({**base, "speculative_config": {**ngram, "max_draft_len": 0}})
     with pytest.raises(LlmArgsError, match="max_matching_ngram_size: Input should be greater than 0"):
         validate_args({**base, "speculative_config": {**ngram, "max_matching_ngram_size": 0}})
+
+
+@pytest.mark.parametrize(
+    ("inputs", "mine"),
+    [
+        (["text_input", "sampling_param_max_tokens", "streaming"], True),
+        (["text_input"], False),  # the BLS's and the ensemble's text input, without the LLM API's token bound
+        (["sampling_param_max_tokens"], False),
+        (["input_ids", "input_lengths", "request_output_len"], False),  # the engine path's tensorrt_llm
+        ([], False),
+    ],
+)
+def test_a_model_config_is_the_llmapi_models_by_its_two_inputs(inputs, mine):
+    config = {"name": "tensorrt_llm", "input": [{"name": name, "data_type": "TYPE_STRING"} for name in inputs]}
+    assert contract.is_llmapi_config(config) is mine
+    assert contract.is_llmapi_config(None) is False and contract.is_llmapi_config({}) is False

@@ -384,13 +384,6 @@ QUANTIZATIONS = tuple(name for name, fmt in FORMATS.items() if fmt.llmapi)  # sp
 KV_CACHE_DTYPES = ("none", "fp8")
 
 
-def tensor(name: str) -> Tensor:
-    for t in (*INPUTS, *OUTPUTS):
-        if t.name == name:
-            return t
-    raise KeyError(name)
-
-
 def unknown_llm_args(args: dict, spelling: str = "pinned") -> list[str]:
     """Keys of an LLM-arguments mapping (model.yaml minus triton_config) that the pinned release rejects,
     as dotted paths, nested tables included; with the later spelling (SPELLINGS), its draft model key is a field."""
