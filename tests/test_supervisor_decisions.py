@@ -774,3 +774,77 @@ def test_a_hung_stub_that_cannot_be_signalled_is_still_recovered(tmp_path, monke
     monkeypatch.setattr(module.os, "kill", refuse)
     one_look(sup)
     assert ("unload", "m") in calls and ("load", "m") in calls
+
+
+def test_serve_runs_the_canary_by_default_and_hands_its_answers_on(tmp_path, monkeypatch):
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    asked = []
+    monkeypatch.setattr(module, "canary", lambda handle: asked.append(handle) or {"m": "an answer"})
+    ready = []
+    sup.serve(ready.append, once=True)
+    assert asked == [sup.handle] and ready == [{"m": "an answer"}]
+
+
+def test_serve_starts_within_its_timeout_or_the_settings(tmp_path, monkeypatch):
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, start_timeout_s=45.0)
+    started = []
+    fake_start = sup._start
+    sup._start = lambda timeout: started.append(timeout) or fake_start(timeout)
+    sup.serve(lambda answers: None, once=True, canary_models=False, timeout=7.0)
+    sup.serve(lambda answers: None, once=True, canary_models=False)
+    assert started == [7.0, 45.0]
+
+
+@pytest.mark.parametrize("supervise", [True, False])
+def test_until_is_watched_only_with_once(tmp_path, monkeypatch, supervise):
+    """`once` with `until`: supervised (or not) until it holds; `until` without `once` means nothing: serve waits for a
+    signal; `once` alone returns at once. The outcome says which stop it was."""
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, enabled=supervise)
+    waited = []
+    if supervise:
+        sup.watch = waited.append
+    else:
+        sup._wait_unsupervised = waited.append
+    until = lambda: True  # noqa: E731
+    assert sup.serve(lambda answers: None, once=True, canary_models=False, until=until)["stopped_by"] == "once"
+    assert sup.serve(lambda answers: None, canary_models=False, until=until)["stopped_by"] == "signal"
+    assert sup.serve(lambda answers: None, once=True, canary_models=False)["stopped_by"] == "once"
+    assert waited == [until, None]
+    assert sup._interruptible is False and sup._serving is False  # serve's own state, reset when it ends
+
+
+def test_an_unclean_stop_says_why_from_the_log_or_the_drain(tmp_path, monkeypatch):
+    from specbuild.errors import ServeError
+    from specbuild.triton.drain import DrainResult
+    from specbuild.triton.server import StopResult
+
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.stop_result = StopResult(1, 30.4567)
+    sup.handle.stop_diagnosis = lambda: "tritonserver waited for models to unload (1 live models)"
+    with pytest.raises(ServeError) as error:
+        sup.serve(lambda answers: None, once=True, canary_models=False)
+    assert str(error.value) == (
+        "tritonserver did not stop cleanly: it exited with code 1 after 30.5 s (--exit-timeout-secs="
+        f"{sup.handle.opts.exit_timeout_s}). tritonserver waited for models to unload (1 live models). See the server "
+        f"log: {sup.handle.log_path}"
+    )
+    sup.handle.stop_diagnosis = lambda: ""
+    failed = DrainResult(["m"], 1.0, 1, None, "error", "the drain's own error")
+    sup.drain = lambda: failed
+    with pytest.raises(ServeError) as error:
+        sup.serve(lambda answers: sigterm(), canary_models=False)
+    assert f"(--exit-timeout-secs={sup.handle.opts.exit_timeout_s}). {failed.describe()}. See the server" in str(
+        error.value
+    )
+    sup.drain = lambda: _drained()
+    with pytest.raises(ServeError) as error:
+        sup.serve(lambda answers: sigterm(), canary_models=False)
+    assert f"(--exit-timeout-secs={sup.handle.opts.exit_timeout_s}). See the server log" in str(error.value)
+
+
+def test_the_stops_seconds_are_rounded_to_hundredths(tmp_path, monkeypatch):
+    from specbuild.triton.server import StopResult
+
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.stop_result = StopResult(0, 2.3456)
+    assert sup.serve(lambda answers: None, once=True, canary_models=False)["stop"]["seconds"] == 2.35
