@@ -175,22 +175,19 @@ class Served:
         it: the stub's (its reload cut short). Records the metrics the path counts."""
         crashed = self.said_in_this_test("crashed: its log says 'Signal (")
         assert crashed or self.said_in_this_test("supervisor: tritonserver exited with code"), self.tail()
+        restarted_for = "tritonserver"
         if self.said_in_this_test(f"supervisor: the Python backend stub of {model} ({model}_0_0) died"):
             self.expected[f'specbuild_supervisor_failures_total{{kind="stub_died",model="{model}"}}'] += 1
-            self.expected[f'specbuild_supervisor_recoveries_total{{action="restart",model="{model}"}}'] += 1
-            kind = "server_crashed" if crashed else "server_exited"
-            self.expected[f'specbuild_supervisor_failures_total{{kind="{kind}",model="tritonserver"}}'] += 1
-            self.expected["specbuild_supervisor_server_starts_total"] += 1
-        elif crashed:
-            self.expected['specbuild_supervisor_failures_total{kind="server_crashed",model="tritonserver"}'] += 1
-            self.expected['specbuild_supervisor_recoveries_total{action="restart",model="tritonserver"}'] += 1
-            self.expected["specbuild_supervisor_server_starts_total"] += 1
-        else:
-            self.server_exited()
+            restarted_for = model
+        self.server_down("server_crashed" if crashed else "server_exited", restarted_for)
 
     def server_exited(self) -> None:
-        self.expected['specbuild_supervisor_failures_total{kind="server_exited",model="tritonserver"}'] += 1
-        self.expected['specbuild_supervisor_recoveries_total{action="restart",model="tritonserver"}'] += 1
+        self.server_down("server_exited", "tritonserver")
+
+    def server_down(self, kind: str, restarted_for: str) -> None:
+        """The metrics of a server that went down (`kind`) and its restart, counted for `restarted_for`."""
+        self.expected[f'specbuild_supervisor_failures_total{{kind="{kind}",model="tritonserver"}}'] += 1
+        self.expected[f'specbuild_supervisor_recoveries_total{{action="restart",model="{restarted_for}"}}'] += 1
         self.expected["specbuild_supervisor_server_starts_total"] += 1
 
     def said_in_this_test(self, text: str) -> bool:

@@ -9,6 +9,7 @@ shutdown leaves no process.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -324,27 +325,34 @@ def test_a_model_that_cannot_load_fails_fast_with_the_log(deployment, tmp_path):
     assert handle.process is None
 
 
+@contextlib.contextmanager
+def no_core_files():
+    """Core dumps off for what starts inside (the server inherits the limit): a crash leaves no core in the cwd."""
+    import resource
+
+    limits = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, limits[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, limits)
+
+
 @pytest.mark.parametrize("signum", ["SIGABRT", "SIGSEGV", "SIGTERM"])
 def test_the_crash_line_the_supervisor_reads_is_what_tritonserver_writes(tmp_path, signum):
     """The supervisor kills and restarts a server whose log says it crashed, before the process is gone
     (supervisor.CRASH): the words must be the real binary's, for the two signals its crash handler takes, and
     SIGTERM's graceful stop must not read as one."""
-    import resource
     import signal
 
     from specbuild.triton.supervisor import CRASH
 
     (tmp_path / "repo").mkdir()
     log = tmp_path / "server.log"
-    limits = resource.getrlimit(resource.RLIMIT_CORE)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, limits[1]))  # the server inherits it: no core file in the cwd
-    try:
-        with serving(tmp_path / "repo", log) as handle:
-            handle.process.send_signal(getattr(signal, signum))
-            handle.process.wait(60)
-            text = log.read_text(errors="replace")
-    finally:
-        resource.setrlimit(resource.RLIMIT_CORE, limits)
+    with no_core_files(), serving(tmp_path / "repo", log) as handle:
+        handle.process.send_signal(getattr(signal, signum))
+        handle.process.wait(60)
+        text = log.read_text(errors="replace")
     found = CRASH.findall(text)
     if signum == "SIGTERM":
         assert found == [] and "Signal (15) received." in text, text[-2000:]
@@ -356,7 +364,6 @@ def test_a_stubs_crash_writes_no_crash_line(tmp_path):
     """A Python backend stub that segfaults is a dead stub (a model reload), not a crashed server: the stub writes
     nothing the supervisor reads as the server's crash line, and the server lives on."""
     import os
-    import resource
     import signal
     import time
 
@@ -375,21 +382,16 @@ def test_a_stubs_crash_writes_no_crash_line(tmp_path):
         "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
     )
     log = tmp_path / "server.log"
-    limits = resource.getrlimit(resource.RLIMIT_CORE)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, limits[1]))
-    try:
-        with serving(tmp_path / "repo", log) as handle:
-            (stub,) = procfs.python_stubs(handle.process.pid)
-            os.kill(stub.pid, signal.SIGSEGV)
-            deadline = time.monotonic() + 30
-            while procfs.alive(stub.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(1.0)  # anything the stub or the server writes about it
-            assert not procfs.alive(stub.pid)
-            server_runs = handle.process.poll() is None
-            text = log.read_text(errors="replace")
-    finally:
-        resource.setrlimit(resource.RLIMIT_CORE, limits)
+    with no_core_files(), serving(tmp_path / "repo", log) as handle:
+        (stub,) = procfs.python_stubs(handle.process.pid)
+        os.kill(stub.pid, signal.SIGSEGV)
+        deadline = time.monotonic() + 30
+        while procfs.alive(stub.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # anything the stub or the server writes about it
+        assert not procfs.alive(stub.pid)
+        server_runs = handle.process.poll() is None
+        text = log.read_text(errors="replace")
     # Where tritonserver itself goes down with a stub (one CI machine, for stubs killed during a request) a crash
     # line would be the server's own; here, and wherever the server lives on, there must be none.
     assert not server_runs or CRASH.findall(text) == [], text[-2000:]

@@ -49,10 +49,10 @@ class QuantFormat:
         """Why trtllm-build cannot build this format for an SM`sm` GPU, or None (unknown GPU: None)."""
         if sm is None:
             return None
+        if sm < self.min_sm and self.min_sm >= FP8_MIN_SM:
+            return f"FP8 needs an SM{self.min_sm}+ GPU (Ada, Hopper or newer)"
         if sm < self.min_sm:
-            generations = "Ada, Hopper or newer" if self.min_sm >= FP8_MIN_SM else "Ampere or newer"
-            what = "FP8" if self.min_sm >= FP8_MIN_SM else "it"
-            return f"{what} needs an SM{self.min_sm}+ GPU ({generations})"
+            return f"it needs an SM{self.min_sm}+ GPU (Ampere or newer)"
         if sm in BLACKWELL_SM and self.blackwell == "refused":
             return "trtllm-build refuses INT8/INT4 weight-only and SmoothQuant on SM100-119"
         return None

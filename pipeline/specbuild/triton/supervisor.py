@@ -218,8 +218,7 @@ class Supervisor:
         self._restarts: list[float] = []
         self._canary_failed = 0
         self._serving = False  # the server is up and has been ready since its last start
-        self._unhealthy_log = LogFollower(log_path)  # the server log, read for stubs Triton calls "not healthy"
-        self._crash_log = LogFollower(log_path)  # and for its crash line (CRASH)
+        self._follow_new_log()
         self._stub_died: set[str] = set()  # models whose stub died since this server started: an old instance may
         # linger (supervisor._lingering_only), whether or not its reload was done when the stop came
 
@@ -407,8 +406,14 @@ class Supervisor:
         self.metrics.set("specbuild_supervisor_serving", 1)
         self._expected = self._live_instances()
         self._serving = True
-        self._unhealthy_log, self._crash_log = LogFollower(self.handle.log_path), LogFollower(self.handle.log_path)
+        self._follow_new_log()
         self._stub_died = set()  # a new server: no old instances linger
+
+    def _follow_new_log(self) -> None:
+        """The server log, read from its start (each start writes a new one): for the stubs Triton calls "not
+        healthy", and, with a follower of its own, for the crash line (CRASH)."""
+        self._unhealthy_log = LogFollower(self.handle.log_path)
+        self._crash_log = LogFollower(self.handle.log_path)
 
     # ---- watching --------------------------------------------------------------------------------
     def watch(self, until: Callable[[], bool] | None = None) -> None:
@@ -419,11 +424,8 @@ class Supervisor:
         probe: CanaryProbe | None = None
         while not self._stop.wait(self.settings.poll_s) and not (until is not None and until()):
             process = self.handle.process
-            if process is None or process.poll() is not None:
-                self._failed("tritonserver", "server_exited", self._exit_message(process))
-                self._restart("tritonserver", time.monotonic())
-            elif crash := self._crash_in_log():
-                self._failed("tritonserver", "server_crashed", crash)
+            if down := self._server_down():  # exited, or its log says it crashed
+                self._failed("tritonserver", *down)
                 self._restart("tritonserver", time.monotonic())
             elif procfs.stopped(process.pid):
                 self._failed(
