@@ -65,6 +65,13 @@ FILES = {
         "--deselect",
         "tests/test_speculative_overlap.py::test_overlapped_output_matches_the_target_distribution_and_a_seed_bug_is_caught",
     ],
+    "speculative/loop.py": _SPECULATIVE_TESTS,
+    "speculative/overlap.py": [
+        *_SPECULATIVE_TESTS,
+        "tests/test_speculative_overlap.py",
+        "--deselect",
+        "tests/test_speculative_overlap.py::test_overlapped_output_matches_the_target_distribution_and_a_seed_bug_is_caught",
+    ],
     "triton/models/target_retry.py": ["tests/test_target_retry.py"],
     "triton/models/bls_request.py": ["tests/test_bls_request.py", "tests/test_request_rules.py"],
     "triton/supervisor.py": ["tests/test_supervisor_decisions.py", "tests/test_triton_lifecycle_units.py"],
@@ -119,6 +126,7 @@ FILES = {
         "tests/test_llmapi_answered.py",
         "tests/test_triton_lifecycle_units.py",
     ],
+    "contract/tensors.py": ["tests/test_triton_configs.py", "tests/test_contract_units.py"],
 }
 RESULT = re.compile(r"^\s*(specbuild\.[\w.]+):\s*(.+)$")
 

@@ -471,6 +471,11 @@ def test_the_bls_final_response_is_one_table_sent_and_read():
     assert client._stats({name: array for name, array in arrays.items()})["speculation_stats"] == {"k": {"k": 2}}
     with pytest.raises(ValueError, match="missing"):
         tensors.final_values({"finish_reason": "stop"})
+    with pytest.raises(ValueError, match=r"unknown \['draft_tokens'\], missing \[\]"):
+        tensors.final_values({**values, "draft_tokens": 3})
+    empty = tensors.final_values({**values, "output_ids": [], "stop_reason": b"</s>", "finish_reason": "length"})
+    assert empty["output_ids"].shape == (1, 0) and empty["stop_reason"].tolist() == [[b"</s>"]]
+    assert empty["finish_reason"].tolist() == [[b"length"]] and empty["speculation_stats"].shape == (1, 1)
 
 
 def test_the_bls_reads_back_the_record_repo_wrote(tmp_path):

@@ -272,7 +272,5 @@ def final_values(values: dict[str, object]) -> dict[str, object]:
             value = json.dumps(value)
         if tensor.dtype == "TYPE_STRING":
             value = value.encode("utf-8") if isinstance(value, str) else value
-        arrays[name] = np.array([value if tensor.dims == (-1,) else [value]], dtype=NUMPY_DTYPES[tensor.dtype]).reshape(
-            1, -1
-        )
+        arrays[name] = np.array(value, dtype=NUMPY_DTYPES[tensor.dtype]).reshape(1, -1)  # a list or one value
     return arrays
