@@ -139,6 +139,18 @@ def test_derived_seeds_are_distinct_per_step_and_role_and_fit_64_bits():
     assert len(seeds) == 400
     assert all(0 <= s < 2**63 for s in seeds)
     assert derive_seed(42, 3, VERIFIER) == derive_seed(42, 3, VERIFIER) != derive_seed(43, 3, VERIFIER)
+    # All 63 bits carry the hash: the top one and the lowest one are each set in about half the seeds.
+    assert 150 < sum(s >> 62 for s in seeds) < 250 and 150 < sum(s & 1 for s in seeds) < 250
+    assert 150 < sum(s >> 32 & 1 for s in seeds) < 250  # the first word's lowest bit lands at bit 32, not 33
+
+
+def test_the_seed_derivation_is_the_documented_one():
+    """A seeded request's text depends on each call's derived seed, on every path (in process, the BLS, the draft's
+    child): the derivation is derive_seed's docstring, SeedSequence([seed, step, role]) read as two 32-bit words,
+    the first the high one, cut to 63 bits. Changing it changes every seeded output, which is a release note."""
+    for seed, step, role in [(0, 0, DRAFTER), (42, 3, VERIFIER), (2**40 + 7, 1000, DRAFTER)]:
+        words = np.random.SeedSequence([seed, step, role]).generate_state(2, np.uint32).astype(">u4")
+        assert derive_seed(seed, step, role) == int(words.view(">u8")[0]) % 2**63
 
 
 def test_each_call_gets_its_derived_seed_and_greedy_passes_sampling_through():
@@ -209,6 +221,14 @@ def test_stop_sequence_earliest_match_wins_and_prompt_is_not_matched():
     script = [7, 1, 2, 3, 4]  # PROMPT ends with 7: [7, 7] only matches if the prompt counted
     result, _, _ = script_run(script, script, k=4, stops=[[7, 7], [2, 3, 4], [1, 2]])
     assert (result.tokens, result.finish_reason) == ([7, 1, 2], "stop")
+
+
+def test_a_stop_sequence_that_is_the_whole_output_so_far_stops():
+    script = [1, 2, 3, 4, 5, 6, 7, 8]
+    result, _, _ = script_run(script, script, k=4, stops=[[1, 2]])
+    assert (result.tokens, result.finish_reason) == ([1, 2], "stop")
+    result, _, _ = script_run(script, script, k=0, stops=[[1]])
+    assert (result.tokens, result.finish_reason) == ([1], "stop")
 
 
 def test_stop_on_the_last_budget_token_reports_stop():
@@ -308,6 +328,10 @@ def test_drafter_returning_a_distribution_per_token_too_many_or_a_negative_id_is
     request = GenerationRequest(max_tokens=5, num_draft_tokens=2)
     with pytest.raises(GenerationError, match=r"returned probs of shape \(3, 12\) for 2 tokens"):
         run(PROMPT, ExtraRow([], 2), ScriptVerifier([1] * 9, 2), request)
+    with pytest.raises(
+        GenerationError, match=r": it must return one distribution per drafted token \(\[k, vocab\]\) or None\.$"
+    ):
+        run(PROMPT, ExtraRow([], 2), ScriptVerifier([1] * 9, 2), request)
     with pytest.raises(GenerationError, match=r"the drafter returned \[1, -1\] for k = 2"):
         run(PROMPT, Negative([], 2), ScriptVerifier([1] * 9, 2), request)
 
@@ -329,7 +353,11 @@ def test_verifier_breaking_the_contract_is_an_error(verification):
         def verify(self, tokens, draft, sampling):
             return verification
 
-    with pytest.raises(GenerationError, match="accepted draft prefix plus exactly one token"):
+    with pytest.raises(
+        GenerationError, match=r"accepted draft prefix plus exactly one token \(include end_id as that "
+    ):
+        run(PROMPT, ScriptDrafter([1, 2, 3, 4], 2), Broken(), GenerationRequest(max_tokens=9, num_draft_tokens=4))
+    with pytest.raises(GenerationError, match=r"token \(include end_id as that token when the target ends\)\.$"):
         run(PROMPT, ScriptDrafter([1, 2, 3, 4], 2), Broken(), GenerationRequest(max_tokens=9, num_draft_tokens=4))
 
 
@@ -406,3 +434,20 @@ def test_any_of_several_end_ids_ends_the_request_and_is_not_emitted():
         assert result.tokens == [1, 2] and result.finish_reason == "eos", k
     with pytest.raises(RequestError, match="end_id = -3 is invalid"):
         GenerationRequest(max_tokens=2, end_id=EOS, other_end_ids=(-3,)).validate()
+
+
+def test_run_returns_a_plain_result_and_passes_its_controller_and_guide_on():
+    """run(): the tokens, the finish reason and the stats as one dict (the CLI's --json); the controller it is given is
+    the one the loop updates (the request's own would be a fresh one); a guide reaches generate, which refuses a verifier that cannot step banning tokens."""
+    from specbuild.speculative.adaptive import AdaptiveK
+
+    script = [1, 2, 3, 4, 5, 6]
+    request = GenerationRequest(max_tokens=6, num_draft_tokens=4, adaptive=True, cost_ratio=0.1)
+    controller = AdaptiveK(4, cost_ratio=0.1)
+    result = run(PROMPT, ScriptDrafter(script, 2), ScriptVerifier(script, 2), request, controller)
+    assert result.to_dict() == {"tokens": script, "finish_reason": "length", "stats": result.stats.to_dict()}
+    assert controller.alpha > 0.8  # its prior: every draft token was accepted
+    with pytest.raises(GenerationError, match="a guided request needs a verifier that can step with banned tokens"):
+        run(
+            PROMPT, ScriptDrafter(script, 2), ScriptVerifier(script, 2), GenerationRequest(max_tokens=6), guide=object()
+        )
