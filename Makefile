@@ -30,10 +30,11 @@ demo: setup
 
 # Two workers (pytest-xdist), a test file's tests on one worker (their module's server is started once): the suite
 # spends more time waiting on servers than computing, so two workers on two cores take about 0.75x the time of
-# one. `make test TEST_WORKERS=0` runs it in one process.
+# one. Files go out in collection order, where tests/conftest.py puts those with a slow test first (xdist's own order,
+# most tests first, left the one-test soak for the end). `make test TEST_WORKERS=0` runs it in one process.
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # ruff over the whole tree (its settings: pyproject.toml [tool.ruff]); `make format` rewrites what `make lint` refuses
 lint: setup

@@ -49,6 +49,11 @@ _SPECULATIVE_TESTS = [
     "tests/test_request_rules.py",
     "tests/test_drafters.py",
 ]
+_OVERLAP_TESTS = [
+    "tests/test_speculative_overlap.py",
+    "--deselect",
+    "tests/test_speculative_overlap.py::test_overlapped_output_matches_the_target_distribution_and_a_seed_bug_is_caught",
+]
 # file under pipeline/specbuild -> the tests that may kill its mutants (fast ones: a mutant runs those covering it),
 # as pytest arguments (a --deselect among them leaves out one slow test)
 FILES = {
@@ -59,19 +64,10 @@ FILES = {
     "speculative/guide.py": ["tests/test_guide_units.py", *_SPECULATIVE_TESTS],
     "speculative/stats.py": ["tests/test_speculative_stats.py", *_SPECULATIVE_TESTS],
     "speculative/sampling.py": ["tests/test_speculative_sampling.py", *_SPECULATIVE_TESTS],
-    "speculative/adaptive.py": [
-        *_SPECULATIVE_TESTS,
-        "tests/test_speculative_overlap.py",  # the overlap bound and the hit rate; not its 115 s distribution test:
-        "--deselect",
-        "tests/test_speculative_overlap.py::test_overlapped_output_matches_the_target_distribution_and_a_seed_bug_is_caught",
-    ],
-    "speculative/loop.py": _SPECULATIVE_TESTS,
-    "speculative/overlap.py": [
-        *_SPECULATIVE_TESTS,
-        "tests/test_speculative_overlap.py",
-        "--deselect",
-        "tests/test_speculative_overlap.py::test_overlapped_output_matches_the_target_distribution_and_a_seed_bug_is_caught",
-    ],
+    "speculative/adaptive.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS],  # the overlap bound and the hit rate
+    # the loop drafts ahead through overlap.DraftAhead: the overlap tests (not their 115 s distribution test) too
+    "speculative/loop.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS],
+    "speculative/overlap.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS],
     "triton/models/target_retry.py": ["tests/test_target_retry.py"],
     "triton/models/bls_request.py": ["tests/test_bls_request.py", "tests/test_request_rules.py"],
     "triton/supervisor.py": ["tests/test_supervisor_decisions.py", "tests/test_triton_lifecycle_units.py"],
