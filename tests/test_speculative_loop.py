@@ -451,3 +451,20 @@ def test_run_returns_a_plain_result_and_passes_its_controller_and_guide_on():
         run(
             PROMPT, ScriptDrafter(script, 2), ScriptVerifier(script, 2), GenerationRequest(max_tokens=6), guide=object()
         )
+
+
+def test_a_k0_request_neither_drafts_ahead_nor_times_itself_into_the_shared_schedule():
+    """overlap = "auto" with K = 0: no early draft, and none of its steps reported to the deployment's AutoSchedule
+    (plain steps would teach it a schedule they never ran)."""
+    from specbuild.speculative.overlap import AutoSchedule
+
+    script = [1, 2, 3, 4, 5, 6, 7, 8]
+    schedule = AutoSchedule(segment=1)
+    drafter = ScriptDrafter(script, 2)
+    request = GenerationRequest(max_tokens=6, num_draft_tokens=0, overlap="auto")
+    steps = list(generate(PROMPT, drafter, ScriptVerifier(script, 2), request, schedule=schedule))
+    assert [t for s in steps for t in s.tokens] == script[:6] and drafter.asked == []
+    assert schedule.figures()["segments"] == {"ahead": 0, "sequential": 0}
+    k1 = GenerationRequest(max_tokens=6, num_draft_tokens=1, overlap="auto")  # the control: K > 0 reports
+    list(generate(PROMPT, ScriptDrafter(script, 2), ScriptVerifier(script, 2), k1, schedule=schedule))
+    assert sum(schedule.figures()["segments"].values()) > 0
