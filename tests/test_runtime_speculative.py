@@ -17,6 +17,7 @@ import torch
 from runtime_models import single_thread  # noqa: F401 (autouse fixture)
 
 from specbuild.contract.adapters import ContractDraft, ContractDrafter, ContractVerifier
+from specbuild.contract.tensors import LLM_INPUTS, NUMPY_DTYPES
 from specbuild.errors import GenerationError
 from specbuild.reference.contract_model import ContractModel, Limits
 from specbuild.reference.engine import ReferenceEngine
@@ -553,6 +554,8 @@ def test_every_request_carries_exactly_the_contracts_tensors_in_their_declared_t
         "draft_input_ids": ("int32", [5, 7]),
         "return_perf_metrics": ("bool", [True]),
     }
+    declared = {t.name: NUMPY_DTYPES.get(t.dtype) for t in LLM_INPUTS}  # the types are the config's, not this test's
+    assert all(str(value.dtype) == declared[name] for request in seen for name, value in request.items())
     call, seen = fake_model([5])  # neither id known: neither sent
     ContractDrafter(call).propose([1], 1, SamplingParams())
     ContractVerifier(call, max_draft_len=4).verify([1], Draft(tokens=[]), SamplingParams())
