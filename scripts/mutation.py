@@ -250,7 +250,8 @@ def report(results: dict, equivalents: dict[str, dict[str, str]]) -> str:
         score = f"{killed / live:.1%}" if live else "-"
         survived = sum(1 for name in open_ if not_killed[name]["status"] == "survived")
         uncovered = sum(1 for name in open_ if not_killed[name]["status"] == "no tests")
-        selected = [t for t in FILES.get(file, []) if t.startswith("tests/") and t not in _deselected(file)]
+        deselected = _deselected(file)
+        selected = [t for t in FILES.get(file, []) if t.startswith("tests/") and t not in deselected]
         modules = dict.fromkeys(Path(t.split("::")[0]).stem.removeprefix("test_") for t in selected)
         tests = ", ".join(
             f"{m} (some)" if any(t.startswith(f"tests/test_{m}.py::") for t in selected) else m for m in modules

@@ -585,6 +585,8 @@ def test_each_call_times_its_own_wait():
         time.sleep(0.02)
         return inner(request)
 
+    # Holds on any machine, however slow or busy: each call's time lies inside this wall time, read from the same
+    # monotonic clock around both calls, and sleep(0.02) never returns sooner.
     t0 = time.perf_counter()
     draft = ContractDrafter(slow, end_id=2).propose([1], 1, SamplingParams())
     verification = ContractVerifier(slow, max_draft_len=4, end_id=2).verify([1], draft, SamplingParams())
@@ -596,12 +598,10 @@ def test_each_call_times_its_own_wait():
 @pytest.mark.parametrize(
     "draft, new, expected",
     [
-        (
-            [5, 2, 7],
-            [5, 2],
-            (1, [5, 2]),
-        ),  # the draft's own end_id accepted, and kept in output_ids: the step ends there
-        ([5, 6, 7], [5, 2], (1, [5, 2])),  # the recovered token is end_id, kept
+        pytest.param(
+            [5, 2, 7], [5, 2], (1, [5, 2]), id="the draft's own end_id accepted and kept: the step ends there"
+        ),
+        pytest.param([5, 6, 7], [5, 2], (1, [5, 2]), id="the recovered token is end_id, kept"),
     ],
 )
 def test_a_model_that_keeps_end_id_in_its_output_ends_the_step_at_it(draft, new, expected):

@@ -438,7 +438,8 @@ def test_any_of_several_end_ids_ends_the_request_and_is_not_emitted():
 
 def test_run_returns_a_plain_result_and_passes_its_controller_and_guide_on():
     """run(): the tokens, the finish reason and the stats as one dict (the CLI's --json); the controller it is given is
-    the one the loop updates (the request's own would be a fresh one); a guide reaches generate, which refuses a verifier that cannot step banning tokens."""
+    the one the loop updates (the request's own would be a fresh one); a guide reaches generate, which refuses a
+    verifier that cannot step banning tokens."""
     from specbuild.speculative.adaptive import AdaptiveK
 
     script = [1, 2, 3, 4, 5, 6]
