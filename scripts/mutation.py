@@ -17,6 +17,7 @@ equivalents file.
     python scripts/mutation.py                                   # every file in FILES
     python scripts/mutation.py --files speculative/lookup.py     # one file (paths under pipeline/specbuild)
     python scripts/mutation.py --report-only                     # the report again from the two files
+    python scripts/mutation.py --files speculative/loop.py --keep /tmp/m-loop   # resumable: run it again to go on
 """
 
 from __future__ import annotations
@@ -196,15 +197,24 @@ def outcome(folder: Path) -> dict:
     return {"counts": dict(Counter(statuses.values())), "not_killed": not_killed}
 
 
-def run_file(file: str) -> dict:
-    with tempfile.TemporaryDirectory(prefix="specbuild-mutation-") as tmp:
-        folder = Path(tmp)
+def run_in(folder: Path, file: str) -> dict:
+    """Run mutmut on file in folder, set up there first unless it already is (a run stopped part way resumes: mutmut
+    keeps each mutant's outcome under folder/mutants)."""
+    if not (folder / "pyproject.toml").exists():
         copy_tracked(folder)
         configure(folder, file, FILES[file])
-        run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=folder)
-        if run.returncode not in (0, 1):  # 1: some mutants survived
-            raise SystemExit(f"mutmut failed on {file} (exit {run.returncode})")
-        return outcome(folder)
+    run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=folder)
+    if run.returncode not in (0, 1):  # 1: some mutants survived
+        raise SystemExit(f"mutmut failed on {file} (exit {run.returncode})")
+    return outcome(folder)
+
+
+def run_file(file: str, keep: Path | None = None) -> dict:
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        return run_in(keep, file)
+    with tempfile.TemporaryDirectory(prefix="specbuild-mutation-") as tmp:
+        return run_in(Path(tmp), file)
 
 
 def read_equivalents(path: Path = EQUIVALENTS) -> dict[str, dict[str, str]]:
@@ -283,14 +293,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", nargs="+", default=list(FILES), help="paths under pipeline/specbuild")
     parser.add_argument("--report-only", action="store_true", help="remake docs/mutation.md without running mutmut")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="FOLDER",
+        help="one file: run in FOLDER and keep it (a run stopped part way goes on where it stopped when run again)",
+    )
     args = parser.parse_args()
     unknown = [f for f in args.files if f not in FILES]
     if unknown:
         parser.error(f"no test list for {', '.join(unknown)}: add it to FILES in {Path(__file__).name}")
+    if args.keep is not None and len(args.files) != 1:
+        parser.error("--keep runs one file: name it with --files")
     if not args.report_only:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True)
         for file in args.files:
-            outcome = run_file(file)
+            outcome = run_file(file, args.keep)
             results = read_results()  # as it is now: another run may have written its files meanwhile
             results[file] = outcome
             RESULTS.parent.mkdir(parents=True, exist_ok=True)

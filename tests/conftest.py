@@ -71,7 +71,10 @@ def endpoint():
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             seen.append((self.command, self.path, self.headers.get("admin"), body))
             status, payload = answers.get(self.path, (404, {"error": "not found"}))
-            data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+            if isinstance(payload, bytes):
+                data = payload
+            else:
+                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -89,3 +92,16 @@ def endpoint():
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def silent_endpoint():
+    """A server that takes connections and never answers (one hung, as a stopped tritonserver's port is): a socket
+    on 127.0.0.1 (a free port) that listens and accepts nothing; the kernel completes each connection into its
+    backlog, so a client connects and then waits for an answer that never comes."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        yield f"127.0.0.1:{listener.getsockname()[1]}"

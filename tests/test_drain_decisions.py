@@ -260,6 +260,26 @@ def test_read_metrics_returns_the_text_or_nothing(endpoint):
     assert [s[:2] for s in seen] == [("GET", "/metrics"), ("GET", "/elsewhere")]
 
 
+def test_metrics_that_are_not_utf8_are_read_with_a_replacement_character(endpoint):
+    url, _, answers = endpoint
+    answers["/metrics"] = (200, gauges(2).encode() + b"# \xff\n")
+    assert module.read_metrics(f"http://{url}/metrics") == gauges(2) + "# \ufffd\n"
+
+
+def test_a_server_that_never_answers_is_given_up_on_after_the_call_timeout(silent_endpoint, monkeypatch):
+    """Each of the drain's calls is bounded: a hung server (it takes the connection and answers nothing) costs the
+    bound, not the drain (which has its own bound, --exit-timeout, only between calls)."""
+    assert module.read_metrics(f"http://{silent_endpoint}/metrics", timeout=0.2) == ""
+    assert module.read_metrics.__defaults__ == (module.CALL_TIMEOUT_S,)
+    with pytest.raises(OSError, match="timed out"):
+        module.model_states(silent_endpoint, {}, timeout=0.2)
+    assert module.model_states.__defaults__ == (module.CALL_TIMEOUT_S,)
+    monkeypatch.setattr(module, "CALL_TIMEOUT_S", 0.2)
+    handle = SimpleNamespace(http_url=silent_endpoint, admin_headers=dict)
+    with pytest.raises(OSError, match="timed out"):
+        module.close_gate(handle, "serving_gate")
+
+
 def test_the_gate_closes_by_a_load_that_fails_on_purpose(endpoint):
     from specbuild.contract import serving_gate
 

@@ -138,7 +138,7 @@ def test_a_frozen_server_is_killed_and_restarted(tmp_path, monkeypatch):
     one_look(sup)
     assert calls == [("stop", False), ("start",)]
     assert sup.events[0]["message"] == f"tritonserver (pid {SERVER_PID}) is frozen (stopped, state T): killing it"
-    assert kinds(sup)[0] == ("tritonserver", "server_hung")
+    assert kinds(sup) == [("tritonserver", "server_hung"), ("tritonserver", None), ("tritonserver", "restart")]
 
 
 CRASH_LOG = "Signal (6) received.\n 0# 0x000055AB273FE52D in tritonserver\n 1# abort in libc.so.6\n"
@@ -298,6 +298,7 @@ def test_canary_answers_count_by_kind_and_three_failures_restart(tmp_path, monke
     assert calls == [] and sup.events[-1]["message"] == "canary through m failed (2/3): connection reset"
     sup._canary_result(probe("connection reset"))
     assert calls == [("stop", False), ("start",)] and sup._canary_failed == 0
+    assert kinds(sup)[-4:] == [("m", "canary"), ("m", "canary"), ("m", None), ("m", "restart")]
     assert sup.metrics.get("specbuild_supervisor_canary_total", result="failed") == 5
     assert sup.metrics.get("specbuild_supervisor_canary_total", result="ok") == 1
 
@@ -435,7 +436,7 @@ def test_a_failure_while_serving_stops_the_server_first(tmp_path, monkeypatch):
 def test_drain_unloads_the_loaded_entry_models_behind_the_gate(tmp_path, monkeypatch):
     from specbuild.triton.drain import DrainResult
 
-    sup, _, _ = supervised(tmp_path, monkeypatch, {"tensorrt_llm_bls": 11, "ensemble": 12, "serving_gate": 13})
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"tensorrt_llm_bls": 11, "ensemble": 12, "serving_gate": 13})
     seen = {}
 
     def drain(handle, models, timeout_s, log, server_alive, gate=None):
@@ -444,8 +445,9 @@ def test_drain_unloads_the_loaded_entry_models_behind_the_gate(tmp_path, monkeyp
         return DrainResult(models, 1.25, 2)
 
     monkeypatch.setattr(module.drain, "drain", drain)
-    monkeypatch.setattr(module, "entry_models", lambda repo: ["tensorrt_llm_bls", "ensemble"])
-    monkeypatch.setattr(module, "gate_model", lambda repo: "serving_gate")
+    repo = sup.handle.opts.repo
+    monkeypatch.setattr(module, "entry_models", lambda of: ["tensorrt_llm_bls", "ensemble"] if of == repo else [])
+    monkeypatch.setattr(module, "gate_model", lambda of: "serving_gate" if of == repo else "")
     result = sup.drain()
     assert seen == {
         "handle": sup.handle,
@@ -460,15 +462,24 @@ def test_drain_unloads_the_loaded_entry_models_behind_the_gate(tmp_path, monkeyp
     assert sup.events[-1]["message"] == "drained in 1.2 s; 2 requests ran to their end"
     assert sup.events[-1]["kind"] == "drain" and sup.events[-1]["running_at_start"] == 2
     assert "models" not in sup.events[-1]
-    sup.handle.opts = ServerOptions(repo=sup.handle.opts.repo, models=("ensemble",))  # only some models loaded
+    sup.handle.opts = ServerOptions(repo=repo, models=("ensemble",))  # only some models loaded
     sup.drain()
     assert seen["models"] == ["ensemble"] and seen["gate"] is None
+    sup.handle.opts = ServerOptions(repo=repo, models=("ensemble", "serving_gate"))
+    sup.drain()
+    assert seen["models"] == ["ensemble"] and seen["gate"] == "serving_gate"
+    world.exit_code = 0
+    sup.drain()
+    assert seen["alive"] is False  # the server exited: the drain's wait ends
+    sup.handle.process = None
+    sup.drain()
+    assert seen["alive"] is False
 
 
 def test_a_clients_failure_is_matched_to_what_the_supervisor_saw(tmp_path, monkeypatch):
     """recovered_after: True once an event since the mark is a recovery, False when one failed and nothing recovered
     in time, None when it saw nothing within a few looks (the failure was not the server's)."""
-    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, poll_s=1.0)
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, poll_s=2.0)
     clock = SimpleNamespace(now=50.0)
 
     def sleep(seconds):
@@ -477,13 +488,14 @@ def test_a_clients_failure_is_matched_to_what_the_supervisor_saw(tmp_path, monke
     monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
     monkeypatch.setattr(module.time, "sleep", sleep)
     assert sup.recovered_after(0, timeout=60.0) is None
-    assert clock.now == pytest.approx(50.0 + 3 * 1.0 + 1.0, abs=0.21)  # three looks and a second, then no
+    assert clock.now == pytest.approx(50.0 + 3 * 2.0 + 1.0, abs=0.21)  # three looks and a second, then no
     sup.events.append({"message": "the stub of m died", "kind": "stub_died"})
     clock.now = 100.0
     assert sup.recovered_after(0, timeout=30.0) is False and clock.now == pytest.approx(130.0, abs=0.21)
     sup.events.append({"message": "m serving again", "action": "reload"})
     assert sup.recovered_after(0, timeout=30.0) is True
     assert sup.recovered_after(2, timeout=0.0) is False  # nothing looked at in no time
+    assert sup.recovered_after(1, timeout=0.0) is False  # not even a recovery already there
 
 
 def test_a_start_resets_what_the_last_server_left(tmp_path, monkeypatch):
@@ -507,7 +519,9 @@ def test_a_start_resets_what_the_last_server_left(tmp_path, monkeypatch):
 
 def test_for_repo_puts_the_log_and_metrics_beside_the_repository(tmp_path):
     (tmp_path / "triton_repo").mkdir()
-    sup = Supervisor.for_repo(ServerOptions(repo=tmp_path / "triton_repo"), install=object())
+    install = object()
+    sup = Supervisor.for_repo(ServerOptions(repo=tmp_path / "triton_repo"), install=install)
+    assert sup.handle.install is install
     assert sup.handle.log_path == tmp_path / ".triton_repo.tritonserver.log"
     assert sup.metrics.path == tmp_path / ".triton_repo.supervisor.prom"
     assert sup.settings == SupervisorSettings()
@@ -537,14 +551,18 @@ def test_a_restart_is_counted_logged_and_timed(tmp_path, monkeypatch):
     clock = SimpleNamespace(now=200.0)
     monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
     sup._canary_failed = 2
-    sup._restart("m", detected=197.5)
+    started = []
+    fake_start = sup._start
+    sup._start = lambda timeout: started.append(timeout) or fake_start(timeout)
+    sup._restart("m", detected=197.51234)
     assert calls == [("stop", False), ("start",)] and sup._canary_failed == 0 and sup._restarts == [200.0]
+    assert started == [sup.settings.start_timeout_s]
     assert sup.events[0]["message"] == "restarting tritonserver (killed; 0 shared-memory regions of it removed)"
     assert (
         sup.events[1]["message"] == f"tritonserver restarted, serving again (2.5 s after the failure; pid {SERVER_PID})"
     )
-    assert (sup.events[1]["action"], sup.events[1]["seconds"], sup.events[1]["model"]) == ("restart", 2.5, "m")
-    assert sup.metrics.get("specbuild_supervisor_recovery_seconds", model="m") == 2.5
+    assert (sup.events[1]["action"], sup.events[1]["seconds"], sup.events[1]["model"]) == ("restart", 2.488, "m")
+    assert sup.metrics.get("specbuild_supervisor_recovery_seconds", model="m") == 2.488  # to the millisecond
 
 
 def test_a_reload_is_counted_logged_and_timed(tmp_path, monkeypatch):
@@ -552,16 +570,17 @@ def test_a_reload_is_counted_logged_and_timed(tmp_path, monkeypatch):
     clock = SimpleNamespace(now=300.0)
     monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
     world.alive -= {"m_0_0", "n_0_0"}
-    sup._recover({"m": ["m_0_0"], "n": ["n_0_0"]}, detected=299.0)
+    sup._recover({"m": ["m_0_0"], "n": ["n_0_0"]}, detected=298.76543)
     assert calls == [("unload", "m"), ("load", "m"), ("unload", "n"), ("load", "n")]
     assert [e["message"] for e in sup.events] == [
         "the Python backend stub of m (m_0_0) died",
         "the Python backend stub of n (n_0_0) died",
-        "m serving again after an unload and load (1.0 s)",
-        "n serving again after an unload and load (1.0 s)",
+        "m serving again after an unload and load (1.2 s)",
+        "n serving again after an unload and load (1.2 s)",
     ]
-    assert (
-        sup.events[2]["seconds"] == 1.0 and sup.metrics.get("specbuild_supervisor_recovery_seconds", model="n") == 1.0
+    assert (  # to the millisecond
+        sup.events[2]["seconds"] == 1.235
+        and sup.metrics.get("specbuild_supervisor_recovery_seconds", model="n") == 1.235
     )
     sup.events.clear()
     sup._recover({"m": ["m_0_0"]}, detected=299.0, reported=True)  # already reported (a hung stub): no "died"
@@ -591,7 +610,7 @@ def test_the_stop_reads_only_the_log_written_after_it_began(tmp_path, monkeypatc
 def test_the_canary_runs_every_interval_and_its_result_is_read_on_a_later_look(tmp_path, monkeypatch):
     import threading
 
-    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11}, canary_interval_s=5.0, canary_timeout_s=7.0)
+    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11}, canary_interval_s=0.5, canary_timeout_s=7.0)
     clock = SimpleNamespace(now=0.0)
     monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
     probes = []
@@ -615,10 +634,13 @@ def test_the_canary_runs_every_interval_and_its_result_is_read_on_a_later_look(t
 
         return until
 
-    sup.watch(looks(9))  # looks at 1..9 s: a probe at 5 s, its result read at 6 s, the next due at 11 s
-    assert probes == [(sup.handle.http_url, "m", 7.0, 5.0)]
+    sup.watch(looks(3))  # looks at 1, 2, 3 s: a probe at 1 s (due at 0.5 s), its result read at 2 s, one more at 3 s
+    assert probes == [(sup.handle.http_url, "m", 7.0, 1.0), (sup.handle.http_url, "m", 7.0, 3.0)]
     assert sup._canary_failed == 1 and sup.events[-1]["message"] == "canary through m failed (1/3): connection reset"
     assert calls == []
+    sup.settings = SupervisorSettings(poll_s=0.0, canary_interval_s=0.0)
+    sup.watch(looks(5))
+    assert len(probes) == 2  # an interval of 0: no canary
 
 
 def test_a_stop_that_gave_up_on_an_old_instance_is_told_and_clean(tmp_path, monkeypatch):
@@ -661,7 +683,7 @@ def test_a_server_not_yet_ready_when_the_signal_comes_is_stopped_at_once(tmp_pat
         sigterm()
 
     sup._start = start
-    sup._serving = False
+    sup._serving = Supervisor(ServerOptions(repo=tmp_path / "repo"), object(), tmp_path / "log")._serving  # a new one's
     monkeypatch.setattr(sup.handle, "ready", lambda: False)
     outcome = sup.serve(lambda answers: None, canary_models=False)
     assert calls == [("start",), ("stop", False), ("stop", True)]  # killed at once; the final stop finds nothing
@@ -849,3 +871,262 @@ def test_the_stops_seconds_are_rounded_to_hundredths(tmp_path, monkeypatch):
     sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
     world.stop_result = StopResult(0, 2.3456)
     assert sup.serve(lambda answers: None, once=True, canary_models=False)["stop"]["seconds"] == 2.35
+
+
+# ---- edges the mutation run showed untested (docs/mutation.md) ---------------------------------------------------
+def test_a_signal_interrupts_once_then_only_asks_to_stop(tmp_path, monkeypatch):
+    """The handler raises StopRequested only while interruptible, and turns that off as it does: a second signal
+    while the first is being handled (the drain's set-up) must not raise inside the handling."""
+    from specbuild.triton.server import StopRequested
+
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    previous = sup._install_signals()
+    try:
+        sup._interruptible = True
+        with pytest.raises(StopRequested):
+            sigterm()
+        assert sup._interruptible is False and sup._stop.is_set()
+        sigterm()  # only the flag, already set
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def test_a_signal_after_serve_once_started_says_signal(tmp_path, monkeypatch):
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    monkeypatch.setattr(sup, "_answering", lambda: False)
+    assert sup.serve(lambda answers: sigterm(), once=True, canary_models=False)["stopped_by"] == "signal"
+
+
+def test_only_the_models_the_server_loads_are_expected_to_have_a_stub(tmp_path, monkeypatch):
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11, "n": 12})
+    only_m = Supervisor(ServerOptions(repo=sup.handle.opts.repo, models=("m",)), object(), tmp_path / "log")
+    assert only_m._python_models == ["m"] and sup._python_models == ["m", "n"]
+
+
+def test_a_server_is_answering_only_while_its_process_runs(tmp_path, monkeypatch):
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    monkeypatch.setattr(sup.handle, "ready", lambda: False)
+    assert sup._answering() is True  # serving since its start
+    sup._serving = False
+    assert sup._answering() is False  # not serving, and not (yet) ready
+    sup.handle.ready = lambda: True
+    assert sup._answering() is True  # ready before serve's own checks ended: clients may be there
+    world.exit_code, sup._serving = 1, True
+    assert sup._answering() is False
+    sup.handle.process = None
+    assert sup._answering() is False
+
+
+def test_an_event_is_stamped_to_the_millisecond(tmp_path, monkeypatch):
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    monkeypatch.setattr(module.time, "time", lambda: 1765000000.123456)
+    sup._event("a thing")
+    assert sup.events == [{"time": 1765000000.123, "message": "a thing"}]
+
+
+def test_an_exit_message_names_the_code_a_known_signal_and_the_logs_last_five_lines(tmp_path, monkeypatch):
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"line {i}\n" for i in range(1, 8)))
+    world.exit_code = -99  # no such signal: the code alone
+    message = sup._exit_message(world.process())
+    assert message == "tritonserver exited with code -99; last lines of its log:\n" + "\n".join(
+        f"line {i}" for i in range(3, 8)
+    )
+    log.write_text("")
+    world.exit_code = 1
+    assert sup._exit_message(world.process()) == "tritonserver exited with code 1"  # an empty log: nothing added
+    assert sup._exit_message(None) == "tritonserver exited with code None"  # never started
+
+
+@pytest.mark.parametrize(
+    ("clock", "alive_at", "expected"),
+    [
+        ([100.0, 101.0], 2, True),  # not yet at the first look, alive at the second
+        ([100.0, 103.0], 2, False),  # the bound (3 s) reached at the first look: no second
+    ],
+)
+def test_new_stubs_are_waited_for_three_seconds(tmp_path, monkeypatch, clock, alive_at, expected):
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    times, looks, sleeps = iter(clock), [], []
+    monkeypatch.setattr(module.time, "monotonic", lambda: next(times))
+    monkeypatch.setattr(module.time, "sleep", sleeps.append)
+
+    def live():
+        looks.append(1)
+        return {"m_0_0": "m"} if len(looks) >= alive_at else {}
+
+    sup._live_instances = live
+    assert sup._instances_live(["m_0_0"]) is expected
+    assert sleeps == ([0.2] if expected else [])
+
+
+def test_the_stubs_are_read_from_the_servers_own_process(tmp_path, monkeypatch):
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    asked = []
+    monkeypatch.setattr(module.procfs, "python_stubs", lambda pid: asked.append(pid) or [world.stubs["m_0_0"]])
+    assert sup._live_instances() == {"m_0_0": "m"} and sup.hung_stubs() == {}
+    assert asked == [SERVER_PID, SERVER_PID]
+    sup.handle.process = None
+    assert sup._live_instances() == {} and sup.hung_stubs() == {} and len(asked) == 2
+
+
+@pytest.mark.parametrize(("age", "hung"), [(5.0, True), (4.9, False), (None, False)])
+def test_a_stub_named_not_healthy_is_hung_from_five_seconds_of_age(tmp_path, monkeypatch, age, hung):
+    """A younger one was started after the failure that named its instance: the line is about its predecessor. A stub
+    whose age cannot be read counts as young."""
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11, "n": 12})
+    monkeypatch.setattr(module.procfs, "age_seconds", lambda pid: age if pid == 11 else 60.0)
+    assert module.FRESH_STUB_S == 5.0
+    found = sup.hung_stubs({"m_0_0"})
+    assert [stub.instance for stub in found] == (["m_0_0"] if hung else [])
+
+
+def test_a_readiness_check_of_a_server_that_never_answers_is_bounded(tmp_path, monkeypatch, silent_endpoint):
+    (tmp_path / "repo").mkdir()
+    sup = Supervisor(ServerOptions(repo=tmp_path / "repo"), install=object(), log_path=tmp_path / "log")
+    monkeypatch.setattr(type(sup.handle), "http_url", property(lambda self: silent_endpoint))
+    monkeypatch.setattr(module, "READY_TIMEOUT_S", 0.2)
+    assert sup._model_ready("m") is False
+
+
+def test_the_stubs_a_drain_takes_with_it_are_no_dead_stubs_at_the_stop(tmp_path, monkeypatch):
+    models = {"tensorrt_llm_bls": 11, "serving_gate": 12, "tensorrt_llm_draft": 13}
+    sup, world, _ = supervised(tmp_path, monkeypatch, models)
+    monkeypatch.setattr(module, "entry_models", lambda repo: ["tensorrt_llm_bls"])
+    monkeypatch.setattr(module, "gate_model", lambda repo: "serving_gate")
+    world.alive.clear()
+    assert sup._models_with_dead_stubs() == {"tensorrt_llm_draft"}
+    world.exit_code = 0
+    assert sup._models_with_dead_stubs() == set()  # the server is gone: its stubs with it
+
+
+@pytest.mark.parametrize(("alive_looks", "seconds"), [(2, 2.0), (99, 5.0)])
+def test_a_hung_stubs_recovery_is_timed_from_its_detection_through_the_kill_wait(
+    tmp_path, monkeypatch, alive_looks, seconds
+):
+    """Up to 5 s for the killed stub to go (a look every 0.05 s), then the reload: the recovery's seconds count from
+    when the stub was found hung."""
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    clock, sleeps, looks = SimpleNamespace(now=100.0), [], []
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+
+    def sleep(s):
+        sleeps.append(s)
+        clock.now += 1.0  # whole seconds: the bound's edge is exact
+
+    def alive(pid):
+        looks.append(pid)
+        return pid == 11 and len(looks) <= alive_looks
+
+    monkeypatch.setattr(module.time, "sleep", sleep)
+    monkeypatch.setattr(module.procfs, "alive", alive)
+    world.alive.discard("m_0_0")
+    sup._recover_hung({world.stubs["m_0_0"]: "is frozen"})
+    assert sleeps == [0.05] * int(seconds) and set(looks) == {11}
+    assert sup.events[-1]["action"] == "reload" and sup.events[-1]["seconds"] == seconds
+
+
+def test_restarts_older_than_the_window_are_forgotten(tmp_path, monkeypatch):
+    from specbuild.errors import ServeError
+
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, max_restarts=1, restart_window_s=600.0)
+    clock = SimpleNamespace(now=700.0)
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    sup._restarts = [100.0]  # exactly the window ago: out of it
+    sup._restart("m", 700.0)
+    assert sup._restarts == [700.0]
+    clock.now = 1299.0
+    with pytest.raises(ServeError, match="needed 1 restarts within 600 s; giving up"):
+        sup._restart("m", 1299.0)
+
+
+def test_a_restart_counts_the_shared_memory_regions_its_stop_removed(tmp_path, monkeypatch):
+    from specbuild.errors import ServeError
+    from specbuild.triton.server import StopResult
+
+    sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
+    world.stop_result = StopResult(-9, 0.1, removed_regions=["/a", "/b"])
+    sup._restart("m", module.time.monotonic())
+    assert sup.events[0]["message"] == "restarting tritonserver (killed; 2 shared-memory regions of it removed)"
+
+    def start(timeout):
+        raise ServeError("it did not start")
+
+    sup._start = start
+    with pytest.raises(ServeError):
+        sup._restart("m", module.time.monotonic())
+    assert not sup._serving and sup.metrics.get("specbuild_supervisor_serving") == 0
+
+
+def test_without_supervision_the_wait_ends_on_a_stop_or_until_and_a_running_server_is_left_alone(tmp_path, monkeypatch):
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, enabled=False)
+    looks = iter([False, True])
+    sup._wait_unsupervised(lambda: next(looks))  # the server runs: one look, then until() holds
+    sup.request_stop()
+    sup._wait_unsupervised()  # stopped: returns
+
+
+def test_the_quiet_wait_for_a_clients_failure_ends_at_three_looks_and_a_second(tmp_path, monkeypatch):
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, poll_s=2.0)
+    clock, sleeps = SimpleNamespace(now=10.0), []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        clock.now += 7.0  # to the edge at once: 10 + 3 x 2 + 1
+
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    monkeypatch.setattr(module.time, "sleep", sleep)
+    assert sup.recovered_after(0, timeout=60.0) is None and sleeps == [0.2]
+
+
+def test_the_stop_reads_a_log_that_is_not_utf8(tmp_path, monkeypatch):
+    sup, _, _ = supervised(tmp_path, monkeypatch, {"tensorrt_llm_draft": 11})
+    log = tmp_path / "server.log"
+    log.write_bytes(b"\"successfully loaded 'tensorrt_llm_draft'\"\n\xff\n")
+    sup._stub_died = {"tensorrt_llm_draft"}
+    check = sup._lingering_only()
+    with log.open("ab") as f:
+        f.write(b'\xfe\n"Timeout 20: Found 1 live models and 0 in-flight non-inference requests"\n')
+    assert "tensorrt_llm_draft, whose stub died holding a request" in check()
+
+
+def test_the_log_follower_reads_up_to_the_end_it_measured(tmp_path, monkeypatch):
+    """A log that grows while it is read: what came after the measured end is read at the next look, once."""
+    import io
+
+    path = tmp_path / "server.log"
+    path.write_bytes(b"one\n")
+    follower = module.LogFollower(path)
+
+    class Growing(io.BytesIO):  # the server writes a line just after the follower measured the end
+        def seek(self, offset, whence=0):
+            at = super().seek(offset, whence)
+            if whence == 2:
+                self.write(b"two\n")
+                super().seek(at)
+            return at
+
+    monkeypatch.setattr(module, "open", lambda p, mode: Growing(Path(p).read_bytes()), raising=False)
+    assert follower.news() == "one\n"
+    path.write_bytes(b"one\ntwo\n")
+    monkeypatch.undo()
+    assert follower.news() == "two\n"
+    assert follower.news() == ""
+
+
+def test_a_failed_canary_that_names_a_hung_stub_recovers_it_at_once(tmp_path, monkeypatch):
+    """Triton's answer names the stub it found not healthy: that stub is killed and its model reloaded on this first
+    failure, without waiting for canary_failures of them."""
+    sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11, "n": 12}, canary_failures=3)
+
+    def kill(pid, sig):
+        world.killed.append((pid, sig))
+        world.alive.discard("n_0_0")
+
+    monkeypatch.setattr(module.os, "kill", kill)
+    sup._canary_result(SimpleNamespace(model="m", error="Stub process 'n_0_0' is not healthy."))
+    assert world.killed == [(12, signal.SIGKILL)] and calls == [("unload", "n"), ("load", "n")]
+    assert kinds(sup) == [("n", "stub_hung"), ("n", "reload")] and sup._canary_failed == 0
+    assert sup.metrics.get("specbuild_supervisor_canary_total", result="failed") == 1

@@ -244,6 +244,13 @@ def test_the_stop_gives_up_waiting_only_for_the_old_instances_of_models_whose_st
     reason = lingering_only(never_reloaded, not_unloaded, {"tensorrt_llm_draft"})
     assert reason and "tensorrt_llm_draft" in reason
     assert lingering_only(never_reloaded, not_unloaded, {"preprocessing"}) is None  # the draft may still unload
+    counted_never = "\n".join(line for line in _since_stop(1).splitlines() if "live models" not in line)
+    assert lingering_only(BEFORE_STOP, counted_never, {"tensorrt_llm_draft"}) is None  # not counting: not stopping
+    assert lingering_only(BEFORE_STOP, _since_stop(1, 0), {"tensorrt_llm_draft"}) is None  # none live: it exits
+    reason = lingering_only(BEFORE_STOP, _since_stop(2), {"tensorrt_llm_draft", "tensorrt_llm"})
+    assert reason.endswith(
+        "2 old instance(s) of tensorrt_llm, tensorrt_llm_draft, whose stub died holding a request (they never unload)"
+    )
 
 
 def test_a_stub_death_counts_for_the_stop_from_the_moment_it_is_seen_or_the_stop_comes(tmp_path: Path):

@@ -127,7 +127,7 @@ def running_requests(metrics_text: str, models: list[str], counting: set[str] | 
     return total if known or total else None
 
 
-def read_metrics(url: str, timeout: float = 2.0) -> str:
+def read_metrics(url: str, timeout: float = CALL_TIMEOUT_S) -> str:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.read().decode(errors="replace")
@@ -135,7 +135,7 @@ def read_metrics(url: str, timeout: float = 2.0) -> str:
         return ""
 
 
-def model_states(http_url: str, headers: dict[str, str], timeout: float = 5.0) -> dict[str, str]:
+def model_states(http_url: str, headers: dict[str, str], timeout: float = CALL_TIMEOUT_S) -> dict[str, str]:
     """Triton's repository index: model -> state (READY, UNLOADING, UNAVAILABLE, ...)."""
     request = urllib.request.Request(
         f"http://{http_url}/v2/repository/index", data=b"{}", method="POST", headers=headers

@@ -81,6 +81,7 @@ def lingering_only(before_stop: str, since_stop: str, stub_died: set[str]) -> st
 # A stub this young was started after the failure that named its instance (a reload or restart just made it): a
 # "not healthy" line read now is about its predecessor.
 FRESH_STUB_S = 5.0
+READY_TIMEOUT_S = 5.0  # a model's readiness check (Triton answers it at once unless the server hangs)
 
 
 class LogFollower:
@@ -147,7 +148,7 @@ class SupervisorMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.path = path
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry()
         self.metrics = {
             name: Counter(name, text, labels, registry=self.registry) for name, (text, labels) in self.COUNTERS.items()
         }
@@ -355,7 +356,7 @@ class Supervisor:
 
     def _wait_unsupervised(self, until: Callable[[], bool] | None = None) -> None:
         """Until a signal (or until() holds), or until the server exits (nobody restarts it without the supervisor)."""
-        while not self._stop.wait(1.0) and not (until is not None and until()):
+        while not self._stop.wait(self.settings.poll_s) and not (until is not None and until()):
             process = self.handle.process
             if process is None or process.poll() is not None:
                 raise ServeError(f"{self._exit_message(process)}\n(--no-supervise: not restarted)")
@@ -511,7 +512,9 @@ class Supervisor:
         import urllib.request
 
         try:
-            with urllib.request.urlopen(f"http://{self.handle.http_url}/v2/models/{model}/ready", timeout=5) as r:
+            with urllib.request.urlopen(
+                f"http://{self.handle.http_url}/v2/models/{model}/ready", timeout=READY_TIMEOUT_S
+            ) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
