@@ -123,30 +123,8 @@ FILES = {
         "tests/test_llmapi_answered.py",
         "tests/test_triton_lifecycle_units.py",
     ],
-    "contract/adapters.py": [  # the unit tests of the adapters over fake calls, not the ones running the example pair
-        *(
-            f"tests/test_runtime_speculative.py::test_{name}"
-            for name in (
-                "greedy_steps_send_tensorrt_llms_greedy_and_sampling_steps_send_all_three",
-                "verifier_sends_draft_logits_in_the_declared_dtype",
-                "verifier_maps_responses_to_accepted_plus_one_token",
-                "an_end_id_accepted_from_the_draft_ends_the_step",
-                "the_tokens_decide_the_acceptance_and_the_targets_own_figure_is_only_cross_checked",
-                "an_agreeing_figure_is_not_reported",
-                "verifier_without_end_id_reports_a_short_answer",
-                "verifier_refuses_an_answer_that_breaks_the_contract",
-                "drafter_sends_the_contract_tensors_and_reads_logits",
-                "a_banning_step_sends_each_id_as_a_one_token_bad_word_and_reads_one_token",
-                "a_response_without_usable_output_ids_is_a_generation_error",
-                "every_request_carries_exactly_the_contracts_tensors_in_their_declared_types",
-                "a_greedy_draft_has_no_distribution_and_its_logits_are_never_sent",
-                "each_call_times_its_own_wait",
-                "a_model_that_keeps_end_id_in_its_output_ends_the_step_at_it",
-                "more_than_one_token_past_the_accepted_prefix_is_refused",
-                "the_cross_check_counts_every_disagreement_and_never_fails_on_a_whole_accepted_draft",
-                "a_draft_models_unusable_answer_names_the_draft",
-            )
-        ),
+    "contract/adapters.py": [  # the adapters over fake calls (the example pair's runs take a minute a mutant)
+        "tests/test_adapters_units.py",
         "tests/test_bls_request.py",
         "tests/test_guide_units.py",
         "tests/test_llmapi_protocol.py",
