@@ -469,3 +469,38 @@ def test_a_k0_request_neither_drafts_ahead_nor_times_itself_into_the_shared_sche
     k1 = GenerationRequest(max_tokens=6, num_draft_tokens=1, overlap="auto")  # the control: K > 0 reports
     list(generate(PROMPT, ScriptDrafter(script, 2), ScriptVerifier(script, 2), k1, schedule=schedule))
     assert sum(schedule.figures()["segments"].values()) > 0
+
+
+class Controller:
+    """What _k_after_a_hit asks of an adaptive-K controller: a copy, fed the hypothetical step, then its choice (the
+    feeds each choice saw are kept on the class: the copy is another instance)."""
+
+    seen: list = []
+
+    def __init__(self, choice: int):
+        self.choice, self.fed = choice, ()
+
+    def update(self, *args):
+        self.fed = (*self.fed, args)  # rebound, as AdaptiveK's fields are: the original keeps its own
+
+    def choose(self) -> int:
+        Controller.seen.append(self.fed)
+        return self.choice
+
+
+@pytest.mark.parametrize(("choice", "k_max", "max_tokens", "expected"), [(2, 4, 50, 2), (7, 4, 50, 4), (4, 4, 10, 3)])
+def test_the_k_after_a_hit_is_the_controllers_choice_after_a_whole_accepted_draft(
+    choice, k_max, max_tokens, expected, monkeypatch
+):
+    """Drafting ahead guesses the next step's K as if this step accepted its whole draft: the controller fed that
+    (K drafted, K accepted, this draft's seconds; the target's time is not known yet) on a copy, its choice bounded by
+    k_max and by the budget left after the draft and a bonus token (less one: the next step's own bonus)."""
+    from specbuild.speculative.loop import _k_after_a_hit
+
+    monkeypatch.setattr(Controller, "seen", [])
+    controller = Controller(choice)
+    request = GenerationRequest(max_tokens=max_tokens, num_draft_tokens=k_max)
+    draft = Draft(tokens=[5, 6, 7])  # the output would be 5 tokens long: 2 + 3
+    assert _k_after_a_hit([1, 2], draft, 0.25, request, [], k_max, controller) == expected
+    assert Controller.seen == [((3, 3, 0.25),)] and controller.fed == ()  # the request's own controller untouched
+    assert _k_after_a_hit([1, 2], draft, 0.25, request, [], k_max, None) == min(k_max, max_tokens - 7)
