@@ -504,3 +504,14 @@ def test_the_k_after_a_hit_is_the_controllers_choice_after_a_whole_accepted_draf
     assert _k_after_a_hit([1, 2], draft, 0.25, request, [], k_max, controller) == expected
     assert Controller.seen == [((3, 3, 0.25),)] and controller.fed == ()  # the request's own controller untouched
     assert _k_after_a_hit([1, 2], draft, 0.25, request, [], k_max, None) == min(k_max, max_tokens - 7)
+
+
+def test_a_loop_that_ends_without_a_finish_reason_is_an_error_not_a_short_answer(monkeypatch):
+    """run() returns at the step that carries a finish reason; generate() always ends with one. A loop that stopped
+    without one (a broken drafter path, say) must not pass for a complete answer."""
+    from specbuild.speculative import loop
+    from specbuild.speculative.loop import Step
+
+    monkeypatch.setattr(loop, "generate", lambda *args, **kwargs: iter([Step(0, [5], 0, 0, 0, 0.0, 0.0)]))
+    with pytest.raises(GenerationError, match="^the draft/verify loop ended without a finish reason$"):
+        run([1], drafter=None, verifier=None, request=GenerationRequest(max_tokens=4))  # generate() is the fake
