@@ -9,11 +9,10 @@ import json
 import sys
 
 import pytest
+from backend_utils_fake import FINAL, BackendUtils, Request
 
 from specbuild.contract import serving_gate
 from specbuild.contract.watched_request import WatchedRequest
-
-FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def test_the_gate_models_config():
@@ -27,63 +26,6 @@ def test_the_gate_models_config():
     assert not config.input
 
 
-class Utils:
-    """triton_python_backend_utils as `gated` uses it; records the gauge family it makes."""
-
-    TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
-    families: list = []
-    values: list = []
-
-    class TritonError:
-        UNKNOWN = "UNKNOWN"  # an old backend: no UNAVAILABLE
-
-        def __init__(self, message, code="UNKNOWN"):
-            self.message, self.code = message, code
-
-    class InferenceResponse:
-        def __init__(self, error=None):
-            self.error = error
-
-    class MetricFamily:
-        GAUGE = "gauge"
-
-        def __init__(self, name, description, kind):
-            Utils.families.append((name, description, kind))
-
-        def Metric(self, labels):
-            Utils.families.append(labels)
-
-            class Gauge:
-                def set(self, value):
-                    Utils.values.append(value)
-
-            return Gauge()
-
-    def __init__(self, ready):
-        self.ready = ready
-
-    def is_model_ready(self, name):
-        return self.ready
-
-    @staticmethod
-    def get_input_tensor_by_name(request, name):
-        return None
-
-
-class Request:
-    def __init__(self):
-        self.sent = []
-
-    def get_response_sender(self):
-        return self
-
-    def send(self, response, flags=0):
-        self.sent.append((response, flags))
-
-    def is_cancelled(self):
-        return "asked the real sender"
-
-
 class Recording:
     def initialize(self, args):
         self.args = args
@@ -93,9 +35,7 @@ class Recording:
 
 
 def _gated(monkeypatch, ready: bool, args: dict):
-    Utils.families.clear()
-    Utils.values.clear()
-    utils = Utils(ready)
+    utils = BackendUtils({"serving_gate": ready}, unavailable=False)  # an old backend's TritonError: no UNAVAILABLE
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", utils)
     model = serving_gate.gated(Recording)()
     model.initialize(args)
@@ -105,28 +45,28 @@ def _gated(monkeypatch, ready: bool, args: dict):
 def test_gated_sets_up_the_gauge_under_the_models_name_and_hands_on_its_arguments(monkeypatch):
     config = {"name": "from_config", "parameters": {serving_gate.GATE_PARAMETER: {"string_value": "serving_gate"}}}
     args = {"model_config": json.dumps(config)}  # no model_name: the config's name
-    model, _ = _gated(monkeypatch, True, args)
+    model, utils = _gated(monkeypatch, True, args)
     assert model.args is args
-    assert Utils.families == [
+    assert utils.families == [
         (serving_gate.RUNNING_GAUGE, serving_gate.RUNNING_HELP, "gauge"),
         {"model": "from_config"},
     ]
-    assert Utils.values == [0]
+    assert utils.values == [0]
     assert serving_gate.gated(Recording).__module__ == Recording.__module__
     first, second = Request(), Request()
     model.execute([None, first, second])  # a None in the batch is skipped, not the end of it
-    assert [r._request for r in model.seen] == [first, second] and Utils.values[-1] == 2
-    _gated(monkeypatch, True, {"model_name": "given", "model_config": json.dumps(config)})
-    assert Utils.families[-1] == {"model": "given"}
-    _gated(monkeypatch, True, {"model_config": json.dumps({})})  # no name anywhere: an empty label
-    assert Utils.families[-1] == {"model": ""}
+    assert [r._request for r in model.seen] == [first, second] and utils.values[-1] == 2
+    _, utils = _gated(monkeypatch, True, {"model_name": "given", "model_config": json.dumps(config)})
+    assert utils.families[-1] == {"model": "given"}
+    _, utils = _gated(monkeypatch, True, {"model_config": json.dumps({})})  # no name anywhere: an empty label
+    assert utils.families[-1] == {"model": ""}
 
 
 def test_a_backend_without_unavailable_refuses_with_unknown(monkeypatch):
     config = {"parameters": {serving_gate.GATE_PARAMETER: {"string_value": "serving_gate"}}}
     model, utils = _gated(monkeypatch, True, {"model_name": "m", "model_config": json.dumps(config)})
     model.execute([Request()])  # seen open: armed
-    utils.ready = False
+    utils.ready["serving_gate"] = False
     refused = Request()
     model.execute([refused])
     ((response, flags),) = refused.sent

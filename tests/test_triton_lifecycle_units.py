@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from backend_utils_fake import FINAL, BackendUtils, Request
 
 from specbuild.triton.drain import DrainResult, running_requests
 from specbuild.triton.server import ServerOptions
@@ -63,27 +64,10 @@ def test_the_server_log_is_read_once_for_unhealthy_stubs(tmp_path: Path):
     assert supervisor._unhealthy_in_log() == set()
 
 
-class FakeBackendUtils:
-    """What the gate check uses of triton_python_backend_utils: is_model_ready and TritonError's codes."""
-
-    class TritonError:
-        UNKNOWN, UNAVAILABLE = "UNKNOWN", "UNAVAILABLE"
-
-        def __init__(self, message: str, code: str = "UNKNOWN"):
-            self.message, self.code = message, code
-
-    def __init__(self, ready: dict[str, bool]):
-        self.ready, self.asked = ready, []
-
-    def is_model_ready(self, name: str) -> bool:
-        self.asked.append(name)
-        return self.ready.get(name, False)
-
-
 def test_the_gate_refuses_with_unavailable_only_while_it_is_closed():
     from specbuild.contract.serving_gate import GATE_PARAMETER, MODEL_NAME, REFUSAL, Gate
 
-    utils = FakeBackendUtils({MODEL_NAME: False})
+    utils = BackendUtils({MODEL_NAME: False})
     gate = Gate(utils, {GATE_PARAMETER: MODEL_NAME})
     assert gate.refusal() is None  # never seen open: a server started without the gate (--load-model) serves
     utils.ready[MODEL_NAME] = True
@@ -100,20 +84,9 @@ def test_a_python_backend_without_the_model_loading_api_has_no_gate():
     from specbuild.contract.serving_gate import GATE_PARAMETER, Gate
 
     class Old:
-        TritonError = FakeBackendUtils.TritonError
+        TritonError = BackendUtils({}).TritonError
 
     assert Gate(Old(), {GATE_PARAMETER: "serving_gate"}).refusal() is None
-
-
-class FakeRequest:
-    def __init__(self, stop: bool = False):
-        self.stop, self.sent = stop, []
-
-    def get_response_sender(self):
-        return self
-
-    def send(self, response, flags=0):
-        self.sent.append((response, flags))
 
 
 def test_gated_refuses_new_requests_of_a_class_it_does_not_change_and_counts_the_running_ones():
@@ -123,40 +96,7 @@ def test_gated_refuses_new_requests_of_a_class_it_does_not_change_and_counts_the
     import json
     import sys
 
-    import numpy as np
-
     from specbuild.contract.serving_gate import GATE_PARAMETER, MODEL_NAME, REFUSAL, RUNNING_GAUGE, gated
-
-    class Utils(FakeBackendUtils):
-        TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-        gauges: dict = {}
-
-        class InferenceResponse:
-            def __init__(self, error=None):
-                self.error = error
-
-        class MetricFamily:
-            GAUGE = "gauge"
-
-            def __init__(self, name, description, kind):
-                self.name = name
-
-            def Metric(self, labels):
-                family = self
-
-                class Gauge:
-                    def set(self, value):
-                        Utils.gauges[(family.name, labels["model"])] = value
-
-                return Gauge()
-
-        @staticmethod
-        def get_input_tensor_by_name(request, name):
-            class Tensor:
-                def as_numpy(self):
-                    return np.array([request.stop])
-
-            return Tensor() if name == "stop" and request.stop is not None else None
 
     class NvidiaLike:
         def initialize(self, args):
@@ -166,7 +106,7 @@ def test_gated_refuses_new_requests_of_a_class_it_does_not_change_and_counts_the
             self.seen.append(list(requests))
             return None
 
-    utils = Utils({MODEL_NAME: True})
+    utils = BackendUtils({MODEL_NAME: True})
     sys.modules["triton_python_backend_utils"] = utils
     try:
         model = gated(NvidiaLike)()
@@ -178,25 +118,25 @@ def test_gated_refuses_new_requests_of_a_class_it_does_not_change_and_counts_the
         )
     finally:
         del sys.modules["triton_python_backend_utils"]
-    running = lambda: Utils.gauges[(RUNNING_GAUGE, "tensorrt_llm")]  # noqa: E731
+    running = lambda: utils.gauges[(RUNNING_GAUGE, "tensorrt_llm")]  # noqa: E731
     assert gated(NvidiaLike).__name__ == "NvidiaLike" and issubclass(gated(NvidiaLike), NvidiaLike)
-    first = [FakeRequest(None), FakeRequest(False)]
+    first = [Request(None), Request(False)]
     model.execute(first)  # the gate is open: everything goes to the model, as the same requests
     seen = model.seen[-1]
     assert [r.stop for r in seen] == [None, False] and not any(r.sent for r in first) and running() == 2
     seen[0].get_response_sender().send("a piece", 0)
     assert running() == 2 and first[0].sent == [("a piece", 0)]  # a streamed piece: still running
-    seen[0].get_response_sender().send("the end", flags=Utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    seen[0].get_response_sender().send("the end", flags=FINAL)
     assert running() == 1
     utils.ready[MODEL_NAME] = False  # the drain closed the gate
-    new, stop = FakeRequest(False), FakeRequest(True)
+    new, stop = Request(False), Request(True)
     assert model.execute([new, stop]) is None
     assert [r.stop for r in model.seen[-1]] == [True]  # the cancellation of a running stream still reaches it
     ((response, flags),) = new.sent
-    assert flags == Utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL  # its one, final response
+    assert flags == FINAL  # its one, final response
     assert response.error.code == "UNAVAILABLE" and response.error.message == REFUSAL
     assert running() == 2  # the refused request was never counted; the stop request is, until it is answered
-    model.execute([FakeRequest(False)])
+    model.execute([Request(False)])
     assert len(model.seen) == 2  # nothing left for the model: it is not called with an empty batch
 
 
