@@ -182,9 +182,16 @@ def run_in(folder: Path, file: str) -> dict:
         copy_tracked(folder)
         configure(folder, file, FILES[file])
     run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=folder)
-    if run.returncode not in (0, 1):  # 1: some mutants survived
+    if run.returncode not in (0, 1):  # 1: some mutants survived, or the tests failed before any mutant ran
         raise SystemExit(f"mutmut failed on {file} (exit {run.returncode})")
-    return outcome(folder)
+    result = outcome(folder)
+    unchecked = result["counts"].get("not checked", 0)
+    if unchecked:  # the tests failed unmutated (mutmut exits 1 then too), or the run was stopped: nothing is written
+        raise SystemExit(
+            f"mutmut left {unchecked} mutants of {file} not checked (see its output above: the tests must pass on the "
+            "unmutated code); run it again (with --keep, a run goes on where it stopped)"
+        )
+    return result
 
 
 def run_file(file: str, keep: Path | None = None) -> dict:
