@@ -49,3 +49,21 @@ def test_an_equivalent_that_a_run_killed_is_reported_stale_and_a_survivor_unexpl
     assert "- `x_f__mutmut_1`" in made.split("but killed or gone")[1]
     explained = script.report(results, {"speculative/x.py": {"x_f__mutmut_2": "a reason"}})
     assert "| 4 | 3 | 1 | 0 | 0 | 0 | 100.0% |" in explained and "- a reason (`x_f__mutmut_2`)" in explained
+
+
+def test_a_run_that_left_mutants_unchecked_writes_nothing(tmp_path, monkeypatch):
+    """mutmut exits 1 both when mutants survived and when the tests failed on the unmutated code before any mutant
+    ran: the second must not replace a file's results with every mutant 'not checked'."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    script = load_script()
+    (tmp_path / "pyproject.toml").write_text("")  # set up already: nothing copied
+    monkeypatch.setattr(script.subprocess, "run", lambda *args, **kwargs: SimpleNamespace(returncode=1))
+    counts = {"killed": 3, "survived": 1}
+    monkeypatch.setattr(script, "outcome", lambda folder: {"counts": dict(counts), "not_killed": {}})
+    assert script.run_in(tmp_path, "speculative/loop.py")["counts"] == counts  # survivors: the run is written
+    counts["not checked"] = 4
+    with pytest.raises(SystemExit, match="left 4 mutants of speculative/loop.py not checked"):
+        script.run_in(tmp_path, "speculative/loop.py")
