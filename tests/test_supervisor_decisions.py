@@ -610,7 +610,7 @@ def test_the_stop_reads_only_the_log_written_after_it_began(tmp_path, monkeypatc
 def test_the_canary_runs_every_interval_and_its_result_is_read_on_a_later_look(tmp_path, monkeypatch):
     import threading
 
-    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11}, canary_interval_s=0.5, canary_timeout_s=7.0)
+    sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11}, canary_interval_s=5.0, canary_timeout_s=7.0)
     clock = SimpleNamespace(now=0.0)
     monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
     probes = []
@@ -634,10 +634,14 @@ def test_the_canary_runs_every_interval_and_its_result_is_read_on_a_later_look(t
 
         return until
 
-    sup.watch(looks(3))  # looks at 1, 2, 3 s: a probe at 1 s (due at 0.5 s), its result read at 2 s, one more at 3 s
-    assert probes == [(sup.handle.http_url, "m", 7.0, 1.0), (sup.handle.http_url, "m", 7.0, 3.0)]
+    sup.watch(looks(9))  # looks at 1..9 s: a probe at 5 s, its result read at 6 s, the next due at 11 s
+    assert probes == [(sup.handle.http_url, "m", 7.0, 5.0)]
     assert sup._canary_failed == 1 and sup.events[-1]["message"] == "canary through m failed (1/3): connection reset"
     assert calls == []
+    sup.settings = SupervisorSettings(poll_s=0.0, canary_interval_s=0.5, canary_timeout_s=7.0)
+    clock.now, probes[:] = 20.0, []
+    sup.watch(looks(3))  # looks at 21, 22, 23 s: a probe at 21 s (due at 20.5 s), read at 22 s, one more at 23 s
+    assert [p[3] for p in probes] == [21.0, 23.0]
     sup.settings = SupervisorSettings(poll_s=0.0, canary_interval_s=0.0)
     sup.watch(looks(5))
     assert len(probes) == 2  # an interval of 0: no canary
@@ -1099,20 +1103,22 @@ def test_the_log_follower_reads_up_to_the_end_it_measured(tmp_path, monkeypatch)
     path = tmp_path / "server.log"
     path.write_bytes(b"one\n")
     follower = module.LogFollower(path)
+    assert follower.news() == "one\n"
+    path.write_bytes(b"one\ntwo\n")
 
     class Growing(io.BytesIO):  # the server writes a line just after the follower measured the end
         def seek(self, offset, whence=0):
             at = super().seek(offset, whence)
             if whence == 2:
-                self.write(b"two\n")
+                self.write(b"three\n")
                 super().seek(at)
             return at
 
     monkeypatch.setattr(module, "open", lambda p, mode: Growing(Path(p).read_bytes()), raising=False)
-    assert follower.news() == "one\n"
-    path.write_bytes(b"one\ntwo\n")
-    monkeypatch.undo()
     assert follower.news() == "two\n"
+    path.write_bytes(b"one\ntwo\nthree\n")
+    monkeypatch.undo()
+    assert follower.news() == "three\n"
     assert follower.news() == ""
 
 
