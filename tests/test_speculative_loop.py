@@ -101,9 +101,12 @@ def test_greedy_speculative_equals_greedy_target_only(k, drafter_kind):
 def test_k0_never_calls_the_drafter_and_is_one_token_per_step():
     target = random_model(V, seed=1)
     drafter = ToyDrafter(target)
-    result = run(PROMPT, drafter, ToyVerifier(target), GenerationRequest(max_tokens=9, num_draft_tokens=0))
+    request = GenerationRequest(max_tokens=9, num_draft_tokens=0)
+    result = run(PROMPT, drafter, ToyVerifier(target), request)
     assert drafter.calls == 0
     assert result.stats.steps == 9 and result.stats.drafted == 0 and result.stats.mean_accepted_len == 1.0
+    steps = list(generate(PROMPT, drafter, ToyVerifier(target), request))
+    assert [s.draft_seconds for s in steps] == [0.0] * 9  # a plain step spent nothing drafting
 
 
 # --- determinism --------------------------------------------------------------------------------
@@ -515,3 +518,30 @@ def test_a_loop_that_ends_without_a_finish_reason_is_an_error_not_a_short_answer
     monkeypatch.setattr(loop, "generate", lambda *args, **kwargs: iter([Step(0, [5], 0, 0, 0, 0.0, 0.0)]))
     with pytest.raises(GenerationError, match="^the draft/verify loop ended without a finish reason$"):
         run([1], drafter=None, verifier=None, request=GenerationRequest(max_tokens=4))  # generate() is the fake
+
+
+class FixedK:
+    """An adaptive-K controller that always chooses `k` (AdaptiveK's interface: update, then choose)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def update(self, *args):
+        pass
+
+    def choose(self) -> int:
+        return self.k
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_adaptive_k_is_followed_bounded_by_the_requests_k_and_drafted_ahead_with(overlap):
+    """The loop's K is the controller's choice, never above the request's num_draft_tokens; drafting ahead guesses
+    the next step's K from the same controller, so a perfect drafter's early drafts all hit at a K below the
+    request's."""
+    target = random_model(V, seed=1)
+    request = GenerationRequest(max_tokens=30, num_draft_tokens=4, adaptive=True, overlap=overlap)
+    for choice, k in ((2, 2), (6, 4)):
+        steps = list(generate(PROMPT, ToyDrafter(target), ToyVerifier(target), request, controller=FixedK(choice)))
+        assert {s.k for s in steps[:-1]} == {k}  # the last step's K may be cut by the budget
+        if overlap:
+            assert steps[-1].stats.early_draft_hits == len(steps) - 1
