@@ -18,11 +18,13 @@ equivalents file.
     python scripts/mutation.py --files speculative/lookup.py     # one file (paths under pipeline/specbuild)
     python scripts/mutation.py --report-only                     # the report again from the two files
     python scripts/mutation.py --files speculative/loop.py --keep /tmp/m-loop   # resumable: run it again to go on
+    python scripts/mutation.py --files speculative/loop.py --survivors  # after new tests: the last run's survivors
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -67,7 +69,7 @@ FILES = {
     "speculative/sampling.py": ["tests/test_speculative_sampling.py", *_SPECULATIVE_TESTS],
     "speculative/adaptive.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS],  # the overlap bound and the hit rate
     # the loop drafts ahead through overlap.DraftAhead: the overlap tests (not their 115 s distribution test) too
-    "speculative/loop.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS],
+    "speculative/loop.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS, "tests/test_guide_units.py"],  # and guided steps
     "speculative/overlap.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS],
     "triton/models/target_retry.py": ["tests/test_target_retry.py"],
     "triton/models/bls_request.py": ["tests/test_bls_request.py", "tests/test_request_rules.py"],
@@ -175,12 +177,23 @@ def outcome(folder: Path) -> dict:
     return {"counts": dict(Counter(statuses.values())), "not_killed": not_killed}
 
 
-def run_in(folder: Path, file: str) -> dict:
-    """Run mutmut on file in folder, set up there first unless it already is (a run stopped part way resumes: mutmut
-    keeps each mutant's outcome under folder/mutants)."""
+def source_hash(path: Path) -> str:
+    """A mutated file's content hash: mutmut numbers a function's mutants in its source order, so a run's names hold
+    only for the source it ran on."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def set_up(folder: Path, file: str) -> None:
+    """The copy mutmut runs in, unless folder already holds one."""
     if not (folder / "pyproject.toml").exists():
         copy_tracked(folder)
         configure(folder, file, FILES[file])
+
+
+def run_in(folder: Path, file: str) -> dict:
+    """Run mutmut on file in folder, set up there first unless it already is (a run stopped part way resumes: mutmut
+    keeps each mutant's outcome under folder/mutants)."""
+    set_up(folder, file)
     run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=folder)
     if run.returncode not in (0, 1):  # 1: some mutants survived, or the tests failed before any mutant ran
         raise SystemExit(f"mutmut failed on {file} (exit {run.returncode})")
@@ -191,15 +204,43 @@ def run_in(folder: Path, file: str) -> dict:
             f"mutmut left {unchecked} mutants of {file} not checked (see its output above: the tests must pass on the "
             "unmutated code); run it again (with --keep, a run goes on where it stopped)"
         )
+    result["source"] = source_hash(folder / "src" / "specbuild" / file)
     return result
 
 
-def run_file(file: str, keep: Path | None = None) -> dict:
+def rerun_in(folder: Path, file: str, entry: dict) -> dict:
+    """The file's last run (`entry`) with its survivors run again against the tests as they are now: those killed
+    leave the list. The source must be the one that run mutated (the names follow it)."""
+    if entry.get("source") != source_hash(ROOT / "pipeline" / "specbuild" / file):
+        raise SystemExit(f"{file} is not the source its last run mutated (mutant names follow it): run it whole")
+    names = [name for name, mutant in entry["not_killed"].items() if mutant["status"] != "timeout"]
+    module = "specbuild." + file.removesuffix(".py").replace("/", ".")
+    set_up(folder, file)
+    run = subprocess.run([sys.executable, "-m", "mutmut", "run", *(f"{module}.{n}" for n in names)], cwd=folder)
+    if run.returncode not in (0, 1):
+        raise SystemExit(f"mutmut failed on {file} (exit {run.returncode})")
+    now = outcome(folder)["not_killed"]
+    if any(now.get(name, {}).get("status") == "not checked" for name in names):
+        raise SystemExit(f"mutmut left survivors of {file} not checked (see its output above)")
+    counts, not_killed = Counter(entry["counts"]), dict(entry["not_killed"])
+    for name in names:
+        status = now[name]["status"] if name in now else "killed"
+        counts[not_killed[name]["status"]] -= 1
+        counts[status] += 1
+        if status in ("killed", "timeout"):
+            del not_killed[name]
+        else:
+            not_killed[name] = {**not_killed[name], "status": status}
+    return {**entry, "counts": {k: v for k, v in counts.items() if v}, "not_killed": not_killed}
+
+
+def run_file(file: str, keep: Path | None = None, entry: dict | None = None) -> dict:
+    """A whole run of file, or with `entry` (its last run) a rerun of that run's survivors."""
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
-        return run_in(keep, file)
+        return run_in(keep, file) if entry is None else rerun_in(keep, file, entry)
     with tempfile.TemporaryDirectory(prefix="specbuild-mutation-") as tmp:
-        return run_in(Path(tmp), file)
+        return run_in(Path(tmp), file) if entry is None else rerun_in(Path(tmp), file, entry)
 
 
 def read_equivalents(path: Path = EQUIVALENTS) -> dict[str, dict[str, str]]:
@@ -284,6 +325,11 @@ def main() -> int:
         metavar="FOLDER",
         help="one file: run in FOLDER and keep it (a run stopped part way goes on where it stopped when run again)",
     )
+    parser.add_argument(
+        "--survivors",
+        action="store_true",
+        help="run only the mutants the last run of each file left alive, against the tests as they are now",
+    )
     args = parser.parse_args()
     unknown = [f for f in args.files if f not in FILES]
     if unknown:
@@ -293,7 +339,10 @@ def main() -> int:
     if not args.report_only:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True)
         for file in args.files:
-            outcome = run_file(file, args.keep)
+            entry = read_results().get(file) if args.survivors else None
+            if args.survivors and entry is None:
+                parser.error(f"no run of {file} on record to take the survivors from: run it whole first")
+            outcome = run_file(file, args.keep, entry)
             results = read_results()  # as it is now: another run may have written its files meanwhile
             results[file] = outcome
             RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -60,10 +60,53 @@ def test_a_run_that_left_mutants_unchecked_writes_nothing(tmp_path, monkeypatch)
 
     script = load_script()
     (tmp_path / "pyproject.toml").write_text("")  # set up already: nothing copied
+    copy = tmp_path / "src" / "specbuild" / "speculative" / "loop.py"
+    copy.parent.mkdir(parents=True)
+    copy.write_text("def f():\n    return 1\n")
     monkeypatch.setattr(script.subprocess, "run", lambda *args, **kwargs: SimpleNamespace(returncode=1))
     counts = {"killed": 3, "survived": 1}
     monkeypatch.setattr(script, "outcome", lambda folder: {"counts": dict(counts), "not_killed": {}})
-    assert script.run_in(tmp_path, "speculative/loop.py")["counts"] == counts  # survivors: the run is written
+    written = script.run_in(tmp_path, "speculative/loop.py")  # survivors: the run is written
+    assert written["counts"] == counts and written["source"] == script.source_hash(copy)  # the source it ran on
     counts["not checked"] = 4
     with pytest.raises(SystemExit, match="left 4 mutants of speculative/loop.py not checked"):
         script.run_in(tmp_path, "speculative/loop.py")
+
+
+def test_a_rerun_of_the_survivors_updates_only_them_and_only_on_the_same_source(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import pytest
+
+    script = load_script()
+    source = script.ROOT / "pipeline" / "specbuild" / "speculative" / "loop.py"
+    entry = {
+        "counts": {"killed": 5, "survived": 3, "timeout": 1},
+        "not_killed": {
+            "x_a__mutmut_1": {"status": "survived", "change": "a"},
+            "x_b__mutmut_2": {"status": "survived", "change": "b"},
+            "x_c__mutmut_3": {"status": "survived", "change": "c"},
+            "x_d__mutmut_4": {"status": "timeout", "change": "d"},
+        },
+        "source": script.source_hash(source),
+    }
+    (tmp_path / "pyproject.toml").write_text("")  # set up already: nothing copied
+    ran = []
+    monkeypatch.setattr(
+        script.subprocess, "run", lambda argv, **kwargs: ran.append(argv) or SimpleNamespace(returncode=1)
+    )
+    now = {  # what mutmut says after the rerun: a killed, b still alive, c timed out; the rest was not run this time
+        "x_b__mutmut_2": {"status": "survived", "change": "b"},
+        "x_c__mutmut_3": {"status": "timeout", "change": "c"},
+        "x_e__mutmut_9": {"status": "not checked", "change": "e"},
+    }
+    monkeypatch.setattr(script, "outcome", lambda folder: {"counts": {}, "not_killed": now})
+    result = script.rerun_in(tmp_path, "speculative/loop.py", entry)
+    assert ran[0][-3:] == [f"specbuild.speculative.loop.x_{n}" for n in ("a__mutmut_1", "b__mutmut_2", "c__mutmut_3")]
+    assert result["counts"] == {"killed": 6, "survived": 1, "timeout": 2}
+    assert result["not_killed"] == {
+        "x_b__mutmut_2": {"status": "survived", "change": "b"},
+        "x_d__mutmut_4": {"status": "timeout", "change": "d"},
+    }
+    with pytest.raises(SystemExit, match="not the source its last run mutated"):
+        script.rerun_in(tmp_path, "speculative/loop.py", {**entry, "source": "0" * 16})
