@@ -159,7 +159,7 @@ def configure(folder: Path, file: str, tests: list[str]) -> None:
 
 
 def outcome(folder: Path) -> dict:
-    """The counts and the mutants not killed (name -> {status, change}) of the run in folder."""
+    """The counts and the mutants run and not killed (name -> {status, change}) of the run in folder."""
     mutmut = [sys.executable, "-m", "mutmut"]
     lines = subprocess.run([*mutmut, "results", "--all", "true"], cwd=folder, capture_output=True, text=True).stdout
     statuses = {m.group(1).rsplit(".", 1)[-1]: m.group(2).strip() for m in map(RESULT.match, lines.splitlines()) if m}
@@ -170,7 +170,7 @@ def outcome(folder: Path) -> dict:
         added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
         return " | ".join(added)[:150]
 
-    names = sorted(name for name, status in statuses.items() if status != "killed")
+    names = sorted(name for name, status in statuses.items() if status not in ("killed", "not checked"))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # one `mutmut show` process each
         changes = dict(zip(names, pool.map(change, names)))
     not_killed = {name: {"status": statuses[name], "change": changes[name]} for name in names}
@@ -234,6 +234,14 @@ def rerun_in(folder: Path, file: str, entry: dict) -> dict:
     return {**entry, "counts": {k: v for k, v in counts.items() if v}, "not_killed": not_killed}
 
 
+def record_partial(folder: Path, file: str) -> dict:
+    """A run stopped part way in folder, as far as it went: the mutants not yet run are counted as "not checked"
+    (the report scores the ones run and says how many)."""
+    result = outcome(folder)
+    result["source"] = source_hash(folder / "src" / "specbuild" / file)
+    return result
+
+
 def run_file(file: str, keep: Path | None = None, entry: dict | None = None) -> dict:
     """A whole run of file, or with `entry` (its last run) a rerun of that run's survivors."""
     if keep is not None:
@@ -281,9 +289,12 @@ def report(results: dict, equivalents: dict[str, dict[str, str]]) -> str:
         stale = sorted(set(reasons) - set(not_killed))
         total = sum(counts.values())
         killed = counts["killed"] + counts["timeout"]  # a mutant the tests hung on was caught too
-        other = total - killed - counts["survived"] - counts["no tests"]
-        live = total - len(equivalent)
+        unchecked = counts["not checked"]  # a run recorded part way (--partial)
+        other = total - killed - counts["survived"] - counts["no tests"] - unchecked
+        live = total - unchecked - len(equivalent)
         score = f"{killed / live:.1%}" if live else "-"
+        if unchecked:
+            score += f" of the {total - unchecked} run so far"
         survived = sum(1 for name in open_ if not_killed[name]["status"] == "survived")
         uncovered = sum(1 for name in open_ if not_killed[name]["status"] == "no tests")
         deselected = _deselected(file)
@@ -330,19 +341,28 @@ def main() -> int:
         action="store_true",
         help="run only the mutants the last run of each file left alive, against the tests as they are now",
     )
+    parser.add_argument(
+        "--partial",
+        action="store_true",
+        help="with --keep: record the run in FOLDER as far as it went, without running anything (the rest counted "
+        "as not checked)",
+    )
     args = parser.parse_args()
     unknown = [f for f in args.files if f not in FILES]
     if unknown:
         parser.error(f"no test list for {', '.join(unknown)}: add it to FILES in {Path(__file__).name}")
     if args.keep is not None and len(args.files) != 1:
         parser.error("--keep runs one file: name it with --files")
+    if args.partial and args.keep is None:
+        parser.error("--partial records the run in a --keep FOLDER")
     if not args.report_only:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True)
+        if not args.partial:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True)
         for file in args.files:
             entry = read_results().get(file) if args.survivors else None
             if args.survivors and entry is None:
                 parser.error(f"no run of {file} on record to take the survivors from: run it whole first")
-            outcome = run_file(file, args.keep, entry)
+            outcome = record_partial(args.keep, file) if args.partial else run_file(file, args.keep, entry)
             results = read_results()  # as it is now: another run may have written its files meanwhile
             results[file] = outcome
             RESULTS.parent.mkdir(parents=True, exist_ok=True)

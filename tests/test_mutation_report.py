@@ -110,3 +110,21 @@ def test_a_rerun_of_the_survivors_updates_only_them_and_only_on_the_same_source(
     }
     with pytest.raises(SystemExit, match="not the source its last run mutated"):
         script.rerun_in(tmp_path, "speculative/loop.py", {**entry, "source": "0" * 16})
+
+
+def test_a_run_recorded_part_way_is_scored_on_the_mutants_it_ran_and_says_so():
+    script = load_script()
+    results = {
+        "speculative/loop.py": {
+            "counts": {"killed": 7, "timeout": 1, "survived": 2, "not checked": 10},
+            "not_killed": {
+                "x_a__mutmut_1": {"status": "survived", "change": "a"},
+                "x_b__mutmut_2": {"status": "survived", "change": "b"},
+                "x_c__mutmut_3": {"status": "timeout", "change": "c"},
+            },
+        }
+    }
+    made = script.report(results, {"speculative/loop.py": {"x_b__mutmut_2": "the same"}})
+    row = next(line for line in made.splitlines() if line.startswith("| `speculative/loop.py`"))
+    assert row.endswith("| 20 | 8 | 1 | 1 | 0 | 0 | 88.9% of the 10 run so far |")  # 8 / (10 - 1)
+    assert "`x_a__mutmut_1` (survived)" in made
