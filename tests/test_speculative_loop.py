@@ -545,3 +545,36 @@ def test_an_adaptive_k_is_followed_bounded_by_the_requests_k_and_drafted_ahead_w
         assert {s.k for s in steps[:-1]} == {k}  # the last step's K may be cut by the budget
         if overlap:
             assert steps[-1].stats.early_draft_hits == len(steps) - 1
+
+
+class Reports:
+    """A drafter and verifier (the toy's) whose answers report `seconds` (0.0: none, so the loop times the call)."""
+
+    def __init__(self, model, seconds: float):
+        self.drafter, self.verifier, self.seconds = ToyDrafter(model), ToyVerifier(model), seconds
+        self.max_draft_len = self.verifier.max_draft_len
+
+    def propose(self, tokens, k, sampling):
+        draft = self.drafter.propose(tokens, k, sampling)
+        draft.seconds = self.seconds
+        return draft
+
+    def verify(self, tokens, draft, sampling):
+        verification = self.verifier.verify(tokens, draft, sampling)
+        verification.seconds = self.seconds
+        return verification
+
+
+@pytest.mark.parametrize(("reported", "timed"), [(60.0, 60.0), (0.0, 0.5)])
+def test_a_calls_time_is_what_the_model_reports_else_what_the_loop_measured(reported, timed, monkeypatch):
+    """A model that times its own call (the engine's figure, or a process's) is believed; one that says nothing
+    is timed around the call. The clock here is the test's: each reading is 0.5 s after the last."""
+    from types import SimpleNamespace
+
+    from specbuild.speculative import loop
+
+    clock = iter(0.5 * n for n in range(10_000))
+    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    both = Reports(random_model(V, seed=1), reported)
+    steps = list(generate(PROMPT, both, both, GenerationRequest(max_tokens=12, num_draft_tokens=3)))
+    assert {s.draft_seconds for s in steps} == {timed} and {s.target_seconds for s in steps} == {timed}
