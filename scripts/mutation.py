@@ -69,7 +69,13 @@ FILES = {
     "speculative/sampling.py": ["tests/test_speculative_sampling.py", *_SPECULATIVE_TESTS],
     "speculative/adaptive.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS],  # the overlap bound and the hit rate
     # the loop drafts ahead through overlap.DraftAhead: the overlap tests (not their 115 s distribution test) too
-    "speculative/loop.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS, "tests/test_guide_units.py"],  # and guided steps
+    # the loop also runs guided steps and falls back to the target alone when the drafter fails
+    "speculative/loop.py": [
+        *_SPECULATIVE_TESTS,
+        *_OVERLAP_TESTS,
+        "tests/test_guide_units.py",
+        "tests/test_draft_fallback.py",
+    ],
     "speculative/overlap.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS],
     "triton/models/target_retry.py": ["tests/test_target_retry.py"],
     "triton/models/bls_request.py": ["tests/test_bls_request.py", "tests/test_request_rules.py"],

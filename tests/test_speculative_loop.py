@@ -578,3 +578,24 @@ def test_a_calls_time_is_what_the_model_reports_else_what_the_loop_measured(repo
     both = Reports(random_model(V, seed=1), reported)
     steps = list(generate(PROMPT, both, both, GenerationRequest(max_tokens=12, num_draft_tokens=3)))
     assert {s.draft_seconds for s in steps} == {timed} and {s.target_seconds for s in steps} == {timed}
+
+
+def test_steps_are_counted_by_drafter_a_duck_typed_draft_as_the_draft_models_and_plain_steps_by_none():
+    """The Drafter protocol asks for tokens, probs and seconds: a draft without `source` is a draft model's."""
+    from types import SimpleNamespace
+
+    target = random_model(V, seed=1)
+
+    class Duck:
+        def __init__(self):
+            self.inner = ToyDrafter(target)
+
+        def propose(self, tokens, k, sampling):
+            draft = self.inner.propose(tokens, k, sampling)
+            return SimpleNamespace(tokens=draft.tokens, probs=draft.probs, seconds=draft.seconds)
+
+    drafted = run(PROMPT, Duck(), ToyVerifier(target), GenerationRequest(max_tokens=12, num_draft_tokens=3))
+    assert set(drafted.stats.by_drafter) == {"model"}
+    assert drafted.stats.by_drafter["model"]["steps"] == drafted.stats.steps and drafted.stats.fallback_steps == 0
+    plain = run(PROMPT, Duck(), ToyVerifier(target), GenerationRequest(max_tokens=12, num_draft_tokens=0))
+    assert plain.stats.by_drafter == {} and plain.stats.steps == 12
