@@ -548,36 +548,53 @@ def test_an_adaptive_k_is_followed_bounded_by_the_requests_k_and_drafted_ahead_w
 
 
 class Reports:
-    """A drafter and verifier (the toy's) whose answers report `seconds` (0.0: none, so the loop times the call)."""
+    """A drafter and verifier (the toy's) whose answers report the seconds given (0.0: none, so the loop times the
+    call)."""
 
-    def __init__(self, model, seconds: float):
-        self.drafter, self.verifier, self.seconds = ToyDrafter(model), ToyVerifier(model), seconds
+    def __init__(self, model, draft_seconds: float, target_seconds: float):
+        self.drafter, self.verifier = ToyDrafter(model), ToyVerifier(model)
+        self.draft_seconds, self.target_seconds = draft_seconds, target_seconds
         self.max_draft_len = self.verifier.max_draft_len
 
     def propose(self, tokens, k, sampling):
         draft = self.drafter.propose(tokens, k, sampling)
-        draft.seconds = self.seconds
+        draft.seconds = self.draft_seconds
         return draft
 
     def verify(self, tokens, draft, sampling):
         verification = self.verifier.verify(tokens, draft, sampling)
-        verification.seconds = self.seconds
+        verification.seconds = self.target_seconds
         return verification
 
 
-@pytest.mark.parametrize(("reported", "timed"), [(60.0, 60.0), (0.0, 0.5)])
+class Recording(FixedK):
+    """FixedK that keeps what each step fed it."""
+
+    def __init__(self, k: int):
+        super().__init__(k)
+        self.fed = []
+
+    def update(self, *args):
+        self.fed.append(args)
+
+
+@pytest.mark.parametrize(("reported", "timed"), [((60.0, 30.0), (60.0, 30.0)), ((0.0, 0.0), (0.5, 0.5))])
 def test_a_calls_time_is_what_the_model_reports_else_what_the_loop_measured(reported, timed, monkeypatch):
     """A model that times its own call (the engine's figure, or a process's) is believed; one that says nothing
-    is timed around the call. The clock here is the test's: each reading is 0.5 s after the last."""
+    is timed around the call. The clock here is the test's: each reading is 0.5 s after the last. The adaptive
+    controller is fed each step's counts and both times."""
     from types import SimpleNamespace
 
     from specbuild.speculative import loop
 
     clock = iter(0.5 * n for n in range(10_000))
     monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
-    both = Reports(random_model(V, seed=1), reported)
-    steps = list(generate(PROMPT, both, both, GenerationRequest(max_tokens=12, num_draft_tokens=3)))
-    assert {s.draft_seconds for s in steps} == {timed} and {s.target_seconds for s in steps} == {timed}
+    both = Reports(random_model(V, seed=1), *reported)
+    controller = Recording(3)
+    request = GenerationRequest(max_tokens=12, num_draft_tokens=3, adaptive=True)
+    steps = list(generate(PROMPT, both, both, request, controller=controller))
+    assert {(s.draft_seconds, s.target_seconds) for s in steps} == {timed}
+    assert controller.fed == [(s.drafted, s.accepted, *timed) for s in steps]
 
 
 def test_steps_are_counted_by_drafter_a_duck_typed_draft_as_the_draft_models_and_plain_steps_by_none():
@@ -599,3 +616,5 @@ def test_steps_are_counted_by_drafter_a_duck_typed_draft_as_the_draft_models_and
     assert drafted.stats.by_drafter["model"]["steps"] == drafted.stats.steps and drafted.stats.fallback_steps == 0
     plain = run(PROMPT, Duck(), ToyVerifier(target), GenerationRequest(max_tokens=12, num_draft_tokens=0))
     assert plain.stats.by_drafter == {} and plain.stats.steps == 12
+    one = run(PROMPT, Duck(), ToyVerifier(target), GenerationRequest(max_tokens=12, num_draft_tokens=1))
+    assert one.stats.by_drafter["model"]["steps"] == one.stats.steps  # K = 1 drafts too
