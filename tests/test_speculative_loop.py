@@ -618,3 +618,10 @@ def test_steps_are_counted_by_drafter_a_duck_typed_draft_as_the_draft_models_and
     assert plain.stats.by_drafter == {} and plain.stats.steps == 12
     one = run(PROMPT, Duck(), ToyVerifier(target), GenerationRequest(max_tokens=12, num_draft_tokens=1))
     assert one.stats.by_drafter["model"]["steps"] == one.stats.steps  # K = 1 drafts too
+
+
+def test_token_id_0_is_a_valid_end_id():
+    """Some vocabularies put their end token at id 0; only negative ids are refused."""
+    GenerationRequest(max_tokens=4, end_id=0, other_end_ids=(0,)).validate()
+    with pytest.raises(RequestError, match="end_id = -1 is invalid"):
+        GenerationRequest(max_tokens=4, other_end_ids=(-1,)).validate()
