@@ -625,3 +625,11 @@ def test_token_id_0_is_a_valid_end_id():
     GenerationRequest(max_tokens=4, end_id=0, other_end_ids=(0,)).validate()
     with pytest.raises(RequestError, match="end_id = -1 is invalid"):
         GenerationRequest(max_tokens=4, other_end_ids=(-1,)).validate()
+
+
+def test_a_request_at_the_edges_of_its_rules():
+    """Token id 0 may open a stop sequence, a cost ratio of 0 means a free draft; a token that is no integer, though
+    not negative, is refused."""
+    GenerationRequest(max_tokens=4, stop_sequences=[[0, 3]], cost_ratio=0.0).validate()
+    with pytest.raises(RequestError, match=r"stop sequence \[1\.5\] is invalid"):
+        GenerationRequest(max_tokens=4, stop_sequences=[[1.5]]).validate()
