@@ -633,3 +633,47 @@ def test_a_request_at_the_edges_of_its_rules():
     GenerationRequest(max_tokens=4, stop_sequences=[[0, 3]], cost_ratio=0.0).validate()
     with pytest.raises(RequestError, match=r"stop sequence \[1\.5\] is invalid"):
         GenerationRequest(max_tokens=4, stop_sequences=[[1.5]]).validate()
+
+
+def test_generate_refuses_a_bad_call_before_the_first_step_with_the_exact_reason():
+    target = random_model(V, seed=1)
+    drafter, verifier = ToyDrafter(target), ToyVerifier(target, max_draft_len=2)
+    with pytest.raises(RequestError, match=r"^prompt_ids = \[0, 1, 2, 3, 4, 5, 6, 1\.5\] is invalid: give at least"):
+        run([0, 1, 2, 3, 4, 5, 6, 1.5, 8, 9], drafter, verifier, GenerationRequest(max_tokens=2))  # the first 8 shown
+    with pytest.raises(
+        GenerationError, match=r"^verifier\.max_draft_len = None is invalid: it must be an integer >= 0\.$"
+    ):
+        run([1], drafter, object(), GenerationRequest(max_tokens=2))
+    expected = (
+        r"^num_draft_tokens = 3 exceeds the verifier's max_draft_len = 2: resolve K first "
+        r"\(decode\.request\.RequestRules, or speculative\.draft_len\.resolve_k\)\.$"
+    )
+    with pytest.raises(GenerationError, match=expected):
+        run([1], drafter, verifier, GenerationRequest(max_tokens=2, num_draft_tokens=3))
+    with pytest.raises(
+        GenerationError,
+        match=r"^a guided request needs a verifier that can step with banned tokens \(step_banning\)\.$",
+    ):
+        run([1], drafter, verifier, GenerationRequest(max_tokens=2, num_draft_tokens=1), guide=object())
+
+
+@pytest.mark.parametrize(
+    ("sampling", "cost_ratio", "expected"),
+    [
+        (SamplingParams(temperature=0.8, seed=5), None, "seeded"),  # K must not follow wall-clock timings
+        (SamplingParams(temperature=0.8, seed=5), 0.1, 0.1),  # the request's own ratio wins
+        (SamplingParams(temperature=0.8), None, None),  # unseeded: measured
+        (SamplingParams(seed=5), None, None),  # greedy text never depends on K: measured
+    ],
+)
+def test_an_adaptive_requests_cost_ratio_is_fixed_only_for_seeded_sampling(sampling, cost_ratio, expected, monkeypatch):
+    from specbuild.speculative import loop
+
+    made = []
+    monkeypatch.setattr(loop, "AdaptiveK", lambda k_max, cost_ratio=None: made.append(cost_ratio) or FixedK(k_max))
+    target = random_model(V, seed=1)
+    request = GenerationRequest(
+        max_tokens=3, num_draft_tokens=2, sampling=sampling, adaptive=True, cost_ratio=cost_ratio
+    )
+    run(PROMPT, ToyDrafter(target), ToyVerifier(target), request)
+    assert made == [loop.SEEDED_COST_RATIO if expected == "seeded" else expected]
