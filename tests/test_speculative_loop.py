@@ -677,3 +677,12 @@ def test_an_adaptive_requests_cost_ratio_is_fixed_only_for_seeded_sampling(sampl
     )
     run(PROMPT, ToyDrafter(target), ToyVerifier(target), request)
     assert made == [loop.SEEDED_COST_RATIO if expected == "seeded" else expected]
+
+
+def test_a_deployments_schedule_is_used_only_by_auto():
+    """The BLS hands every request its deployment's AutoSchedule; `overlap = True` drafts ahead on every step and never
+    reads it (a schedule that cannot be read would fail the request here)."""
+    target = random_model(V, seed=1)
+    request = GenerationRequest(max_tokens=12, num_draft_tokens=3, overlap=True)
+    steps = list(generate(PROMPT, ToyDrafter(target), ToyVerifier(target), request, schedule=object()))
+    assert steps[-1].stats.early_drafts > 0  # drafted ahead, on no schedule
