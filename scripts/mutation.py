@@ -196,13 +196,24 @@ def set_up(folder: Path, file: str) -> None:
         configure(folder, file, FILES[file])
 
 
-def run_in(folder: Path, file: str) -> dict:
-    """Run mutmut on file in folder, set up there first unless it already is (a run stopped part way resumes: mutmut
-    keeps each mutant's outcome under folder/mutants)."""
+def mutmut_run(folder: Path, file: str, names: tuple[str, ...] | list[str] = ()) -> None:
+    """`mutmut run` in folder (set up there first unless it already is): every mutant of file, or those named."""
     set_up(folder, file)
-    run = subprocess.run([sys.executable, "-m", "mutmut", "run"], cwd=folder)
+    module = "specbuild." + file.removesuffix(".py").replace("/", ".")
+    run = subprocess.run([sys.executable, "-m", "mutmut", "run", *(f"{module}.{n}" for n in names)], cwd=folder)
     if run.returncode not in (0, 1):  # 1: some mutants survived, or the tests failed before any mutant ran
         raise SystemExit(f"mutmut failed on {file} (exit {run.returncode})")
+
+
+def copy_hash(folder: Path, file: str) -> str:
+    """The hash of the source the run in folder mutates (its own copy)."""
+    return source_hash(folder / "src" / "specbuild" / file)
+
+
+def run_in(folder: Path, file: str) -> dict:
+    """Run mutmut on file in folder (a run stopped part way resumes: mutmut keeps each mutant's outcome under
+    folder/mutants)."""
+    mutmut_run(folder, file)
     result = outcome(folder)
     unchecked = result["counts"].get("not checked", 0)
     if unchecked:  # the tests failed unmutated (mutmut exits 1 then too), or the run was stopped: nothing is written
@@ -210,21 +221,17 @@ def run_in(folder: Path, file: str) -> dict:
             f"mutmut left {unchecked} mutants of {file} not checked (see its output above: the tests must pass on the "
             "unmutated code); run it again (with --keep, a run goes on where it stopped)"
         )
-    result["source"] = source_hash(folder / "src" / "specbuild" / file)
-    return result
+    return {**result, "source": copy_hash(folder, file)}
 
 
 def rerun_in(folder: Path, file: str, entry: dict) -> dict:
     """The file's last run (`entry`) with its survivors run again against the tests as they are now: those killed
     leave the list. The source must be the one that run mutated (the names follow it)."""
-    if entry.get("source") != source_hash(ROOT / "pipeline" / "specbuild" / file):
+    set_up(folder, file)
+    if entry.get("source") != copy_hash(folder, file):  # the copy this rerun mutates, fresh or kept
         raise SystemExit(f"{file} is not the source its last run mutated (mutant names follow it): run it whole")
     names = [name for name, mutant in entry["not_killed"].items() if mutant["status"] != "timeout"]
-    module = "specbuild." + file.removesuffix(".py").replace("/", ".")
-    set_up(folder, file)
-    run = subprocess.run([sys.executable, "-m", "mutmut", "run", *(f"{module}.{n}" for n in names)], cwd=folder)
-    if run.returncode not in (0, 1):
-        raise SystemExit(f"mutmut failed on {file} (exit {run.returncode})")
+    mutmut_run(folder, file, names)
     now = outcome(folder)["not_killed"]
     if any(now.get(name, {}).get("status") == "not checked" for name in names):
         raise SystemExit(f"mutmut left survivors of {file} not checked (see its output above)")
@@ -243,9 +250,7 @@ def rerun_in(folder: Path, file: str, entry: dict) -> dict:
 def record_partial(folder: Path, file: str) -> dict:
     """A run stopped part way in folder, as far as it went: the mutants not yet run are counted as "not checked"
     (the report scores the ones run and says how many)."""
-    result = outcome(folder)
-    result["source"] = source_hash(folder / "src" / "specbuild" / file)
-    return result
+    return {**outcome(folder), "source": copy_hash(folder, file)}
 
 
 def run_file(file: str, keep: Path | None = None, entry: dict | None = None) -> dict:
