@@ -234,6 +234,7 @@ class AutoSchedule:
     margin: float = 0.02
     explore_cost: float = 0.01
     max_explore_every: int = 32
+    clock: Callable[[], float] = time.perf_counter
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _seconds: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0}, init=False, repr=False)
     _tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0}, init=False, repr=False)
@@ -295,8 +296,8 @@ class AutoSchedule:
 class Segments:
     """One request's side of an AutoSchedule: which mode its current segment runs, and when it ends."""
 
-    def __init__(self, schedule: AutoSchedule, clock: Callable[[], float] = time.perf_counter):
-        self.schedule, self.clock = schedule, clock
+    def __init__(self, schedule: AutoSchedule):
+        self.schedule, self.clock = schedule, schedule.clock
         self.ahead = schedule.faster()  # the first step (the prompt's prefill) is not timed: the best guess
         self._started: tuple[float, int] | None = None  # (time, tokens) when the segment began
         self._steps = 0
