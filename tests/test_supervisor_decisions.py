@@ -56,6 +56,13 @@ class World:
         return Process()
 
 
+def scripted_clock(monkeypatch, now: float) -> SimpleNamespace:
+    """The supervisor's time.monotonic reads `clock.now`, which the test moves (set it, or a scripted sleep adds)."""
+    clock = SimpleNamespace(now=now)
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    return clock
+
+
 def supervised(tmp_path: Path, monkeypatch, models: dict[str, int], decoupled: tuple[str, ...] = (), **settings):
     """A Supervisor over a repository of Python models (those in `decoupled` stream), in a World."""
     repo = tmp_path / "repo"
@@ -480,12 +487,11 @@ def test_a_clients_failure_is_matched_to_what_the_supervisor_saw(tmp_path, monke
     """recovered_after: True once an event since the mark is a recovery, False when one failed and nothing recovered
     in time, None when it saw nothing within a few looks (the failure was not the server's)."""
     sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, poll_s=2.0)
-    clock = SimpleNamespace(now=50.0)
+    clock = scripted_clock(monkeypatch, 50.0)
 
     def sleep(seconds):
         clock.now += seconds
 
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
     monkeypatch.setattr(module.time, "sleep", sleep)
     assert sup.recovered_after(0, timeout=60.0) is None
     assert clock.now == pytest.approx(50.0 + 3 * 2.0 + 1.0, abs=0.21)  # three looks and a second, then no
@@ -548,8 +554,7 @@ def test_model_ready_asks_tritons_ready_endpoint(tmp_path, monkeypatch, endpoint
 
 def test_a_restart_is_counted_logged_and_timed(tmp_path, monkeypatch):
     sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11})
-    clock = SimpleNamespace(now=200.0)
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    scripted_clock(monkeypatch, 200.0)
     sup._canary_failed = 2
     started = []
     fake_start = sup._start
@@ -567,8 +572,7 @@ def test_a_restart_is_counted_logged_and_timed(tmp_path, monkeypatch):
 
 def test_a_reload_is_counted_logged_and_timed(tmp_path, monkeypatch):
     sup, world, calls = supervised(tmp_path, monkeypatch, {"m": 11, "n": 12})
-    clock = SimpleNamespace(now=300.0)
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    scripted_clock(monkeypatch, 300.0)
     world.alive -= {"m_0_0", "n_0_0"}
     sup._recover({"m": ["m_0_0"], "n": ["n_0_0"]}, detected=298.76543)
     assert calls == [("unload", "m"), ("load", "m"), ("unload", "n"), ("load", "n")]
@@ -611,8 +615,7 @@ def test_the_canary_runs_every_interval_and_its_result_is_read_on_a_later_look(t
     import threading
 
     sup, _, calls = supervised(tmp_path, monkeypatch, {"m": 11}, canary_interval_s=5.0, canary_timeout_s=7.0)
-    clock = SimpleNamespace(now=0.0)
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    clock = scripted_clock(monkeypatch, 0.0)
     probes = []
 
     class Probe:  # its request has failed by the next look
@@ -1013,8 +1016,7 @@ def test_a_hung_stubs_recovery_is_timed_from_its_detection_through_the_kill_wait
     """Up to 5 s for the killed stub to go (a look every 0.05 s), then the reload: the recovery's seconds count from
     when the stub was found hung."""
     sup, world, _ = supervised(tmp_path, monkeypatch, {"m": 11})
-    clock, sleeps, looks = SimpleNamespace(now=100.0), [], []
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    clock, sleeps, looks = scripted_clock(monkeypatch, 100.0), [], []
 
     def sleep(s):
         sleeps.append(s)
@@ -1036,8 +1038,7 @@ def test_restarts_older_than_the_window_are_forgotten(tmp_path, monkeypatch):
     from specbuild.errors import ServeError
 
     sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, max_restarts=1, restart_window_s=600.0)
-    clock = SimpleNamespace(now=700.0)
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
+    clock = scripted_clock(monkeypatch, 700.0)
     sup._restarts = [100.0]  # exactly the window ago: out of it
     sup._restart("m", 700.0)
     assert sup._restarts == [700.0]
@@ -1074,13 +1075,12 @@ def test_without_supervision_the_wait_ends_on_a_stop_or_until_and_a_running_serv
 
 def test_the_quiet_wait_for_a_clients_failure_ends_at_three_looks_and_a_second(tmp_path, monkeypatch):
     sup, _, _ = supervised(tmp_path, monkeypatch, {"m": 11}, poll_s=2.0)
-    clock, sleeps = SimpleNamespace(now=10.0), []
+    clock, sleeps = scripted_clock(monkeypatch, 10.0), []
 
     def sleep(seconds):
         sleeps.append(seconds)
         clock.now += 7.0  # to the edge at once: 10 + 3 x 2 + 1
 
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock.now)
     monkeypatch.setattr(module.time, "sleep", sleep)
     assert sup.recovered_after(0, timeout=60.0) is None and sleeps == [0.2]
 
