@@ -76,7 +76,7 @@ FILES = {
         "tests/test_guide_units.py",
         "tests/test_draft_fallback.py",
     ],
-    "speculative/overlap.py": [*_SPECULATIVE_TESTS, *_OVERLAP_TESTS],
+    "speculative/overlap.py": ["tests/test_overlap_units.py", *_SPECULATIVE_TESTS, *_OVERLAP_TESTS],
     "triton/models/target_retry.py": ["tests/test_target_retry.py"],
     "triton/models/bls_request.py": ["tests/test_bls_request.py", "tests/test_request_rules.py"],
     "triton/supervisor.py": ["tests/test_supervisor_decisions.py", "tests/test_triton_lifecycle_units.py"],

@@ -342,7 +342,7 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """CPUs the process's cgroup may use per period (cgroup v2 cpu.max, v1 cpu.cfs_quota_us over cpu.cfs_period_us),
     or None where there is no limit or no cgroup file to read (the kernel's cgroup-v2.rst and sched-bwc.rst)."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]  # "max 100000" or "200000 100000"
+        quota, period = (root / "cpu.max").read_text().split()  # "max 100000" or "200000 100000"
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         pass
@@ -355,11 +355,9 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
 
 
 def parse_setting(value: object, where: str = "overlap") -> bool | str:
-    """True, False or "auto" from a config or request value (bool, or "true" / "false" / "auto" in any case);
-    ValueError naming `where` otherwise."""
-    if value is True or value is False:
-        return value
-    word = str(value).strip().lower()
+    """True, False or "auto" from a config or request value (a bool; "true", "1", "yes", "on"; "false", "0", "no",
+    "off"; "auto"; in any case, blanks around ignored); ValueError naming `where` otherwise."""
+    word = str(value).strip().lower()  # str(True) is "True"
     if word in ("true", "1", "yes", "on"):
         return True
     if word in ("false", "0", "no", "off"):
