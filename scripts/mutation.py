@@ -139,6 +139,12 @@ FILES = {
     ],
     "contract/tensors.py": ["tests/test_triton_configs.py", "tests/test_contract_units.py"],
 }
+# the modules of speculative/ and contract/ not in FILES, and why: no logic for a mutant to change
+NO_LOGIC = {
+    "contract/images.py": "one constant, the GPU image",
+    "contract/models.py": "model names and a log pattern",
+    "speculative/interfaces.py": "protocols and record types",
+}
 RESULT = re.compile(r"^\s*(specbuild\.[\w.]+):\s*(.+)$")
 
 
@@ -287,7 +293,10 @@ def report(results: dict, equivalents: dict[str, dict[str, str]]) -> str:
         "mutant is one small change to the code (an operator, a constant, a call dropped); killed means a test failed on",
         "it (or hung on it: mutmut's timeout). The score is killed / (mutants - equivalent); a survivor not listed as",
         "equivalent needs a test that kills it. A run recorded part way (`--partial`) is scored on the mutants it ran;",
-        "after new tests, `--survivors` runs a file's last survivors again.",
+        "after new tests, `--survivors` runs a file's last survivors again. Every module of `speculative/` and",
+        "`contract/` is run but those with no logic: "
+        + "; ".join(f"`{file}` ({why})" for file, why in NO_LOGIC.items())
+        + ".",
         "",
         "| file | tests | mutants | killed | equivalent | survived | not covered | other | score |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -34,6 +34,19 @@ def test_every_mutated_file_and_test_list_exists():
         assert paths and all((ROOT / t).is_file() for t in paths), (file, tests)
 
 
+def test_every_module_of_the_core_is_mutated_or_named_as_having_no_logic():
+    script = load_script()
+    package = ROOT / "pipeline" / "specbuild"
+    core = {
+        str(path.relative_to(package))
+        for folder in ("speculative", "contract")
+        for path in (package / folder).glob("*.py")
+        if path.name != "__init__.py"
+    }
+    assert core == set(script.FILES) & core | set(script.NO_LOGIC)
+    assert not set(script.FILES) & set(script.NO_LOGIC)
+
+
 def test_an_equivalent_that_a_run_killed_is_reported_stale_and_a_survivor_unexplained():
     script = load_script()
     results = {

@@ -109,12 +109,13 @@ def test_an_early_draft_is_taken_only_for_its_own_context_and_k(monkeypatch):
     assert early.take([1, 2, 5], 2) == (ahead, 0.5)
 
 
-def test_a_failed_early_draft_is_a_miss_and_a_started_one_is_waited_for_before_the_step_drafts_anew():
+def test_a_failed_early_draft_is_a_miss_and_a_started_one_is_waited_for_before_the_step_drafts_anew(monkeypatch):
     failed = Future()
     failed.set_running_or_notify_cancel()  # started: it cannot be cancelled
     failed.set_exception(RuntimeError("drafter died"))
-    assert EarlyDraft(tokens=[1], k=1, handle=failed).take([2, 3], 1)[0] is None  # a clear miss
-    assert EarlyDraft(tokens=[1], k=1, handle=failed).take([1, 3], 1)[0] is None  # a would-be hit
+    scripted_time(monkeypatch, 1.0, 1.25, 2.0, 2.5)
+    assert EarlyDraft(tokens=[1], k=1, handle=failed).take([2, 3], 1) == (None, 0.25)  # a clear miss
+    assert EarlyDraft(tokens=[1], k=1, handle=failed).take([1, 3], 1) == (None, 0.5)  # a would-be hit
 
 
 def test_the_drafting_a_hit_hid_is_its_time_less_the_wait_and_never_below_zero(monkeypatch):
