@@ -107,6 +107,20 @@ def test_a_pool_left_by_a_server_that_is_gone_is_removed_and_a_running_ones_kept
         pool.close()
 
 
+def test_the_index_is_made_again_after_an_add_by_any_user_and_only_then(tmp_path):
+    path = pool_path("bls", 4, tmp_path)
+    pool, other = SharedLookupPool(path, 16), SharedLookupPool(path, 16)  # two instances of one server
+    try:
+        pool.add([1, 2, 3])
+        first = pool.index()
+        assert pool.index() is first and first.continuation(np.array([2]), 2, True) == [3]
+        other.add([2, 9])
+        assert pool.index() is not first and pool.index().continuation(np.array([2]), 2, True) == [9]
+    finally:
+        other.close()
+        pool.close()
+
+
 def test_sequences_are_a_snapshot(tmp_path):
     pool = SharedLookupPool(pool_path("bls", 3, tmp_path), 16)
     try:

@@ -34,7 +34,7 @@ from specbuild.drafters import LookupSettings
 from specbuild.speculative.adaptive import expected_tokens_per_step
 from specbuild.speculative.interfaces import Draft, Drafter, SamplingParams
 
-__all__ = ["HybridDrafter", "LookupDrafter", "LookupPool", "Match", "find_match", "make_drafter"]
+__all__ = ["HybridDrafter", "LookupDrafter", "LookupPool", "Match", "PoolIndex", "find_match", "make_drafter"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,32 @@ def _continuation(sequence: np.ndarray, tail: np.ndarray, k: int, oldest: bool) 
     return [int(t) for t in sequence[start : start + k]]
 
 
+class PoolIndex:
+    """A pool's sequences end to end, newest first, searched in one pass per n-gram: the first sequence (newest) with
+    a match gives it, as `_continuation` over each sequence in turn would, without a call per sequence (a step's
+    search of a full pool took milliseconds that way, as long as a small model's step). Made once per change of the
+    pool (LookupPool.index, shared_pool.SharedLookupPool.index)."""
+
+    def __init__(self, sequences: Sequence[np.ndarray]):  # newest first
+        lengths = np.array([s.size for s in sequences], dtype=np.int64)
+        self.flat = np.concatenate(sequences).astype(np.int64) if sequences else np.empty(0, dtype=np.int64)
+        self.owner = np.repeat(np.arange(lengths.size), lengths)  # [tokens] the sequence each token is in
+        self.end = np.repeat(np.cumsum(lengths), lengths)  # [tokens] where that sequence ends in flat
+
+    def continuation(self, tail: np.ndarray, k: int, oldest: bool) -> list[int] | None:
+        """Up to k tokens that followed tail in the newest sequence holding it with something after it."""
+        n, flat = tail.size, self.flat
+        starts = np.flatnonzero(flat[: max(flat.size - n, 0)] == tail[0])  # [matches] room for tail and one more
+        for j in range(1, n):
+            starts = starts[flat[starts + j] == tail[j]]
+        starts = starts[starts + n < self.end[starts]]  # inside one sequence, something following it there
+        if starts.size == 0:
+            return None
+        newest = starts[self.owner[starts] == self.owner[starts[0]]]
+        start = int(newest[0] if oldest else newest[-1])
+        return [int(t) for t in flat[start + n : min(start + n + k, int(self.end[start]))]]
+
+
 def find_match(
     context: Sequence[int], k: int, settings: LookupSettings, pool: LookupPool | None = None
 ) -> Match | None:
@@ -71,16 +97,15 @@ def find_match(
     if k <= 0 or (len(context) < 2 and pool is None):
         return None
     sequence = np.asarray(context, dtype=np.int64)
-    others = pool.sequences() if pool is not None else []
+    index = pool.index() if pool is not None else None
     for n in range(min(settings.max_matching_ngram_size, sequence.size), 0, -1):
         tail = sequence[-n:]
         found = _continuation(sequence, tail, k, settings.oldest)
         if found:
             return Match(found, n, "request")
-        for other in others:
-            found = _continuation(other, tail, k, settings.oldest)
-            if found:
-                return Match(found, n, "pool")
+        found = index.continuation(tail, k, settings.oldest) if index is not None else None
+        if found:
+            return Match(found, n, "pool")
     return None
 
 
@@ -96,6 +121,7 @@ class LookupPool:
         self.tokens = 0  # held now
         self.added = 0  # sequences ever added
         self.evicted = 0  # sequences dropped to stay within max_tokens
+        self._index: PoolIndex | None = None  # made by index(), dropped by add()
 
     def add(self, tokens: Sequence[int]) -> None:
         """Keep one finished request's prompt + output (its last max_tokens tokens), evicting the oldest to fit."""
@@ -109,11 +135,19 @@ class LookupPool:
             self._sequences.append(sequence)
             self.tokens += sequence.size
             self.added += 1
+            self._index = None
 
     def sequences(self) -> list[np.ndarray]:
         """The held sequences, newest first (a snapshot: adding later does not change it)."""
         with self._lock:
             return list(reversed(self._sequences))
+
+    def index(self) -> PoolIndex:
+        """The held sequences as one PoolIndex, made again only after an add."""
+        with self._lock:
+            if self._index is None:
+                self._index = PoolIndex(list(reversed(self._sequences)))
+            return self._index
 
     def figures(self) -> dict[str, int]:
         with self._lock:

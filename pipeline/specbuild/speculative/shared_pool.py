@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specbuild.speculative.lookup import PoolIndex
+
 __all__ = ["SharedLookupPool", "pool_path"]
 
 MAGIC, LAYOUT = 0x53504C4B504F4F4C, 1  # "SPLKPOOL"
@@ -62,7 +64,7 @@ def _remove_stale(path: Path) -> None:
 
 
 class SharedLookupPool:
-    """`LookupPool`'s interface (add, sequences, figures, max_tokens) over one file shared by processes."""
+    """`LookupPool`'s interface (add, sequences, index, figures, max_tokens) over one file shared by processes."""
 
     def __init__(self, path: Path, max_tokens: int):
         if max_tokens < 2:
@@ -103,6 +105,8 @@ class SharedLookupPool:
         self.evicted_here = 0  # sequences this process's adds evicted (a counter each process may add to its own)
         self._seen = -1  # `added` when the snapshot was taken
         self._snapshot: list[np.ndarray] = []
+        self._index: tuple[int, PoolIndex] | None = None  # (`added` it was made at, the snapshot's PoolIndex)
+        self._index_lock = threading.Lock()
 
     @contextlib.contextmanager
     def _locked(self, how: int) -> Iterator[None]:
@@ -136,8 +140,8 @@ class SharedLookupPool:
             lengths[int(h[_COUNT])] = sequence.size
             h[_TOKENS], h[_COUNT], h[_ADDED] = start + sequence.size, h[_COUNT] + 1, h[_ADDED] + 1
 
-    def sequences(self) -> list[np.ndarray]:
-        """The held sequences, newest first (a snapshot: adding later does not change it)."""
+    def _current(self) -> tuple[list[np.ndarray], int]:
+        """(the held sequences newest first, `added` when read), copied again only after an add."""
         with self._locked(fcntl.LOCK_SH):
             added = int(self._header[_ADDED])
             if added != self._seen:
@@ -146,7 +150,19 @@ class SharedLookupPool:
                 bounds = np.cumsum(self._lengths[:count])[:-1]
                 self._snapshot = list(reversed(np.split(held, bounds))) if count else []
                 self._seen = added
-            return list(self._snapshot)
+            return self._snapshot, added
+
+    def sequences(self) -> list[np.ndarray]:
+        """The held sequences, newest first (a snapshot: adding later does not change it)."""
+        return list(self._current()[0])
+
+    def index(self) -> PoolIndex:
+        """The held sequences as one lookup.PoolIndex, made again only after an add (by any process)."""
+        snapshot, added = self._current()
+        with self._index_lock:
+            if self._index is None or self._index[0] != added:
+                self._index = (added, PoolIndex(snapshot))
+            return self._index[1]
 
     def figures(self) -> dict[str, int]:
         with self._locked(fcntl.LOCK_SH):
@@ -172,7 +188,7 @@ class SharedLookupPool:
         with self._locked(fcntl.LOCK_EX):
             self._header[_USERS] -= 1
             last = int(self._header[_USERS]) <= 0
-            self._snapshot = []
+            self._snapshot, self._index = [], None
             self._release_map()
             if last:
                 self.path.unlink(missing_ok=True)
