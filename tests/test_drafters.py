@@ -5,6 +5,8 @@ tests/test_bls_server.py."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from test_speculative_distribution import P_CORRECT, P_WRONG, chi_square_pvalue, exact_joint
@@ -92,6 +94,28 @@ def test_the_hybrid_keeps_the_drafter_whose_proposals_the_text_follows(lookup_ri
     assert hybrid.acceptance("lookup") > 0.5 if lookup_right else hybrid.acceptance("lookup") < 0.5
 
 
+def test_the_hybrid_drafts_ahead_with_its_draft_model_and_learns_from_the_hits():
+    """Drafting ahead, the hybrid's early drafts are its draft model's, proposed on the worker thread; a hit is taken
+    as a model step would take it, and the hybrid counts it as the model's proposal (its acceptance rises with it)."""
+    model = ToyDrafter(TARGET)  # the target's own model: every early draft hits
+    hybrid = HybridDrafter(LookupDrafter(LookupSettings(max_matching_ngram_size=3)), model)
+    calls = []
+    hybrid.propose = lambda tokens, k, sampling, own=hybrid.propose: (
+        calls.append(threading.get_ident()) or own(tokens, k, sampling)
+    )
+    prompt = repeating_prompts(1)[0]
+    request = GenerationRequest(max_tokens=30, num_draft_tokens=3, overlap=True)
+    out = run(prompt, hybrid, ToyVerifier(TARGET, max_draft_len=8), request)
+    baseline = run(prompt, model, ToyVerifier(TARGET, max_draft_len=8), GenerationRequest(max_tokens=30))
+    assert out.tokens == baseline.tokens
+    assert out.stats.early_draft_hits > 0 and set(calls) == {threading.get_ident()}
+    proposals = sum(entry["proposals"] for entry in out.stats.by_drafter.values())
+    assert len(calls) == proposals - out.stats.early_draft_hits  # the hits asked the hybrid nothing
+    accepted, drafted = hybrid.counts["model"]
+    assert drafted - HybridDrafter.PRIOR[1] >= 3 * (out.stats.early_draft_hits - 1)  # hits learned as model proposals
+    assert accepted / drafted > 0.9
+
+
 def test_the_spec_takes_a_drafter_and_lookup_settings_and_refuses_nonsense(tiny_spec_path):
     from specbuild.config import load_spec
 
@@ -123,8 +147,9 @@ def repeating_prompts(n: int, seed: int = 5) -> list[list[int]]:
     return prompts
 
 
+@pytest.mark.parametrize("overlap", [False, True, "auto"])
 @pytest.mark.parametrize("name", drafters.NAMES)
-def test_every_drafter_gives_k0s_greedy_output_on_held_out_prompts(name):
+def test_every_drafter_gives_k0s_greedy_output_on_held_out_prompts(name, overlap):
     drafting = Drafting.create(name, ToyDrafter(DRAFT), LookupSettings(max_matching_ngram_size=3, is_public_pool=True))
     verifier = ToyVerifier(TARGET, max_draft_len=8)
     proposals = 0
@@ -133,7 +158,8 @@ def test_every_drafter_gives_k0s_greedy_output_on_held_out_prompts(name):
             prompt, drafting.drafter("model"), verifier, GenerationRequest(max_tokens=20, num_draft_tokens=0)
         )
         for k in (1, 3, 8):
-            out = run(prompt, drafting.drafter(name), verifier, GenerationRequest(max_tokens=20, num_draft_tokens=k))
+            request = GenerationRequest(max_tokens=20, num_draft_tokens=k, overlap=overlap)
+            out = run(prompt, drafting.drafter(name), verifier, request)
             assert out.tokens == baseline.tokens, (name, k, prompt)
             proposals += sum(entry["proposals"] for entry in out.stats.by_drafter.values())
             assert set(out.stats.by_drafter) <= {"model", "lookup"}
@@ -197,6 +223,14 @@ def test_a_request_chooses_its_drafter_and_the_stats_say_who_proposed():
     assert document["drafter"] == "lookup" and document["by_drafter"]["lookup"]["steps"] == looked_up.stats.steps
     assert document["lookup_pool"]["sequences"] == 1  # only the request the lookup drafted for fills the pool
     assert document["overlap_reason"].startswith("overlap off")
+    ahead = {
+        name: Options(max_tokens=12, num_draft_tokens=4, adaptive=False, drafter=name, overlap=True)
+        for name in ("hybrid", "lookup")
+    }
+    hybrid, alone = session.generate(prompt, ahead["hybrid"]), session.generate(prompt, ahead["lookup"])
+    assert hybrid.output_ids == alone.output_ids == by_default.output_ids
+    assert (hybrid.overlap, hybrid.to_dict()["overlap_reason"]) == (True, "overlap True as asked")  # its draft model's
+    assert (alone.overlap, alone.to_dict()["overlap_reason"]) == (False, "overlap off: drafter lookup (decode.request)")
     with pytest.raises(RequestError, match="drafter = 'ngram' is unknown. Use one of: model, lookup, hybrid"):
         session.generate(prompt, Options(max_tokens=4, drafter="ngram"))
 

@@ -237,3 +237,16 @@ def test_the_pools_index_is_made_again_after_an_add_and_only_then():
     assert pool.index() is first and first.continuation(np.array([2]), 2, True) == [3]
     pool.add([2, 9])
     assert pool.index() is not first and pool.index().continuation(np.array([2]), 2, True) == [9]  # newest first
+
+
+def test_an_early_draft_taken_is_learned_as_the_models_proposal():
+    """Drafting ahead, the loop takes the draft model's early draft on a hit and tells the hybrid (`adopt`): that
+    proposal is the one the next step learns from, and the time until then is a verify step's."""
+    model = ScriptedModel([7, 7], [0.4])
+    clock = Clock(0.0, 0.1, 1.1, 1.6)  # adopt: its learn, its end | propose: start (verify 1.0), end
+    hybrid = HybridDrafter(LookupDrafter(LookupSettings(), clock=clock), model)
+    assert hybrid.early_drafter is model
+    hybrid.adopt([1, 2, 3], Draft(tokens=[4, 5]))
+    hybrid.propose([1, 2, 3, 4, 9], 2, GREEDY)  # the text took 4, not 5; nothing recurs: the model proposes
+    assert hybrid.counts["model"] == [HybridDrafter.PRIOR[0] + 1, HybridDrafter.PRIOR[1] + 2]
+    assert hybrid.cost_ratio() == pytest.approx(0.4 / 1.0) and model.calls == 1

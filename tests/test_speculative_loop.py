@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from toy_model import NGramModel, ToyDrafter, ToyVerifier, random_model
@@ -686,3 +688,47 @@ def test_a_deployments_schedule_is_used_only_by_auto():
     request = GenerationRequest(max_tokens=12, num_draft_tokens=3, overlap=True)
     steps = list(generate(PROMPT, ToyDrafter(target), ToyVerifier(target), request, schedule=object()))
     assert steps[-1].stats.early_drafts > 0  # drafted ahead, on no schedule
+
+
+class ChoosesPerStep(ToyDrafter):
+    """A drafter that, as the hybrid, names the drafter of its early drafts and is told of each one taken."""
+
+    def __init__(self, model, early_drafter):
+        super().__init__(model)
+        self.early_drafter, self.adopted = early_drafter, []
+
+    def adopt(self, tokens, draft):
+        self.adopted.append((list(tokens), list(draft.tokens)))
+
+
+class Threads(ToyDrafter):
+    """Records the thread of each call."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.threads = []
+
+    def propose(self, tokens, k, sampling):
+        self.threads.append(threading.get_ident())
+        return super().propose(tokens, k, sampling)
+
+
+def test_a_drafter_that_names_its_early_drafter_drafts_ahead_with_it_and_is_told_of_each_hit():
+    model = NGramModel(random_model(12, order=2, scale=2.0, seed=1).table)
+    early = Threads(model)
+    drafter = ChoosesPerStep(model, early)
+    prompt = [1, 2]
+    steps = list(
+        generate(
+            prompt, drafter, ToyVerifier(model), GenerationRequest(max_tokens=24, num_draft_tokens=2, overlap=True)
+        )
+    )
+    hits = [step for step in steps if step.early_hit]
+    assert hits and early.threads and threading.get_ident() not in early.threads  # the early drafter, on the worker
+    assert drafter.calls == len(steps) - len(hits) - sum(step.k == 0 for step in steps)
+    output, contexts = [], {}
+    for step in steps:
+        contexts[step.index] = prompt + output
+        output += step.tokens
+    assert drafter.adopted == [(contexts[step.index], drafter.adopted[i][1]) for i, step in enumerate(hits)]
+    assert [len(tokens) for _, tokens in drafter.adopted] == [step.drafted for step in hits]

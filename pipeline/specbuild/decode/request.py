@@ -12,8 +12,8 @@ refuses it, with which message.
 
 The rules, each written here only:
 - The drafter: the request's (`specbuild.drafters`), else the deployment's default; one the deployment cannot run
-  (a draft model's, without one) is refused by name. A drafter other than the draft model runs sequentially:
-  a lookup costs too little to hide, and the early drafts of the overlapped schedule come from the draft model.
+  (a draft model's, without one) is refused by name. Lookup alone runs sequentially: a lookup costs too little to
+  hide, and the early drafts of the overlapped schedule come from a draft model (the hybrid's, for the hybrid).
 - K: the one K rule (`speculative.draft_len.resolve_k`): the request's, else the deployment's default,
   clamped to max_draft_len; with K = 0 nothing adapts.
 - End ids: a request that names none ends at any of the deployment's (`end_ids`, read once from the
@@ -120,7 +120,7 @@ class RequestRules:
             other_end_ids=others,
             stop_sequences=[list(ids) for ids in stop_words],
             adaptive=(self.adaptive if adaptive is None else adaptive) and k.k > 0,
-            overlap=overlap if name == drafters.MODEL else False,
+            overlap=overlap if drafters.get(name).needs_draft_model else False,
         )
         grammar = None
         if guide is not None:

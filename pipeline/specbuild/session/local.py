@@ -209,7 +209,7 @@ class LocalSession:
                 drafter=options.drafter,
                 guide=GuideRequest.from_inputs(options.guide_type, options.guide),
             )
-        overlap = ready.request.overlap  # off for a drafter other than the draft model (decode.request)
+        overlap = ready.request.overlap  # off for lookup alone (decode.request)
         # Drafting ahead, the early drafts come from the draft model's own process; "auto" makes a step's own
         # drafts in this process (no round trip to the other) and sequential segments are the sequential schedule.
         ahead = self.ahead_drafter if overlap and self.ahead_drafter else None
@@ -241,6 +241,6 @@ class LocalSession:
         return generation
 
     def _overlap_reason(self, options: Options, drafter: str, overlap: bool | str) -> str:
-        if drafter != drafters.MODEL:
+        if not drafters.get(drafter).needs_draft_model:
             return f"overlap off: drafter {drafter} (decode.request)"
         return self.overlap_reason if options.overlap is None else f"overlap {overlap} as asked"

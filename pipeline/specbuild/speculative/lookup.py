@@ -189,7 +189,11 @@ class HybridDrafter:
     from how the context continued after its proposals; 0.5 before any), n the lookup's proposal length and c the
     draft model's call time over a verify step's (the time between two proposals, less the model's own; SEEDED_C before
     one of each is seen, and always for seeded sampling, whose text must not depend on timings). On a lookup step the
-    draft model is not called."""
+    draft model is not called.
+
+    Drafting ahead (overlap on or "auto"), the early drafts are the draft model's (`early_drafter`: a lookup costs
+    too little to hide); a step whose early draft is a hit takes it, as a model step would (its call is already made),
+    and the loop tells this drafter (`adopt`), which learns from it as from its own proposals."""
 
     PRIOR = (1.0, 2.0)  # (accepted, drafted) pseudo-counts per drafter: acceptance 0.5 until measured
     SEEDED_C = 0.25  # c before it is measured, and for seeded sampling (speculative.loop.SEEDED_COST_RATIO)
@@ -218,6 +222,16 @@ class HybridDrafter:
         self._seconds[drafters.MODEL][0] += draft.seconds or self.clock() - t0
         self._seconds[drafters.MODEL][1] += 1
         return self._proposed(tokens, draft)
+
+    @property
+    def early_drafter(self) -> Drafter:
+        """What proposes this drafter's early drafts when the loop drafts ahead: the draft model."""
+        return self.model
+
+    def adopt(self, tokens: list[int], draft: Draft) -> None:
+        """The loop took an early draft (the draft model's) for this step: learned from as this step's proposal."""
+        self._learn(tokens, self.clock())
+        self._proposed(tokens, draft)
 
     def acceptance(self, name: str) -> float:
         accepted, drafted = self.counts[name]

@@ -147,7 +147,9 @@ def generate(
     fresh AdaptiveK for this request. The request's K and max_draft_len still cap it. With request.overlap =
     "auto", `schedule` (one AutoSchedule per deployment, learning across requests) decides when to draft ahead;
     None: a fresh one for this request. `ahead_drafter`: what proposes the early drafts (e.g. the draft model in a
-    process of its own); None: `drafter`, which always proposes the drafts a step makes itself. `guide`: this
+    process of its own); None: the drafter's `early_drafter` where it names one (the hybrid: its draft model), else
+    `drafter`; the drafter always proposes the drafts a step makes itself, and is told of each early draft taken
+    (`adopt`) where it takes the news. `guide`: this
     request's grammar state (speculative.guide): the output is the target's constrained greedy text, and the
     verifier must be a GuidedVerifier.
     """
@@ -192,7 +194,7 @@ def generate(
         controller,
         base_seed,
         schedule if request.overlap == "auto" else None,
-        ahead_drafter or drafter,
+        ahead_drafter or getattr(drafter, "early_drafter", drafter),
         guide,
     )
 
@@ -229,6 +231,8 @@ def _steps(
             context = prompt + output
 
             early = ahead.take(context, k, stats) if ahead is not None else None
+            if early is not None and (adopt := getattr(drafter, "adopt", None)) is not None:
+                adopt(list(context), early)  # a drafter that chooses per step (the hybrid) learns from the hit too
             draft, draft_seconds = (early, early.seconds) if early is not None else (Draft(tokens=[]), 0.0)
             if k > 0 and early is None:
                 t0 = time.perf_counter()
