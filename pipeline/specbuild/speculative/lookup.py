@@ -64,6 +64,9 @@ def _continuation(sequence: np.ndarray, tail: np.ndarray, k: int, oldest: bool) 
     return [int(t) for t in sequence[start : start + k]]
 
 
+_NO_TOKENS = np.empty(0, dtype=np.int64)
+
+
 class PoolIndex:
     """A pool's sequences end to end, newest first, searched in one pass per n-gram: the first sequence (newest) with
     a match gives it, as `_continuation` over each sequence in turn would, without a call per sequence (a step's
@@ -72,7 +75,7 @@ class PoolIndex:
 
     def __init__(self, sequences: Sequence[np.ndarray]):  # newest first
         lengths = np.array([s.size for s in sequences], dtype=np.int64)
-        self.flat = np.concatenate(sequences).astype(np.int64) if sequences else np.empty(0, dtype=np.int64)
+        self.flat = np.concatenate([*sequences, _NO_TOKENS])  # [tokens] int64, as the pools hold them
         self.owner = np.repeat(np.arange(lengths.size), lengths)  # [tokens] the sequence each token is in
         self.end = np.repeat(np.cumsum(lengths), lengths)  # [tokens] where that sequence ends in flat
 
