@@ -293,7 +293,8 @@ def report(results: dict, equivalents: dict[str, dict[str, str]]) -> str:
         "mutant is one small change to the code (an operator, a constant, a call dropped); killed means a test failed on",
         "it (or hung on it: mutmut's timeout). The score is killed / (mutants - equivalent); a survivor not listed as",
         "equivalent needs a test that kills it. A run recorded part way (`--partial`) is scored on the mutants it ran;",
-        "after new tests, `--survivors` runs a file's last survivors again. Every module of `speculative/` and",
+        "after new tests, `--survivors` runs a file's last survivors again; a run whose file has changed since says so",
+        "(runs recorded before the source was recorded cannot). Every module of `speculative/` and",
         "`contract/` is run but those with no logic: "
         + "; ".join(f"`{file}` ({why})" for file, why in NO_LOGIC.items())
         + ".",
@@ -316,6 +317,9 @@ def report(results: dict, equivalents: dict[str, dict[str, str]]) -> str:
         score = f"{killed / live:.1%}" if live else "-"
         if unchecked:
             score += f" of the {total - unchecked} run so far"
+        source = ROOT / "pipeline" / "specbuild" / file
+        if results[file].get("source") and source.is_file() and source_hash(source) != results[file]["source"]:
+            score += " (on an older source: run it again)"
         survived = sum(1 for name in open_ if not_killed[name]["status"] == "survived")
         uncovered = sum(1 for name in open_ if not_killed[name]["status"] == "no tests")
         deselected = _deselected(file)

@@ -64,6 +64,17 @@ def test_an_equivalent_that_a_run_killed_is_reported_stale_and_a_survivor_unexpl
     assert "| 4 | 3 | 1 | 0 | 0 | 0 | 100.0% |" in explained and "- a reason (`x_f__mutmut_2`)" in explained
 
 
+def test_a_run_on_an_older_source_says_so():
+    script = load_script()
+    file = "speculative/overlap.py"
+    run = {"counts": {"killed": 2}, "not_killed": {}}
+    current = script.source_hash(ROOT / "pipeline" / "specbuild" / file)
+    assert "| 100.0% |" in script.report({file: {**run, "source": current}}, {})
+    older = script.report({file: {**run, "source": "0" * 16}}, {})
+    assert "| 100.0% (on an older source: run it again) |" in older
+    assert "| 100.0% |" in script.report({file: run}, {})  # a run that recorded no source: nothing to compare
+
+
 def test_a_run_that_left_mutants_unchecked_writes_nothing(tmp_path, monkeypatch):
     """mutmut exits 1 both when mutants survived and when the tests failed on the unmutated code before any mutant
     ran: the second must not replace a file's results with every mutant 'not checked'."""
