@@ -612,3 +612,12 @@ def test_the_auto_schedule_follows_recent_segments_and_forgets_old_ones():
 
     assert history(AutoSchedule()).faster()
     assert not history(AutoSchedule(decay=1.0)).faster()
+
+
+def test_an_auto_request_without_a_deployments_schedule_gets_one_of_its_own():
+    """generate() gives an "auto" request without a schedule a fresh AutoSchedule: it drafts ahead for its first
+    segment, then measures the sequential schedule for one (whatever the timings), so not every step drafts ahead."""
+    request = GenerationRequest(max_tokens=150, num_draft_tokens=2, overlap="auto")
+    stats = run([1, 2], ToyDrafter(TARGET), ToyVerifier(TARGET), request).stats
+    assert stats.steps > 2 * AutoSchedule().segment + 2
+    assert 0 < stats.early_drafts < stats.steps - 1
